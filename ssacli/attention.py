@@ -1,0 +1,239 @@
+"""The one place ssacli touches transformers' attention.
+
+ssacli registers one attention function and one mask function, both under the name ``"ssacli"``:
+
+* ``AttentionInterface``: :func:`ssacli_attention_forward` computes the model's logits exactly as its
+  eager path does (scaling, Gemma-2 softcap before the mask, T5 position bias, un-repeated GQA
+  keys) and hands them to the scorer attached to that attention module.
+* ``AttentionMaskInterface``: :func:`ssacli_mask` builds the boolean mask (True = visible). Without
+  it transformers would pass ``attention_mask=None`` and a causal model would silently lose
+  causality and padding (tests/test_attention.py::test_mask_registration_is_load_bearing).
+
+:func:`apply_scorer` attaches one scorer instance per attention module as the submodule
+``ssacli_scorer`` (so ``state_dict()`` and optimizers see its parameters) and switches the model's
+implementation with ``set_attn_implementation``; :func:`restore` undoes both. Nothing in
+transformers is monkey-patched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from functools import cache
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .errors import UnsupportedModelError
+from .scorers import Scorer, make_scorer
+
+ATTENTION_NAME = "ssacli"
+SCORER_ATTR = "ssacli_scorer"
+ORIGINAL_ATTR = "_ssacli_original_attn_implementation"
+CONFIG_SPEC_ATTR = "ssacli_scorer"  # survives save_pretrained, unlike _attn_implementation
+
+# Families with an exactness test against the model's own eager path (tests/test_attention.py).
+TESTED_FAMILIES = (
+    "llama", "mistral", "qwen2", "gemma2", "phi3", "gpt2", "gpt_neox", "opt",
+    "bert", "roberta", "distilbert", "bart", "t5",
+)  # fmt: skip
+
+
+# ---- the registered functions ---------------------------------------------------------------------
+
+
+def ssacli_mask(*args, **kwargs) -> torch.Tensor | None:
+    """transformers' boolean sdpa mask, always materialized.
+
+    sdpa may return None for a causal mask and rely on ``is_causal``; ssacli scores every row
+    itself, so it asks for the explicit mask (sliding windows, padding and cache offsets included).
+    """
+    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def ssacli_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AttentionInterface function: query [b, h, q, d], key/value [b, h_kv, k, d] (not repeated)."""
+    scorer = getattr(module, SCORER_ATTR, None)
+    if scorer is None:
+        raise RuntimeError(
+            f"{type(module).__name__} has no ssacli scorer: use ssacli.apply_scorer(model, spec) "
+            "instead of setting attn_implementation='ssacli' by hand"
+        )
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    logits = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap is not None:  # Gemma-2: cap first, then mask, as its eager path does
+        logits = torch.tanh(logits / softcap) * softcap
+    position_bias = kwargs.get("position_bias")
+    if position_bias is not None:  # T5 relative position bias
+        logits = logits + position_bias
+    logits, visible = _apply_mask(logits, attention_mask, module, kwargs.get("is_causal"))
+    weights = scorer(logits, visible, query=query, key=key)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous()
+    return output, weights
+
+
+def _apply_mask(
+    logits: torch.Tensor, mask: torch.Tensor | None, module: nn.Module, is_causal: bool | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Boolean visibility (True = visible) for the scorer, from whatever mask the model passed."""
+    q_len, k_len = logits.shape[-2:]
+    if mask is None:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+        if not causal or q_len == 1:
+            return logits, None
+        # Bottom-right aligned: with a KV cache the last query sits at the last key.
+        return logits, torch.ones(q_len, k_len, dtype=torch.bool, device=logits.device).tril(k_len - q_len)
+    if mask.dim() == 4:
+        mask = mask[..., :k_len]
+    if mask.dtype == torch.bool:
+        return logits, mask
+    # A float additive mask (a user's custom 4D mask): keep any real bias it carries, and read the
+    # large negative fill as "masked".
+    visible = mask > torch.finfo(mask.dtype).min / 2
+    return logits + torch.where(visible, mask, 0).to(logits.dtype), visible
+
+
+def register() -> None:
+    """Register the attention and the mask function under ATTENTION_NAME (idempotent)."""
+    AttentionInterface.register(ATTENTION_NAME, ssacli_attention_forward)
+    AttentionMaskInterface.register(ATTENTION_NAME, ssacli_mask)
+
+
+# ---- finding attention modules --------------------------------------------------------------------
+
+
+@cache
+def _routes_through_interface(cls: type) -> bool:
+    """True if the class's forward dispatches through transformers' AttentionInterface."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def attention_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(name, module) for every attention module that ssacli can route."""
+    for name, module in model.named_modules():
+        if _routes_through_interface(type(module)):
+            yield name, module
+
+
+def _unrouted_attention(model: nn.Module) -> list[str]:
+    """Names of attention-looking modules that neither route nor contain a module that does."""
+    found = []
+    for name, module in model.named_modules():
+        if "Attention" not in type(module).__name__ or _routes_through_interface(type(module)):
+            continue
+        if not any(_routes_through_interface(type(m)) for m in module.modules()):
+            found.append(name)
+    return found
+
+
+def _family(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None) or type(model).__name__
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether every attention layer of ``model`` can be scored by ssacli."""
+    can_set = getattr(model, "_can_set_attn_implementation", None)
+    if can_set is None or not can_set():
+        return False
+    return any(True for _ in attention_modules(model)) and not _unrouted_attention(model)
+
+
+def _check_supported(model: nn.Module) -> None:
+    if supports(model):
+        return
+    raise UnsupportedModelError(
+        f"model family '{_family(model)}' does not route attention through transformers' "
+        "AttentionInterface, so ssacli cannot swap its scorer; supported families include "
+        f"{', '.join(TESTED_FAMILIES)} (see docs/models.md)"
+    )
+
+
+def _num_heads(module: nn.Module, model: nn.Module) -> int:
+    for attr in ("num_heads", "num_attention_heads", "n_heads", "n_head"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int):
+            return value
+    for config in (getattr(module, "config", None), getattr(model, "config", None)):
+        value = getattr(config, "num_attention_heads", None)
+        if isinstance(value, int):
+            return value
+    raise UnsupportedModelError(
+        f"cannot tell the number of heads of {type(module).__name__}; per-head scorer parameters "
+        "need it (use share=layer, or report this model family)"
+    )
+
+
+# ---- the public switch ----------------------------------------------------------------------------
+
+
+def apply_scorer(model: nn.Module, spec: str) -> nn.Module:
+    """Score every attention layer of ``model`` with its own instance of scorer ``spec``.
+
+    Parameters of the scorers become submodules (``<attention module>.ssacli_scorer``), so they are
+    in ``model.state_dict()`` and ``model.parameters()``. Applying again replaces the scorers.
+    Returns the model (changed in place).
+    """
+    _check_supported(model)
+    register()
+    modules = list(attention_modules(model))
+    # Build every scorer first, so a bad spec leaves the model untouched.
+    scorers = [make_scorer(spec, num_heads=_num_heads(m, model)) for _, m in modules]
+    for (_, module), scorer in zip(modules, scorers, strict=True):
+        reference = next(module.parameters(), None)
+        if reference is not None:
+            scorer.to(device=reference.device)
+        setattr(module, SCORER_ATTR, scorer)
+    if not hasattr(model, ORIGINAL_ATTR):
+        setattr(model, ORIGINAL_ATTR, model.config._attn_implementation)
+    model.set_attn_implementation(ATTENTION_NAME)
+    setattr(model.config, CONFIG_SPEC_ATTR, scorers[0].spec)
+    return model
+
+
+def restore(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_scorer`: drop the scorers and go back to the original implementation."""
+    original = getattr(model, ORIGINAL_ATTR, None)
+    if original is None:
+        return model
+    for _, module in attention_modules(model):
+        if hasattr(module, SCORER_ATTR):
+            delattr(module, SCORER_ATTR)
+    model.set_attn_implementation(original)
+    delattr(model, ORIGINAL_ATTR)
+    if hasattr(model.config, CONFIG_SPEC_ATTR):
+        delattr(model.config, CONFIG_SPEC_ATTR)
+    return model
+
+
+def scorers_of(model: nn.Module) -> dict[str, Scorer]:
+    """The scorer attached to each attention module, by module name."""
+    return {
+        name: getattr(module, SCORER_ATTR)
+        for name, module in attention_modules(model)
+        if hasattr(module, SCORER_ATTR)
+    }

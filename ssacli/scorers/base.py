@@ -1,0 +1,249 @@
+"""The scorer contract, its options, and the masking helpers every scorer shares.
+
+A scorer maps scaled attention logits ``x[..., q, k]`` (plus a boolean ``mask`` that is True where a
+query may see a key) to attention weights of the same shape. The base class enforces the contract so
+that no scorer can get it wrong on its own:
+
+* math runs in at least fp32 and the result is cast back to the input dtype;
+* the content of masked logits can never leak in (they are overwritten before any math, so NaN or
+  ``finfo.min`` fills are harmless);
+* masked keys get exactly 0 weight and fully masked rows (left padding, padded queries) are all zeros.
+
+Subclasses implement :meth:`Scorer.score` on clean inputs and declare their options and traits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import SpecError
+
+# Smallest value a positive parameter reparameterized through softplus can take.
+POSITIVE_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``key=value`` of a scorer spec. ``kind`` is float, int, bool, str or a tuple of choices."""
+
+    default: Any
+    kind: Any
+    help: str
+
+    def parse(self, scorer: str, key: str, raw: str) -> Any:
+        try:
+            if isinstance(self.kind, tuple):
+                if raw not in self.kind:
+                    raise ValueError
+                return raw
+            if self.kind is bool:
+                if raw.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if raw.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            value = self.kind(raw)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError
+            return value
+        except ValueError:
+            expected = "|".join(self.kind) if isinstance(self.kind, tuple) else self.kind.__name__
+            raise SpecError(f"scorer '{scorer}': {key}={raw!r} is not a valid {expected}") from None
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What `ssacli scorers` tabulates; facts from docs/scorers.md, checked by the tests."""
+
+    rows_sum_to_one: str  # "yes", "no", "<= 1", "< 1"
+    shift_invariant: str  # "yes", "no", "n/a"
+    limit: str  # what the weights tend to as logits x -> c*x, c -> inf
+    fusable: str  # one streaming pass over key blocks with O(1) state per row?
+
+
+@dataclass
+class AttentionInputs:
+    """What a scorer that works on q and k instead of logits (cosFormer) may look at."""
+
+    query: torch.Tensor | None = None  # [b, h, q, d]
+    key: torch.Tensor | None = None  # [b, h, k, d], already repeated for GQA
+    query_positions: torch.Tensor | None = None  # [q] or [b, q] token positions
+    key_positions: torch.Tensor | None = None  # [k] or [b, k]
+
+
+class Scorer(nn.Module):
+    """Base class of every scorer. Instances are modules so trainable parameters travel with a model."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    traits: ClassVar[Traits]
+    options: ClassVar[dict[str, Option]] = {}
+    trainable: ClassVar[tuple[str, ...]] = ()  # names of the parameters `learn=` may select
+    uses_qk: ClassVar[bool] = False
+
+    def __init__(self, num_heads: int = 1, **options: Any) -> None:
+        super().__init__()
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise SpecError(
+                f"scorer '{self.name}' has no option {', '.join(unknown)}; "
+                f"valid keys: {', '.join(self.options) or '(none)'}"
+            )
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        self.num_heads = num_heads
+        self.given = dict(options)  # what the user set; the spec string round-trips this
+        self.opts = {k: options.get(k, opt.default) for k, opt in self.options.items()}
+        self.learn = self._learn_set()
+
+    # -- spec round-trip ------------------------------------------------------------------------
+    @property
+    def spec(self) -> str:
+        """Canonical spec string that rebuilds this scorer (without trained values)."""
+        if not self.given:
+            return self.name
+        items = ",".join(f"{k}={_format_value(v)}" for k, v in self.given.items())
+        return f"{self.name}:{items}"
+
+    def extra_repr(self) -> str:
+        return f"spec={self.spec!r}, num_heads={self.num_heads}"
+
+    def _learn_set(self) -> frozenset[str]:
+        if "learn" not in self.options:
+            return frozenset()
+        raw = self.opts["learn"]
+        if raw == "none":
+            return frozenset()
+        if raw == "all":
+            return frozenset(self.trainable)
+        chosen = frozenset(raw.split("+"))
+        bad = sorted(chosen - set(self.trainable))
+        if bad:
+            raise SpecError(
+                f"scorer '{self.name}': learn={raw!r} names {', '.join(bad)}; "
+                f"use a '+'-joined subset of {', '.join(self.trainable)}, or all, or none"
+            )
+        return chosen
+
+    # -- parameters -----------------------------------------------------------------------------
+    def _param_count(self) -> int:
+        share = self.opts.get("share", "head")
+        return 1 if share == "layer" else self.num_heads
+
+    def _add_param(self, public: str, raw_value: float) -> None:
+        """Register ``<public>_raw``, an [H] (or [1] with share=layer) parameter, frozen unless learned.
+
+        Frozen parameters stay parameters (not buffers) so every checkpoint has the same keys.
+        """
+        data = torch.full((self._param_count(),), float(raw_value), dtype=torch.float32)
+        self.register_parameter(f"{public}_raw", nn.Parameter(data, requires_grad=public in self.learn))
+
+    def per_head(self, value: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Reshape an [H] or [1] parameter so it broadcasts over ``x[..., h, q, k]``."""
+        value = value.to(x.dtype)
+        if value.numel() == 1:
+            return value.reshape(())
+        if x.dim() < 3 or x.shape[-3] != value.numel():
+            raise ValueError(
+                f"scorer '{self.name}' holds {value.numel()} per-head parameters but the logits "
+                f"have shape {tuple(x.shape)} (heads on dim -3)"
+            )
+        return value.reshape(-1, 1, 1)
+
+    # -- the contract -----------------------------------------------------------------------------
+    def forward(
+        self,
+        scores: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        query: torch.Tensor | None = None,
+        key: torch.Tensor | None = None,
+        query_positions: torch.Tensor | None = None,
+        key_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Weights for ``scores[..., q, k]``; ``mask`` (bool, broadcastable) is True where visible."""
+        compute_dtype = torch.promote_types(scores.dtype, torch.float32)
+        x = scores.to(compute_dtype)
+        if mask is None:
+            visible = torch.ones_like(x, dtype=torch.bool)
+        else:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask must be a bool tensor (True = visible), got {mask.dtype}")
+            visible = mask.expand_as(x)
+        x = x.masked_fill(~visible, 0.0)
+        inputs = AttentionInputs(query, key, query_positions, key_positions)
+        weights = self.score(x, visible, inputs)
+        return weights.masked_fill(~visible, 0.0).to(scores.dtype)
+
+    def score(self, x: torch.Tensor, visible: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        """Weights from clean logits ``x`` (masked entries are 0). Masked outputs are zeroed later."""
+        raise NotImplementedError
+
+
+# ---- helpers shared by scorers ---------------------------------------------------------------------
+
+
+def masked_softmax(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Softmax over visible keys; fully masked rows come out finite (and are zeroed by the caller).
+
+    Masked logits become -inf so their weight is exactly 0. A row with no visible key would give
+    NaN that way, so its logits are set to 0 instead (uniform, then zeroed): no NaN in forward or
+    backward.
+    """
+    any_visible = visible.any(dim=-1, keepdim=True)
+    fill = torch.where(any_visible, float("-inf"), 0.0).to(z.dtype)
+    return torch.softmax(torch.where(visible, z, fill), dim=-1)
+
+
+def visible_count(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """N_i: the number of keys row i may see, shape [..., q, 1] (never the padded length)."""
+    return visible.sum(dim=-1, keepdim=True).to(dtype)
+
+
+def visible_max(x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Row max over visible entries, [..., q, 1]; 0 for rows with none."""
+    m = torch.where(visible, x, float("-inf")).amax(dim=-1, keepdim=True)
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def visible_min(x: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    m = torch.where(visible, x, float("inf")).amin(dim=-1, keepdim=True)
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def inverse_softplus(y: float) -> float:
+    """raw such that softplus(raw) == y (y > 0), stable for large and small y."""
+    return y + math.log(-math.expm1(-y))
+
+
+def positive(raw: torch.Tensor) -> torch.Tensor:
+    """softplus(raw) + eps: a positive parameter that gradient steps cannot push to <= 0."""
+    return F.softplus(raw) + POSITIVE_EPS
+
+
+def positive_raw(value: float, scorer: str, key: str) -> float:
+    if not value > POSITIVE_EPS:
+        raise SpecError(f"scorer '{scorer}': {key} must be > {POSITIVE_EPS:g}, got {value:g}")
+    return inverse_softplus(value - POSITIVE_EPS)
+
+
+def _format_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+# Option presets reused by scorers with trainable per-head parameters.
+SHARE = Option("head", ("head", "layer"), "one parameter per head, or one per layer")
+
+
+def learn_option(default: str, names: tuple[str, ...]) -> Option:
+    return Option(default, str, f"trainable: a '+'-joined subset of {'/'.join(names)}, all, or none")

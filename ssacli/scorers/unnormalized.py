@@ -1,0 +1,101 @@
+"""Scorers whose rows need not sum to one: sigmoid, softpick, SA-softmax, ReLU/N.
+
+For these, downstream metrics report the row mass Σ_j w_ij on its own and compute entropy and
+max-weight on the renormalized row (docs/scorers.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import SpecError
+from .base import (
+    AttentionInputs,
+    Option,
+    Scorer,
+    Traits,
+    masked_softmax,
+    visible_count,
+    visible_max,
+    visible_min,
+)
+from .registry import register_scorer
+
+
+@register_scorer
+class Sigmoid(Scorer):
+    """Sigmoid attention (Ramapuram et al. 2024): σ(x + bias), bias = -log N_i by default."""
+
+    name = "sigmoid"
+    summary = "σ(x - log N_i), each key independently"
+    traits = Traits("no", "no", "0/1 step", "yes")
+    options = {"bias": Option(None, float, "fixed bias instead of -log N_i")}
+
+    def score(self, x, visible, inputs):
+        if self.opts["bias"] is not None:
+            return torch.sigmoid(x + self.opts["bias"])
+        log_n = visible_count(visible, x.dtype).clamp_min(1.0).log()
+        return torch.sigmoid(x - log_n)
+
+
+@register_scorer
+class Softpick(Scorer):
+    """Softpick (Zuhri et al. 2025): relu(eˣ − 1) / Σ_visible |eˣ − 1|.
+
+    Stabilized by m = max(0, row max): both terms are multiplied by e^(−m), so nothing overflows.
+    Masked keys are left out of the denominator. A row whose terms are all 0 gets 0 weights.
+    """
+
+    name = "softpick"
+    summary = "relu(eˣ − 1) / Σ|eˣ − 1| over visible keys"
+    traits = Traits("<= 1", "no", "one-hot", "yes")
+
+    def score(self, x, visible, inputs):
+        m = visible_max(x, visible).clamp_min(0.0)
+        shifted = torch.exp(x - m) - torch.exp(-m)  # (eˣ − 1)·e^(−m)
+        den = torch.where(visible, shifted.abs(), 0.0).sum(dim=-1, keepdim=True)
+        safe = torch.where(den > 0, den, torch.ones_like(den))
+        return torch.where(den > 0, torch.relu(shifted) / safe, 0.0)
+
+
+@register_scorer
+class SASoftmax(Scorer):
+    """Self-adjusting softmax (Zheng et al. 2025): x·softmax(x), or with x rescaled to [0, 1].
+
+    ``norm=true`` (default) uses (x − min)/(max − min) over the visible keys of the row, which keeps
+    weights in [0, 1] with row mass ≤ 1; a row whose visible logits are all equal has no spread to
+    rescale and gets the plain softmax.
+    """
+
+    name = "sa-softmax"
+    summary = "x·softmax(x); norm=true rescales x to [0, 1] over the row"
+    traits = Traits("<= 1", "no", "one-hot (norm=false: unbounded)", "yes")
+    options = {"norm": Option(True, bool, "rescale x to [0, 1] over the visible row first")}
+
+    def score(self, x, visible, inputs):
+        p = masked_softmax(x, visible)
+        if not self.opts["norm"]:
+            return x * p
+        lo, hi = visible_min(x, visible), visible_max(x, visible)
+        spread = hi - lo
+        scale = torch.where(spread > 0, (x - lo) / torch.where(spread > 0, spread, 1.0), 1.0)
+        return scale * p
+
+
+@register_scorer
+class ReluNorm(Scorer):
+    """ReLU attention normalized by sequence length (Wortsman et al. 2023): relu(x)^p / N_i."""
+
+    name = "relu-norm"
+    summary = "relu(x) / N_i (power=2: relu(x)² / N_i)"
+    traits = Traits("no", "no", "scale-free", "yes")
+    options = {"power": Option(1, int, "1 for ReLU, 2 for ReLU²")}
+
+    def __init__(self, num_heads: int = 1, **options) -> None:
+        super().__init__(num_heads, **options)
+        if self.opts["power"] not in (1, 2):
+            raise SpecError(f"scorer 'relu-norm': power must be 1 or 2, got {self.opts['power']}")
+
+    def score(self, x, visible, inputs):
+        n = visible_count(visible, x.dtype).clamp_min(1.0)
+        return torch.relu(x).pow(self.opts["power"]) / n
