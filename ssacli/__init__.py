@@ -2,15 +2,42 @@
 
 The public API (the CLI is a thin layer over it):
 
-* :func:`make_scorer`, :data:`SCORERS`: build attention scorers (softmax, SSA, …) from spec strings.
-* :func:`apply_scorer`, :func:`restore`, :func:`supports`: run a transformers model with any scorer.
+* :func:`make_scorer`, :func:`describe_scorer`, :data:`SCORERS`: attention scorers (softmax, SSA, …)
+  built from spec strings such as ``"ssa:init=faithful,m=256"``.
+* :func:`apply_scorer`, :func:`restore`, :func:`supports`, :func:`scorers_of`: run a transformers
+  model with any scorer in every attention layer, and go back.
+
+The model-facing half imports transformers (seconds), so it is loaded on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from .errors import SpecError, SsacliError, UnsupportedModelError
+from .scorers import SCORERS, Scorer, describe_scorer, make_scorer, parse_spec, register_scorer, scorer_table
 
 __version__ = "0.1.0"
 
-from .attention import apply_scorer, attention_modules, restore, scorers_of, supports  # noqa: E402
-from .errors import SpecError, SsacliError, UnsupportedModelError  # noqa: E402
-from .scorers import SCORERS, Scorer, make_scorer, parse_spec, register_scorer, scorer_table  # noqa: E402
+_LAZY = {
+    "apply_scorer": "attention",
+    "restore": "attention",
+    "supports": "attention",
+    "scorers_of": "attention",
+    "attention_modules": "attention",
+}
+
+if TYPE_CHECKING:
+    from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module 'ssacli' has no attribute {name!r}")
+
 
 __all__ = [
     "SCORERS",
@@ -21,6 +48,7 @@ __all__ = [
     "__version__",
     "apply_scorer",
     "attention_modules",
+    "describe_scorer",
     "make_scorer",
     "parse_spec",
     "register_scorer",

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import SsacliError
-from .scorers import scorer_table
+from .scorers import describe_scorer, scorer_table
 
 app = typer.Typer(
     name="ssacli",
@@ -45,9 +45,13 @@ def _root(
 
 @app.command("scorers")
 def scorers_command(
-    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON for machines."),
+    spec: str = typer.Argument(None, help="A scorer spec to resolve, e.g. 'ssa:init=faithful'."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
 ) -> None:
-    """List the attention scorers, their trainable parameters and their properties."""
+    """List the attention scorers and their properties, or show what one SPEC resolves to."""
+    if spec is not None:
+        _describe(spec, as_json)
+        return
     rows = scorer_table()
     if as_json:
         typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
@@ -72,6 +76,20 @@ def scorers_command(
     )
 
 
+def _describe(spec: str, as_json: bool) -> None:
+    info = describe_scorer(spec)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, ensure_ascii=False))
+        return
+    console = Console()
+    console.print(f"[bold]{info['spec']}[/]: {info['summary']}", highlight=False)
+    for key, value in info["options"].items():
+        console.print(f"  {key} = {'(preset)' if value is None else value}", highlight=False)
+    for key, value in info["initial_values"].items():
+        state = "learned" if key in info["learned"] else "frozen"
+        console.print(f"  initial {key} = {value:g} ({state})", highlight=False)
+
+
 def main() -> None:
     """Console-script entry point: map errors to one line and a documented exit code."""
     try:
@@ -79,13 +97,15 @@ def main() -> None:
     except SsacliError as err:
         if _state["debug"]:
             raise
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(err.exit_code)
     except Exception as err:  # a bug: say so in one line, keep the traceback for --debug
         if _state["debug"]:
             raise
         Console(stderr=True).print(
-            f"[bold red]internal error:[/] {type(err).__name__}: {err} (rerun with --debug for the traceback)",
+            f"[bold red]internal error:[/] {type(err).__name__}: {err} "
+            "(rerun with --debug for the traceback)",
             highlight=False,
+            soft_wrap=True,
         )
         sys.exit(1)

@@ -181,8 +181,8 @@ def test_bad_spec_leaves_the_model_untouched():
     "family,kwargs",
     [
         ("bloom", dict(hidden_size=32, n_layer=2, n_head=4)),
-        ("gpt_neo", dict(hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]])),
-        ("deberta-v2", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)),
+        ("gpt_neo", dict(hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global"], 2]])),
+        ("deberta-v2", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=8)),
     ],
 )
 def test_unsupported_families_are_refused_clearly(family, kwargs):

@@ -8,7 +8,7 @@
 # Registration order is the order `ssacli scorers` lists them in: the reference first.
 from . import softmax_family, sparse, unnormalized, cosformer  # noqa: F401, I001
 from .base import AttentionInputs, Option, Scorer, Traits
-from .registry import SCORERS, make_scorer, parse_spec, register_scorer, scorer_table
+from .registry import SCORERS, describe_scorer, make_scorer, parse_spec, register_scorer, scorer_table
 from .softmax_family import FAITHFUL_M
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Option",
     "Scorer",
     "Traits",
+    "describe_scorer",
     "make_scorer",
     "parse_spec",
     "register_scorer",

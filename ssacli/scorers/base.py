@@ -144,6 +144,14 @@ class Scorer(nn.Module):
         data = torch.full((self._param_count(),), float(raw_value), dtype=torch.float32)
         self.register_parameter(f"{public}_raw", nn.Parameter(data, requires_grad=public in self.learn))
 
+    def parameter_values(self) -> dict[str, torch.Tensor]:
+        """Current value of each trainable parameter, in its natural units (b, n, t, α, s)."""
+        values = {}
+        for public in self.trainable:
+            natural = isinstance(getattr(type(self), public, None), property)
+            values[public] = getattr(self, public) if natural else getattr(self, f"{public}_raw")
+        return {k: v.detach() for k, v in values.items()}
+
     def per_head(self, value: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Reshape an [H] or [1] parameter so it broadcasts over ``x[..., h, q, k]``."""
         value = value.to(x.dtype)

@@ -59,6 +59,19 @@ def make_scorer(spec: str | Scorer, num_heads: int = 1) -> Scorer:
     return SCORERS[name](num_heads=num_heads, **options)
 
 
+def describe_scorer(spec: str) -> dict[str, Any]:
+    """What a spec resolves to: its options (given or default) and initial parameter values."""
+    scorer = make_scorer(spec)
+    return {
+        "spec": scorer.spec,
+        "name": scorer.name,
+        "summary": scorer.summary,
+        "options": scorer.opts,
+        "learned": sorted(scorer.learn),
+        "initial_values": {k: round(v[0].item(), 8) for k, v in scorer.parameter_values().items()},
+    }
+
+
 def scorer_table() -> list[dict[str, Any]]:
     """One row per scorer: what `ssacli scorers` prints (and emits with --json)."""
     rows = []

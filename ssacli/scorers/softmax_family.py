@@ -82,7 +82,9 @@ class SSA(Scorer):
     traits = Traits("yes", "no", "x₊ⁿ/Σx₊ⁿ", "yes")
     trainable = ("b", "n")
     options = {
-        "init": Option("paper", ("paper", "faithful"), "paper: b=0.8, n=1.5; faithful: b=1/m, n=m (≈ softmax)"),
+        "init": Option(
+            "paper", ("paper", "faithful"), "paper: b=0.8, n=1.5; faithful: b=1/m, n=m (≈ softmax)"
+        ),
         "m": Option(FAITHFUL_M, float, "init=faithful only: larger m is closer to softmax"),
         "b": Option(None, float, "initial b (> 0); overrides the preset"),
         "n": Option(None, float, "initial n (> 0); overrides the preset"),

@@ -15,7 +15,7 @@ import torch
 from entmax import entmax15, entmax_bisect, sparsemax
 
 from ..errors import SpecError
-from .base import SHARE, AttentionInputs, Option, Scorer, Traits, learn_option, visible_max
+from .base import SHARE, Option, Scorer, Traits, learn_option, visible_max
 from .registry import register_scorer
 
 

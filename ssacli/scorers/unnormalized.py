@@ -10,7 +10,6 @@ import torch
 
 from ..errors import SpecError
 from .base import (
-    AttentionInputs,
     Option,
     Scorer,
     Traits,
