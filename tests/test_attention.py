@@ -235,3 +235,30 @@ def test_spec_survives_save_pretrained(tmp_path):
     model.save_pretrained(tmp_path)
     config = AutoConfig.from_pretrained(tmp_path)
     assert config.ssacli_scorer == "ssa:init=faithful,m=256"
+
+
+def test_output_attentions_returns_the_scorer_weights(padded_batch):
+    """Weights collected by transformers are the scorer's: exact zeros where the mask says so."""
+    model = ssacli.apply_scorer(build_model("llama"), "ssa")
+    ids, mask = padded_batch
+    with torch.no_grad():
+        attentions = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(attentions) == 2
+    weights = attentions[0]  # [b, h, q, k]
+    future = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    assert torch.all(weights[:, :, future] == 0)
+    assert torch.all(weights[1, :, :2] == 0)  # padded queries: zero rows, not uniform ones
+    assert torch.all(weights[1, :, :, :2] == 0)  # nobody attends to padding
+    valid_rows = weights[1, :, 2:].sum(-1)
+    assert torch.allclose(valid_rows, torch.ones_like(valid_rows), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models_stay_finite_and_keep_fp32_scorer_parameters(dtype, padded_batch):
+    model = ssacli.apply_scorer(build_model("mistral").to(dtype), "ssa")
+    ids, mask = padded_batch
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert out.attentions[0].dtype == dtype
+    assert torch.isfinite(out.logits[mask.bool()]).all()
+    assert all(p.dtype == torch.float32 for s in ssacli.scorers_of(model).values() for p in s.parameters())

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from ..errors import SpecError
 
 # Smallest value a positive parameter reparameterized through softplus can take.
-POSITIVE_EPS = 1e-6
+POSITIVE_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -244,8 +244,8 @@ def positive_raw(value: float, scorer: str, key: str) -> float:
 def _format_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, float):
-        return f"{v:g}"
+    if isinstance(v, float):  # shortest text that parses back to the same float
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
     return str(v)
 
 

@@ -29,8 +29,10 @@ class CosFormer(Scorer):
     def score(self, x, visible, inputs: AttentionInputs):
         if inputs.query is None or inputs.key is None:
             raise ValueError("scorer 'cosformer' needs query= and key= tensors, not logits alone")
-        q = torch.relu(inputs.query.to(x.dtype))
-        k = torch.relu(inputs.key.to(x.dtype))
+        # Zero the features of queries that see nothing and keys nobody sees (padding), so their
+        # content cannot reach other rows even through 0·NaN in the matmul's backward.
+        q = torch.where(visible.any(dim=-1, keepdim=True), torch.relu(inputs.query.to(x.dtype)), 0.0)
+        k = torch.where(visible.any(dim=-2).unsqueeze(-1), torch.relu(inputs.key.to(x.dtype)), 0.0)
         q_len, k_len = q.shape[-2], k.shape[-2]
         q_pos = inputs.query_positions
         k_pos = inputs.key_positions

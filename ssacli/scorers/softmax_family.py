@@ -12,6 +12,7 @@ import torch
 
 from ..errors import SpecError
 from .base import (
+    POSITIVE_EPS,
     SHARE,
     AttentionInputs,
     Option,
@@ -98,8 +99,8 @@ class SSA(Scorer):
         if "m" in self.given and init != "faithful":
             raise SpecError("scorer 'ssa': m only applies to init=faithful (e.g. ssa:init=faithful,m=256)")
         if init == "faithful":
-            if not m > 0:
-                raise SpecError(f"scorer 'ssa': m must be > 0, got {m:g}")
+            if not 0 < m < 1 / POSITIVE_EPS:
+                raise SpecError(f"scorer 'ssa': m must be in (0, {1 / POSITIVE_EPS:g}), got {m:g}")
             b, n = 1.0 / m, m
         else:
             b, n = PAPER_B, PAPER_N
@@ -118,7 +119,9 @@ class SSA(Scorer):
 
     def score(self, x, visible, inputs):
         b, n = self.per_head(self.b, x), self.per_head(self.n, x)
-        t = n * torch.sign(x) * torch.log1p(b * x.abs())
+        # sgn(x)·log1p(b|x|) written branch-wise: torch.sign has zero gradient at 0, but the
+        # transform is smooth there with slope b.
+        t = n * torch.where(x >= 0, torch.log1p(b * x.clamp_min(0)), -torch.log1p(-b * x.clamp_max(0)))
         return masked_softmax(t, visible)
 
 

@@ -68,7 +68,7 @@ class SASoftmax(Scorer):
 
     name = "sa-softmax"
     summary = "x·softmax(x); norm=true rescales x to [0, 1] over the row"
-    traits = Traits("<= 1", "no", "one-hot (norm=false: unbounded)", "yes")
+    traits = Traits("<= 1", "yes (norm=false: no)", "one-hot (norm=false: unbounded)", "yes")
     options = {"norm": Option(True, bool, "rescale x to [0, 1] over the visible row first")}
 
     def score(self, x, visible, inputs):
