@@ -1,29 +1,47 @@
 """Errors ssacli raises on purpose, and the exit codes the CLI maps them to.
 
 Every error a user can cause carries one line that names the problem and the fix. The CLI prints
-that line (no traceback unless ``--debug``) and exits with the error's code.
+that line (no traceback unless ``--debug``) and exits with the error's code (README, "Exit codes").
 """
 
 from __future__ import annotations
 
-# Documented exit codes (README, "Exit codes"). 0 = success, 1 = unexpected internal error.
-EXIT_USAGE = 2  # bad command-line usage or a bad scorer spec
+EXIT_INTERNAL = 1  # a bug
+EXIT_USAGE = 2  # bad command-line usage, option value or scorer spec
 EXIT_UNSUPPORTED = 3  # the model's attention cannot be routed through ssacli
+EXIT_INPUT = 4  # a model or file that is missing, unreadable or inconsistent
+EXIT_FAILED = 5  # the job ran but failed (e.g. training diverged)
 
 
 class SsacliError(Exception):
     """Base class: a user-facing problem with a one-line message and an exit code."""
 
-    exit_code = 1
+    exit_code = EXIT_INTERNAL
 
 
-class SpecError(SsacliError, ValueError):
-    """A scorer spec string is malformed, names an unknown scorer or an unknown/invalid option."""
+class UsageError(SsacliError, ValueError):
+    """An option or argument value is invalid."""
 
     exit_code = EXIT_USAGE
+
+
+class SpecError(UsageError):
+    """A scorer spec string is malformed, names an unknown scorer or an unknown/invalid option."""
 
 
 class UnsupportedModelError(SsacliError):
     """The model family does not route attention through transformers' AttentionInterface."""
 
     exit_code = EXIT_UNSUPPORTED
+
+
+class InputError(SsacliError):
+    """A model path or file is missing, unreadable or inconsistent."""
+
+    exit_code = EXIT_INPUT
+
+
+class JobFailedError(SsacliError):
+    """The job itself failed, e.g. training diverged."""
+
+    exit_code = EXIT_FAILED

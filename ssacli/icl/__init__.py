@@ -1,0 +1,28 @@
+"""The paper's controlled in-context-learning experiments: tasks, model, training, evaluation."""
+
+from .evaluate import Cell, cells_to_json, evaluate, parse_outlier
+from .model import PRESETS, ICLModel, ICLSpec, is_icl_checkpoint, load_icl, save_icl
+from .tasks import TASKS, Batch, check_task, every_labels, sample_batch, some_labels
+from .train import TrainConfig, resolve_device, train
+
+__all__ = [
+    "PRESETS",
+    "TASKS",
+    "Batch",
+    "Cell",
+    "ICLModel",
+    "ICLSpec",
+    "TrainConfig",
+    "cells_to_json",
+    "check_task",
+    "evaluate",
+    "every_labels",
+    "is_icl_checkpoint",
+    "load_icl",
+    "parse_outlier",
+    "resolve_device",
+    "sample_batch",
+    "save_icl",
+    "some_labels",
+    "train",
+]

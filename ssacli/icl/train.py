@@ -1,0 +1,157 @@
+"""Training an ICL model from scratch: Adam, a curriculum on the number of points, checkpoints
+that resume exactly (weights, optimizer moments and the data generator's state, all safetensors)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch.nn import functional as F
+
+from ..errors import InputError, JobFailedError, UsageError
+from .model import ICLModel, ICLSpec, load_icl, save_icl
+from .tasks import CLASSIFICATION, sample_batch
+
+
+@dataclass
+class TrainConfig:
+    task: str
+    scorer: str = "softmax"
+    steps: int = 4000
+    batch_size: int = 64
+    lr: float = 1e-4
+    seed: int = 0
+    preset: str = "cpu"
+    layers: int | None = None
+    heads: int | None = None
+    width: int | None = None
+    points_start: int = 11
+    points_end: int = 41
+    points_every: int | None = None  # steps between +2 points; None: reach the end at half-way
+    checkpoint_every: int = 1000
+    log_every: int = 50
+
+    def curriculum_every(self) -> int:
+        if self.points_every is not None:
+            return max(1, self.points_every)
+        increments = max(1, math.ceil((self.points_end - self.points_start) / 2))
+        return max(1, self.steps // (2 * increments))
+
+    def points_at(self, step: int) -> int:
+        return min(self.points_end, self.points_start + 2 * (step // self.curriculum_every()))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            "--device cuda was asked for but no CUDA device is visible; use --device cpu or auto"
+        )
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device '{device}'; use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def loss_fn(task: str, predictions: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    if task in CLASSIFICATION:
+        return F.binary_cross_entropy_with_logits(predictions, (ys > 0).to(predictions.dtype))
+    return F.mse_loss(predictions, ys)
+
+
+def train(
+    config: TrainConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    device: str = "auto",
+    on_step: Callable[[int, float, int], None] | None = None,
+) -> ICLModel:
+    """Train and write checkpoints to ``out`` (every ``checkpoint_every`` steps and at the end)."""
+    out = Path(out)
+    dev = resolve_device(device)
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    if resume and (out / "ssacli.json").is_file():
+        model = load_icl(out, dev).train()
+        start, history = _restore_trainer(model, out, generator)
+        recorded = model.spec.training.get("config", {})
+        if recorded and {k: recorded.get(k) for k in ("task", "scorer")} != {
+            "task": config.task,
+            "scorer": config.scorer,
+        }:
+            raise UsageError(
+                f"{out} holds a run of {recorded.get('task')}/{recorded.get('scorer')}; "
+                "resume it with the same --task and --scorer, or pick a new --out"
+            )
+    else:
+        spec = ICLSpec.from_preset(
+            config.task, config.scorer, config.preset,
+            layers=config.layers, heads=config.heads, width=config.width,
+            max_points=max(200, config.points_end),
+        )  # fmt: skip
+        model = ICLModel(spec).to(dev).train()
+        start, history = 0, []
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
+    if start:
+        _load_optimizer(optimizer, out)
+    previous_seconds = model.spec.training.get("seconds", 0.0) if start else 0.0
+    began = time.perf_counter()
+    for step in range(start, config.steps):
+        points = config.points_at(step)
+        batch = sample_batch(config.task, config.batch_size, points, generator=generator, device=dev)
+        loss = loss_fn(config.task, model(batch.tokens), batch.ys)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        value = loss.item()
+        if not math.isfinite(value):
+            raise JobFailedError(
+                f"loss became {value} at step {step + 1}; lower --lr or check the scorer spec"
+            )
+        done = step + 1 == config.steps
+        if (step + 1) % config.log_every == 0 or step == start or done:
+            history.append([step + 1, round(value, 6), points])
+        if on_step is not None:
+            on_step(step + 1, value, points)
+        if done or (step + 1) % config.checkpoint_every == 0:
+            model.spec.training = {
+                "config": asdict(config),
+                "step": step + 1,
+                "seconds": round(previous_seconds + time.perf_counter() - began, 1),
+                "history": history,
+            }
+            save_icl(model, out, _trainer_tensors(optimizer, generator, step + 1))
+    return model.eval()
+
+
+def _trainer_tensors(optimizer: torch.optim.Optimizer, generator: torch.Generator, step: int) -> dict:
+    tensors = {"step": torch.tensor(step), "generator": generator.get_state()}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"adam.{index}.{key}"] = torch.as_tensor(value)
+    return tensors
+
+
+def _restore_trainer(model: ICLModel, out: Path, generator: torch.Generator) -> tuple[int, list]:
+    path = out / "trainer.safetensors"
+    if not path.is_file():
+        raise InputError(f"{out} has no trainer.safetensors to resume from; train without --resume")
+    tensors = load_file(path)
+    generator.set_state(tensors["generator"])
+    return int(tensors["step"]), list(model.spec.training.get("history", []))
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, out: Path) -> None:
+    tensors = load_file(out / "trainer.safetensors")
+    state_dict = optimizer.state_dict()
+    for name, value in tensors.items():
+        if name.startswith("adam."):
+            _, index, key = name.split(".", 2)
+            state_dict["state"].setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict(state_dict)

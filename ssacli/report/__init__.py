@@ -1,0 +1,1 @@
+"""Presenting results: terminal tables (rich), JSON files, figures."""
