@@ -127,6 +127,7 @@ def icl_train(
     ),
     checkpoint_every: int = typer.Option(1000, min=1, help="Write a checkpoint every K steps."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a checkpoint already in --out."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
 ) -> None:
     """Train an ICL model from scratch with any scorer."""
@@ -138,10 +139,21 @@ def icl_train(
     check_task(task)
     make_scorer(scorer)  # fail on a bad spec before any work
     config = TrainConfig(
-        task=task, scorer=scorer, steps=steps, batch_size=batch_size, lr=lr, seed=seed, preset=preset,
-        layers=layers, heads=heads, width=width, points_start=points_start, points_end=points_end,
-        points_every=points_every, checkpoint_every=checkpoint_every,
-    )  # fmt: skip
+        task=task,
+        scorer=scorer,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        preset=preset,
+        layers=layers,
+        heads=heads,
+        width=width,
+        points_start=points_start,
+        points_end=points_end,
+        points_every=points_every,
+        checkpoint_every=checkpoint_every,
+    )
     columns = [
         TextColumn("{task.description}"),
         BarColumn(),
@@ -155,7 +167,7 @@ def icl_train(
         def on_step(step: int, loss: float, points: int) -> None:
             progress.update(bar, completed=step, loss=loss, points=points)
 
-        model = train(config, out, resume=resume, device=device, on_step=on_step)
+        model = train(config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step)
     history = model.spec.training["history"]
     typer.echo(f"wrote {out} (step {model.spec.training['step']}, last logged loss {history[-1][1]:.4g})")
 
@@ -166,7 +178,7 @@ def icl_eval(
     sigma: str = typer.Option("1,2,4,8,16,32", help="Comma-separated σ of the inputs."),
     length: str = typer.Option("41,81,161", help="Comma-separated prompt lengths (points)."),
     outlier: str = typer.Option(None, help="Planted outliers VALUE@POSITION, comma-separated, e.g. 1000@3."),
-    prompts: int = typer.Option(1000, min=1, help="Prompts per cell."),
+    prompts: int = typer.Option(500, min=1, help="Prompts per cell."),
     coef_sigma: float = typer.Option(1.0, help="linear: σ of the coefficients a, b."),
     seed: int = typer.Option(0, help="Seed of the evaluation prompts."),
     json_out: Path = typer.Option(None, "--json", help="Write the results as JSON to this file."),
@@ -178,17 +190,24 @@ def icl_eval(
     from .loading import resolve_model_path
     from .report.terminal import icl_tables
 
-    model = load_icl(resolve_model_path(model_ref), resolve_device(device))
     lengths = tuple(int(v) for v in _floats(length, "length"))
     try:
         probes = [parse_outlier(v) for v in outlier.split(",")] if outlier else []
     except ValueError as err:
         raise UsageError(str(err)) from None
     sigmas = _floats(sigma, "sigma")
+    model = load_icl(resolve_model_path(model_ref), resolve_device(device))  # after the cheap checks
     cells = evaluate(model, sigmas=sigmas, lengths=lengths, prompts=prompts, coef_sigma=coef_sigma, seed=seed)
     if probes:
-        cells += evaluate(model, sigmas=(1.0,), lengths=lengths, outliers=tuple(probes), prompts=prompts,
-                          coef_sigma=coef_sigma, seed=seed)  # fmt: skip
+        cells += evaluate(
+            model,
+            sigmas=(1.0,),
+            lengths=lengths,
+            outliers=tuple(probes),
+            prompts=prompts,
+            coef_sigma=coef_sigma,
+            seed=seed,
+        )
     console = Console()
     for table in icl_tables(cells, model.spec.task, model.spec.scorer):
         console.print(table)
@@ -229,8 +248,10 @@ def icl_sweep(
 
     def on_result(result: dict) -> None:
         done.append(result)
-        typer.echo(f"[{len(done)}/{total}] {result['task']}-{result['label']}-s{result['seed']}: "
-                   f"final loss {result['final_loss']:.4g}, trained in {result['train_seconds']} s")  # fmt: skip
+        typer.echo(
+            f"[{len(done)}/{total}] {result['task']}-{result['label']}-s{result['seed']}: "
+            f"final loss {result['final_loss']:.4g}, trained in {result['train_seconds']} s"
+        )
 
     summary = run_sweep(plan, out, jobs=jobs, on_result=on_result)
     typer.echo(f"wrote {out / 'results.json'} and {out / 'figures'} ({summary['wall_seconds']} s)")

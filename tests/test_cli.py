@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import ssacli
 from ssacli.cli import app
-from ssacli.errors import EXIT_USAGE
+from ssacli.errors import EXIT_INPUT, EXIT_USAGE
 
 runner = CliRunner()
 
@@ -82,3 +82,44 @@ def test_debug_shows_the_traceback():
     result = run_cli("--debug", "scorers", "ssa:bogus=1")
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "SpecError" in result.stderr
+
+
+def test_icl_train_then_eval_writes_json_and_figure(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["icl", "train", "--task", "linear", "--scorer", "ssa", "--steps", "5", "--batch-size", "4",
+         "--layers", "1", "--width", "8", "--points-start", "3", "--points-end", "5", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (out / "model.safetensors").is_file()
+    result = runner.invoke(
+        app,
+        ["icl", "eval", str(out), "--sigma", "1,4", "--length", "5,9", "--outlier", "100@2",
+         "--prompts", "16", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["task"] == "linear" and data["scorer"] == "ssa"
+    settings = {(c["sigma"], c["length"], c["outlier"]) for c in data["cells"]}
+    assert settings == {(1, 5, None), (1, 9, None), (4, 5, None), (4, 9, None), (1, 5, 100), (1, 9, 100)}
+    assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_icl_eval_of_a_missing_folder_is_an_input_error(tmp_path):
+    result = run_cli("icl", "eval", str(tmp_path / "nowhere"))
+    assert result.returncode == EXIT_INPUT
+    assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_icl_bad_option_values_are_usage_errors(tmp_path):
+    for args in (
+        ["icl", "train", "--task", "nope", "--out", str(tmp_path / "x")],
+        ["icl", "train", "--task", "every", "--scorer", "ssa:zzz=1", "--out", str(tmp_path / "x")],
+        ["icl", "eval", "builtin:every-softmax", "--outlier", "big@3"],
+        ["icl", "eval", "builtin:every-softmax", "--sigma", "a,b"],
+    ):
+        result = run_cli(*args)
+        assert result.returncode == EXIT_USAGE, (args, result.stderr)
+        assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+    assert not (tmp_path / "x").exists()

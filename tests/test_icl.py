@@ -78,8 +78,9 @@ def test_sampler_honours_coefficient_sigma():
 
 
 def test_sampler_plants_the_outlier_and_labels_see_it():
-    batch = sample_batch("every", 64, 10, outlier=-1000.0, outlier_position=3,
-                         generator=torch.Generator().manual_seed(3))  # fmt: skip
+    batch = sample_batch(
+        "every", 64, 10, outlier=-1000.0, outlier_position=3, generator=torch.Generator().manual_seed(3)
+    )
     assert torch.all(batch.xs[:, 2] == -1000.0)
     assert torch.all(batch.xs[:, [0, 1, 3]] != -1000.0)
     assert torch.all(batch.ys[:, 2:] == -1)  # a negative value at position 3 makes "every" false
@@ -117,8 +118,19 @@ def test_model_predicts_at_x_positions_causally():
 
 def test_short_training_lowers_the_loss_and_saves_a_loadable_checkpoint(tmp_path):
     began = time.perf_counter()
-    config = TrainConfig(task="every", scorer="ssa", steps=150, lr=3e-3, batch_size=32, layers=2,
-                         width=16, points_start=5, points_end=11, log_every=10, checkpoint_every=50)  # fmt: skip
+    config = TrainConfig(
+        task="every",
+        scorer="ssa",
+        steps=150,
+        lr=3e-3,
+        batch_size=32,
+        layers=2,
+        width=16,
+        points_start=5,
+        points_end=11,
+        log_every=10,
+        checkpoint_every=50,
+    )
     model = train(config, tmp_path / "run", device="cpu")
     assert time.perf_counter() - began < 60
     history = model.spec.training["history"]
@@ -134,17 +146,37 @@ def test_short_training_lowers_the_loss_and_saves_a_loadable_checkpoint(tmp_path
 
 
 def test_training_is_deterministic_and_resume_is_exact(tmp_path):
-    base = dict(task="linear", scorer="ssa", batch_size=8, layers=1, heads=2, width=8, points_start=3,
-                points_end=7, points_every=5, log_every=1)  # fmt: skip
+    base = dict(
+        task="linear",
+        scorer="ssa",
+        batch_size=8,
+        layers=1,
+        heads=2,
+        width=8,
+        points_start=3,
+        points_end=7,
+        points_every=5,
+        log_every=1,
+    )
     full = train(TrainConfig(steps=20, checkpoint_every=100, **base), tmp_path / "full", device="cpu")
     again = train(TrainConfig(steps=20, checkpoint_every=100, **base), tmp_path / "again", device="cpu")
     train(TrainConfig(steps=10, checkpoint_every=100, **base), tmp_path / "split", device="cpu")
-    resumed = train(TrainConfig(steps=20, checkpoint_every=100, **base), tmp_path / "split", resume=True,
-                    device="cpu")  # fmt: skip
+    resumed = train(
+        TrainConfig(steps=20, checkpoint_every=100, **base), tmp_path / "split", resume=True, device="cpu"
+    )
     for a, b in [(full, again), (full, resumed)]:
         for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(p, q), name
     assert [h[1] for h in resumed.spec.training["history"]] == [h[1] for h in full.spec.training["history"]]
+
+
+def test_existing_checkpoint_is_not_overwritten_by_accident(tmp_path):
+    base = dict(task="every", batch_size=4, layers=1, heads=1, width=8, points_start=3, points_end=5)
+    train(TrainConfig(steps=2, **base), tmp_path / "r", device="cpu")
+    with pytest.raises(UsageError, match="--resume"):
+        train(TrainConfig(steps=2, **base), tmp_path / "r", device="cpu")
+    train(TrainConfig(steps=3, **base), tmp_path / "r", overwrite=True, device="cpu")
+    assert load_icl(tmp_path / "r").spec.training["step"] == 3
 
 
 def test_resume_refuses_a_different_run(tmp_path):
@@ -223,9 +255,18 @@ def test_unknown_builtin_lists_the_available_ones():
 
 
 def test_tiny_sweep_writes_results_and_figures(tmp_path):
-    plan = SweepPlan(tasks=["every"], scorers=[ScorerEntry("softmax", "softmax", seeds=2)], steps=3,
-                     batch_size=4, points_start=3, points_end=5, sigmas=[1, 4], lengths=[5, 7],
-                     outliers=[100], prompts=8)  # fmt: skip
+    plan = SweepPlan(
+        tasks=["every"],
+        scorers=[ScorerEntry("softmax", "softmax", seeds=2)],
+        steps=3,
+        batch_size=4,
+        points_start=3,
+        points_end=5,
+        sigmas=[1, 4],
+        lengths=[5, 7],
+        outliers=[100],
+        prompts=8,
+    )
     summary = run_sweep(plan, tmp_path)
     assert len(summary["runs"]) == 2
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -241,7 +282,13 @@ def test_tiny_sweep_writes_results_and_figures(tmp_path):
 
 
 def test_aggregate_mean_and_std_by_hand():
-    runs = [{"task": "every", "label": "x", "cells": [{"sigma": 1, "length": 5, "outlier": None,
-             "error": e, "normalized_error": None}]} for e in (0.1, 0.3)]  # fmt: skip
+    runs = [
+        {
+            "task": "every",
+            "label": "x",
+            "cells": [{"sigma": 1, "length": 5, "outlier": None, "error": e, "normalized_error": None}],
+        }
+        for e in (0.1, 0.3)
+    ]
     (row,) = aggregate(runs)
     assert row["mean"] == pytest.approx(0.2) and row["std"] == pytest.approx(0.1414213, rel=1e-5)

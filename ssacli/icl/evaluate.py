@@ -26,6 +26,7 @@ class Cell:
     prompts: int
     error: float  # share of prompts with a wrong sign (quantification) or MSE (linear)
     normalized_error: float | None = None  # linear: MSE / Var(y)
+    position_error: float | None = None  # quantification: share of wrong signs, positions >= 3
     per_position: list[float] = field(default_factory=list)  # error rate or MSE at positions 1..L
 
 
@@ -64,11 +65,16 @@ def evaluate(
                 for start in range(0, prompts, step):
                     n = min(step, prompts - start)
                     batch = sample_batch(
-                        task, n, length, sigma=sigma, coef_sigma=coef_sigma,
+                        task,
+                        n,
+                        length,
+                        sigma=sigma,
+                        coef_sigma=coef_sigma,
                         outlier=None if outlier is None else outlier[0],
                         outlier_position=FIRST_SCORED if outlier is None else outlier[1],
-                        generator=generator, device=device,
-                    )  # fmt: skip
+                        generator=generator,
+                        device=device,
+                    )
                     pred = model(batch.tokens)
                     if task in CLASSIFICATION:
                         wrong_rows.append(((pred > 0) != (batch.ys > 0)).float().cpu())
@@ -90,19 +96,28 @@ def _cell(task, sigma, length, outlier, prompts, wrong_rows, sq_err, targets) ->
     if task in CLASSIFICATION:
         wrong = torch.cat(wrong_rows)
         return Cell(
-            sigma, length, value, position, prompts,
+            sigma,
+            length,
+            value,
+            position,
+            prompts,
             error=wrong[:, scored].amax(dim=1).mean().item(),
+            position_error=wrong[:, scored].mean().item(),
             per_position=[round(v, 6) for v in wrong.mean(dim=0).tolist()],
-        )  # fmt: skip
+        )
     err, ys = torch.cat(sq_err), torch.cat(targets)
     mse = err[:, scored].mean().item()
     variance = ys[:, scored].var().item()
     return Cell(
-        sigma, length, value, position, prompts,
+        sigma,
+        length,
+        value,
+        position,
+        prompts,
         error=mse,
         normalized_error=mse / variance if variance > 0 else None,
         per_position=[round(v, 6) for v in err.mean(dim=0).tolist()],
-    )  # fmt: skip
+    )
 
 
 def cells_to_json(model: ICLModel, cells: list[Cell]) -> dict:

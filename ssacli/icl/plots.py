@@ -12,9 +12,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from ..report.files import publish  # noqa: E402
 from .evaluate import Cell  # noqa: E402
+
+PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 2^0 or 1.0
 
 
 def save_figure(fig, path: str | Path) -> None:
@@ -40,6 +43,7 @@ def plot_eval(cells: Sequence[Cell], title: str, metric: str, path: str | Path) 
         row = sorted((c for c in plain if c.length == length), key=lambda c: c.sigma)
         left.plot([c.sigma for c in row], [_y(c) for c in row], marker="o", label=f"{length} points")
     left.set_xscale("log", base=2)
+    left.xaxis.set_major_formatter(PLAIN)
     left.set_xlabel("σ of the inputs")
     left.set_ylabel(metric)
     left.legend()
@@ -48,6 +52,8 @@ def plot_eval(cells: Sequence[Cell], title: str, metric: str, path: str | Path) 
         right.plot(range(1, len(c.per_position) + 1), c.per_position, label=f"σ = {c.sigma:g}")
     right.set_xlabel("position")
     right.set_ylabel("per-position " + ("error rate" if "error" in metric else "MSE"))
+    if "MSE" in metric:  # squared errors grow with σ²: a log axis keeps every σ readable
+        right.set_yscale("log")
     right.legend(fontsize=8)
     right.grid(alpha=0.3)
     fig.suptitle(title)
@@ -71,23 +77,35 @@ def plot_sweep(summary: dict, folder: str | Path) -> list[Path]:
         views = [
             ("sigma", "σ of the inputs", lambda r: r["outlier"] is None and r["length"] == trained, True),
             ("length", "prompt length (points)", lambda r: r["outlier"] is None and r["sigma"] == 1, False),
-            ("outlier", "planted outlier value at position 3", lambda r: r["outlier"] is not None
-             and r["length"] == trained, True),
-        ]  # fmt: skip
+            (
+                "outlier",
+                "planted outlier value at position 3",
+                lambda r: r["outlier"] is not None and r["length"] == trained,
+                True,
+            ),
+        ]
         for name, xlabel, keep, logx in views:
             fig, ax = plt.subplots(figsize=(5.5, 3.8))
             for label in dict.fromkeys(r["label"] for r in rows if r["task"] == task):
-                sel = sorted((r for r in rows if r["task"] == task and r["label"] == label and keep(r)),
-                             key=lambda r: r[name])  # fmt: skip
+                sel = sorted(
+                    (r for r in rows if r["task"] == task and r["label"] == label and keep(r)),
+                    key=lambda r: r[name],
+                )
                 if not sel:
                     continue
                 xs, means = [r[name] for r in sel], [r["mean"] for r in sel]
                 stds = [r["std"] or 0.0 for r in sel]
                 line = ax.plot(xs, means, marker="o", label=f"{label} (n={sel[0]['seeds']})")[0]
-                ax.fill_between(xs, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                                color=line.get_color(), alpha=0.15)  # fmt: skip
+                ax.fill_between(
+                    xs,
+                    [m - s for m, s in zip(means, stds)],
+                    [m + s for m, s in zip(means, stds)],
+                    color=line.get_color(),
+                    alpha=0.15,
+                )
             if logx:
                 ax.set_xscale("log")
+                ax.xaxis.set_major_formatter(PLAIN)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(metric)
             ax.set_title(

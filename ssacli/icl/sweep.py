@@ -92,20 +92,23 @@ def _one_run(args: tuple[dict, str, dict, int, str]) -> dict:
     entry = ScorerEntry(**entry_dict)
     folder = Path(out) / "runs" / run_name(task, entry.label, seed)
     config = TrainConfig(
-        task=task, scorer=entry.spec, steps=plan.steps, batch_size=plan.batch_size, lr=plan.lr,
-        seed=seed, preset=plan.preset, points_start=plan.points_start, points_end=plan.points_end,
+        task=task,
+        scorer=entry.spec,
+        steps=plan.steps,
+        batch_size=plan.batch_size,
+        lr=plan.lr,
+        seed=seed,
+        preset=plan.preset,
+        points_start=plan.points_start,
+        points_end=plan.points_end,
         checkpoint_every=max(1, plan.steps // 4),
-    )  # fmt: skip
+    )
     eval_file = folder / "eval.json"
     done = (folder / "ssacli.json").is_file() and load_icl(folder).spec.training.get("step") == plan.steps
     if done and eval_file.is_file():
         return json.loads(eval_file.read_text())
+    model = load_icl(folder) if done else train(config, folder, resume=True, device="cpu")
     began = time.perf_counter()
-    model = (
-        load_icl(folder)
-        if done
-        else train(config, folder, resume=(folder / "ssacli.json").is_file(), device="cpu")
-    )
     # σ at the trained length, length at σ = 1, outliers at the trained length and σ = 1.
     trained = (plan.points_end,)
     other_lengths = tuple(n for n in plan.lengths if n != plan.points_end)
@@ -114,12 +117,15 @@ def _one_run(args: tuple[dict, str, dict, int, str]) -> dict:
     outliers = tuple((v, plan.outlier_position) for v in plan.outliers)
     cells += evaluate(model, lengths=trained, outliers=outliers, prompts=plan.prompts)
     result = {
-        "task": task, "label": entry.label, "spec": entry.spec, "seed": seed,
+        "task": task,
+        "label": entry.label,
+        "spec": entry.spec,
+        "seed": seed,
         "train_seconds": model.spec.training.get("seconds"),
         "final_loss": model.spec.training["history"][-1][1],
         "eval_seconds": round(time.perf_counter() - began, 1),
         **cells_to_json(model, cells),
-    }  # fmt: skip
+    }
     write_json(result, eval_file)
     return result
 
@@ -178,6 +184,17 @@ def aggregate(results: list[dict]) -> list[dict[str, Any]]:
     for (task, label, sigma, length, outlier), values in groups.items():
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
-        rows.append({"task": task, "label": label, "sigma": sigma, "length": length, "outlier": outlier,
-                     "mean": mean, "std": std, "seeds": len(values), "values": values})  # fmt: skip
+        rows.append(
+            {
+                "task": task,
+                "label": label,
+                "sigma": sigma,
+                "length": length,
+                "outlier": outlier,
+                "mean": mean,
+                "std": std,
+                "seeds": len(values),
+                "values": values,
+            }
+        )
     return rows

@@ -69,32 +69,41 @@ def train(
     out: str | Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     device: str = "auto",
     on_step: Callable[[int, float, int], None] | None = None,
 ) -> ICLModel:
-    """Train and write checkpoints to ``out`` (every ``checkpoint_every`` steps and at the end)."""
+    """Train and write checkpoints to ``out`` (every ``checkpoint_every`` steps and at the end).
+
+    ``resume`` continues the run saved in ``out`` (a fresh start if there is none); without it an
+    existing checkpoint in ``out`` is only replaced when ``overwrite`` is set.
+    """
     out = Path(out)
+    exists = (out / "ssacli.json").is_file()
+    if exists and not (resume or overwrite):
+        raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
     dev = resolve_device(device)
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed + 1)
-    if resume and (out / "ssacli.json").is_file():
+    if resume and exists:
         model = load_icl(out, dev).train()
         start, history = _restore_trainer(model, out, generator)
         recorded = model.spec.training.get("config", {})
-        if recorded and {k: recorded.get(k) for k in ("task", "scorer")} != {
-            "task": config.task,
-            "scorer": config.scorer,
-        }:
+        if (recorded.get("task"), recorded.get("scorer")) != (config.task, config.scorer):
             raise UsageError(
                 f"{out} holds a run of {recorded.get('task')}/{recorded.get('scorer')}; "
                 "resume it with the same --task and --scorer, or pick a new --out"
             )
     else:
         spec = ICLSpec.from_preset(
-            config.task, config.scorer, config.preset,
-            layers=config.layers, heads=config.heads, width=config.width,
+            config.task,
+            config.scorer,
+            config.preset,
+            layers=config.layers,
+            heads=config.heads,
+            width=config.width,
             max_points=max(200, config.points_end),
-        )  # fmt: skip
+        )
         model = ICLModel(spec).to(dev).train()
         start, history = 0, []
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
@@ -115,7 +124,7 @@ def train(
                 f"loss became {value} at step {step + 1}; lower --lr or check the scorer spec"
             )
         done = step + 1 == config.steps
-        if (step + 1) % config.log_every == 0 or step == start or done:
+        if (step + 1) % config.log_every == 0 or step == 0 or done:
             history.append([step + 1, round(value, 6), points])
         if on_step is not None:
             on_step(step + 1, value, points)

@@ -12,9 +12,13 @@ from ..icl.evaluate import Cell
 def icl_tables(cells: Sequence[Cell], task: str, scorer: str) -> list[Table]:
     """A σ × length table, and an outlier × length table when outliers were planted.
 
-    Quantification: % of prompts with a wrong sign from position 3 on. linear: MSE (MSE / Var y).
+    Quantification: % of prompts with a wrong sign from position 3 on (and % of wrong positions).
+    linear: MSE (MSE / Var y).
     """
-    unit = "% prompts with an error from position 3" if task != "linear" else "MSE (MSE / Var y)"
+    if task != "linear":
+        unit = "% prompts with any error from position 3 (% wrong positions)"
+    else:
+        unit = "MSE (MSE / Var y) from position 3"
     lengths = sorted({c.length for c in cells})
     plain = [c for c in cells if c.outlier is None]
     probes = [c for c in cells if c.outlier is not None]
@@ -46,6 +50,6 @@ def _fmt(cell: Cell | None, task: str) -> str:
     if cell is None:
         return "–"
     if task != "linear":
-        return f"{100 * cell.error:.1f}"
+        return f"{100 * cell.error:.1f} ({100 * cell.position_error:.1f})"
     norm = "" if cell.normalized_error is None else f" ({cell.normalized_error:.3f})"
     return f"{cell.error:.3g}{norm}"
