@@ -292,3 +292,24 @@ def test_aggregate_mean_and_std_by_hand():
     ]
     (row,) = aggregate(runs)
     assert row["mean"] == pytest.approx(0.2) and row["std"] == pytest.approx(0.1414213, rel=1e-5)
+
+
+def test_outlier_capture_on_uniform_attention_by_hand():
+    """With zero query/key projections every causal row is uniform: the token at index k gets
+    1/(q+1) from query q, so the capture is the mean of 1/(q+1) over the later queries."""
+    from ssacli.icl import outlier_capture
+
+    model = ICLModel(ICLSpec(task="every", layers=2, heads=2, width=8))
+    width = model.spec.width
+    with torch.no_grad():
+        for block in model.backbone.h:
+            block.attn.c_attn.weight[:, : 2 * width] = 0  # query and key columns
+            block.attn.c_attn.bias[: 2 * width] = 0
+    points, position = 6, 3
+    key = 2 * (position - 1)
+    expected = sum(1 / (q + 1) for q in range(key + 1, 2 * points)) / (2 * points - key - 1)
+    rows = outlier_capture(model, 1000.0, position=position, points=points, prompts=4)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["mean_over_heads"] == pytest.approx(expected, rel=1e-5)
+        assert row["max_head"] == pytest.approx(expected, rel=1e-5)

@@ -1,6 +1,6 @@
 """The paper's controlled in-context-learning experiments: tasks, model, training, evaluation."""
 
-from .evaluate import Cell, cells_to_json, evaluate, parse_outlier
+from .evaluate import Cell, cells_to_json, evaluate, outlier_capture, parse_outlier
 from .model import PRESETS, ICLModel, ICLSpec, is_icl_checkpoint, load_icl, save_icl
 from .tasks import TASKS, Batch, check_task, every_labels, sample_batch, some_labels
 from .train import TrainConfig, resolve_device, train
@@ -19,6 +19,7 @@ __all__ = [
     "every_labels",
     "is_icl_checkpoint",
     "load_icl",
+    "outlier_capture",
     "parse_outlier",
     "resolve_device",
     "sample_batch",

@@ -120,6 +120,36 @@ def _cell(task, sigma, length, outlier, prompts, wrong_rows, sq_err, targets) ->
     )
 
 
+@torch.no_grad()
+def outlier_capture(
+    model: ICLModel,
+    value: float | None,
+    *,
+    position: int = FIRST_SCORED,
+    points: int = 41,
+    prompts: int = 200,
+    seed: int = 0,
+) -> list[dict[str, float]]:
+    """Attention mass that the tokens after ``x_position`` put on it, per layer.
+
+    With ``value`` planted there, a collapsing head sends most of every later query's mass to that
+    one token; ``value=None`` gives the same measure on ordinary prompts, for comparison. Returns
+    per layer the mean over heads and the largest head (means over prompts and later queries).
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    batch = sample_batch(
+        model.spec.task, prompts, points, outlier=value, outlier_position=position,
+        generator=torch.Generator().manual_seed(seed), device=device,
+    )  # fmt: skip
+    key = 2 * (position - 1)  # token index of x_position (tokens interleave x and y)
+    rows = []
+    for layer in model.attention_maps(batch.tokens):
+        per_head = layer[:, :, key + 1 :, key].float().mean(dim=(0, 2))  # [heads]
+        rows.append({"mean_over_heads": per_head.mean().item(), "max_head": per_head.max().item()})
+    return rows
+
+
 def cells_to_json(model: ICLModel, cells: list[Cell]) -> dict:
     return {
         "task": model.spec.task,

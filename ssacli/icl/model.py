@@ -90,6 +90,11 @@ class ICLModel(nn.Module):
         hidden = self.backbone(inputs_embeds=self.read_in(tokens.unsqueeze(-1))).last_hidden_state
         return self.read_out(hidden).squeeze(-1)[:, ::2]
 
+    def attention_maps(self, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The scorer's weights of every layer, each [batch, heads, tokens, tokens]."""
+        embeds = self.read_in(tokens.unsqueeze(-1))
+        return self.backbone(inputs_embeds=embeds, output_attentions=True).attentions
+
 
 def save_icl(
     model: ICLModel, directory: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None
