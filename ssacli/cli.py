@@ -188,7 +188,7 @@ def icl_eval(
     """Evaluate an ICL model over σ × length, and with planted outliers."""
     from .icl import cells_to_json, evaluate, load_icl, parse_outlier, resolve_device
     from .loading import resolve_model_path
-    from .report.terminal import icl_tables
+    from .report.terminal import icl_legend, icl_tables
 
     lengths = tuple(int(v) for v in _floats(length, "length"))
     try:
@@ -211,6 +211,7 @@ def icl_eval(
     console = Console()
     for table in icl_tables(cells, model.spec.task, model.spec.scorer):
         console.print(table)
+    console.print(icl_legend(model.spec.task), style="dim")
     result = {"model": model_ref, **cells_to_json(model, cells)}
     if json_out is not None:
         write_json(result, json_out)
