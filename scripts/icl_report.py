@@ -37,54 +37,20 @@ def main(path: str) -> None:
     plan, rows = summary["plan"], summary["aggregate"]
     trained = plan["points_end"]
     labels = [s["label"] for s in plan["scorers"]]
+    views = [  # (heading, column, values, which cells)
+        (f"magnitude shift ({trained} points", "sigma", plan["sigmas"],
+         lambda r: r["outlier"] is None and r["length"] == trained),
+        ("length shift (σ = 1", "length", plan["lengths"],
+         lambda r: r["outlier"] is None and r["sigma"] == 1),
+        (f"planted outlier at position {plan['outlier_position']} (σ = 1, {trained} points", "outlier",
+         plan["outliers"], lambda r: r["outlier"] is not None and r["length"] == trained),
+    ]  # fmt: skip
     for task in plan["tasks"]:
         percent = task != "linear"
         unit = "% of prompts with an error from position 3" if percent else "MSE / Var(y) from position 3"
-        print(f"\n### {task}: magnitude shift ({trained} points; {unit})\n")
-        print(
-            "\n".join(
-                table(
-                    rows,
-                    task,
-                    labels,
-                    "sigma",
-                    plan["sigmas"],
-                    lambda r: r["outlier"] is None and r["length"] == trained,
-                    percent,
-                )
-            )
-        )
-        print(f"\n### {task}: length shift (σ = 1; {unit})\n")
-        print(
-            "\n".join(
-                table(
-                    rows,
-                    task,
-                    labels,
-                    "length",
-                    plan["lengths"],
-                    lambda r: r["outlier"] is None and r["sigma"] == 1,
-                    percent,
-                )
-            )
-        )
-        print(
-            f"\n### {task}: planted outlier at position {plan['outlier_position']} "
-            f"(σ = 1, {trained} points; {unit})\n"
-        )
-        print(
-            "\n".join(
-                table(
-                    rows,
-                    task,
-                    labels,
-                    "outlier",
-                    plan["outliers"],
-                    lambda r: r["outlier"] is not None and r["length"] == trained,
-                    percent,
-                )
-            )
-        )
+        for heading, column, values, keep in views:
+            print(f"\n### {task}: {heading}; {unit})\n")
+            print("\n".join(table(rows, task, labels, column, values, keep, percent)))
     runs = summary["runs"]
     train_s = sum(r["train_seconds"] or 0 for r in runs)
     print(
