@@ -92,15 +92,12 @@ def _batch_for(points: int) -> int:
 
 def _cell(task, sigma, length, outlier, prompts, wrong_rows, sq_err, targets) -> Cell:
     value, position = (None, FIRST_SCORED) if outlier is None else outlier
+    setting = dict(sigma=sigma, length=length, outlier=value, outlier_position=position, prompts=prompts)
     scored = slice(FIRST_SCORED - 1, None)
     if task in CLASSIFICATION:
         wrong = torch.cat(wrong_rows)
         return Cell(
-            sigma,
-            length,
-            value,
-            position,
-            prompts,
+            **setting,
             error=wrong[:, scored].amax(dim=1).mean().item(),
             position_error=wrong[:, scored].mean().item(),
             per_position=[round(v, 6) for v in wrong.mean(dim=0).tolist()],
@@ -109,11 +106,7 @@ def _cell(task, sigma, length, outlier, prompts, wrong_rows, sq_err, targets) ->
     mse = err[:, scored].mean().item()
     variance = ys[:, scored].var().item()
     return Cell(
-        sigma,
-        length,
-        value,
-        position,
-        prompts,
+        **setting,
         error=mse,
         normalized_error=mse / variance if variance > 0 else None,
         per_position=[round(v, 6) for v in err.mean(dim=0).tolist()],

@@ -25,7 +25,7 @@ from transformers import GPT2Config, GPT2Model
 
 from ..attention import apply_scorer
 from ..errors import InputError, UsageError
-from ..report.files import _umask, publish
+from ..report.files import publish
 from .tasks import check_task
 
 FORMAT = "ssacli-icl"
@@ -113,8 +113,6 @@ def save_icl(
             )
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(model.spec)}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        for file in tmp.iterdir():
-            os.chmod(file, 0o666 & ~_umask())
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old")
             shutil.rmtree(old, ignore_errors=True)

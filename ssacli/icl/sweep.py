@@ -104,7 +104,8 @@ def _one_run(args: tuple[dict, str, dict, int, str]) -> dict:
         checkpoint_every=max(1, plan.steps // 4),
     )
     eval_file = folder / "eval.json"
-    done = (folder / "ssacli.json").is_file() and load_icl(folder).spec.training.get("step") == plan.steps
+    meta = folder / "ssacli.json"
+    done = meta.is_file() and json.loads(meta.read_text()).get("training", {}).get("step") == plan.steps
     if done and eval_file.is_file():
         return json.loads(eval_file.read_text())
     model = load_icl(folder) if done else train(config, folder, resume=True, device="cpu")

@@ -16,8 +16,13 @@ def _umask() -> int:
 
 
 def publish(tmp: str | Path, path: str | Path, *, directory: bool = False) -> None:
-    """Give a temp file (or folder) the permissions a plain create would have, then rename it."""
-    os.chmod(tmp, (0o777 if directory else 0o666) & ~_umask())
+    """Give a temp file (or a folder and the files in it) the permissions a plain create would
+    have, then rename it into place."""
+    mask = _umask()
+    if directory:
+        for file in Path(tmp).iterdir():
+            os.chmod(file, 0o666 & ~mask)
+    os.chmod(tmp, (0o777 if directory else 0o666) & ~mask)
     os.replace(tmp, path)
 
 
