@@ -6,6 +6,9 @@ The public API (the CLI is a thin layer over it):
   built from spec strings such as ``"ssa:init=faithful,m=256"``.
 * :func:`apply_scorer`, :func:`restore`, :func:`supports`, :func:`scorers_of`: run a transformers
   model with any scorer in every attention layer, and go back.
+* :func:`diagnose` -> :class:`DiagnoseResult`: probe a model with magnitude shifts and measure
+  per-layer, per-head saturation; :func:`load_model` resolves MODEL references;
+  :func:`compare_results` puts two results side by side.
 
 The model-facing half imports transformers (seconds), so it is loaded on first use.
 """
@@ -26,10 +29,20 @@ _LAZY = {
     "supports": "attention",
     "scorers_of": "attention",
     "attention_modules": "attention",
+    "diagnose": "diagnose",
+    "load_model": "loading",
+    "DiagnoseResult": "results",
+    "ProbeResult": "results",
+    "compare_results": "results",
+    "parse_probe": "probes",
 }
 
 if TYPE_CHECKING:
     from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
+    from .diagnose import diagnose
+    from .loading import load_model
+    from .probes import parse_probe
+    from .results import DiagnoseResult, ProbeResult, compare_results
 
 
 def __getattr__(name: str):
@@ -40,6 +53,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "DiagnoseResult",
+    "ProbeResult",
     "SCORERS",
     "Scorer",
     "SpecError",
@@ -48,6 +63,10 @@ __all__ = [
     "__version__",
     "apply_scorer",
     "attention_modules",
+    "compare_results",
+    "diagnose",
+    "load_model",
+    "parse_probe",
     "describe_scorer",
     "make_scorer",
     "parse_spec",

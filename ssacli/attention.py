@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -64,7 +67,7 @@ def ssacli_attention_forward(
     scaling: float | None = None,
     dropout: float = 0.0,
     **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """AttentionInterface function: query [b, h, q, d], key/value [b, h_kv, k, d] (not repeated)."""
     scorer = getattr(module, SCORER_ATTR, None)
     if scorer is None:
@@ -78,13 +81,12 @@ def ssacli_attention_forward(
         value = value.repeat_interleave(groups, dim=1)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    logits = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    softcap = kwargs.get("softcap")
-    if softcap is not None:  # Gemma-2: cap first, then mask, as its eager path does
-        logits = torch.tanh(logits / softcap) * softcap
-    position_bias = kwargs.get("position_bias")
-    if position_bias is not None:  # T5 relative position bias
-        logits = logits + position_bias
+    observer = _OBSERVER.get()
+    if observer is not None:
+        return _observed_attention(
+            module, scorer, observer, query, key, value, attention_mask, scaling, kwargs
+        )
+    logits = _logits(query, key, scaling, kwargs, slice(None))
     logits, visible = _apply_mask(logits, attention_mask, module, kwargs.get("is_causal"))
     weights = scorer(logits, visible, query=query, key=key)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
@@ -92,25 +94,112 @@ def ssacli_attention_forward(
     return output, weights
 
 
+def _logits(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, kwargs: dict, rows: slice
+) -> torch.Tensor:
+    """Scaled q·k logits of query rows ``rows``, as the model's eager path computes them."""
+    logits = torch.matmul(query[:, :, rows], key.transpose(-1, -2)) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap is not None:  # Gemma-2: cap first, then mask, as its eager path does
+        logits = torch.tanh(logits / softcap) * softcap
+    position_bias = kwargs.get("position_bias")
+    if position_bias is not None:  # T5 relative position bias, [b|1, h, q|1, k]
+        if position_bias.shape[-2] == query.shape[-2]:
+            position_bias = position_bias[:, :, rows]
+        logits = logits + position_bias
+    return logits
+
+
 def _apply_mask(
-    logits: torch.Tensor, mask: torch.Tensor | None, module: nn.Module, is_causal: bool | None
+    logits: torch.Tensor,
+    mask: torch.Tensor | None,
+    module: nn.Module,
+    is_causal: bool | None,
+    rows: slice = slice(None),
+    q_total: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Boolean visibility (True = visible) for the scorer, from whatever mask the model passed."""
-    q_len, k_len = logits.shape[-2:]
+    """Boolean visibility (True = visible) for the scorer, from whatever mask the model passed.
+
+    ``rows`` selects a block of query rows out of ``q_total`` (the observed, blocked path).
+    """
+    k_len = logits.shape[-1]
+    q_total = logits.shape[-2] if q_total is None else q_total
     if mask is None:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
-        if not causal or q_len == 1:
+        if not causal or q_total == 1:
             return logits, None
         # Bottom-right aligned: with a KV cache the last query sits at the last key.
-        return logits, torch.ones(q_len, k_len, dtype=torch.bool, device=logits.device).tril(k_len - q_len)
+        return logits, _causal_rows(rows, q_total, k_len, logits.device)
     if mask.dim() == 4:
         mask = mask[..., :k_len]
+        if mask.shape[-2] == q_total:
+            mask = mask[..., rows, :]
     if mask.dtype == torch.bool:
         return logits, mask
     # A float additive mask (a user's custom 4D mask): keep any real bias it carries, and read the
     # large negative fill as "masked".
     visible = mask > torch.finfo(mask.dtype).min / 2
     return logits + torch.where(visible, mask, 0).to(logits.dtype), visible
+
+
+def _causal_rows(rows: slice, q_total: int, k_len: int, device: torch.device) -> torch.Tensor:
+    """[q_rows, k] causal visibility, bottom-right aligned, for the query rows in ``rows``."""
+    positions = torch.arange(k_len - q_total, k_len, device=device)[rows]
+    return torch.arange(k_len, device=device).unsqueeze(0) <= positions.unsqueeze(1)
+
+
+# ---- observing attention (diagnose) ---------------------------------------------------------------
+
+
+class Observer(Protocol):
+    """What diagnose plugs into the attention call (ssacli.metrics / ssacli.diagnose implement it)."""
+
+    block_size: int  # query rows scored at a time
+
+    def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        """The probe's change to the logits [b, h, q_rows, k] (logit-scale, dominant-key)."""
+        ...
+
+    def record(
+        self,
+        module: nn.Module,
+        weights: torch.Tensor,
+        visible: torch.Tensor | None,
+        query_positions: torch.Tensor,
+    ) -> None:
+        """Reduce one block of weights [b, h, q_rows, k] (key indices of the rows given)."""
+        ...
+
+
+_OBSERVER: ContextVar[Observer | None] = ContextVar("ssacli_observer", default=None)
+
+
+@contextmanager
+def observing(observer: Observer) -> Iterator[Observer]:
+    """Within this block, every ssacli attention call streams its weights to ``observer`` in query
+    blocks and returns no weight map (so no [b, h, q, k] tensor outlives the call)."""
+    token = _OBSERVER.set(observer)
+    try:
+        yield observer
+    finally:
+        _OBSERVER.reset(token)
+
+
+def _observed_attention(module, scorer, observer, query, key, value, mask, scaling, kwargs):
+    """The same attention, one block of query rows at a time: extra memory O(block × k)."""
+    q_total, k_len = query.shape[-2], key.shape[-2]
+    block = max(1, int(observer.block_size))
+    positions = torch.arange(k_len - q_total, k_len, device=query.device)
+    outputs = []
+    for start in range(0, q_total, block):
+        rows = slice(start, min(start + block, q_total))
+        logits = observer.transform(_logits(query, key, scaling, kwargs, rows), module)
+        logits, visible = _apply_mask(logits, mask, module, kwargs.get("is_causal"), rows, q_total)
+        extra = {"query_positions": positions[rows]} if scorer.uses_qk else {}
+        weights = scorer(logits, visible, query=query[:, :, rows], key=key, **extra)
+        observer.record(module, weights, visible, positions[rows])
+        outputs.append(torch.matmul(weights.to(value.dtype), value))
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
 def register() -> None:

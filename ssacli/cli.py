@@ -92,6 +92,135 @@ def _describe(spec: str, as_json: bool) -> None:
         console.print(f"  initial {key} = {value:g} ({state})", highlight=False)
 
 
+@app.command("diagnose")
+def diagnose_command(
+    model_ref: str = typer.Argument(
+        "builtin:every-softmax", metavar="[MODEL]", help="HF folder, builtin:NAME, or cached Hub id."
+    ),
+    probe: list[str] = typer.Option(
+        None, help="NAME or NAME:L1,L2,… (repeatable; default: all that apply), e.g. outlier:10,100."
+    ),
+    scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa:init=faithful."),
+    text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
+    random_ids: bool = typer.Option(False, "--random", help="Probe with random token ids."),
+    samples: int = typer.Option(8, min=1, help="Sequences per probe level."),
+    length: int = typer.Option(
+        None, min=2, help="Base length in tokens (ICL: points); default 64 (40)."
+    ),
+    batch_size: int = typer.Option(8, min=1, help="Sequences per forward pass."),
+    seed: int = typer.Option(0, help="Seed of inputs, targets and numbers."),
+    tau: float = typer.Option(0.9, help="A row has collapsed when its largest weight is >= tau."),
+    top_k: int = typer.Option(5, min=1, help="k of the top-k mass metric."),
+    block_size: int = typer.Option(256, min=1, help="Query rows scored at a time (memory O(block × keys))."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option("auto", help="auto (float32 on CPU), float32, bfloat16 or float16."),
+    allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
+    compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
+    json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
+    html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
+    heatmap: str = typer.Option(
+        "max_weight", help="Heatmap METRIC[@PROBE], e.g. collapse_rate@outlier."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors and written files."),
+) -> None:
+    """Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.
+
+    Examples:
+
+      ssacli diagnose                                  # the bundled ICL model
+
+      ssacli diagnose ./my-model --probe outlier:10,100,1000 --json out.json --html out.html
+
+      ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
+    """
+    from .diagnose import diagnose
+    from .probes import parse_probe
+    from .results import METRICS
+
+    probes = [parse_probe(p) for p in probe] if probe else None  # bad specs fail before loading
+    metric, _, heat_probe = heatmap.partition("@")
+    if metric not in METRICS:
+        raise UsageError(f"unknown metric '{metric}' for --heatmap; choose from: {', '.join(METRICS)}")
+    if heat_probe and probes and heat_probe not in {p.name for p in probes}:
+        raise UsageError(f"--heatmap names probe '{heat_probe}', which is not among the --probe options")
+    settings = dict(
+        probes=probes, scorer=scorer, text=_read_text(text) if text else None, random_ids=random_ids,
+        samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
+        block_size=block_size, device=device, dtype=dtype, allow_download=allow_download,
+        allow_pickle=allow_pickle,
+    )  # fmt: skip
+    console = Console()
+    result = _diagnose_with_progress(diagnose, model_ref, settings, quiet)
+    other = None
+    if compare is not None:
+        other = _compare_target(diagnose, compare, settings, quiet)
+    if not quiet:
+        from .report.console import render_comparison, render_diagnose
+
+        if other is None:
+            render_diagnose(result, console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
+        else:
+            render_comparison(result, other, console)
+    if json_out is not None:
+        from .results import compare_results
+
+        data = result.to_dict() if other is None else compare_results(result, other)
+        write_json(data, json_out)
+        console.print(f"wrote {json_out}", highlight=False)
+    if html_out is not None:
+        from .report.files import write_text
+        from .report.html import comparison_html, diagnose_html
+
+        write_text(diagnose_html(result) if other is None else comparison_html(result, other), html_out)
+        console.print(f"wrote {html_out}", highlight=False)
+
+
+def _read_text(path: Path) -> str:
+    from .errors import InputError
+
+    try:
+        content = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"--text file '{path}' does not exist; give a UTF-8 text file") from None
+    except IsADirectoryError:
+        raise InputError(f"--text '{path}' is a folder; give a UTF-8 text file") from None
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"--text file '{path}' is not UTF-8 (byte {err.start}); re-encode it as UTF-8"
+        ) from None
+    except OSError as err:
+        raise InputError(f"cannot read --text file '{path}': {err.strerror}") from None
+    if not content.strip():
+        raise InputError(f"--text file '{path}' is empty; give a file with some text")
+    return content
+
+
+def _compare_target(diagnose, ref: str, settings: dict, quiet: bool):
+    """--compare: a --json result file, or another model diagnosed with the same settings."""
+    from .results import DiagnoseResult
+
+    if ref.endswith(".json") and Path(ref).is_file():
+        return DiagnoseResult.load(ref)
+    return _diagnose_with_progress(diagnose, ref, settings, quiet)
+
+
+def _diagnose_with_progress(diagnose, model_ref: str, settings: dict, quiet: bool):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    stderr = Console(stderr=True)
+    if quiet or not stderr.is_terminal:
+        return diagnose(model_ref, **settings)
+    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")]
+    with Progress(*columns, TimeElapsedColumn(), console=stderr, transient=True) as progress:
+        bar = progress.add_task(f"diagnosing {model_ref}", total=None)
+
+        def on_progress(what: str, done: int, total: int) -> None:
+            progress.update(bar, description=f"{model_ref}: {what}", completed=done, total=total)
+
+        return diagnose(model_ref, progress=on_progress, **settings)
+
+
 icl_app = typer.Typer(
     help="In-context-learning experiments: train small models on the paper's tasks, evaluate them "
     "under magnitude and length shift.",

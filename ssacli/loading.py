@@ -1,14 +1,31 @@
-"""Where models come from. For now: ssacli's bundled checkpoints (``builtin:NAME``) and local
-folders; every command that takes a MODEL resolves it here."""
+"""Where models come from; every command that takes a MODEL resolves it here.
+
+MODEL is one of: ``builtin:NAME`` (a checkpoint bundled with ssacli), a local folder (a Hugging Face
+``save_pretrained`` folder, an ssacli ICL checkpoint, or a folder written by ``ssacli convert``), or
+a Hub id that is already in the local cache (nothing is downloaded unless ``allow_download``).
+
+Safe by default: weights load from safetensors; a pickle-only checkpoint is refused unless
+``allow_pickle`` (and then transformers loads it with ``weights_only=True``); remote code never runs.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .errors import InputError, UsageError
+import torch
+from torch import nn
+
+from .errors import InputError, UnsupportedModelError, UsageError
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_DIR = Path(__file__).resolve().parent / "checkpoints"
+DEFAULT_MODEL = "builtin:every-softmax"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
 
 
 def builtin_names() -> list[str]:
@@ -32,3 +49,200 @@ def resolve_model_path(ref: str) -> Path:
     if not path.is_dir():
         raise InputError(f"model path '{ref}' is a file; give the checkpoint folder that contains it")
     return path
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` (CUDA when visible, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if re.fullmatch(r"cuda(:\d+)?", device):
+        if not torch.cuda.is_available():
+            raise UsageError(
+                f"--device {device} was asked for but no CUDA device is visible; use --device cpu or auto"
+            )
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise UsageError(f"--device {device}: only {count} CUDA device(s); use cuda:0..{count - 1}")
+        return torch.device(device)
+    raise UsageError(f"unknown device '{device}'; use auto, cpu, cuda or cuda:N")
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | str:
+    """``auto`` is float32 on CPU (so large probes are not rounded away) and the checkpoint's own
+    dtype on GPU."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else "auto"
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to probe, and what diagnose needs to know about it."""
+
+    model: nn.Module
+    name: str  # what the user gave
+    family: str  # config.model_type ("icl-gpt2" for ssacli's ICL models)
+    kind: str  # icl, causal, masked, seq2seq or encoder
+    tokenizer: Any | None = None
+    max_positions: int | None = None
+    path: Path | None = None
+
+    @property
+    def config(self) -> Any:
+        return getattr(self.attention_root, "config", None)
+
+    @property
+    def attention_root(self) -> nn.Module:
+        """The transformers model whose attention layers are probed (the backbone of an ICL model)."""
+        return getattr(self.model, "backbone", self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def load_model(
+    ref: str = DEFAULT_MODEL,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    allow_download: bool = False,
+    allow_pickle: bool = False,
+) -> LoadedModel:
+    """Load MODEL for probing (eval mode, eager attention until a scorer is applied)."""
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    local = ref.startswith(BUILTIN_PREFIX) or Path(ref).expanduser().exists() or not _HUB_ID.match(ref)
+    if local:
+        path = resolve_model_path(ref)
+        from .icl.model import is_icl_checkpoint, load_icl
+
+        if is_icl_checkpoint(path):
+            model = load_icl(path, dev)
+            if isinstance(torch_dtype, torch.dtype):
+                model = model.to(torch_dtype)
+            return LoadedModel(model, ref, "icl-gpt2", "icl", None, 2 * model.spec.max_points, path)
+        if not (path / "config.json").is_file():
+            raise InputError(
+                f"'{ref}' has no config.json; give a folder written by save_pretrained (or builtin:NAME)"
+            )
+        _check_weights(path, allow_pickle)
+        source: str | Path = path
+    else:
+        path, source = None, ref
+    return _load_transformers(ref, source, path, dev, torch_dtype, allow_download, allow_pickle)
+
+
+def _check_weights(path: Path, allow_pickle: bool) -> None:
+    if any(path.glob("*.safetensors")):
+        return
+    if any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth")):
+        if allow_pickle:
+            return
+        raise InputError(
+            f"'{path}' holds only pickle weights (.bin/.pt), which can run code when loaded; convert them "
+            "to safetensors, or pass --allow-pickle if you trust the file (loaded with weights_only=True)"
+        )
+    raise InputError(f"'{path}' has no weights (*.safetensors); is the checkpoint complete?")
+
+
+def _load_transformers(ref, source, path, device, torch_dtype, allow_download, allow_pickle) -> LoadedModel:
+    import transformers
+    from transformers import AutoConfig, AutoModel
+
+    offline = not allow_download
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=False)
+    except ValueError as err:  # unknown model_type, or a config that needs remote code
+        if "trust_remote_code" in str(err) or "remote code" in str(err):
+            raise UnsupportedModelError(
+                f"'{ref}' needs custom code from its repository, which ssacli does not run"
+            ) from None
+        raise InputError(f"cannot read the config of '{ref}': {_first_line(err)}") from None
+    except OSError as err:
+        if path is None and offline:
+            raise InputError(
+                f"'{ref}' is neither a local folder nor in the Hugging Face cache; check the path, or "
+                "pass --allow-download to fetch it from the Hub"
+            ) from None
+        raise InputError(f"cannot read the config of '{ref}': {_first_line(err)}") from None
+    cls = _model_class(config, transformers) or AutoModel
+    kwargs = {
+        "dtype": torch_dtype,
+        "attn_implementation": "eager",
+        "local_files_only": offline,
+        "trust_remote_code": False,
+    }
+    if not allow_pickle:
+        kwargs["use_safetensors"] = True
+    try:
+        model = cls.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, RuntimeError) as err:
+        hint = "" if allow_pickle else " (only safetensors weights are read unless --allow-pickle)"
+        raise InputError(f"cannot load the weights of '{ref}': {_first_line(err)}{hint}") from None
+    model = model.to(device).eval()
+    tokenizer = _tokenizer(source, path, offline)
+    return LoadedModel(model, ref, config.model_type, _kind(model), tokenizer, _max_positions(config), path)
+
+
+def _model_class(config, transformers) -> type | None:
+    """The checkpoint's own architecture class (task head included), when transformers has it."""
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return cls
+    return None
+
+
+def _kind(model: nn.Module) -> str:
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal"
+    if name.endswith("ForMaskedLM"):
+        return "masked"
+    if _is_causal_family(config.model_type):
+        return "causal"
+    return "encoder"
+
+
+def _is_causal_family(model_type: str) -> bool:
+    """Decoder-only families (causal attention) as transformers' auto mappings list them."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    causal, masked = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return model_type in causal and model_type not in masked
+
+
+def _max_positions(config) -> int | None:
+    for attr in ("max_position_embeddings", "n_positions", "max_positions", "n_ctx"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _tokenizer(source, path: Path | None, offline: bool):
+    if path is not None and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from torch.nn import functional as F
 
 from ..errors import InputError, JobFailedError, UsageError
+from ..loading import resolve_device
 from .model import ICLModel, ICLSpec, load_icl, save_icl
 from .tasks import CLASSIFICATION, sample_batch
 
@@ -44,18 +45,6 @@ class TrainConfig:
 
     def points_at(self, step: int) -> int:
         return min(self.points_end, self.points_start + 2 * (step // self.curriculum_every()))
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError(
-            "--device cuda was asked for but no CUDA device is visible; use --device cpu or auto"
-        )
-    if device not in ("cpu", "cuda"):
-        raise UsageError(f"unknown device '{device}'; use auto, cpu or cuda")
-    return torch.device(device)
 
 
 def loss_fn(task: str, predictions: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,138 @@
+"""Saturation metrics of attention rows, reduced as they stream past.
+
+:func:`row_sums` turns one block of attention weights ``[batch, heads, q, k]`` into per-head sums
+(a few numbers per head), so diagnose never keeps a weight map beyond the attention call that made
+it. :class:`HeadStats` adds those sums up across blocks, batches and calls, and divides at the end.
+
+Which rows count: valid queries only (padding queries are excluded), with at least two visible
+keys (a row with one key has nothing to choose) and positive mass. Shape metrics read the row
+normalized to sum to one, p = w / Σw, so scorers whose rows do not sum to one (sigmoid, softpick)
+are compared on the shape of their attention; ``row_mass`` reports Σw itself.
+
+* entropy: H(p) / log N_i, with N_i the row's visible keys (1 = uniform, 0 = one key);
+* max_weight: max p; collapse_rate: share of rows with max p >= tau;
+* effective_tokens: exp H(p); topk_mass: sum of the k largest p (k capped by N_i);
+* sink_mass: p at key 0; outlier_capture: p at the probe's target key, over the rows that see it
+  (the target's own row excluded).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+# Metrics averaged over every counted row; outlier_capture has its own row count.
+ROW_METRICS = (
+    "entropy",
+    "max_weight",
+    "collapse_rate",
+    "effective_tokens",
+    "topk_mass",
+    "sink_mass",
+    "row_mass",
+)
+ALL_METRICS = (*ROW_METRICS, "outlier_capture")
+DEFAULT_TAU = 0.9
+DEFAULT_TOP_K = 5
+
+
+@torch.no_grad()
+def row_sums(
+    weights: torch.Tensor,
+    visible: torch.Tensor | None = None,
+    *,
+    query_valid: torch.Tensor | None = None,
+    query_positions: torch.Tensor | None = None,
+    target: torch.Tensor | None = None,
+    tau: float = DEFAULT_TAU,
+    top_k: int = DEFAULT_TOP_K,
+) -> dict[str, torch.Tensor]:
+    """Per-head sums of every metric over the counted rows of one block.
+
+    weights [b, h, q, k]; visible bool, broadcastable to it (None = all visible); query_valid
+    [b, q] bool (None = all valid); query_positions [q]: each row's key index (to exclude the
+    target's own row; default: bottom-right aligned, q rows ending at key k-1); target [b]: the
+    key index whose captured mass ``outlier_capture`` measures (None = not measured).
+    Returns float64 tensors [h]: ``<metric>`` sums, ``rows`` and ``capture_rows`` counts.
+    """
+    b, h, q, k = weights.shape
+    w = weights.float()
+    if visible is None:
+        visible = torch.ones(1, 1, q, k, dtype=torch.bool, device=w.device)
+    visible = visible.expand(b, h, q, k)
+    w = torch.where(visible, w, 0.0)
+    n_visible = visible.sum(-1)  # [b, h, q]
+    mass = w.sum(-1)
+    counted = (n_visible >= 2) & (mass > 0) & torch.isfinite(mass)
+    if query_valid is not None:
+        counted &= query_valid.to(torch.bool).reshape(b, 1, q)
+    p = w / torch.where(counted, mass, 1.0).unsqueeze(-1)
+    entropy = -torch.special.xlogy(p, p).sum(-1)
+    max_p = p.amax(-1)
+    k_top = min(top_k, k)
+    per_row = {
+        "entropy": entropy / torch.log(n_visible.clamp_min(2).float()),
+        "max_weight": max_p,
+        "collapse_rate": (max_p >= tau).float(),
+        "effective_tokens": torch.exp(entropy),
+        "topk_mass": p.topk(k_top, dim=-1).values.sum(-1),
+        "sink_mass": p[..., 0],
+        "row_mass": mass,
+    }
+    sums = {name: _sum_heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
+    sums["rows"] = _sum_heads(counted.double())
+    if target is None:
+        sums["outlier_capture"] = torch.zeros(h, dtype=torch.float64, device=w.device)
+        sums["capture_rows"] = torch.zeros(h, dtype=torch.float64, device=w.device)
+        return sums
+    if query_positions is None:
+        query_positions = torch.arange(k - q, k, device=w.device)
+    target = target.to(w.device).long().reshape(b, 1, 1, 1)
+    at_target = p.gather(-1, target.expand(b, h, q, 1)).squeeze(-1)
+    sees_target = visible.gather(-1, target.expand(b, h, q, 1)).squeeze(-1)
+    not_itself = query_positions.to(w.device).reshape(1, 1, q) != target.reshape(b, 1, 1)
+    capture_rows = counted & sees_target & not_itself
+    sums["outlier_capture"] = _sum_heads(torch.where(capture_rows, at_target, 0.0))
+    sums["capture_rows"] = _sum_heads(capture_rows.double())
+    return sums
+
+
+def _sum_heads(x: torch.Tensor) -> torch.Tensor:
+    return x.double().sum(dim=(0, 2))
+
+
+class HeadStats:
+    """Running sums of :func:`row_sums` for one attention layer; ``means()`` gives [h] per metric."""
+
+    def __init__(self, num_heads: int) -> None:
+        self.num_heads = num_heads
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, sums: dict[str, torch.Tensor]) -> None:
+        for name, value in sums.items():
+            value = value.detach().cpu()
+            if name in self.sums:
+                self.sums[name] += value
+            else:
+                self.sums[name] = value.clone()
+
+    @property
+    def rows(self) -> int:
+        """Rows counted (the most any head counted; heads differ only for zero-mass rows)."""
+        rows = self.sums.get("rows")
+        return 0 if rows is None else int(rows.max().item())
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Mean of each metric per head; NaN where a head counted no row."""
+        empty = np.full(self.num_heads, math.nan)
+        if not self.sums:
+            return {name: empty.copy() for name in ALL_METRICS}
+        out = {}
+        for name in ALL_METRICS:
+            count = self.sums["capture_rows" if name == "outlier_capture" else "rows"].numpy()
+            total = self.sums[name].numpy()
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[name] = np.where(count > 0, total / np.maximum(count, 1), math.nan)
+        return out
