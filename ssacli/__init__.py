@@ -29,7 +29,7 @@ _LAZY = {
     "supports": "attention",
     "scorers_of": "attention",
     "attention_modules": "attention",
-    "diagnose": "diagnose",
+    "diagnose": "diagnosis",
     "load_model": "loading",
     "DiagnoseResult": "results",
     "ProbeResult": "results",
@@ -39,7 +39,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
-    from .diagnose import diagnose
+    from .diagnosis import diagnose
     from .loading import load_model
     from .probes import parse_probe
     from .results import DiagnoseResult, ProbeResult, compare_results

@@ -134,7 +134,7 @@ def diagnose_command(
 
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
     """
-    from .diagnose import diagnose
+    from .diagnosis import diagnose
     from .probes import parse_probe
     from .results import METRICS
 

@@ -1,7 +1,8 @@
 """The typed result of ``ssacli.diagnose``: metric arrays, their summaries, and the JSON schema.
 
 Every metric is an array ``[level, layer, head]`` per probe (NaN where undefined: a metric a probe
-does not produce, or a head with no countable row). The CLI and the reports only read this object;
+does not produce, a head with no countable row, or, when layers have different head counts, the
+heads a layer does not have: arrays are as wide as the widest layer). The CLI and the reports only read this object;
 ``DiagnoseResult.to_dict`` / ``from_dict`` are the versioned JSON schema documented in
 docs/diagnose.md (NaN is written as null).
 """
@@ -48,7 +49,7 @@ class ProbeResult:
 
     @property
     def skipped(self) -> bool:
-        return not np.isfinite(self.metrics["entropy"]).any()
+        return not any(np.isfinite(v).any() for v in self.metrics.values())
 
     def model_mean(self, metric: str) -> np.ndarray:
         """Mean over every head of every layer, per level (each head counts once)."""
@@ -119,8 +120,10 @@ class DiagnoseResult:
                             "entropy": float(probe.metrics["entropy"][last, layer, head]),
                         }
                     )
-        found.sort(key=lambda h: (-h["collapse_rate"], -h["max_weight"], h["entropy"]))
-        return found[:count]
+        found.sort(
+            key=lambda h: (-h["collapse_rate"], -_finite_or(h["max_weight"], -1), _finite_or(h["entropy"], 2))
+        )
+        return _clean(found[:count])
 
     # ---- JSON schema -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -132,9 +135,9 @@ class DiagnoseResult:
             "scorer": self.scorer,
             "route": self.route,
             "layers": self.layers,
-            "heads": self.heads,
-            "settings": self.settings,
-            "versions": self.versions,
+            "heads": _clean(self.heads),
+            "settings": _clean(self.settings),
+            "versions": _clean(self.versions),
             "elapsed_s": round(self.elapsed_s, 3),
             "metrics": {name: desc for name, (desc, _) in METRICS.items()},
             "probes": [_probe_dict(p) for p in self.probes],
@@ -161,12 +164,20 @@ class DiagnoseResult:
                 name=p["name"],
                 levels=[float(v) for v in p["levels"]],
                 metrics={k: _array(v) for k, v in p["metrics"].items()},
-                rows=np.asarray(p["rows"], dtype=np.int64),
+                rows=np.nan_to_num(_array(p["rows"])).astype(np.int64),
                 extras={k: list(v) for k, v in p.get("extras", {}).items()},
                 note=p.get("note"),
             )
             for p in data["probes"]
         ]
+        shape = (len(data["layers"]), max(data["heads"], default=0))
+        for probe in probes:
+            for name, values in probe.metrics.items():
+                if values.shape != (len(probe.levels), *shape):
+                    raise ValueError(
+                        f"probe {probe.name}: metric {name} has shape {values.shape}, expected "
+                        f"{(len(probe.levels), *shape)} (levels, layers, heads)"
+                    )
         return cls(
             model=data["model"],
             family=data["family"],
@@ -218,8 +229,14 @@ def _first_level(levels: list[float], rates: np.ndarray) -> float | None:
     return None
 
 
+def _finite_or(value: float, default: float) -> float:
+    return value if math.isfinite(value) else default
+
+
 def _clean(value: Any) -> Any:
     """NaN/inf -> None, numpy scalars -> Python, recursively (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, np.ndarray):
         return _clean(value.tolist())
     if isinstance(value, list | tuple):
@@ -244,7 +261,7 @@ def _clean_in(value: Any) -> Any:
 def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
     return {
         "name": probe.name,
-        "levels": probe.levels,
+        "levels": _clean(list(probe.levels)),
         "note": probe.note,
         "metrics": {k: _clean(v) for k, v in probe.metrics.items()},
         "rows": _clean(probe.rows),

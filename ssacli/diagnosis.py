@@ -1,4 +1,4 @@
-"""``ssacli.diagnose``: run the probes over a model and reduce every attention row as it passes.
+"""``ssacli.diagnose`` (this module is named diagnosis so it does not shadow the function): run the
 
 Two routes to the weights, one reduction (ssacli.metrics):
 
@@ -106,15 +106,21 @@ class Recorder:
             if isinstance(item, torch.Tensor) and item.dim() == 4 and item.is_floating_point():
                 q, k = item.shape[-2:]
                 positions = torch.arange(k - q, k, device=item.device)
-                visible = self._structural_mask(item, positions)
+                visible = self._structural_mask(module, item, positions)
                 self.record(module, item, visible, positions)
                 return (*output[:index], None, *output[index + 1 :])
         return None
 
-    def _structural_mask(self, weights: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _structural_mask(self, module: nn.Module, weights: torch.Tensor, positions: torch.Tensor):
+        """Which keys each row may see: the module's own causal/local-window buffer when it has one
+        (GPT-Neo's ``bias``), else causal by family; and the batch's key padding."""
         k = weights.shape[-1]
         visible = torch.ones(1, 1, len(positions), k, dtype=torch.bool, device=weights.device)
-        if self.causal:
+        buffer = getattr(module, "bias", None)
+        if isinstance(buffer, torch.Tensor) and buffer.dtype == torch.bool and buffer.dim() == 4:
+            if buffer.shape[-1] >= k:
+                visible = visible & buffer[:, :, positions, :k].to(weights.device)
+        elif self.causal:
             visible = visible & (torch.arange(k, device=weights.device) <= positions.unsqueeze(-1))
         if self.valid is not None and self.valid.shape[-1] == k:
             visible = visible & self.valid.to(weights.device)[:, None, None, :]

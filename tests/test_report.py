@@ -1,0 +1,306 @@
+"""Reports of a diagnose result: terminal text, the HTML page, the comparison dict, the JSON schema.
+
+The results are built here from small hand-written arrays (2 layers × 3 heads), so every expected
+number below (model means, collapse points, B − A deltas) is worked out from those arrays, not
+read back from the code under test.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from ssacli.errors import UsageError
+from ssacli.report.console import heat_cell, pick_heatmap, render_comparison, render_diagnose
+from ssacli.report.html import comparison_html, diagnose_html
+from ssacli.results import DiagnoseResult, ProbeResult, compare_results
+
+NAN = float("nan")
+SKIP_NOTE = "no numeric tokens in this vocabulary"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _probe(name, levels, collapse, max_weight, *, capture=None, extras=None, note=None) -> ProbeResult:
+    """A probe whose other metrics follow from max_weight (entropy = 1 - max_weight, ...)."""
+    collapse = np.asarray(collapse, dtype=float)
+    max_weight = np.asarray(max_weight, dtype=float)
+    metrics = {
+        "entropy": 1.0 - max_weight,
+        "max_weight": max_weight,
+        "collapse_rate": collapse,
+        "effective_tokens": 10.0 * (1.0 - max_weight) + 1.0,
+        "topk_mass": np.minimum(max_weight + 0.1, 1.0),
+        "sink_mass": 0.5 * max_weight,
+        "outlier_capture": np.full_like(max_weight, NAN) if capture is None else np.asarray(capture, float),
+        "row_mass": np.where(np.isfinite(max_weight), 1.0, NAN),
+    }
+    rows = np.full((len(levels), 2), 12, dtype=np.int64)
+    return ProbeResult(name, [float(v) for v in levels], metrics, rows, extras or {}, note)
+
+
+def _skipped() -> ProbeResult:
+    empty = np.full((2, 2, 3), NAN)
+    return _probe("numeric", [1, 2], empty, empty, note=SKIP_NOTE)
+
+
+def _result(probes, model="tiny<gpt>&co", scorer="softmax") -> DiagnoseResult:
+    return DiagnoseResult(
+        model=model,
+        family="gpt2",
+        scorer=scorer,
+        route="ssacli",
+        layers=["transformer.h.0.attn", "transformer.h.1.attn"],
+        heads=[3, 3],
+        probes=probes,
+        settings={"inputs": ["builtin:probe-texts", "n=4"], "device": "cpu", "dtype": "float32", "tau": 0.9},
+        versions={"ssacli": "test", "torch": "x"},
+        elapsed_s=1.25,
+    )
+
+
+# embed-scale of A: collapse-rate model means 0.1, 0.3, 0.6 at levels 1, 2, 4 -> collapse point 4.
+A_EMBED_COLLAPSE = [
+    [[0.0, 0.0, 0.0], [0.0, 0.0, 0.6]],
+    [[0.2, 0.2, 0.2], [0.4, 0.4, 0.4]],
+    [[0.5, 0.5, 0.5], [0.6, 0.7, 0.8]],
+]
+A_EMBED_MAX = [
+    [[0.2, 0.2, 0.2], [0.2, 0.2, 0.2]],
+    [[0.4, 0.4, 0.4], [0.5, 0.5, 0.5]],
+    [[0.55, 0.6, 0.65], [0.7, 0.8, 0.93]],  # the heatmap's layer 1, head 2 reads ".93"
+]
+# outlier: collapse-rate means 0, 0.1, 0.3 -> never collapses.
+OUTLIER_COLLAPSE = [
+    [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    [[0.1, 0.1, 0.1], [0.1, 0.1, 0.1]],
+    [[0.3, 0.3, 0.3], [0.3, 0.3, 0.3]],
+]
+OUTLIER_MAX = [
+    [[0.1, 0.1, 0.1], [0.1, 0.1, 0.1]],
+    [[0.2, 0.2, 0.2], [0.2, 0.2, 0.2]],
+    [[0.3, 0.3, 0.3], [0.3, 0.3, 0.3]],
+]
+OUTLIER_CAPTURE = [
+    [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    [[0.2, 0.2, 0.2], [0.2, 0.2, 0.2]],
+    [[0.4, 0.4, 0.4], [0.4, 0.4, 0.4]],
+]
+
+
+def result_a() -> DiagnoseResult:
+    embed = _probe("embed-scale", [1, 2, 4], A_EMBED_COLLAPSE, A_EMBED_MAX, extras={"loss": [3.0, 3.5, None]})
+    outlier = _probe("outlier", [0, 10, 100], OUTLIER_COLLAPSE, OUTLIER_MAX, capture=OUTLIER_CAPTURE)
+    return _result([embed, outlier, _skipped()])
+
+
+def result_b() -> DiagnoseResult:
+    """B sweeps embed-scale one level further (8) and misses one head's max weight on outlier."""
+    collapse = [
+        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],  # mean 0     (A 0.1 -> Δ -0.1)
+        [[0.1, 0.1, 0.1], [0.2, 0.2, 0.2]],  # mean 0.15  (A 0.3 -> Δ -0.15)
+        [[0.3, 0.3, 0.3], [0.4, 0.4, 0.4]],  # mean 0.35  (A 0.6 -> Δ -0.25)
+        [[0.5, 0.5, 0.5], [0.7, 0.7, 0.7]],  # mean 0.6   -> B collapses at 8
+    ]
+    peak = [
+        [[0.1, 0.1, 0.1], [0.1, 0.1, 0.1]],
+        [[0.3, 0.3, 0.3], [0.3, 0.3, 0.3]],
+        [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]],
+        [[0.7, 0.7, 0.7], [0.7, 0.7, 0.7]],
+    ]
+    outlier_max = [[[NAN, 0.4, 0.4], [0.4, 0.4, 0.4]], OUTLIER_MAX[1], OUTLIER_MAX[2]]  # mean 0.4 (5 heads)
+    embed = _probe("embed-scale", [1, 2, 4, 8], collapse, peak)
+    outlier = _probe("outlier", [0, 10, 100], OUTLIER_COLLAPSE, outlier_max, capture=OUTLIER_CAPTURE)
+    return _result([embed, outlier, _skipped()], model="other", scorer="ssa")
+
+
+def _render(fn, *args, **kwargs) -> str:
+    console = Console(record=True, width=160, color_system=None, file=io.StringIO())
+    fn(*args, console, **kwargs)
+    return console.export_text()
+
+
+# ---- terminal --------------------------------------------------------------------------------------
+
+
+def test_terminal_report_shows_collapse_points_heatmap_and_skip_note():
+    text = _render(render_diagnose, result_a(), top=3)
+    assert "embed-scale · model means · collapse point 4" in text
+    assert "outlier · model means · collapse point none" in text
+    assert "embed-scale: 4; outlier: none; numeric: skipped" in text  # the summary panel
+    assert f"numeric: skipped — {SKIP_NOTE}" in text
+    assert "tiny<gpt>&co" in text and "2 × 3" in text
+    # The heatmap defaults to embed-scale (last-level mean max weight 0.705 > outlier's 0.3).
+    assert "heatmap: max_weight, probe embed-scale at level 4" in text
+    heat_rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert [".55", ".60", ".65"] in [row[1:] for row in heat_rows]
+    assert [".70", ".80", ".93"] in [row[1:] for row in heat_rows]
+    # outlier_capture gets a column only where it is defined; row mass is 1 everywhere: no column.
+    assert text.count("outlier_capture") == 1
+    assert "row_mass" not in text
+    assert "loss" in text
+    # Most saturated at level 4 of embed-scale: collapse rates 0.8, 0.7, 0.6 in layer 1, heads 2, 1, 0.
+    lines = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│ embed-scale")]
+    heads = [[cell.strip() for cell in cells][:5] for cells in lines]
+    assert heads == [
+        ["embed-scale", "4", "1", "2", "0.8"],
+        ["embed-scale", "4", "1", "1", "0.7"],
+        ["embed-scale", "4", "1", "0", "0.6"],
+    ]
+
+
+def test_heatmap_of_another_metric_and_probe():
+    text = _render(render_diagnose, result_a(), heatmap_metric="outlier_capture", heatmap_probe="outlier")
+    assert "heatmap: outlier_capture, probe outlier at level 100" in text
+    heat_rows = [line.split() for line in text.splitlines() if line.split()[:1] == ["1"]]
+    assert [".40", ".40", ".40"] in [row[1:] for row in heat_rows]
+
+
+def test_heatmap_choice_errors():
+    result = result_a()
+    with pytest.raises(UsageError, match="unknown heatmap metric"):
+        pick_heatmap(result, "nope", None)
+    with pytest.raises(UsageError, match=SKIP_NOTE):
+        pick_heatmap(result, "max_weight", "numeric")
+    with pytest.raises(UsageError, match="no probe"):
+        pick_heatmap(result, "max_weight", "absent")
+
+
+def test_heatmap_colors_only_where_color_is_allowed():
+    """Cells carry a background color on a color terminal and none under NO_COLOR, where the
+    printed values alone must tell the story."""
+    outputs = {}
+    for no_color in (False, True):
+        file = io.StringIO()
+        console = Console(
+            file=file, width=160, force_terminal=True, color_system="truecolor", no_color=no_color
+        )
+        render_diagnose(result_a(), console)
+        outputs[no_color] = file.getvalue()
+    assert "48;2;" in outputs[False]  # 24-bit background
+    assert "48;2;" not in outputs[True] and ".93" in outputs[True]
+
+
+def test_heat_cell_format():
+    assert heat_cell(0.93) == ".93"
+    assert heat_cell(0.0) == ".00"
+    assert heat_cell(0.996) == "1.0"  # not ".00": rounding up to 1 keeps the leading digit
+    assert heat_cell(12.34) == "12.3"
+    assert heat_cell(NAN) == "·"
+
+
+def test_terminal_comparison_on_common_levels():
+    text = _render(render_comparison, result_a(), result_b())
+    assert "embed-scale · collapse point A 4 → B 8" in text
+    assert "outlier · collapse point A none → B none" in text
+    assert "numeric: skipped in A and B" in text
+    rows = {
+        line.split()[0]: line.split()
+        for line in text.splitlines()
+        if line.split()[:1] in (["1"], ["2"], ["4"], ["8"])
+    }
+    assert "8" not in rows  # B's extra level is not compared
+    # columns: level, entropy A/B/Δ, max_w A/B/Δ, collapse A/B/Δ; collapse Δ by hand: -0.1, -0.15, -0.25
+    assert [rows[level][9] for level in ("1", "2", "4")] == ["-0.1", "-0.15", "-0.25"]
+    # max weight at level 4: A mean (0.55+0.6+0.65+0.7+0.8+0.93)/6 = 0.705, B 0.5 -> Δ -0.205
+    assert rows["4"][4:7] == ["0.705", "0.5", "-0.205"]
+
+
+# ---- comparison dict ---------------------------------------------------------------------------------
+
+
+def test_compare_results_deltas_by_hand():
+    data = compare_results(result_a(), result_b())
+    json.dumps(data, allow_nan=False)  # no NaN may leak into the JSON
+    assert data["schema"] == "ssacli-diagnose-comparison" and data["schema_version"] == 1
+    assert set(data["deltas"]) == {"embed-scale", "outlier"}  # numeric is skipped in both
+    embed = data["deltas"]["embed-scale"]
+    assert embed["levels"] == [1.0, 2.0, 4.0]
+    assert embed["collapse_rate"] == pytest.approx([-0.1, -0.15, -0.25])
+    # A max-weight means: 0.2, 0.45, 0.705; B: 0.1, 0.3, 0.5
+    assert embed["max_weight"] == pytest.approx([-0.1, -0.15, -0.205])
+    assert embed["entropy"] == pytest.approx([0.1, 0.15, 0.205])
+    assert embed["outlier_capture"] == [None, None, None]  # undefined for embed-scale on both sides
+    outlier = data["deltas"]["outlier"]
+    # level 0: B's mean skips the NaN head: (0.4 * 5) / 5 = 0.4 against A's 0.1
+    assert outlier["max_weight"] == pytest.approx([0.3, 0.0, 0.0])
+    assert outlier["outlier_capture"] == pytest.approx([0.0, 0.0, 0.0])
+    assert data["collapse_points"] == {
+        "embed-scale": {"a": 4.0, "b": 8.0},
+        "outlier": {"a": None, "b": None},
+    }
+    assert DiagnoseResult.from_dict(data["b"]).probe("embed-scale").levels == [1.0, 2.0, 4.0, 8.0]
+
+
+# ---- HTML ---------------------------------------------------------------------------------------------
+
+
+class _Images(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.sources: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.sources.append(attrs.get("src", ""))
+        for key in ("src", "href"):
+            if (attrs.get(key) or "").startswith(("http:", "https:", "//")):
+                self.external.append(attrs[key])
+
+
+def _check_images(page: str, expected: int) -> None:
+    parser = _Images()
+    parser.feed(page)
+    assert parser.external == []
+    assert len(parser.sources) == expected
+    for src in parser.sources:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1], validate=True)[:8] == PNG_MAGIC
+
+
+def test_diagnose_html_is_self_contained():
+    page = diagnose_html(result_a())
+    _check_images(page, expected=4)  # 2 figures (lines, heatmaps) per non-skipped probe
+    assert "tiny&lt;gpt&gt;&amp;co" in page and "<gpt>" not in page
+    assert SKIP_NOTE in page
+    assert "collapse point: <b>4</b>" in page and "collapse point: <b>none</b>" in page
+    assert "<link" not in page and "<script" not in page
+    assert "&quot;tau&quot;: 0.9" in page  # settings in the footer's JSON block
+    assert len(page) < 2_000_000
+
+
+def test_comparison_html_overlays_and_deltas():
+    page = comparison_html(result_a(), result_b())
+    _check_images(page, expected=2)  # one overlay figure per probe shared and live in both
+    assert "A: tiny&lt;gpt&gt;&amp;co · softmax" in page and "B: other · ssa" in page
+    assert "<td>-0.25</td>" in page.replace(' class="better"', "")
+    assert "skipped in A and B" in page
+
+
+# ---- JSON schema -----------------------------------------------------------------------------------
+
+
+def test_json_round_trip_keeps_nan_and_collapse_points():
+    original = result_b()
+    text = original.to_json()  # allow_nan=False inside: NaN must have become null
+    loaded = DiagnoseResult.from_dict(json.loads(text))
+    assert loaded.collapse_points() == original.collapse_points() == {"embed-scale": 8.0, "outlier": None}
+    for before, after in zip(original.probes, loaded.probes):
+        assert after.name == before.name and after.levels == before.levels and after.note == before.note
+        assert after.skipped == before.skipped
+        assert after.rows.tolist() == before.rows.tolist()
+        for name, values in before.metrics.items():
+            np.testing.assert_array_equal(after.metrics[name], values)  # NaN == NaN here
+    assert math.isnan(loaded.probe("outlier").metrics["max_weight"][0, 0, 0])
+    assert loaded.probe("numeric").skipped and loaded.probe("numeric").note == SKIP_NOTE
+    a = DiagnoseResult.from_dict(result_a().to_dict())
+    assert a.probe("embed-scale").extras == {"loss": [3.0, 3.5, None]}
+    assert a.most_saturated(3) == result_a().most_saturated(3)
