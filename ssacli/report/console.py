@@ -25,6 +25,11 @@ from ..results import METRICS, DiagnoseResult, ProbeResult, common_levels
 KEY_METRICS = ("entropy", "max_weight", "collapse_rate", "effective_tokens", "topk_mass", "sink_mass")
 COMPARE_METRICS = ("entropy", "max_weight", "collapse_rate", "outlier_capture")
 SHORT = {"max_weight": "max_w", "collapse_rate": "collapse", "outlier_capture": "outlier"}
+# Column headers of the per-probe tables: short enough that eight columns fit in 80 characters.
+HEADERS = {
+    "entropy": "entropy", "max_weight": "max w", "collapse_rate": "collapse", "effective_tokens": "eff. tok",
+    "topk_mass": "top-k", "sink_mass": "sink", "outlier_capture": "capture", "row_mass": "row mass",
+}  # fmt: skip
 UNIT_METRICS = {"entropy", "max_weight", "collapse_rate", "topk_mass", "sink_mass", "outlier_capture"}
 # Yellow -> orange -> dark red (ColorBrewer YlOrRd): light is calm, dark is saturated.
 PALETTE = ((255, 255, 204), (255, 237, 160), (254, 217, 118), (254, 178, 76), (253, 141, 60), (252, 78, 42),
@@ -365,9 +370,11 @@ def _probe_table(probe: ProbeResult) -> Table:
     title = f"{probe.name} · model means · collapse point {point}"
     if probe.note:
         title += f" · {probe.note}"
-    table = Table(title=title, title_justify="left", min_width=min(len(title) + 2, 110))
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False
+    )
     for name in header:
-        table.add_column(name, justify="right")
+        table.add_column(HEADERS.get(name, name), justify="right", no_wrap=True)
     for row in rows:
         table.add_row(*row)
     return table
