@@ -2,8 +2,8 @@
 
 Every metric is an array ``[level, layer, head]`` per probe (NaN where undefined: a metric a probe
 does not produce, a head with no countable row, or, when layers have different head counts, the
-heads a layer does not have: arrays are as wide as the widest layer). The CLI and the reports only read this object;
-``DiagnoseResult.to_dict`` / ``from_dict`` are the versioned JSON schema documented in
+heads a layer does not have: arrays are as wide as the widest layer). The CLI and the reports only
+read this object; ``DiagnoseResult.to_dict`` / ``from_dict`` are the versioned JSON schema documented in
 docs/diagnose.md (NaN is written as null).
 """
 

@@ -24,6 +24,7 @@ from ..results import METRICS, DiagnoseResult, ProbeResult, common_levels
 
 KEY_METRICS = ("entropy", "max_weight", "collapse_rate", "effective_tokens", "topk_mass", "sink_mass")
 COMPARE_METRICS = ("entropy", "max_weight", "collapse_rate", "outlier_capture")
+COMPARE_SHORT = {"entropy": "ent", "max_weight": "maxw", "collapse_rate": "coll", "outlier_capture": "capt"}
 SHORT = {"max_weight": "max_w", "collapse_rate": "collapse", "outlier_capture": "outlier"}
 # Column headers of the per-probe tables: short enough that eight columns fit in 80 characters.
 HEADERS = {
@@ -283,15 +284,15 @@ def comparison_table(pa: ProbeResult, pb: ProbeResult) -> Table | None:
     table.add_column("\nlevel", justify="right")
     for m in metrics:
         for side in ("A", "B", "Δ"):
-            table.add_column(f"{SHORT.get(m, m)}\n{side}", justify="right")
+            table.add_column(f"{COMPARE_SHORT.get(m, m)}\n{side}", justify="right", no_wrap=True)
     means = {m: (pa.model_mean(m), pb.model_mean(m)) for m in metrics}
     for level, ia, ib in shared:
         cells: list[Text | str] = [fmt_level(level)]
         for m in metrics:
             va, vb = float(means[m][0][ia]), float(means[m][1][ib])
-            cells += [fmt(va), fmt(vb), _delta_text(m, vb - va)]
+            cells += [_fixed(va), _fixed(vb), _delta_text(m, vb - va)]
         table.add_row(*cells)
-    abbreviated = [f"{SHORT[m]} = {m}" for m in metrics if SHORT.get(m, m) != m]
+    abbreviated = [f"{COMPARE_SHORT[m]} = {m}" for m in metrics if COMPARE_SHORT.get(m, m) != m]
     if abbreviated:
         table.caption = ", ".join(abbreviated)
         table.caption_justify = "left"
@@ -403,9 +404,14 @@ def _heat_style(metric: str, value: float, lo: float, hi: float) -> Style:
     return Style(bgcolor=f"rgb({rgb[0]},{rgb[1]},{rgb[2]})", color="white" if t > 0.6 else "black")
 
 
+def _fixed(value: float) -> str:
+    """Comparison cells: three decimals, so A, B and Δ line up (these metrics lie in [0, 1])."""
+    return f"{value:.3f}" if math.isfinite(value) else "–"
+
+
 def _delta_text(metric: str, delta: float) -> Text:
     """Δ colored by meaning: red where B is more saturated than A, green where it is less."""
-    text = fmt_delta(delta)
+    text = f"{delta:+.3f}" if math.isfinite(delta) else "–"
     direction = METRICS.get(metric, ("", "none"))[1]
     if not math.isfinite(delta) or direction == "none" or abs(delta) < 1e-12:
         return Text(text)
