@@ -207,7 +207,7 @@ def test_terminal_comparison_on_common_levels():
     }
     assert "8" not in rows  # B's extra level is not compared
     # columns: level, entropy A/B/Δ, max_w A/B/Δ, collapse A/B/Δ; collapse Δ by hand: -0.1, -0.15, -0.25
-    assert [rows[level][9] for level in ("1", "2", "4")] == ["-0.1", "-0.15", "-0.25"]
+    assert [rows[level][9] for level in ("1", "2", "4")] == ["-0.100", "-0.150", "-0.250"]
     # max weight at level 4: A mean (0.55+0.6+0.65+0.7+0.8+0.93)/6 = 0.705, B 0.5 -> Δ -0.205
     assert rows["4"][4:7] == ["0.705", "0.500", "-0.205"]
 
