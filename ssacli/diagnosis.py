@@ -1,4 +1,6 @@
-"""``ssacli.diagnose`` (this module is named diagnosis so it does not shadow the function): run the
+"""``ssacli.diagnose``: run the probes over a model and reduce every attention row as it passes.
+
+(This module is named ``diagnosis`` so that importing it does not shadow the function.)
 
 Two routes to the weights, one reduction (ssacli.metrics):
 
@@ -185,12 +187,15 @@ def diagnose(
             f"model family '{loaded.family}' does not route attention through transformers' "
             "AttentionInterface, so --scorer cannot be applied; diagnose it without --scorer"
         )
+    training = loaded.model.training
+    loaded.model.eval()
     undo = _prepare_scorer(root, scorer) if route == "ssacli" else None
     try:
         return _run(loaded, probe_list, route, opts, started, progress)
     finally:
         if undo is not None:
             undo()
+        loaded.model.train(training)
 
 
 def _as_loaded(model, tokenizer, device, dtype, allow_download, allow_pickle) -> LoadedModel:
@@ -205,7 +210,6 @@ def _as_loaded(model, tokenizer, device, dtype, allow_download, allow_pickle) ->
         return loaded
     if not isinstance(model, nn.Module):
         raise UsageError(f"model must be a path, a model id or a torch module, got {type(model).__name__}")
-    model.eval()
     spec = getattr(model, "spec", None)
     if spec is not None and hasattr(model, "backbone"):  # an ICL model
         return LoadedModel(model, "ICLModel", "icl-gpt2", "icl", None, 2 * spec.max_points)
@@ -354,22 +358,29 @@ def _plan(probe: Probe, loaded: LoadedModel, route: str, source, length: int, op
         skip = "not run on explicit inputs (their lengths are given)"
     if skip:
         return {level: (None, skip) for level in probe.levels}
+    # Longest input the model's position table covers (ICL: in points, two tokens each).
+    cap = loaded.max_positions
+    if cap and loaded.kind == "icl":
+        cap //= 2
+    unit = "points" if loaded.kind == "icl" else "positions"
     plan, note = {}, None
     for level in probe.levels:
-        size = length
-        if probe.name == "length":
-            size = int(length * level)
-            cap = (
-                (loaded.max_positions // 2)
-                if loaded.kind == "icl" and loaded.max_positions
-                else loaded.max_positions
-            )
-            if cap and size > cap:
-                size, note = cap, f"lengths capped at the model's {cap} positions"
+        size = int(length * level) if probe.name == "length" else length
+        if cap and size > cap:
+            size, note = cap, f"inputs capped at the model's {cap} {unit}"
         batches = _inputs(probe, level, loaded, source, size, opts)
-        pick_targets(batches, opts["seed"])
+        if cap and any(b.input_ids is not None and b.input_ids.shape[1] > cap for b in batches):
+            batches = [_truncate(b, cap) for b in batches]
+            note = f"inputs truncated to the model's {cap} {unit}"
+        if kind.has_target:
+            pick_targets(batches, opts["seed"])
         plan[level] = (batches, note)
     return plan
+
+
+def _truncate(batch: Batch, cap: int) -> Batch:
+    """Keep the first ``cap`` tokens (batches are right-padded, so real tokens come first)."""
+    return Batch(input_ids=batch.input_ids[:, :cap], attention_mask=batch.attention_mask[:, :cap])
 
 
 def _inputs(probe: Probe, level: float, loaded: LoadedModel, source, size: int, opts: dict) -> list[Batch]:
@@ -377,7 +388,7 @@ def _inputs(probe: Probe, level: float, loaded: LoadedModel, source, size: int, 
     if loaded.kind == "icl":
         return icl_batches(loaded.model.spec.task, samples, size, batch_size, seed)
     pad = _pad_id(loaded)
-    side = getattr(loaded.tokenizer, "padding_side", "right") if loaded.tokenizer is not None else "right"
+    side = "right"  # one forward, no generation: real tokens keep positions 0..n-1 and key 0 (the sink)
     if probe.name == "numeric":
         return pad_sequences(
             numeric_sequences(loaded.tokenizer, int(level), samples, seed), pad, batch_size, side
