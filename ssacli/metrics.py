@@ -60,25 +60,27 @@ def row_sums(
     b, h, q, k = weights.shape
     w = weights.float()
     if visible is None:
-        visible = torch.ones(1, 1, q, k, dtype=torch.bool, device=w.device)
-    visible = visible.expand(b, h, q, k)
-    w = torch.where(visible, w, 0.0)
-    n_visible = visible.sum(-1)  # [b, h, q]
+        n_visible = torch.full((1, 1, q), k, device=w.device)
+    else:  # count before broadcasting (cheap), and never let content at hidden keys in
+        n_visible = visible.sum(-1)
+        w = torch.where(visible, w, 0.0)
+    n_visible = n_visible.expand(b, h, q)
     mass = w.sum(-1)
     counted = (n_visible >= 2) & (mass > 0) & torch.isfinite(mass)
     if query_valid is not None:
         counted &= query_valid.to(torch.bool).reshape(b, 1, q)
-    p = w / torch.where(counted, mass, 1.0).unsqueeze(-1)
-    entropy = -torch.special.xlogy(p, p).sum(-1)
-    max_p = p.amax(-1)
+    # Shape metrics of p = w / m without building p: H(p) = log m - sum(w log w) / m.
+    m = torch.where(counted, mass, 1.0)
+    entropy = (torch.log(m) - torch.special.xlogy(w, w).sum(-1) / m).clamp_min(0.0)  # rounding
+    max_p = w.amax(-1) / m
     k_top = min(top_k, k)
     per_row = {
         "entropy": entropy / torch.log(n_visible.clamp_min(2).float()),
         "max_weight": max_p,
         "collapse_rate": (max_p >= tau).float(),
         "effective_tokens": torch.exp(entropy),
-        "topk_mass": p.topk(k_top, dim=-1).values.sum(-1),
-        "sink_mass": p[..., 0],
+        "topk_mass": w.topk(k_top, dim=-1).values.sum(-1) / m,
+        "sink_mass": w[..., 0] / m,
         "row_mass": mass,
     }
     sums = {name: _sum_heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
@@ -90,8 +92,12 @@ def row_sums(
     if query_positions is None:
         query_positions = torch.arange(k - q, k, device=w.device)
     target = target.to(w.device).long().reshape(b, 1, 1, 1)
-    at_target = p.gather(-1, target.expand(b, h, q, 1)).squeeze(-1)
-    sees_target = visible.gather(-1, target.expand(b, h, q, 1)).squeeze(-1)
+    at_target = w.gather(-1, target.expand(b, h, q, 1)).squeeze(-1) / m
+    if visible is None:
+        sees_target = torch.ones(1, 1, q, dtype=torch.bool, device=w.device)
+    else:  # gather from a broadcast view: [b, heads of the mask (1 or h), q]
+        view = visible.expand(b, visible.shape[1], q, k)
+        sees_target = view.gather(-1, target.expand(b, view.shape[1], q, 1)).squeeze(-1)
     not_itself = query_positions.to(w.device).reshape(1, 1, q) != target.reshape(b, 1, 1)
     capture_rows = counted & sees_target & not_itself
     sums["outlier_capture"] = _sum_heads(torch.where(capture_rows, at_target, 0.0))
