@@ -104,9 +104,7 @@ def diagnose_command(
     text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
     random_ids: bool = typer.Option(False, "--random", help="Probe with random token ids."),
     samples: int = typer.Option(8, min=1, help="Sequences per probe level."),
-    length: int = typer.Option(
-        None, min=2, help="Base length in tokens (ICL: points); default 64 (40)."
-    ),
+    length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points); default 64 (40)."),
     batch_size: int = typer.Option(8, min=1, help="Sequences per forward pass."),
     seed: int = typer.Option(0, help="Seed of inputs, targets and numbers."),
     tau: float = typer.Option(0.9, help="A row has collapsed when its largest weight is >= tau."),
@@ -119,9 +117,7 @@ def diagnose_command(
     compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
     json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
-    heatmap: str = typer.Option(
-        "max_weight", help="Heatmap METRIC[@PROBE], e.g. collapse_rate@outlier."
-    ),
+    heatmap: str = typer.Option("max_weight", help="Heatmap METRIC[@PROBE], e.g. collapse_rate@outlier."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors and written files."),
 ) -> None:
     """Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.
