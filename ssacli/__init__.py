@@ -31,6 +31,9 @@ _LAZY = {
     "attention_modules": "attention",
     "diagnose": "diagnosis",
     "load_model": "loading",
+    "load": "loading",
+    "convert": "convert",
+    "save_model": "convert",
     "DiagnoseResult": "results",
     "ProbeResult": "results",
     "compare_results": "results",
@@ -39,8 +42,9 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
+    from .convert import convert, save_model
     from .diagnosis import diagnose
-    from .loading import load_model
+    from .loading import load, load_model
     from .probes import parse_probe
     from .results import DiagnoseResult, ProbeResult, compare_results
 
@@ -65,7 +69,10 @@ __all__ = [
     "attention_modules",
     "compare_results",
     "diagnose",
+    "convert",
+    "load",
     "load_model",
+    "save_model",
     "parse_probe",
     "describe_scorer",
     "make_scorer",

@@ -11,6 +11,8 @@ Safe by default: weights load from safetensors; a pickle-only checkpoint is refu
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +140,26 @@ def load_model(
     return _load_transformers(ref, source, path, dev, torch_dtype, allow_download, allow_pickle)
 
 
+def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
+    """The model behind MODEL, ready to use, with its ssacli scorer when it was converted
+    (``ssacli.load(DIR)``); keyword arguments as :func:`load_model`."""
+    return load_model(ref, **kwargs).model
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No "Loading weights" / "Writing model shards" bars from transformers inside ssacli's output."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _check_weights(path: Path, allow_pickle: bool) -> None:
     if any(path.glob("*.safetensors")):
         return
@@ -181,11 +203,17 @@ def _load_transformers(ref, source, path, device, torch_dtype, allow_download, a
     if not allow_pickle:
         kwargs["use_safetensors"] = True
     try:
-        model = cls.from_pretrained(source, **kwargs)
+        with quiet_progress():
+            model = cls.from_pretrained(source, **kwargs)
     except (OSError, ValueError, RuntimeError) as err:
         hint = "" if allow_pickle else " (only safetensors weights are read unless --allow-pickle)"
         raise InputError(f"cannot load the weights of '{ref}': {_first_line(err)}{hint}") from None
     model = model.to(device).eval()
+    spec = getattr(config, "ssacli_scorer", None)
+    if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
+        from .convert import attach_saved_scorer
+
+        attach_saved_scorer(model, path, spec)
     tokenizer = _tokenizer(source, path, offline)
     return LoadedModel(model, ref, config.model_type, _kind(model), tokenizer, _max_positions(config), path)
 
