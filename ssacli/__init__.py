@@ -38,12 +38,17 @@ _LAZY = {
     "ProbeResult": "results",
     "compare_results": "results",
     "parse_probe": "probes",
+    "compare_models": "evaluation",
+    "language_model_loss": "evaluation",
+    "minimal_pairs": "evaluation",
+    "icl_error_by_sigma": "evaluation",
 }
 
 if TYPE_CHECKING:
     from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
     from .convert import convert, save_model
     from .diagnosis import diagnose
+    from .evaluation import compare_models, icl_error_by_sigma, language_model_loss, minimal_pairs
     from .loading import load, load_model
     from .probes import parse_probe
     from .results import DiagnoseResult, ProbeResult, compare_results
@@ -67,8 +72,12 @@ __all__ = [
     "__version__",
     "apply_scorer",
     "attention_modules",
+    "compare_models",
     "compare_results",
     "diagnose",
+    "icl_error_by_sigma",
+    "language_model_loss",
+    "minimal_pairs",
     "convert",
     "load",
     "load_model",

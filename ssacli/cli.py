@@ -406,3 +406,7 @@ def main() -> None:
             soft_wrap=True,
         )
         sys.exit(1)
+
+
+# Commands defined in their own modules register themselves on `app` when imported.
+from . import cli_report  # noqa: E402, F401
