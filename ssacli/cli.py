@@ -409,4 +409,4 @@ def main() -> None:
 
 
 # Commands defined in their own modules register themselves on `app` when imported.
-from . import cli_report  # noqa: E402, F401
+from . import cli_report, cli_scratch, cli_train  # noqa: E402, F401

@@ -45,3 +45,9 @@ class JobFailedError(SsacliError):
     """The job itself failed, e.g. training diverged."""
 
     exit_code = EXIT_FAILED
+
+
+class InterruptedJobError(SsacliError):
+    """A long job stopped on SIGINT/SIGTERM after writing a checkpoint it can resume from."""
+
+    exit_code = 130
