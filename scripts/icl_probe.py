@@ -18,9 +18,7 @@ VALUES = (10.0, 100.0, 1000.0, -10.0, -100.0, -1000.0)
 
 
 def main(refs: list[str]) -> None:
-    print(
-        "| model | outlier at x_3 | prompt acc. | position acc. | attention on x_3 (plain → planted) |"
-    )
+    print("| model | outlier at x_3 | prompt acc. | position acc. | attention on x_3 (plain → planted) |")
     print("|---|---|---|---|---|")
     for ref in refs:
         model = load_icl(resolve_model_path(ref))
