@@ -28,6 +28,9 @@ def report_command(
     ),
     text_id: Path = typer.Option(None, help="UTF-8 text like the training data: LM loss, perplexity."),
     text_ood: Path = typer.Option(None, help="UTF-8 text unlike it: out-of-distribution LM loss."),
+    heldout_of: Path = typer.Option(
+        None, help="Training --data: its held-out last tenth is the in-distribution text (or --text-id)."
+    ),
     pairs: Path = typer.Option(None, help="BLiMP-style .jsonl (sentence_good, sentence_bad) or a folder."),
     pairs_limit: int = typer.Option(200, min=0, help="Pairs per file (its first N; 0 = all)."),
     probe: list[str] = typer.Option(None, help="Diagnose probe NAME[:L1,L2,…] (repeatable; default all)."),
@@ -79,10 +82,17 @@ def report_command(
         outliers = tuple(parse_outlier(v.strip()) for v in outlier.split(",") if v.strip())
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if heldout_of is not None and text_id is not None:
+        raise UsageError("give either --text-id or --heldout-of, not both")
     texts = {
         key: read_text_file(path, option) if path is not None else None
         for key, path, option in (("text_id", text_id, "--text-id"), ("text_ood", text_ood, "--text-ood"))
     }
+    if heldout_of is not None:
+        from .data import heldout_text
+
+        texts["text_id"] = heldout_text(heldout_of)
+        text_id = Path(f"heldout:{heldout_of}")
     records = read_pairs(pairs, pairs_limit or None) if pairs is not None else None
     settings = dict(
         **texts, pairs=records, pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples,

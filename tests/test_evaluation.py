@@ -394,6 +394,26 @@ def test_report_on_language_models_matches_the_api(tmp_path):
     assert data["settings"]["pairs"] == str(tmp_path / "pairs.jsonl") and data["notes"] == []
 
 
+def test_heldout_of_uses_the_last_tenth_of_the_training_data(tmp_path):
+    before, after = save_lm(tmp_path / "a", 0), save_lm(tmp_path / "b", 1)
+    text = random_text(400)
+    (tmp_path / "train.txt").write_text(text)
+    out = tmp_path / "r.json"
+    args = ["report", before, after, "--heldout-of", str(tmp_path / "train.txt"), "--seq-len", "16"]
+    result = runner.invoke(app, [*args, "--probe", "outlier:1", "--quiet", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    # Independently: the tail after 90 % of the characters, cut at the next whitespace.
+    cut = int(len(text) * 0.9)
+    while cut < len(text) and not text[cut].isspace():
+        cut += 1
+    tail = text[cut:].strip()
+    assert len(tail) < 0.15 * len(text)
+    direct = language_model_loss(load_model(before), tail, seq_len=16)
+    assert data["measurements"]["before"]["lm_id"]["nll"] == pytest.approx(direct["nll"], rel=1e-6)
+    assert data["settings"]["text_id"] == f"heldout:{tmp_path / 'train.txt'}"
+
+
 def test_compare_models_refuses_models_of_two_kinds(tmp_path):
     with pytest.raises(InputError, match="compare models of one kind"):
         compare_models("builtin:every-softmax", save_lm(tmp_path / "lm", 0), probes=["outlier:1"])
