@@ -174,7 +174,7 @@ class TokenSource:
         self.stream: list[int] | None = None
         if tokenizer is not None and not random_ids:
             source = text if text is not None else "\n\n".join(TEXTS)
-            self.stream = tokenizer(source, add_special_tokens=False)["input_ids"]
+            self.stream = tokenizer(source, add_special_tokens=False, verbose=False)["input_ids"]
             if len(self.stream) < 2:
                 raise UsageError("the probe text is shorter than two tokens; give a longer --text file")
         self.description = (
