@@ -8,6 +8,7 @@ takes whatever is not given from the run recorded in the folder it resumes, so
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def convert_command(
         model_ref, scorer, save_to, overwrite=overwrite, device=device, dtype=dtype,
         allow_download=allow_download, allow_pickle=allow_pickle,
     )  # fmt: skip
-    console = Console()
+    console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
     console.print(_fidelity_line(report), highlight=False, soft_wrap=True)
     if config is None:
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
@@ -183,6 +184,11 @@ def _fidelity_line(report: dict[str, Any]) -> str:
     return f"{head} relative error {report['relative_error']:.3g}"
 
 
+def _is_rank0() -> bool:
+    """False on the other processes of a torchrun / accelerate launch (they print nothing)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def _run(loaded, config, out: Path, *, resume, overwrite, device, meta, quiet) -> None:
     """finetune() with a rich progress bar on terminals, a step log line elsewhere, then a summary."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -218,6 +224,8 @@ def _run(loaded, config, out: Path, *, resume, overwrite, device, meta, quiet) -
                 progress.update(bar, completed=step, loss=loss, lr=lr, tps=tokens_per_s)
 
             result = finetune(loaded, config, out, on_step=on_step, **kwargs)
+    if not _is_rank0():
+        return
     record = training_record(result.path) or {}
     history, heldout = record.get("history") or [], record.get("heldout") or []
     parts = [f"wrote {out} (step {record.get('step')}"]
