@@ -60,7 +60,7 @@ def build_model(heads: int, layers: int, impl: str) -> torch.nn.Module:
 def recorder_for(model: torch.nn.Module, block_size: int, *, reduce: bool = True, label: bool = False):
     """A diagnose Recorder on ``model``'s attention layers (``reduce=False``: record() does nothing)."""
     from ssacli.attention import attention_modules
-    from ssacli.diagnosis import Recorder
+    from ssacli.probed_forward import Recorder
 
     class Timed(Recorder):
         def record(self, *args) -> None:

@@ -38,7 +38,7 @@ _LAZY = {
     "ProbeResult": "results",
     "compare_results": "results",
     "parse_probe": "probes",
-    "compare_models": "evaluation",
+    "compare_models": "comparison",
     "language_model_loss": "evaluation",
     "minimal_pairs": "evaluation",
     "icl_error_by_sigma": "evaluation",
@@ -46,9 +46,10 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
+    from .comparison import compare_models
     from .convert import convert, save_model
     from .diagnosis import diagnose
-    from .evaluation import compare_models, icl_error_by_sigma, language_model_loss, minimal_pairs
+    from .evaluation import icl_error_by_sigma, language_model_loss, minimal_pairs
     from .loading import load, load_model
     from .probes import parse_probe
     from .results import DiagnoseResult, ProbeResult, compare_results

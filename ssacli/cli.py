@@ -131,6 +131,7 @@ def diagnose_command(
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
     """
     from .diagnosis import diagnose
+    from .inputs import read_text_file
     from .probes import parse_probe
     from .results import METRICS
 
@@ -141,7 +142,7 @@ def diagnose_command(
     if heat_probe and probes and heat_probe not in {p.name for p in probes}:
         raise UsageError(f"--heatmap names probe '{heat_probe}', which is not among the --probe options")
     settings = dict(
-        probes=probes, scorer=scorer, text=_read_text(text) if text else None, random_ids=random_ids,
+        probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
         block_size=block_size, device=device, dtype=dtype, allow_download=allow_download,
         allow_pickle=allow_pickle,
@@ -170,26 +171,6 @@ def diagnose_command(
 
         write_text(diagnose_html(result) if other is None else comparison_html(result, other), html_out)
         console.print(f"wrote {html_out}", highlight=False)
-
-
-def _read_text(path: Path) -> str:
-    from .errors import InputError
-
-    try:
-        content = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"--text file '{path}' does not exist; give a UTF-8 text file") from None
-    except IsADirectoryError:
-        raise InputError(f"--text '{path}' is a folder; give a UTF-8 text file") from None
-    except UnicodeDecodeError as err:
-        raise InputError(
-            f"--text file '{path}' is not UTF-8 (byte {err.start}); re-encode it as UTF-8"
-        ) from None
-    except OSError as err:
-        raise InputError(f"cannot read --text file '{path}': {err.strerror}") from None
-    if not content.strip():
-        raise InputError(f"--text file '{path}' is empty; give a file with some text")
-    return content
 
 
 def _compare_target(diagnose, ref: str, settings: dict, quiet: bool):

@@ -67,8 +67,9 @@ def report_command(
 
       ssacli report ./bert ./bert-ssa --pairs blimp/passive_1.jsonl --pairs-limit 0 --json r.json
     """
-    from .evaluation import compare_models, read_pairs, read_text_file
+    from .comparison import compare_models
     from .icl import parse_outlier
+    from .inputs import read_pairs, read_text_file
     from .probes import parse_probe
 
     for option, path in (("--json", json_out), ("--html", html_out)):

@@ -1,9 +1,10 @@
-"""Model quality before and after a change: LM loss, minimal pairs, ICL error, and the probes.
+"""Model quality before and after a change: LM loss, minimal pairs and ICL error.
 
 Attention diagnostics say whether heads collapse; these measures say whether the model still does
-its job. They are pure functions of a :class:`~ssacli.loading.LoadedModel`, and
-:func:`compare_models` runs all that apply on two models (BEFORE and AFTER, e.g. a checkpoint and
-its ``ssacli convert`` output) into one JSON-ready report (schema ``ssacli-report``, version 1).
+its job. They are pure functions of a :class:`~ssacli.loading.LoadedModel`.
+:func:`ssacli.comparison.compare_models` runs all that apply on two models into one report; the
+files they read (``--text``, ``--pairs``) are read by :mod:`ssacli.inputs`. Both ``compare_models``
+and the readers are importable from here too.
 
 Conventions (documented because they change the numbers):
 
@@ -21,10 +22,8 @@ Conventions (documented because they change the numbers):
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,90 +31,13 @@ import torch
 from torch.nn import functional as F
 
 from .errors import InputError, UsageError
-from .loading import LoadedModel, load_model
+from .inputs import check_pair_record, read_pairs, read_text_file
+from .loading import LoadedModel
 
-REPORT_SCHEMA = "ssacli-report"
-REPORT_VERSION = 1
 DEFAULT_SIGMAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 DEFAULT_OUTLIERS = ((10.0, 3), (100.0, 3), (1000.0, 3))
 MAX_TOKENS = 16384
-PAIRS_LIMIT = 200
 LM_KINDS = ("causal", "masked")
-
-
-# ---- inputs -----------------------------------------------------------------------------------------
-
-
-def read_text_file(path: str | Path, option: str = "--text") -> str:
-    """A UTF-8 text file with some text in it, or an InputError naming the option and the file."""
-    path = Path(path)
-    try:
-        content = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{option} file '{path}' does not exist; give a UTF-8 text file") from None
-    except IsADirectoryError:
-        raise InputError(f"{option} '{path}' is a folder; give a UTF-8 text file") from None
-    except UnicodeDecodeError as err:
-        raise InputError(f"{option} file '{path}' is not UTF-8 (byte {err.start}); re-encode it") from None
-    except OSError as err:
-        raise InputError(f"cannot read {option} file '{path}': {err.strerror}") from None
-    if not content.strip():
-        raise InputError(f"{option} file '{path}' is empty; give a file with some text")
-    return content
-
-
-def read_pairs(source: str | Path, limit: int | None = None) -> dict[str, list[dict]]:
-    """BLiMP-style records from one ``.jsonl`` file or every ``*.jsonl`` in a folder, by file stem.
-
-    Every line is checked (a bad line names its file and line number); ``limit`` then keeps each
-    file's first N pairs (BLiMP files are in pairID order, so this is a fixed, reproducible subset).
-    """
-    path = Path(source)
-    if path.is_dir():
-        files = sorted(path.glob("*.jsonl"))
-        if not files:
-            raise InputError(f"--pairs folder '{path}' holds no .jsonl files")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise InputError(f"--pairs '{path}' does not exist; give a .jsonl file or a folder of them")
-    groups = {}
-    for file in files:
-        records = list(_jsonl_records(file))
-        if not records:
-            raise InputError(f"--pairs file '{file}' holds no pairs")
-        groups[file.stem] = records[:limit] if limit else records
-    return groups
-
-
-def _jsonl_records(file: Path) -> Iterable[dict]:
-    try:
-        raw = file.read_bytes()
-    except OSError as err:
-        raise InputError(f"cannot read --pairs file '{file}': {err.strerror}") from None
-    for number, line in enumerate(raw.splitlines(), start=1):
-        where = f"--pairs file '{file}', line {number}"
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InputError(f"{where} is not UTF-8; re-encode the file") from None
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except ValueError as err:
-            raise InputError(f"{where} is not JSON ({err.msg}, column {err.colno})") from None
-        _check_record(record, where)
-        yield record
-
-
-def _check_record(record: Any, where: str) -> None:
-    if not isinstance(record, dict):
-        raise InputError(f"{where} is not a JSON object with sentence_good and sentence_bad")
-    for key in ("sentence_good", "sentence_bad"):
-        value = record.get(key)
-        if not isinstance(value, str) or not value.strip():
-            raise InputError(f"{where} has no non-empty string '{key}'")
 
 
 # ---- language-model loss ----------------------------------------------------------------------------
@@ -255,7 +177,7 @@ def minimal_pairs(
         groups = dict(source) if isinstance(source, dict) else {"records": list(source)}
         for name, records in groups.items():
             for index, record in enumerate(records):
-                _check_record(record, f"pair {index} of '{name}'")
+                check_pair_record(record, f"pair {index} of '{name}'")
             groups[name] = list(records)[:limit] if limit else list(records)
     files, correct_all, total_all = {}, 0, 0
     for name, records in groups.items():
@@ -356,150 +278,24 @@ def icl_error_by_sigma(
     }
 
 
-# ---- before / after ---------------------------------------------------------------------------------
+_IN_COMPARISON = ("compare_models", "quality_rows", "REPORT_SCHEMA", "REPORT_VERSION", "PAIRS_LIMIT")
 
 
-def compare_models(
-    before: str | Path | LoadedModel, after: str | Path | LoadedModel, *,
-    text_id: str | None = None, text_ood: str | None = None,
-    pairs: str | Path | Sequence[dict] | dict | None = None, pairs_limit: int | None = PAIRS_LIMIT,
-    probes: Sequence[str] | None = None, seed: int = 0, samples: int = 8,
-    seq_len: int = 128, max_tokens: int = MAX_TOKENS, batch_size: int = 8,
-    sigmas: Sequence[float] = DEFAULT_SIGMAS, outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS,
-    icl_length: int = 41, prompts: int = 500, device: str = "auto", dtype: str = "auto",
-    allow_download: bool = False, allow_pickle: bool = False, progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
+def __getattr__(name: str):
+    """The before/after report moved to ssacli.comparison (which imports this module): its names
+    resolve on first use, so ``from ssacli.evaluation import compare_models`` keeps working."""
+    if name in _IN_COMPARISON:
+        from . import comparison
 
-    ``text_id`` / ``text_ood``: texts (strings) for LM loss in and out of distribution; ``pairs``: a
-    BLiMP-style file, folder or records; ICL models get their error by σ and with outliers. Probes run
-    on both models with the same ``seed``; ``report["diagnose"]`` is :func:`compare_results` of them.
-    """
-    from .diagnosis import _versions, diagnose
-    from .probes import parse_probe
-    from .results import compare_results
-
-    started = time.perf_counter()
-    say = progress or (lambda message: None)
-    parsed = [parse_probe(p) for p in probes] if probes else None  # bad specs fail before loading
-    groups = read_pairs(pairs, pairs_limit) if isinstance(pairs, str | Path) else pairs
-    load = dict(device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle)
-    models = []
-    for side, ref in (("before", before), ("after", after)):
-        say(f"loading {side}: {ref}")
-        models.append(ref if isinstance(ref, LoadedModel) else load_model(str(ref), **load))
-    _check_compatible(*models, text=text_id is not None or text_ood is not None, pairs=groups is not None)
-    measured: dict[str, dict[str, Any]] = {"before": {}, "after": {}}
-    diagnosed = []
-    for side, loaded in zip(measured, models):
-        out = measured[side]
-        if loaded.kind == "icl":
-            say(f"{side}: ICL error by σ and outlier")
-            out["icl"] = icl_error_by_sigma(
-                loaded, sigmas=sigmas, outliers=outliers, length=icl_length, prompts=prompts, seed=seed
-            )
-        lm = dict(seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed)
-        for key, text in (("lm_id", text_id), ("lm_ood", text_ood)):
-            if text is not None:
-                say(f"{side}: LM loss on {key.removeprefix('lm_')} text")
-                out[key] = language_model_loss(loaded, text, **lm)
-        if groups is not None:
-            say(f"{side}: minimal pairs")
-            out["pairs"] = minimal_pairs(loaded, groups, limit=pairs_limit, batch_size=4 * batch_size)
-        say(f"{side}: attention probes")
-        diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples))
-    notes = []
-    if text_id is not None or text_ood is not None or groups is not None:
-        if not _same_vocab(*models):
-            notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
-    return {
-        "schema": REPORT_SCHEMA,
-        "schema_version": REPORT_VERSION,
-        "before": _describe(models[0], diagnosed[0]),
-        "after": _describe(models[1], diagnosed[1]),
-        "settings": dict(
-            seed=seed,
-            samples=samples,
-            seq_len=seq_len,
-            max_tokens=max_tokens,
-            pairs_limit=pairs_limit,
-            probes=[str(p) for p in parsed] if parsed else "default",
-            icl_sigmas=list(sigmas),
-            icl_outliers=[list(o) for o in outliers],
-            icl_length=icl_length,
-            icl_prompts=prompts,
-        ),  # fmt: skip
-        "quality": quality_rows(measured["before"], measured["after"]),
-        "measurements": measured,
-        "diagnose": compare_results(*diagnosed),
-        "notes": notes,
-        "versions": _versions(),
-        "elapsed_s": round(time.perf_counter() - started, 3),
-    }
+        return getattr(comparison, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _check_compatible(a: LoadedModel, b: LoadedModel, *, text: bool, pairs: bool) -> None:
-    if a.kind != b.kind:
-        raise InputError(
-            f"BEFORE '{a.name}' is a {a.kind} model and AFTER '{b.name}' a {b.kind} one; "
-            "compare models of one kind"
-        )
-    for option, asked in (("--text-id/--text-ood", text), ("--pairs", pairs)):
-        if asked and a.kind not in LM_KINDS:
-            raise UsageError(f"{option} needs causal or masked language models; '{a.name}' is {a.kind}")
-
-
-def _same_vocab(a: LoadedModel, b: LoadedModel) -> bool:
-    if a.tokenizer is None or b.tokenizer is None:
-        return a.tokenizer is b.tokenizer
-    return a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
-
-
-def _describe(loaded: LoadedModel, result) -> dict[str, Any]:
-    return {"model": loaded.name, "family": loaded.family, "kind": loaded.kind, "scorer": result.scorer}
-
-
-def quality_rows(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per measure both sides have: label, before, after, delta (after − before), and
-    which direction is better ("lower" or "higher")."""
-    rows = []
-
-    def add(key: str, label: str, pick: Callable[[dict], float | None], better: str) -> None:
-        try:
-            a, b = pick(before), pick(after)
-        except KeyError:  # a measure only one side has (or neither) gets no row
-            return
-        delta = b - a if a is not None and b is not None else None
-        row = {"key": key, "label": label, "before": a, "after": b, "delta": delta, "better": better}
-        rows.append({k: _finite(v) if k in ("before", "after", "delta") else v for k, v in row.items()})
-
-    for key, name in (("lm_id", "in-dist. text"), ("lm_ood", "OOD text")):
-        add(f"{key}.nll", f"{name}: NLL / token", lambda s, k=key: s[k]["nll"], "lower")
-        add(f"{key}.ppl", f"{name}: perplexity", lambda s, k=key: s[k]["perplexity"], "lower")
-    add("lm_gap.nll", "OOD − in-dist. NLL", lambda s: s["lm_ood"]["nll"] - s["lm_id"]["nll"], "lower")
-    add("pairs.accuracy", "minimal pairs: accuracy", lambda s: s["pairs"]["accuracy"], "higher")
-    for name in before.get("pairs", {}).get("files", {}):
-        add(f"pairs.{name}", f"  {name}", lambda s, n=name: s["pairs"]["files"][n]["accuracy"], "higher")
-    if "icl" in before:
-        head = before["icl"]["headline"]
-        unit = "error" if head == "error" else "MSE/Var"
-        for cell in before["icl"]["sigma"] + before["icl"]["outliers"]:
-            key = _cell_key(cell)
-            if "outlier" in cell:
-                tag = f"outlier {cell['outlier']:g}@{cell['position']}"
-            else:
-                tag = f"σ={cell['sigma']:g}" + (" (in-dist.)" if cell["sigma"] == 1 else "")
-            add(f"icl.{key}", f"ICL {unit} {tag}", lambda s, k=key: _icl_cells(s)[k][head], "lower")
-    return rows
-
-
-def _icl_cells(side: dict[str, Any]) -> dict[str, dict]:
-    return {_cell_key(c): c for c in side["icl"]["sigma"] + side["icl"]["outliers"]}
-
-
-def _cell_key(cell: dict) -> str:
-    return f"{cell['sigma']:g}" + (f"@{cell['outlier']:g}:{cell['position']}" if "outlier" in cell else "")
-
-
-def _finite(value: float | None) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
+__all__ = [  # with compare_models and quality_rows, above
+    "icl_error_by_sigma",
+    "language_model_loss",
+    "minimal_pairs",
+    "read_pairs",
+    "read_text_file",
+    "sentence_log_likelihoods",
+]

@@ -1,12 +1,17 @@
 """Fine-tuning a (converted) model: causal-LM, masked-LM or ICL objective, resumable checkpoints.
 
+This module is the run: :class:`FinetuneConfig`, :func:`finetune`, the step loop and its checkpoints.
+What the loop sets up around itself (the process group, SIGINT/SIGTERM, n annealing) is in
+:mod:`ssacli.train_runtime`.
+
 * AdamW (weight decay on matrices only: decaying a scorer's raw b or n, a bias or a norm pulls it to
   an arbitrary value, not to "simpler"), linear warmup then cosine decay to 10 % of ``lr`` (or
   ``schedule="constant"``), gradient accumulation, gradient clipping at 1.0, bf16 autocast on CUDA.
 * ``train="scorer"`` updates only parameters under ``.ssacli_scorer.`` (every other tensor stays
   bit-identical); ``train="all"`` everything trainable.
 * ``anneal_n=T`` (SSA only) moves n linearly from its start value to T over the run and, unless b
-  is learned, keeps b = 1/n (the ``init=faithful`` relation). n is then set, not learned.
+  is learned, keeps b = 1/n (the ``init=faithful`` relation). n is then set, not learned
+  (:class:`~ssacli.train_runtime.AnnealN`).
 * Randomness: every step draws its batch and its dropout masks from seeds derived from
   (seed, rank, step), inside a forked RNG. So a checkpoint needs no generator state to resume
   exactly, ranks of a distributed run draw different data, and the caller's RNG is left alone.
@@ -15,20 +20,19 @@
   :func:`ssacli.convert.save_model` (atomic): the model, ``ssacli.json`` with the ``training``
   record, and ``trainer.safetensors`` (AdamW moments, step, anneal start values).
 * SIGINT/SIGTERM finish the current step, write a checkpoint and raise InterruptedJobError
-  (exit 130); a second Ctrl-C stops at once. A non-finite loss or gradient stops with
-  JobFailedError (exit 5) before the bad update, and nothing bad is written.
+  (exit 130); a second Ctrl-C stops at once (:class:`~ssacli.train_runtime.StopSignals`). A
+  non-finite loss or gradient stops with JobFailedError (exit 5) before the bad update, and nothing
+  bad is written.
 * With ``WORLD_SIZE`` > 1 (torchrun, accelerate launch) the process group is started (gloo on CPU,
-  nccl on CUDA), the model wrapped in DistributedDataParallel, the logged loss averaged over ranks;
-  only rank 0 writes. Resuming needs the output folder on a filesystem every rank can read.
+  nccl on CUDA; :class:`~ssacli.train_runtime.Distributed`), the model wrapped in
+  DistributedDataParallel, the logged loss averaged over ranks; only rank 0 writes. Resuming needs
+  the output folder on a filesystem every rank can read.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,16 +42,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 from torch import nn
 
-from .attention import scorers_of
 from .convert import META_FILE, SCORER_KEY, TRAINER_FILE, read_meta, save_model
 from .data import make_objective, seeded_rng, step_seeds
-from .errors import InputError, InterruptedJobError, JobFailedError, SsacliError, UsageError
+from .errors import InputError, InterruptedJobError, JobFailedError, UsageError
 from .loading import BUILTIN_DIR, LoadedModel, load_model, resolve_device
 from .scorers.base import positive_raw
+from .train_runtime import AnnealN, Distributed, StopSignals
 
 MIN_LR_RATIO = 0.1  # the cosine schedule ends at 10 % of the peak learning rate
 CLIP_NORM = 1.0
@@ -136,7 +139,7 @@ def finetune(
     """
     config.validate()
     out = Path(out).expanduser()
-    ddp = _Distributed.start()
+    ddp = Distributed.start()
     try:
         dev = torch.device("cuda", ddp.local_rank) if ddp.world > 1 and torch.cuda.is_available() else None
         dev = dev or resolve_device(device)
@@ -184,7 +187,8 @@ class _Run:
         existing = read_meta(loaded.path) if loaded.path is not None and loaded.kind != "icl" else None
         drop = ("format", "format_version", "scorer", "training")
         self.carry = {k: v for k, v in (existing or {}).items() if k not in drop} | (meta or {})
-        self.anneal = _Anneal(loaded.attention_root, config) if config.anneal_n is not None else None
+        target = config.anneal_n
+        self.anneal = AnnealN(loaded.attention_root, target, config.steps) if target is not None else None
         self.flags = {p: p.requires_grad for p in self.model.parameters()}  # restored at the end
 
     def _trainable(self) -> list[nn.Parameter]:
@@ -243,7 +247,7 @@ class _Run:
                 self.model, device_ids=ids, find_unused_parameters=True
             )
         self.model.train()
-        with _Signals() as signals:
+        with StopSignals() as signals:
             self._loop(net, optimizer, state, signals)
         return self._finish()
 
@@ -379,113 +383,6 @@ class _Run:
     def _finish(self) -> LoadedModel:
         self.model.eval()
         return replace(self.loaded, path=self.out, name=str(self.out))
-
-
-class _Anneal:
-    """n from its start value to the target, linearly in the step; b = 1/n unless b is learned."""
-
-    def __init__(self, root: nn.Module, config: FinetuneConfig) -> None:
-        self.scorers = list(scorers_of(root).values())
-        if not self.scorers or any(s.name != "ssa" for s in self.scorers):
-            names = sorted({s.name for s in self.scorers}) or ["none"]
-            raise UsageError(
-                f"--anneal-n applies to SSA scorers only; this model's scorer is {', '.join(names)}"
-            )
-        self.target, self.steps = float(config.anneal_n), config.steps
-        self.n0 = [s.n.detach().double().cpu() for s in self.scorers]
-
-    def freeze(self) -> None:
-        for scorer in self.scorers:
-            scorer.n_raw.requires_grad_(False)  # set every step, never learned while annealing
-
-    @torch.no_grad()
-    def apply(self, step: int) -> None:
-        for scorer, n0 in zip(self.scorers, self.n0):
-            n = torch.lerp(n0, torch.full_like(n0, self.target), min(step / self.steps, 1.0))  # exact at 1
-            scorer.n_raw.copy_(_raw(n))
-            if "b" not in scorer.learn:
-                scorer.b_raw.copy_(_raw(1.0 / n))
-
-
-def _raw(values: torch.Tensor) -> torch.Tensor:
-    """The raw parameter that the SSA scorer's softplus parametrization maps to ``values``."""
-    return torch.tensor([positive_raw(float(v), "ssa", "n") for v in values], dtype=torch.float32)
-
-
-class _Signals:
-    """SIGINT/SIGTERM set a flag the loop checks after each step; a second Ctrl-C stops at once."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signum
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-@dataclass
-class _Distributed:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    created: bool = False
-
-    @classmethod
-    def start(cls) -> _Distributed:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world <= 1:
-            return cls()
-        created = not dist.is_initialized()
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if created:
-            cuda = torch.cuda.is_available()
-            if cuda:
-                torch.cuda.set_device(local)
-            dist.init_process_group("nccl" if cuda else "gloo")
-        return cls(dist.get_rank(), dist.get_world_size(), local, created)
-
-    def decide(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on rank 0 only and give every rank its result, or its SsacliError."""
-        if self.world == 1:
-            return fn()
-        box: list[Any] = [None]
-        if self.rank == 0:
-            try:
-                box = [(True, fn())]
-            except SsacliError as err:
-                box = [(False, err)]
-        dist.broadcast_object_list(box, src=0)
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
-    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world == 1:
-            return tensor
-        tensor = tensor.cuda() if dist.get_backend() == "nccl" else tensor  # nccl reduces CUDA tensors only
-        dist.all_reduce(tensor)
-        return tensor.cpu()
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.created:
-            dist.destroy_process_group()
 
 
 __all__ = ["FinetuneConfig", "evaluate_loss", "finetune", "training_record"]

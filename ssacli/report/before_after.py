@@ -1,6 +1,6 @@
 """Rendering an ``ssacli report`` (BEFORE vs AFTER) for the terminal and as one HTML page.
 
-Both read only the JSON-ready report of :func:`ssacli.evaluation.compare_models`, so a report
+Both read only the JSON-ready report of :func:`ssacli.comparison.compare_models`, so a report
 written with ``--json`` renders the same later. The probe half reuses the diagnose comparison
 (:func:`render_comparison`, :func:`comparison_html`) so both commands show probes identically.
 """
