@@ -38,6 +38,8 @@ _LAZY = {
     "ProbeResult": "results",
     "compare_results": "results",
     "parse_probe": "probes",
+    "run_check": "check",
+    "parse_requirement": "check",
     "compare_models": "comparison",
     "language_model_loss": "evaluation",
     "minimal_pairs": "evaluation",
@@ -46,6 +48,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
+    from .check import parse_requirement, run_check
     from .comparison import compare_models
     from .convert import convert, save_model
     from .diagnosis import diagnose
@@ -84,6 +87,8 @@ __all__ = [
     "load_model",
     "save_model",
     "parse_probe",
+    "parse_requirement",
+    "run_check",
     "describe_scorer",
     "make_scorer",
     "parse_spec",

@@ -8,18 +8,39 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from . import __version__
-from .errors import SsacliError, UsageError
-from .report.files import write_json
+from .errors import InterruptError, SsacliError, UsageError
+from .report.files import check_writable, write_json
 from .scorers import describe_scorer, scorer_table
 
+
+class _Commands(TyperGroup):
+    """ssacli's command group: Ctrl-C inside a command ends like every other error, in one line and
+    a documented exit code (130), rather than click's silent exit."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as err:
+            raise InterruptError(
+                "interrupted; no file was left half-written (ssacli writes whole files or none), "
+                "rerun the command to finish"
+            ) from err
+
+
+_TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
+
 app = typer.Typer(
+    cls=_Commands,
     name="ssacli",
     help="Attention-saturation diagnostics: swap softmax for SSA and other scorers, measure collapse.",
     no_args_is_help=True,
@@ -114,6 +135,7 @@ def diagnose_command(
     dtype: str = typer.Option("auto", help="auto (float32 on CPU), float32, bfloat16 or float16."),
     allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=_TRUST_HELP),
     compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
     json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
@@ -141,12 +163,19 @@ def diagnose_command(
         raise UsageError(f"unknown metric '{metric}' for --heatmap; choose from: {', '.join(METRICS)}")
     if heat_probe and probes and heat_probe not in {p.name for p in probes}:
         raise UsageError(f"--heatmap names probe '{heat_probe}', which is not among the --probe options")
+    for option, path in (("--json", json_out), ("--html", html_out)):
+        if path is not None:
+            check_writable(path, option)
     settings = dict(
         probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
         block_size=block_size, device=device, dtype=dtype, allow_download=allow_download,
         allow_pickle=allow_pickle,
     )  # fmt: skip
+    if trust_remote_code:  # the API loads without remote code; load here, with it
+        settings["load"] = partial(
+            load_trusted, device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle
+        )
     console = Console()
     result = _diagnose_with_progress(diagnose, model_ref, settings, quiet)
     other = None
@@ -182,12 +211,22 @@ def _compare_target(diagnose, ref: str, settings: dict, quiet: bool):
     return _diagnose_with_progress(diagnose, ref, settings, quiet)
 
 
+def load_trusted(ref: str, **load):
+    """MODEL loaded with --trust-remote-code, for the API functions that take a loaded model."""
+    from .loading import load_model
+
+    return load_model(ref, trust_remote_code=True, **load)
+
+
 def _diagnose_with_progress(diagnose, model_ref: str, settings: dict, quiet: bool):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    settings = dict(settings)
+    load = settings.pop("load", None)
+    model = load(model_ref) if load is not None else model_ref
     stderr = Console(stderr=True)
     if quiet or not stderr.is_terminal:
-        return diagnose(model_ref, **settings)
+        return diagnose(model, **settings)
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")]
     with Progress(*columns, TimeElapsedColumn(), console=stderr, transient=True) as progress:
         bar = progress.add_task(f"diagnosing {model_ref}", total=None)
@@ -195,7 +234,7 @@ def _diagnose_with_progress(diagnose, model_ref: str, settings: dict, quiet: boo
         def on_progress(what: str, done: int, total: int) -> None:
             progress.update(bar, description=f"{model_ref}: {what}", completed=done, total=total)
 
-        return diagnose(model_ref, progress=on_progress, **settings)
+        return diagnose(model, progress=on_progress, **settings)
 
 
 icl_app = typer.Typer(
@@ -375,13 +414,13 @@ def main() -> None:
     except SsacliError as err:
         if _state["debug"]:
             raise
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(err.exit_code)
     except Exception as err:  # a bug: say so in one line, keep the traceback for --debug
         if _state["debug"]:
             raise
         Console(stderr=True).print(
-            f"[bold red]internal error:[/] {type(err).__name__}: {err} "
+            f"[bold red]internal error:[/] {type(err).__name__}: {escape(str(err))} "
             "(rerun with --debug for the traceback)",
             highlight=False,
             soft_wrap=True,
@@ -390,4 +429,4 @@ def main() -> None:
 
 
 # Commands defined in their own modules register themselves on `app` when imported.
-from . import cli_report, cli_scratch, cli_train  # noqa: E402, F401
+from . import cli_check, cli_report, cli_scratch, cli_train  # noqa: E402, F401
