@@ -7,7 +7,9 @@ code; anything else prints one line too, unless --debug asks for the traceback.
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from typer.core import TyperGroup
 from . import __version__
 from .errors import InterruptError, SsacliError, UsageError
 from .report.files import check_writable, write_json
-from .scorers import describe_scorer, scorer_table
+from .scorers import describe_scorer, make_scorer, scorer_table
 
 
 class _Commands(TyperGroup):
@@ -158,6 +160,8 @@ def diagnose_command(
     from .results import METRICS
 
     probes = [parse_probe(p) for p in probe] if probe else None  # bad specs fail before loading
+    if scorer is not None:
+        make_scorer(scorer)
     metric, _, heat_probe = heatmap.partition("@")
     if metric not in METRICS:
         raise UsageError(f"unknown metric '{metric}' for --heatmap; choose from: {', '.join(METRICS)}")
@@ -407,8 +411,14 @@ def _label(spec: str) -> str:
     return spec.replace(":", "-").replace(",", "-").replace("=", "")
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends a command like Ctrl-C: cleanups run, one line, exit 130
+
+
 def main() -> None:
     """Console-script entry point: map errors to one line and a documented exit code."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         app()
     except SsacliError as err:
@@ -426,6 +436,9 @@ def main() -> None:
             soft_wrap=True,
         )
         sys.exit(1)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 # Commands defined in their own modules register themselves on `app` when imported.

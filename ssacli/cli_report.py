@@ -13,9 +13,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from .cli import _floats, app
+from .cli import _TRUST_HELP, _floats, app, load_trusted
 from .errors import UsageError
-from .report.files import write_text
+from .report.files import check_writable, write_text
 
 
 @app.command("report")
@@ -50,6 +50,7 @@ def report_command(
     dtype: str = typer.Option("auto", help="auto (float32 on CPU), float32, bfloat16 or float16."),
     allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=_TRUST_HELP),
 ) -> None:
     """Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
 
@@ -73,8 +74,8 @@ def report_command(
     from .probes import parse_probe
 
     for option, path in (("--json", json_out), ("--html", html_out)):
-        if path is not None and path.is_dir():
-            raise UsageError(f"{option} '{path}' is a folder; give a file name")
+        if path is not None:
+            check_writable(path, option)  # a folder, or nowhere writable: fail before any work
     probes = [str(parse_probe(p)) for p in probe] if probe else None
     sigmas = _floats(sigma, "sigma")
     if not sigmas or any(not s > 0 for s in sigmas):
@@ -101,7 +102,12 @@ def report_command(
         icl_length=icl_length, prompts=prompts, device=device, dtype=dtype, allow_download=allow_download,
         allow_pickle=allow_pickle,
     )  # fmt: skip
-    report = _run(compare_models, before, after, settings, quiet)
+    if trust_remote_code:  # compare_models loads without remote code; load both here, with it
+        load = dict(device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle)
+        before_model, after_model = load_trusted(before, **load), load_trusted(after, **load)
+    else:
+        before_model, after_model = before, after
+    report = _run(compare_models, before_model, after_model, settings, quiet)
     if records is not None:  # name the files the user gave, not the parsed records
         report["settings"]["pairs"] = str(pairs)
     for key, path in (("text_id", text_id), ("text_ood", text_ood)):

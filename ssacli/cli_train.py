@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from .cli import app
+from .cli import _TRUST_HELP, app, load_trusted
 from .errors import UsageError
 
 _DATA_HELP = "Training data: a .txt file, a .jsonl file (field 'text'), a folder of them, or icl:TASK."
@@ -55,6 +55,7 @@ def convert_command(
     dtype: str = typer.Option("auto", help="auto (float32 on CPU and when fine-tuning), float32, bfloat16."),
     allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=_TRUST_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or step log."),
 ) -> None:
     """Swap MODEL's attention scorer, report how close it stays, and save it to --out.
@@ -73,6 +74,8 @@ def convert_command(
       ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./g --finetune --data c.txt --anneal-n 8
     """
     from .convert import check_out, convert
+    from .loading import local_model_path
+    from .scorers import make_scorer
 
     options = _finetune_options(
         data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
@@ -81,15 +84,15 @@ def convert_command(
     )  # fmt: skip
     if options and not do_finetune:
         raise UsageError(f"--{next(iter(options)).replace('_', '-')} only applies with --finetune")
+    make_scorer(scorer)  # a bad spec fails before loading
     config = _config(options, {}) if do_finetune else None  # bad values fail before loading
-    check_out(out.expanduser(), None, overwrite)
+    check_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
     if do_finetune and dtype == "auto":
         dtype = "float32"  # AdamW on bf16/fp16 weights loses small updates; autocast covers speed
     save_to = None if do_finetune else out
-    loaded, report = convert(
-        model_ref, scorer, save_to, overwrite=overwrite, device=device, dtype=dtype,
-        allow_download=allow_download, allow_pickle=allow_pickle,
-    )  # fmt: skip
+    load = dict(device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle)
+    model = load_trusted(model_ref, **load) if trust_remote_code else model_ref
+    loaded, report = convert(model, scorer, save_to, overwrite=overwrite, **load)
     console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
     console.print(_fidelity_line(report), highlight=False, soft_wrap=True)
     if config is None:

@@ -17,20 +17,22 @@ half-written; the input folder is never touched.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
 from .attention import SCORER_ATTR, apply_scorer, supports
-from .errors import InputError, UnsupportedModelError, UsageError
+from .errors import InputError, OutputError, UnsupportedModelError, UsageError
 from .loading import LoadedModel, load_model, quiet_progress
-from .report.files import publish
+from .report.files import output_error, publish
 
 FORMAT = "ssacli-model"
 FORMAT_VERSION = 1
@@ -95,6 +97,14 @@ def save_model(
     trainer.safetensors (optimizer state for resuming)."""
     out = Path(out).expanduser()
     check_out(out, loaded.path, overwrite)
+    try:
+        _write_model(loaded, out, meta, extra_tensors)
+    except (OSError, SafetensorError) as err:  # a full disk, a read-only folder: out is as it was
+        raise output_error(out, err) from err
+    return out
+
+
+def _write_model(loaded: LoadedModel, out: Path, meta, extra_tensors) -> None:
     if loaded.kind == "icl":
         from .icl.model import save_icl
 
@@ -102,7 +112,7 @@ def save_model(
             loaded.model.spec.training = {**loaded.model.spec.training, **meta}
         loaded.model.spec.scorer = _spec_of(loaded)
         save_icl(loaded.model, out, extra_tensors)
-        return out
+        return
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -128,30 +138,45 @@ def save_model(
         _replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def check_out(out: Path, source: Path | None, overwrite: bool) -> None:
-    """Refuse to write over the input folder, or over anything without --overwrite."""
+    """Refuse to write over the input folder, over anything without --overwrite, or where nothing
+    can be written (checked before any work)."""
     if source is not None and out.exists() and out.resolve() == Path(source).resolve():
-        raise UsageError(f"--out {out} is the input model's folder; ssacli never modifies its input")
+        raise UsageError(
+            f"--out {out} is the input model's folder; ssacli never modifies its input, choose another --out"
+        )
     if out.exists() and not overwrite:
         raise UsageError(
             f"--out {out} already exists; pass --overwrite to replace it, or choose another folder"
         )
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder path")
+    parent = out.absolute().parent
+    while not parent.exists():  # the nearest folder that exists is where the new ones are made
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(
+            f"cannot write --out {out}: {parent} is not a writable folder; choose another --out"
+        )
 
 
 def _replace(tmp: Path, out: Path) -> None:
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
+    """Rename ``tmp`` to ``out``; an old ``out`` is moved aside first and put back if that fails."""
+    if not out.exists():
         publish(tmp, out, directory=True)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
+        return
+    old = out.with_name(f".{out.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    out.rename(old)
+    try:
         publish(tmp, out, directory=True)
+    except BaseException:
+        if not out.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _spec_of(loaded: LoadedModel) -> str:

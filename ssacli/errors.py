@@ -9,8 +9,9 @@ from __future__ import annotations
 EXIT_INTERNAL = 1  # a bug
 EXIT_USAGE = 2  # bad command-line usage, option value or scorer spec
 EXIT_UNSUPPORTED = 3  # the model's attention cannot be routed through ssacli
-EXIT_INPUT = 4  # a model or file that is missing, unreadable or inconsistent
+EXIT_INPUT = 4  # a model or file missing, unreadable or inconsistent; an output that cannot be written
 EXIT_FAILED = 5  # the job ran but failed (e.g. training diverged)
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
 
 
 class SsacliError(Exception):
@@ -41,6 +42,13 @@ class InputError(SsacliError):
     exit_code = EXIT_INPUT
 
 
+class OutputError(SsacliError):
+    """An output (--out, --json, --html, a checkpoint) cannot be written: a read-only folder, a full
+    disk. Outputs are written to a temporary sibling and renamed, so the target is left as it was."""
+
+    exit_code = EXIT_INPUT
+
+
 class JobFailedError(SsacliError):
     """The job itself failed, e.g. training diverged."""
 
@@ -50,4 +58,10 @@ class JobFailedError(SsacliError):
 class InterruptedJobError(SsacliError):
     """A long job stopped on SIGINT/SIGTERM after writing a checkpoint it can resume from."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
+
+
+class InterruptError(SsacliError):
+    """Ctrl-C anywhere else: the command stopped, and left no half-written file (writes are atomic)."""
+
+    exit_code = EXIT_INTERRUPTED

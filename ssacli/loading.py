@@ -5,11 +5,14 @@ MODEL is one of: ``builtin:NAME`` (a checkpoint bundled with ssacli), a local fo
 a Hub id that is already in the local cache (nothing is downloaded unless ``allow_download``).
 
 Safe by default: weights load from safetensors; a pickle-only checkpoint is refused unless
-``allow_pickle`` (and then transformers loads it with ``weights_only=True``); remote code never runs.
+``allow_pickle`` (and then transformers loads it with ``weights_only=True``); a model that needs code
+from its repository (``auto_map`` in config.json) is refused unless ``trust_remote_code``.
 """
 
 from __future__ import annotations
 
+import json
+import pickle
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from .errors import InputError, UnsupportedModelError, UsageError
@@ -51,6 +55,16 @@ def resolve_model_path(ref: str) -> Path:
     if not path.is_dir():
         raise InputError(f"model path '{ref}' is a file; give the checkpoint folder that contains it")
     return path
+
+
+def local_model_path(ref: str) -> Path | None:
+    """The folder MODEL names, when it is a builtin or an existing local path (else None); never
+    raises, for cheap checks before loading."""
+    if ref.startswith(BUILTIN_PREFIX):
+        name = ref[len(BUILTIN_PREFIX) :]
+        return BUILTIN_DIR / name if name in builtin_names() else None
+    path = Path(ref).expanduser()
+    return path if path.exists() else None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -115,8 +129,12 @@ def load_model(
     dtype: str = "auto",
     allow_download: bool = False,
     allow_pickle: bool = False,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
-    """Load MODEL for probing (eval mode, eager attention until a scorer is applied)."""
+    """Load MODEL for probing (eval mode, eager attention until a scorer is applied).
+
+    ``trust_remote_code`` runs the Python code a checkpoint ships (transformers' option of that
+    name); only for checkpoints whose code you have read."""
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     local = ref.startswith(BUILTIN_PREFIX) or Path(ref).expanduser().exists() or not _HUB_ID.match(ref)
@@ -125,7 +143,13 @@ def load_model(
         from .icl.model import is_icl_checkpoint, load_icl
 
         if is_icl_checkpoint(path):
-            model = load_icl(path, dev)
+            try:
+                model = load_icl(path, dev)
+            except (OSError, SafetensorError) as err:
+                raise InputError(
+                    f"cannot read the weights of '{ref}': {_first_line(err)}; the file is corrupt or "
+                    "truncated, re-create or re-download the checkpoint"
+                ) from None
             if isinstance(torch_dtype, torch.dtype):
                 model = model.to(torch_dtype)
             return LoadedModel(model, ref, "icl-gpt2", "icl", None, 2 * model.spec.max_points, path)
@@ -137,7 +161,14 @@ def load_model(
         source: str | Path = path
     else:
         path, source = None, ref
-    return _load_transformers(ref, source, path, dev, torch_dtype, allow_download, allow_pickle)
+    options = {"allow_download": allow_download, "allow_pickle": allow_pickle, "trust": trust_remote_code}
+    loaded = _load_transformers(ref, source, path, dev, torch_dtype, **options)
+    if not _has_attention(loaded.model):
+        raise UnsupportedModelError(
+            f"'{ref}' (model family '{loaded.family}') has no attention layers (num_hidden_layers = 0?), "
+            "so there is nothing for ssacli to measure or swap; give a model with at least one layer"
+        )
+    return loaded
 
 
 def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
@@ -173,48 +204,81 @@ def _check_weights(path: Path, allow_pickle: bool) -> None:
     raise InputError(f"'{path}' has no weights (*.safetensors); is the checkpoint complete?")
 
 
-def _load_transformers(ref, source, path, device, torch_dtype, allow_download, allow_pickle) -> LoadedModel:
+def _has_attention(model: nn.Module) -> bool:
+    """Whether the model has a module that computes attention weights (what ssacli measures)."""
+    from .attention import attention_modules
+
+    return any(True for _ in attention_modules(model)) or any(
+        "Attention" in type(m).__name__ for m in model.modules()
+    )
+
+
+def _load_transformers(
+    ref, source, path, device, torch_dtype, *, allow_download: bool, allow_pickle: bool, trust: bool
+) -> LoadedModel:
     import transformers
     from transformers import AutoConfig, AutoModel
 
     offline = not allow_download
     try:
-        config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust)
     except ValueError as err:  # unknown model_type, or a config that needs remote code
         if "trust_remote_code" in str(err) or "remote code" in str(err):
             raise UnsupportedModelError(
-                f"'{ref}' needs custom code from its repository, which ssacli does not run"
+                f"'{ref}' needs custom code from its repository (auto_map in config.json), which ssacli "
+                "does not run by default; read that code, then pass --trust-remote-code to run it"
             ) from None
-        raise InputError(f"cannot read the config of '{ref}': {_first_line(err)}") from None
+        model_type = _config_model_type(path)
+        if model_type is not None and "does not recognize this architecture" in str(err):
+            raise InputError(
+                f"'{ref}' has model type '{model_type}', which transformers {transformers.__version__} "
+                "does not know; check model_type in its config.json, or upgrade transformers"
+            ) from None
+        raise InputError(
+            f"cannot read the config of '{ref}': {_first_line(err)}; check its config.json"
+        ) from None
     except OSError as err:
         if path is None and offline:
             raise InputError(
                 f"'{ref}' is neither a local folder nor in the Hugging Face cache; check the path, or "
                 "pass --allow-download to fetch it from the Hub"
             ) from None
-        raise InputError(f"cannot read the config of '{ref}': {_first_line(err)}") from None
+        raise InputError(
+            f"cannot read the config of '{ref}': {_first_line(err)}; check that the folder holds a "
+            "complete checkpoint"
+        ) from None
     cls = _model_class(config, transformers) or AutoModel
     kwargs = {
         "dtype": torch_dtype,
         "attn_implementation": "eager",
         "local_files_only": offline,
-        "trust_remote_code": False,
+        "trust_remote_code": trust,
     }
-    if not allow_pickle:
+    if allow_pickle:
+        kwargs["weights_only"] = True  # torch.load refuses anything but tensors and plain containers
+    else:
         kwargs["use_safetensors"] = True
     try:
         with quiet_progress():
             model = cls.from_pretrained(source, **kwargs)
-    except (OSError, ValueError, RuntimeError) as err:
+    except SafetensorError as err:  # a corrupt or truncated .safetensors file
+        raise InputError(
+            f"cannot load the weights of '{ref}': {_first_line(err)}; the file is corrupt or truncated, "
+            "re-create or re-download it"
+        ) from None
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         hint = "" if allow_pickle else " (only safetensors weights are read unless --allow-pickle)"
-        raise InputError(f"cannot load the weights of '{ref}': {_first_line(err)}{hint}") from None
+        raise InputError(
+            f"cannot load the weights of '{ref}': {_first_line(err)}{hint}; check that the checkpoint is "
+            "complete"
+        ) from None
     model = model.to(device).eval()
     spec = getattr(config, "ssacli_scorer", None)
     if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
         from .convert import attach_saved_scorer
 
         attach_saved_scorer(model, path, spec)
-    tokenizer = _tokenizer(source, path, offline)
+    tokenizer = _tokenizer(source, path, offline, trust)
     return LoadedModel(model, ref, config.model_type, _kind(model), tokenizer, _max_positions(config), path)
 
 
@@ -260,17 +324,28 @@ def _max_positions(config) -> int | None:
     return None
 
 
-def _tokenizer(source, path: Path | None, offline: bool):
+def _tokenizer(source, path: Path | None, offline: bool, trust: bool = False):
     if path is not None and not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=trust)
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
+def _config_model_type(path: Path | None) -> str | None:
+    """model_type as config.json spells it (None when unreadable)."""
+    if path is None:
+        return None
+    try:
+        value = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
+    return text[0].rstrip(". ") if text else type(err).__name__
