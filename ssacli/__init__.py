@@ -32,8 +32,8 @@ _LAZY = {
     "diagnose": "diagnosis",
     "load_model": "loading",
     "load": "loading",
-    "convert": "convert",
-    "save_model": "convert",
+    "convert": "conversion",
+    "save_model": "conversion",
     "DiagnoseResult": "results",
     "ProbeResult": "results",
     "compare_results": "results",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
     from .check import parse_requirement, run_check
     from .comparison import compare_models
-    from .convert import convert, save_model
+    from .conversion import convert, save_model
     from .diagnosis import diagnose
     from .evaluation import icl_error_by_sigma, language_model_loss, minimal_pairs
     from .loading import load, load_model

@@ -25,7 +25,9 @@ SCRATCH_RECORD = "scratch"  # key in ssacli.json: how the model was built
 def train_command(
     data: str = typer.Option(..., help="Training text: a .txt or .jsonl file, or a folder of them."),
     out: Path = typer.Option(..., help="Folder to write the model, tokenizer and checkpoints to."),
-    arch: str = typer.Option(None, help="gpt2 or llama (causal LM), roberta (masked LM)."),
+    arch: str = typer.Option(
+        None, help="gpt2 or llama (causal LM), roberta (masked LM); needed unless --size is a config."
+    ),
     size: str = typer.Option(
         None, help="tiny (default), small, or a config.json (its model_type: the arch)."
     ),
@@ -94,7 +96,7 @@ def train_command(
 
 def _recorded(out: Path) -> dict[str, Any] | None:
     """The build record of a from-scratch run saved in ``out`` (None when there is none)."""
-    from .convert import read_meta
+    from .conversion import read_meta
     from .train import training_record
 
     meta = read_meta(out) if out.is_dir() else None

@@ -73,7 +73,7 @@ def convert_command(
 
       ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./g --finetune --data c.txt --anneal-n 8
     """
-    from .convert import check_out, convert
+    from .conversion import check_out, convert
     from .loading import local_model_path
     from .scorers import make_scorer
 

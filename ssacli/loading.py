@@ -275,7 +275,7 @@ def _load_transformers(
     model = model.to(device).eval()
     spec = getattr(config, "ssacli_scorer", None)
     if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
-        from .convert import attach_saved_scorer
+        from .conversion import attach_saved_scorer
 
         attach_saved_scorer(model, path, spec)
     tokenizer = _tokenizer(source, path, offline, trust)

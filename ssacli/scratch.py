@@ -182,6 +182,8 @@ def training_texts(data: str | Path) -> list[str]:
 def _base_config(arch: str | None, size: str) -> tuple[dict[str, Any], str, str]:
     """(config dict from a file or {}, arch, kind) after checking the arch and size."""
     if size in SIZES:
+        if arch is None:
+            raise UsageError(f"--arch is needed with --size {size}: choose from {', '.join(ARCHS)}")
         if arch not in ARCHS:
             raise UsageError(f"unknown --arch '{arch}'; choose from {', '.join(ARCHS)}")
         return {}, arch, "masked" if arch == "roberta" else "causal"

@@ -17,7 +17,7 @@ What the loop sets up around itself (the process group, SIGINT/SIGTERM, n anneal
   exactly, ranks of a distributed run draw different data, and the caller's RNG is left alone.
   "Exactly" means bit for bit on the same hardware and thread count (CPU reductions depend on it).
 * Checkpoints every ``checkpoint_every`` steps and at the end go through
-  :func:`ssacli.convert.save_model` (atomic): the model, ``ssacli.json`` with the ``training``
+  :func:`ssacli.conversion.save_model` (atomic): the model, ``ssacli.json`` with the ``training``
   record, and ``trainer.safetensors`` (AdamW moments, step, anneal start values).
 * SIGINT/SIGTERM finish the current step, write a checkpoint and raise InterruptedJobError
   (exit 130); a second Ctrl-C stops at once (:class:`~ssacli.train_runtime.StopSignals`). A
@@ -45,7 +45,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from .convert import META_FILE, SCORER_KEY, TRAINER_FILE, read_meta, save_model
+from .conversion import META_FILE, SCORER_KEY, TRAINER_FILE, read_meta, save_model
 from .data import make_objective, seeded_rng, step_seeds
 from .errors import InputError, InterruptedJobError, JobFailedError, UsageError
 from .loading import BUILTIN_DIR, LoadedModel, load_model, resolve_device

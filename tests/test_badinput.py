@@ -74,8 +74,8 @@ def leftovers(folder: Path, name: str) -> list[Path]:
 
 
 def patch(monkeypatch, target: str, value) -> None:
-    """monkeypatch.setattr by 'module.name', resolving the module by import: ``ssacli.convert`` as
-    an attribute is also the package's convert() function."""
+    """monkeypatch.setattr by 'module.name', resolving the module by import (a submodule
+    attribute may also be shadowed by a function of the same name)."""
     module, _, name = target.rpartition(".")
     monkeypatch.setattr(importlib.import_module(module), name, value)
 
@@ -245,7 +245,7 @@ def test_convert_refuses_a_bad_scorer_before_loading(tmp_path, monkeypatch, caps
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the spec was checked")
 
-    patch(monkeypatch, "ssacli.convert.load_model", no_loading)
+    patch(monkeypatch, "ssacli.conversion.load_model", no_loading)
     for spec, words in (("nope", "unknown scorer"), ("ssa:init", "key=value")):
         args = ["convert", "builtin:every-softmax", "--scorer", spec, "--out", str(tmp_path / "out")]
         code, _, stderr = run_main(args, monkeypatch, capsys)
@@ -334,7 +334,7 @@ def test_disk_full_leaves_the_old_out_untouched(kind, model, models, tmp_path, m
     (out / "old.txt").write_text("the previous content")
     before = snapshot(out)
     # ICL checkpoints are written by ssacli.icl.model.save_icl, transformers ones by ssacli.convert
-    where = "ssacli.icl.model.save_file" if model.startswith("builtin:") else "ssacli.convert.save_file"
+    where = "ssacli.icl.model.save_file" if model.startswith("builtin:") else "ssacli.conversion.save_file"
     patch(monkeypatch, where, _disk_full(kind))
     ref = str(models.get(model, model))
     args = ["convert", ref, "--scorer", "ssa", "--out", str(out), "--overwrite"]
@@ -394,7 +394,7 @@ def test_cuda_without_cuda_is_a_usage_error(command, tmp_path, monkeypatch, caps
 # ---- 5. interruptions ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["ssacli.convert.save_file", "ssacli.convert.publish"])
+@pytest.mark.parametrize("where", ["ssacli.conversion.save_file", "ssacli.conversion.publish"])
 @pytest.mark.parametrize("existing", [False, True])
 def test_ctrl_c_while_convert_writes_leaves_nothing_half_written(
     where, existing, models, tmp_path, monkeypatch, capsys
@@ -429,7 +429,7 @@ def test_sigterm_while_convert_writes_ends_like_ctrl_c(models, tmp_path, monkeyp
         time.sleep(10)  # the handler raises before this ends
 
     previous = signal.getsignal(signal.SIGTERM)
-    patch(monkeypatch, "ssacli.convert.save_file", terminate)
+    patch(monkeypatch, "ssacli.conversion.save_file", terminate)
     args = ["convert", str(models["llama"]), "--scorer", "ssa", "--out", str(out)]
     code, _, stderr = run_main(args, monkeypatch, capsys)
     assert_one_line(stderr, code, EXIT_INTERRUPTED, "interrupted")

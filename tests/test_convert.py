@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import ssacli
-from ssacli.convert import FORMAT, META_FILE, SCORER_FILE, convert, fidelity, save_model
+from ssacli.conversion import FORMAT, META_FILE, SCORER_FILE, convert, fidelity, save_model
 from ssacli.errors import InputError, UnsupportedModelError, UsageError
 from ssacli.loading import LoadedModel, _kind, _max_positions
 
@@ -142,3 +142,15 @@ def test_corrupt_scorer_file_is_an_input_error(tmp_path):
     (out / SCORER_FILE).write_bytes((out / SCORER_FILE).read_bytes()[:40])
     with pytest.raises(InputError, match="corrupt or truncated"):
         ssacli.load(str(out))
+
+
+def test_public_functions_are_not_shadowed_by_submodules():
+    """Importing a submodule sets it as a package attribute; no public function may share a
+    submodule's name, or ``ssacli.NAME`` turns into the module after first use."""
+    import pkgutil
+
+    submodules = {info.name for info in pkgutil.iter_modules(ssacli.__path__)}
+    callables = {name for name in ssacli.__all__ if name[0].islower() and name != "__version__"}
+    assert not callables & submodules
+    for _ in range(2):
+        assert callable(ssacli.convert) and callable(ssacli.diagnose) and callable(ssacli.load)

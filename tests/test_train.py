@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 import ssacli
 import ssacli.cli_train  # noqa: F401  (registers convert and finetune on the app)
 from ssacli.cli import app
-from ssacli.convert import convert
+from ssacli.conversion import convert
 from ssacli.data import ICL_POINTS, TextData, mask_tokens, read_documents, split_heldout
 from ssacli.errors import InputError, InterruptedJobError, JobFailedError, UsageError
 from ssacli.icl.tasks import sample_batch
