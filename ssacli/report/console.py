@@ -323,7 +323,7 @@ def heatmap_tables(result: DiagnoseResult, probe: ProbeResult, metric: str, widt
     for start in range(0, grid.shape[1], per_table):
         heads = range(start, min(start + per_table, grid.shape[1]))
         table = Table(box=None, padding=0, pad_edge=False, show_edge=False)
-        table.add_column("layer", no_wrap=True, min_width=label_width)
+        table.add_column("layer\\head", no_wrap=True, min_width=label_width)
         for head in heads:
             table.add_column(str(head), justify="right", width=cell, no_wrap=True)
         for layer, label in enumerate(labels):
