@@ -177,9 +177,11 @@ def _config(options: dict[str, Any], recorded: dict[str, Any]):
 def _fidelity_line(report: dict[str, Any]) -> str:
     head = f"fidelity {report['from']} → {report['to']}:"
     if "kl_per_token" in report:
+        # ICL sign models report it per prediction (a Bernoulli per x), language models per token
+        unit = "prediction" if "relative_error" in report else "token"
         line = (
-            f"{head} KL {report['kl_per_token']:.3g} nats per token, top-1 agreement "
-            f"{report['top1_agreement']:.2%} over {report['tokens']} tokens"
+            f"{head} KL {report['kl_per_token']:.3g} nats per {unit}, top-1 agreement "
+            f"{report['top1_agreement']:.2%} over {report['tokens']} {unit}s"
         )
         if "relative_error" in report:
             line += f", relative error {report['relative_error']:.3g}"

@@ -96,6 +96,7 @@ def test_valid_requirements_parse(text, fields):
         assert getattr(req, key) == value, key
 
 
+@pytest.mark.badinput
 @pytest.mark.parametrize(
     "text, words",
     [
@@ -367,6 +368,7 @@ def _one_line_error(result, code, words):
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in result.output, result.output
 
 
+@pytest.mark.badinput
 def test_usage_and_input_errors_exit_2_without_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ssacli.toml here
     out = tmp_path / "c.json"
@@ -385,6 +387,7 @@ def test_usage_and_input_errors_exit_2_without_files(tmp_path, monkeypatch):
         assert not out.exists() and not list(tmp_path.glob(".c.json*")), args
 
 
+@pytest.mark.badinput
 def test_models_that_cannot_be_checked_exit_3(tmp_path, monkeypatch):
     config = AutoConfig.for_model("gpt_neo", vocab_size=64, num_layers=1, attention_types=[[["global"], 1]],
                                   hidden_size=16, num_heads=2, max_position_embeddings=32)  # fmt: skip

@@ -426,7 +426,7 @@ def test_cli_convert_prints_fidelity_and_writes_a_folder_that_reloads_identicall
     assert "softmax → ssa:init=faithful" in result.output and "KL" in result.output
     assert "top-1 agreement 100.00%" in result.output
     reference, report = convert("builtin:every-softmax", "ssa:init=faithful")
-    assert f"KL {report['kl_per_token']:.3g} nats per token" in result.output
+    assert f"KL {report['kl_per_token']:.3g} nats per prediction" in result.output
     tokens = sample_batch("every", 8, 30, generator=torch.Generator().manual_seed(5)).tokens
     with torch.no_grad():
         assert torch.equal(ssacli.load(str(out))(tokens), reference.model(tokens))
