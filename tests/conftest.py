@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,14 @@ def padded_batch():
     mask[2, 4:] = 0
     ids[mask == 0] = SPECIAL["pad_token_id"]
     return ids, mask
+
+
+def run_main(args, monkeypatch, capsys) -> tuple[int, str, str]:
+    """ssacli.cli.main in-process, as the `ssacli` console script runs it: (exit code, out, err)."""
+    from ssacli.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["ssacli", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err

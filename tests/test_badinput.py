@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import build_model
+from conftest import build_model, run_main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import SafetensorError
@@ -46,15 +46,6 @@ QUICK = ["--probe", "outlier:1", "--samples", "1", "--length", "4", "--random", 
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
-
-
-def run_main(args, monkeypatch, capsys) -> tuple[int, str, str]:
-    """ssacli.cli.main in-process, as the `ssacli` console script runs it."""
-    monkeypatch.setattr(sys, "argv", ["ssacli", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
 
 
 def assert_one_line(stderr: str, code: int, expected: int, *words: str) -> str:

@@ -19,14 +19,14 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, build_model
+from conftest import FAMILIES, VOCAB, build_model, run_main
 from transformers import AutoConfig, AutoModelForCausalLM
 from typer.testing import CliRunner
 
 import ssacli
 from ssacli import diagnose
 from ssacli.attention import SCORER_ATTR, apply_scorer, attention_modules, observing
-from ssacli.cli import app, main
+from ssacli.cli import app
 from ssacli.diagnosis import Recorder
 from ssacli.errors import EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE, UnsupportedModelError, UsageError
 from ssacli.loading import load_model
@@ -630,15 +630,6 @@ def test_cli_compare_deltas_are_b_minus_a(tmp_path):
     assert all(v is None for v in data["deltas"]["embed-scale"]["outlier_capture"])
     assert all(v is not None for v in data["deltas"]["outlier"]["outlier_capture"])
     assert data["a"]["scorer"] == "softmax" and data["b"]["scorer"] == "ssa:init=paper"
-
-
-def run_main(args, monkeypatch, capsys) -> tuple[int, str, str]:
-    """The console-script entry point in-process (ssacli.cli.main: one line and an exit code)."""
-    monkeypatch.setattr(sys, "argv", ["ssacli", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
 
 
 def _bad_inputs(tmp_path):

@@ -11,15 +11,15 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import sys
 
 import pytest
 import torch
+from conftest import run_main
 from typer.testing import CliRunner
 
 import ssacli.cli_report  # noqa: F401  (registers `ssacli report` on the app)
 from ssacli import diagnose
-from ssacli.cli import app, main
+from ssacli.cli import app
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE, InputError, UsageError
 from ssacli.evaluation import (
     compare_models,
@@ -417,14 +417,6 @@ def test_heldout_of_uses_the_last_tenth_of_the_training_data(tmp_path):
 def test_compare_models_refuses_models_of_two_kinds(tmp_path):
     with pytest.raises(InputError, match="compare models of one kind"):
         compare_models("builtin:every-softmax", save_lm(tmp_path / "lm", 0), probes=["outlier:1"])
-
-
-def run_main(args, monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["ssacli", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
 
 
 def test_report_errors_are_one_line_with_their_code_and_leave_no_file(tmp_path, monkeypatch, capsys):
