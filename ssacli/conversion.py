@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from .attention import SCORER_ATTR, apply_scorer, supports
 from .errors import InputError, OutputError, UnsupportedModelError, UsageError
 from .loading import LoadedModel, load_model, quiet_progress
-from .report.files import output_error, publish
+from .report.files import output_error, replace_folder
 
 FORMAT = "ssacli-model"
 FORMAT_VERSION = 1
@@ -135,7 +135,7 @@ def _write_model(loaded: LoadedModel, out: Path, meta, extra_tensors) -> None:
             **(meta or {}),
         }
         (tmp / META_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        _replace(tmp, out)
+        replace_folder(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -160,23 +160,6 @@ def check_out(out: Path, source: Path | None, overwrite: bool) -> None:
         raise OutputError(
             f"cannot write --out {out}: {parent} is not a writable folder; choose another --out"
         )
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``; an old ``out`` is moved aside first and put back if that fails."""
-    if not out.exists():
-        publish(tmp, out, directory=True)
-        return
-    old = out.with_name(f".{out.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    out.rename(old)
-    try:
-        publish(tmp, out, directory=True)
-    except BaseException:
-        if not out.exists():
-            old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _spec_of(loaded: LoadedModel) -> str:

@@ -335,6 +335,23 @@ def test_disk_full_leaves_the_old_out_untouched(kind, model, models, tmp_path, m
     assert leftovers(tmp_path, "out") == []
 
 
+@pytest.mark.parametrize("kind", ["oserror", "safetensors"])
+def test_disk_full_during_icl_train_leaves_the_old_checkpoint(kind, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "old.txt").write_text("the previous run")
+    before = snapshot(out)
+    patch(monkeypatch, "ssacli.icl.model.save_file", _disk_full(kind))
+    args = ["icl", "train", "--task", "every", "--steps", "2", "--checkpoint-every", "1", "--out", str(out)]
+    code, _, stderr = run_main([*args, "--overwrite", "--device", "cpu"], monkeypatch, capsys)
+    # icl train draws its progress bar on stderr too; the error is the one line after it
+    progress, _, error = stderr.rstrip("\n").rpartition("\n")
+    assert "Traceback" not in progress
+    assert_one_line(error + "\n", code, EXIT_INPUT, "cannot write", "No space left on device")
+    assert snapshot(out) == before
+    assert leftovers(tmp_path, "run") == []
+
+
 def test_disk_full_while_writing_json_leaves_no_file(tmp_path, monkeypatch, capsys):
     out = tmp_path / "r.json"
     out.write_text("old\n")
@@ -385,7 +402,7 @@ def test_cuda_without_cuda_is_a_usage_error(command, tmp_path, monkeypatch, caps
 # ---- 5. interruptions ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["ssacli.conversion.save_file", "ssacli.conversion.publish"])
+@pytest.mark.parametrize("where", ["ssacli.conversion.save_file", "ssacli.report.files.publish"])
 @pytest.mark.parametrize("existing", [False, True])
 def test_ctrl_c_while_convert_writes_leaves_nothing_half_written(
     where, existing, models, tmp_path, monkeypatch, capsys

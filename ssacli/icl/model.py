@@ -11,7 +11,6 @@ scorer, and later every diagnostic, applies unchanged. A checkpoint is a normal 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -19,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import GPT2Config, GPT2Model
 
 from ..attention import apply_scorer
 from ..errors import InputError, UsageError
-from ..report.files import publish
+from ..report.files import output_error, replace_folder
 from .tasks import check_task
 
 FORMAT = "ssacli-icl"
@@ -101,8 +101,11 @@ def save_icl(
 ) -> None:
     """Write the checkpoint folder atomically: a temp folder beside it, then a rename."""
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    except OSError as err:
+        raise output_error(directory, err) from err
     try:
         model.backbone.config.to_json_file(tmp / "config.json")
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -113,14 +116,9 @@ def save_icl(
             )
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(model.spec)}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-            publish(tmp, directory, directory=True)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            publish(tmp, directory, directory=True)
+        replace_folder(tmp, directory)
+    except (OSError, SafetensorError) as err:  # a full disk, a read-only folder: directory is as it was
+        raise output_error(directory, err) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

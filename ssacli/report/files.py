@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,22 @@ def write_text(text: str, path: str | Path) -> None:
 
 def write_json(data: Any, path: str | Path) -> None:
     write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", path)
+
+
+def replace_folder(tmp: str | Path, out: str | Path) -> None:
+    """Rename the finished folder ``tmp`` to ``out``; an old ``out`` is moved aside first and put
+    back if the rename fails or is interrupted, so ``out`` is always either old or new."""
+    tmp, out = Path(tmp), Path(out)
+    if not out.exists():
+        publish(tmp, out, directory=True)
+        return
+    old = out.with_name(f".{out.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    out.rename(old)
+    try:
+        publish(tmp, out, directory=True)
+    except BaseException:
+        if not out.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
