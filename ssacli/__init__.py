@@ -5,7 +5,10 @@ The public API (the CLI is a thin layer over it):
 * :func:`make_scorer`, :func:`describe_scorer`, :data:`SCORERS`: attention scorers (softmax, SSA, …)
   built from spec strings such as ``"ssa:init=faithful,m=256"``.
 * :func:`apply_scorer`, :func:`restore`, :func:`supports`, :func:`scorers_of`: run a transformers
-  model with any scorer in every attention layer, and go back.
+  model with any scorer in every attention layer, and go back; :func:`attention_backend` picks the
+  fused kernels (the default where no weights are needed) or the eager scorer.
+* :func:`ssa_attention`: fused SSA attention (blocked on CPU, flex_attention on CUDA), no [q, k]
+  weight matrix, forward and backward.
 * :func:`diagnose` -> :class:`DiagnoseResult`: probe a model with magnitude shifts and measure
   per-layer, per-head saturation; :func:`load_model` resolves MODEL references;
   :func:`compare_results` puts two results side by side.
@@ -29,6 +32,8 @@ _LAZY = {
     "supports": "attention",
     "scorers_of": "attention",
     "attention_modules": "attention",
+    "attention_backend": "attention",
+    "ssa_attention": "fused",
     "diagnose": "diagnosis",
     "load_model": "loading",
     "load": "loading",
@@ -47,12 +52,13 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from .attention import apply_scorer, attention_modules, restore, scorers_of, supports
+    from .attention import apply_scorer, attention_backend, attention_modules, restore, scorers_of, supports
     from .check import parse_requirement, run_check
     from .comparison import compare_models
     from .conversion import convert, save_model
     from .diagnosis import diagnose
     from .evaluation import icl_error_by_sigma, language_model_loss, minimal_pairs
+    from .fused import ssa_attention
     from .loading import load, load_model
     from .probes import parse_probe
     from .results import DiagnoseResult, ProbeResult, compare_results
@@ -75,6 +81,7 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "apply_scorer",
+    "attention_backend",
     "attention_modules",
     "compare_models",
     "compare_results",
@@ -96,5 +103,6 @@ __all__ = [
     "restore",
     "scorer_table",
     "scorers_of",
+    "ssa_attention",
     "supports",
 ]

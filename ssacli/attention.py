@@ -29,7 +29,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .errors import UnsupportedModelError
+from .errors import UnsupportedModelError, UsageError
 from .scorers import Scorer, make_scorer
 
 ATTENTION_NAME = "ssacli"
@@ -48,12 +48,13 @@ TESTED_FAMILIES = (
 
 
 def ssacli_mask(*args, **kwargs) -> torch.Tensor | None:
-    """transformers' boolean sdpa mask, always materialized.
+    """transformers' boolean sdpa mask (True = visible).
 
-    sdpa may return None for a causal mask and rely on ``is_causal``; ssacli scores every row
-    itself, so it asks for the explicit mask (sliding windows, padding and cache offsets included).
+    A plain causal mask (no padding, no window, q_len == k_len or 1) comes back as None, as for
+    sdpa: the attention function then knows it is causal from the module, and neither the fused
+    kernel nor the eager scorer needs an [L, L] tensor for it. Every other mask (padding, sliding
+    windows, cache offsets, bidirectional) is materialized, so the scorer sees it exactly.
     """
-    kwargs["allow_is_causal_skip"] = False
     kwargs["allow_is_bidirectional_skip"] = False
     return sdpa_mask(*args, **kwargs)
 
@@ -75,13 +76,18 @@ def ssacli_attention_forward(
             f"{type(module).__name__} has no ssacli scorer: use ssacli.apply_scorer(model, spec) "
             "instead of setting attn_implementation='ssacli' by hand"
         )
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    observer = _OBSERVER.get()
+    if observer is None:
+        # Before repeating K/V: the fused kernels handle grouped-query attention themselves.
+        output = _fused_output(module, scorer, query, key, value, attention_mask, scaling, dropout, kwargs)
+        if output is not None:
+            return output.transpose(1, 2).contiguous(), None
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    observer = _OBSERVER.get()
     if observer is not None:
         return _observed_attention(
             module, scorer, observer, query, key, value, attention_mask, scaling, kwargs
@@ -128,8 +134,9 @@ def _apply_mask(
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
         if not causal or q_total == 1:
             return logits, None
-        # Bottom-right aligned: with a KV cache the last query sits at the last key.
-        return logits, _causal_rows(rows, q_total, k_len, logits.device)
+        # Bottom-right aligned: with a KV cache the last query sits at the last key. [1, 1, q, k]
+        # like the masks transformers builds, so observers can read it the same way.
+        return logits, _causal_rows(rows, q_total, k_len, logits.device)[None, None]
     if mask.dim() == 4:
         mask = mask[..., :k_len]
         if mask.shape[-2] == q_total:
@@ -146,6 +153,79 @@ def _causal_rows(rows: slice, q_total: int, k_len: int, device: torch.device) ->
     """[q_rows, k] causal visibility, bottom-right aligned, for the query rows in ``rows``."""
     positions = torch.arange(k_len - q_total, k_len, device=device)[rows]
     return torch.arange(k_len, device=device).unsqueeze(0) <= positions.unsqueeze(1)
+
+
+# ---- the fused path -------------------------------------------------------------------------------
+
+BACKENDS = ("auto", "eager", "fused")
+_BACKEND: ContextVar[str] = ContextVar("ssacli_attention_backend", default="auto")
+
+
+@contextmanager
+def attention_backend(name: str) -> Iterator[str]:
+    """Within this block, ssacli attention runs on backend ``name``.
+
+    * ``auto`` (the default): the scorer's fused kernel (ssacli.fused: SDPA for softmax, the blocked
+      or flex SSA kernel) whenever nothing needs the weight matrix: not under ``observing`` (diagnose),
+      not with ``output_attentions``, no Gemma-2 softcap or T5 position bias, a boolean mask. The eager
+      scorer otherwise.
+    * ``eager``: always the scorer's own ``forward`` (the reference the fused kernels are tested on).
+    * ``fused``: the fused kernel, and a UsageError naming the reason where there is none.
+    """
+    if name not in BACKENDS:
+        raise UsageError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    token = _BACKEND.set(name)
+    try:
+        yield name
+    finally:
+        _BACKEND.reset(token)
+
+
+def _weights_requested() -> bool:
+    """Whether transformers is collecting attention weights in this forward (output_attentions)."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without output capturing: stay on the exact path
+        return True
+    collected = _active_collector.get()
+    return bool(collected) and any("attentions" in key for key in collected)
+
+
+def _eager_reason(scorer: Scorer, mask: torch.Tensor | None, kwargs: dict) -> str | None:
+    """Why this call must compute the weight matrix, or None if a fused kernel may run."""
+    if _weights_requested():
+        return "the attention weights were requested (output_attentions)"
+    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        return "the model adds a softcap or a position bias to the logits"
+    if mask is not None and mask.dtype != torch.bool:
+        return "the model passed a float attention mask"
+    if type(scorer).fused is Scorer.fused:
+        return f"scorer '{scorer.name}' has no fused kernel"
+    return None
+
+
+def _fused_output(module, scorer, query, key, value, mask, scaling, dropout, kwargs):
+    """The fused kernel's output [b, h, q, d], or None where this call takes the eager path."""
+    backend = _BACKEND.get()
+    if backend == "eager":
+        return None
+    reason = _eager_reason(scorer, mask, kwargs)
+    if reason is None:
+        if mask is None:
+            causal = kwargs.get("is_causal")
+            causal = getattr(module, "is_causal", False) if causal is None else causal
+        else:
+            mask, causal = mask[..., : key.shape[-2]], False
+        output = scorer.fused(
+            query, key, value, scale=scaling, causal=bool(causal), mask=mask,
+            dropout=dropout if module.training else 0.0,
+        )  # fmt: skip
+        if output is not None:
+            return output
+        reason = f"scorer '{scorer.name}' has no fused kernel for this call"
+    if backend == "fused":
+        raise UsageError(f"fused attention is not possible here: {reason}; use the auto or eager backend")
+    return None
 
 
 # ---- observing attention (diagnose) ---------------------------------------------------------------

@@ -40,14 +40,18 @@ def test_at_least_ten_families_are_covered():
     assert set(FAMILIES) == set(ssacli.attention.TESTED_FAMILIES)
 
 
+@pytest.mark.parametrize("backend", ["eager", "auto"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_softmax_matches_eager_on_padded_batch(family, padded_batch):
+def test_softmax_matches_eager_on_padded_batch(family, backend, padded_batch):
+    """Both the scorer's own forward (eager) and the fused kernel (auto: SDPA) equal the family's
+    eager path."""
     eager = build_model(family)
     ours = ssacli.apply_scorer(clone(eager), "softmax")
     assert ours.config._attn_implementation == ATTENTION_NAME
     ids, mask = padded_batch
     ref, valid = forward(eager, ids, mask)
-    got, _ = forward(ours, ids, mask)
+    with ssacli.attention_backend(backend):
+        got, _ = forward(ours, ids, mask)
     diff = max_diff_on_valid(ref, got, valid)
     assert diff <= TOL, f"{family}: max |ssacli - eager| = {diff:.3g} on valid positions"
 
@@ -127,7 +131,7 @@ def test_mask_function_reaches_the_scorer(padded_batch, monkeypatch):
 
         monkeypatch.setattr(scorer, "forward", spy)
     ids, mask = padded_batch
-    with torch.no_grad():
+    with torch.no_grad(), ssacli.attention_backend("eager"):
         model(input_ids=ids, attention_mask=mask)
     assert len(seen) == 2 and all(m is not None and m.dtype == torch.bool for m in seen)
     counts = seen[0][:, 0].sum(-1)  # [b, q]: visible keys per query

@@ -193,6 +193,26 @@ class Scorer(nn.Module):
         """Weights from clean logits ``x`` (masked entries are 0). Masked outputs are zeroed later."""
         raise NotImplementedError
 
+    # -- the fused path (ssacli.fused) ------------------------------------------------------------
+    def fused(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        scale: float,
+        causal: bool,
+        mask: torch.Tensor | None,
+        dropout: float,
+    ) -> torch.Tensor | None:
+        """Attention output [b, h, q, d] without forming the weights, or None: no fused kernel.
+
+        key/value are [b, h_kv, k, d] (not repeated for GQA); ``mask`` is bool [b|1, 1|h, q, k]
+        (True = visible) and ``causal`` bottom-right aligned. Must equal ``forward`` followed by
+        ``weights @ value`` (tests/test_fused.py checks outputs and gradients).
+        """
+        return None
+
 
 # ---- helpers shared by scorers ---------------------------------------------------------------------
 

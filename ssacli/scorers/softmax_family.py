@@ -11,6 +11,7 @@ import math
 import torch
 
 from ..errors import SpecError
+from ..fused import softmax_attention, ssa_attention
 from .base import (
     POSITIVE_EPS,
     SHARE,
@@ -43,6 +44,9 @@ class Softmax(Scorer):
     def score(self, x: torch.Tensor, visible: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         return masked_softmax(x, visible)
 
+    def fused(self, query, key, value, *, scale, causal, mask, dropout):
+        return softmax_attention(query, key, value, scale=scale, causal=causal, mask=mask, dropout=dropout)
+
 
 @register_scorer
 class Temperature(Scorer):
@@ -68,6 +72,13 @@ class Temperature(Scorer):
 
     def score(self, x, visible, inputs):
         return masked_softmax(x * self.per_head(torch.exp(-self.t_raw), x), visible)
+
+    def fused(self, query, key, value, *, scale, causal, mask, dropout):
+        # softmax(x / t): 1/t folded into the query, per head.
+        inverse_t = torch.exp(-self.t_raw).to(query.dtype).reshape(1, -1, 1, 1)
+        return softmax_attention(
+            query * inverse_t, key, value, scale=scale, causal=causal, mask=mask, dropout=dropout
+        )
 
 
 @register_scorer
@@ -123,6 +134,11 @@ class SSA(Scorer):
         # transform is smooth there with slope b.
         t = n * torch.where(x >= 0, torch.log1p(b * x.clamp_min(0)), -torch.log1p(-b * x.clamp_max(0)))
         return masked_softmax(t, visible)
+
+    def fused(self, query, key, value, *, scale, causal, mask, dropout):
+        return ssa_attention(
+            query, key, value, self.b, self.n, scale=scale, causal=causal, mask=mask, dropout=dropout
+        )
 
 
 @register_scorer
