@@ -25,16 +25,13 @@ import copy
 import gc
 import json
 import math
-import os
 import platform
-import resource
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 
 import torch
+from _common import measure_peak, run_child
 
 GOAL_TIME = 3.0  # diagnose() of one probe level <= 3 x the sdpa forward of the same batches
 GOAL_MEMORY = 1.25  # "roughly linear": peak ~ L^p with p <= 1.25 from the shortest to the longest length
@@ -200,23 +197,6 @@ def profile(scored, run_observed: Callable[[], None], args) -> None:
 # ---- memory ----------------------------------------------------------------------------------------
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM (and ru_maxrss) to the current RSS
-        return True
-    except OSError:
-        return False
-
-
 def child(args) -> None:
     """One measured call in this (fresh) process; prints a JSON line."""
     mode, length = args.child, args.length
@@ -235,28 +215,15 @@ def child(args) -> None:
 
     call(16)  # warm-up: library and kernel set-up, at a negligible footprint
     gc.collect()
-    before = _status_kb("VmRSS")
-    reset = _reset_peak()
-    start = time.perf_counter()
-    kept = call(length)  # noqa: F841  (the maps stay alive until the peak is read)
-    seconds = time.perf_counter() - start
-    peak = _status_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_mb": (peak - before) / 1024, "reset": reset, "seconds": seconds}))
+    print(json.dumps(measure_peak(lambda: call(length))))
 
 
 def measure(mode: str, length: int, args) -> dict | None:
-    command = [
-        sys.executable, __file__, "--child", mode, "--length", str(length), "--heads", str(args.heads),
+    arguments = [
+        "--child", mode, "--length", str(length), "--heads", str(args.heads),
         "--layers", str(args.layers), "--block-size", str(args.block_size),
     ]  # fmt: skip
-    env = dict(os.environ)
-    if not args.default_malloc:  # every tensor over 128 KiB is its own mapping, unmapped when freed
-        env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
-    if done.returncode != 0:
-        print(f"  [{mode} at {length} failed: {done.stderr.strip().splitlines()[-1:]}]")
-        return None
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(arguments, __file__, args.default_malloc)
 
 
 def memory_section(args) -> float | None:

@@ -7,25 +7,11 @@ ratios, not seconds). Not part of the test suite.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from _common import interleaved_best
 
 from ssacli.scorers import SCORERS, make_scorer
-
-
-def interleaved_best(fns: dict[str, callable], repeats: int) -> dict[str, float]:
-    """Best time of each function, timed in rounds (one call of each per round) so that a slow
-    spell of the machine hits every candidate alike."""
-    for fn in fns.values():
-        fn()  # warm-up
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def main() -> None:

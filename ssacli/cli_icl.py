@@ -38,6 +38,9 @@ def icl_train(
         None, help="Curriculum: steps between +2 points (default: end at half-way)."
     ),
     checkpoint_every: int = typer.Option(1000, min=1, help="Write a checkpoint every K steps."),
+    attention: str = typer.Option(
+        "auto", help="Attention kernels: auto (fused where no weights are needed), eager or fused."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a checkpoint already in --out."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
@@ -65,6 +68,7 @@ def icl_train(
         points_end=points_end,
         points_every=points_every,
         checkpoint_every=checkpoint_every,
+        attention=attention,
     )
     columns = [
         TextColumn("{task.description}"),

@@ -45,6 +45,9 @@ def train_command(
     seed: int = typer.Option(0, help="Seed of the weights and of the batches."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
     checkpoint_every: int = typer.Option(500, min=1, help="Write a checkpoint every K steps."),
+    attention: str = typer.Option(
+        "auto", help="Attention kernels: auto (fused where no weights are needed), eager or fused."
+    ),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out (same options, --steps may grow)."
     ),
@@ -79,7 +82,7 @@ def train_command(
         # seq_len: the model's positions, known once it is built (2 passes validation until then)
         data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len or 2, grad_accum=grad_accum,
         warmup=warmup, seed=seed, train="all", checkpoint_every=checkpoint_every,
-        weight_decay=weight_decay,
+        weight_decay=weight_decay, attention=attention,
     )  # fmt: skip
     config.validate()  # before the tokenizer is trained
     if recorded is not None:

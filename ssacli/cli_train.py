@@ -51,6 +51,9 @@ def convert_command(
     anneal_n: float = typer.Option(None, help="SSA: move n linearly to this value over the run (b = 1/n)."),
     checkpoint_every: int = typer.Option(None, min=1, help="Write a checkpoint every K steps (default 500)."),
     log_every: int = typer.Option(None, min=1, help="Record the loss every K steps (default 10)."),
+    attention: str = typer.Option(
+        None, help="Attention kernels: auto (fused where no weights are needed), eager, fused (default auto)."
+    ),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
     dtype: str = typer.Option("auto", help="auto (float32 on CPU and when fine-tuning), float32, bfloat16."),
     allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
@@ -80,7 +83,7 @@ def convert_command(
     options = _finetune_options(
         data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
         warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed, train=train,
-        anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
+        anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every, attention=attention,
     )  # fmt: skip
     if options and not do_finetune:
         raise UsageError(f"--{next(iter(options)).replace('_', '-')} only applies with --finetune")
@@ -128,6 +131,9 @@ def finetune_command(
     anneal_n: float = typer.Option(None, help="SSA: move n linearly to this value over the run (b = 1/n)."),
     checkpoint_every: int = typer.Option(None, min=1, help="Write a checkpoint every K steps (default 500)."),
     log_every: int = typer.Option(None, min=1, help="Record the loss every K steps (default 10)."),
+    attention: str = typer.Option(
+        None, help="Attention kernels: auto (fused where no weights are needed), eager, fused (default auto)."
+    ),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or step log."),
 ) -> None:
@@ -156,7 +162,7 @@ def finetune_command(
     options = _finetune_options(
         data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
         warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed, train=train,
-        anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
+        anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every, attention=attention,
     )  # fmt: skip
     config = _config(options, recorded)
     _run(model_dir, config, out, resume=resume, overwrite=overwrite, device=device, meta=None, quiet=quiet)

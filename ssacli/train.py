@@ -45,6 +45,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from .attention import BACKENDS, attention_backend
 from .conversion import META_FILE, SCORER_KEY, TRAINER_FILE, read_meta, save_model
 from .data import make_objective, seeded_rng, step_seeds
 from .errors import InputError, InterruptedJobError, JobFailedError, UsageError
@@ -56,7 +57,7 @@ MIN_LR_RATIO = 0.1  # the cosine schedule ends at 10 % of the peak learning rate
 CLIP_NORM = 1.0
 RATE_WINDOW = 20  # steps over which on_step's tokens/s is measured
 # Settings a resumed run may change; every other one must match the recorded run.
-_FREE = ("steps", "checkpoint_every", "log_every")
+_FREE = ("steps", "checkpoint_every", "log_every", "attention")
 
 
 @dataclass
@@ -76,6 +77,7 @@ class FinetuneConfig:
     weight_decay: float = 0.0
     schedule: str = "cosine"  # or "constant"
     objective: str = "auto"  # auto: causal LM, masked LM or the ICL loss, from the model's kind
+    attention: str = "auto"  # attention backend: auto (fused kernels), eager or fused
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "log_every"):
@@ -91,6 +93,8 @@ class FinetuneConfig:
             raise UsageError(f"--schedule takes cosine or constant, got {self.schedule!r}")
         if self.anneal_n is not None:
             positive_raw(self.anneal_n, "ssa", "--anneal-n target n")
+        if self.attention not in BACKENDS:
+            raise UsageError(f"--attention takes {', '.join(BACKENDS)}, got {self.attention!r}")
 
     def warmup_steps(self) -> int:
         return self.warmup if self.warmup is not None else min(100, self.steps // 20)
@@ -247,7 +251,7 @@ class _Run:
                 self.model, device_ids=ids, find_unused_parameters=True
             )
         self.model.train()
-        with StopSignals() as signals:
+        with StopSignals() as signals, attention_backend(config.attention):
             self._loop(net, optimizer, state, signals)
         return self._finish()
 

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 from torch.nn import functional as F
 
+from ..attention import BACKENDS, attention_backend
 from ..errors import InputError, JobFailedError, UsageError
 from ..loading import resolve_device
 from .model import ICLModel, ICLSpec, load_icl, save_icl
@@ -36,6 +37,7 @@ class TrainConfig:
     points_every: int | None = None  # steps between +2 points; None: reach the end at half-way
     checkpoint_every: int = 1000
     log_every: int = 50
+    attention: str = "auto"  # attention backend: auto (fused kernels), eager or fused
 
     def curriculum_every(self) -> int:
         if self.points_every is not None:
@@ -68,6 +70,8 @@ def train(
     existing checkpoint in ``out`` is only replaced when ``overwrite`` is set.
     """
     out = Path(out)
+    if config.attention not in BACKENDS:
+        raise UsageError(f"--attention takes {', '.join(BACKENDS)}, got {config.attention!r}")
     exists = (out / "ssacli.json").is_file()
     if exists and not (resume or overwrite):
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
@@ -100,31 +104,32 @@ def train(
         _load_optimizer(optimizer, out)
     previous_seconds = model.spec.training.get("seconds", 0.0) if start else 0.0
     began = time.perf_counter()
-    for step in range(start, config.steps):
-        points = config.points_at(step)
-        batch = sample_batch(config.task, config.batch_size, points, generator=generator, device=dev)
-        loss = loss_fn(config.task, model(batch.tokens), batch.ys)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        value = loss.item()
-        if not math.isfinite(value):
-            raise JobFailedError(
-                f"loss became {value} at step {step + 1}; lower --lr or check the scorer spec"
-            )
-        done = step + 1 == config.steps
-        if (step + 1) % config.log_every == 0 or step == 0 or done:
-            history.append([step + 1, round(value, 6), points])
-        if on_step is not None:
-            on_step(step + 1, value, points)
-        if done or (step + 1) % config.checkpoint_every == 0:
-            model.spec.training = {
-                "config": asdict(config),
-                "step": step + 1,
-                "seconds": round(previous_seconds + time.perf_counter() - began, 1),
-                "history": history,
-            }
-            save_icl(model, out, _trainer_tensors(optimizer, generator, step + 1))
+    with attention_backend(config.attention):  # fused kernels unless asked otherwise
+        for step in range(start, config.steps):
+            points = config.points_at(step)
+            batch = sample_batch(config.task, config.batch_size, points, generator=generator, device=dev)
+            loss = loss_fn(config.task, model(batch.tokens), batch.ys)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            value = loss.item()
+            if not math.isfinite(value):
+                raise JobFailedError(
+                    f"loss became {value} at step {step + 1}; lower --lr or check the scorer spec"
+                )
+            done = step + 1 == config.steps
+            if (step + 1) % config.log_every == 0 or step == 0 or done:
+                history.append([step + 1, round(value, 6), points])
+            if on_step is not None:
+                on_step(step + 1, value, points)
+            if done or (step + 1) % config.checkpoint_every == 0:
+                model.spec.training = {
+                    "config": asdict(config),
+                    "step": step + 1,
+                    "seconds": round(previous_seconds + time.perf_counter() - began, 1),
+                    "history": history,
+                }
+                save_icl(model, out, _trainer_tensors(optimizer, generator, step + 1))
     return model.eval()
 
 

@@ -1,0 +1,309 @@
+"""SSA attention (eager, fused) against softmax attention (eager, SDPA), side by side in one run.
+Not part of the test suite; machines here are noisy, so compare the ratios, not the seconds.
+
+    python benchmarks/attention.py                  # the table of docs/performance.md
+    python benchmarks/attention.py --quick          # B=1, T in {256, 1024}
+    python benchmarks/attention.py --device cuda    # the GPU table (scripts/gpu_bench.sh)
+    python benchmarks/attention.py --profile        # where the fused forward's time goes (T=1024)
+    python benchmarks/attention.py --crossover      # when compiling the block kernels pays
+
+Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32 (CPU) or bf16
+(CUDA). Candidates, timed in interleaved rounds (best of --repeats, after one warm-up call each):
+
+* sdpa: torch.nn.functional.scaled_dot_product_attention, softmax (FlashAttention on CUDA);
+* softmax eager / ssa eager: what ssacli's eager path computes inside a model: logits q·kᵀ·scale,
+  the scorer (ssacli.make_scorer) over the explicit boolean mask, weights @ v;
+* ssa fused: ssacli.ssa_attention (blocked kernel with compiled block math on CPU, flex_attention
+  on CUDA).
+
+"fwd" is one forward under no_grad; "fwd+bwd" a forward with grad then backward of out.sum() into
+q, k, v (and b, n for SSA). Eager candidates whose [B, H, T, T] weights would exceed --eager-max-gb
+are skipped (the reason is printed). Peak memory (CPU): fwd+bwd, B = 1, causal, each in a fresh
+process (benchmarks/_common.py); CUDA: torch.cuda.max_memory_allocated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import torch
+from _common import interleaved_best, measure_peak, run_child
+from torch.nn import functional as F
+
+from ssacli import fused
+from ssacli.scorers import make_scorer
+
+HEADS, DIM = 8, 64
+GOALS = {"cpu": {"fwd": 1.5, "fwd+bwd": 2.0}, "cuda": {"fwd": 1.3, "fwd+bwd": 1.5}}
+B_SSA, N_SSA = 0.8, 1.5  # the paper's init
+
+
+def make_inputs(batch, length, device, dtype, grad):
+    gen = torch.Generator().manual_seed(0)
+    shape = (batch, HEADS, length, DIM)
+    q, k, v = (torch.randn(shape, generator=gen).to(device, dtype).requires_grad_(grad) for _ in range(3))
+    return q, k, v
+
+
+def candidates(batch, length, causal, device, dtype, eager_max_gb):
+    """name -> (forward fn(q, k, v, params), params) for every candidate that fits."""
+    scale = DIM**-0.5
+    ssa_scorer = make_scorer(f"ssa:b={B_SSA},n={N_SSA}", num_heads=HEADS).to(device)
+    softmax_scorer = make_scorer("softmax")
+    b = torch.full((HEADS,), B_SSA, device=device)
+    n = torch.full((HEADS,), N_SSA, device=device)
+    visible = None
+    if causal:
+        visible = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+    def eager(scorer):
+        def run(q, k, v):
+            logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+            return torch.matmul(scorer(logits, visible).to(v.dtype), v)
+
+        return run
+
+    found = {
+        "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        "softmax eager": eager(softmax_scorer),
+        "ssa eager": eager(ssa_scorer),
+        "ssa fused": lambda q, k, v: fused.ssa_attention(q, k, v, b, n, scale=scale, causal=causal),
+    }
+    weights_gb = batch * HEADS * length * length * 4 / 2**30
+    skipped = {}
+    if weights_gb > eager_max_gb:
+        for name in ("softmax eager", "ssa eager"):
+            found.pop(name)
+            skipped[name] = f"{weights_gb:.1f} GB of weights > --eager-max-gb {eager_max_gb:g}"
+    params = {"ssa eager": list(ssa_scorer.parameters()), "ssa fused": [b, n]}
+    return found, params, skipped
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_shape(batch, length, causal, args, dtype):
+    found, params, skipped = candidates(batch, length, causal, args.device, dtype, args.eager_max_gb)
+    q, k, v = make_inputs(batch, length, args.device, dtype, grad=False)
+    qg, kg, vg = make_inputs(batch, length, args.device, dtype, grad=True)
+
+    def forward(fn):
+        def run():
+            with torch.no_grad():
+                fn(q, k, v)
+            sync(args.device)
+
+        return run
+
+    def forward_backward(name, fn):
+        leaves = [qg, kg, vg] + [p.requires_grad_() for p in params.get(name, [])]
+
+        def run():
+            out = fn(qg, kg, vg)
+            torch.autograd.grad(out.float().sum(), leaves)
+            sync(args.device)
+
+        return run
+
+    repeats = args.repeats if batch * length <= 8 * 1024 else max(2, args.repeats // 2)
+    rows = {"fwd": interleaved_best({k: forward(f) for k, f in found.items()}, repeats)}
+    rows["fwd+bwd"] = interleaved_best({k: forward_backward(k, f) for k, f in found.items()}, repeats)
+    return rows, skipped
+
+
+def memory_child(args) -> None:
+    """One fwd+bwd in this fresh process (CPU); prints {"peak_mb", ...}."""
+    name, length = args.child, args.length
+
+    def call(size):
+        found, params, _ = candidates(1, size, True, "cpu", torch.float32, eager_max_gb=1e9)
+        q, k, v = make_inputs(1, size, "cpu", torch.float32, grad=True)
+        leaves = [q, k, v] + [p.requires_grad_() for p in params.get(name, [])]
+        return lambda: torch.autograd.grad(found[name](q, k, v).sum(), leaves)
+
+    call(64)()  # warm-up: kernels compiled, libraries loaded, at a negligible footprint
+    measured = call(length)
+    print(json.dumps(measure_peak(measured)))
+
+
+def memory_table(args, lengths, names) -> dict:
+    peaks = {}
+    for length in lengths:
+        for name in names:
+            if name != "sdpa" and "eager" in name and HEADS * length * length * 4 / 2**30 > args.eager_max_gb:
+                continue
+            if args.device == "cuda":
+                found, params, _ = candidates(1, length, True, "cuda", torch.bfloat16, 1e9)
+                q, k, v = make_inputs(1, length, "cuda", torch.bfloat16, grad=True)
+                leaves = [q, k, v] + [p.requires_grad_() for p in params.get(name, [])]
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                torch.autograd.grad(found[name](q, k, v).float().sum(), leaves)
+                torch.cuda.synchronize()
+                peaks[(name, length)] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            else:
+                result = run_child(["--child", name, "--length", str(length)], __file__)
+                peaks[(name, length)] = result and result["peak_mb"]
+    return peaks
+
+
+def describe_machine(device) -> str:
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
+        f"{torch.get_num_threads()}, torch {torch.__version__}, Python {platform.python_version()}"
+    )
+
+
+def main_table(args) -> None:
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    batches = [1] if args.quick else [1, 8]
+    lengths = [256, 1024] if args.quick else [256, 1024, 4096]
+    print(f"machine: {describe_machine(args.device)}")
+    print(f"H={HEADS} D={DIM} {dtype}; best of interleaved rounds; x = time / sdpa time\n")
+    names = ["sdpa", "softmax eager", "ssa eager", "ssa fused"]
+    header = f"{'B':>2} {'T':>5} {'causal':>6} {'pass':>8} {'sdpa ms':>9} " + " ".join(
+        f"{n + ' x':>15}" for n in names[1:]
+    )
+    print(header)
+    summary = {}
+    for batch in batches:
+        for length in lengths:
+            for causal in (True, False):
+                rows, skipped = time_shape(batch, length, causal, args, dtype)
+                for kind, best in rows.items():
+                    base = best["sdpa"]
+                    cells = [
+                        f"{best[n] / base:15.2f}" if n in best else f"{'skipped':>15}" for n in names[1:]
+                    ]
+                    print(
+                        f"{batch:>2} {length:>5} {causal!s:>6} {kind:>8} {base * 1e3:9.2f} " + " ".join(cells)
+                    )
+                    summary[(batch, length, causal, kind)] = best["ssa fused"] / base
+                for name, why in skipped.items():
+                    print(f"{'':>33}{name} skipped: {why}")
+                sys.stdout.flush()
+    goals = GOALS[args.device]
+    print("\ngoals at T=1024 (fused SSA / SDPA softmax):")
+    for kind, goal in goals.items():
+        got = [summary[(b, 1024, c, kind)] for b in batches for c in (True, False)]
+        verdict = "met" if max(got) <= goal else "MISSED"
+        print(f"  {kind:>8}: {', '.join(f'{x:.2f}x' for x in got)} (goal <= {goal}x) -> {verdict}")
+    mem_lengths = [256, 1024] if args.quick else [256, 1024, 4096]
+    print("\npeak memory of fwd+bwd, B=1, causal, MB over the memory before the call:")
+    peaks = memory_table(args, mem_lengths, names)
+    print(f"{'T':>5} " + " ".join(f"{n:>14}" for n in names))
+    for length in mem_lengths:
+        cells = []
+        for name in names:
+            value = peaks.get((name, length))
+            cells.append(f"{value:14.1f}" if value is not None else f"{'-':>14}")
+        print(f"{length:>5} " + " ".join(cells))
+    first, last = mem_lengths[0], mem_lengths[-1]
+    if peaks.get(("ssa fused", first)) and peaks.get(("ssa fused", last)):
+        growth = peaks[("ssa fused", last)] / peaks[("ssa fused", first)]
+        exponent = math.log(growth) / math.log(last / first)
+        print(
+            f"ssa fused: x{growth:.1f} from T={first} to T={last} (linear x{last // first}, quadratic "
+            f"x{(last // first) ** 2}): grows as T^{exponent:.2f}"
+        )
+
+
+def profile(args) -> None:
+    """Operator profile of the fused forward at B=1, T=1024, causal, next to SDPA."""
+    from torch.profiler import profile as torch_profile
+
+    q, k, v = make_inputs(1, 1024, args.device, torch.float32, grad=False)
+    b, n = torch.full((HEADS,), B_SSA), torch.full((HEADS,), N_SSA)
+    with torch.no_grad():
+        for _ in range(3):
+            fused.ssa_attention(q, k, v, b, n, causal=True)
+        best = interleaved_best(
+            {
+                "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                "ssa fused": lambda: fused.ssa_attention(q, k, v, b, n, causal=True),
+                "log1p alone, 1 pass over T*T/2 logits": lambda: torch.log1p(torch.rand(1, HEADS, 512, 1024)),
+                "exp alone, same": lambda: torch.exp(torch.rand(1, HEADS, 512, 1024)),
+            },
+            args.repeats,
+        )
+        for name, seconds in best.items():
+            print(f"{name:>40}: {seconds * 1e3:7.2f} ms")
+        with torch_profile() as prof:
+            for _ in range(5):
+                fused.ssa_attention(q, k, v, b, n, causal=True)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+def crossover(args) -> None:
+    """Per-call time of the blocked kernel with eager vs compiled block math, and compile cost."""
+    q, k, v = make_inputs(2, 64, "cpu", torch.float32, grad=True)
+
+    def first(compiled):
+        start = time.perf_counter()
+        fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=True, compile=compiled).sum().backward()
+        return time.perf_counter() - start
+
+    first(False)  # libraries loaded
+    compile_cost = first(True) - first(False)
+    print(
+        f"compiling the forward and backward block kernels: {compile_cost:.1f} s (cold the first time on "
+        "a machine; later processes reuse torch's on-disk inductor cache)"
+    )
+    columns = ("logits", "eager ms", "compiled ms", "saved ms", "calls to repay")
+    print(f"{'B':>2} {'T':>5} " + " ".join(f"{c:>{max(9, len(c))}}" for c in columns))
+    for batch, length in [(8, 32), (8, 64), (8, 128), (8, 256), (1, 512), (8, 512), (1, 1024), (8, 1024)]:
+        q, k, v = make_inputs(batch, length, "cpu", torch.float32, grad=True)
+
+        def step(compiled, q=q, k=k, v=v):
+            def run():
+                out = fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=True, compile=compiled)
+                torch.autograd.grad(out.sum(), (q, k, v))
+
+            return run
+
+        best = interleaved_best({"eager": step(False), "compiled": step(True)}, args.repeats)
+        saved = best["eager"] - best["compiled"]
+        repay = f"{compile_cost / saved:14.0f}" if saved > 0 else f"{'never':>14}"
+        print(
+            f"{batch:>2} {length:>5} {batch * HEADS * length * length:>9} {best['eager'] * 1e3:9.2f} "
+            f"{best['compiled'] * 1e3:11.2f} {saved * 1e3:9.2f} {repay}"
+        )
+    print("(calls to repay: the compile time above divided by the time saved per fwd+bwd call)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="B=1, T in {256, 1024} only")
+    parser.add_argument("--eager-max-gb", type=float, default=1.0, help="skip eager above this weight size")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--crossover", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    if args.child:
+        memory_child(args)
+    elif args.profile:
+        profile(args)
+    elif args.crossover:
+        crossover(args)
+    else:
+        main_table(args)
+
+
+if __name__ == "__main__":
+    main()
