@@ -6,6 +6,7 @@ Not part of the test suite; machines here are noisy, so compare the ratios, not 
     python benchmarks/attention.py --device cuda    # the GPU table (scripts/gpu_bench.sh)
     python benchmarks/attention.py --profile        # where the fused forward's time goes (T=1024)
     python benchmarks/attention.py --crossover      # when compiling the block kernels pays
+    python benchmarks/attention.py --check          # fused vs eager, outputs and gradients
 
 Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32 (CPU) or bf16
 (CUDA). Candidates, timed in interleaved rounds (best of --repeats, after one warm-up call each):
@@ -282,6 +283,54 @@ def crossover(args) -> None:
     print("(calls to repay: the compile time above divided by the time saved per fwd+bwd call)")
 
 
+def check(args) -> bool:
+    """Fused SSA against the eager scorer on this device: outputs and the gradients of q, k, v, b, n
+    (fp32; outputs within 1e-4, gradients within 1e-3, relative to the largest reference value)."""
+    ok = True
+    backends = ["blocked"] + (["flex"] if args.device == "cuda" else [])
+    cases = [  # (B, H, H_kv, Q, K, causal, padding)
+        (2, 8, 8, 257, 257, True, False), (2, 8, 2, 200, 200, True, True),
+        (1, 8, 8, 100, 300, True, False), (2, 8, 4, 130, 130, False, True),
+    ]  # fmt: skip
+    for backend in backends:
+        for batch, heads, kv_heads, q_len, k_len, causal, padding in cases:
+            gen = torch.Generator().manual_seed(0)
+            q = torch.randn(batch, heads, q_len, DIM, generator=gen).to(args.device).requires_grad_()
+            k = torch.randn(batch, kv_heads, k_len, DIM, generator=gen).to(args.device).requires_grad_()
+            v = torch.randn(batch, kv_heads, k_len, DIM, generator=gen).to(args.device).requires_grad_()
+            scorer = make_scorer("ssa:b=0.8,n=1.5", num_heads=heads).to(args.device)
+            with torch.no_grad():  # per-head values, so a head mix-up would show
+                scorer.b_raw.add_(torch.linspace(-0.5, 0.5, heads, device=args.device))
+                scorer.n_raw.add_(torch.linspace(0.5, -0.5, heads, device=args.device))
+            mask = None
+            if padding:  # the first 7 keys of batch row 0 are padding
+                mask = torch.ones(batch, 1, q_len, k_len, dtype=torch.bool, device=args.device)
+                mask[0, :, :, :7] = False
+            visible = torch.ones(q_len, k_len, dtype=torch.bool, device=args.device)
+            if causal:
+                visible = visible.tril(k_len - q_len)
+            visible = visible if mask is None else visible & mask
+            groups = heads // kv_heads
+            logits = torch.matmul(q, k.repeat_interleave(groups, 1).transpose(-1, -2)) * DIM**-0.5
+            reference = torch.matmul(scorer(logits, visible), v.repeat_interleave(groups, 1))
+            got = fused.ssa_attention(q, k, v, scorer.b, scorer.n, causal=causal, mask=mask, backend=backend)
+            upstream = torch.randn_like(reference)
+            leaves = (q, k, v, scorer.b_raw, scorer.n_raw)
+            ref_grads = torch.autograd.grad(reference, leaves, upstream)
+            got_grads = torch.autograd.grad(got, leaves, upstream)
+            errors = [(got - reference).abs().max() / reference.abs().max().clamp_min(1)]
+            errors += [(g - r).abs().max() / r.abs().max().clamp_min(1) for g, r in zip(got_grads, ref_grads)]
+            errors = [float(e.detach()) for e in errors]
+            passed = errors[0] <= 1e-4 and max(errors[1:]) <= 1e-3
+            ok &= passed
+            print(
+                f"{'PASS' if passed else 'FAIL'} {backend:>7} B={batch} H={heads}/{kv_heads} Q={q_len} "
+                f"K={k_len} causal={causal} padding={padding}: out {errors[0]:.1e}, grads q k v b n "
+                + " ".join(f"{e:.1e}" for e in errors[1:])
+            )
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -290,11 +339,16 @@ def main() -> None:
     parser.add_argument("--eager-max-gb", type=float, default=1.0, help="skip eager above this weight size")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--crossover", action="store_true")
+    parser.add_argument(
+        "--check", action="store_true", help="fused vs eager outputs and gradients, then exit"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    if args.check:
+        sys.exit(0 if check(args) else 1)
     if args.child:
         memory_child(args)
     elif args.profile:
