@@ -74,13 +74,19 @@ def ssa_attention(
         raise ValueError(
             f"bad shapes: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
         )
-    if mask is not None and mask.dtype != torch.bool:
-        raise TypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+        # A view with full query and key axes: the kernels slice blocks out of it.
+        mask = mask.expand(mask.shape[0], mask.shape[1], q_len, k_len)
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     scale = dim**-0.5 if scale is None else scale
+    causal = causal and q_len > 1  # one query, bottom-right aligned, sees every key (cache decoding)
     dtype = torch.promote_types(query.dtype, torch.float32)
     b = _per_head(b, heads, dtype, query.device)
     n = _per_head(n, heads, dtype, query.device)
@@ -147,6 +153,8 @@ def flex_ssa(query, key, value, b, n, *, scale, causal=False, mask=None, window=
 
     if "fn" not in _FLEX:
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    if not torch.is_grad_enabled():  # flex refuses CPU inputs that require grad, even without grad
+        query, key, value = query.detach(), key.detach(), value.detach()
     batch, heads, q_len, _ = query.shape
     k_len, offset = key.shape[-2], key.shape[-2] - query.shape[-2]
     # b·scale folded into q as in the blocked path; score = y = b·x.
@@ -170,9 +178,16 @@ def flex_ssa(query, key, value, b, n, *, scale, causal=False, mask=None, window=
                 keep = keep & full[bi, h, qi, ki]
             return keep
 
-        mask_batch = None if full is None else batch
-        mask_heads = None if full is None else heads
-        block_mask = create_block_mask(mask_mod, mask_batch, mask_heads, q_len, k_len, device=query.device)
+        if full is None:  # structure only: the same block mask serves every later call of this shape
+            key_ = ("block_mask", causal, window, q_len, k_len, str(query.device))
+            if key_ not in _FLEX:
+                if len(_FLEX) > 64:  # many shapes (growing prompts): keep only the compiled function
+                    _FLEX.clear()
+                    _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+                _FLEX[key_] = create_block_mask(mask_mod, None, None, q_len, k_len, device=query.device)
+            block_mask = _FLEX[key_]
+        else:
+            block_mask = create_block_mask(mask_mod, batch, heads, q_len, k_len, device=query.device)
     fn = _FLEX["fn"] if query.is_cuda else flex_attention
     out = fn(
         scaled, key, value, score_mod=score_mod, block_mask=block_mask, scale=1.0,

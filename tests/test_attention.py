@@ -211,7 +211,7 @@ def test_missing_mask_on_a_causal_module_is_bottom_right_causal():
     logits = torch.randn(1, 2, 3, 5)
     _, visible = _apply_mask(logits, None, module, None)
     expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
-    assert torch.equal(visible, expected)
+    assert visible.shape == (1, 1, 3, 5) and torch.equal(visible[0, 0], expected)  # 4-D like HF masks
     module.is_causal = False
     assert _apply_mask(logits, None, module, None)[1] is None
     assert _apply_mask(logits[..., :1, :], None, module, True)[1] is None  # one query sees all
