@@ -7,6 +7,7 @@ Not part of the test suite; machines here are noisy, so compare the ratios, not 
     python benchmarks/attention.py --profile        # where the fused forward's time goes (T=1024)
     python benchmarks/attention.py --crossover      # when compiling the block kernels pays
     python benchmarks/attention.py --check          # fused vs eager, outputs and gradients
+    python benchmarks/attention.py --memory         # only the peak-memory table
 
 Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32 (CPU) or bf16
 (CUDA). Candidates, timed in interleaved rounds (best of --repeats, after one warm-up call each):
@@ -20,12 +21,14 @@ Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32
 "fwd" is one forward under no_grad; "fwd+bwd" a forward with grad then backward of out.sum() into
 q, k, v (and b, n for SSA). Eager candidates whose [B, H, T, T] weights would exceed --eager-max-gb
 are skipped (the reason is printed). Peak memory (CPU): fwd+bwd, B = 1, causal, each in a fresh
-process (benchmarks/_common.py); CUDA: torch.cuda.max_memory_allocated.
+process (benchmarks/_common.py), after one warm-up call of the same shape (so compiling is not
+counted); CUDA: torch.cuda.max_memory_allocated.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -130,8 +133,9 @@ def memory_child(args) -> None:
         leaves = [q, k, v] + [p.requires_grad_() for p in params.get(name, [])]
         return lambda: torch.autograd.grad(found[name](q, k, v).sum(), leaves)
 
-    call(64)()  # warm-up: kernels compiled, libraries loaded, at a negligible footprint
     measured = call(length)
+    measured()  # warm-up at the same shape: kernels compiled, libraries loaded; freed again
+    gc.collect()
     print(json.dumps(measure_peak(measured)))
 
 
@@ -200,6 +204,10 @@ def main_table(args) -> None:
         got = [summary[(b, 1024, c, kind)] for b in batches for c in (True, False)]
         verdict = "met" if max(got) <= goal else "MISSED"
         print(f"  {kind:>8}: {', '.join(f'{x:.2f}x' for x in got)} (goal <= {goal}x) -> {verdict}")
+    memory_section(args, names)
+
+
+def memory_section(args, names) -> None:
     mem_lengths = [256, 1024] if args.quick else [256, 1024, 4096]
     print("\npeak memory of fwd+bwd, B=1, causal, MB over the memory before the call:")
     peaks = memory_table(args, mem_lengths, names)
@@ -227,14 +235,16 @@ def profile(args) -> None:
     q, k, v = make_inputs(1, 1024, args.device, torch.float32, grad=False)
     b, n = torch.full((HEADS,), B_SSA), torch.full((HEADS,), N_SSA)
     with torch.no_grad():
+        half = torch.rand(1, HEADS, 512, 1024)  # as many logits as a causal T=1024 call scores
         for _ in range(3):
             fused.ssa_attention(q, k, v, b, n, causal=True)
         best = interleaved_best(
             {
                 "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                 "ssa fused": lambda: fused.ssa_attention(q, k, v, b, n, causal=True),
-                "log1p alone, 1 pass over T*T/2 logits": lambda: torch.log1p(torch.rand(1, HEADS, 512, 1024)),
-                "exp alone, same": lambda: torch.exp(torch.rand(1, HEADS, 512, 1024)),
+                "log1p alone, 1 pass over T*T/2 logits": lambda: torch.log1p(half),
+                "exp alone, same": lambda: torch.exp(half),
+                "q.kT alone, all T*T logits (bmm)": lambda: torch.matmul(q, k.transpose(-1, -2)),
             },
             args.repeats,
         )
@@ -342,6 +352,7 @@ def main() -> None:
     parser.add_argument(
         "--check", action="store_true", help="fused vs eager outputs and gradients, then exit"
     )
+    parser.add_argument("--memory", action="store_true", help="only the peak-memory table")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -355,6 +366,8 @@ def main() -> None:
         profile(args)
     elif args.crossover:
         crossover(args)
+    elif args.memory:
+        memory_section(args, ["sdpa", "softmax eager", "ssa eager", "ssa fused"])
     else:
         main_table(args)
 

@@ -358,7 +358,17 @@ class BlockedSSA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, n, mask, causal, window, rows, keys, compiled, dropout, seed):
+    def forward(ctx, query, key, value, n, mask, *geometry):
+        with torch.autocast(query.device.type, enabled=False):  # fp32 block math under autocast too
+            return BlockedSSA._forward(ctx, query, key, value, n, mask, *geometry)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return BlockedSSA._backward(ctx, grad_out)
+
+    @staticmethod
+    def _forward(ctx, query, key, value, n, mask, causal, window, rows, keys, compiled, dropout, seed):
         kv_heads = key.shape[1]
         q5 = _group(query, kv_heads)
         batch, _, groups, q_len, dim = q5.shape
@@ -395,7 +405,7 @@ class BlockedSSA(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def _backward(ctx, grad_out):
         query, key, value, n, out, lse = ctx.saved_tensors
         mask5, plan, compiled = ctx.mask, ctx.plan, ctx.compiled
         kv_heads = key.shape[1]

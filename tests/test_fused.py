@@ -240,6 +240,22 @@ def test_python_float_parameters_and_the_default_scale():
     assert_close(out, naive_ssa(q, k, v, 0.8, 1.5, scale=case.dim**-0.5, causal=True), OUT_TOL, "output")
 
 
+def test_bf16_autocast_keeps_the_block_math_in_fp32():
+    """Fine-tuning runs under bf16 autocast; the kernel's matmuls must not drop to bf16 (that costs
+    ~1e-2 here) in the forward or the backward."""
+    case = Case(kv_heads=2)
+    (q, k, v, b, n), _, upstream = make_inputs(case)
+    kwargs = dict(causal=True, compile=False, block_rows=8, block_keys=16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ssa_attention(q, k, v, b, n, **kwargs)
+        grads = torch.autograd.grad(out, (q, k, v, b, n), upstream)
+    reference = naive_ssa(q, k, v, b, n, scale=case.dim**-0.5, causal=True)
+    assert out.dtype == torch.float32
+    assert_close(out, reference, OUT_TOL, "output")
+    for got, want in zip(grads, torch.autograd.grad(reference, (q, k, v, b, n), upstream), strict=True):
+        assert_close(got, want, GRAD_TOL, "gradient")
+
+
 def test_a_mask_broadcast_over_queries_is_accepted():
     case = Case(kv_heads=2, causal=False)
     (q, k, v, b, n), _, _ = make_inputs(case)
