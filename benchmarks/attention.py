@@ -8,6 +8,7 @@ Not part of the test suite; machines here are noisy, so compare the ratios, not 
     python benchmarks/attention.py --crossover      # when compiling the block kernels pays
     python benchmarks/attention.py --check          # fused vs eager, outputs and gradients
     python benchmarks/attention.py --memory         # only the peak-memory table
+    python benchmarks/attention.py --blocks         # the block-size sweep behind fused.BLOCK_*
 
 Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32 (CPU) or bf16
 (CUDA). Candidates, timed in interleaved rounds (best of --repeats, after one warm-up call each):
@@ -256,6 +257,31 @@ def profile(args) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
+def blocks(args) -> None:
+    """Forward time of the fused kernel / SDPA for a few block sizes (rows x keys), B = 1."""
+    settings = [(64, 1024), (128, 1024), (32, 1024), (64, 2048), (128, 2048), (64, 4096)]
+    b, n = torch.full((HEADS,), B_SSA), torch.full((HEADS,), N_SSA)
+    print("fused forward / sdpa forward, B=1, for block_rows x block_keys:")
+
+    def sdpa(qkv, causal):
+        return lambda: F.scaled_dot_product_attention(*qkv, is_causal=causal)
+
+    def ssa(qkv, causal, rows, keys):
+        return lambda: fused.ssa_attention(
+            *qkv, b, n, causal=causal, block_rows=rows, block_keys=keys, compile=True
+        )
+
+    for length in (1024, 4096):
+        qkv = make_inputs(1, length, "cpu", torch.float32, grad=False)
+        for causal in (True, False):
+            fns = {"sdpa": sdpa(qkv, causal)}
+            fns |= {f"{r}x{c}": ssa(qkv, causal, r, c) for r, c in settings}
+            with torch.no_grad():
+                best = interleaved_best(fns, args.repeats)
+            cells = " ".join(f"{name} {t / best['sdpa']:.2f}" for name, t in best.items() if name != "sdpa")
+            print(f"  T={length} causal={causal!s:>5}: {cells}", flush=True)
+
+
 def crossover(args) -> None:
     """Per-call time of the blocked kernel with eager vs compiled block math, and compile cost."""
     q, k, v = make_inputs(2, 64, "cpu", torch.float32, grad=True)
@@ -353,6 +379,7 @@ def main() -> None:
         "--check", action="store_true", help="fused vs eager outputs and gradients, then exit"
     )
     parser.add_argument("--memory", action="store_true", help="only the peak-memory table")
+    parser.add_argument("--blocks", action="store_true", help="forward ratio for a few block sizes")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -366,6 +393,8 @@ def main() -> None:
         profile(args)
     elif args.crossover:
         crossover(args)
+    elif args.blocks:
+        blocks(args)
     elif args.memory:
         memory_section(args, ["sdpa", "softmax eager", "ssa eager", "ssa fused"])
     else:

@@ -27,7 +27,7 @@ import torch
 
 # Query rows and key columns of one block. 64 query rows keep each q·kᵀ product [64 × keys] in cache
 # on a laptop-class CPU; 1024 keys per block means T ≤ 1024 needs no online rescaling at all.
-# benchmarks/attention.py --sweep measured these (docs/performance.md).
+# `python benchmarks/attention.py --blocks` compares other sizes (docs/performance.md).
 BLOCK_ROWS = 64
 BLOCK_KEYS = 1024
 # Below this many logits per call (batch × heads × queries × keys) the eager block math is used: a
