@@ -172,13 +172,18 @@ def attention_backend(name: str) -> Iterator[str]:
     * ``eager``: always the scorer's own ``forward`` (the reference the fused kernels are tested on).
     * ``fused``: the fused kernel, and a UsageError naming the reason where there is none.
     """
-    if name not in BACKENDS:
-        raise UsageError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    check_backend(name)
     token = _BACKEND.set(name)
     try:
         yield name
     finally:
         _BACKEND.reset(token)
+
+
+def check_backend(name: str) -> None:
+    """UsageError unless ``name`` is an attention backend (the CLI's --attention values)."""
+    if name not in BACKENDS:
+        raise UsageError(f"--attention takes {', '.join(BACKENDS)}, got {name!r}")
 
 
 def _weights_requested() -> bool:

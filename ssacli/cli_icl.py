@@ -48,10 +48,12 @@ def icl_train(
     """Train an ICL model from scratch with any scorer."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from .attention import check_backend
     from .icl import TrainConfig, check_task, train
     from .scorers import make_scorer
 
     check_task(task)
+    check_backend(attention)
     make_scorer(scorer)  # fail on a bad spec before any work
     config = TrainConfig(
         task=task,

@@ -45,7 +45,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from .attention import BACKENDS, attention_backend
+from .attention import attention_backend, check_backend
 from .conversion import META_FILE, SCORER_KEY, TRAINER_FILE, read_meta, save_model
 from .data import make_objective, seeded_rng, step_seeds
 from .errors import InputError, InterruptedJobError, JobFailedError, UsageError
@@ -93,8 +93,7 @@ class FinetuneConfig:
             raise UsageError(f"--schedule takes cosine or constant, got {self.schedule!r}")
         if self.anneal_n is not None:
             positive_raw(self.anneal_n, "ssa", "--anneal-n target n")
-        if self.attention not in BACKENDS:
-            raise UsageError(f"--attention takes {', '.join(BACKENDS)}, got {self.attention!r}")
+        check_backend(self.attention)
 
     def warmup_steps(self) -> int:
         return self.warmup if self.warmup is not None else min(100, self.steps // 20)
@@ -220,7 +219,8 @@ class _Run:
     def run(self, resumed: bool) -> LoadedModel:
         try:
             self.params = self._trainable()
-            return self._run(resumed)
+            with attention_backend(self.config.attention):  # held-out evaluations included
+                return self._run(resumed)
         finally:
             for p, flag in self.flags.items():
                 p.requires_grad_(flag)
@@ -251,7 +251,7 @@ class _Run:
                 self.model, device_ids=ids, find_unused_parameters=True
             )
         self.model.train()
-        with StopSignals() as signals, attention_backend(config.attention):
+        with StopSignals() as signals:
             self._loop(net, optimizer, state, signals)
         return self._finish()
 

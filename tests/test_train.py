@@ -463,3 +463,85 @@ def test_cli_convert_refuses_finetune_options_without_finetune(tmp_path):
         result.exception
     )
     assert not (tmp_path / "o").exists()
+
+
+# ---- attention backends ------------------------------------------------------------------------------
+
+
+def count_fused_calls(monkeypatch) -> list[int]:
+    """Count SSA's fused-kernel calls (the fused path must really run under the default backend)."""
+    from ssacli.scorers.softmax_family import SSA
+
+    calls = [0]
+    original = SSA.fused
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SSA, "fused", counting)
+    return calls
+
+
+def test_finetune_on_the_fused_path_matches_the_eager_scorer(tmp_path, monkeypatch):
+    """Same start, seeds and steps: the default (fused) run and --attention eager end with the same
+    weights and losses to fp32 rounding; only the default run calls the fused kernel."""
+    calls = count_fused_calls(monkeypatch)
+    runs = {}
+    for backend in ("eager", "auto"):
+        before = calls[0]
+        config = FinetuneConfig(data="icl:every", steps=4, batch_size=8, lr=1e-3, warmup=0, attention=backend)
+        result = finetune("builtin:every-ssa", config, tmp_path / backend)
+        runs[backend] = (
+            state(result.model),
+            training_record(tmp_path / backend)["history"],
+            calls[0] - before,
+        )
+    (eager, eager_history, eager_calls), (fused, fused_history, fused_calls) = runs["eager"], runs["auto"]
+    assert eager_calls == 0 and fused_calls > 0
+    for key in eager:
+        torch.testing.assert_close(fused[key], eager[key], rtol=1e-4, atol=1e-5, msg=key)
+    for (step_e, loss_e, _), (step_f, loss_f, _) in zip(eager_history, fused_history, strict=True):
+        assert step_e == step_f and loss_f == pytest.approx(loss_e, rel=1e-4, abs=1e-7)
+
+
+def test_icl_training_on_the_fused_path_matches_the_eager_scorer(tmp_path, monkeypatch):
+    from ssacli.icl import TrainConfig, train
+
+    calls = count_fused_calls(monkeypatch)
+    models = {}
+    for backend in ("eager", "auto"):
+        config = TrainConfig(task="every", scorer="ssa", steps=3, batch_size=8, lr=1e-3, attention=backend)
+        models[backend] = state(train(config, tmp_path / backend, device="cpu"))
+        assert (calls[0] > 0) == (backend == "auto")
+    for key in models["eager"]:
+        torch.testing.assert_close(models["auto"][key], models["eager"][key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.badinput
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["icl", "train", "--task", "every", "--steps", "1", "--attention", "bogus"],
+        [
+            "convert",
+            "builtin:every-softmax",
+            "--scorer",
+            "ssa",
+            "--finetune",
+            "--data",
+            "icl:every",
+            "--steps",
+            "1",
+            "--attention",
+            "bogus",
+        ],
+    ],  # fmt: skip
+)
+def test_an_unknown_attention_backend_is_a_one_line_usage_error(args, tmp_path, monkeypatch, capsys):
+    from conftest import run_main
+
+    code, out, err = run_main([*args, "--out", str(tmp_path / "out")], monkeypatch, capsys)
+    assert code == 2 and "--attention" in err and "bogus" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

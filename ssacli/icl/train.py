@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from torch.nn import functional as F
 
-from ..attention import BACKENDS, attention_backend
+from ..attention import attention_backend, check_backend
 from ..errors import InputError, JobFailedError, UsageError
 from ..loading import resolve_device
 from .model import ICLModel, ICLSpec, load_icl, save_icl
@@ -70,8 +70,7 @@ def train(
     existing checkpoint in ``out`` is only replaced when ``overwrite`` is set.
     """
     out = Path(out)
-    if config.attention not in BACKENDS:
-        raise UsageError(f"--attention takes {', '.join(BACKENDS)}, got {config.attention!r}")
+    check_backend(config.attention)
     exists = (out / "ssacli.json").is_file()
     if exists and not (resume or overwrite):
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
