@@ -18,8 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssacli
 from ssacli.attention import SCORER_ATTR, _eager_reason, observing
+from ssacli.blocked import compile_enabled
 from ssacli.errors import UsageError
-from ssacli.fused import compile_enabled, softmax_attention, ssa_attention
+from ssacli.fused import softmax_attention, ssa_attention
 
 OUT_TOL = 1e-4  # acceptance: fp32 outputs
 GRAD_TOL = 1e-3  # acceptance: fp32 gradients
@@ -281,7 +282,7 @@ def test_compiled_kernels_match_the_reference():
         assert_close(out, ref, OUT_TOL, "compiled output")
         for label, g, w in zip("qkvbn", got, grads(ref, (q, k, v, b, n), upstream)):
             assert_close(g, w, GRAD_TOL, f"compiled grad {label}")
-    assert set(ssacli.fused._COMPILED) == {"fwd", "bwd"}  # the compiled kernels really ran
+    assert set(ssacli.blocked._COMPILED) == {"fwd", "bwd"}  # the compiled kernels really ran
 
 
 # ---- dropout --------------------------------------------------------------------------------------
