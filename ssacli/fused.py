@@ -19,13 +19,15 @@ under their K/V head and b, n broadcast per group.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
 
-# Below this many logits per call (batch × heads × queries × keys) the eager block math is used: a
-# compiled kernel saves less per call than it costs to compile (crossover measured in
-# docs/performance.md).
+# Below this many logits per call (batch × heads × queries × keys) the block math runs uncompiled:
+# compiling saves a few ms per call at most there, against seconds of compiling (crossover measured
+# in docs/performance.md).
 COMPILE_MIN_LOGITS = 2**20
 
 
@@ -59,7 +61,7 @@ def ssa_attention(
 
     ``backend``: ``"blocked"`` (any device, forward and backward), ``"flex"`` (torch flex_attention,
     compiled; CUDA) or ``"auto"`` (flex on CUDA, blocked elsewhere). ``compile``: compile the blocked
-    path's per-block math (None: when the call has at least COMPILE_MIN_LOGITS logits).
+    path's per-block math (None: :func:`should_compile` decides).
     """
     batch, heads, q_len, dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[-2]
@@ -90,13 +92,25 @@ def ssa_attention(
     if backend != "blocked":
         raise ValueError(f"backend must be auto, blocked or flex, got {backend!r}")
     if compile is None:
-        compile = batch * heads * q_len * k_len >= COMPILE_MIN_LOGITS
+        leaves = (query, key, value, b, n)
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
+        compile = should_compile(batch * heads * q_len * k_len, training)
     # b·scale folded into q: the kernel sees y = b·x, and autograd takes ∂/∂b through this product.
     scaled = query.to(dtype) * (b * scale).view(1, heads, 1, 1)
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout > 0 else 0
     geometry = (causal, window, block_rows, block_keys, compile, dropout, seed)
     out = BlockedSSA.apply(scaled, key.to(dtype), value.to(dtype), n, mask, *geometry)
     return out.to(query.dtype)
+
+
+def should_compile(logits: int, training: bool) -> bool:
+    """The default for ``compile=None``. SSACLI_COMPILE=0 never compiles, =1 always does; unset (or
+    auto), only training calls with at least COMPILE_MIN_LOGITS logits: a training run makes enough
+    such calls to repay the seconds of compiling, a one-off evaluation usually does not."""
+    setting = os.environ.get("SSACLI_COMPILE", "auto")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return training and logits >= COMPILE_MIN_LOGITS
 
 
 def _per_head(value: torch.Tensor | float, heads: int, dtype, device) -> torch.Tensor:

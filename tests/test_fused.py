@@ -241,6 +241,38 @@ def test_python_float_parameters_and_the_default_scale():
     assert_close(out, naive_ssa(q, k, v, 0.8, 1.5, scale=case.dim**-0.5, causal=True), OUT_TOL, "output")
 
 
+def test_compiling_is_for_large_training_calls(monkeypatch):
+    """compile=None: training calls of at least COMPILE_MIN_LOGITS logits compile; evaluation (no
+    grad) and small calls do not; SSACLI_COMPILE=0/1 overrides."""
+    import ssacli.blocked
+    import ssacli.fused
+
+    seen = []
+    original = ssacli.blocked._run
+    monkeypatch.setattr(
+        ssacli.blocked, "_run", lambda name, compiled, *a: seen.append(compiled) or original(name, False, *a)
+    )
+    monkeypatch.setattr(ssacli.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37)  # this case's logits
+    case = Case()
+    (q, k, v, b, n), _, _ = make_inputs(case)
+
+    def compiled_when(grad: bool, env: str | None = None) -> bool:
+        if env is None:
+            monkeypatch.delenv("SSACLI_COMPILE", raising=False)
+        else:
+            monkeypatch.setenv("SSACLI_COMPILE", env)
+        seen.clear()
+        with torch.set_grad_enabled(grad):
+            ssa_attention(q, k, v, b, n, causal=True)
+        return all(seen) and bool(seen)
+
+    assert compiled_when(grad=True)
+    assert not compiled_when(grad=False)
+    assert not compiled_when(grad=True, env="0") and compiled_when(grad=False, env="1")
+    monkeypatch.setattr(ssacli.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37 + 1)
+    assert not compiled_when(grad=True)
+
+
 def test_bf16_autocast_keeps_the_block_math_in_fp32():
     """Fine-tuning runs under bf16 autocast; the kernel's matmuls must not drop to bf16 (that costs
     ~1e-2 here) in the forward or the backward."""
