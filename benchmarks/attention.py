@@ -16,8 +16,9 @@ Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32
 * sdpa: torch.nn.functional.scaled_dot_product_attention, softmax (FlashAttention on CUDA);
 * softmax eager / ssa eager: what ssacli's eager path computes inside a model: logits q·kᵀ·scale,
   the scorer (ssacli.make_scorer) over the explicit boolean mask, weights @ v;
-* ssa fused: ssacli.ssa_attention (blocked kernel with compiled block math on CPU, flex_attention
-  on CUDA).
+* ssa fused: ssacli.ssa_attention (blocked kernel with compiled block math on CPU, as training
+  runs it, forced here also for the forward-only rows, which by default compile only when training
+  (see --crossover for the uncompiled times); flex_attention on CUDA).
 
 "fwd" is one forward under no_grad; "fwd+bwd" a forward with grad then backward of out.sum() into
 q, k, v (and b, n for SSA). Eager candidates whose [B, H, T, T] weights would exceed --eager-max-gb
@@ -78,7 +79,9 @@ def candidates(batch, length, causal, device, dtype, eager_max_gb):
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
         "softmax eager": eager(softmax_scorer),
         "ssa eager": eager(ssa_scorer),
-        "ssa fused": lambda q, k, v: fused.ssa_attention(q, k, v, b, n, scale=scale, causal=causal),
+        "ssa fused": lambda q, k, v: fused.ssa_attention(
+            q, k, v, b, n, scale=scale, causal=causal, compile=device == "cpu"
+        ),
     }
     weights_gb = batch * HEADS * length * length * 4 / 2**30
     skipped = {}
