@@ -233,19 +233,37 @@ def memory_section(args, names) -> None:
 
 
 def profile(args) -> None:
-    """Operator profile of the fused forward at B=1, T=1024, causal, next to SDPA."""
+    """Operator profile of the fused forward at B=1, T=1024, causal, next to SDPA; and torch's
+    compiled flex_attention with the same score_mod on the CPU (forward only: no CPU backward)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     from torch.profiler import profile as torch_profile
 
     q, k, v = make_inputs(1, 1024, args.device, torch.float32, grad=False)
     b, n = torch.full((HEADS,), B_SSA), torch.full((HEADS,), N_SSA)
+    flex = torch.compile(flex_attention, dynamic=False)
+    causal_blocks = create_block_mask(lambda _b, _h, qi, ki: qi >= ki, None, None, 1024, 1024, device="cpu")
+    scaled = q * (b * DIM**-0.5).view(1, HEADS, 1, 1)
+
+    def score_mod(score, _b, h, _q, _k):
+        return n[h] * torch.sign(score) * torch.log1p(torch.abs(score))
+
+    def fused_forward():
+        return fused.ssa_attention(q, k, v, b, n, causal=True, compile=True)
+
     with torch.no_grad():
         half = torch.rand(1, HEADS, 512, 1024)  # as many logits as a causal T=1024 call scores
         for _ in range(3):
-            fused.ssa_attention(q, k, v, b, n, causal=True)
+            fused_forward()
+        start = time.perf_counter()
+        flex(scaled, k, v, score_mod=score_mod, block_mask=causal_blocks, scale=1.0)
+        print(f"compiling flex_attention with the SSA score_mod (CPU): {time.perf_counter() - start:.1f} s")
         best = interleaved_best(
             {
                 "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                "ssa fused": lambda: fused.ssa_attention(q, k, v, b, n, causal=True),
+                "ssa fused": fused_forward,
+                "flex_attention SSA, compiled (CPU)": lambda: flex(
+                    scaled, k, v, score_mod=score_mod, block_mask=causal_blocks, scale=1.0
+                ),
                 "log1p alone, 1 pass over T*T/2 logits": lambda: torch.log1p(half),
                 "exp alone, same": lambda: torch.exp(half),
                 "q.kT alone, all T*T logits (bmm)": lambda: torch.matmul(q, k.transpose(-1, -2)),
@@ -256,7 +274,7 @@ def profile(args) -> None:
             print(f"{name:>40}: {seconds * 1e3:7.2f} ms")
         with torch_profile() as prof:
             for _ in range(5):
-                fused.ssa_attention(q, k, v, b, n, causal=True)
+                fused_forward()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
