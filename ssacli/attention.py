@@ -131,8 +131,7 @@ def _apply_mask(
     k_len = logits.shape[-1]
     q_total = logits.shape[-2] if q_total is None else q_total
     if mask is None:
-        causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
-        if not causal or q_total == 1:
+        if not _is_causal(module, is_causal) or q_total == 1:
             return logits, None
         # Bottom-right aligned: with a KV cache the last query sits at the last key. [1, 1, q, k]
         # like the masks transformers builds, so observers can read it the same way.
@@ -147,6 +146,11 @@ def _apply_mask(
     # large negative fill as "masked".
     visible = mask > torch.finfo(mask.dtype).min / 2
     return logits + torch.where(visible, mask, 0).to(logits.dtype), visible
+
+
+def _is_causal(module: nn.Module, is_causal: bool | None) -> bool:
+    """Causality when the model passed no mask: its ``is_causal`` argument, else the module's."""
+    return bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
 
 
 def _causal_rows(rows: slice, q_total: int, k_len: int, device: torch.device) -> torch.Tensor:
@@ -216,13 +220,11 @@ def _fused_output(module, scorer, query, key, value, mask, scaling, dropout, kwa
         return None
     reason = _eager_reason(scorer, mask, kwargs)
     if reason is None:
-        if mask is None:
-            causal = kwargs.get("is_causal")
-            causal = getattr(module, "is_causal", False) if causal is None else causal
-        else:
-            mask, causal = mask[..., : key.shape[-2]], False
+        causal = mask is None and _is_causal(module, kwargs.get("is_causal"))
+        if mask is not None:
+            mask = mask[..., : key.shape[-2]]
         output = scorer.fused(
-            query, key, value, scale=scaling, causal=bool(causal), mask=mask,
+            query, key, value, scale=scaling, causal=causal, mask=mask,
             dropout=dropout if module.training else 0.0,
         )  # fmt: skip
         if output is not None:
