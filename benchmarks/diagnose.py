@@ -56,8 +56,8 @@ def build_model(heads: int, layers: int, impl: str) -> torch.nn.Module:
 
 def recorder_for(model: torch.nn.Module, block_size: int, *, reduce: bool = True, label: bool = False):
     """A diagnose Recorder on ``model``'s attention layers (``reduce=False``: record() does nothing)."""
-    from ssacli.attention import attention_modules
-    from ssacli.probed_forward import Recorder
+    from ssacli.attention.interface import attention_modules
+    from ssacli.diagnosis.forward import Recorder
 
     class Timed(Recorder):
         def record(self, *args) -> None:
@@ -98,7 +98,7 @@ def interleaved(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, l
 
 
 def time_section(args) -> float:
-    from ssacli.attention import apply_scorer, observing
+    from ssacli.attention.interface import apply_scorer, observing
 
     b, t = args.batch_size, args.time_length
     base = build_model(args.heads, args.layers, "sdpa")
@@ -171,7 +171,7 @@ def profile(scored, run_observed: Callable[[], None], args) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from ssacli.attention import observing
+    from ssacli.attention.interface import observing
 
     recorder = recorder_for(scored, args.block_size, label=True)
     run_observed()

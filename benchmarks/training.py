@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from ssacli.icl import TrainConfig, train
-from ssacli.scratch import new_model, training_texts
-from ssacli.train import FinetuneConfig, finetune
+from ssacli.train.finetune import FinetuneConfig, finetune
+from ssacli.train.scratch import new_model, training_texts
 
 BACKENDS = ("eager", "auto")
 

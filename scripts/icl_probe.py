@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from ssacli.icl import evaluate, load_icl, outlier_capture
-from ssacli.loading import resolve_model_path
+from ssacli.models.loading import resolve_model_path
 
 VALUES = (10.0, 100.0, 1000.0, -10.0, -100.0, -1000.0)
 

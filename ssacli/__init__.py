@@ -27,41 +27,48 @@ from .scorers import SCORERS, Scorer, describe_scorer, make_scorer, parse_spec, 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "apply_scorer": "attention",
-    "restore": "attention",
-    "supports": "attention",
-    "scorers_of": "attention",
-    "attention_modules": "attention",
-    "attention_backend": "attention",
-    "ssa_attention": "fused",
-    "diagnose": "diagnosis",
-    "load_model": "loading",
-    "load": "loading",
+    "apply_scorer": "attention.interface",
+    "restore": "attention.interface",
+    "supports": "attention.interface",
+    "scorers_of": "attention.interface",
+    "attention_modules": "attention.interface",
+    "attention_backend": "attention.interface",
+    "ssa_attention": "kernels.fused",
+    "diagnose": "diagnosis.run",
+    "load_model": "models.loading",
+    "load": "models.loading",
     "convert": "conversion",
     "save_model": "conversion",
-    "DiagnoseResult": "results",
-    "ProbeResult": "results",
-    "compare_results": "results",
-    "parse_probe": "probes",
-    "run_check": "check",
-    "parse_requirement": "check",
-    "compare_models": "comparison",
-    "language_model_loss": "evaluation",
-    "minimal_pairs": "evaluation",
-    "icl_error_by_sigma": "evaluation",
+    "DiagnoseResult": "diagnosis.result",
+    "ProbeResult": "diagnosis.result",
+    "compare_results": "diagnosis.result",
+    "parse_probe": "diagnosis.probes",
+    "run_check": "check.requirements",
+    "parse_requirement": "check.requirements",
+    "compare_models": "quality.compare",
+    "language_model_loss": "quality.measures",
+    "minimal_pairs": "quality.measures",
+    "icl_error_by_sigma": "quality.measures",
 }
 
 if TYPE_CHECKING:
-    from .attention import apply_scorer, attention_backend, attention_modules, restore, scorers_of, supports
-    from .check import parse_requirement, run_check
-    from .comparison import compare_models
+    from .attention.interface import (
+        apply_scorer,
+        attention_backend,
+        attention_modules,
+        restore,
+        scorers_of,
+        supports,
+    )
+    from .check.requirements import parse_requirement, run_check
     from .conversion import convert, save_model
-    from .diagnosis import diagnose
-    from .evaluation import icl_error_by_sigma, language_model_loss, minimal_pairs
-    from .fused import ssa_attention
-    from .loading import load, load_model
-    from .probes import parse_probe
-    from .results import DiagnoseResult, ProbeResult, compare_results
+    from .diagnosis.probes import parse_probe
+    from .diagnosis.result import DiagnoseResult, ProbeResult, compare_results
+    from .diagnosis.run import diagnose
+    from .kernels.fused import ssa_attention
+    from .models.loading import load, load_model
+    from .quality.compare import compare_models
+    from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
 
 
 def __getattr__(name: str):

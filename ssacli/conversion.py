@@ -29,10 +29,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-from .attention import SCORER_ATTR, apply_scorer, supports
+from .attention.interface import SCORER_ATTR, apply_scorer, supports
 from .errors import InputError, OutputError, UnsupportedModelError, UsageError
-from .loading import LoadedModel, load_model, quiet_progress
-from .report.files import output_error, replace_folder
+from .files import output_error, replace_folder
+from .models.loading import LoadedModel, load_model, quiet_progress
 
 FORMAT = "ssacli-model"
 FORMAT_VERSION = 1
@@ -106,7 +106,7 @@ def save_model(
 
 def _write_model(loaded: LoadedModel, out: Path, meta, extra_tensors) -> None:
     if loaded.kind == "icl":
-        from .icl.model import save_icl
+        from .models.icl import save_icl
 
         if meta:
             loaded.model.spec.training = {**loaded.model.spec.training, **meta}
@@ -163,7 +163,7 @@ def check_out(out: Path, source: Path | None, overwrite: bool) -> None:
 
 
 def _spec_of(loaded: LoadedModel) -> str:
-    from .attention import CONFIG_SPEC_ATTR
+    from .attention.interface import CONFIG_SPEC_ATTR
 
     return getattr(loaded.attention_root.config, CONFIG_SPEC_ATTR, None) or "softmax"
 
@@ -219,7 +219,7 @@ def convert(
 
 
 def _fidelity_inputs(loaded: LoadedModel, samples: int, length: int, seed: int) -> list:
-    from .probes import TokenSource, icl_batches, icl_tokens, pad_sequences
+    from .diagnosis.probes import TokenSource, icl_batches, icl_tokens, pad_sequences
 
     if loaded.kind == "icl":
         task = loaded.model.spec.task

@@ -10,7 +10,7 @@ from transformers import AttentionInterface, AutoConfig, AutoModel
 from transformers.masking_utils import AttentionMaskInterface
 
 import ssacli
-from ssacli.attention import ATTENTION_NAME, SCORER_ATTR, _apply_mask
+from ssacli.attention.interface import ATTENTION_NAME, SCORER_ATTR, _apply_mask
 from ssacli.errors import UnsupportedModelError
 
 TOL = 1e-5
@@ -37,7 +37,7 @@ def max_diff_on_valid(a, b, valid):
 
 def test_at_least_ten_families_are_covered():
     assert len(FAMILIES) >= 10
-    assert set(FAMILIES) == set(ssacli.attention.TESTED_FAMILIES)
+    assert set(FAMILIES) == set(ssacli.attention.interface.TESTED_FAMILIES)
 
 
 @pytest.mark.parametrize("backend", ["eager", "auto"])
@@ -229,7 +229,7 @@ def test_float_additive_mask_keeps_its_bias_and_its_holes():
 
 def test_registered_names_are_plain():
     assert "/" not in ATTENTION_NAME
-    ssacli.attention.register()
+    ssacli.attention.interface.register()
     assert ATTENTION_NAME in AttentionInterface._global_mapping
     assert ATTENTION_NAME in AttentionMaskInterface._global_mapping
 

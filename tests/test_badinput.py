@@ -324,8 +324,8 @@ def test_disk_full_leaves_the_old_out_untouched(kind, model, models, tmp_path, m
     out.mkdir()
     (out / "old.txt").write_text("the previous content")
     before = snapshot(out)
-    # ICL checkpoints are written by ssacli.icl.model.save_icl, transformers ones by ssacli.convert
-    where = "ssacli.icl.model.save_file" if model.startswith("builtin:") else "ssacli.conversion.save_file"
+    # ICL checkpoints are written by ssacli.models.icl.save_icl, transformers ones by ssacli.convert
+    where = "ssacli.models.icl.save_file" if model.startswith("builtin:") else "ssacli.conversion.save_file"
     patch(monkeypatch, where, _disk_full(kind))
     ref = str(models.get(model, model))
     args = ["convert", ref, "--scorer", "ssa", "--out", str(out), "--overwrite"]
@@ -341,7 +341,7 @@ def test_disk_full_during_icl_train_leaves_the_old_checkpoint(kind, tmp_path, mo
     out.mkdir()
     (out / "old.txt").write_text("the previous run")
     before = snapshot(out)
-    patch(monkeypatch, "ssacli.icl.model.save_file", _disk_full(kind))
+    patch(monkeypatch, "ssacli.models.icl.save_file", _disk_full(kind))
     args = ["icl", "train", "--task", "every", "--steps", "2", "--checkpoint-every", "1", "--out", str(out)]
     code, _, stderr = run_main([*args, "--overwrite", "--device", "cpu"], monkeypatch, capsys)
     # icl train draws its progress bar on stderr too; the error is the one line after it
@@ -402,7 +402,7 @@ def test_cuda_without_cuda_is_a_usage_error(command, tmp_path, monkeypatch, caps
 # ---- 5. interruptions ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["ssacli.conversion.save_file", "ssacli.report.files.publish"])
+@pytest.mark.parametrize("where", ["ssacli.conversion.save_file", "ssacli.files.publish"])
 @pytest.mark.parametrize("existing", [False, True])
 def test_ctrl_c_while_convert_writes_leaves_nothing_half_written(
     where, existing, models, tmp_path, monkeypatch, capsys
@@ -448,7 +448,7 @@ def test_sigterm_while_convert_writes_ends_like_ctrl_c(models, tmp_path, monkeyp
 def test_sigint_during_finetune_checkpoints_and_resumes(tmp_path):
     """A real Ctrl-C to a real process: exit 130, one line, and `finetune --resume` continues.
     (tests/test_train.py checks that the resumed run equals an uninterrupted one.)"""
-    from ssacli.train import training_record
+    from ssacli.train.finetune import training_record
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "ssacli", "convert", "builtin:every-softmax", "--scorer", "ssa"]

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 import ssacli
 from ssacli.conversion import FORMAT, META_FILE, SCORER_FILE, convert, fidelity, save_model
 from ssacli.errors import InputError, UnsupportedModelError, UsageError
-from ssacli.loading import LoadedModel, _kind, _max_positions
+from ssacli.models.loading import LoadedModel, _kind, _max_positions
 
 AUTO = {"causal": AutoModelForCausalLM, "encoder": AutoModel, "seq2seq": AutoModelForSeq2SeqLM}
 KL_LIMIT = 1e-3  # nats per token, the bar for init=faithful

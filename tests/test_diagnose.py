@@ -25,14 +25,14 @@ from typer.testing import CliRunner
 
 import ssacli
 from ssacli import diagnose
-from ssacli.attention import SCORER_ATTR, apply_scorer, attention_modules, observing
+from ssacli.attention.interface import SCORER_ATTR, apply_scorer, attention_modules, observing
 from ssacli.cli import app
-from ssacli.diagnosis import Recorder
+from ssacli.diagnosis.probes import icl_batches, icl_tokens, pad_sequences, pick_targets
+from ssacli.diagnosis.result import METRICS, DiagnoseResult
+from ssacli.diagnosis.run import Recorder
+from ssacli.diagnosis.texts import TEXTS
 from ssacli.errors import EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE, UnsupportedModelError, UsageError
-from ssacli.loading import load_model
-from ssacli.probe_texts import TEXTS
-from ssacli.probes import icl_batches, icl_tokens, pad_sequences, pick_targets
-from ssacli.results import METRICS, DiagnoseResult
+from ssacli.models.loading import load_model
 
 TAU, TOP_K = 0.9, 5
 LENGTHS = (9, 6, 4)  # one padded batch of three: right padding 0, 3 and 5
@@ -46,7 +46,7 @@ def sequences(lengths=LENGTHS, seed=3) -> list[list[int]]:
 
 
 def right_pad(seqs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Written here, not with ssacli.probes.pad_sequences: ids padded with 0 and the mask."""
+    """Written here, not with ssacli.diagnosis.probes.pad_sequences: ids padded with 0 and the mask."""
     width = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -423,7 +423,7 @@ def test_saved_folder_with_tokenizer_runs_every_probe_and_numeric_grows_with_dig
     result = diagnose(str(tmp_path), samples=samples, length=24)  # every probe, default levels
     assert result.route == "ssacli" and result.family == "gpt2"
     assert result.settings["inputs"] == "built-in texts"
-    assert [p.name for p in result.probes] == list(ssacli.probes.PROBES)
+    assert [p.name for p in result.probes] == list(ssacli.diagnosis.probes.PROBES)
     for probe in result.probes:
         assert not probe.skipped, probe.name
         losses = probe.extras["loss"]

@@ -1,4 +1,4 @@
-"""Quality measures (ssacli.evaluation) and `ssacli report`, against references computed here.
+"""Quality measures (ssacli.quality.measures) and `ssacli report`, against references computed here.
 
 References never call the code under test: LM losses and sentence log-probs come from one forward
 per predicted token (a plain loop over prefixes, or over single masked positions); two models are
@@ -17,20 +17,16 @@ import torch
 from conftest import run_main
 from typer.testing import CliRunner
 
-import ssacli.cli_report  # noqa: F401  (registers `ssacli report` on the app)
+import ssacli.cli.report  # noqa: F401  (registers `ssacli report` on the app)
 from ssacli import diagnose
 from ssacli.cli import app
+from ssacli.diagnosis.result import compare_results
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE, InputError, UsageError
-from ssacli.evaluation import (
-    compare_models,
-    icl_error_by_sigma,
-    language_model_loss,
-    minimal_pairs,
-    read_pairs,
-)
 from ssacli.icl import evaluate
-from ssacli.loading import LoadedModel, load_model
-from ssacli.results import compare_results
+from ssacli.models.loading import LoadedModel, load_model
+from ssacli.quality.compare import compare_models
+from ssacli.quality.inputs import read_pairs
+from ssacli.quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
 
 WORDS = "the a cat dog man sat ran saw big small red old here there".split()
 SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[CLS]", "[SEP]", "[MASK]"]

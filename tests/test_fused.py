@@ -1,4 +1,4 @@
-"""The fused kernels equal the eager scorers: ssacli.fused.ssa_attention (blocked, compiled and flex)
+"""The fused kernels equal the eager scorers: ssacli.kernels.fused.ssa_attention (blocked, compiled and flex)
 against a naive full-matrix reference written here and against the SSA scorer's own forward, in
 outputs and in gradients of q, k, v, b and n; dropout is reproducible, unbiased and differentiable;
 softmax_attention follows ssacli's masking conventions; inside models, attention_backend("fused")
@@ -17,10 +17,10 @@ from conftest import FAMILIES, VOCAB, build_model, clone
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssacli
-from ssacli.attention import SCORER_ATTR, _eager_reason, observing
-from ssacli.blocked import compile_enabled
+from ssacli.attention.interface import SCORER_ATTR, _eager_reason, observing
 from ssacli.errors import UsageError
-from ssacli.fused import softmax_attention, ssa_attention
+from ssacli.kernels.blocked import compile_enabled
+from ssacli.kernels.fused import softmax_attention, ssa_attention
 
 OUT_TOL = 1e-4  # acceptance: fp32 outputs
 GRAD_TOL = 1e-3  # acceptance: fp32 gradients
@@ -244,15 +244,15 @@ def test_python_float_parameters_and_the_default_scale():
 def test_compiling_is_for_large_training_calls(monkeypatch):
     """compile=None: training calls of at least COMPILE_MIN_LOGITS logits compile; evaluation (no
     grad) and small calls do not; SSACLI_COMPILE=0/1 overrides."""
-    import ssacli.blocked
-    import ssacli.fused
+    import ssacli.kernels.blocked
+    import ssacli.kernels.fused
 
     seen = []
-    original = ssacli.blocked._run
+    original = ssacli.kernels.blocked._run
     monkeypatch.setattr(
-        ssacli.blocked, "_run", lambda name, compiled, *a: seen.append(compiled) or original(name, False, *a)
+        ssacli.kernels.blocked, "_run", lambda name, compiled, *a: seen.append(compiled) or original(name, False, *a)
     )
-    monkeypatch.setattr(ssacli.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37)  # this case's logits
+    monkeypatch.setattr(ssacli.kernels.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37)  # this case's logits
     case = Case()
     (q, k, v, b, n), _, _ = make_inputs(case)
 
@@ -269,7 +269,7 @@ def test_compiling_is_for_large_training_calls(monkeypatch):
     assert compiled_when(grad=True)
     assert not compiled_when(grad=False)
     assert not compiled_when(grad=True, env="0") and compiled_when(grad=False, env="1")
-    monkeypatch.setattr(ssacli.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37 + 1)
+    monkeypatch.setattr(ssacli.kernels.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37 + 1)
     assert not compiled_when(grad=True)
 
 
@@ -314,7 +314,7 @@ def test_compiled_kernels_match_the_reference():
         assert_close(out, ref, OUT_TOL, "compiled output")
         for label, g, w in zip("qkvbn", got, grads(ref, (q, k, v, b, n), upstream)):
             assert_close(g, w, GRAD_TOL, f"compiled grad {label}")
-    assert set(ssacli.blocked._COMPILED) == {"fwd", "bwd"}  # the compiled kernels really ran
+    assert set(ssacli.kernels.blocked._COMPILED) == {"fwd", "bwd"}  # the compiled kernels really ran
 
 
 # ---- dropout --------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ssacli.icl import (
     train,
 )
 from ssacli.icl.sweep import ScorerEntry, SweepPlan, aggregate, run_sweep
-from ssacli.loading import builtin_names, resolve_model_path
+from ssacli.models.loading import builtin_names, resolve_model_path
 
 
 def t(*values):

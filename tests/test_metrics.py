@@ -1,4 +1,4 @@
-"""ssacli.metrics by hand: small weight tensors written out below, expectations worked out with
+"""ssacli.diagnosis.metrics by hand: small weight tensors written out below, expectations worked out with
 plain ``math`` from the definitions in the module docstring (never read back from the code)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssacli.metrics import ALL_METRICS, HeadStats, row_sums
+from ssacli.diagnosis.metrics import ALL_METRICS, HeadStats, row_sums
 
 J = 0.7  # junk written where a key is not visible: the metrics must ignore it
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from ssacli.diagnosis.result import DiagnoseResult, ProbeResult, compare_results
 from ssacli.errors import UsageError
-from ssacli.report.console import heat_cell, pick_heatmap, render_comparison, render_diagnose
 from ssacli.report.html import comparison_html, diagnose_html
-from ssacli.results import DiagnoseResult, ProbeResult, compare_results
+from ssacli.report.terminal import heat_cell, pick_heatmap, render_comparison, render_diagnose
 
 NAN = float("nan")
 SKIP_NOTE = "no numeric tokens in this vocabulary"

@@ -1,4 +1,4 @@
-"""Training from scratch: fresh models and tokenizers (ssacli.scratch) and `ssacli train`.
+"""Training from scratch: fresh models and tokenizers (ssacli.train.scratch) and `ssacli train`.
 
 The tokenizer and the model are built here from a few paragraphs of generated text; nothing is
 downloaded.
@@ -14,7 +14,7 @@ import torch
 
 import ssacli
 from ssacli.errors import InputError, UsageError
-from ssacli.scratch import ARCHS, SPECIAL_TOKENS, new_model, training_texts
+from ssacli.train.scratch import ARCHS, SPECIAL_TOKENS, new_model, training_texts
 
 WORDS = (
     "the a cat dog bird sees chases likes finds small big red blue old young quickly slowly and "
@@ -159,7 +159,7 @@ def test_empty_texts_and_tiny_vocab_are_refused():
 
 
 def test_the_tokenizer_never_sees_the_held_out_text(tmp_path):
-    from ssacli.data import read_documents, split_heldout
+    from ssacli.train.data import read_documents, split_heldout
 
     (tmp_path / "a.txt").write_text(" ".join(corpus(40)))
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "The end: " + "zyxwq " * 50}) + "\n")
@@ -200,7 +200,7 @@ def invoke(*args):
     """Run the CLI in-process; errors come back as result.exception (the app does not exit)."""
     from typer.testing import CliRunner
 
-    import ssacli.cli_scratch  # noqa: F401  (registers `ssacli train` until cli.py imports it)
+    import ssacli.cli.train  # noqa: F401  (registers `ssacli train` until cli.py imports it)
     from ssacli.cli import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
@@ -224,9 +224,9 @@ def runs(data_file, tmp_path_factory):
 
 
 def test_train_lowers_the_held_out_loss(runs, data_file):
-    from ssacli.data import heldout_text
-    from ssacli.evaluation import language_model_loss
-    from ssacli.loading import load_model
+    from ssacli.models.loading import load_model
+    from ssacli.quality.measures import language_model_loss
+    from ssacli.train.data import heldout_text
 
     out = runs["ssa"]
     training = record(out)["training"]

@@ -21,14 +21,14 @@ from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadMode
 from typer.testing import CliRunner
 
 import ssacli
-import ssacli.cli_train  # noqa: F401  (registers convert and finetune on the app)
+import ssacli.cli.convert  # noqa: F401  (registers convert and finetune on the app)
 from ssacli.cli import app
 from ssacli.conversion import convert
-from ssacli.data import ICL_POINTS, TextData, mask_tokens, read_documents, split_heldout
 from ssacli.errors import InputError, InterruptedJobError, JobFailedError, UsageError
 from ssacli.icl.tasks import sample_batch
-from ssacli.loading import load_model
-from ssacli.train import FinetuneConfig, finetune, training_record
+from ssacli.models.loading import load_model
+from ssacli.train.data import ICL_POINTS, TextData, mask_tokens, read_documents, split_heldout
+from ssacli.train.finetune import FinetuneConfig, finetune, training_record
 
 WORDS = {
     "det": ["the", "a", "every", "some"],
@@ -168,7 +168,7 @@ def test_masking_follows_bert_proportions_and_skips_special_tokens():
 
 
 def reference_causal_loss(model, tokenizer, text: str, seq_len: int = 16) -> float:
-    """Next-token cross-entropy on ``text`` computed here, independently of ssacli.data."""
+    """Next-token cross-entropy on ``text`` computed here, independently of ssacli.train.data."""
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
     windows = ids[: len(ids) // seq_len * seq_len].reshape(-1, seq_len)[:16]
     with torch.no_grad():
@@ -373,7 +373,7 @@ def test_existing_out_is_refused_without_overwrite_or_resume(tmp_path, lm):
 
 
 def _ddp_worker(rank: int, world: int, port: int, folder: str, data: str, out: str, probe: str) -> None:
-    import ssacli.train as train_module
+    import ssacli.train.finetune as train_module
 
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip

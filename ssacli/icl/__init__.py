@@ -1,9 +1,9 @@
 """The paper's controlled in-context-learning experiments: tasks, model, training, evaluation."""
 
+from ..models.icl import ICLModel, ICLSpec, is_icl_checkpoint, load_icl, save_icl
 from .evaluate import Cell, cells_to_json, evaluate, outlier_capture, parse_outlier
-from .model import PRESETS, ICLModel, ICLSpec, is_icl_checkpoint, load_icl, save_icl
 from .tasks import TASKS, Batch, check_task, every_labels, sample_batch, some_labels
-from .train import TrainConfig, resolve_device, train
+from .train import PRESETS, TrainConfig, resolve_device, train
 
 __all__ = [
     "PRESETS",

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .model import ICLModel
+from ..models.icl import ICLModel
 from .tasks import CLASSIFICATION, sample_batch
 
 FIRST_SCORED = 3  # 1-based: positions 1 and 2 have too little context to be judged

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from ..report.files import publish  # noqa: E402
+from ..files import publish  # noqa: E402
 from .evaluate import Cell  # noqa: E402
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 2^0 or 1.0

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from ..errors import InputError, UsageError
-from ..report.files import write_json
+from ..files import write_json
+from ..models.icl import load_icl
 from .evaluate import cells_to_json, evaluate
-from .model import load_icl
 from .tasks import check_task
 from .train import TrainConfig, train
 

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 from torch.nn import functional as F
 
-from ..attention import attention_backend, check_backend
+from ..attention.interface import attention_backend, check_backend
 from ..errors import InputError, JobFailedError, UsageError
-from ..loading import resolve_device
-from .model import ICLModel, ICLSpec, load_icl, save_icl
-from .tasks import CLASSIFICATION, sample_batch
+from ..models.icl import ICLModel, ICLSpec, load_icl, save_icl
+from ..models.loading import resolve_device
+from .tasks import CLASSIFICATION, check_task, sample_batch
 
 
 @dataclass
@@ -47,6 +47,20 @@ class TrainConfig:
 
     def points_at(self, step: int) -> int:
         return min(self.points_end, self.points_start + 2 * (step // self.curriculum_every()))
+
+
+# name -> (layers, heads, width). "cpu" is the size the bundled checkpoints and the study use.
+PRESETS = {"cpu": (3, 4, 32), "small": (4, 4, 64), "paper": (12, 8, 256)}
+
+
+def spec_from_preset(task: str, scorer: str, preset: str = "cpu", **overrides) -> ICLSpec:
+    """The spec of a new ICL model: a size preset, with explicit sizes (not None) taking precedence."""
+    if preset not in PRESETS:
+        raise UsageError(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
+    layers, heads, width = PRESETS[preset]
+    sizes = {"layers": layers, "heads": heads, "width": width}
+    sizes.update({k: v for k, v in overrides.items() if v is not None})
+    return ICLSpec(task=check_task(task), scorer=scorer, **sizes)
 
 
 def loss_fn(task: str, predictions: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
@@ -87,7 +101,7 @@ def train(
                 "resume it with the same --task and --scorer, or pick a new --out"
             )
     else:
-        spec = ICLSpec.from_preset(
+        spec = spec_from_preset(
             config.task,
             config.scorer,
             config.preset,

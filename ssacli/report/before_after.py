@@ -1,6 +1,6 @@
 """Rendering an ``ssacli report`` (BEFORE vs AFTER) for the terminal and as one HTML page.
 
-Both read only the JSON-ready report of :func:`ssacli.comparison.compare_models`, so a report
+Both read only the JSON-ready report of :func:`ssacli.quality.compare.compare_models`, so a report
 written with ``--json`` renders the same later. The probe half reuses the diagnose comparison
 (:func:`render_comparison`, :func:`comparison_html`) so both commands show probes identically.
 """
@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..results import DiagnoseResult
-from .console import _facts_panel, render_comparison
+from ..diagnosis.result import DiagnoseResult
+from .terminal import _facts_panel, render_comparison
 
 
 def report_results(report: dict[str, Any]) -> tuple[DiagnoseResult, DiagnoseResult]:

@@ -21,8 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from ..results import COLLAPSE_SHARE, METRICS, DiagnoseResult, ProbeResult, common_levels  # noqa: E402
-from .console import (  # noqa: E402
+from ..diagnosis.result import COLLAPSE_SHARE, METRICS, DiagnoseResult, ProbeResult, common_levels  # noqa: E402
+from .terminal import (  # noqa: E402
     KEY_METRICS,
     comparison_columns,
     fmt,

@@ -193,7 +193,7 @@ class Scorer(nn.Module):
         """Weights from clean logits ``x`` (masked entries are 0). Masked outputs are zeroed later."""
         raise NotImplementedError
 
-    # -- the fused path (ssacli.fused) ------------------------------------------------------------
+    # -- the fused path (ssacli.kernels.fused) ------------------------------------------------------------
     def fused(
         self,
         query: torch.Tensor,

@@ -11,7 +11,7 @@ import math
 import torch
 
 from ..errors import SpecError
-from ..fused import softmax_attention, ssa_attention
+from ..kernels.fused import softmax_attention, ssa_attention
 from .base import (
     POSITIVE_EPS,
     SHARE,

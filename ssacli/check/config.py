@@ -1,0 +1,123 @@
+"""`ssacli.toml`: reading the ``[check]`` table, and the commented file ``ssacli check --init``
+writes for a model's kind (ICL models vs transformers language models and encoders)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, UsageError
+
+CONFIG_KEYS: dict[str, tuple[type, ...]] = {
+    "model": (str,), "requires": (list,), "baseline": (str,), "max_regression": (int, float),
+    "samples": (int,), "seed": (int,), "length": (int,), "tau": (int, float), "scorer": (str,),
+    "device": (str,), "dtype": (str,),
+}  # fmt: skip
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """The ``[check]`` table of an ssacli.toml, validated; paths are relative to the file's folder."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"config '{path}' does not exist; write one with `ssacli check --init`") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read config '{path}': {err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"config '{path}' is not valid TOML: {err}") from None
+    table = data.get("check", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"config '{path}': [check] must be a table")
+    config: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in CONFIG_KEYS:
+            raise UsageError(
+                f"config '{path}': unknown key '{key}' in [check]; valid: {', '.join(CONFIG_KEYS)}"
+            )
+        kinds = CONFIG_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise UsageError(f"config '{path}': '{key}' must be {' or '.join(k.__name__ for k in kinds)}")
+        if key == "requires" and not all(isinstance(v, str) for v in value):
+            raise UsageError(f"config '{path}': 'requires' must be a list of strings")
+        config[key] = value
+    if "baseline" in config:
+        config["baseline"] = str(path.parent / config["baseline"])
+    model = config.get("model")
+    if model and not model.startswith("builtin:") and (path.parent / model).exists():
+        config["model"] = str(path.parent / model)
+    return config
+
+
+_TEMPLATE = """\
+# ssacli.toml: attention-saturation requirements that `ssacli check` enforces (docs/ci.md).
+# Written by `ssacli check --init` for {what}.
+# A requirement: METRIC@PROBE:LEVEL[layer=A-B,head=H] [mean|max|min] OP VALUE (OP: <= < >= > ==).
+# mean (the default) averages every head once; max / min is the worst / best single head.
+# check runs only the probe levels named below. Command-line flags override this file.
+
+[check]
+model = {model}
+samples = 8  # inputs per probe level
+seed = 0     # the same seed gives the same inputs, so runs and baselines stay comparable
+requires = [
+{requires}]
+
+# Regression gate: compare with an earlier `ssacli check --json` (or `diagnose --json`) file and
+# fail when a metric moves towards saturation by more than max_regression (absolute).
+# baseline = "ssacli-baseline.json"
+# max_regression = 0.05
+"""
+# Values quoted for the bundled models are `ssacli diagnose` model means (or worst heads, for max)
+# at seeds 0-2 with 8 samples, the settings the template writes.
+_REQUIRES = {
+    "icl": """\
+    # One x value 1000x the others: no head collapses (puts >= 0.9 of a row on one token) in more
+    # than 20 % of its rows. builtin:every-softmax, worst head: 0.01-0.03.
+    "collapse_rate@outlier:1000 max <= 0.2",
+    # ...nor does the outlier draw half of the other queries' attention. every-softmax: 0.01-0.05.
+    "outlier_capture@outlier:1000 <= 0.5",
+    # Every x 32x larger: still no head collapses. every-softmax: <= 0.008, linear-ssa: <= 0.08;
+    # linear-softmax fails (0.21-0.32).
+    "collapse_rate@embed-scale:32 max <= 0.2",
+    # ...and attention stays spread out (entropy 1 = uniform). every-softmax: 0.90-0.92.
+    "entropy@embed-scale:32 >= 0.5",
+    # Attention logits x8 (the paper's Theorem 1): at most a quarter of rows collapse, over all
+    # heads. every-softmax: 0.03-0.05, every-ssa: 0.01; linear-softmax fails (0.43-0.47).
+    "collapse_rate@logit-scale:8 <= 0.25",
+    # Optional: one key's logit + 16 (Theorem 2). Softmax models fail it (every-softmax: 0.68-0.77),
+    # SSA models pass (every-ssa: <= 0.006, linear-ssa: 0.12-0.17).
+    # "collapse_rate@dominant-key:16 <= 0.5",
+""",
+    "lm": """\
+    # One token's embedding x100 must not draw half of the other tokens' attention (mean over
+    # heads): the model does not fixate on a single out-of-range token.
+    "outlier_capture@outlier:100 <= 0.5",
+    # ...nor collapse half of the rows: the outlier probe's collapse point lies beyond 100.
+    "collapse_rate@outlier:100 <= 0.5",
+    # Every embedding x8: fewer than half of the rows collapse (model mean). LMs keep heads that
+    # sink onto position 0 by design, which makes `max` over heads too strict as a default.
+    "collapse_rate@embed-scale:8 <= 0.5",
+    # Optional: attention logits x4 (Theorem 1). Softmax LMs with strong sink heads often fail it.
+    # "collapse_rate@logit-scale:4 <= 0.5",
+""",
+}
+KINDS = ("icl", "causal", "masked", "encoder", "seq2seq")
+
+
+def init_config(family: str, model: str = "builtin:every-softmax") -> str:
+    """A commented ssacli.toml with default requirements for ``family``: a kind (icl, causal,
+    masked, encoder, seq2seq) or a ``model_type`` such as llama, bert or icl-gpt2. The ICL
+    thresholds sit well clear of what builtin:every-softmax measures, so it passes; those for other
+    models are loose starting points: tighten them, or gate on a baseline, once you have measured."""
+    kind = family
+    if family not in KINDS:
+        from ..models.loading import _is_causal_family
+
+        kind = "icl" if family.startswith("icl") else ("causal" if _is_causal_family(family) else "encoder")
+    what = "an in-context-learning model" if kind == "icl" else f"a transformers model ({kind})"
+    return _TEMPLATE.format(
+        what=what, model=json.dumps(model), requires=_REQUIRES["icl" if kind == "icl" else "lm"]
+    )

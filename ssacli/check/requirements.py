@@ -1,0 +1,360 @@
+"""`ssacli check`: attention-saturation requirements that a model must meet, for CI gates.
+
+A requirement is one line (grammar and examples in docs/ci.md)::
+
+    METRIC@PROBE:LEVEL[layer=A-B,head=H] [mean|max|min] OP VALUE
+    collapse_rate@outlier:100 max <= 0.2      # no head collapses in more than 20 % of its rows
+    entropy@embed-scale:16 >= 0.3             # mean over every head (the diagnose model mean)
+
+Requirements name the probe levels they need, so a check runs only those levels, not every probe.
+A baseline (an earlier ``diagnose --json`` or ``check --json`` file) turns each requirement into a
+regression gate too: the metric may not move towards saturation by more than ``max_regression``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..diagnosis.probes import PROBES, parse_probe
+from ..diagnosis.result import METRICS, DiagnoseResult, _clean
+from ..errors import InputError, UsageError
+
+# Config files and `--init` templates live in check_config.py; re-exported for the API.
+from .config import CONFIG_KEYS, KINDS, init_config, load_config  # noqa: F401
+
+SCHEMA = "ssacli-check"
+SCHEMA_VERSION = 1
+EXAMPLE = "collapse_rate@outlier:100[layer=0-1] max <= 0.2"
+AGGREGATES = ("mean", "max", "min")
+_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt,
+        "==": lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)}  # fmt: skip
+_NEGATED = {"<=": ">", "<": ">=", ">=": "<", ">": "<=", "==": "!="}
+# Longest first, and the common mistakes too, so that they get a message rather than a misparse.
+_OP_RE = re.compile(r"<=|>=|==|!=|=<|=>|<|>|=")
+_LHS_RE = re.compile(r"^(?P<target>[^\[\]\s]+)\s*(?:\[(?P<sel>[^\]]*)\])?\s*(?P<agg>[A-Za-z_]\w*)?$")
+_RANGE_RE = re.compile(r"^(\d+)(?:\s*-\s*(\d+))?$")
+SETTINGS_COMPARED = ("seed", "samples", "length", "tau", "top_k", "inputs")
+
+
+def _bad(text: str, problem: str) -> UsageError:
+    return UsageError(f"requirement {text!r}: {problem} (e.g. '{EXAMPLE}')")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One requirement measured on one run. ``measured`` is NaN when the run leaves it undefined."""
+
+    passed: bool
+    measured: float
+    message: str
+    baseline: float | None = None  # the same quantity in the baseline run, when there is one
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One parsed requirement; ``text`` is kept verbatim because reports and JUnit name it so."""
+
+    text: str
+    metric: str
+    probe: str
+    level: float
+    op: str
+    value: float
+    aggregate: str = "mean"
+    layers: tuple[int, int] | None = None  # inclusive index ranges; None = all
+    heads: tuple[int, int] | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def direction(self) -> str:
+        """Which way the metric moves as attention saturates: high, low (none for row_mass)."""
+        return METRICS[self.metric][1]
+
+    def measure(self, result: DiagnoseResult) -> float:
+        """The aggregate over the selected heads at this level (NaN where every head is undefined).
+        A run that lacks the probe, the level or the selected layers/heads is a usage error: the
+        requirement does not fit the run, which says nothing about the model."""
+        try:
+            probe = result.probe(self.probe)
+        except KeyError:
+            raise UsageError(f"requirement '{self.text}': the run has no probe '{self.probe}'") from None
+        index = next((i for i, lv in enumerate(probe.levels) if math.isclose(lv, self.level)), None)
+        if index is None:
+            have = ", ".join(f"{v:g}" for v in probe.levels)
+            raise UsageError(
+                f"requirement '{self.text}': level {self.level:g} was not measured (have {have})"
+            )
+        if self.metric not in probe.metrics:
+            return math.nan
+        values = probe.metrics[self.metric][index]  # [layer, head]
+        values = values[_pick(self.layers, values.shape[0], "layer", self.text)]
+        values = values[:, _pick(self.heads, values.shape[1], "head", self.text)]
+        finite = values[np.isfinite(values)]
+        if finite.size == 0:
+            return math.nan
+        return float({"mean": np.mean, "max": np.max, "min": np.min}[self.aggregate](finite))
+
+    def evaluate(
+        self,
+        result: DiagnoseResult,
+        baseline: DiagnoseResult | None = None,
+        max_regression: float | None = None,
+    ) -> Outcome:
+        """Pass when the threshold holds and, with a baseline and ``max_regression``, the metric has
+        not moved towards saturation by more than that (absolute). An undefined value fails: a gate
+        that cannot be measured must not pass silently."""
+        measured = self.measure(result)
+        if not math.isfinite(measured):
+            note = result.probe(self.probe).note
+            why = f": {note}" if note else " (no counted rows in the selected heads)"
+            return Outcome(False, math.nan, f"undefined: {self.probe} left {self.metric} unmeasured{why}")
+        passed = _OPS[self.op](measured, self.value)
+        shown = f"measured {measured:.4g} {self.op if passed else _NEGATED[self.op]} {self.value:g}"
+        parts = [shown if passed else f"{shown} (required {self.op} {self.value:g})"]
+        before = None
+        if baseline is not None:
+            before, note = self._baseline_value(baseline)
+            if before is None:
+                parts.append(note)
+            else:
+                moved = (measured - before) * {"high": 1, "low": -1}.get(self.direction, 0)
+                delta = f"{measured - before:+.4g} vs baseline {before:.4g}"
+                if self.direction == "none":
+                    parts.append(f"{delta} ({self.metric} has no saturating direction)")
+                elif max_regression is not None and moved > max_regression:
+                    passed = False
+                    toward = "up" if self.direction == "high" else "down"
+                    parts.append(
+                        f"regressed {delta}: more than {max_regression:g} towards saturation "
+                        f"({self.metric} saturates {toward})"
+                    )
+                else:
+                    limit = f", within {max_regression:g}" if max_regression is not None else ""
+                    parts.append(f"{delta}{limit}")
+        return Outcome(passed, measured, "; ".join(parts), before)
+
+    def _baseline_value(self, baseline: DiagnoseResult) -> tuple[float | None, str]:
+        try:
+            value = self.measure(baseline)
+        except UsageError:
+            return None, f"not compared: the baseline did not measure {self.probe}:{self.level:g}"
+        if not math.isfinite(value):
+            return None, "not compared: undefined in the baseline"
+        return value, ""
+
+
+def _pick(span: tuple[int, int] | None, size: int, what: str, text: str) -> slice:
+    if span is None:
+        return slice(None)
+    if span[1] >= size:
+        raise UsageError(f"requirement '{text}': {what} {span[1]} is out of range (0-{size - 1} here)")
+    return slice(span[0], span[1] + 1)
+
+
+def parse_requirement(text: str) -> Requirement:
+    """Parse one requirement; every problem is a UsageError naming the expression and an example."""
+    if not isinstance(text, str) or not text.strip():
+        raise _bad(str(text), "empty requirement")
+    source = text.strip()
+    masked = re.sub(r"\[[^\]]*\]", lambda m: "#" * len(m.group()), source)  # '=' inside [...] is no op
+    ops = list(_OP_RE.finditer(masked))
+    if not ops:
+        raise _bad(source, "no comparison; use one of <=, <, >=, >, ==")
+    if len(ops) > 1:
+        raise _bad(source, "more than one comparison")
+    op = ops[0].group()
+    if op not in _OPS:
+        fix = {"=": "==", "=<": "<=", "=>": ">="}.get(op)
+        raise _bad(source, f"'{op}' is not a comparison; use {fix}" if fix else f"'{op}' is not supported")
+    lhs, rhs = source[: ops[0].start()].strip(), source[ops[0].end() :].strip()
+    try:
+        value = float(rhs)
+    except ValueError:
+        raise _bad(source, f"the threshold {rhs!r} is not a number" if rhs else "no threshold") from None
+    if not math.isfinite(value):
+        raise _bad(source, "the threshold must be finite")
+    match = _LHS_RE.match(lhs)
+    if match is None:
+        raise _bad(source, "expected METRIC@PROBE:LEVEL[SELECTOR] [mean|max|min] OP VALUE")
+    target, selector, aggregate = match.group("target", "sel", "agg")
+    metric, at, rest = target.partition("@")
+    if not at:
+        raise _bad(source, "name the probe after the metric: METRIC@PROBE:LEVEL")
+    if metric not in METRICS:
+        raise _bad(source, f"unknown metric '{metric}'; choose from: {', '.join(METRICS)}")
+    probe, colon, raw_level = rest.partition(":")
+    if probe not in PROBES:
+        raise _bad(source, f"unknown probe '{probe}'; choose from: {', '.join(PROBES)}")
+    if not colon or not raw_level:
+        levels = ",".join(f"{v:g}" for v in PROBES[probe].defaults)
+        raise _bad(source, f"give one level of {probe} after a colon (its default levels: {levels})")
+    if metric == "outlier_capture" and not PROBES[probe].has_target:
+        with_target = ", ".join(k.name for k in PROBES.values() if k.has_target)
+        raise _bad(source, f"outlier_capture needs a probe with a target token: {with_target}")
+    if "," in raw_level:
+        raise _bad(source, "one level per requirement; write one requirement per level")
+    try:
+        (level,) = parse_probe(f"{probe}:{raw_level}").levels
+    except UsageError as err:
+        raise _bad(source, str(err)) from None
+    aggregate = aggregate or "mean"
+    if aggregate not in AGGREGATES:
+        raise _bad(source, f"unknown aggregate '{aggregate}'; choose from: {', '.join(AGGREGATES)}")
+    spans = _selector(source, selector) if selector is not None else {}
+    return Requirement(
+        source, metric, probe, level, op, value, aggregate, spans.get("layer"), spans.get("head")
+    )
+
+
+def _selector(source: str, selector: str) -> dict[str, tuple[int, int]]:
+    spans: dict[str, tuple[int, int]] = {}
+    for item in (part.strip() for part in selector.split(",")):
+        key, eq, raw = (s.strip() for s in item.partition("="))
+        if key not in ("layer", "head") or not eq:
+            raise _bad(source, f"selector item {item!r}: write layer=N, layer=A-B, head=N or head=A-B")
+        if key in spans:
+            raise _bad(source, f"'{key}' is selected twice")
+        found = _RANGE_RE.match(raw)
+        if found is None:
+            raise _bad(source, f"{key}={raw!r}: give an index (0-based) or a range A-B")
+        low, high = int(found.group(1)), int(found.group(2) or found.group(1))
+        if high < low:
+            raise _bad(source, f"{key}={raw}: the range is empty")
+        spans[key] = (low, high)
+    return spans
+
+
+def required_probes(requirements: list[Requirement]) -> list[str]:
+    """The minimal ``--probe`` set: each probe once, with exactly the levels the requirements name."""
+    levels: dict[str, set[float]] = {}
+    for req in requirements:
+        levels.setdefault(req.probe, set()).add(req.level)
+    return [f"{name}:{','.join(f'{v:g}' for v in sorted(levels[name]))}" for name in PROBES if name in levels]
+
+
+def load_baseline(path: str | Path) -> DiagnoseResult:
+    """A ``diagnose --json`` result, or a ``check --json`` file (its embedded result)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"baseline '{path}' does not exist; write one with `ssacli check --json`") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"cannot read baseline '{path}' ({err}); give a --json output") from None
+    if isinstance(data, dict) and data.get("schema") == SCHEMA:
+        data = data.get("result")
+    if not isinstance(data, dict):
+        raise InputError(f"baseline '{path}' is not an ssacli diagnose or check result")
+    try:
+        return DiagnoseResult.from_dict(data)
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"baseline '{path}' is malformed ({err!r}); re-create it") from None
+
+
+# ---- a whole check ---------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckReport:
+    model: str
+    requirements: list[Requirement]
+    outcomes: list[Outcome]
+    result: DiagnoseResult
+    baseline_file: str | None = None
+    max_regression: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outcomes)
+
+    @property
+    def failures(self) -> int:
+        return sum(not o.passed for o in self.outcomes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` document; its ``result`` makes the file usable as the next baseline."""
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model,
+            "passed": self.passed,
+            "baseline_file": self.baseline_file,
+            "max_regression": self.max_regression,
+            "warnings": list(self.warnings),
+            "requirements": [
+                {
+                    "expr": r.text,
+                    "passed": o.passed,
+                    "measured": _clean(o.measured),
+                    "baseline": _clean(o.baseline),
+                    "message": o.message,
+                }
+                for r, o in zip(self.requirements, self.outcomes)
+            ],
+            "result": self.result.to_dict(),
+        }
+
+    def junit_xml(self) -> str:
+        """One <testsuite> with one <testcase> per requirement, as CI test-report viewers read it."""
+        suite = ET.Element("testsuite", name="ssacli check", tests=str(len(self.outcomes)),
+                           failures=str(self.failures), errors="0", skipped="0",
+                           time=f"{self.result.elapsed_s:.3f}")  # fmt: skip
+        props = ET.SubElement(suite, "properties")
+        for key in ("model", "baseline_file", "max_regression"):
+            value = getattr(self, key)
+            ET.SubElement(props, "property", name=key, value="" if value is None else str(value))
+        for req, out in zip(self.requirements, self.outcomes):
+            case = ET.SubElement(suite, "testcase", name=req.text, classname=self.model, time="0")
+            if not out.passed:
+                failure = ET.SubElement(case, "failure", message=out.message, type="RequirementFailed")
+                failure.text = f"{req.text}\n{out.message}"
+            base = "" if out.baseline is None else f" baseline={out.baseline:.6g}"
+            ET.SubElement(case, "system-out").text = f"measured={out.measured:.6g}{base}\n{out.message}"
+        ET.indent(suite)
+        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def run_check(
+    model: str,
+    requires: list[str | Requirement],
+    *,
+    baseline: str | Path | DiagnoseResult | None = None,
+    max_regression: float | None = None,
+    **diagnose_options: Any,
+) -> CheckReport:
+    """Parse ``requires``, diagnose ``model`` on just the probe levels they name, and evaluate them.
+    Everything cheap (expressions, baseline file) is checked before the model loads."""
+    from ..diagnosis.run import diagnose
+
+    reqs = [r if isinstance(r, Requirement) else parse_requirement(r) for r in requires]
+    if not reqs:
+        raise UsageError(
+            "no requirements: pass --require EXPR or list them in ssacli.toml (ssacli check --init)"
+        )
+    if max_regression is not None and (not math.isfinite(max_regression) or max_regression < 0):
+        raise UsageError(f"max-regression must be a finite number >= 0, got {max_regression}")
+    if max_regression is not None and baseline is None:
+        raise UsageError("--max-regression needs a --baseline to compare with")
+    base = load_baseline(baseline) if isinstance(baseline, str | Path) else baseline
+    result = diagnose(model, required_probes(reqs), **diagnose_options)
+    outcomes = [r.evaluate(result, base, max_regression) for r in reqs]
+    warnings = []
+    if base is not None:
+        for key in SETTINGS_COMPARED:
+            now, then = result.settings.get(key), base.settings.get(key)
+            if now != then:
+                warnings.append(f"the baseline ran with {key}={then}, this run with {key}={now}")
+    label = str(baseline) if isinstance(baseline, str | Path) else (None if base is None else base.model)
+    return CheckReport(str(model), reqs, outcomes, result, label, max_regression, warnings)

@@ -1,0 +1,241 @@
+"""`ssacli check`: gate a model on attention-saturation requirements (exit 0 pass, 1 fail).
+
+Registered on the main Typer app when ssacli/cli.py imports this module. Unlike the other
+commands, check maps errors to CI-oriented exit codes itself (docs/ci.md): 2 for anything the user
+can fix in the invocation or its inputs, 3 for a model or run that cannot be checked, so a pipeline
+can tell "the model regressed" (1) from "the gate is misconfigured" (2) and "the tool broke" (3).
+Every output is rendered before the first file is written, so a failed run leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import InputError, SsacliError, UsageError
+from ..files import write_text
+from . import _state, app
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_RUNTIME = 0, 1, 2, 3
+CONFIG_FILE = "ssacli.toml"
+DEFAULT_MODEL = "builtin:every-softmax"
+
+
+@app.command("check")
+def check_command(
+    model_ref: str = typer.Argument(
+        None, metavar="[MODEL]", help="HF folder, builtin:NAME or cached Hub id (default: the config's)."
+    ),
+    config: Path = typer.Option(None, help=f"Config file (default: ./{CONFIG_FILE} when it exists)."),
+    require: list[str] = typer.Option(
+        None,
+        "--require",
+        "-r",
+        help="A requirement (repeatable; replaces the config's), e.g. "
+        "'collapse_rate@outlier:100 max <= 0.2'.",
+    ),  # fmt: skip
+    baseline: Path = typer.Option(None, help="An earlier `check --json` or `diagnose --json` file."),
+    max_regression: float = typer.Option(
+        None, help="Fail when a metric moves this far (absolute) towards saturation vs --baseline."
+    ),
+    junit: Path = typer.Option(None, help="Write a JUnit XML report (one testcase per requirement)."),
+    json_out: Path = typer.Option(None, "--json", help="Write the check (and its result) as JSON."),
+    samples: int = typer.Option(None, min=1, help="Inputs per probe level (default 8)."),
+    seed: int = typer.Option(None, help="Seed of the probe inputs (default 0)."),
+    length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points)."),
+    tau: float = typer.Option(None, help="A row has collapsed when its largest weight is >= tau (0.9)."),
+    scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa."),
+    device: str = typer.Option(None, help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option(None, help="auto (float32 on CPU), float32, bfloat16 or float16."),
+    allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures, errors and written files."),
+    init: bool = typer.Option(False, "--init", help=f"Write {CONFIG_FILE} with defaults for MODEL, exit."),
+) -> None:
+    r"""Check MODEL against attention-saturation requirements; exit 0 if all pass, 1 if any fails.
+
+    A requirement is METRIC@PROBE:LEVEL\[layer=A-B,head=H] \[mean|max|min] OP VALUE. Only the
+    probe levels the requirements name are run. Exit codes: 0 pass, 1 a requirement failed,
+    2 usage or input error, 3 the model cannot be checked. Grammar and CI recipes: docs/ci.md.
+
+    Examples:
+
+      ssacli check --init                                 # write ssacli.toml for the bundled model
+
+      ssacli check                                        # run the requirements in ./ssacli.toml
+
+      ssacli check ./my-model -r 'collapse_rate@outlier:100 max <= 0.2' -r 'entropy@embed-scale:16 >= 0.3'
+
+      ssacli check --baseline main.json --max-regression 0.05 --junit junit.xml --json check.json
+    """
+    options = dict(
+        config=config, require=require, baseline=baseline, max_regression=max_regression, junit=junit,
+        json_out=json_out, quiet=quiet, diagnose={
+            "samples": samples, "seed": seed, "length": length, "tau": tau, "scorer": scorer,
+            "device": device, "dtype": dtype, "allow_download": allow_download, "allow_pickle": allow_pickle,
+        },
+    )  # fmt: skip
+    try:
+        code = _init(model_ref, config) if init else _check(model_ref, **options)
+    except SsacliError as err:
+        if _state["debug"]:
+            raise
+        code = EXIT_USAGE if isinstance(err, UsageError | InputError) else EXIT_RUNTIME
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+    except Exception as err:  # a bug or an unexpected model: one line, the traceback with --debug
+        if _state["debug"]:
+            raise
+        code = EXIT_RUNTIME
+        Console(stderr=True).print(
+            f"[bold red]internal error:[/] {type(err).__name__}: {escape(str(err))} "
+            "(rerun with --debug for the traceback)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    raise typer.Exit(code)
+
+
+def _check(model_ref, *, config, require, baseline, max_regression, junit, json_out, quiet, diagnose) -> int:
+    from ..check.requirements import load_config, parse_requirement, run_check
+
+    if config is None and Path(CONFIG_FILE).is_file():
+        config = Path(CONFIG_FILE)
+    settings: dict[str, Any] = load_config(config) if config is not None else {}
+    flags = {"requires": require or None, "baseline": baseline, "max_regression": max_regression}
+    settings.update({k: v for k, v in {**flags, **diagnose}.items() if v is not None and v is not False})
+    model = model_ref or settings.pop("model", DEFAULT_MODEL)
+    settings.pop("model", None)
+    requires = [parse_requirement(r) for r in settings.pop("requires", [])]  # fail before loading
+    if not requires:
+        where = f"'{config}' lists none under [check] requires" if config else f"no {CONFIG_FILE} here"
+        raise UsageError(
+            f"no requirements ({where}); pass --require EXPR or write one with `ssacli check --init`"
+        )
+    for option, path in (("--junit", junit), ("--json", json_out)):
+        if path is not None and path.is_dir():
+            raise UsageError(f"{option} '{path}' is a folder; give a file name")
+    for key in ("tau", "max_regression"):
+        if key in settings:
+            settings[key] = float(settings[key])
+    report = _run(run_check, model, requires, settings, quiet)
+    outputs = []  # rendered in full before the first file is written
+    if junit is not None:
+        outputs.append((report.junit_xml(), junit))
+    if json_out is not None:
+        outputs.append((json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n", json_out))
+    _render(report, quiet)
+    console = Console()
+    for text, path in outputs:
+        write_text(text, path)
+        console.print(f"wrote {path}", highlight=False)
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def _run(run_check, model: str, requires: list, settings: dict, quiet: bool):
+    """run_check with a one-line status on stderr (only on a terminal, and not --quiet)."""
+    stderr = Console(stderr=True)
+    if quiet or not stderr.is_terminal:
+        return run_check(model, requires, **settings)
+    with stderr.status(f"ssacli check {model}") as status:
+
+        def on_progress(what: str, done: int, total: int) -> None:
+            status.update(f"ssacli check {model}: {what} {done}/{total}")
+
+        return run_check(model, requires, progress=on_progress, **settings)
+
+
+def _render(report, quiet: bool) -> None:
+    """A table for humans; with --quiet only the failures, one line each, on stderr."""
+    stderr = Console(stderr=True)
+    for warning in report.warnings:
+        stderr.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    if quiet:
+        for req, out in zip(report.requirements, report.outcomes):
+            if not out.passed:
+                stderr.print(
+                    f"FAIL {escape(req.text)}: {escape(out.message)}", highlight=False, soft_wrap=True
+                )
+        return
+    with_base = report.baseline_file is not None
+    table = Table(title=f"ssacli check · {escape(report.model)}", title_justify="left")
+    table.add_column("requirement", overflow="fold")
+    for name in ("measured", *(("baseline", "Δ") if with_base else ()), "result"):
+        table.add_column(name, justify="left" if name == "result" else "right", no_wrap=True, min_width=6)
+    for req, out in zip(report.requirements, report.outcomes):
+        row = [escape(req.text), _num(out.measured)]
+        if with_base:
+            delta = None if out.baseline is None else out.measured - out.baseline
+            row += [_num(out.baseline), "–" if delta is None else f"{delta:+.4g}"]
+        row.append("[green]PASS[/]" if out.passed else "[bold red]FAIL[/]")
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    for req, out in zip(report.requirements, report.outcomes):
+        if not out.passed:
+            console.print(
+                f"[bold red]FAIL[/] {escape(req.text)}: {escape(out.message)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+    total = len(report.outcomes)
+    verdict = (
+        f"[green]all {total} requirements passed[/]"
+        if report.passed
+        else f"[bold red]{report.failures} of {total} requirements failed[/]"
+    )
+    console.print(verdict, highlight=False)
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None or value != value else f"{value:.4g}"
+
+
+def _init(model_ref: str | None, config: Path | None) -> int:
+    """--init: write a commented ssacli.toml for MODEL's kind; never overwrite one."""
+    from ..check.requirements import init_config
+
+    target = config or Path(CONFIG_FILE)
+    if target.exists():
+        raise UsageError(f"'{target}' already exists; edit it, or remove it to write fresh defaults")
+    model = model_ref or DEFAULT_MODEL
+    kind = model_kind(model)
+    local = Path(model).expanduser()
+    if not model.startswith("builtin:") and local.exists():  # config paths are relative to the file
+        model = Path(os.path.relpath(local.resolve(), target.resolve().parent)).as_posix()
+    write_text(init_config(kind, model), target)
+    article = "an" if kind == "icl" else "a"
+    Console().print(
+        f"wrote {target} (defaults for {article} {kind} model; see the comments)", highlight=False
+    )
+    return EXIT_PASS
+
+
+def model_kind(ref: str) -> str:
+    """icl, causal, masked, encoder or seq2seq, read from the checkpoint's config alone (no weights
+    are loaded, so --init is instant even for large models)."""
+    from ..models.icl import is_icl_checkpoint
+    from ..models.loading import _HUB_ID, _is_causal_family, resolve_model_path
+
+    local = ref.startswith("builtin:") or Path(ref).expanduser().exists() or not _HUB_ID.match(ref)
+    source = resolve_model_path(ref) if local else ref
+    if local and is_icl_checkpoint(source):
+        return "icl"
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read the config of '{ref}': {str(err).strip().splitlines()[0]}") from None
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "seq2seq"
+    names = getattr(cfg, "architectures", None) or ()
+    if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in names) or _is_causal_family(cfg.model_type):
+        return "causal"
+    return "masked" if any(n.endswith("ForMaskedLM") for n in names) else "encoder"

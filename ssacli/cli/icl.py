@@ -1,0 +1,180 @@
+"""`ssacli icl train|eval|sweep`: the in-context-learning experiments (registered on the app)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ..errors import UsageError
+from ..files import write_json
+from . import _floats, app
+
+icl_app = typer.Typer(
+    help="In-context-learning experiments: train small models on the paper's tasks, evaluate them "
+    "under magnitude and length shift.",
+    no_args_is_help=True,
+)
+app.add_typer(icl_app, name="icl")
+
+
+@icl_app.command("train")
+def icl_train(
+    task: str = typer.Option(..., help="every, some or linear."),
+    out: Path = typer.Option(..., help="Checkpoint folder to write."),
+    scorer: str = typer.Option("softmax", help="Scorer spec, e.g. ssa or ssa:init=paper,learn=none."),
+    steps: int = typer.Option(4000, min=1, help="Training steps."),
+    batch_size: int = typer.Option(64, min=1, help="Prompts per step."),
+    lr: float = typer.Option(1e-4, help="Adam learning rate."),
+    seed: int = typer.Option(0, help="Seed for weights and data."),
+    preset: str = typer.Option("cpu", help="Model size: cpu (3x4x32), small (4x4x64), paper (12x8x256)."),
+    layers: int = typer.Option(None, help="Override the preset's layers."),
+    heads: int = typer.Option(None, help="Override the preset's heads."),
+    width: int = typer.Option(None, help="Override the preset's width."),
+    points_start: int = typer.Option(11, help="Curriculum: points per prompt at the start."),
+    points_end: int = typer.Option(41, help="Curriculum: points per prompt at the end."),
+    points_every: int = typer.Option(
+        None, help="Curriculum: steps between +2 points (default: end at half-way)."
+    ),
+    checkpoint_every: int = typer.Option(1000, min=1, help="Write a checkpoint every K steps."),
+    attention: str = typer.Option(
+        "auto", help="Attention kernels: auto (fused where no weights are needed), eager or fused."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a checkpoint already in --out."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+) -> None:
+    """Train an ICL model from scratch with any scorer."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..attention.interface import check_backend
+    from ..icl import TrainConfig, check_task, train
+    from ..scorers import make_scorer
+
+    check_task(task)
+    check_backend(attention)
+    make_scorer(scorer)  # fail on a bad spec before any work
+    config = TrainConfig(
+        task=task,
+        scorer=scorer,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        preset=preset,
+        layers=layers,
+        heads=heads,
+        width=width,
+        points_start=points_start,
+        points_end=points_end,
+        points_every=points_every,
+        checkpoint_every=checkpoint_every,
+        attention=attention,
+    )
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.4f} · {task.fields[points]} pts"),
+        TimeRemainingColumn(),
+    ]
+    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
+        bar = progress.add_task(f"{task}/{scorer}", total=steps, loss=float("nan"), points=points_start)
+
+        def on_step(step: int, loss: float, points: int) -> None:
+            progress.update(bar, completed=step, loss=loss, points=points)
+
+        model = train(config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step)
+    history = model.spec.training["history"]
+    typer.echo(f"wrote {out} (step {model.spec.training['step']}, last logged loss {history[-1][1]:.4g})")
+
+
+@icl_app.command("eval")
+def icl_eval(
+    model_ref: str = typer.Argument(..., metavar="MODEL", help="Checkpoint folder or builtin:NAME."),
+    sigma: str = typer.Option("1,2,4,8,16,32", help="Comma-separated σ of the inputs."),
+    length: str = typer.Option("41,81,161", help="Comma-separated prompt lengths (points)."),
+    outlier: str = typer.Option(None, help="Planted outliers VALUE@POSITION, comma-separated, e.g. 1000@3."),
+    prompts: int = typer.Option(500, min=1, help="Prompts per cell."),
+    coef_sigma: float = typer.Option(1.0, help="linear: σ of the coefficients a, b."),
+    seed: int = typer.Option(0, help="Seed of the evaluation prompts."),
+    json_out: Path = typer.Option(None, "--json", help="Write the results as JSON to this file."),
+    plot: Path = typer.Option(None, help="Write a figure (png, pdf, svg) to this file."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+) -> None:
+    """Evaluate an ICL model over σ × length, and with planted outliers."""
+    from ..icl import cells_to_json, evaluate, load_icl, parse_outlier, resolve_device
+    from ..models.loading import resolve_model_path
+    from ..report.icl import icl_legend, icl_tables
+
+    lengths = tuple(int(v) for v in _floats(length, "length"))
+    try:
+        probes = [parse_outlier(v) for v in outlier.split(",")] if outlier else []
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    sigmas = _floats(sigma, "sigma")
+    model = load_icl(resolve_model_path(model_ref), resolve_device(device))  # after the cheap checks
+    cells = evaluate(model, sigmas=sigmas, lengths=lengths, prompts=prompts, coef_sigma=coef_sigma, seed=seed)
+    if probes:
+        cells += evaluate(
+            model,
+            sigmas=(1.0,),
+            lengths=lengths,
+            outliers=tuple(probes),
+            prompts=prompts,
+            coef_sigma=coef_sigma,
+            seed=seed,
+        )
+    console = Console()
+    for table in icl_tables(cells, model.spec.task, model.spec.scorer):
+        console.print(table)
+    console.print(icl_legend(model.spec.task), style="dim")
+    result = {"model": model_ref, **cells_to_json(model, cells)}
+    if json_out is not None:
+        write_json(result, json_out)
+        console.print(f"wrote {json_out}")
+    if plot is not None:
+        from ..icl.plots import plot_eval
+
+        metric = "sequence error rate" if model.spec.task != "linear" else "MSE / Var(y)"
+        plot_eval(cells, f"{model_ref}: {model.spec.task}, {model.spec.scorer}", metric, plot)
+        console.print(f"wrote {plot}")
+
+
+@icl_app.command("sweep")
+def icl_sweep(
+    out: Path = typer.Option(..., help="Folder for runs/, results.json and figures/."),
+    plan_file: Path = typer.Option(None, "--plan", help="A JSON plan (see docs/results/icl-plan.json)."),
+    task: list[str] = typer.Option(["every", "linear"], help="Task (repeat the flag for several)."),
+    scorer: list[str] = typer.Option(["softmax", "ssa"], help="Scorer spec (repeat the flag for several)."),
+    seeds: int = typer.Option(3, min=1, help="Seeds per scorer."),
+    steps: int = typer.Option(3000, min=1, help="Training steps per run."),
+    lr: float = typer.Option(1e-4, help="Adam learning rate."),
+    prompts: int = typer.Option(500, min=1, help="Evaluation prompts per cell."),
+    jobs: int = typer.Option(1, min=1, help="Runs in parallel (one CPU thread each)."),
+) -> None:
+    """Train and evaluate a grid of scorers × tasks × seeds; write results.json and figures."""
+    from ..icl.sweep import ScorerEntry, SweepPlan, run_sweep
+
+    if plan_file is not None:
+        plan = SweepPlan.from_json(plan_file)
+    else:
+        entries = [ScorerEntry(label=_label(spec), spec=spec, seeds=seeds) for spec in scorer]
+        plan = SweepPlan(tasks=list(task), scorers=entries, steps=steps, lr=lr, prompts=prompts)
+    total = len(plan.runs())
+    done = []
+
+    def on_result(result: dict) -> None:
+        done.append(result)
+        typer.echo(
+            f"[{len(done)}/{total}] {result['task']}-{result['label']}-s{result['seed']}: "
+            f"final loss {result['final_loss']:.4g}, trained in {result['train_seconds']} s"
+        )
+
+    summary = run_sweep(plan, out, jobs=jobs, on_result=on_result)
+    typer.echo(f"wrote {out / 'results.json'} and {out / 'figures'} ({summary['wall_seconds']} s)")
+
+
+def _label(spec: str) -> str:
+    return spec.replace(":", "-").replace(",", "-").replace("=", "")

@@ -1,0 +1,138 @@
+"""`ssacli report BEFORE AFTER`: quality and attention probes of two models, side by side.
+
+Registered on the main Typer app when ssacli/cli.py imports this module. Every input is checked
+(text files read, pair files parsed, probe specs and ICL settings parsed) before a model loads, and
+output files are rendered in full before either is written, so a failure leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ..errors import UsageError
+from ..files import check_writable, write_text
+from . import _TRUST_HELP, _floats, app, load_trusted
+
+
+@app.command("report")
+def report_command(
+    before: str = typer.Argument(
+        ..., metavar="BEFORE", help="MODEL before the change (folder, builtin:NAME)."
+    ),
+    after: str = typer.Argument(
+        ..., metavar="AFTER", help="MODEL after it, e.g. an `ssacli convert` folder."
+    ),
+    text_id: Path = typer.Option(None, help="UTF-8 text like the training data: LM loss, perplexity."),
+    text_ood: Path = typer.Option(None, help="UTF-8 text unlike it: out-of-distribution LM loss."),
+    heldout_of: Path = typer.Option(
+        None, help="Training --data: its held-out last tenth is the in-distribution text (or --text-id)."
+    ),
+    pairs: Path = typer.Option(None, help="BLiMP-style .jsonl (sentence_good, sentence_bad) or a folder."),
+    pairs_limit: int = typer.Option(200, min=0, help="Pairs per file (its first N; 0 = all)."),
+    probe: list[str] = typer.Option(None, help="Diagnose probe NAME[:L1,L2,…] (repeatable; default all)."),
+    seed: int = typer.Option(0, help="One seed for both models: masking, ICL prompts, probe inputs."),
+    samples: int = typer.Option(8, min=1, help="Sequences per probe level."),
+    seq_len: int = typer.Option(128, min=2, help="LM loss window in tokens (capped at the model's)."),
+    max_tokens: int = typer.Option(16384, min=2, help="LM loss reads at most this many tokens per text."),
+    batch_size: int = typer.Option(8, min=1, help="Windows per forward pass."),
+    sigma: str = typer.Option("1,2,4,8,16,32", help="ICL models: σ of the inputs, comma-separated."),
+    outlier: str = typer.Option("10@3,100@3,1000@3", help="ICL models: VALUE@POSITION outliers ('' = none)."),
+    icl_length: int = typer.Option(41, min=2, help="ICL models: points per prompt."),
+    prompts: int = typer.Option(500, min=1, help="ICL models: prompts per cell."),
+    json_out: Path = typer.Option(None, "--json", help="Write the report (schema ssacli-report) here."),
+    html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors and written files."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option("auto", help="auto (float32 on CPU), float32, bfloat16 or float16."),
+    allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=_TRUST_HELP),
+) -> None:
+    """Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
+
+    Language models: loss and perplexity on --text-id and --text-ood, minimal-pair accuracy on --pairs.
+
+    ICL models: error by input σ and with planted outliers.
+
+    Both: the diagnose probes, run with the same seed. Δ is AFTER − BEFORE.
+
+    Examples:
+
+      ssacli report builtin:every-softmax builtin:every-ssa
+
+      ssacli report ./gpt2 ./gpt2-ssa --text-id wiki.txt --text-ood code.txt --pairs blimp/ --html r.html
+
+      ssacli report ./bert ./bert-ssa --pairs blimp/passive_1.jsonl --pairs-limit 0 --json r.json
+    """
+    from ..diagnosis.probes import parse_probe
+    from ..icl import parse_outlier
+    from ..quality.compare import compare_models
+    from ..quality.inputs import read_pairs, read_text_file
+
+    for option, path in (("--json", json_out), ("--html", html_out)):
+        if path is not None:
+            check_writable(path, option)  # a folder, or nowhere writable: fail before any work
+    probes = [str(parse_probe(p)) for p in probe] if probe else None
+    sigmas = _floats(sigma, "sigma")
+    if not sigmas or any(not s > 0 for s in sigmas):
+        raise UsageError(f"--sigma takes positive numbers, e.g. 1,2,4; got {sigma!r}")
+    try:
+        outliers = tuple(parse_outlier(v.strip()) for v in outlier.split(",") if v.strip())
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if heldout_of is not None and text_id is not None:
+        raise UsageError("give either --text-id or --heldout-of, not both")
+    texts = {
+        key: read_text_file(path, option) if path is not None else None
+        for key, path, option in (("text_id", text_id, "--text-id"), ("text_ood", text_ood, "--text-ood"))
+    }
+    if heldout_of is not None:
+        from ..train.data import heldout_text
+
+        texts["text_id"] = heldout_text(heldout_of)
+        text_id = Path(f"heldout:{heldout_of}")
+    records = read_pairs(pairs, pairs_limit or None) if pairs is not None else None
+    settings = dict(
+        **texts, pairs=records, pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples,
+        seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
+        icl_length=icl_length, prompts=prompts, device=device, dtype=dtype, allow_download=allow_download,
+        allow_pickle=allow_pickle,
+    )  # fmt: skip
+    if trust_remote_code:  # compare_models loads without remote code; load both here, with it
+        load = dict(device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle)
+        before_model, after_model = load_trusted(before, **load), load_trusted(after, **load)
+    else:
+        before_model, after_model = before, after
+    report = _run(compare_models, before_model, after_model, settings, quiet)
+    if records is not None:  # name the files the user gave, not the parsed records
+        report["settings"]["pairs"] = str(pairs)
+    for key, path in (("text_id", text_id), ("text_ood", text_ood)):
+        report["settings"][key] = None if path is None else str(path)
+    console = Console()
+    if not quiet:
+        from ..report.before_after import render_report
+
+        render_report(report, console)
+    outputs = []
+    if json_out is not None:
+        outputs.append((json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n", json_out))
+    if html_out is not None:
+        from ..report.before_after import report_html
+
+        outputs.append((report_html(report), html_out))
+    for text, path in outputs:  # every output rendered before the first is written
+        write_text(text, path)
+        console.print(f"wrote {path}", highlight=False)
+
+
+def _run(compare_models, before: str, after: str, settings: dict, quiet: bool) -> dict:
+    """compare_models with a one-line status on stderr (only on a terminal, and not --quiet)."""
+    stderr = Console(stderr=True)
+    if quiet or not stderr.is_terminal:
+        return compare_models(before, after, **settings)
+    with stderr.status("ssacli report") as status:
+        return compare_models(before, after, progress=lambda what: status.update(what), **settings)

@@ -1,0 +1,232 @@
+"""Magnitude-shift probes: what each one changes, its levels, and the inputs it runs on.
+
+A probe is a name and ascending levels (``embed-scale:1,4,16``); higher levels are harsher.
+
+* ``embed-scale`` σ: the input-embedding module's output times σ (ICL models: the x values).
+* ``outlier`` σ: one token's embedding times σ (ICL: one x value); its captured mass is measured.
+* ``logit-scale`` α: every attention logit times α, inside the attention function (Theorem 1).
+* ``dominant-key`` M: M added to one key's logit for every query (Theorem 2); M = 0 is no change.
+* ``length`` ×m: inputs m times the base length, capped by the model's maximum positions.
+* ``numeric`` d: sentence templates holding d-digit numbers (models with a tokenizer).
+
+Inputs are seeded: the same seed gives the same token ids, target positions and numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UsageError
+from ..icl.tasks import every_labels, some_labels
+from .texts import NUMERIC_TEMPLATES, TEXTS, numeric_number
+
+
+@dataclass(frozen=True)
+class ProbeKind:
+    name: str
+    defaults: tuple[float, ...]
+    symbol: str  # how a level is written in tables: σ=4, α=8, M=16, ×2, 5 digits
+    help: str
+    integer: bool = False
+    allow_zero: bool = False
+    needs_route: bool = False  # changes logits: needs ssacli's attention function
+    needs_tokenizer: bool = False
+    has_target: bool = False  # one target token per sample (its captured mass is measured)
+
+
+PROBES: dict[str, ProbeKind] = {
+    k.name: k
+    for k in (
+        ProbeKind("embed-scale", (1, 2, 4, 8, 16, 32), "σ", "input embeddings × σ"),
+        ProbeKind("outlier", (1, 10, 100, 1000), "σ", "one token's embedding × σ", has_target=True),
+        ProbeKind("logit-scale", (1, 2, 4, 8, 16, 32), "α", "attention logits × α", needs_route=True),
+        ProbeKind(
+            "dominant-key", (0, 2, 4, 8, 16, 32), "M", "one key's logit + M",
+            allow_zero=True, needs_route=True, has_target=True,
+        ),
+        ProbeKind("length", (1, 2, 4), "×", "inputs × m longer", integer=True),
+        ProbeKind("numeric", (2, 3, 4, 5, 6, 7, 8, 9), "digits", "numbers of d digits", integer=True,
+                  needs_tokenizer=True),
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    levels: tuple[float, ...]
+
+    @property
+    def kind(self) -> ProbeKind:
+        return PROBES[self.name]
+
+    def __str__(self) -> str:
+        return f"{self.name}:{','.join(f'{v:g}' for v in self.levels)}"
+
+
+def parse_probe(text: str) -> Probe:
+    """``NAME`` (default levels) or ``NAME:L1,L2,…``; levels are sorted and de-duplicated."""
+    name, _, raw = text.strip().partition(":")
+    kind = PROBES.get(name.strip())
+    if kind is None:
+        raise UsageError(f"unknown probe '{name}'; choose from: {', '.join(PROBES)}")
+    if not raw.strip():
+        return Probe(kind.name, kind.defaults)
+    levels = []
+    for item in raw.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            raise UsageError(
+                f"probe '{kind.name}': level {item.strip()!r} is not a number ({_example(kind)})"
+            ) from None
+        lowest = "≥ 0" if kind.allow_zero else "> 0"
+        if not math.isfinite(value) or value < 0 or (value == 0 and not kind.allow_zero):
+            raise UsageError(f"probe '{kind.name}': level {item.strip()} must be finite and {lowest}")
+        if kind.integer and not value.is_integer():
+            raise UsageError(f"probe '{kind.name}': level {item.strip()} must be a whole number")
+        if kind.integer and value < 1:
+            raise UsageError(f"probe '{kind.name}': level {item.strip()} must be >= 1")
+        levels.append(value)
+    return Probe(kind.name, tuple(sorted(set(levels))))
+
+
+def _example(kind: ProbeKind) -> str:
+    return f"e.g. {kind.name}:{','.join(f'{v:g}' for v in kind.defaults[:3])}"
+
+
+def default_probes() -> list[Probe]:
+    return [Probe(k.name, k.defaults) for k in PROBES.values()]
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """One forward's worth of probe input. Exactly one of ``input_ids`` / ``xs`` is set."""
+
+    input_ids: torch.Tensor | None = None  # [b, t] token ids (transformers models)
+    attention_mask: torch.Tensor | None = None  # [b, t] 1 = real token
+    xs: torch.Tensor | None = None  # [b, points] ICL x values (before any probe)
+    coef: torch.Tensor | None = None  # [b, 2] ICL linear task a, b
+    target: torch.Tensor | None = None  # [b] token index of the probe's target
+
+    @property
+    def size(self) -> int:
+        return (self.input_ids if self.input_ids is not None else self.xs).shape[0]
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[b, t] bool: real (non-padding) tokens."""
+        if self.attention_mask is not None:
+            return self.attention_mask.bool()
+        if self.input_ids is not None:
+            return torch.ones_like(self.input_ids, dtype=torch.bool)
+        return torch.ones(self.xs.shape[0], 2 * self.xs.shape[1], dtype=torch.bool)
+
+
+def pad_sequences(
+    sequences: list[list[int]], pad_id: int, batch_size: int, side: str = "right"
+) -> list[Batch]:
+    """Token-id lists -> padded batches with attention masks (padding queries are not counted)."""
+    batches = []
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start : start + batch_size]
+        width = max(len(s) for s in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for row, seq in enumerate(chunk):
+            cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
+            ids[row, cols] = torch.tensor(seq, dtype=torch.long)
+            mask[row, cols] = 1
+        batches.append(Batch(input_ids=ids, attention_mask=mask))
+    return batches
+
+
+def pick_targets(batches: list[Batch], seed: int) -> None:
+    """One target token per sample, uniform over the first half of its real tokens (never token 0,
+    so most queries of a causal model can see it and it is not the sink)."""
+    generator = torch.Generator().manual_seed(seed + 7919)
+    for batch in batches:
+        valid = batch.valid
+        targets = []
+        for row in range(valid.shape[0]):
+            positions = valid[row].nonzero().flatten()
+            if batch.xs is not None:  # ICL: only x tokens (even indices) carry an input value
+                positions = positions[::2]
+            half = max(2, (len(positions) + 1) // 2)
+            choices = positions[1:half] if len(positions) > 1 else positions
+            targets.append(choices[torch.randint(len(choices), (1,), generator=generator)].item())
+        batch.target = torch.tensor(targets, dtype=torch.long)
+
+
+class TokenSource:
+    """Fixed-length token sequences from a text (built-in or the user's) or random ids."""
+
+    def __init__(self, tokenizer, *, text: str | None, random_ids: bool, vocab_size: int, seed: int) -> None:
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.stream: list[int] | None = None
+        if tokenizer is not None and not random_ids:
+            source = text if text is not None else "\n\n".join(TEXTS)
+            self.stream = tokenizer(source, add_special_tokens=False, verbose=False)["input_ids"]
+            if len(self.stream) < 2:
+                raise UsageError("the probe text is shorter than two tokens; give a longer --text file")
+        self.description = (
+            "random token ids"
+            if self.stream is None
+            else ("--text file" if text is not None else "built-in texts")
+        )
+
+    def sequences(self, samples: int, length: int) -> list[list[int]]:
+        if self.stream is None:
+            generator = torch.Generator().manual_seed(self.seed)
+            low = min(3, self.vocab_size - 1)  # skip the usual pad/bos/eos ids
+            return torch.randint(low, self.vocab_size, (samples, length), generator=generator).tolist()
+        # Consecutive windows through the text, wrapping around when it runs out.
+        stream, out = self.stream, []
+        offset = random.Random(self.seed).randrange(len(stream))
+        for _ in range(samples):
+            window = [stream[(offset + i) % len(stream)] for i in range(length)]
+            offset = (offset + length) % len(stream)
+            out.append(window)
+        return out
+
+
+def numeric_sequences(tokenizer, digits: int, samples: int, seed: int) -> list[list[int]]:
+    """The templates with ``digits``-digit numbers; the same seed picks the same templates."""
+    rng = random.Random(seed * 1000 + digits)
+    out = []
+    for i in range(samples):
+        template = NUMERIC_TEMPLATES[(seed + i) % len(NUMERIC_TEMPLATES)]
+        text = template.replace("{n}", numeric_number(digits, rng))
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def icl_batches(task: str, samples: int, points: int, batch_size: int, seed: int) -> list[Batch]:
+    """Prompts of the ICL model's task at σ = 1 (probes rescale the x values later)."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for start in range(0, samples, batch_size):
+        n = min(batch_size, samples - start)
+        xs = torch.randn(n, points, generator=generator)
+        coef = torch.randn(n, 2, generator=generator)
+        batches.append(Batch(xs=xs, coef=coef))
+    return batches
+
+
+def icl_tokens(task: str, xs: torch.Tensor, coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [b, 2·points], labels [b, points]) for the (possibly probed) x values."""
+    if task == "every":
+        ys = every_labels(xs)
+    elif task == "some":
+        ys = some_labels(xs)
+    else:
+        ys = coef[:, :1] * xs + coef[:, 1:]
+    return torch.stack([xs, ys], dim=-1).flatten(1), ys

@@ -1,0 +1,360 @@
+"""``ssacli.diagnose``: run the probes over a model and reduce every attention row as it passes.
+
+(This module is named ``diagnosis`` so that importing it does not shadow the function.)
+
+It holds the run: checking the options, routing the model, planning each probe level's inputs,
+looping over them and assembling the :class:`~ssacli.diagnosis.result.DiagnoseResult`. One forward pass
+under a probe, and the :class:`~ssacli.diagnosis.forward.Recorder` that reduces its attention, are in
+:mod:`ssacli.diagnosis.forward` (``Recorder`` is importable from here too).
+
+Two routes to the weights, one reduction (ssacli.diagnosis.metrics):
+
+* ``ssacli``: models on transformers' attention registry run through ssacli's attention function
+  (softmax for an untouched model, exact to the eager path), which streams each call's weights to
+  a :class:`Recorder` in query blocks; logit probes act inside that call.
+* ``eager-fallback``: families off the registry (gpt_neo, bloom, deberta-v2, …) run their own
+  eager attention; a forward hook on each attention module reduces its weights and drops them, so
+  at most one layer's map exists at a time. Logit probes need the first route and are skipped.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import __version__
+from ..attention.interface import (
+    CONFIG_SPEC_ATTR,
+    SCORER_ATTR,
+    _num_heads,
+    apply_scorer,
+    attention_modules,
+    restore,
+    scorers_of,
+    supports,
+)
+from ..errors import UnsupportedModelError, UsageError
+from ..models.loading import DEFAULT_MODEL, LoadedModel, _kind, _max_positions, load_model
+from .forward import Recorder, forward_batch
+from .metrics import DEFAULT_TAU, DEFAULT_TOP_K
+from .probes import (
+    Batch,
+    Probe,
+    TokenSource,
+    default_probes,
+    icl_batches,
+    numeric_sequences,
+    pad_sequences,
+    parse_probe,
+    pick_targets,
+)
+from .result import METRICS, DiagnoseResult, ProbeResult
+
+DEFAULT_SAMPLES = 8
+DEFAULT_LENGTH = 64  # tokens; ICL models: points (each point is two tokens)
+DEFAULT_ICL_POINTS = 40
+DEFAULT_BLOCK = 256
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+def diagnose(
+    model: str | Path | nn.Module | LoadedModel = DEFAULT_MODEL,
+    probes: Sequence[str | Probe] | None = None,
+    *,
+    scorer: str | None = None,
+    text: str | None = None,
+    random_ids: bool = False,
+    inputs: Sequence[Sequence[int]] | None = None,
+    tokenizer: Any = None,
+    samples: int = DEFAULT_SAMPLES,
+    length: int | None = None,
+    batch_size: int = 8,
+    seed: int = 0,
+    tau: float = DEFAULT_TAU,
+    top_k: int = DEFAULT_TOP_K,
+    block_size: int = DEFAULT_BLOCK,
+    device: str = "auto",
+    dtype: str = "auto",
+    allow_download: bool = False,
+    allow_pickle: bool = False,
+    progress: Progress | None = None,
+) -> DiagnoseResult:
+    """Probe ``model`` and return per probe level × layer × head saturation metrics.
+
+    ``model``: a path, ``builtin:NAME``, cached Hub id, a transformers model or an ICL model.
+    ``probes``: specs such as ``"embed-scale:1,4,16"`` (default: every probe that applies).
+    ``scorer``: re-score the model's attention with this spec first (e.g. ``"ssa:init=faithful"``).
+    Inputs: the built-in texts, ``text`` (a string), ``random_ids``, or ``inputs`` (token-id lists of
+    any lengths; batches are padded and padding is excluded from every metric).
+    """
+    started = time.perf_counter()
+    for name, value, low in (
+        ("samples", samples, 1),
+        ("batch_size", batch_size, 1),
+        ("block_size", block_size, 1),
+    ):
+        if value < low:
+            raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
+    if not 0 < tau <= 1:
+        raise UsageError(f"tau must be in (0, 1], got {tau}")
+    if top_k < 1:
+        raise UsageError(f"top-k must be >= 1, got {top_k}")
+    probe_list = [p if isinstance(p, Probe) else parse_probe(p) for p in (probes or default_probes())]
+    names = [p.name for p in probe_list]
+    if len(set(names)) != len(names):
+        raise UsageError("each probe may be given once; put all its levels in one --probe NAME:L1,L2")
+    opts = {
+        "text": text, "random_ids": random_ids, "inputs": inputs, "samples": samples, "length": length,
+        "batch_size": batch_size, "seed": seed, "tau": tau, "top_k": top_k, "block_size": block_size,
+    }  # fmt: skip
+    loaded = _as_loaded(model, tokenizer, device, dtype, allow_download, allow_pickle)
+    root = loaded.attention_root
+    route = "ssacli" if supports(root) else "eager-fallback"
+    if route == "eager-fallback" and scorer is not None:
+        raise UnsupportedModelError(
+            f"model family '{loaded.family}' does not route attention through transformers' "
+            "AttentionInterface, so --scorer cannot be applied; diagnose it without --scorer"
+        )
+    training = loaded.model.training
+    loaded.model.eval()
+    undo = _prepare_scorer(root, scorer) if route == "ssacli" else None
+    try:
+        return _run(loaded, probe_list, route, opts, started, progress)
+    finally:
+        if undo is not None:
+            undo()
+        loaded.model.train(training)
+
+
+def _as_loaded(model, tokenizer, device, dtype, allow_download, allow_pickle) -> LoadedModel:
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, str | Path):
+        loaded = load_model(
+            str(model), device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle
+        )
+        if tokenizer is not None:
+            loaded.tokenizer = tokenizer
+        return loaded
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"model must be a path, a model id or a torch module, got {type(model).__name__}")
+    spec = getattr(model, "spec", None)
+    if spec is not None and hasattr(model, "backbone"):  # an ICL model
+        return LoadedModel(model, "ICLModel", "icl-gpt2", "icl", None, 2 * spec.max_points)
+    config = getattr(model, "config", None)
+    if config is None:
+        raise UsageError("model must be a transformers model (with .config) or an ssacli ICL model")
+    return LoadedModel(
+        model, getattr(config, "name_or_path", "") or type(model).__name__, config.model_type,
+        _kind(model), tokenizer, _max_positions(config),
+    )  # fmt: skip
+
+
+def _prepare_scorer(root: nn.Module, scorer: str | None) -> Callable[[], None] | None:
+    """Route the model through ssacli's attention function; returns how to put it back."""
+    before = scorers_of(root)
+    if before and scorer is None:
+        return None  # already scored (an ICL or converted model): measure it as it is
+    spec_before = getattr(root.config, CONFIG_SPEC_ATTR, None)
+    apply_scorer(root, scorer or spec_before or "softmax")
+
+    def undo() -> None:
+        if not before:
+            restore(root)
+            return
+        modules = dict(attention_modules(root))
+        for name, old in before.items():
+            setattr(modules[name], SCORER_ATTR, old)
+        setattr(root.config, CONFIG_SPEC_ATTR, spec_before)
+
+    return undo
+
+
+def _attention_layers(root: nn.Module, route: str) -> list[tuple[str, nn.Module]]:
+    if route == "ssacli":
+        return list(attention_modules(root))
+    # Innermost modules named *Attention*: the ones that compute the weights.
+    found = []
+    for name, module in root.named_modules():
+        if "Attention" in type(module).__name__ and not any(
+            "Attention" in type(m).__name__ for m in list(module.modules())[1:]
+        ):
+            found.append((name, module))
+    if not found:
+        raise UnsupportedModelError(
+            f"found no attention layers in model family '{getattr(root.config, 'model_type', '?')}'"
+        )
+    return found
+
+
+def _run(
+    loaded: LoadedModel, probes: list[Probe], route: str, opts: dict, started: float, progress
+) -> DiagnoseResult:
+    root = loaded.attention_root
+    layers = _attention_layers(root, route)
+    layer_of = {id(m): i for i, (_, m) in enumerate(layers)}
+    heads = [_layer_heads(m, root, route) for _, m in layers]
+    icl = loaded.kind == "icl"
+    length = opts["length"] or (DEFAULT_ICL_POINTS if icl else DEFAULT_LENGTH)
+    source = None
+    if not icl and opts["inputs"] is None:
+        vocab = getattr(root.config, "vocab_size", None) or 2
+        source = TokenSource(
+            loaded.tokenizer,
+            text=opts["text"],
+            random_ids=opts["random_ids"],
+            vocab_size=vocab,
+            seed=opts["seed"],
+        )
+    plans = [(p, _plan(p, loaded, route, source, length, opts)) for p in probes]
+    total = sum(len(batches) for _, plan in plans for batches, _ in plan.values() if batches)
+    done = 0
+    results = []
+    for probe, plan in plans:
+        metrics = {name: np.full((len(probe.levels), len(layers), max(heads)), np.nan) for name in METRICS}
+        rows = np.zeros((len(probe.levels), len(layers)), dtype=np.int64)
+        extras: dict[str, list[float | None]] = {}
+        note = None
+        for li, level in enumerate(probe.levels):
+            batches, why = plan[level]
+            if batches is None:
+                note = why
+                continue
+            note = note or why
+            recorder = Recorder(
+                layer_of, tau=opts["tau"], top_k=opts["top_k"], block_size=opts["block_size"],
+                causal=loaded.kind == "causal",
+            )  # fmt: skip
+            totals: dict[str, list[float]] = {}
+            for batch in batches:
+                for key, (value, count) in forward_batch(
+                    loaded, route, probe, level, batch, recorder, layers
+                ).items():
+                    acc = totals.setdefault(key, [0.0, 0.0])
+                    acc[0] += value
+                    acc[1] += count
+                done += 1
+                if progress is not None:
+                    progress(f"{probe.name} {level:g}", done, total)
+            for key, (value, count) in totals.items():
+                extras.setdefault(key, [None] * len(probe.levels))[li] = value / count if count else None
+            for layer, stats in recorder.stats.items():
+                means = stats.means()
+                for name in METRICS:
+                    metrics[name][li, layer, : stats.num_heads] = means[name]
+                rows[li, layer] = stats.rows
+        results.append(ProbeResult(probe.name, [float(v) for v in probe.levels], metrics, rows, extras, note))
+    return DiagnoseResult(
+        model=loaded.name,
+        family=loaded.family,
+        scorer=getattr(root.config, CONFIG_SPEC_ATTR, None) or "softmax",
+        route=route,
+        layers=[name for name, _ in layers],
+        heads=heads,
+        probes=results,
+        settings={
+            **{k: opts[k] for k in ("seed", "tau", "top_k", "samples", "batch_size", "block_size")},
+            "length": length,
+            "length_unit": "points" if icl else "tokens",
+            "inputs": _describe_inputs(loaded, source, opts),
+            "device": str(loaded.device),
+            "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
+        },
+        versions=_versions(),
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _layer_heads(module: nn.Module, root: nn.Module, route: str) -> int:
+    try:
+        return _num_heads(module, root)
+    except UnsupportedModelError:
+        return int(getattr(root.config, "num_attention_heads", 1) or 1)
+
+
+def _plan(probe: Probe, loaded: LoadedModel, route: str, source, length: int, opts: dict) -> dict:
+    """level -> (batches or None, note): the inputs each level runs on, or why it cannot run."""
+    kind = probe.kind
+    skip = None
+    if kind.needs_route and route != "ssacli":
+        skip = f"needs ssacli's attention function; family '{loaded.family}' runs on the eager fallback"
+    elif kind.needs_tokenizer and loaded.tokenizer is None:
+        skip = (
+            "needs a tokenizer (the model folder has none)" if loaded.kind != "icl" else "not for ICL models"
+        )
+    elif probe.name == "length" and opts["inputs"] is not None:
+        skip = "not run on explicit inputs (their lengths are given)"
+    if skip:
+        return {level: (None, skip) for level in probe.levels}
+    # Longest input the model's position table covers (ICL: in points, two tokens each).
+    cap = loaded.max_positions
+    if cap and loaded.kind == "icl":
+        cap //= 2
+    unit = "points" if loaded.kind == "icl" else "positions"
+    plan, note = {}, None
+    for level in probe.levels:
+        size = int(length * level) if probe.name == "length" else length
+        if cap and size > cap:
+            size, note = cap, f"inputs capped at the model's {cap} {unit}"
+        batches = _inputs(probe, level, loaded, source, size, opts)
+        if cap and any(b.input_ids is not None and b.input_ids.shape[1] > cap for b in batches):
+            batches = [_truncate(b, cap) for b in batches]
+            note = f"inputs truncated to the model's {cap} {unit}"
+        if kind.has_target:
+            pick_targets(batches, opts["seed"])
+        plan[level] = (batches, note)
+    return plan
+
+
+def _truncate(batch: Batch, cap: int) -> Batch:
+    """Keep the first ``cap`` tokens (batches are right-padded, so real tokens come first)."""
+    return Batch(input_ids=batch.input_ids[:, :cap], attention_mask=batch.attention_mask[:, :cap])
+
+
+def _inputs(probe: Probe, level: float, loaded: LoadedModel, source, size: int, opts: dict) -> list[Batch]:
+    samples, batch_size, seed = opts["samples"], opts["batch_size"], opts["seed"]
+    if loaded.kind == "icl":
+        return icl_batches(loaded.model.spec.task, samples, size, batch_size, seed)
+    pad = _pad_id(loaded)
+    side = "right"  # one forward, no generation: real tokens keep positions 0..n-1 and key 0 (the sink)
+    if probe.name == "numeric":
+        return pad_sequences(
+            numeric_sequences(loaded.tokenizer, int(level), samples, seed), pad, batch_size, side
+        )
+    if opts["inputs"] is not None:
+        return pad_sequences([list(s) for s in opts["inputs"]], pad, batch_size, side)
+    return pad_sequences(source.sequences(samples, size), pad, batch_size, side)
+
+
+def _pad_id(loaded: LoadedModel) -> int:
+    for owner in (loaded.tokenizer, loaded.config):
+        value = getattr(owner, "pad_token_id", None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def _describe_inputs(loaded: LoadedModel, source, opts: dict) -> str:
+    if loaded.kind == "icl":
+        return f"icl:{loaded.model.spec.task} prompts (seed {opts['seed']})"
+    if opts["inputs"] is not None:
+        return f"{len(opts['inputs'])} given sequences"
+    return source.description
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    return {
+        "ssacli": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }

@@ -1,0 +1,108 @@
+"""Writing outputs atomically: a temp file (or folder) beside the target, then a rename.
+
+A write that fails (a full disk, a read-only folder) or is interrupted leaves the target as it was
+and no temp file behind; :func:`output_error` turns the OS error into one line naming the fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import OutputError, UsageError
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def output_error(path: str | Path, err: BaseException) -> OutputError:
+    """One line for an error raised while writing ``path`` (an OSError, or safetensors' own error
+    type, which wraps the OS error in its message)."""
+    code = getattr(err, "errno", None)
+    text = str(err)
+    if code in _NO_SPACE or "os error 28" in text or "No space left" in text:
+        fix = "free some space or write elsewhere"
+        reason = os.strerror(errno.ENOSPC)
+    elif code in _NO_PERMISSION or "os error 13" in text or "os error 30" in text:
+        fix = "choose a folder you can write to"
+        reason = getattr(err, "strerror", None) or text.strip().splitlines()[0]
+    else:
+        fix = "check the path, or write elsewhere"
+        reason = getattr(err, "strerror", None) or (text.strip().splitlines() or [type(err).__name__])[0]
+    return OutputError(f"cannot write {path}: {reason}; {fix} (nothing was written there)")
+
+
+def check_writable(path: str | Path, option: str) -> None:
+    """Fail before any work when ``path`` (a file to write later) could not be created."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{option} '{path}' is a folder; give a file name")
+    parent = path.absolute().parent
+    while not parent.exists():  # write_text creates the missing folders
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(
+            f"cannot write {option} '{path}': {parent} is not a writable folder; choose another"
+        )
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish(tmp: str | Path, path: str | Path, *, directory: bool = False) -> None:
+    """Give a temp file (or a folder and the files in it) the permissions a plain create would
+    have, then rename it into place."""
+    mask = _umask()
+    if directory:
+        for file in Path(tmp).iterdir():
+            os.chmod(file, 0o666 & ~mask)
+    os.chmod(tmp, (0o777 if directory else 0o666) & ~mask)
+    os.replace(tmp, path)
+
+
+def write_text(text: str, path: str | Path) -> None:
+    """Write ``text`` to ``path`` whole or not at all (an OutputError says why not)."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        publish(tmp, path)
+    except OSError as err:
+        raise output_error(path, err) from err
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(data: Any, path: str | Path) -> None:
+    write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", path)
+
+
+def replace_folder(tmp: str | Path, out: str | Path) -> None:
+    """Rename the finished folder ``tmp`` to ``out``; an old ``out`` is moved aside first and put
+    back if the rename fails or is interrupted, so ``out`` is always either old or new."""
+    tmp, out = Path(tmp), Path(out)
+    if not out.exists():
+        publish(tmp, out, directory=True)
+        return
+    old = out.with_name(f".{out.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    out.rename(old)
+    try:
+        publish(tmp, out, directory=True)
+    except BaseException:
+        if not out.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

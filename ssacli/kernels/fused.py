@@ -1,0 +1,220 @@
+"""Fused SSA attention: softmax(n·sgn(x)·log1p(b|x|)) @ V without a [q, k] weight matrix.
+
+SSA is a softmax of a pointwise transform of the logit, so it has the same online-normalized
+structure as FlashAttention: scan key blocks, keep a running max and sum per query row, and never
+store more than one block of logits. Two implementations, both checked against the eager scorer
+(tests/test_fused.py):
+
+* :class:`~ssacli.kernels.blocked.BlockedSSA` (ssacli/blocked.py), plain PyTorch on any device: forward and
+  backward over query blocks × key blocks with the log-sum-exp saved for the backward
+  (FlashAttention-2's recomputation scheme). Extra memory is one block, so peak memory grows
+  linearly in T. It is the CPU path (flex_attention has no CPU backward) and the fallback everywhere.
+* :func:`flex_ssa`, torch's ``flex_attention`` with an SSA ``score_mod`` (per-head b and n indexed by
+  the head index), compiled: the CUDA path.
+
+``b`` is folded into the query (b·x = (b·scale·q)·k), so a kernel only needs n; autograd carries the
+gradient of b through that product. GQA keys and values are never repeated: query heads are grouped
+under their K/V head and b, n broadcast per group.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
+
+# Below this many logits per call (batch × heads × queries × keys) the block math runs uncompiled:
+# compiling saves a few ms per call at most there, against seconds of compiling (crossover measured
+# in docs/performance.md).
+COMPILE_MIN_LOGITS = 2**20
+
+
+def ssa_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    b: torch.Tensor | float,
+    n: torch.Tensor | float,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    window: int | None = None,
+    dropout: float = 0.0,
+    backend: str = "auto",
+    compile: bool | None = None,
+    block_rows: int = BLOCK_ROWS,
+    block_keys: int = BLOCK_KEYS,
+) -> torch.Tensor:
+    """SSA attention output [B, H, Q, D] for query [B, H, Q, D] and key/value [B, H_kv, K, D].
+
+    ``b`` and ``n`` are positive, scalar or one per query head ([H]); gradients flow to both.
+    ``causal`` and ``window`` are bottom-right aligned (query i sits at key position K − Q + i, as with
+    a KV cache): key j is visible iff j ≤ pos_i and, with a window, pos_i − j < window. ``mask`` is
+    a boolean tensor broadcastable to [B, H, Q, K], True where visible; it combines with the others.
+    Rows with no visible key give 0. H must be a multiple of H_kv (grouped-query attention; K/V are
+    never repeated). ``dropout`` drops attention weights after normalization, as nn.Dropout does in
+    transformers' eager path; its mask is drawn from a seed taken from torch's default generator, so
+    ``torch.manual_seed`` makes it reproducible (the backward regenerates it from the seed).
+
+    ``backend``: ``"blocked"`` (any device, forward and backward), ``"flex"`` (torch flex_attention,
+    compiled; CUDA) or ``"auto"`` (flex on CUDA, blocked elsewhere). ``compile``: compile the blocked
+    path's per-block math (None: :func:`should_compile` decides).
+    """
+    batch, heads, q_len, dim = query.shape
+    kv_heads, k_len = key.shape[1], key.shape[-2]
+    if key.dim() != 4 or heads % kv_heads or value.shape[:-1] != key.shape[:-1] or key.shape[-1] != dim:
+        raise ValueError(
+            f"bad shapes: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be bool (True = visible), got {mask.dtype}")
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+        # A view with full query and key axes: the kernels slice blocks out of it.
+        mask = mask.expand(mask.shape[0], mask.shape[1], q_len, k_len)
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    scale = dim**-0.5 if scale is None else scale
+    causal = causal and q_len > 1  # one query, bottom-right aligned, sees every key (cache decoding)
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    b = _per_head(b, heads, dtype, query.device)
+    n = _per_head(n, heads, dtype, query.device)
+    if backend == "auto":
+        backend = "flex" if query.is_cuda and dropout == 0.0 else "blocked"
+    if backend == "flex":
+        return flex_ssa(query, key, value, b, n, scale=scale, causal=causal, mask=mask, window=window)
+    if backend != "blocked":
+        raise ValueError(f"backend must be auto, blocked or flex, got {backend!r}")
+    if compile is None:
+        leaves = (query, key, value, b, n)
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
+        compile = should_compile(batch * heads * q_len * k_len, training)
+    # b·scale folded into q: the kernel sees y = b·x, and autograd takes ∂/∂b through this product.
+    scaled = query.to(dtype) * (b * scale).view(1, heads, 1, 1)
+    seed = int(torch.randint(0, 2**62, ()).item()) if dropout > 0 else 0
+    geometry = (causal, window, block_rows, block_keys, compile, dropout, seed)
+    out = BlockedSSA.apply(scaled, key.to(dtype), value.to(dtype), n, mask, *geometry)
+    return out.to(query.dtype)
+
+
+def should_compile(logits: int, training: bool) -> bool:
+    """The default for ``compile=None``. SSACLI_COMPILE=0 never compiles, =1 always does; unset (or
+    auto), only training calls with at least COMPILE_MIN_LOGITS logits: a training run makes enough
+    such calls to repay the seconds of compiling, a one-off evaluation usually does not."""
+    setting = os.environ.get("SSACLI_COMPILE", "auto")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return training and logits >= COMPILE_MIN_LOGITS
+
+
+def _per_head(value: torch.Tensor | float, heads: int, dtype, device) -> torch.Tensor:
+    value = torch.as_tensor(value, device=device).to(dtype)
+    if value.numel() not in (1, heads):
+        raise ValueError(f"expected a scalar or {heads} per-head values, got shape {tuple(value.shape)}")
+    return value.reshape(-1).expand(heads)
+
+
+def softmax_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Softmax attention through torch's SDPA, with ssacli's conventions: bottom-right causal (SDPA's
+    ``is_causal`` is top-left, which differs once q_len < k_len) and GQA without repeated K/V."""
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    if causal and q_len != k_len:
+        keys = torch.arange(k_len, device=query.device)
+        below = keys <= torch.arange(k_len - q_len, k_len, device=query.device)[:, None]
+        mask = below if mask is None else mask & below
+        causal = False
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=causal and q_len > 1,
+        scale=scale, enable_gqa=query.shape[1] != key.shape[1],
+    )  # fmt: skip
+
+
+# ---- flex_attention (CUDA) ------------------------------------------------------------------------
+
+_FLEX: dict[str, object] = {}
+
+
+def flex_ssa(query, key, value, b, n, *, scale, causal=False, mask=None, window=None) -> torch.Tensor:
+    """SSA through torch's flex_attention: a ``score_mod`` over per-head [H] tensors b and n.
+
+    Compiled (the uncompiled flex_attention materializes every score). flex has no backward on CPU,
+    so training on CPU uses :class:`BlockedSSA`; tests check this path's forward on CPU against the
+    eager scorer, and scripts/gpu_bench.sh checks its gradients on a GPU before timing it.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    if not torch.is_grad_enabled():  # flex refuses CPU inputs that require grad, even without grad
+        query, key, value = query.detach(), key.detach(), value.detach()
+    batch, heads, q_len, _ = query.shape
+    k_len, offset = key.shape[-2], key.shape[-2] - query.shape[-2]
+    # b·scale folded into q as in the blocked path; score = y = b·x.
+    scaled = query * (b * scale).view(1, heads, 1, 1).to(query.dtype)
+    n = n.contiguous()
+
+    def score_mod(score, bi, h, qi, ki):
+        return n[h] * torch.sign(score) * torch.log1p(torch.abs(score))
+
+    block_mask = None
+    if causal or window is not None or mask is not None:
+        full = None if mask is None else mask.expand(batch, heads, q_len, k_len)
+
+        def mask_mod(bi, h, qi, ki):
+            keep = ki >= 0
+            if causal:
+                keep = keep & (ki <= qi + offset)
+            if window is not None:
+                keep = keep & (qi + offset - ki < window)
+            if full is not None:
+                keep = keep & full[bi, h, qi, ki]
+            return keep
+
+        if full is None:  # structure only: the same block mask serves every later call of this shape
+            key_ = ("block_mask", causal, window, q_len, k_len, str(query.device))
+            if key_ not in _FLEX:
+                if len(_FLEX) > 64:  # many shapes (growing prompts): keep only the compiled function
+                    _FLEX.clear()
+                    _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+                _FLEX[key_] = create_block_mask(mask_mod, None, None, q_len, k_len, device=query.device)
+            block_mask = _FLEX[key_]
+        else:
+            block_mask = create_block_mask(mask_mod, batch, heads, q_len, k_len, device=query.device)
+    fn = _FLEX["fn"] if query.is_cuda else flex_attention
+    out = fn(
+        scaled, key, value, score_mod=score_mod, block_mask=block_mask, scale=1.0,
+        enable_gqa=heads != key.shape[1],
+    )  # fmt: skip
+    if mask is not None or window is not None:  # rows with nothing visible come out 0, as in eager
+        any_visible = _rows_with_keys(mask, causal, window, offset, batch, heads, q_len, k_len, query.device)
+        out = out * any_visible.to(out.dtype)
+    return out
+
+
+def _rows_with_keys(mask, causal, window, offset, batch, heads, q_len, k_len, device) -> torch.Tensor:
+    """[B, H, Q, 1]: whether each query row sees at least one key (for zeroing empty rows)."""
+    pos = torch.arange(q_len, device=device)[:, None] + offset
+    keys = torch.arange(k_len, device=device)
+    vis = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if causal:
+        vis = vis & (keys <= pos)
+    if window is not None:
+        vis = vis & (pos - keys < window)
+    if mask is not None:
+        vis = vis & mask
+    return vis.expand(batch, heads, q_len, k_len).any(dim=-1, keepdim=True)

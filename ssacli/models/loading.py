@@ -1,0 +1,351 @@
+"""Where models come from; every command that takes a MODEL resolves it here.
+
+MODEL is one of: ``builtin:NAME`` (a checkpoint bundled with ssacli), a local folder (a Hugging Face
+``save_pretrained`` folder, an ssacli ICL checkpoint, or a folder written by ``ssacli convert``), or
+a Hub id that is already in the local cache (nothing is downloaded unless ``allow_download``).
+
+Safe by default: weights load from safetensors; a pickle-only checkpoint is refused unless
+``allow_pickle`` (and then transformers loads it with ``weights_only=True``); a model that needs code
+from its repository (``auto_map`` in config.json) is refused unless ``trust_remote_code``.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from torch import nn
+
+from ..errors import InputError, UnsupportedModelError, UsageError
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
+DEFAULT_MODEL = "builtin:every-softmax"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def builtin_names() -> list[str]:
+    if not BUILTIN_DIR.is_dir():
+        return []
+    return sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir() and (p / "ssacli.json").is_file())
+
+
+def resolve_model_path(ref: str) -> Path:
+    """``builtin:NAME`` -> the bundled folder; anything else must be an existing local folder."""
+    if ref.startswith(BUILTIN_PREFIX):
+        name = ref[len(BUILTIN_PREFIX) :]
+        path = BUILTIN_DIR / name
+        if name not in builtin_names():
+            available = ", ".join(BUILTIN_PREFIX + n for n in builtin_names()) or "(none installed)"
+            raise UsageError(f"no bundled model '{ref}'; available: {available}")
+        return path
+    path = Path(ref).expanduser()
+    if not path.exists():
+        raise InputError(f"model path '{ref}' does not exist; give a checkpoint folder or builtin:NAME")
+    if not path.is_dir():
+        raise InputError(f"model path '{ref}' is a file; give the checkpoint folder that contains it")
+    return path
+
+
+def local_model_path(ref: str) -> Path | None:
+    """The folder MODEL names, when it is a builtin or an existing local path (else None); never
+    raises, for cheap checks before loading."""
+    if ref.startswith(BUILTIN_PREFIX):
+        name = ref[len(BUILTIN_PREFIX) :]
+        return BUILTIN_DIR / name if name in builtin_names() else None
+    path = Path(ref).expanduser()
+    return path if path.exists() else None
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` (CUDA when visible, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if re.fullmatch(r"cuda(:\d+)?", device):
+        if not torch.cuda.is_available():
+            raise UsageError(
+                f"--device {device} was asked for but no CUDA device is visible; use --device cpu or auto"
+            )
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise UsageError(f"--device {device}: only {count} CUDA device(s); use cuda:0..{count - 1}")
+        return torch.device(device)
+    raise UsageError(f"unknown device '{device}'; use auto, cpu, cuda or cuda:N")
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | str:
+    """``auto`` is float32 on CPU (so large probes are not rounded away) and the checkpoint's own
+    dtype on GPU."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else "auto"
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to probe, and what diagnose needs to know about it."""
+
+    model: nn.Module
+    name: str  # what the user gave
+    family: str  # config.model_type ("icl-gpt2" for ssacli's ICL models)
+    kind: str  # icl, causal, masked, seq2seq or encoder
+    tokenizer: Any | None = None
+    max_positions: int | None = None
+    path: Path | None = None
+
+    @property
+    def config(self) -> Any:
+        return getattr(self.attention_root, "config", None)
+
+    @property
+    def attention_root(self) -> nn.Module:
+        """The transformers model whose attention layers are probed (the backbone of an ICL model)."""
+        return getattr(self.model, "backbone", self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def load_model(
+    ref: str = DEFAULT_MODEL,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    allow_download: bool = False,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load MODEL for probing (eval mode, eager attention until a scorer is applied).
+
+    ``trust_remote_code`` runs the Python code a checkpoint ships (transformers' option of that
+    name); only for checkpoints whose code you have read."""
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    local = ref.startswith(BUILTIN_PREFIX) or Path(ref).expanduser().exists() or not _HUB_ID.match(ref)
+    if local:
+        path = resolve_model_path(ref)
+        from .icl import is_icl_checkpoint, load_icl
+
+        if is_icl_checkpoint(path):
+            try:
+                model = load_icl(path, dev)
+            except (OSError, SafetensorError) as err:
+                raise InputError(
+                    f"cannot read the weights of '{ref}': {_first_line(err)}; the file is corrupt or "
+                    "truncated, re-create or re-download the checkpoint"
+                ) from None
+            if isinstance(torch_dtype, torch.dtype):
+                model = model.to(torch_dtype)
+            return LoadedModel(model, ref, "icl-gpt2", "icl", None, 2 * model.spec.max_points, path)
+        if not (path / "config.json").is_file():
+            raise InputError(
+                f"'{ref}' has no config.json; give a folder written by save_pretrained (or builtin:NAME)"
+            )
+        _check_weights(path, allow_pickle)
+        source: str | Path = path
+    else:
+        path, source = None, ref
+    options = {"allow_download": allow_download, "allow_pickle": allow_pickle, "trust": trust_remote_code}
+    loaded = _load_transformers(ref, source, path, dev, torch_dtype, **options)
+    if not _has_attention(loaded.model):
+        raise UnsupportedModelError(
+            f"'{ref}' (model family '{loaded.family}') has no attention layers (num_hidden_layers = 0?), "
+            "so there is nothing for ssacli to measure or swap; give a model with at least one layer"
+        )
+    return loaded
+
+
+def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
+    """The model behind MODEL, ready to use, with its ssacli scorer when it was converted
+    (``ssacli.load(DIR)``); keyword arguments as :func:`load_model`."""
+    return load_model(ref, **kwargs).model
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No "Loading weights" / "Writing model shards" bars from transformers inside ssacli's output."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _check_weights(path: Path, allow_pickle: bool) -> None:
+    if any(path.glob("*.safetensors")):
+        return
+    if any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth")):
+        if allow_pickle:
+            return
+        raise InputError(
+            f"'{path}' holds only pickle weights (.bin/.pt), which can run code when loaded; convert them "
+            "to safetensors, or pass --allow-pickle if you trust the file (loaded with weights_only=True)"
+        )
+    raise InputError(f"'{path}' has no weights (*.safetensors); is the checkpoint complete?")
+
+
+def _has_attention(model: nn.Module) -> bool:
+    """Whether the model has a module that computes attention weights (what ssacli measures)."""
+    from ..attention.interface import attention_modules
+
+    return any(True for _ in attention_modules(model)) or any(
+        "Attention" in type(m).__name__ for m in model.modules()
+    )
+
+
+def _load_transformers(
+    ref, source, path, device, torch_dtype, *, allow_download: bool, allow_pickle: bool, trust: bool
+) -> LoadedModel:
+    import transformers
+    from transformers import AutoConfig, AutoModel
+
+    offline = not allow_download
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust)
+    except ValueError as err:  # unknown model_type, or a config that needs remote code
+        if "trust_remote_code" in str(err) or "remote code" in str(err):
+            raise UnsupportedModelError(
+                f"'{ref}' needs custom code from its repository (auto_map in config.json), which ssacli "
+                "does not run by default; read that code, then pass --trust-remote-code to run it"
+            ) from None
+        model_type = _config_model_type(path)
+        if model_type is not None and "does not recognize this architecture" in str(err):
+            raise InputError(
+                f"'{ref}' has model type '{model_type}', which transformers {transformers.__version__} "
+                "does not know; check model_type in its config.json, or upgrade transformers"
+            ) from None
+        raise InputError(
+            f"cannot read the config of '{ref}': {_first_line(err)}; check its config.json"
+        ) from None
+    except OSError as err:
+        if path is None and offline:
+            raise InputError(
+                f"'{ref}' is neither a local folder nor in the Hugging Face cache; check the path, or "
+                "pass --allow-download to fetch it from the Hub"
+            ) from None
+        raise InputError(
+            f"cannot read the config of '{ref}': {_first_line(err)}; check that the folder holds a "
+            "complete checkpoint"
+        ) from None
+    cls = _model_class(config, transformers) or AutoModel
+    kwargs = {
+        "dtype": torch_dtype,
+        "attn_implementation": "eager",
+        "local_files_only": offline,
+        "trust_remote_code": trust,
+    }
+    if allow_pickle:
+        kwargs["weights_only"] = True  # torch.load refuses anything but tensors and plain containers
+    else:
+        kwargs["use_safetensors"] = True
+    try:
+        with quiet_progress():
+            model = cls.from_pretrained(source, **kwargs)
+    except SafetensorError as err:  # a corrupt or truncated .safetensors file
+        raise InputError(
+            f"cannot load the weights of '{ref}': {_first_line(err)}; the file is corrupt or truncated, "
+            "re-create or re-download it"
+        ) from None
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        hint = "" if allow_pickle else " (only safetensors weights are read unless --allow-pickle)"
+        raise InputError(
+            f"cannot load the weights of '{ref}': {_first_line(err)}{hint}; check that the checkpoint is "
+            "complete"
+        ) from None
+    model = model.to(device).eval()
+    spec = getattr(config, "ssacli_scorer", None)
+    if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
+        from ..conversion import attach_saved_scorer
+
+        attach_saved_scorer(model, path, spec)
+    tokenizer = _tokenizer(source, path, offline, trust)
+    return LoadedModel(model, ref, config.model_type, _kind(model), tokenizer, _max_positions(config), path)
+
+
+def _model_class(config, transformers) -> type | None:
+    """The checkpoint's own architecture class (task head included), when transformers has it."""
+    for name in getattr(config, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return cls
+    return None
+
+
+def _kind(model: nn.Module) -> str:
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal"
+    if name.endswith("ForMaskedLM"):
+        return "masked"
+    if _is_causal_family(config.model_type):
+        return "causal"
+    return "encoder"
+
+
+def _is_causal_family(model_type: str) -> bool:
+    """Decoder-only families (causal attention) as transformers' auto mappings list them."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    causal, masked = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return model_type in causal and model_type not in masked
+
+
+def _max_positions(config) -> int | None:
+    for attr in ("max_position_embeddings", "n_positions", "max_positions", "n_ctx"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _tokenizer(source, path: Path | None, offline: bool, trust: bool = False):
+    if path is not None and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=trust)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _config_model_type(path: Path | None) -> str | None:
+    """model_type as config.json spells it (None when unreadable)."""
+    if path is None:
+        return None
+    try:
+        value = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0].rstrip(". ") if text else type(err).__name__

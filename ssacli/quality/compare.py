@@ -1,0 +1,181 @@
+"""BEFORE vs AFTER: :func:`compare_models` runs every quality measure that applies to two models
+(e.g. a checkpoint and its ``ssacli convert`` output) and the diagnose probes on both, into one
+JSON-ready report (schema ``ssacli-report``, version 1), with :func:`quality_rows` as its table.
+
+The measures themselves are in :mod:`ssacli.quality.measures`; ``ssacli report`` renders the report
+(:mod:`ssacli.report.before_after`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, UsageError
+from ..models.loading import LoadedModel, load_model
+from .inputs import read_pairs
+from .measures import (
+    DEFAULT_OUTLIERS,
+    DEFAULT_SIGMAS,
+    LM_KINDS,
+    MAX_TOKENS,
+    icl_error_by_sigma,
+    language_model_loss,
+    minimal_pairs,
+)
+
+REPORT_SCHEMA = "ssacli-report"
+REPORT_VERSION = 1
+PAIRS_LIMIT = 200
+
+
+def compare_models(
+    before: str | Path | LoadedModel, after: str | Path | LoadedModel, *,
+    text_id: str | None = None, text_ood: str | None = None,
+    pairs: str | Path | Sequence[dict] | dict | None = None, pairs_limit: int | None = PAIRS_LIMIT,
+    probes: Sequence[str] | None = None, seed: int = 0, samples: int = 8,
+    seq_len: int = 128, max_tokens: int = MAX_TOKENS, batch_size: int = 8,
+    sigmas: Sequence[float] = DEFAULT_SIGMAS, outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS,
+    icl_length: int = 41, prompts: int = 500, device: str = "auto", dtype: str = "auto",
+    allow_download: bool = False, allow_pickle: bool = False, progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
+
+    ``text_id`` / ``text_ood``: texts (strings) for LM loss in and out of distribution; ``pairs``: a
+    BLiMP-style file, folder or records; ICL models get their error by σ and with outliers. Probes run
+    on both models with the same ``seed``; ``report["diagnose"]`` is :func:`compare_results` of them.
+    """
+    from ..diagnosis.probes import parse_probe
+    from ..diagnosis.result import compare_results
+    from ..diagnosis.run import _versions, diagnose
+
+    started = time.perf_counter()
+    say = progress or (lambda message: None)
+    parsed = [parse_probe(p) for p in probes] if probes else None  # bad specs fail before loading
+    groups = read_pairs(pairs, pairs_limit) if isinstance(pairs, str | Path) else pairs
+    load = dict(device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle)
+    models = []
+    for side, ref in (("before", before), ("after", after)):
+        say(f"loading {side}: {ref}")
+        models.append(ref if isinstance(ref, LoadedModel) else load_model(str(ref), **load))
+    _check_compatible(*models, text=text_id is not None or text_ood is not None, pairs=groups is not None)
+    measured: dict[str, dict[str, Any]] = {"before": {}, "after": {}}
+    diagnosed = []
+    for side, loaded in zip(measured, models):
+        out = measured[side]
+        if loaded.kind == "icl":
+            say(f"{side}: ICL error by σ and outlier")
+            out["icl"] = icl_error_by_sigma(
+                loaded, sigmas=sigmas, outliers=outliers, length=icl_length, prompts=prompts, seed=seed
+            )
+        lm = dict(seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed)
+        for key, text in (("lm_id", text_id), ("lm_ood", text_ood)):
+            if text is not None:
+                say(f"{side}: LM loss on {key.removeprefix('lm_')} text")
+                out[key] = language_model_loss(loaded, text, **lm)
+        if groups is not None:
+            say(f"{side}: minimal pairs")
+            out["pairs"] = minimal_pairs(loaded, groups, limit=pairs_limit, batch_size=4 * batch_size)
+        say(f"{side}: attention probes")
+        diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples))
+    notes = []
+    if text_id is not None or text_ood is not None or groups is not None:
+        if not _same_vocab(*models):
+            notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
+    return {
+        "schema": REPORT_SCHEMA,
+        "schema_version": REPORT_VERSION,
+        "before": _describe(models[0], diagnosed[0]),
+        "after": _describe(models[1], diagnosed[1]),
+        "settings": dict(
+            seed=seed,
+            samples=samples,
+            seq_len=seq_len,
+            max_tokens=max_tokens,
+            pairs_limit=pairs_limit,
+            probes=[str(p) for p in parsed] if parsed else "default",
+            icl_sigmas=list(sigmas),
+            icl_outliers=[list(o) for o in outliers],
+            icl_length=icl_length,
+            icl_prompts=prompts,
+        ),  # fmt: skip
+        "quality": quality_rows(measured["before"], measured["after"]),
+        "measurements": measured,
+        "diagnose": compare_results(*diagnosed),
+        "notes": notes,
+        "versions": _versions(),
+        "elapsed_s": round(time.perf_counter() - started, 3),
+    }
+
+
+def _check_compatible(a: LoadedModel, b: LoadedModel, *, text: bool, pairs: bool) -> None:
+    if a.kind != b.kind:
+        raise InputError(
+            f"BEFORE '{a.name}' is a {a.kind} model and AFTER '{b.name}' a {b.kind} one; "
+            "compare models of one kind"
+        )
+    for option, asked in (("--text-id/--text-ood", text), ("--pairs", pairs)):
+        if asked and a.kind not in LM_KINDS:
+            raise UsageError(f"{option} needs causal or masked language models; '{a.name}' is {a.kind}")
+
+
+def _same_vocab(a: LoadedModel, b: LoadedModel) -> bool:
+    if a.tokenizer is None or b.tokenizer is None:
+        return a.tokenizer is b.tokenizer
+    return a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
+
+
+def _describe(loaded: LoadedModel, result) -> dict[str, Any]:
+    return {"model": loaded.name, "family": loaded.family, "kind": loaded.kind, "scorer": result.scorer}
+
+
+def quality_rows(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per measure both sides have: label, before, after, delta (after − before), and
+    which direction is better ("lower" or "higher")."""
+    rows = []
+
+    def add(key: str, label: str, pick: Callable[[dict], float | None], better: str) -> None:
+        try:
+            a, b = pick(before), pick(after)
+        except KeyError:  # a measure only one side has (or neither) gets no row
+            return
+        delta = b - a if a is not None and b is not None else None
+        row = {"key": key, "label": label, "before": a, "after": b, "delta": delta, "better": better}
+        rows.append({k: _finite(v) if k in ("before", "after", "delta") else v for k, v in row.items()})
+
+    for key, name in (("lm_id", "in-dist. text"), ("lm_ood", "OOD text")):
+        add(f"{key}.nll", f"{name}: NLL / token", lambda s, k=key: s[k]["nll"], "lower")
+        add(f"{key}.ppl", f"{name}: perplexity", lambda s, k=key: s[k]["perplexity"], "lower")
+    add("lm_gap.nll", "OOD − in-dist. NLL", lambda s: s["lm_ood"]["nll"] - s["lm_id"]["nll"], "lower")
+    add("pairs.accuracy", "minimal pairs: accuracy", lambda s: s["pairs"]["accuracy"], "higher")
+    for name in before.get("pairs", {}).get("files", {}):
+        add(f"pairs.{name}", f"  {name}", lambda s, n=name: s["pairs"]["files"][n]["accuracy"], "higher")
+    if "icl" in before:
+        head = before["icl"]["headline"]
+        unit = "error" if head == "error" else "MSE/Var"
+        for cell in before["icl"]["sigma"] + before["icl"]["outliers"]:
+            key = _cell_key(cell)
+            if "outlier" in cell:
+                tag = f"outlier {cell['outlier']:g}@{cell['position']}"
+            else:
+                tag = f"σ={cell['sigma']:g}" + (" (in-dist.)" if cell["sigma"] == 1 else "")
+            add(f"icl.{key}", f"ICL {unit} {tag}", lambda s, k=key: _icl_cells(s)[k][head], "lower")
+    return rows
+
+
+def _icl_cells(side: dict[str, Any]) -> dict[str, dict]:
+    return {_cell_key(c): c for c in side["icl"]["sigma"] + side["icl"]["outliers"]}
+
+
+def _cell_key(cell: dict) -> str:
+    return f"{cell['sigma']:g}" + (f"@{cell['outlier']:g}:{cell['position']}" if "outlier" in cell else "")
+
+
+def _finite(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+__all__ = ["PAIRS_LIMIT", "REPORT_SCHEMA", "REPORT_VERSION", "compare_models", "quality_rows"]

@@ -1,0 +1,94 @@
+"""Files a user hands to ssacli's measures, read and checked with errors that name the option.
+
+* :func:`read_text_file`: a UTF-8 text with some text in it (``diagnose --text``, ``report
+  --text-id`` / ``--text-ood``);
+* :func:`read_pairs`: BLiMP-style minimal pairs (``report --pairs``), one ``.jsonl`` file or a
+  folder of them, every line checked by :func:`check_pair_record`.
+
+Training data (``--data``) has its own reader, :func:`ssacli.train.data.read_documents`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+
+def read_text_file(path: str | Path, option: str = "--text") -> str:
+    """A UTF-8 text file with some text in it, or an InputError naming the option and the file."""
+    path = Path(path)
+    try:
+        content = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{option} file '{path}' does not exist; give a UTF-8 text file") from None
+    except IsADirectoryError:
+        raise InputError(f"{option} '{path}' is a folder; give a UTF-8 text file") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{option} file '{path}' is not UTF-8 (byte {err.start}); re-encode it") from None
+    except OSError as err:
+        raise InputError(f"cannot read {option} file '{path}': {err.strerror}") from None
+    if not content.strip():
+        raise InputError(f"{option} file '{path}' is empty; give a file with some text")
+    return content
+
+
+def read_pairs(source: str | Path, limit: int | None = None) -> dict[str, list[dict]]:
+    """BLiMP-style records from one ``.jsonl`` file or every ``*.jsonl`` in a folder, by file stem.
+
+    Every line is checked (a bad line names its file and line number); ``limit`` then keeps each
+    file's first N pairs (BLiMP files are in pairID order, so this is a fixed, reproducible subset).
+    """
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(path.glob("*.jsonl"))
+        if not files:
+            raise InputError(f"--pairs folder '{path}' holds no .jsonl files")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise InputError(f"--pairs '{path}' does not exist; give a .jsonl file or a folder of them")
+    groups = {}
+    for file in files:
+        records = list(_jsonl_records(file))
+        if not records:
+            raise InputError(f"--pairs file '{file}' holds no pairs")
+        groups[file.stem] = records[:limit] if limit else records
+    return groups
+
+
+def check_pair_record(record: Any, where: str) -> None:
+    """An InputError, naming ``where``, unless ``record`` has non-empty sentence_good/sentence_bad."""
+    if not isinstance(record, dict):
+        raise InputError(f"{where} is not a JSON object with sentence_good and sentence_bad")
+    for key in ("sentence_good", "sentence_bad"):
+        value = record.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise InputError(f"{where} has no non-empty string '{key}'")
+
+
+def _jsonl_records(file: Path) -> Iterable[dict]:
+    try:
+        raw = file.read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read --pairs file '{file}': {err.strerror}") from None
+    for number, line in enumerate(raw.splitlines(), start=1):
+        where = f"--pairs file '{file}', line {number}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{where} is not UTF-8; re-encode the file") from None
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except ValueError as err:
+            raise InputError(f"{where} is not JSON ({err.msg}, column {err.colno})") from None
+        check_pair_record(record, where)
+        yield record
+
+
+__all__ = ["check_pair_record", "read_pairs", "read_text_file"]

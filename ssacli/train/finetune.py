@@ -1,0 +1,392 @@
+"""Fine-tuning a (converted) model: causal-LM, masked-LM or ICL objective, resumable checkpoints.
+
+This module is the run: :class:`FinetuneConfig`, :func:`finetune`, the step loop and its checkpoints.
+What the loop sets up around itself (the process group, SIGINT/SIGTERM, n annealing) is in
+:mod:`ssacli.train.runtime`.
+
+* AdamW (weight decay on matrices only: decaying a scorer's raw b or n, a bias or a norm pulls it to
+  an arbitrary value, not to "simpler"), linear warmup then cosine decay to 10 % of ``lr`` (or
+  ``schedule="constant"``), gradient accumulation, gradient clipping at 1.0, bf16 autocast on CUDA.
+* ``train="scorer"`` updates only parameters under ``.ssacli_scorer.`` (every other tensor stays
+  bit-identical); ``train="all"`` everything trainable.
+* ``anneal_n=T`` (SSA only) moves n linearly from its start value to T over the run and, unless b
+  is learned, keeps b = 1/n (the ``init=faithful`` relation). n is then set, not learned
+  (:class:`~ssacli.train.runtime.AnnealN`).
+* Randomness: every step draws its batch and its dropout masks from seeds derived from
+  (seed, rank, step), inside a forked RNG. So a checkpoint needs no generator state to resume
+  exactly, ranks of a distributed run draw different data, and the caller's RNG is left alone.
+  "Exactly" means bit for bit on the same hardware and thread count (CPU reductions depend on it).
+* Checkpoints every ``checkpoint_every`` steps and at the end go through
+  :func:`ssacli.conversion.save_model` (atomic): the model, ``ssacli.json`` with the ``training``
+  record, and ``trainer.safetensors`` (AdamW moments, step, anneal start values).
+* SIGINT/SIGTERM finish the current step, write a checkpoint and raise InterruptedJobError
+  (exit 130); a second Ctrl-C stops at once (:class:`~ssacli.train.runtime.StopSignals`). A
+  non-finite loss or gradient stops with JobFailedError (exit 5) before the bad update, and nothing
+  bad is written.
+* With ``WORLD_SIZE`` > 1 (torchrun, accelerate launch) the process group is started (gloo on CPU,
+  nccl on CUDA; :class:`~ssacli.train.runtime.Distributed`), the model wrapped in
+  DistributedDataParallel, the logged loss averaged over ranks; only rank 0 writes. Resuming needs
+  the output folder on a filesystem every rank can read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from ..attention.interface import attention_backend, check_backend
+from ..conversion import META_FILE, SCORER_KEY, TRAINER_FILE, read_meta, save_model
+from ..errors import InputError, InterruptedJobError, JobFailedError, UsageError
+from ..models.loading import BUILTIN_DIR, LoadedModel, load_model, resolve_device
+from ..scorers.base import positive_raw
+from .data import make_objective, seeded_rng, step_seeds
+from .runtime import AnnealN, Distributed, StopSignals
+
+MIN_LR_RATIO = 0.1  # the cosine schedule ends at 10 % of the peak learning rate
+CLIP_NORM = 1.0
+RATE_WINDOW = 20  # steps over which on_step's tokens/s is measured
+# Settings a resumed run may change; every other one must match the recorded run.
+_FREE = ("steps", "checkpoint_every", "log_every", "attention")
+
+
+@dataclass
+class FinetuneConfig:
+    data: str
+    steps: int = 1000
+    lr: float = 1e-4
+    batch_size: int = 8
+    seq_len: int = 128  # text only; ICL prompts have the length of their data spec (41 points)
+    grad_accum: int = 1
+    warmup: int | None = None  # None: 5 % of the steps, at most 100
+    seed: int = 0
+    train: str = "all"  # "all" or "scorer"
+    anneal_n: float | None = None
+    checkpoint_every: int = 500
+    log_every: int = 10
+    weight_decay: float = 0.0
+    schedule: str = "cosine"  # or "constant"
+    objective: str = "auto"  # auto: causal LM, masked LM or the ICL loss, from the model's kind
+    attention: str = "auto"  # attention backend: auto (fused kernels), eager or fused
+
+    def validate(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "log_every"):
+            if getattr(self, name) < (2 if name == "seq_len" else 1):
+                raise UsageError(f"--{name.replace('_', '-')} must be >= {2 if name == 'seq_len' else 1}")
+        if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0:
+            raise UsageError(f"--lr must be finite and > 0 (got {self.lr}); --weight-decay >= 0")
+        if self.warmup is not None and self.warmup < 0:
+            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.train not in ("all", "scorer"):
+            raise UsageError(f"--train takes all or scorer, got {self.train!r}")
+        if self.schedule not in ("cosine", "constant"):
+            raise UsageError(f"--schedule takes cosine or constant, got {self.schedule!r}")
+        if self.anneal_n is not None:
+            positive_raw(self.anneal_n, "ssa", "--anneal-n target n")
+        check_backend(self.attention)
+
+    def warmup_steps(self) -> int:
+        return self.warmup if self.warmup is not None else min(100, self.steps // 20)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of step ``step`` (0-based)."""
+        warmup = self.warmup_steps()
+        if step < warmup:
+            return self.lr * (step + 1) / warmup
+        if self.schedule == "constant":
+            return self.lr
+        progress = min(1.0, (step - warmup) / max(1, self.steps - warmup))
+        return self.lr * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def training_record(path: str | Path) -> dict[str, Any] | None:
+    """The ``training`` record a fine-tuning run left in a folder's ssacli.json, or None.
+
+    Converted folders hold it at the top level; ICL folders inside their spec's ``training``."""
+    try:
+        meta = json.loads((Path(path) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(meta, dict) and meta.get("format") == "ssacli-icl":
+        meta = meta.get("training")
+    return meta.get("training") if isinstance(meta, dict) else None
+
+
+def finetune(
+    loaded: LoadedModel | str,
+    config: FinetuneConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    device: str = "auto",
+    on_step: Callable[[int, float, float, float], None] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> LoadedModel:
+    """Fine-tune ``loaded`` (a LoadedModel or a MODEL reference) and write it to ``out``.
+
+    ``resume`` continues the run saved in ``out`` (the model then comes from ``out``; without a
+    run there, it starts fresh, which is how a model's own folder is trained in place). Without
+    ``resume`` an existing ``out`` is only replaced with ``overwrite``. ``on_step(step, loss, lr,
+    tokens_per_s)`` is called after every step (rank 0). ``meta`` adds records to ssacli.json.
+    """
+    config.validate()
+    out = Path(out).expanduser()
+    ddp = Distributed.start()
+    try:
+        dev = torch.device("cuda", ddp.local_rank) if ddp.world > 1 and torch.cuda.is_available() else None
+        dev = dev or resolve_device(device)
+        path = loaded.path if isinstance(loaded, LoadedModel) else Path(loaded).expanduser()
+        plan = ddp.decide(lambda: _plan(out, path, resume, overwrite))
+        if plan == "resume":
+            loaded = load_model(str(out), device=str(dev))
+        elif isinstance(loaded, str):
+            loaded = load_model(loaded, device=str(dev), dtype="float32")
+        return _Run(loaded, config, out, dev, ddp, on_step, meta).run(plan == "resume")
+    finally:
+        ddp.close()
+
+
+def evaluate_loss(loaded: LoadedModel, data: str, seq_len: int = 128) -> float | None:
+    """The objective's loss on the held-out slice of ``data`` (None when the slice is too short)."""
+    return make_objective(loaded, data, "auto", seq_len).heldout_loss(loaded.model, loaded.device)
+
+
+def _plan(out: Path, source: Path | None, resume: bool, overwrite: bool) -> str:
+    """ "fresh" or "resume", or a UsageError for an output that must not be written."""
+    if out.resolve() == BUILTIN_DIR or BUILTIN_DIR in out.resolve().parents:
+        raise UsageError(f"--out {out} is inside ssacli's bundled checkpoints; choose another folder")
+    if not out.exists():
+        return "fresh"
+    if not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder path")
+    if resume and (out / TRAINER_FILE).is_file() and training_record(out) is not None:
+        return "resume"
+    if overwrite or (resume and source is not None and Path(source).resolve() == out.resolve()):
+        return "fresh"  # replace it, or train the model's own folder in place
+    if resume:
+        raise UsageError(f"--out {out} holds no fine-tuning run to resume; pass --overwrite to replace it")
+    raise UsageError(f"--out {out} already exists; pass --resume to continue the run in it or --overwrite")
+
+
+class _Run:
+    def __init__(self, loaded, config, out, dev, ddp, on_step, meta) -> None:
+        self.loaded, self.config, self.out, self.dev, self.ddp = loaded, config, out, dev, ddp
+        self.on_step = on_step if ddp.rank == 0 else None
+        self.model = loaded.model.to(dev)
+        self.objective = make_objective(loaded, config.data, config.objective, config.seq_len)
+        # Records already in the folder's ssacli.json (source, fidelity) stay; ICL folders keep theirs
+        # in the model's spec, which save_model merges into.
+        existing = read_meta(loaded.path) if loaded.path is not None and loaded.kind != "icl" else None
+        drop = ("format", "format_version", "scorer", "training")
+        self.carry = {k: v for k, v in (existing or {}).items() if k not in drop} | (meta or {})
+        target = config.anneal_n
+        self.anneal = AnnealN(loaded.attention_root, target, config.steps) if target is not None else None
+        self.flags = {p: p.requires_grad for p in self.model.parameters()}  # restored at the end
+
+    def _trainable(self) -> list[nn.Parameter]:
+        if self.anneal is not None:
+            self.anneal.freeze()
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if self.config.train == "scorer":
+            named = [(n, p) for n, p in named if SCORER_KEY in f".{n}"]
+        if not named:
+            what = "its scorer has" if self.config.train == "scorer" else "the model has"
+            raise UsageError(
+                f"nothing to train: {what} no trainable parameters (--train all, or a scorer "
+                "with learned parameters such as ssa)"
+            )
+        chosen = {id(p) for _, p in named}
+        for p in self.model.parameters():
+            p.requires_grad_(id(p) in chosen)
+        if any(p.dtype in (torch.float16, torch.bfloat16) for _, p in named):
+            raise UsageError(
+                "fine-tuning needs float32 weights (load with --dtype float32); bf16 autocast "
+                "is used on CUDA by itself"
+            )
+        return [p for _, p in named]
+
+    def run(self, resumed: bool) -> LoadedModel:
+        try:
+            self.params = self._trainable()
+            with attention_backend(self.config.attention):  # held-out evaluations included
+                return self._run(resumed)
+        finally:
+            for p, flag in self.flags.items():
+                p.requires_grad_(flag)
+
+    def _run(self, resumed: bool) -> LoadedModel:
+        config, ddp = self.config, self.ddp
+        scorer_ids = {id(p) for n, p in self.model.named_parameters() if SCORER_KEY in f".{n}"}
+        decay = [p for p in self.params if p.dim() >= 2 and id(p) not in scorer_ids]
+        rest = [p for p in self.params if p.dim() < 2 or id(p) in scorer_ids]
+        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0}]
+        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr)
+        fresh = {"step": 0, "history": [], "heldout": [], "tokens": 0, "seconds": 0.0}
+        state = self._restore(optimizer) if resumed else fresh
+        if state["step"] > config.steps:
+            raise UsageError(f"the run in {self.out} is at step {state['step']}, past --steps {config.steps}")
+        if state["step"] == config.steps:
+            return self._finish()
+        if not resumed:
+            if self.anneal is not None:
+                self.anneal.apply(0)
+            state["heldout"] = self._heldout(0)
+        net = self.model
+        if ddp.world > 1:
+            ids = [self.dev.index] if self.dev.type == "cuda" else None
+            # find_unused_parameters: some models hold trainable weights their forward never uses
+            # (an ICL model's token embedding); DDP would otherwise wait for their gradients forever.
+            net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=ids, find_unused_parameters=True
+            )
+        self.model.train()
+        with StopSignals() as signals:
+            self._loop(net, optimizer, state, signals)
+        return self._finish()
+
+    def _loop(self, net, optimizer, state, signals) -> None:
+        config, ddp, objective = self.config, self.ddp, self.objective
+        per_step = config.batch_size * config.grad_accum * objective.tokens_per_sample() * ddp.world
+        began, tokens_here = time.perf_counter(), 0
+        recent = deque([began], maxlen=RATE_WINDOW + 1)  # step end times: the bar shows the current rate
+        for step in range(state["step"], config.steps):
+            lr = config.lr_at(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            data_seed, torch_seed = step_seeds(config.seed, ddp.rank, step)
+            generator = torch.Generator().manual_seed(data_seed)
+            total = 0.0
+            with seeded_rng(self.dev, torch_seed):
+                for micro in range(config.grad_accum):
+                    batch = objective.sample(config.batch_size, generator)
+                    last = micro == config.grad_accum - 1
+                    with nullcontext() if last or ddp.world == 1 else net.no_sync():
+                        loss = objective.loss(net, batch, self.dev)
+                        (loss / config.grad_accum).backward()
+                    total += float(loss.detach())
+            norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM)
+            stats = ddp.sum(torch.tensor([total / config.grad_accum, float(not torch.isfinite(norm))]))
+            value = float(stats[0]) / ddp.world
+            if not math.isfinite(value) or stats[1] > 0:
+                what = (
+                    f"loss became {value}" if not math.isfinite(value) else "the gradient became non-finite"
+                )
+                raise JobFailedError(
+                    f"{what} at step {step + 1}; stopped before updating, {self.out} keeps "
+                    "the last good checkpoint; lower --lr or check the data"
+                )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if self.anneal is not None:
+                self.anneal.apply(step + 1)
+            done = step + 1
+            tokens_here += per_step
+            state["tokens"] += per_step
+            recent.append(time.perf_counter())
+            tokens_per_s = per_step * (len(recent) - 1) / max(recent[-1] - recent[0], 1e-9)
+            if done == 1 or done % config.log_every == 0 or done == config.steps:
+                state["history"].append([done, round(value, 6), lr])
+            if self.on_step is not None:
+                self.on_step(done, value, lr, tokens_per_s)
+            interrupted = ddp.sum(torch.tensor([float(signals.received is not None)]))[0] > 0
+            if done == config.steps or interrupted or done % config.checkpoint_every == 0:
+                state["heldout"] += self._heldout(done)
+                seconds = state["seconds"] + time.perf_counter() - began
+                average = tokens_here / max(time.perf_counter() - began, 1e-9)  # the record: this session's
+                self._checkpoint(optimizer, {**state, "step": done, "seconds": seconds}, average)
+            if interrupted:
+                raise InterruptedJobError(
+                    f"interrupted at step {done}; {self.out} holds a checkpoint of it: continue with "
+                    f"`ssacli finetune {self.out}` (or --resume)"
+                )
+
+    def _heldout(self, step: int) -> list:
+        loss = self.objective.heldout_loss(self.model, self.dev) if self.ddp.rank == 0 else None
+        return [] if loss is None else [[step, round(loss, 6)]]
+
+    def _checkpoint(self, optimizer, state, tokens_per_s) -> None:
+        if self.ddp.rank == 0:
+            if not all(bool(torch.isfinite(p).all()) for p in self.params):
+                raise JobFailedError(
+                    f"parameters became non-finite by step {state['step']}; {self.out} keeps "
+                    "the last good checkpoint; lower --lr"
+                )
+            record = {
+                "config": asdict(self.config),
+                "objective": self.objective.name,
+                "step": state["step"],
+                "steps": self.config.steps,
+                "history": state["history"],
+                "heldout": state["heldout"],
+                "tokens": state["tokens"],
+                "seconds": round(state["seconds"], 1),
+                "tokens_per_s": round(tokens_per_s, 1),
+                "world_size": self.ddp.world,
+            }
+            tensors = {"step": torch.tensor(state["step"]), "world_size": torch.tensor(self.ddp.world)}
+            for index, values in optimizer.state_dict()["state"].items():
+                tensors.update({f"adam.{index}.{k}": torch.as_tensor(v) for k, v in values.items()})
+            if self.anneal is not None:
+                tensors.update({f"anneal.n0.{i}": n0 for i, n0 in enumerate(self.anneal.n0)})
+            meta = {**self.carry, "training": record}
+            save_model(
+                replace(self.loaded, path=None), self.out, meta=meta, extra_tensors=tensors, overwrite=True
+            )
+        self.ddp.barrier()
+
+    def _restore(self, optimizer) -> dict:
+        record = training_record(self.out) or {}
+        recorded = record.get("config", {})
+        given = asdict(self.config)
+        changed = [k for k in given if k not in _FREE and recorded.get(k) != given[k]]
+        if changed:
+            diffs = ", ".join(f"{k} {recorded.get(k)!r} -> {given[k]!r}" for k in changed)
+            raise UsageError(
+                f"{self.out} holds a run with other settings ({diffs}); resume with the same "
+                "settings or pick a new --out"
+            )
+        tensors = load_file(self.out / TRAINER_FILE)
+        if int(tensors.get("world_size", torch.tensor(1))) != self.ddp.world:
+            raise UsageError(
+                f"{self.out} was trained on {int(tensors['world_size'])} processes; resume with "
+                "as many, so every rank draws the data it would have drawn"
+            )
+        state_dict = optimizer.state_dict()
+        for name, value in tensors.items():
+            if name.startswith("adam."):
+                _, index, key = name.split(".", 2)
+                state_dict["state"].setdefault(int(index), {})[key] = value
+        # Parameters that never get a gradient (an ICL model's unused token embedding) have no state.
+        shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
+        if any(
+            i >= len(shapes) or tuple(v["exp_avg"].shape) != shapes[i] for i, v in state_dict["state"].items()
+        ):
+            raise InputError(f"{self.out}/{TRAINER_FILE} does not match the model's trainable parameters")
+        optimizer.load_state_dict(state_dict)
+        if self.anneal is not None:
+            self.anneal.n0 = [tensors[f"anneal.n0.{i}"].double() for i in range(len(self.anneal.n0))]
+        state = {k: record.get(k, []) for k in ("history", "heldout")}
+        return {
+            **state,
+            "step": int(tensors["step"]),
+            "tokens": record.get("tokens", 0),
+            "seconds": record.get("seconds", 0.0),
+        }
+
+    def _finish(self) -> LoadedModel:
+        self.model.eval()
+        return replace(self.loaded, path=self.out, name=str(self.out))
+
+
+__all__ = ["FinetuneConfig", "evaluate_loss", "finetune", "training_record"]

@@ -1,0 +1,137 @@
+"""What a fine-tuning run (:mod:`ssacli.train.finetune`) sets up around its step loop, outside the optimizer.
+
+* :class:`Distributed`: the process's place in a launcher's process group (torchrun, accelerate
+  launch: ``WORLD_SIZE`` > 1 starts it, gloo on CPU, nccl on CUDA), with the collectives the loop
+  uses: a decision made on rank 0 and shared, a sum over ranks, a barrier.
+* :class:`StopSignals`: SIGINT/SIGTERM set a flag the loop checks after each step, so an interrupt
+  ends in a checkpoint; a second Ctrl-C stops at once.
+* :class:`AnnealN`: ``--anneal-n`` (SSA only), n set by the step rather than learned.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..attention.interface import scorers_of
+from ..errors import SsacliError, UsageError
+from ..scorers.base import positive_raw
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    created: bool = False
+
+    @classmethod
+    def start(cls) -> Distributed:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        created = not dist.is_initialized()
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if created:
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.set_device(local)
+            dist.init_process_group("nccl" if cuda else "gloo")
+        return cls(dist.get_rank(), dist.get_world_size(), local, created)
+
+    def decide(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on rank 0 only and give every rank its result, or its SsacliError."""
+        if self.world == 1:
+            return fn()
+        box: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                box = [(True, fn())]
+            except SsacliError as err:
+                box = [(False, err)]
+        dist.broadcast_object_list(box, src=0)
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return tensor
+        tensor = tensor.cuda() if dist.get_backend() == "nccl" else tensor  # nccl reduces CUDA tensors only
+        dist.all_reduce(tensor)
+        return tensor.cpu()
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.created:
+            dist.destroy_process_group()
+
+
+class StopSignals:
+    """SIGINT/SIGTERM set a flag the loop checks after each step; a second Ctrl-C stops at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+class AnnealN:
+    """n from its start value to ``target``, linearly in the step over ``steps``; b = 1/n unless b
+    is learned."""
+
+    def __init__(self, root: nn.Module, target: float, steps: int) -> None:
+        self.scorers = list(scorers_of(root).values())
+        if not self.scorers or any(s.name != "ssa" for s in self.scorers):
+            names = sorted({s.name for s in self.scorers}) or ["none"]
+            raise UsageError(
+                f"--anneal-n applies to SSA scorers only; this model's scorer is {', '.join(names)}"
+            )
+        self.target, self.steps = float(target), steps
+        self.n0 = [s.n.detach().double().cpu() for s in self.scorers]
+
+    def freeze(self) -> None:
+        for scorer in self.scorers:
+            scorer.n_raw.requires_grad_(False)  # set every step, never learned while annealing
+
+    @torch.no_grad()
+    def apply(self, step: int) -> None:
+        for scorer, n0 in zip(self.scorers, self.n0):
+            n = torch.lerp(n0, torch.full_like(n0, self.target), min(step / self.steps, 1.0))  # exact at 1
+            scorer.n_raw.copy_(_raw(n))
+            if "b" not in scorer.learn:
+                scorer.b_raw.copy_(_raw(1.0 / n))
+
+
+def _raw(values: torch.Tensor) -> torch.Tensor:
+    """The raw parameter that the SSA scorer's softplus parametrization maps to ``values``."""
+    return torch.tensor([positive_raw(float(v), "ssa", "n") for v in values], dtype=torch.float32)
+
+
+__all__ = ["AnnealN", "Distributed", "StopSignals"]
