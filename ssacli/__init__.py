@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 
 from .errors import SpecError, SsacliError, UnsupportedModelError
 from .scorers import SCORERS, Scorer, describe_scorer, make_scorer, parse_spec, register_scorer, scorer_table
-
-__version__ = "0.1.0"
+from .version import __version__
 
 _LAZY = {
     "apply_scorer": "attention.interface",

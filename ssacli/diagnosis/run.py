@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import __version__
+from ..version import __version__
 from ..attention.interface import (
     CONFIG_SPEC_ATTR,
     SCORER_ATTR,
