@@ -1,7 +1,9 @@
-"""Errors ssacli raises on purpose, and the exit codes the CLI maps them to.
+"""Errors ssacli raises on purpose, and the exit codes the CLI maps them to (the only mapping).
 
 Every error a user can cause carries one line that names the problem and the fix. The CLI prints
-that line (no traceback unless ``--debug``) and exits with the error's code (README, "Exit codes").
+that line (no traceback unless ``--debug``) and exits with :func:`exit_code` (README, "Exit codes").
+``ssacli check`` exits with CI-oriented codes instead (:func:`check_exit_code`, docs/ci.md), so a
+pipeline can tell "the model regressed" from "the gate is misconfigured" and "the tool broke".
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ EXIT_UNSUPPORTED = 3  # the model's attention cannot be routed through ssacli
 EXIT_INPUT = 4  # a model or file missing, unreadable or inconsistent; an output that cannot be written
 EXIT_FAILED = 5  # the job ran but failed (e.g. training diverged)
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
+
+# `ssacli check` (docs/ci.md, README "Exit codes"); Ctrl-C still ends it with EXIT_INTERRUPTED
+EXIT_CHECK_PASSED = 0  # every requirement passed
+EXIT_CHECK_FAILED = 1  # a requirement failed
+EXIT_CHECK_USAGE = 2  # usage or input error: fix the invocation, the config or its files
+EXIT_CHECK_UNCHECKABLE = 3  # the model cannot be checked (unsupported, or ssacli broke)
 
 
 class SsacliError(Exception):
@@ -65,3 +73,15 @@ class InterruptError(SsacliError):
     """Ctrl-C anywhere else: the command stopped, and left no half-written file (writes are atomic)."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+def exit_code(err: BaseException) -> int:
+    """The exit code of a command that ended with ``err``: its own for an SsacliError, else a bug's."""
+    return err.exit_code if isinstance(err, SsacliError) else EXIT_INTERNAL
+
+
+def check_exit_code(err: BaseException) -> int:
+    """The exit code of an ``ssacli check`` that ended with ``err``: usage and input errors (an
+    unwritable output included) are the user's to fix; anything else means the model cannot be
+    checked."""
+    return EXIT_CHECK_USAGE if isinstance(err, UsageError | InputError) else EXIT_CHECK_UNCHECKABLE

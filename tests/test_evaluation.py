@@ -17,7 +17,6 @@ import torch
 from conftest import run_main
 from typer.testing import CliRunner
 
-import ssacli.cli.report  # noqa: F401  (registers `ssacli report` on the app)
 from ssacli import diagnose
 from ssacli.cli import app
 from ssacli.diagnosis.result import compare_results

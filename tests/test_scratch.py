@@ -200,7 +200,6 @@ def invoke(*args):
     """Run the CLI in-process; errors come back as result.exception (the app does not exit)."""
     from typer.testing import CliRunner
 
-    import ssacli.cli.train  # noqa: F401  (registers `ssacli train` until cli.py imports it)
     from ssacli.cli import app
 
     return CliRunner().invoke(app, [str(a) for a in args])

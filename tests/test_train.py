@@ -21,7 +21,6 @@ from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadMode
 from typer.testing import CliRunner
 
 import ssacli
-import ssacli.cli.convert  # noqa: F401  (registers convert and finetune on the app)
 from ssacli.cli import app
 from ssacli.conversion import convert
 from ssacli.errors import InputError, InterruptedJobError, JobFailedError, UsageError

@@ -1,10 +1,10 @@
 """`ssacli check`: gate a model on attention-saturation requirements (exit 0 pass, 1 fail).
 
-Registered on the main Typer app when ssacli/cli.py imports this module. Unlike the other
-commands, check maps errors to CI-oriented exit codes itself (docs/ci.md): 2 for anything the user
-can fix in the invocation or its inputs, 3 for a model or run that cannot be checked, so a pipeline
-can tell "the model regressed" (1) from "the gate is misconfigured" (2) and "the tool broke" (3).
-Every output is rendered before the first file is written, so a failed run leaves no file behind.
+Unlike the other commands, check ends with CI-oriented exit codes (docs/ci.md), which
+ssacli.errors.check_exit_code maps errors to: 2 for anything the user can fix in the invocation or
+its inputs, 3 for a model or run that cannot be checked, so a pipeline can tell "the model
+regressed" (1) from "the gate is misconfigured" (2) and "the tool broke" (3). Every output is
+rendered before the first file is written, so a failed run leaves no file behind.
 """
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import InputError, SsacliError, UsageError
+from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, UsageError, check_exit_code
 from ..files import write_text
-from . import _state, app
+from .options import AllowDownload, AllowPickle, Device, Dtype, debugging, print_error, progress
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_RUNTIME = 0, 1, 2, 3
 CONFIG_FILE = "ssacli.toml"
-DEFAULT_MODEL = "builtin:every-softmax"
 
 
-@app.command("check")
 def check_command(
     model_ref: str = typer.Argument(
         None, metavar="[MODEL]", help="HF folder, builtin:NAME or cached Hub id (default: the config's)."
@@ -52,10 +49,10 @@ def check_command(
     length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points)."),
     tau: float = typer.Option(None, help="A row has collapsed when its largest weight is >= tau (0.9)."),
     scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa."),
-    device: str = typer.Option(None, help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option(None, help="auto (float32 on CPU), float32, bfloat16 or float16."),
-    allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
+    device: Device = None,
+    dtype: Dtype = None,
+    allow_download: AllowDownload = False,
+    allow_pickle: AllowPickle = False,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures, errors and written files."),
     init: bool = typer.Option(False, "--init", help=f"Write {CONFIG_FILE} with defaults for MODEL, exit."),
 ) -> None:
@@ -84,26 +81,18 @@ def check_command(
     )  # fmt: skip
     try:
         code = _init(model_ref, config) if init else _check(model_ref, **options)
-    except SsacliError as err:
-        if _state["debug"]:
+    except Exception as err:  # a bad gate, a model that cannot be checked, a bug: one line
+        if debugging():
             raise
-        code = EXIT_USAGE if isinstance(err, UsageError | InputError) else EXIT_RUNTIME
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
-    except Exception as err:  # a bug or an unexpected model: one line, the traceback with --debug
-        if _state["debug"]:
-            raise
-        code = EXIT_RUNTIME
-        Console(stderr=True).print(
-            f"[bold red]internal error:[/] {type(err).__name__}: {escape(str(err))} "
-            "(rerun with --debug for the traceback)",
-            highlight=False,
-            soft_wrap=True,
-        )
+        code = check_exit_code(err)
+        print_error(err)
     raise typer.Exit(code)
 
 
 def _check(model_ref, *, config, require, baseline, max_regression, junit, json_out, quiet, diagnose) -> int:
-    from ..check.requirements import load_config, parse_requirement, run_check
+    from .. import parse_requirement, run_check
+    from ..check.config import load_config
+    from ..models.loading import DEFAULT_MODEL
 
     if config is None and Path(CONFIG_FILE).is_file():
         config = Path(CONFIG_FILE)
@@ -124,7 +113,13 @@ def _check(model_ref, *, config, require, baseline, max_regression, junit, json_
     for key in ("tau", "max_regression"):
         if key in settings:
             settings[key] = float(settings[key])
-    report = _run(run_check, model, requires, settings, quiet)
+    with progress(f"ssacli check {model}", quiet=quiet) as update:
+
+        def on_progress(what: str, done: int, total: int) -> None:
+            update(description=f"ssacli check {model}: {what} {done}/{total}")
+
+        shown = {} if update is None else {"progress": on_progress}  # no callback without a display
+        report = run_check(model, requires, **shown, **settings)
     outputs = []  # rendered in full before the first file is written
     if junit is not None:
         outputs.append((report.junit_xml(), junit))
@@ -135,20 +130,7 @@ def _check(model_ref, *, config, require, baseline, max_regression, junit, json_
     for text, path in outputs:
         write_text(text, path)
         console.print(f"wrote {path}", highlight=False)
-    return EXIT_PASS if report.passed else EXIT_FAIL
-
-
-def _run(run_check, model: str, requires: list, settings: dict, quiet: bool):
-    """run_check with a one-line status on stderr (only on a terminal, and not --quiet)."""
-    stderr = Console(stderr=True)
-    if quiet or not stderr.is_terminal:
-        return run_check(model, requires, **settings)
-    with stderr.status(f"ssacli check {model}") as status:
-
-        def on_progress(what: str, done: int, total: int) -> None:
-            status.update(f"ssacli check {model}: {what} {done}/{total}")
-
-        return run_check(model, requires, progress=on_progress, **settings)
+    return EXIT_CHECK_PASSED if report.passed else EXIT_CHECK_FAILED
 
 
 def _render(report, quiet: bool) -> None:
@@ -199,7 +181,8 @@ def _num(value: float | None) -> str:
 
 def _init(model_ref: str | None, config: Path | None) -> int:
     """--init: write a commented ssacli.toml for MODEL's kind; never overwrite one."""
-    from ..check.requirements import init_config
+    from ..check.config import init_config
+    from ..models.loading import DEFAULT_MODEL
 
     target = config or Path(CONFIG_FILE)
     if target.exists():
@@ -214,28 +197,13 @@ def _init(model_ref: str | None, config: Path | None) -> int:
     Console().print(
         f"wrote {target} (defaults for {article} {kind} model; see the comments)", highlight=False
     )
-    return EXIT_PASS
+    return EXIT_CHECK_PASSED
 
 
 def model_kind(ref: str) -> str:
     """icl, causal, masked, encoder or seq2seq, read from the checkpoint's config alone (no weights
     are loaded, so --init is instant even for large models)."""
-    from ..models.icl import is_icl_checkpoint
-    from ..models.loading import _HUB_ID, _is_causal_family, resolve_model_path
+    from ..models.kinds import is_local_reference, kind_from_config
+    from ..models.loading import resolve_model_path
 
-    local = ref.startswith("builtin:") or Path(ref).expanduser().exists() or not _HUB_ID.match(ref)
-    source = resolve_model_path(ref) if local else ref
-    if local and is_icl_checkpoint(source):
-        return "icl"
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        raise InputError(f"cannot read the config of '{ref}': {str(err).strip().splitlines()[0]}") from None
-    if getattr(cfg, "is_encoder_decoder", False):
-        return "seq2seq"
-    names = getattr(cfg, "architectures", None) or ()
-    if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in names) or _is_causal_family(cfg.model_type):
-        return "causal"
-    return "masked" if any(n.endswith("ForMaskedLM") for n in names) else "encoder"
+    return kind_from_config(resolve_model_path(ref) if is_local_reference(ref) else ref, name=ref)

@@ -1,9 +1,9 @@
 """`ssacli convert` and `ssacli finetune`: swap a model's scorer, optionally fine-tune, save a folder.
 
-Registered on the main Typer app when ssacli/cli.py imports this module. Fine-tuning options are
-optional (None) on purpose: ``convert`` refuses them without ``--finetune``, and ``finetune``
-takes whatever is not given from the run recorded in the folder it resumes, so
-``ssacli finetune DIR --steps 2000`` extends a run without repeating its settings.
+Fine-tuning options (shared, in cli/options.py) are optional (None) on purpose: ``convert`` refuses
+them without ``--finetune``, and ``finetune`` takes whatever is not given from the run recorded in
+the folder it resumes, so ``ssacli finetune DIR --steps 2000`` extends a run without repeating its
+settings. :func:`run_finetune` is the display of every training command, ``ssacli train``'s too.
 """
 
 from __future__ import annotations
@@ -17,49 +17,60 @@ import typer
 from rich.console import Console
 
 from ..errors import UsageError
-from . import _TRUST_HELP, app, load_trusted
+from .options import (
+    DATA_HELP,
+    AllowDownload,
+    AllowPickle,
+    AnnealN,
+    Attention,
+    BatchSize,
+    CheckpointEvery,
+    Device,
+    GradAccum,
+    LogEvery,
+    Lr,
+    Model,
+    QuietTraining,
+    Schedule,
+    SeqLen,
+    TrainSeed,
+    TrainWhat,
+    TrustRemoteCode,
+    Warmup,
+    WeightDecay,
+    bar_columns,
+    given,
+    progress,
+)
 
-_DATA_HELP = "Training data: a .txt file, a .jsonl file (field 'text'), a folder of them, or icl:TASK."
 
-
-def _finetune_options(**given: Any) -> dict[str, Any]:
-    return {k: v for k, v in given.items() if v is not None}
-
-
-@app.command("convert")
 def convert_command(
-    model_ref: str = typer.Argument(..., metavar="MODEL", help="HF folder, builtin:NAME, or cached Hub id."),
+    model_ref: Model,
     scorer: str = typer.Option(..., help="Scorer spec, e.g. ssa:init=faithful or ssa:init=faithful,m=256."),
     out: Path = typer.Option(..., help="Folder to write (plain transformers can load it too)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
     do_finetune: bool = typer.Option(False, "--finetune", help="Fine-tune after converting (needs --data)."),
-    data: str = typer.Option(None, help=_DATA_HELP),
+    data: str = typer.Option(None, help=DATA_HELP),
     steps: int = typer.Option(None, min=1, help="Optimizer steps (default 1000)."),
-    lr: float = typer.Option(None, help="Peak AdamW learning rate (default 1e-4)."),
-    batch_size: int = typer.Option(None, min=1, help="Sequences per micro-batch, ICL: prompts (default 8)."),
-    seq_len: int = typer.Option(
-        None, min=2, help="Tokens per training window, text data only (default 128)."
-    ),
-    grad_accum: int = typer.Option(None, min=1, help="Micro-batches per step (default 1)."),
-    warmup: int = typer.Option(None, min=0, help="Linear warmup steps (default 5% of --steps, at most 100)."),
-    schedule: str = typer.Option(
-        None, help="After warmup: cosine (to 10% of --lr) or constant (default cosine)."
-    ),
-    weight_decay: float = typer.Option(None, min=0, help="AdamW weight decay, on matrices only (default 0)."),
-    seed: int = typer.Option(None, help="Seed of the batches and dropout (default 0)."),
-    train: str = typer.Option(None, help="all, or scorer: only the scorer's parameters (default all)."),
-    anneal_n: float = typer.Option(None, help="SSA: move n linearly to this value over the run (b = 1/n)."),
-    checkpoint_every: int = typer.Option(None, min=1, help="Write a checkpoint every K steps (default 500)."),
-    log_every: int = typer.Option(None, min=1, help="Record the loss every K steps (default 10)."),
-    attention: str = typer.Option(
-        None, help="Attention kernels: auto (fused where no weights are needed), eager, fused (default auto)."
-    ),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    lr: Lr = None,
+    batch_size: BatchSize = None,
+    seq_len: SeqLen = None,
+    grad_accum: GradAccum = None,
+    warmup: Warmup = None,
+    schedule: Schedule = None,
+    weight_decay: WeightDecay = None,
+    seed: TrainSeed = None,
+    train: TrainWhat = None,
+    anneal_n: AnnealN = None,
+    checkpoint_every: CheckpointEvery = None,
+    log_every: LogEvery = None,
+    attention: Attention = None,
+    device: Device = "auto",
     dtype: str = typer.Option("auto", help="auto (float32 on CPU and when fine-tuning), float32, bfloat16."),
-    allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=_TRUST_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or step log."),
+    allow_download: AllowDownload = False,
+    allow_pickle: AllowPickle = False,
+    trust_remote_code: TrustRemoteCode = False,
+    quiet: QuietTraining = False,
 ) -> None:
     """Swap MODEL's attention scorer, report how close it stays, and save it to --out.
 
@@ -76,11 +87,11 @@ def convert_command(
 
       ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./g --finetune --data c.txt --anneal-n 8
     """
-    from ..conversion import check_out, convert
+    from .. import convert, make_scorer
+    from ..conversion import check_out
     from ..models.loading import local_model_path
-    from ..scorers import make_scorer
 
-    options = _finetune_options(
+    options = given(
         data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
         warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed, train=train,
         anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every, attention=attention,
@@ -93,49 +104,46 @@ def convert_command(
     if do_finetune and dtype == "auto":
         dtype = "float32"  # AdamW on bf16/fp16 weights loses small updates; autocast covers speed
     save_to = None if do_finetune else out
-    load = dict(device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle)
-    model = load_trusted(model_ref, **load) if trust_remote_code else model_ref
-    loaded, report = convert(model, scorer, save_to, overwrite=overwrite, **load)
+    load = dict(
+        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+    loaded, report = convert(model_ref, scorer, save_to, overwrite=overwrite, **load)
     console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
     console.print(_fidelity_line(report), highlight=False, soft_wrap=True)
     if config is None:
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
         return
     meta = {"source": str(loaded.path or loaded.name), "fidelity": report}
-    _run(loaded, config, out, resume=False, overwrite=overwrite, device=device, meta=meta, quiet=quiet)
+    run_finetune(
+        loaded, config, out, resume=False, overwrite=overwrite, device=device, meta=meta, quiet=quiet
+    )
 
 
-@app.command("finetune")
 def finetune_command(
     model_dir: str = typer.Argument(..., metavar="DIR", help="A folder written by convert (or any MODEL)."),
-    data: str = typer.Option(None, help=_DATA_HELP + " Default: the data of the run recorded in --out."),
+    data: str = typer.Option(None, help=DATA_HELP + " Default: the data of the run recorded in --out."),
     out: Path = typer.Option(
         None, help="Folder to write (default DIR itself, continuing the run recorded there)."
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue the run recorded in --out."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
     steps: int = typer.Option(None, min=1, help="Total optimizer steps of the run (default 1000)."),
-    lr: float = typer.Option(None, help="Peak AdamW learning rate (default 1e-4)."),
-    batch_size: int = typer.Option(None, min=1, help="Sequences per micro-batch, ICL: prompts (default 8)."),
-    seq_len: int = typer.Option(
-        None, min=2, help="Tokens per training window, text data only (default 128)."
-    ),
-    grad_accum: int = typer.Option(None, min=1, help="Micro-batches per step (default 1)."),
-    warmup: int = typer.Option(None, min=0, help="Linear warmup steps (default 5% of --steps, at most 100)."),
-    schedule: str = typer.Option(
-        None, help="After warmup: cosine (to 10% of --lr) or constant (default cosine)."
-    ),
-    weight_decay: float = typer.Option(None, min=0, help="AdamW weight decay, on matrices only (default 0)."),
-    seed: int = typer.Option(None, help="Seed of the batches and dropout (default 0)."),
-    train: str = typer.Option(None, help="all, or scorer: only the scorer's parameters (default all)."),
-    anneal_n: float = typer.Option(None, help="SSA: move n linearly to this value over the run (b = 1/n)."),
-    checkpoint_every: int = typer.Option(None, min=1, help="Write a checkpoint every K steps (default 500)."),
-    log_every: int = typer.Option(None, min=1, help="Record the loss every K steps (default 10)."),
-    attention: str = typer.Option(
-        None, help="Attention kernels: auto (fused where no weights are needed), eager, fused (default auto)."
-    ),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or step log."),
+    lr: Lr = None,
+    batch_size: BatchSize = None,
+    seq_len: SeqLen = None,
+    grad_accum: GradAccum = None,
+    warmup: Warmup = None,
+    schedule: Schedule = None,
+    weight_decay: WeightDecay = None,
+    seed: TrainSeed = None,
+    train: TrainWhat = None,
+    anneal_n: AnnealN = None,
+    checkpoint_every: CheckpointEvery = None,
+    log_every: LogEvery = None,
+    attention: Attention = None,
+    device: Device = "auto",
+    quiet: QuietTraining = False,
 ) -> None:
     """Fine-tune a converted folder, or continue a fine-tuning run.
 
@@ -159,13 +167,15 @@ def finetune_command(
         out, resume = Path(model_dir), True
     out = out.expanduser()
     recorded = (training_record(out) or {}).get("config", {}) if resume else {}
-    options = _finetune_options(
+    options = given(
         data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
         warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed, train=train,
         anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every, attention=attention,
     )  # fmt: skip
     config = _config(options, recorded)
-    _run(model_dir, config, out, resume=resume, overwrite=overwrite, device=device, meta=None, quiet=quiet)
+    run_finetune(
+        model_dir, config, out, resume=resume, overwrite=overwrite, device=device, meta=None, quiet=quiet
+    )
 
 
 def _config(options: dict[str, Any], recorded: dict[str, Any]):
@@ -174,7 +184,7 @@ def _config(options: dict[str, Any], recorded: dict[str, Any]):
     names = {f.name for f in fields(FinetuneConfig)}
     values = {k: v for k, v in recorded.items() if k in names} | options
     if "data" not in values:
-        raise UsageError("--data is required: " + _DATA_HELP)
+        raise UsageError("--data is required: " + DATA_HELP)
     config = FinetuneConfig(**values)
     config.validate()
     return config
@@ -200,41 +210,30 @@ def _is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _run(loaded, config, out: Path, *, resume, overwrite, device, meta, quiet) -> None:
-    """finetune() with a rich progress bar on terminals, a step log line elsewhere, then a summary."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+def run_finetune(loaded, config, out: Path, *, resume, overwrite, device, meta, quiet) -> None:
+    """finetune() with a progress bar on terminals, a step log line elsewhere, then a summary line:
+    the one display of every training command (convert --finetune, finetune, train)."""
+    from rich.progress import TextColumn, TimeRemainingColumn
 
     from ..train.finetune import finetune, training_record
 
-    stderr = Console(stderr=True)
     kwargs = {"resume": resume, "overwrite": overwrite, "device": device, "meta": meta}
-    if quiet or not stderr.is_terminal:
+    stats = "loss {task.fields[loss]:.4g} · lr {task.fields[lr]:.2e} · {task.fields[tps]:,.0f} tok/s"
+    columns = bar_columns(TextColumn(stats), TimeRemainingColumn())
+    stderr = Console(stderr=True)
+    fields = {"total": config.steps, "loss": float("nan"), "lr": 0.0, "tps": 0.0}
+    with progress("fine-tuning", columns, quiet=quiet, transient=False, **fields) as update:
 
-        def log(step: int, loss: float, lr: float, tokens_per_s: float) -> None:
-            if not quiet and (step % config.log_every == 0 or step == config.steps):
+        def on_step(step: int, loss: float, lr: float, tokens_per_s: float) -> None:
+            if update is not None:
+                update(completed=step, loss=loss, lr=lr, tps=tokens_per_s)
+            elif not quiet and (step % config.log_every == 0 or step == config.steps):
                 stderr.print(
                     f"step {step}/{config.steps} loss {loss:.4g} lr {lr:.3g} {tokens_per_s:,.0f} tok/s",
                     highlight=False,
                 )
 
-        result = finetune(loaded, config, out, on_step=log, **kwargs)
-    else:
-        columns = [
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn(
-                "loss {task.fields[loss]:.4g} · lr {task.fields[lr]:.2e} · {task.fields[tps]:,.0f} tok/s"
-            ),
-            TimeRemainingColumn(),
-        ]
-        with Progress(*columns, console=stderr) as progress:
-            bar = progress.add_task("fine-tuning", total=config.steps, loss=float("nan"), lr=0.0, tps=0.0)
-
-            def on_step(step: int, loss: float, lr: float, tokens_per_s: float) -> None:
-                progress.update(bar, completed=step, loss=loss, lr=lr, tps=tokens_per_s)
-
-            result = finetune(loaded, config, out, on_step=on_step, **kwargs)
+        result = finetune(loaded, config, out, on_step=on_step, **kwargs)
     if not _is_rank0():
         return
     record = training_record(result.path) or {}

@@ -1,4 +1,4 @@
-"""`ssacli icl train|eval|sweep`: the in-context-learning experiments (registered on the app)."""
+"""`ssacli icl train|eval|sweep`: the in-context-learning experiments (the `icl` command group)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,9 @@ from rich.console import Console
 
 from ..errors import UsageError
 from ..files import write_json
-from . import _floats, app
-
-icl_app = typer.Typer(
-    help="In-context-learning experiments: train small models on the paper's tasks, evaluate them "
-    "under magnitude and length shift.",
-    no_args_is_help=True,
-)
-app.add_typer(icl_app, name="icl")
+from .options import bar_columns, floats, progress
 
 
-@icl_app.command("train")
 def icl_train(
     task: str = typer.Option(..., help="every, some or linear."),
     out: Path = typer.Option(..., help="Checkpoint folder to write."),
@@ -46,11 +38,11 @@ def icl_train(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
 ) -> None:
     """Train an ICL model from scratch with any scorer."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import TextColumn, TimeRemainingColumn
 
+    from .. import make_scorer
     from ..attention.interface import check_backend
     from ..icl import TrainConfig, check_task, train
-    from ..scorers import make_scorer
 
     check_task(task)
     check_backend(attention)
@@ -72,25 +64,19 @@ def icl_train(
         checkpoint_every=checkpoint_every,
         attention=attention,
     )
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]:.4f} · {task.fields[points]} pts"),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
-        bar = progress.add_task(f"{task}/{scorer}", total=steps, loss=float("nan"), points=points_start)
+    stats = TextColumn("loss {task.fields[loss]:.4f} · {task.fields[points]} pts")
+    columns = bar_columns(stats, TimeRemainingColumn())
+    fields = {"total": steps, "loss": float("nan"), "points": points_start}
+    with progress(f"{task}/{scorer}", columns, always=True, transient=False, **fields) as update:
 
         def on_step(step: int, loss: float, points: int) -> None:
-            progress.update(bar, completed=step, loss=loss, points=points)
+            update(completed=step, loss=loss, points=points)
 
         model = train(config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step)
     history = model.spec.training["history"]
     typer.echo(f"wrote {out} (step {model.spec.training['step']}, last logged loss {history[-1][1]:.4g})")
 
 
-@icl_app.command("eval")
 def icl_eval(
     model_ref: str = typer.Argument(..., metavar="MODEL", help="Checkpoint folder or builtin:NAME."),
     sigma: str = typer.Option("1,2,4,8,16,32", help="Comma-separated σ of the inputs."),
@@ -108,12 +94,12 @@ def icl_eval(
     from ..models.loading import resolve_model_path
     from ..report.icl import icl_legend, icl_tables
 
-    lengths = tuple(int(v) for v in _floats(length, "length"))
+    lengths = tuple(int(v) for v in floats(length, "length"))
     try:
         probes = [parse_outlier(v) for v in outlier.split(",")] if outlier else []
     except ValueError as err:
         raise UsageError(str(err)) from None
-    sigmas = _floats(sigma, "sigma")
+    sigmas = floats(sigma, "sigma")
     model = load_icl(resolve_model_path(model_ref), resolve_device(device))  # after the cheap checks
     cells = evaluate(model, sigmas=sigmas, lengths=lengths, prompts=prompts, coef_sigma=coef_sigma, seed=seed)
     if probes:
@@ -142,7 +128,6 @@ def icl_eval(
         console.print(f"wrote {plot}")
 
 
-@icl_app.command("sweep")
 def icl_sweep(
     out: Path = typer.Option(..., help="Folder for runs/, results.json and figures/."),
     plan_file: Path = typer.Option(None, "--plan", help="A JSON plan (see docs/results/icl-plan.json)."),

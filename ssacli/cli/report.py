@@ -1,6 +1,6 @@
 """`ssacli report BEFORE AFTER`: quality and attention probes of two models, side by side.
 
-Registered on the main Typer app when ssacli/cli.py imports this module. Every input is checked
+Every input is checked
 (text files read, pair files parsed, probe specs and ICL settings parsed) before a model loads, and
 output files are rendered in full before either is written, so a failure leaves no file behind.
 """
@@ -15,10 +15,18 @@ from rich.console import Console
 
 from ..errors import UsageError
 from ..files import check_writable, write_text
-from . import _TRUST_HELP, _floats, app, load_trusted
+from .options import (
+    AllowDownload,
+    AllowPickle,
+    Device,
+    Dtype,
+    QuietOutput,
+    TrustRemoteCode,
+    floats,
+    progress,
+)
 
 
-@app.command("report")
 def report_command(
     before: str = typer.Argument(
         ..., metavar="BEFORE", help="MODEL before the change (folder, builtin:NAME)."
@@ -45,12 +53,12 @@ def report_command(
     prompts: int = typer.Option(500, min=1, help="ICL models: prompts per cell."),
     json_out: Path = typer.Option(None, "--json", help="Write the report (schema ssacli-report) here."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors and written files."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option("auto", help="auto (float32 on CPU), float32, bfloat16 or float16."),
-    allow_download: bool = typer.Option(False, "--allow-download", help="Fetch a Hub id not in the cache."),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Load .bin weights (weights_only=True)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=_TRUST_HELP),
+    quiet: QuietOutput = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    allow_download: AllowDownload = False,
+    allow_pickle: AllowPickle = False,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
 
@@ -68,16 +76,15 @@ def report_command(
 
       ssacli report ./bert ./bert-ssa --pairs blimp/passive_1.jsonl --pairs-limit 0 --json r.json
     """
-    from ..diagnosis.probes import parse_probe
+    from .. import compare_models, parse_probe
     from ..icl import parse_outlier
-    from ..quality.compare import compare_models
     from ..quality.inputs import read_pairs, read_text_file
 
     for option, path in (("--json", json_out), ("--html", html_out)):
         if path is not None:
             check_writable(path, option)  # a folder, or nowhere writable: fail before any work
     probes = [str(parse_probe(p)) for p in probe] if probe else None
-    sigmas = _floats(sigma, "sigma")
+    sigmas = floats(sigma, "sigma")
     if not sigmas or any(not s > 0 for s in sigmas):
         raise UsageError(f"--sigma takes positive numbers, e.g. 1,2,4; got {sigma!r}")
     try:
@@ -100,14 +107,10 @@ def report_command(
         **texts, pairs=records, pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples,
         seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
         icl_length=icl_length, prompts=prompts, device=device, dtype=dtype, allow_download=allow_download,
-        allow_pickle=allow_pickle,
+        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
     )  # fmt: skip
-    if trust_remote_code:  # compare_models loads without remote code; load both here, with it
-        load = dict(device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle)
-        before_model, after_model = load_trusted(before, **load), load_trusted(after, **load)
-    else:
-        before_model, after_model = before, after
-    report = _run(compare_models, before_model, after_model, settings, quiet)
+    with progress("ssacli report", quiet=quiet) as update:
+        report = compare_models(before, after, progress=update, **settings)
     if records is not None:  # name the files the user gave, not the parsed records
         report["settings"]["pairs"] = str(pairs)
     for key, path in (("text_id", text_id), ("text_ood", text_ood)):
@@ -127,12 +130,3 @@ def report_command(
     for text, path in outputs:  # every output rendered before the first is written
         write_text(text, path)
         console.print(f"wrote {path}", highlight=False)
-
-
-def _run(compare_models, before: str, after: str, settings: dict, quiet: bool) -> dict:
-    """compare_models with a one-line status on stderr (only on a terminal, and not --quiet)."""
-    stderr = Console(stderr=True)
-    if quiet or not stderr.is_terminal:
-        return compare_models(before, after, **settings)
-    with stderr.status("ssacli report") as status:
-        return compare_models(before, after, progress=lambda what: status.update(what), **settings)

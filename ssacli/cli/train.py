@@ -1,7 +1,6 @@
 """`ssacli train`: a language model trained from scratch with any scorer.
 
-Registered on the main app when imported (``from . import cli_scratch`` at the bottom of
-ssacli/cli.py). The model and its tokenizer come from :func:`ssacli.train.scratch.new_model` (the BPE
+The model and its tokenizer come from :func:`ssacli.train.scratch.new_model` (the BPE
 tokenizer is trained on the training part of --data); the loop is the fine-tuning one
 (:func:`ssacli.train.finetune.finetune` with ``train="all"``), so softmax and SSA runs of the same command
 see the same batches, steps and tokens, and the saved ``training`` record says so.
@@ -16,12 +15,12 @@ import typer
 from rich.console import Console
 
 from ..errors import UsageError
-from . import app
+from .convert import run_finetune
+from .options import Device
 
 SCRATCH_RECORD = "scratch"  # key in ssacli.json: how the model was built
 
 
-@app.command("train")
 def train_command(
     data: str = typer.Option(..., help="Training text: a .txt or .jsonl file, or a folder of them."),
     out: Path = typer.Option(..., help="Folder to write the model, tokenizer and checkpoints to."),
@@ -43,7 +42,7 @@ def train_command(
         None, min=261, help="Most BPE tokens [1024 tiny, 4096 small, 8192 roberta small]."
     ),
     seed: int = typer.Option(0, help="Seed of the weights and of the batches."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    device: Device = "auto",
     checkpoint_every: int = typer.Option(500, min=1, help="Write a checkpoint every K steps."),
     attention: str = typer.Option(
         "auto", help="Attention kernels: auto (fused where no weights are needed), eager or fused."
@@ -65,7 +64,7 @@ def train_command(
 
       ssacli train --arch roberta --size small --scorer ssa:n=2,learn=none --data childes/ --out runs/bb
     """
-    from ..scorers import make_scorer
+    from .. import make_scorer
     from ..train.finetune import FinetuneConfig
 
     spec = make_scorer(scorer).spec  # a bad spec fails before the tokenizer is trained
@@ -92,9 +91,9 @@ def train_command(
         model, meta = _build(arch, size or "tiny", spec, data, vocab_size, seq_len, seed, quiet)
         config.seq_len = model.max_positions
     # The loop, progress display and summary line of `ssacli finetune`: one format for all training.
-    from .convert import _run
-
-    _run(model, config, out, resume=resume, overwrite=overwrite, device=device, meta=meta, quiet=quiet)
+    run_finetune(
+        model, config, out, resume=resume, overwrite=overwrite, device=device, meta=meta, quiet=quiet
+    )
 
 
 def _recorded(out: Path) -> dict[str, Any] | None:

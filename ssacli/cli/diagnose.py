@@ -1,0 +1,179 @@
+"""`ssacli diagnose` and `ssacli scorers`: probe a model's attention, list and resolve scorers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import UsageError
+from ..files import check_writable, write_json
+from .options import (
+    AllowDownload,
+    AllowPickle,
+    Device,
+    Dtype,
+    OptionalModel,
+    QuietOutput,
+    TrustRemoteCode,
+    bar_columns,
+    progress,
+)
+
+
+def scorers_command(
+    spec: str = typer.Argument(None, help="A scorer spec to resolve, e.g. 'ssa:init=faithful'."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+) -> None:
+    """List the attention scorers and their properties, or show what one SPEC resolves to."""
+    from .. import scorer_table
+
+    if spec is not None:
+        _describe(spec, as_json)
+        return
+    rows = scorer_table()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    table = Table(title=f"ssacli scorers ({len(rows)})", title_justify="left")
+    for column in ("name", "trainable", "sums to 1", "shift-inv", "as x → c·x, c → ∞", "fusable"):
+        table.add_column(column, no_wrap=column == "name")
+    for row in rows:
+        table.add_row(
+            f"[bold]{row['name']}[/]",
+            ", ".join(row["trainable"]) or "–",
+            row["rows_sum_to_one"],
+            row["shift_invariant"],
+            row["limit"],
+            row["fusable"],
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        "Build one with a spec, NAME or NAME:key=value,… e.g. ssa:init=faithful,m=256. "
+        "Options and formulas: `ssacli scorers --json`, docs/scorers.md."
+    )
+
+
+def _describe(spec: str, as_json: bool) -> None:
+    from .. import describe_scorer
+
+    info = describe_scorer(spec)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, ensure_ascii=False))
+        return
+    console = Console()
+    console.print(f"[bold]{info['spec']}[/]: {info['summary']}", highlight=False)
+    for key, value in info["options"].items():
+        console.print(f"  {key} = {'(preset)' if value is None else value}", highlight=False)
+    for key, value in info["initial_values"].items():
+        state = "learned" if key in info["learned"] else "frozen"
+        console.print(f"  initial {key} = {value:g} ({state})", highlight=False)
+
+
+def diagnose_command(
+    model_ref: OptionalModel = "builtin:every-softmax",
+    probe: list[str] = typer.Option(
+        None, help="NAME or NAME:L1,L2,… (repeatable; default: all that apply), e.g. outlier:10,100."
+    ),
+    scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa:init=faithful."),
+    text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
+    random_ids: bool = typer.Option(False, "--random", help="Probe with random token ids."),
+    samples: int = typer.Option(8, min=1, help="Sequences per probe level."),
+    length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points); default 64 (40)."),
+    batch_size: int = typer.Option(8, min=1, help="Sequences per forward pass."),
+    seed: int = typer.Option(0, help="Seed of inputs, targets and numbers."),
+    tau: float = typer.Option(0.9, help="A row has collapsed when its largest weight is >= tau."),
+    top_k: int = typer.Option(5, min=1, help="k of the top-k mass metric."),
+    block_size: int = typer.Option(256, min=1, help="Query rows scored at a time (memory O(block × keys))."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    allow_download: AllowDownload = False,
+    allow_pickle: AllowPickle = False,
+    trust_remote_code: TrustRemoteCode = False,
+    compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
+    json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
+    html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
+    heatmap: str = typer.Option("max_weight", help="Heatmap METRIC[@PROBE], e.g. collapse_rate@outlier."),
+    quiet: QuietOutput = False,
+) -> None:
+    """Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.
+
+    Examples:
+
+      ssacli diagnose                                  # the bundled ICL model
+
+      ssacli diagnose ./my-model --probe outlier:10,100,1000 --json out.json --html out.html
+
+      ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
+    """
+    from .. import make_scorer, parse_probe
+    from ..diagnosis.result import METRICS
+    from ..quality.inputs import read_text_file
+
+    probes = [parse_probe(p) for p in probe] if probe else None  # bad specs fail before loading
+    if scorer is not None:
+        make_scorer(scorer)
+    metric, _, heat_probe = heatmap.partition("@")
+    if metric not in METRICS:
+        raise UsageError(f"unknown metric '{metric}' for --heatmap; choose from: {', '.join(METRICS)}")
+    if heat_probe and probes and heat_probe not in {p.name for p in probes}:
+        raise UsageError(f"--heatmap names probe '{heat_probe}', which is not among the --probe options")
+    for option, path in (("--json", json_out), ("--html", html_out)):
+        if path is not None:
+            check_writable(path, option)
+    settings = dict(
+        probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
+        samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
+        block_size=block_size, device=device, dtype=dtype, allow_download=allow_download,
+        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+    console = Console()
+    result = _diagnose(model_ref, settings, quiet)
+    other = None if compare is None else _compare_target(compare, settings, quiet)
+    if not quiet:
+        from ..report.terminal import render_comparison, render_diagnose
+
+        if other is None:
+            render_diagnose(result, console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
+        else:
+            render_comparison(result, other, console)
+    if json_out is not None:
+        from .. import compare_results
+
+        data = result.to_dict() if other is None else compare_results(result, other)
+        write_json(data, json_out)
+        console.print(f"wrote {json_out}", highlight=False)
+    if html_out is not None:
+        from ..files import write_text
+        from ..report.html import comparison_html, diagnose_html
+
+        write_text(diagnose_html(result) if other is None else comparison_html(result, other), html_out)
+        console.print(f"wrote {html_out}", highlight=False)
+
+
+def _compare_target(ref: str, settings: dict, quiet: bool):
+    """--compare: a --json result file, or another model diagnosed with the same settings."""
+    from .. import DiagnoseResult
+
+    if ref.endswith(".json") and Path(ref).is_file():
+        return DiagnoseResult.load(ref)
+    return _diagnose(ref, settings, quiet)
+
+
+def _diagnose(model_ref: str, settings: dict, quiet: bool):
+    """diagnose() with a progress bar on stderr (only on a terminal, and not --quiet)."""
+    from rich.progress import TimeElapsedColumn
+
+    from .. import diagnose
+
+    columns = bar_columns(TimeElapsedColumn())
+    with progress(f"diagnosing {model_ref}", columns, quiet=quiet, total=None) as update:
+
+        def on_progress(what: str, done: int, total: int) -> None:
+            update(description=f"{model_ref}: {what}", completed=done, total=total)
+
+        return diagnose(model_ref, progress=None if update is None else on_progress, **settings)

@@ -1,0 +1,150 @@
+"""What the commands share: option types, option-value parsers, the progress display and the
+one-line error report.
+
+Options used by several commands are ``typing.Annotated`` types (``device: Device = "auto"``): the
+flag names and help live here once, each command keeps its own default. Fine-tuning options are
+shared by ``convert --finetune`` and ``finetune`` and default to None on purpose (see cli/convert.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import SsacliError, UsageError
+
+MODEL_HELP = "HF folder, builtin:NAME, or cached Hub id."
+TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
+DATA_HELP = "Training data: a .txt file, a .jsonl file (field 'text'), a folder of them, or icl:TASK."
+
+# ---- loading a MODEL (diagnose, check, convert, report) -------------------------------------------
+
+Model = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]
+OptionalModel = Annotated[str, typer.Argument(metavar="[MODEL]", help=MODEL_HELP)]
+Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+Dtype = Annotated[str, typer.Option(help="auto (float32 on CPU), float32, bfloat16 or float16.")]
+AllowDownload = Annotated[bool, typer.Option("--allow-download", help="Fetch a Hub id not in the cache.")]
+AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load .bin weights (weights_only=True).")]
+TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_HELP)]
+
+# ---- output -------------------------------------------------------------------------------------
+
+QuietOutput = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Print nothing but errors and written files.")
+]
+QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or step log.")]
+
+# ---- fine-tuning (convert --finetune, finetune): None = not given ------------------------------------
+
+Lr = Annotated[float, typer.Option(help="Peak AdamW learning rate (default 1e-4).")]
+BatchSize = Annotated[int, typer.Option(min=1, help="Sequences per micro-batch, ICL: prompts (default 8).")]
+SeqLen = Annotated[int, typer.Option(min=2, help="Tokens per training window, text data only (default 128).")]
+GradAccum = Annotated[int, typer.Option(min=1, help="Micro-batches per step (default 1).")]
+Warmup = Annotated[int, typer.Option(min=0, help="Linear warmup steps (default 5% of --steps, at most 100).")]
+Schedule = Annotated[
+    str, typer.Option(help="After warmup: cosine (to 10% of --lr) or constant (default cosine).")
+]
+WeightDecay = Annotated[float, typer.Option(min=0, help="AdamW weight decay, on matrices only (default 0).")]
+TrainSeed = Annotated[int, typer.Option(help="Seed of the batches and dropout (default 0).")]
+TrainWhat = Annotated[str, typer.Option(help="all, or scorer: only the scorer's parameters (default all).")]
+AnnealN = Annotated[float, typer.Option(help="SSA: move n linearly to this value over the run (b = 1/n).")]
+CheckpointEvery = Annotated[int, typer.Option(min=1, help="Write a checkpoint every K steps (default 500).")]
+LogEvery = Annotated[int, typer.Option(min=1, help="Record the loss every K steps (default 10).")]
+Attention = Annotated[
+    str,
+    typer.Option(
+        help="Attention kernels: auto (fused where no weights are needed), eager, fused (default auto)."
+    ),
+]
+
+
+def given(**options: Any) -> dict[str, Any]:
+    """The options the user gave: those that are not None."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+# ---- option values --------------------------------------------------------------------------------
+
+
+def floats(text: str, option: str) -> tuple[float, ...]:
+    """A comma-separated list of numbers given to ``--option`` (empty items are skipped)."""
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UsageError(f"--{option} takes comma-separated numbers, e.g. 1,2,4; got {text!r}") from None
+
+
+# ---- --debug and the one-line error report ----------------------------------------------------------
+
+_debug = {"on": False}  # set by the root --debug option for the command it runs
+
+
+def set_debug(value: bool) -> None:
+    """Record the root --debug flag (errors then keep their traceback)."""
+    _debug["on"] = value
+
+
+def debugging() -> bool:
+    """Whether --debug was given: errors should propagate with their traceback."""
+    return _debug["on"]
+
+
+def print_error(err: BaseException) -> None:
+    """The one line a failed command prints on stderr: the message of an error the user can fix,
+    or, for a bug, its type and a pointer to --debug."""
+    if isinstance(err, SsacliError):
+        line = f"[bold red]error:[/] {escape(str(err))}"
+    else:
+        line = (
+            f"[bold red]internal error:[/] {type(err).__name__}: {escape(str(err))} "
+            "(rerun with --debug for the traceback)"
+        )
+    Console(stderr=True).print(line, highlight=False, soft_wrap=True)
+
+
+# ---- progress -----------------------------------------------------------------------------------------
+
+
+def bar_columns(*extra) -> list:
+    """The progress-bar columns every command uses, then ``extra``: description, bar, done/total."""
+    from rich.progress import BarColumn, TextColumn
+
+    done = TextColumn("{task.completed}/{task.total}")
+    return [TextColumn("{task.description}"), BarColumn(), done, *extra]
+
+
+@contextmanager
+def progress(
+    description: str,
+    columns: list | None = None,
+    *,
+    quiet: bool = False,
+    always: bool = False,
+    transient: bool = True,
+    **task: Any,
+) -> Iterator[Callable[..., None] | None]:
+    """A live display on stderr while a long call runs: a progress bar with ``columns``, or a
+    one-line status when there are none. Yields ``update(description=…, **task_fields)``, or None
+    when nothing is shown: with ``quiet``, and when stderr is not a terminal unless ``always``."""
+    stderr = Console(stderr=True)
+    if quiet or not (always or stderr.is_terminal):
+        yield None
+    elif columns is None:
+        with stderr.status(description) as status:
+
+            def update(description: str | None = None, **_: Any) -> None:
+                if description is not None:
+                    status.update(description)
+
+            yield update
+    else:
+        from rich.progress import Progress
+
+        with Progress(*columns, console=stderr, transient=transient) as bar:
+            yield partial(bar.update, bar.add_task(description, **task))
