@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 
 import ssacli
 from ssacli.cli import main
+from ssacli.diagnosis.metrics import METRICS
 from ssacli.errors import (
     EXIT_INPUT,
     EXIT_INTERRUPTED,
@@ -483,7 +484,7 @@ def test_sigint_during_finetune_checkpoints_and_resumes(tmp_path):
 # ---- 6. numbers ------------------------------------------------------------------------------------------
 
 PROBE_FAMILIES = ["embed-scale", "outlier", "logit-scale", "dominant-key"]
-UNIT_METRICS = ("entropy", "max_weight", "collapse_rate", "topk_mass", "sink_mass", "outlier_capture")
+UNIT_METRICS = [name for name, spec in METRICS.items() if spec.bounded]  # tests/test_metrics.py checks them
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssacli.diagnosis.metrics import ALL_METRICS, HeadStats, row_sums
+from ssacli.diagnosis.metrics import METRICS, HeadStats, row_sums
 
 J = 0.7  # junk written where a key is not visible: the metrics must ignore it
 
@@ -123,7 +123,7 @@ def test_empty_stats_and_heads_without_rows_are_nan():
     means = stats.means()
     assert stats.rows == 1
     assert means["max_weight"][0] == pytest.approx(0.6) and math.isnan(means["max_weight"][1])
-    assert set(means) == set(ALL_METRICS)
+    assert set(means) == set(METRICS)
 
 
 # Capture: [2, 1, 5, 5], causal. Sample 0 targets key 2, sample 1 targets key 1 and has a
@@ -181,7 +181,7 @@ def test_blocks_with_query_positions_add_up_to_the_whole_map():
         )  # fmt: skip
     blocked = stats.means()
     assert stats.rows == 7
-    for name in ALL_METRICS:
+    for name in METRICS:
         assert blocked[name][0] == pytest.approx(whole[name][0], abs=1e-12), name
     assert blocked["outlier_capture"][0] == pytest.approx(EXPECTED_CAPTURE)
 
@@ -193,3 +193,30 @@ def test_default_query_positions_are_bottom_right_aligned():
     sums = row_sums(w, CAUSAL5[:, :, 3:], target=torch.tensor([3]))
     assert sums["capture_rows"].item() == 1.0
     assert sums["outlier_capture"].item() == pytest.approx(0.3)
+
+
+def test_the_metric_table_says_what_the_metrics_do():
+    """METRICS' claims checked against row_sums: a bounded metric stays in [0, 1] on any rows, an
+    unbounded one leaves it somewhere; and as one row sharpens from uniform to one key, a metric
+    that saturates upwards rises, downwards falls, and one with no direction (row mass) stays."""
+    generator = torch.Generator().manual_seed(0)
+    # Uniform rows over 8 keys with mass 3 (an unnormalized scorer), then random rows.
+    weights = torch.cat([torch.full((1, 1, 4, 8), 3 / 8), torch.rand(1, 1, 4, 8, generator=generator)], 2)
+    means = _stats(row_sums(weights, target=torch.tensor([2])), 1)
+    for name, spec in METRICS.items():
+        inside = 0 <= means[name][0] <= 1
+        assert inside if spec.bounded else not inside, name
+    # One query row over 8 keys, largest logit at key 0 (also the target), sharpened from nearly
+    # uniform (max 0.14 < tau, top-2 0.27) to nearly one key: every metric moves, or stays.
+    logits = -torch.arange(8.0)
+    sums = [
+        row_sums(torch.softmax(logits * a, -1).reshape(1, 1, 1, 8), target=torch.tensor([0]), top_k=2)
+        for a in (0.05, 10.0)
+    ]
+    soft, sharp = _stats(sums[0], 1), _stats(sums[1], 1)
+    for name, spec in METRICS.items():
+        before, after = soft[name][0], sharp[name][0]
+        if spec.higher_is_saturated is None:
+            assert after == pytest.approx(before), name
+        else:
+            assert (after > before) == spec.higher_is_saturated and after != before, name

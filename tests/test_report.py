@@ -11,6 +11,9 @@ import base64
 import io
 import json
 import math
+import os
+import subprocess
+import sys
 from html.parser import HTMLParser
 
 import numpy as np
@@ -19,7 +22,7 @@ from rich.console import Console
 
 from ssacli.diagnosis.result import DiagnoseResult, ProbeResult, compare_results
 from ssacli.errors import UsageError
-from ssacli.report.html import comparison_html, diagnose_html
+from ssacli.report.html import Section, comparison_html, diagnose_html, page
 from ssacli.report.terminal import heat_cell, pick_heatmap, render_comparison, render_diagnose
 
 NAN = float("nan")
@@ -284,6 +287,28 @@ def test_comparison_html_overlays_and_deltas():
     assert "<td>-0.25</td>" in page.replace(' class="better"', "")
     assert "skipped in A and B" in page
 
+
+
+def test_pages_are_built_from_sections_in_order():
+    sections = [Section("title <1>", ["<p>a</p>"], level=1), Section(None, ["<p>b</p>"]), Section("c & d")]
+    built = page("tab & title", sections)
+    assert "<title>tab &amp; title</title>" in built
+    body = built[built.index("<body>") : built.index("</body>")]
+    assert body.index("<h1>title &lt;1&gt;</h1>") < body.index("<p>a</p>") < body.index("<p>b</p>")
+    assert body.index("<p>b</p>") < body.index("<h2>c &amp; d</h2>")
+
+
+def test_importing_the_plotting_modules_selects_no_matplotlib_backend():
+    """No import-time side effects: the renderers draw on Figure objects, never through pyplot."""
+    code = (
+        "import sys, matplotlib, ssacli.report.html, ssacli.report.before_after, ssacli.icl.plots\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"
+        "print(matplotlib.get_backend())\n"
+    )
+    env = {**os.environ, "MPLBACKEND": "template"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().lower() == "template"
 
 # ---- JSON schema -----------------------------------------------------------------------------------
 

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from ..diagnosis.metrics import METRICS
 from ..diagnosis.probes import PROBES, parse_probe
-from ..diagnosis.result import METRICS, DiagnoseResult, _clean
+from ..diagnosis.result import DiagnoseResult, json_ready
 from ..errors import InputError, UsageError
 
 # Config files and `--init` templates live in check_config.py; re-exported for the API.
@@ -79,7 +80,7 @@ class Requirement:
     @property
     def direction(self) -> str:
         """Which way the metric moves as attention saturates: high, low (none for row_mass)."""
-        return METRICS[self.metric][1]
+        return METRICS[self.metric].direction
 
     def measure(self, result: DiagnoseResult) -> float:
         """The aggregate over the selected heads at this level (NaN where every head is undefined).
@@ -297,8 +298,8 @@ class CheckReport:
                 {
                     "expr": r.text,
                     "passed": o.passed,
-                    "measured": _clean(o.measured),
-                    "baseline": _clean(o.baseline),
+                    "measured": json_ready(o.measured),
+                    "baseline": json_ready(o.baseline),
                     "message": o.message,
                 }
                 for r, o in zip(self.requirements, self.outcomes)

@@ -1,4 +1,5 @@
-"""Saturation metrics of attention rows, reduced as they stream past.
+"""Saturation metrics of attention rows, reduced as they stream past, and :data:`METRICS`, the table
+of what each metric is (:class:`MetricSpec`: description, direction, bounds, labels).
 
 :func:`row_sums` turns one block of attention weights ``[batch, heads, q, k]`` into per-head sums
 (a few numbers per head), so diagnose never keeps a weight map beyond the attention call that made
@@ -19,21 +20,59 @@ are compared on the shape of their attention; ``row_mass`` reports Σw itself.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-# Metrics averaged over every counted row; outlier_capture has its own row count.
-ROW_METRICS = (
-    "entropy",
-    "max_weight",
-    "collapse_rate",
-    "effective_tokens",
-    "topk_mass",
-    "sink_mass",
-    "row_mass",
-)
-ALL_METRICS = (*ROW_METRICS, "outlier_capture")
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Everything said about one metric outside its formula (:func:`row_sums` computes it).
+
+    Every reader imports it from here: the JSON schema (``description``), the terminal and HTML
+    reports (``header``, ``short``, ``key``, ``compared``, ``bounded``, the direction colors) and
+    ``ssacli check`` (``direction``, to tell a regression)."""
+
+    name: str
+    description: str  # one line, written into every diagnose JSON under "metrics"
+    higher_is_saturated: bool | None  # True: higher = more saturated; False: lower; None: no direction
+    bounded: bool  # lies in [0, 1], so colors use a fixed [0, 1] scale that compares across models
+    header: str  # column header in the per-probe tables (eight fit in 80 characters)
+    short: str  # label in the comparison tables' two-line headers (four metrics × A, B, Δ fit 120)
+    key: bool = False  # always a column of the per-probe tables (others only where they say something)
+    compared: bool = False  # a column of the comparison tables and the A-vs-B figures
+
+    @property
+    def direction(self) -> str:
+        """``"high"``, ``"low"`` or ``"none"``: which values mean saturated."""
+        if self.higher_is_saturated is None:
+            return "none"
+        return "high" if self.higher_is_saturated else "low"
+
+
+# The one table of metrics, in display order (also the order of every result's arrays).
+METRICS: dict[str, MetricSpec] = {
+    m.name: m
+    for m in (
+        MetricSpec("entropy", "normalized entropy H / log N_i (1 = uniform over visible keys, 0 = one key)",
+                   False, True, "entropy", "ent", key=True, compared=True),
+        MetricSpec("max_weight", "largest weight in the row", True, True, "max w", "maxw", key=True,
+                   compared=True),
+        MetricSpec("collapse_rate", "share of rows whose largest weight is >= tau", True, True, "collapse",
+                   "coll", key=True, compared=True),
+        MetricSpec("effective_tokens", "exp(H): how many keys the row effectively averages", False, False,
+                   "eff. tok", "eff. tok", key=True),
+        MetricSpec("topk_mass", "mass on the row's k largest weights", True, True, "top-k", "top-k",
+                   key=True),
+        MetricSpec("sink_mass", "weight on position 0", True, True, "sink", "sink", key=True),
+        MetricSpec("outlier_capture",
+                   "weight on the probe's target token, from the other queries that see it",
+                   True, True, "capture", "capt", compared=True),
+        MetricSpec("row_mass", "sum of the row's weights (1 for normalized scorers)", None, False, "row mass",
+                   "row mass"),
+    )
+}  # fmt: skip
 DEFAULT_TAU = 0.9
 DEFAULT_TOP_K = 5
 
@@ -134,9 +173,9 @@ class HeadStats:
         """Mean of each metric per head; NaN where a head counted no row."""
         empty = np.full(self.num_heads, math.nan)
         if not self.sums:
-            return {name: empty.copy() for name in ALL_METRICS}
+            return {name: empty.copy() for name in METRICS}
         out = {}
-        for name in ALL_METRICS:
+        for name in METRICS:
             count = self.sums["capture_rows" if name == "outlier_capture" else "rows"].numpy()
             total = self.sums[name].numpy()
             with np.errstate(invalid="ignore", divide="ignore"):

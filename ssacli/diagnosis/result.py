@@ -18,22 +18,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .metrics import METRICS  # the metric table (owned by diagnosis.metrics; importable from here too)
 
 SCHEMA = "ssacli-diagnose"
 SCHEMA_VERSION = 1
 COLLAPSE_SHARE = 0.5  # collapse point: first level where the collapse rate reaches this share
-
-# name -> (what it is, which direction is "more saturated"); the order is the display order.
-METRICS: dict[str, tuple[str, str]] = {
-    "entropy": ("normalized entropy H / log N_i (1 = uniform over visible keys, 0 = one key)", "low"),
-    "max_weight": ("largest weight in the row", "high"),
-    "collapse_rate": ("share of rows whose largest weight is >= tau", "high"),
-    "effective_tokens": ("exp(H): how many keys the row effectively averages", "low"),
-    "topk_mass": ("mass on the row's k largest weights", "high"),
-    "sink_mass": ("weight on position 0", "high"),
-    "outlier_capture": ("weight on the probe's target token, from the other queries that see it", "high"),
-    "row_mass": ("sum of the row's weights (1 for normalized scorers)", "none"),
-}
 
 
 @dataclass
@@ -123,7 +112,7 @@ class DiagnoseResult:
         found.sort(
             key=lambda h: (-h["collapse_rate"], -_finite_or(h["max_weight"], -1), _finite_or(h["entropy"], 2))
         )
-        return _clean(found[:count])
+        return json_ready(found[:count])
 
     # ---- JSON schema -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -135,11 +124,11 @@ class DiagnoseResult:
             "scorer": self.scorer,
             "route": self.route,
             "layers": self.layers,
-            "heads": _clean(self.heads),
-            "settings": _clean(self.settings),
-            "versions": _clean(self.versions),
+            "heads": json_ready(self.heads),
+            "settings": json_ready(self.settings),
+            "versions": json_ready(self.versions),
             "elapsed_s": round(self.elapsed_s, 3),
-            "metrics": {name: desc for name, (desc, _) in METRICS.items()},
+            "metrics": {name: spec.description for name, spec in METRICS.items()},
             "probes": [_probe_dict(p) for p in self.probes],
             "summary": {
                 "collapse_share": COLLAPSE_SHARE,
@@ -233,14 +222,15 @@ def _finite_or(value: float, default: float) -> float:
     return value if math.isfinite(value) else default
 
 
-def _clean(value: Any) -> Any:
-    """NaN/inf -> None, numpy scalars -> Python, recursively (JSON has no NaN)."""
+def json_ready(value: Any) -> Any:
+    """``value`` as JSON can hold it, recursively: NaN/inf -> None (JSON has no NaN), numpy arrays
+    -> lists, numpy scalars -> Python numbers. Every ssacli JSON writer of results uses it."""
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_ready(v) for k, v in value.items()}
     if isinstance(value, np.ndarray):
-        return _clean(value.tolist())
+        return json_ready(value.tolist())
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [json_ready(v) for v in value]
     if isinstance(value, float | np.floating):
         return float(value) if math.isfinite(value) else None
     if isinstance(value, np.integer):
@@ -261,13 +251,13 @@ def _clean_in(value: Any) -> Any:
 def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
     return {
         "name": probe.name,
-        "levels": _clean(list(probe.levels)),
+        "levels": json_ready(list(probe.levels)),
         "note": probe.note,
-        "metrics": {k: _clean(v) for k, v in probe.metrics.items()},
-        "rows": _clean(probe.rows),
-        "extras": {k: _clean(v) for k, v in probe.extras.items()},
+        "metrics": {k: json_ready(v) for k, v in probe.metrics.items()},
+        "rows": json_ready(probe.rows),
+        "extras": {k: json_ready(v) for k, v in probe.extras.items()},
         "summary": {
-            "model": {k: _clean(probe.model_mean(k)) for k in probe.metrics},
+            "model": {k: json_ready(probe.model_mean(k)) for k in probe.metrics},
             "collapse_point": probe.collapse_point(),
             "head_collapse_points": probe.head_collapse_points(),
         },
@@ -306,7 +296,7 @@ def compare_results(a: DiagnoseResult, b: DiagnoseResult) -> dict[str, Any]:
         entry: dict[str, list] = {"levels": [level for level, _, _ in shared]}
         for metric in [m for m in pa.metrics if m in pb.metrics]:
             ma, mb = pa.model_mean(metric), pb.model_mean(metric)
-            entry[metric] = [_clean(float(mb[ib] - ma[ia])) for _, ia, ib in shared]
+            entry[metric] = [json_ready(float(mb[ib] - ma[ia])) for _, ia, ib in shared]
         deltas[pa.name] = entry
         points[pa.name] = {"a": pa.collapse_point(), "b": pb.collapse_point()}
     return {

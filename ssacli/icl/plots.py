@@ -1,5 +1,6 @@
 """Figures for ICL evaluations (matplotlib, headless). Files are written to a temp name first,
-then renamed, so a crash never leaves half a figure."""
+then renamed, so a crash never leaves half a figure. Figures are :class:`matplotlib.figure.Figure`
+objects drawn directly (no pyplot, no backend to select), so importing this changes nothing."""
 
 from __future__ import annotations
 
@@ -8,19 +9,16 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-
-from ..files import publish  # noqa: E402
-from .evaluate import Cell  # noqa: E402
+from ..files import publish
+from .evaluate import Cell
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 2^0 or 1.0
 
 
-def save_figure(fig, path: str | Path) -> None:
+def save_figure(fig: Figure, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
@@ -29,7 +27,6 @@ def save_figure(fig, path: str | Path) -> None:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
         publish(tmp, path)
     finally:
-        plt.close(fig)
         if os.path.exists(tmp):
             os.remove(tmp)
 
@@ -38,7 +35,8 @@ def plot_eval(cells: Sequence[Cell], title: str, metric: str, path: str | Path) 
     """Left: error vs σ, one line per length. Right: error per position at the first length."""
     plain = [c for c in cells if c.outlier is None] or list(cells)
     lengths = sorted({c.length for c in plain})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 3.8))
+    left, right = fig.subplots(1, 2)
     for length in lengths:
         row = sorted((c for c in plain if c.length == length), key=lambda c: c.sigma)
         left.plot([c.sigma for c in row], [_y(c) for c in row], marker="o", label=f"{length} points")
@@ -85,7 +83,8 @@ def plot_sweep(summary: dict, folder: str | Path) -> list[Path]:
             ),
         ]
         for name, xlabel, keep, logx in views:
-            fig, ax = plt.subplots(figsize=(5.5, 3.8))
+            fig = Figure(figsize=(5.5, 3.8))
+            ax = fig.subplots()
             for label in dict.fromkeys(r["label"] for r in rows if r["task"] == task):
                 sel = sorted(
                     (r for r in rows if r["task"] == task and r["label"] == label and keep(r)),

@@ -2,7 +2,7 @@
 
 Both read only the JSON-ready report of :func:`ssacli.quality.compare.compare_models`, so a report
 written with ``--json`` renders the same later. The probe half reuses the diagnose comparison
-(:func:`render_comparison`, :func:`comparison_html`) so both commands show probes identically.
+(:func:`render_comparison`, :func:`comparison_sections`) so both commands show probes identically.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..diagnosis.result import DiagnoseResult
-from .terminal import _facts_panel, render_comparison
+from .html import Section, comparison_sections, facts_table, html_table, page
+from .terminal import facts_panel, render_comparison
 
 
 def report_results(report: dict[str, Any]) -> tuple[DiagnoseResult, DiagnoseResult]:
@@ -77,7 +78,7 @@ def quality_table(report: dict[str, Any]) -> Table | None:
 
 def render_report(report: dict[str, Any], console: Console) -> None:
     """Header, the quality table (BEFORE, AFTER, Δ per measure), then the probe comparison."""
-    console.print(_facts_panel(header_facts(report), "ssacli report: before → after"))
+    console.print(facts_panel(header_facts(report), "ssacli report: before → after"))
     table = quality_table(report)
     if table is None:
         console.print(
@@ -91,11 +92,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
 
 
 def report_html(report: dict[str, Any]) -> str:
-    """The diagnose comparison page with a quality section inserted ahead of its probe sections."""
-    from .html import _e, _facts, _table, comparison_html
-
-    page = comparison_html(*report_results(report))
-    parts = ["<h1>ssacli report: before → after</h1>", _facts(header_facts(report))]
+    """One page: the report's head, the quality table, then the diagnose comparison's sections."""
+    sections = [Section("ssacli report: before → after", [facts_table(header_facts(report))], level=1)]
     rows = report.get("quality", [])
     if rows:
         cells = [
@@ -104,16 +102,10 @@ def report_html(report: dict[str, Any]) -> str:
         ]
         classes = [["", "", "", verdict(r), ""] for r in rows]
         header = ["measure", "BEFORE", "AFTER", "Δ", "better if"]
-        parts += ["<h2>quality</h2>", _table(header, cells, classes)]
+        sections.append(Section("quality", [html_table(header, cells, classes)]))
     else:
-        parts.append('<p class="note">no quality measures (no text, pairs or ICL model)</p>')
-    parts.append("<h2>attention probes (A = BEFORE, B = AFTER)</h2>")
-    section = "\n".join(parts) + "\n"
-    # comparison_html writes its own <h1> heading; the quality section goes right before it so the
-    # page reads report → probes, and the page's title names the report.
-    marker = "<h1>ssacli diagnose: comparison</h1>"
-    page = page.replace(marker, section + marker.replace("h1>", "h3>"), 1) if marker in page else page
-    if section not in page:  # comparison_html changed its layout: still show the quality section
-        page = page.replace("<body>\n", "<body>\n" + section, 1)
-    title = f"<title>ssacli report: {_e(report['before']['model'])} → {_e(report['after']['model'])}</title>"
-    return page.replace("<title>ssacli diagnose: comparison</title>", title, 1)
+        note = '<p class="note">no quality measures (no text, pairs or ICL model)</p>'
+        sections.append(Section(None, [note]))
+    sections.append(Section("attention probes (A = BEFORE, B = AFTER)"))
+    sections += comparison_sections(*report_results(report), head_level=3)
+    return page(f"ssacli report: {report['before']['model']} → {report['after']['model']}", sections)

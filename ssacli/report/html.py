@@ -1,8 +1,14 @@
-"""One self-contained HTML page per diagnose result (or per comparison of two).
+"""Self-contained HTML pages: one per diagnose result, per comparison of two, per ``ssacli report``.
+
+Every page is built the same way: :func:`page` takes a title and a list of :class:`Section`
+(a heading and the HTML under it); :func:`diagnose_sections` and :func:`comparison_sections` give a
+result's and a comparison's sections, so other pages (the before/after report) compose them.
+:func:`escape`, :func:`facts_table` and :func:`html_table` are the shared pieces.
 
 Everything is inline: CSS in a <style> block, figures as base64 PNG data URIs, so the page can
 be mailed or attached to an issue and still open offline. Figures are small (about 100 dpi) to
-keep a 12-layer × 12-head × 6-probe page well under 2 MB.
+keep a 12-layer × 12-head × 6-probe page well under 2 MB. They are drawn on
+:class:`matplotlib.figure.Figure` directly: no pyplot, no backend to select, nothing global.
 """
 
 from __future__ import annotations
@@ -12,19 +18,20 @@ import html
 import io
 import json
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-
-from ..diagnosis.result import COLLAPSE_SHARE, METRICS, DiagnoseResult, ProbeResult, common_levels  # noqa: E402
-from .terminal import (  # noqa: E402
-    KEY_METRICS,
+from ..diagnosis.metrics import METRICS
+from ..diagnosis.result import COLLAPSE_SHARE, DiagnoseResult, ProbeResult, common_levels
+from .terminal import (
     comparison_columns,
+    delta_verdict,
     fmt,
     fmt_collapse,
     fmt_delta,
@@ -37,7 +44,7 @@ from .terminal import (  # noqa: E402
 
 DPI = 100
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 10^0
-HEAT = plt.get_cmap("YlOrRd").with_extremes(bad="#d9d9d9")  # grey = undefined head
+HEAT = colormaps["YlOrRd"].with_extremes(bad="#d9d9d9")  # grey = undefined head
 ARROW = {"high": "↑ saturated", "low": "↓ saturated", "none": ""}
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1240px;
@@ -56,25 +63,55 @@ footer { margin-top: 3em; color: #555; font-size: 0.9em; }
 """
 
 
+@dataclass(frozen=True)
+class Section:
+    """One part of a page: a heading (plain text, escaped here; None for none) at ``level`` (1 for
+    the page's own head, 2 for its parts) and the HTML fragments under it, in order."""
+
+    heading: str | None
+    body: Sequence[str] = ()
+    level: int = 2
+
+    def html(self) -> str:
+        parts = [f"<h{self.level}>{escape(self.heading)}</h{self.level}>"] if self.heading is not None else []
+        return "\n".join([*parts, *self.body])
+
+
+def page(title: str, sections: Sequence[Section]) -> str:
+    """A complete self-contained page: ``title`` in the tab, the sections one after the other."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n"
+        + "\n".join(section.html() for section in sections)
+        + "\n</body></html>\n"
+    )
+
+
 def diagnose_html(result: DiagnoseResult) -> str:
-    """The full report: summary facts, per probe line plots + heatmaps + table, most saturated
-    heads, and versions/settings for reproduction."""
-    parts = [f"<h1>ssacli diagnose: {_e(result.model)}</h1>", _facts(summary_facts(result))]
+    """The full report of one result (see :func:`diagnose_sections`)."""
+    return page(f"ssacli diagnose: {result.model}", diagnose_sections(result))
+
+
+def diagnose_sections(result: DiagnoseResult) -> list[Section]:
+    """Summary facts, per probe line plots + heatmaps + table, most saturated heads, and
+    versions/settings for reproduction."""
+    sections = [Section(f"ssacli diagnose: {result.model}", [facts_table(summary_facts(result))], level=1)]
     labels = layer_labels(result.layers)
     for probe in result.probes:
-        parts.append(f"<h2>{_e(probe.name)}</h2>")
         if probe.skipped:
-            parts.append(f'<p class="note">skipped: {_e(probe.note or "no countable rows")}</p>')
+            why = escape(probe.note or "no countable rows")
+            sections.append(Section(probe.name, [f'<p class="note">skipped: {why}</p>']))
             continue
-        if probe.note:
-            parts.append(f'<p class="note">{_e(probe.note)}</p>')
-        parts.append(f"<p>collapse point: <b>{_e(fmt_collapse(probe.collapse_point()))}</b></p>")
-        parts.append(_img(_line_figure(probe), f"{probe.name}: metrics vs level"))
-        parts.append(_img(_heatmap_figure(probe), f"{probe.name}: layer × head heatmaps"))
-        parts.append(_table(*probe_table_rows(probe)))
+        body = [f'<p class="note">{escape(probe.note)}</p>'] if probe.note else []
+        body += [
+            f"<p>collapse point: <b>{escape(fmt_collapse(probe.collapse_point()))}</b></p>",
+            _img(_line_figure(probe), f"{probe.name}: metrics vs level"),
+            _img(_heatmap_figure(probe), f"{probe.name}: layer × head heatmaps"),
+            html_table(*probe_table_rows(probe)),
+        ]
+        sections.append(Section(probe.name, body))
     heads = result.most_saturated(10)
     if heads:
-        parts.append("<h2>most saturated heads (harshest level of each probe)</h2>")
         keys = ("probe", "level", "layer", "head", "collapse_rate", "max_weight", "entropy")
         rows = [
             [
@@ -88,39 +125,45 @@ def diagnose_html(result: DiagnoseResult) -> str:
             ]
             for h in heads
         ]
-        parts.append(_table(list(keys), rows))
-    parts.append(_footer([result]))
-    return _page(f"ssacli diagnose: {result.model}", parts)
+        heading = "most saturated heads (harshest level of each probe)"
+        sections.append(Section(heading, [html_table(list(keys), rows)]))
+    sections.append(Section(None, [_footer([result])]))
+    return sections
 
 
 def comparison_html(a: DiagnoseResult, b: DiagnoseResult) -> str:
-    """A and B overlaid per shared probe (A solid, B dashed) and B − A tables on common levels."""
+    """A and B overlaid per shared probe (see :func:`comparison_sections`)."""
+    return page("ssacli diagnose: comparison", comparison_sections(a, b))
+
+
+def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int = 1) -> list[Section]:
+    """A and B overlaid per shared probe (A solid, B dashed) and B − A tables on common levels,
+    after a head naming both (at ``head_level``: 1 on its own page, lower inside another)."""
     name_a, name_b = _side_label("A", a), _side_label("B", b)
     facts = [("A", name_a), ("B", name_b), ("Δ", "B − A of the model means (red: B more saturated)")]
-    parts = ["<h1>ssacli diagnose: comparison</h1>", _facts(facts)]
+    sections = [Section("ssacli diagnose: comparison", [facts_table(facts)], level=head_level)]
     probes_b = {p.name: p for p in b.probes}
     for pa in a.probes:
         pb = probes_b.get(pa.name)
-        parts.append(f"<h2>{_e(pa.name)}</h2>")
         if pb is None or pa.skipped or pb.skipped:
             why = (
                 "only in A"
                 if pb is None
                 else "skipped in " + " and ".join(side for side, p in (("A", pa), ("B", pb)) if p.skipped)
             )
-            parts.append(f'<p class="note">{_e(why)}</p>')
+            sections.append(Section(pa.name, [f'<p class="note">{escape(why)}</p>']))
             continue
-        parts.append(
-            f"<p>collapse point: A <b>{_e(fmt_collapse(pa.collapse_point()))}</b>, "
-            f"B <b>{_e(fmt_collapse(pb.collapse_point()))}</b></p>"
+        points = (
+            f"<p>collapse point: A <b>{escape(fmt_collapse(pa.collapse_point()))}</b>, "
+            f"B <b>{escape(fmt_collapse(pb.collapse_point()))}</b></p>"
         )
-        parts.append(_img(_compare_figure(pa, pb, name_a, name_b), f"{pa.name}: A vs B"))
-        parts.append(_delta_table(pa, pb))
+        figure = _img(_compare_figure(pa, pb, name_a, name_b), f"{pa.name}: A vs B")
+        sections.append(Section(pa.name, [points, figure, _delta_table(pa, pb)]))
     for pb in b.probes:
         if pb.name not in {p.name for p in a.probes}:
-            parts.append(f'<h2>{_e(pb.name)}</h2><p class="note">only in B</p>')
-    parts.append(_footer([a, b]))
-    return _page("ssacli diagnose: comparison", parts)
+            sections.append(Section(pb.name, ['<p class="note">only in B</p>']))
+    sections.append(Section(None, [_footer([a, b])]))
+    return sections
 
 
 # ---- figures ----------------------------------------------------------------------------------------
@@ -138,7 +181,7 @@ def _line_figure(probe: ProbeResult):
         panels.append((name, np.array([np.nan if v is None else v for v in values], dtype=float), None))
     fig, axes = _grid(len(panels))
     levels = np.asarray(probe.levels, dtype=float)
-    colors = plt.get_cmap("cool")
+    colors = colormaps["cool"]
     for ax, (name, mean, per_layer) in zip(axes, panels):
         if per_layer is not None:
             count = per_layer.shape[1]
@@ -161,7 +204,8 @@ def _heatmap_figure(probe: ProbeResult):
     """collapse_rate and max_weight per layer × head at the probe's harshest level."""
     layers, heads = probe.metrics["max_weight"].shape[1:]
     height = min(max(2.4, 0.2 * layers + 1.2), 9.0)
-    fig, axes = plt.subplots(1, 2, figsize=(9.0, height), squeeze=False)
+    fig = Figure(figsize=(9.0, height))
+    axes = fig.subplots(1, 2, squeeze=False)
     for ax, metric in zip(axes[0], ("collapse_rate", "max_weight")):
         grid = probe.metrics[metric][-1]
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=HEAT, vmin=0.0, vmax=1.0, aspect="auto")
@@ -180,8 +224,9 @@ def _heatmap_figure(probe: ProbeResult):
 def _compare_figure(pa: ProbeResult, pb: ProbeResult, name_a: str, name_b: str):
     metrics = [
         m
-        for m in (*KEY_METRICS, "outlier_capture")
-        if m in pa.metrics
+        for m, spec in METRICS.items()
+        if (spec.key or spec.compared)
+        and m in pa.metrics
         and m in pb.metrics
         and (np.isfinite(pa.metrics[m]).any() or np.isfinite(pb.metrics[m]).any())
     ]
@@ -205,7 +250,8 @@ def _grid(count: int):
     """A row-major grid of small axes, 4 per row; unused cells removed."""
     cols = max(1, min(4, count))
     rows = max(1, math.ceil(count / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.3 * rows), squeeze=False)
+    fig = Figure(figsize=(3.0 * cols, 2.3 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     flat = list(axes.flat)
     for ax in flat[count:]:
         fig.delaxes(ax)
@@ -236,24 +282,22 @@ def _share_line(ax, levels) -> None:
 
 
 def _title(ax, name: str) -> None:
-    arrow = ARROW.get(METRICS.get(name, ("", "none"))[1], "")
+    arrow = ARROW[METRICS[name].direction] if name in METRICS else ""
     ax.set_title(f"{name} ({arrow})" if arrow else name, size=9)
 
 
-def _img(fig, alt: str) -> str:
+def _img(fig: Figure, alt: str) -> str:
     buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
 
 
 # ---- HTML pieces ------------------------------------------------------------------------------------
 
 
-def _e(text: Any) -> str:
+def escape(text: Any) -> str:
+    """``text`` as HTML text or attribute value (quotes escaped too)."""
     return html.escape(str(text), quote=True)
 
 
@@ -261,19 +305,21 @@ def _side_label(side: str, result: DiagnoseResult) -> str:
     return f"{side}: {result.model} · {result.scorer}"
 
 
-def _facts(facts: list[tuple[str, str]]) -> str:
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
+def facts_table(facts: list[tuple[str, str]]) -> str:
+    """(key, value) lines as the two-column table under a page's heading."""
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in facts)
     return f'<table class="facts">{rows}</table>'
 
 
-def _table(header: list[str], rows: list[list[str]], classes: list[list[str]] | None = None) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+def html_table(header: list[str], rows: list[list[str]], classes: list[list[str]] | None = None) -> str:
+    """A data table; ``classes[r][c]`` is cell (r, c)'s CSS class ("worse", "better", "" for none)."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = []
     for r, row in enumerate(rows):
         cells = []
         for c, value in enumerate(row):
             css = classes[r][c] if classes else ""
-            cells.append(f'<td class="{css}">{_e(value)}</td>' if css else f"<td>{_e(value)}</td>")
+            cells.append(f'<td class="{css}">{escape(value)}</td>' if css else f"<td>{escape(value)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -290,17 +336,10 @@ def _delta_table(pa: ProbeResult, pb: ProbeResult) -> str:
         for m in metrics:
             va, vb = float(pa.model_mean(m)[ia]), float(pb.model_mean(m)[ib])
             row += [fmt(va), fmt(vb), fmt_delta(vb - va)]
-            css += ["", "", _delta_class(m, vb - va)]
+            css += ["", "", delta_verdict(m, vb - va)]
         rows.append(row)
         classes.append(css)
-    return _table(header, rows, classes)
-
-
-def _delta_class(metric: str, delta: float) -> str:
-    direction = METRICS.get(metric, ("", "none"))[1]
-    if not math.isfinite(delta) or direction == "none" or abs(delta) < 1e-12:
-        return ""
-    return "worse" if (delta > 0) == (direction == "high") else "better"
+    return html_table(header, rows, classes)
 
 
 def _footer(results: list[DiagnoseResult]) -> str:
@@ -309,14 +348,5 @@ def _footer(results: list[DiagnoseResult]) -> str:
         data = {"versions": result.versions, "settings": result.settings}
         text = json.dumps(data, indent=2, ensure_ascii=False, default=str, sort_keys=True)
         heading = f"{side} versions and settings".strip()
-        blocks.append(f"<h3>{_e(heading)}</h3><pre>{_e(text)}</pre>")
+        blocks.append(f"<h3>{escape(heading)}</h3><pre>{escape(text)}</pre>")
     return "<footer>" + "".join(blocks) + "</footer>"
-
-
-def _page(title: str, parts: list[str]) -> str:
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
-        + "\n".join(parts)
-        + "\n</body></html>\n"
-    )

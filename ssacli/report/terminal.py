@@ -1,8 +1,10 @@
 """Rich terminal rendering of a diagnose result, and of two results side by side.
 
-The summary helpers here (facts, table columns, number formats, layer labels) are shared with the
-HTML report so the terminal and the page always say the same thing. Every colored cell also
-prints its value: with NO_COLOR (or a dumb terminal) the numbers still carry the information.
+The summary helpers here (facts, table columns, number formats, layer labels, saturation colors)
+are shared with the HTML reports so the terminal and the page always say the same thing; what each
+metric is called and which way it saturates comes from :data:`ssacli.diagnosis.metrics.METRICS`.
+Every colored cell also prints its value: with NO_COLOR (or a dumb terminal) the numbers still
+carry the information.
 """
 
 from __future__ import annotations
@@ -19,19 +21,10 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..diagnosis.result import METRICS, DiagnoseResult, ProbeResult, common_levels
+from ..diagnosis.metrics import METRICS
+from ..diagnosis.result import DiagnoseResult, ProbeResult, common_levels
 from ..errors import UsageError
 
-KEY_METRICS = ("entropy", "max_weight", "collapse_rate", "effective_tokens", "topk_mass", "sink_mass")
-COMPARE_METRICS = ("entropy", "max_weight", "collapse_rate", "outlier_capture")
-COMPARE_SHORT = {"entropy": "ent", "max_weight": "maxw", "collapse_rate": "coll", "outlier_capture": "capt"}
-SHORT = {"max_weight": "max_w", "collapse_rate": "collapse", "outlier_capture": "outlier"}
-# Column headers of the per-probe tables: short enough that eight columns fit in 80 characters.
-HEADERS = {
-    "entropy": "entropy", "max_weight": "max w", "collapse_rate": "collapse", "effective_tokens": "eff. tok",
-    "topk_mass": "top-k", "sink_mass": "sink", "outlier_capture": "capture", "row_mass": "row mass",
-}  # fmt: skip
-UNIT_METRICS = {"entropy", "max_weight", "collapse_rate", "topk_mass", "sink_mass", "outlier_capture"}
 # Yellow -> orange -> dark red (ColorBrewer YlOrRd): light is calm, dark is saturated.
 PALETTE = ((255, 255, 204), (255, 237, 160), (254, 217, 118), (254, 178, 76), (253, 141, 60), (252, 78, 42),
            (227, 26, 28), (189, 0, 38), (128, 0, 38))  # fmt: skip
@@ -108,7 +101,7 @@ def layer_labels(layers: Sequence[str], width: int = 24) -> list[str]:
 def table_columns(probe: ProbeResult) -> list[str]:
     """The metrics worth a column for this probe: the key ones, plus outlier capture where the
     probe defines it and row mass where a scorer does not normalize rows."""
-    names = [m for m in KEY_METRICS if m in probe.metrics]
+    names = [m for m, spec in METRICS.items() if spec.key and m in probe.metrics]
     if "outlier_capture" in probe.metrics and np.isfinite(probe.metrics["outlier_capture"]).any():
         names.append("outlier_capture")
     if "row_mass" in probe.metrics:
@@ -186,7 +179,7 @@ def _last_peak(probe: ProbeResult) -> float:
 def saturation_scale(metric: str, grid: np.ndarray) -> tuple[float, float]:
     """Value range for colors: [0, 1] for bounded metrics so colors compare across models,
     the grid's own range otherwise."""
-    if metric in UNIT_METRICS:
+    if metric in METRICS and METRICS[metric].bounded:
         return 0.0, 1.0
     finite = grid[np.isfinite(grid)]
     if not finite.size:
@@ -197,10 +190,29 @@ def saturation_scale(metric: str, grid: np.ndarray) -> tuple[float, float]:
 def saturation(metric: str, value: float, lo: float, hi: float) -> float:
     """0 = calm, 1 = saturated, for a value on the metric's color range."""
     t = 0.5 if hi <= lo else min(max((value - lo) / (hi - lo), 0.0), 1.0)
-    return 1.0 - t if METRICS.get(metric, ("", "high"))[1] == "low" else t
+    return 1.0 - t if metric in METRICS and METRICS[metric].higher_is_saturated is False else t
+
+
+def delta_verdict(metric: str, delta: float) -> str:
+    """What Δ = B − A of a metric says: "worse" (B more saturated), "better" (less), or "" (no
+    change, undefined, or a metric with no saturating direction)."""
+    direction = METRICS[metric].direction if metric in METRICS else "none"
+    if not math.isfinite(delta) or direction == "none" or abs(delta) < 1e-12:
+        return ""
+    return "worse" if (delta > 0) == (direction == "high") else "better"
 
 
 # ---- terminal rendering ---------------------------------------------------------------------------
+
+
+def facts_panel(facts: list[tuple[str, str]], title: str) -> Panel:
+    """A titled panel of (key, value) lines: the head of every terminal report."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, value in facts:
+        grid.add_row(key, Text(value))
+    return Panel(grid, title=title, title_align="left", expand=False)
 
 
 def render_diagnose(
@@ -212,7 +224,7 @@ def render_diagnose(
     top: int = 5,
 ) -> None:
     """Summary panel, one table per probe, a layer × head heatmap, the most saturated heads."""
-    console.print(_facts_panel(summary_facts(result), "ssacli diagnose"))
+    console.print(facts_panel(summary_facts(result), "ssacli diagnose"))
     for probe in result.probes:
         if probe.skipped:
             console.print(Text(f"{probe.name}: skipped — {probe.note or 'no countable rows'}", style="dim"))
@@ -237,7 +249,7 @@ def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) ->
         ("layers × heads", f"A {_shape(a)} · B {_shape(b)}"),
         ("Δ", "B − A of the model means; red = B more saturated, green = B less"),
     ]
-    console.print(_facts_panel(facts, "ssacli diagnose: comparison"))
+    console.print(facts_panel(facts, "ssacli diagnose: comparison"))
     names_b = {p.name for p in b.probes}
     for pa in a.probes:
         if pa.name not in names_b:
@@ -259,11 +271,13 @@ def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) ->
 
 
 def comparison_columns(pa: ProbeResult, pb: ProbeResult) -> list[str]:
-    """Key metrics defined (finite somewhere) in at least one of the two probes."""
+    """The compared metrics (:attr:`MetricSpec.compared`) defined (finite somewhere) in at least one
+    of the two probes."""
     return [
         m
-        for m in COMPARE_METRICS
-        if m in pa.metrics
+        for m, spec in METRICS.items()
+        if spec.compared
+        and m in pa.metrics
         and m in pb.metrics
         and (np.isfinite(pa.metrics[m]).any() or np.isfinite(pb.metrics[m]).any())
     ]
@@ -284,7 +298,7 @@ def comparison_table(pa: ProbeResult, pb: ProbeResult) -> Table | None:
     table.add_column("\nlevel", justify="right")
     for m in metrics:
         for side in ("A", "B", "Δ"):
-            table.add_column(f"{COMPARE_SHORT.get(m, m)}\n{side}", justify="right", no_wrap=True)
+            table.add_column(f"{METRICS[m].short}\n{side}", justify="right", no_wrap=True)
     means = {m: (pa.model_mean(m), pb.model_mean(m)) for m in metrics}
     for level, ia, ib in shared:
         cells: list[Text | str] = [fmt_level(level)]
@@ -292,7 +306,7 @@ def comparison_table(pa: ProbeResult, pb: ProbeResult) -> Table | None:
             va, vb = float(means[m][0][ia]), float(means[m][1][ib])
             cells += [_fixed(va), _fixed(vb), _delta_text(m, vb - va)]
         table.add_row(*cells)
-    abbreviated = [f"{COMPARE_SHORT[m]} = {m}" for m in metrics if COMPARE_SHORT.get(m, m) != m]
+    abbreviated = [f"{METRICS[m].short} = {m}" for m in metrics if METRICS[m].short != m]
     if abbreviated:
         table.caption = ", ".join(abbreviated)
         table.caption_justify = "left"
@@ -300,7 +314,7 @@ def comparison_table(pa: ProbeResult, pb: ProbeResult) -> Table | None:
 
 
 def heatmap_legend(probe: ProbeResult, metric: str) -> str:
-    direction = METRICS[metric][1]
+    direction = METRICS[metric].direction
     saturated = {"high": "high values", "low": "low values"}.get(direction, "no direction")
     return (
         f"heatmap: {metric}, probe {probe.name} at level {fmt_level(probe.levels[-1])} (its harshest); "
@@ -356,15 +370,6 @@ def _shape(result: DiagnoseResult) -> str:
     return f"{len(result.layers)} × {heads[0] if len(heads) == 1 else f'{heads[0]}–{heads[-1]}'}"
 
 
-def _facts_panel(facts: list[tuple[str, str]], title: str) -> Panel:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(overflow="fold")
-    for key, value in facts:
-        grid.add_row(key, Text(value))
-    return Panel(grid, title=title, title_align="left", expand=False)
-
-
 def _probe_table(probe: ProbeResult) -> Table:
     header, rows = probe_table_rows(probe)
     point = fmt_collapse(probe.collapse_point())
@@ -375,7 +380,7 @@ def _probe_table(probe: ProbeResult) -> Table:
         title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False
     )
     for name in header:
-        table.add_column(HEADERS.get(name, name), justify="right", no_wrap=True)
+        table.add_column(METRICS[name].header if name in METRICS else name, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(*row)
     return table
@@ -412,8 +417,5 @@ def _fixed(value: float) -> str:
 def _delta_text(metric: str, delta: float) -> Text:
     """Δ colored by meaning: red where B is more saturated than A, green where it is less."""
     text = f"{delta:+.3f}" if math.isfinite(delta) else "–"
-    direction = METRICS.get(metric, ("", "none"))[1]
-    if not math.isfinite(delta) or direction == "none" or abs(delta) < 1e-12:
-        return Text(text)
-    worse = delta > 0 if direction == "high" else delta < 0
-    return Text(text, style="red" if worse else "green")
+    style = {"worse": "red", "better": "green"}.get(delta_verdict(metric, delta), "")
+    return Text(text, style=style) if style else Text(text)
