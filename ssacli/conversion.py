@@ -1,88 +1,30 @@
 """Swap a pretrained model's attention scorer, measure how close it stays, and save it.
 
 A converted folder is an ordinary ``save_pretrained`` folder, so plain transformers loads it as the
-original architecture (with softmax attention), plus ssacli's part:
-
-* ``ssacli.json``: ``{"format": "ssacli-model", "scorer": SPEC, "source": ..., "fidelity": ...,
-  "training": ...}``;
-* ``ssacli_scorer.safetensors``: the scorer parameters (SSA's per-head b and n, …), keyed by
-  state-dict name, so ``ssacli.load(DIR)`` restores the scorer exactly;
-* the config also records ``ssacli_scorer`` (a custom attribute that survives ``save_pretrained``).
-
-ICL models keep their own folder format (everything in model.safetensors and ssacli.json).
-Folders are written to a temporary sibling and renamed at the end, so a failure leaves nothing
-half-written; the input folder is never touched.
+original architecture (with softmax attention), plus ssacli's part (``ssacli.json`` and the scorer's
+parameters; the format is :mod:`ssacli.models.checkpoint`'s, which also reads it back). ICL models
+keep their own folder format. Folders are written to a temporary sibling and renamed at the end, so
+a failure leaves nothing half-written; the input folder is never touched.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
-from torch import nn
 from torch.nn import functional as F
 
-from .attention.interface import SCORER_ATTR, apply_scorer, supports
-from .errors import InputError, OutputError, UnsupportedModelError, UsageError
-from .files import output_error, replace_folder
-from .models.loading import LoadedModel, load_model, quiet_progress
+from .attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports
+from .errors import OutputError, UnsupportedModelError, UsageError
 
-FORMAT = "ssacli-model"
-FORMAT_VERSION = 1
-META_FILE = "ssacli.json"
-SCORER_FILE = "ssacli_scorer.safetensors"
-TRAINER_FILE = "trainer.safetensors"
-SCORER_KEY = f".{SCORER_ATTR}."
+# read_meta's home is models.checkpoint; re-exported here while ssacli.cli.train imports it from here
+from .models.checkpoint import SCORER_KEY, write_model_folder
+from .models.checkpoint import read_meta as read_meta
+from .models.loading import LoadedModel, load_model
 
-
-# ---- folder format ---------------------------------------------------------------------------------
-
-
-def read_meta(path: str | Path) -> dict[str, Any] | None:
-    """ssacli.json of a converted folder, or None for any other folder."""
-    file = Path(path) / META_FILE
-    if not file.is_file():
-        return None
-    try:
-        meta = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise InputError(f"{file} is not valid JSON ({err}); re-create the folder") from None
-    if meta.get("format") != FORMAT:
-        return None
-    if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise InputError(
-            f"{path} was written by a newer ssacli (format {meta['format_version']}); upgrade ssacli"
-        )
-    return meta
-
-
-def attach_saved_scorer(model: nn.Module, path: str | Path, spec: str) -> None:
-    """Apply ``spec`` to a freshly loaded transformers model and load its saved parameters."""
-    apply_scorer(model, spec)
-    file = Path(path) / SCORER_FILE
-    expected = {k for k in model.state_dict() if SCORER_KEY in k}
-    if not expected:
-        return  # a scorer without parameters (softmax, sparsemax, ...)
-    if not file.is_file():
-        raise InputError(f"{path} has no {SCORER_FILE} for scorer '{spec}'; the folder is incomplete")
-    try:
-        saved = load_file(file)
-    except Exception as err:  # safetensors raises its own error types for corrupt files
-        raise InputError(f"cannot read {file} ({err}); the file is corrupt or truncated") from None
-    if set(saved) != expected:
-        missing, extra = sorted(expected - set(saved)), sorted(set(saved) - expected)
-        raise InputError(
-            f"{file} does not match scorer '{spec}' on this model (missing {len(missing)}, unexpected "
-            f"{len(extra)} tensors, e.g. {(missing or extra)[0]}); re-create the folder"
-        )
-    model.load_state_dict(saved, strict=False)
+# ---- saving --------------------------------------------------------------------------------------------
 
 
 def save_model(
@@ -94,50 +36,23 @@ def save_model(
     overwrite: bool = False,
 ) -> Path:
     """Write ``loaded`` (with its scorer) to ``out`` atomically; ``extra_tensors`` go to
-    trainer.safetensors (optimizer state for resuming)."""
+    trainer.safetensors (optimizer state for resuming, see
+    :func:`ssacli.models.checkpoint.trainer_state_tensors`)."""
     out = Path(out).expanduser()
     check_out(out, loaded.path, overwrite)
-    try:
-        _write_model(loaded, out, meta, extra_tensors)
-    except (OSError, SafetensorError) as err:  # a full disk, a read-only folder: out is as it was
-        raise output_error(out, err) from err
-    return out
-
-
-def _write_model(loaded: LoadedModel, out: Path, meta, extra_tensors) -> None:
     if loaded.kind == "icl":
-        from .models.icl import save_icl
+        from .models.icl import save_icl  # transformers' GPT-2 is imported only for ICL models
 
         if meta:
             loaded.model.spec.training = {**loaded.model.spec.training, **meta}
         loaded.model.spec.scorer = _spec_of(loaded)
         save_icl(loaded.model, out, extra_tensors)
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        model = loaded.model
-        state = model.state_dict()
-        plain = {k: v for k, v in state.items() if SCORER_KEY not in k}
-        scorer = {k: v.detach().contiguous().cpu() for k, v in state.items() if SCORER_KEY in k}
-        with quiet_progress():
-            model.save_pretrained(tmp, state_dict=plain, safe_serialization=True)
-        if scorer:
-            save_file(scorer, tmp / SCORER_FILE, metadata={"format": FORMAT})
-        if extra_tensors:
-            save_file({k: v.contiguous().cpu() for k, v in extra_tensors.items()}, tmp / TRAINER_FILE)
-        if loaded.tokenizer is not None:
-            loaded.tokenizer.save_pretrained(tmp)
-        record = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "scorer": _spec_of(loaded),
-            **(meta or {}),
-        }
-        (tmp / META_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        replace_folder(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        write_model_folder(
+            loaded.model, out, scorer=_spec_of(loaded), meta=meta, tokenizer=loaded.tokenizer,
+            trainer=extra_tensors,
+        )  # fmt: skip
+    return out
 
 
 def check_out(out: Path, source: Path | None, overwrite: bool) -> None:
@@ -163,8 +78,6 @@ def check_out(out: Path, source: Path | None, overwrite: bool) -> None:
 
 
 def _spec_of(loaded: LoadedModel) -> str:
-    from .attention.interface import CONFIG_SPEC_ATTR
-
     return getattr(loaded.attention_root.config, CONFIG_SPEC_ATTR, None) or "softmax"
 
 
@@ -184,16 +97,20 @@ def convert(
     dtype: str = "auto",
     allow_download: bool = False,
     allow_pickle: bool = False,
+    trust_remote_code: bool = False,
 ) -> tuple[LoadedModel, dict[str, Any]]:
     """Swap every attention layer's scorer for ``scorer``; return the model and its fidelity.
 
     Fidelity compares the model's outputs before and after the swap on the same probe inputs
     (:func:`fidelity`). With ``out``, the converted model is saved there (never over the input).
+    A MODEL reference is loaded with ``device`` … ``trust_remote_code``
+    (:class:`~ssacli.models.loading.LoadOptions`).
     """
     if out is not None:  # cheap checks before loading anything
         check_out(Path(out).expanduser(), None, overwrite)
     loaded = model if isinstance(model, LoadedModel) else load_model(
-        model, device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle
+        model, device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
     )  # fmt: skip
     root = loaded.attention_root
     if not supports(root):

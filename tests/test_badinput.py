@@ -325,9 +325,8 @@ def test_disk_full_leaves_the_old_out_untouched(kind, model, models, tmp_path, m
     out.mkdir()
     (out / "old.txt").write_text("the previous content")
     before = snapshot(out)
-    # ICL checkpoints are written by ssacli.models.icl.save_icl, transformers ones by ssacli.convert
-    where = "ssacli.models.icl.save_file" if model.startswith("builtin:") else "ssacli.conversion.save_file"
-    patch(monkeypatch, where, _disk_full(kind))
+    # ICL and transformers checkpoints are both written by ssacli.models.checkpoint
+    patch(monkeypatch, "ssacli.models.checkpoint.save_file", _disk_full(kind))
     ref = str(models.get(model, model))
     args = ["convert", ref, "--scorer", "ssa", "--out", str(out), "--overwrite"]
     code, _, stderr = run_main(args, monkeypatch, capsys)
@@ -342,7 +341,7 @@ def test_disk_full_during_icl_train_leaves_the_old_checkpoint(kind, tmp_path, mo
     out.mkdir()
     (out / "old.txt").write_text("the previous run")
     before = snapshot(out)
-    patch(monkeypatch, "ssacli.models.icl.save_file", _disk_full(kind))
+    patch(monkeypatch, "ssacli.models.checkpoint.save_file", _disk_full(kind))
     args = ["icl", "train", "--task", "every", "--steps", "2", "--checkpoint-every", "1", "--out", str(out)]
     code, _, stderr = run_main([*args, "--overwrite", "--device", "cpu"], monkeypatch, capsys)
     # icl train draws its progress bar on stderr too; the error is the one line after it
@@ -403,7 +402,7 @@ def test_cuda_without_cuda_is_a_usage_error(command, tmp_path, monkeypatch, caps
 # ---- 5. interruptions ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["ssacli.conversion.save_file", "ssacli.files.publish"])
+@pytest.mark.parametrize("where", ["ssacli.models.checkpoint.save_file", "ssacli.files.publish"])
 @pytest.mark.parametrize("existing", [False, True])
 def test_ctrl_c_while_convert_writes_leaves_nothing_half_written(
     where, existing, models, tmp_path, monkeypatch, capsys
@@ -438,7 +437,7 @@ def test_sigterm_while_convert_writes_ends_like_ctrl_c(models, tmp_path, monkeyp
         time.sleep(10)  # the handler raises before this ends
 
     previous = signal.getsignal(signal.SIGTERM)
-    patch(monkeypatch, "ssacli.conversion.save_file", terminate)
+    patch(monkeypatch, "ssacli.models.checkpoint.save_file", terminate)
     args = ["convert", str(models["llama"]), "--scorer", "ssa", "--out", str(out)]
     code, _, stderr = run_main(args, monkeypatch, capsys)
     assert_one_line(stderr, code, EXIT_INTERRUPTED, "interrupted")

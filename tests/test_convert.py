@@ -11,17 +11,19 @@ from torch.nn import functional as F
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import ssacli
-from ssacli.conversion import FORMAT, META_FILE, SCORER_FILE, convert, fidelity, save_model
+from ssacli.conversion import convert, fidelity, save_model
 from ssacli.errors import InputError, UnsupportedModelError, UsageError
-from ssacli.models.loading import LoadedModel, _kind, _max_positions
+from ssacli.models.checkpoint import META_FILE, MODEL_FORMAT, SCORER_FILE
+from ssacli.models.kinds import kind_of, max_positions
+from ssacli.models.loading import LoadedModel
 
 AUTO = {"causal": AutoModelForCausalLM, "encoder": AutoModel, "seq2seq": AutoModelForSeq2SeqLM}
 KL_LIMIT = 1e-3  # nats per token, the bar for init=faithful
 
 
 def loaded_of(model) -> LoadedModel:
-    return LoadedModel(model, model.config.model_type, model.config.model_type, _kind(model), None,
-                       _max_positions(model.config))  # fmt: skip
+    return LoadedModel(model, model.config.model_type, model.config.model_type, kind_of(model), None,
+                       max_positions(model.config))  # fmt: skip
 
 
 def wide_model(family: str):
@@ -79,7 +81,7 @@ def test_save_load_round_trip_and_plain_transformers(tmp_path, family):
             scorer.n_raw.add_(torch.linspace(0.3, -0.3, scorer.n_raw.numel()))
     out = save_model(loaded, tmp_path / "converted", meta={"source": family})
     meta = json.loads((out / META_FILE).read_text())
-    assert meta["format"] == FORMAT and meta["scorer"] == "ssa:init=paper,learn=all"
+    assert meta["format"] == MODEL_FORMAT and meta["scorer"] == "ssa:init=paper,learn=all"
     assert (out / SCORER_FILE).is_file()
 
     ids = torch.randint(3, VOCAB, (2, 11), generator=torch.Generator().manual_seed(0))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UsageError
+from ..models.kinds import KINDS, family_kind
 
 CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "model": (str,), "requires": (list,), "baseline": (str,), "max_regression": (int, float),
@@ -104,7 +105,6 @@ _REQUIRES = {
     # "collapse_rate@logit-scale:4 <= 0.5",
 """,
 }
-KINDS = ("icl", "causal", "masked", "encoder", "seq2seq")
 
 
 def init_config(family: str, model: str = "builtin:every-softmax") -> str:
@@ -112,11 +112,7 @@ def init_config(family: str, model: str = "builtin:every-softmax") -> str:
     masked, encoder, seq2seq) or a ``model_type`` such as llama, bert or icl-gpt2. The ICL
     thresholds sit well clear of what builtin:every-softmax measures, so it passes; those for other
     models are loose starting points: tighten them, or gate on a baseline, once you have measured."""
-    kind = family
-    if family not in KINDS:
-        from ..models.loading import _is_causal_family
-
-        kind = "icl" if family.startswith("icl") else ("causal" if _is_causal_family(family) else "encoder")
+    kind = family if family in KINDS else family_kind(family)
     what = "an in-context-learning model" if kind == "icl" else f"a transformers model ({kind})"
     return _TEMPLATE.format(
         what=what, model=json.dumps(model), requires=_REQUIRES["icl" if kind == "icl" else "lm"]

@@ -336,7 +336,8 @@ def run_check(
     **diagnose_options: Any,
 ) -> CheckReport:
     """Parse ``requires``, diagnose ``model`` on just the probe levels they name, and evaluate them.
-    Everything cheap (expressions, baseline file) is checked before the model loads."""
+    Everything cheap (expressions, baseline file) is checked before the model loads. The other
+    keywords (``trust_remote_code`` included) are :func:`ssacli.diagnose`'s."""
     from ..diagnosis.run import diagnose
 
     reqs = [r if isinstance(r, Requirement) else parse_requirement(r) for r in requires]

@@ -41,7 +41,8 @@ from ..attention.interface import (
     supports,
 )
 from ..errors import UnsupportedModelError, UsageError
-from ..models.loading import DEFAULT_MODEL, LoadedModel, _kind, _max_positions, load_model
+from ..models.kinds import ICL_FAMILY, kind_of, max_positions
+from ..models.loading import DEFAULT_MODEL, LoadedModel, load_model
 from .forward import Recorder, forward_batch
 from .metrics import DEFAULT_TAU, DEFAULT_TOP_K
 from .probes import (
@@ -84,6 +85,7 @@ def diagnose(
     dtype: str = "auto",
     allow_download: bool = False,
     allow_pickle: bool = False,
+    trust_remote_code: bool = False,
     progress: Progress | None = None,
 ) -> DiagnoseResult:
     """Probe ``model`` and return per probe level × layer × head saturation metrics.
@@ -93,6 +95,8 @@ def diagnose(
     ``scorer``: re-score the model's attention with this spec first (e.g. ``"ssa:init=faithful"``).
     Inputs: the built-in texts, ``text`` (a string), ``random_ids``, or ``inputs`` (token-id lists of
     any lengths; batches are padded and padding is excluded from every metric).
+    ``device`` … ``trust_remote_code`` say how a MODEL reference is loaded
+    (:class:`~ssacli.models.loading.LoadOptions`).
     """
     started = time.perf_counter()
     for name, value, low in (
@@ -114,7 +118,8 @@ def diagnose(
         "text": text, "random_ids": random_ids, "inputs": inputs, "samples": samples, "length": length,
         "batch_size": batch_size, "seed": seed, "tau": tau, "top_k": top_k, "block_size": block_size,
     }  # fmt: skip
-    loaded = _as_loaded(model, tokenizer, device, dtype, allow_download, allow_pickle)
+    load = {"device": device, "dtype": dtype, "allow_download": allow_download, "allow_pickle": allow_pickle}
+    loaded = _as_loaded(model, tokenizer, {**load, "trust_remote_code": trust_remote_code})
     root = loaded.attention_root
     route = "ssacli" if supports(root) else "eager-fallback"
     if route == "eager-fallback" and scorer is not None:
@@ -133,13 +138,11 @@ def diagnose(
         loaded.model.train(training)
 
 
-def _as_loaded(model, tokenizer, device, dtype, allow_download, allow_pickle) -> LoadedModel:
+def _as_loaded(model, tokenizer, load: dict[str, Any]) -> LoadedModel:
     if isinstance(model, LoadedModel):
         return model
     if isinstance(model, str | Path):
-        loaded = load_model(
-            str(model), device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle
-        )
+        loaded = load_model(str(model), **load)
         if tokenizer is not None:
             loaded.tokenizer = tokenizer
         return loaded
@@ -147,13 +150,13 @@ def _as_loaded(model, tokenizer, device, dtype, allow_download, allow_pickle) ->
         raise UsageError(f"model must be a path, a model id or a torch module, got {type(model).__name__}")
     spec = getattr(model, "spec", None)
     if spec is not None and hasattr(model, "backbone"):  # an ICL model
-        return LoadedModel(model, "ICLModel", "icl-gpt2", "icl", None, 2 * spec.max_points)
+        return LoadedModel(model, "ICLModel", ICL_FAMILY, "icl", None, 2 * spec.max_points)
     config = getattr(model, "config", None)
     if config is None:
         raise UsageError("model must be a transformers model (with .config) or an ssacli ICL model")
     return LoadedModel(
         model, getattr(config, "name_or_path", "") or type(model).__name__, config.model_type,
-        _kind(model), tokenizer, _max_positions(config),
+        kind_of(model), tokenizer, max_positions(config),
     )  # fmt: skip
 
 

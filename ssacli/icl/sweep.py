@@ -21,6 +21,7 @@ import torch
 
 from ..errors import InputError, UsageError
 from ..files import write_json
+from ..models.checkpoint import ICL_FORMAT, read_meta
 from ..models.icl import load_icl
 from .evaluate import cells_to_json, evaluate
 from .tasks import check_task
@@ -104,8 +105,8 @@ def _one_run(args: tuple[dict, str, dict, int, str]) -> dict:
         checkpoint_every=max(1, plan.steps // 4),
     )
     eval_file = folder / "eval.json"
-    meta = folder / "ssacli.json"
-    done = meta.is_file() and json.loads(meta.read_text()).get("training", {}).get("step") == plan.steps
+    meta = read_meta(folder, ICL_FORMAT)
+    done = meta is not None and meta.get("training", {}).get("step") == plan.steps
     if done and eval_file.is_file():
         return json.loads(eval_file.read_text())
     model = load_icl(folder) if done else train(config, folder, resume=True, device="cpu")

@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch.nn import functional as F
 
 from ..attention.interface import attention_backend, check_backend
-from ..errors import InputError, JobFailedError, UsageError
+from ..errors import JobFailedError, UsageError
+from ..models.checkpoint import META_FILE, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, load_icl, save_icl
 from ..models.loading import resolve_device
 from .tasks import CLASSIFICATION, check_task, sample_batch
@@ -85,7 +85,7 @@ def train(
     """
     out = Path(out)
     check_backend(config.attention)
-    exists = (out / "ssacli.json").is_file()
+    exists = (out / META_FILE).is_file()
     if exists and not (resume or overwrite):
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
     dev = resolve_device(device)
@@ -93,7 +93,7 @@ def train(
     generator = torch.Generator().manual_seed(config.seed + 1)
     if resume and exists:
         model = load_icl(out, dev).train()
-        start, history = _restore_trainer(model, out, generator)
+        history = list(model.spec.training.get("history", []))
         recorded = model.spec.training.get("config", {})
         if (recorded.get("task"), recorded.get("scorer")) != (config.task, config.scorer):
             raise UsageError(
@@ -113,8 +113,8 @@ def train(
         model = ICLModel(spec).to(dev).train()
         start, history = 0, []
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
-    if start:
-        _load_optimizer(optimizer, out)
+    if resume and exists:
+        start, _ = restore_trainer_state(out, optimizer, generator=generator)
     previous_seconds = model.spec.training.get("seconds", 0.0) if start else 0.0
     began = time.perf_counter()
     with attention_backend(config.attention):  # fused kernels unless asked otherwise
@@ -142,32 +142,5 @@ def train(
                     "seconds": round(previous_seconds + time.perf_counter() - began, 1),
                     "history": history,
                 }
-                save_icl(model, out, _trainer_tensors(optimizer, generator, step + 1))
+                save_icl(model, out, trainer_state_tensors(optimizer, step + 1, generator=generator))
     return model.eval()
-
-
-def _trainer_tensors(optimizer: torch.optim.Optimizer, generator: torch.Generator, step: int) -> dict:
-    tensors = {"step": torch.tensor(step), "generator": generator.get_state()}
-    for index, state in optimizer.state_dict()["state"].items():
-        for key, value in state.items():
-            tensors[f"adam.{index}.{key}"] = torch.as_tensor(value)
-    return tensors
-
-
-def _restore_trainer(model: ICLModel, out: Path, generator: torch.Generator) -> tuple[int, list]:
-    path = out / "trainer.safetensors"
-    if not path.is_file():
-        raise InputError(f"{out} has no trainer.safetensors to resume from; train without --resume")
-    tensors = load_file(path)
-    generator.set_state(tensors["generator"])
-    return int(tensors["step"]), list(model.spec.training.get("history", []))
-
-
-def _load_optimizer(optimizer: torch.optim.Optimizer, out: Path) -> None:
-    tensors = load_file(out / "trainer.safetensors")
-    state_dict = optimizer.state_dict()
-    for name, value in tensors.items():
-        if name.startswith("adam."):
-            _, index, key = name.split(".", 2)
-            state_dict["state"].setdefault(int(index), {})[key] = value
-    optimizer.load_state_dict(state_dict)

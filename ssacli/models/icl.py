@@ -1,7 +1,8 @@
 """The ICL model: a plain transformers GPT-2 backbone between a scalar read-in and read-out.
 
 Attention goes through ssacli's integration like any other model (``apply_scorer``), so every
-scorer, and later every diagnostic, applies unchanged. A checkpoint is a normal folder:
+scorer, and later every diagnostic, applies unchanged. A checkpoint is a normal folder in the
+``ssacli-icl`` format (:mod:`ssacli.models.checkpoint` reads and writes it):
 
 * ``config.json``: the GPT-2 backbone's config (transformers format);
 * ``model.safetensors``: all weights, scorer parameters included;
@@ -10,28 +11,25 @@ scorer, and later every diagnostic, applies unchanged. A checkpoint is a normal 
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import GPT2Config, GPT2Model
 
 from ..attention.interface import apply_scorer
 from ..errors import InputError, UsageError
-from ..files import output_error, replace_folder
-
-FORMAT = "ssacli-icl"
-FORMAT_VERSION = 1
-META_FILE = "ssacli.json"
-WEIGHTS_FILE = "model.safetensors"
-
+from .checkpoint import (
+    ICL_FORMAT,
+    META_FILE,
+    WEIGHTS_FILE,
+    folder_format,
+    read_icl_meta,
+    read_icl_weights,
+    write_icl_folder,
+)
 
 
 @dataclass
@@ -88,66 +86,30 @@ class ICLModel(nn.Module):
 def save_icl(
     model: ICLModel, directory: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None
 ) -> None:
-    """Write the checkpoint folder atomically: a temp folder beside it, then a rename."""
-    directory = Path(directory)
-    try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    except OSError as err:
-        raise output_error(directory, err) from err
-    try:
-        model.backbone.config.to_json_file(tmp / "config.json")
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(state, tmp / WEIGHTS_FILE, metadata={"format": FORMAT})
-        if extra_tensors:
-            save_file(
-                {k: v.contiguous().cpu() for k, v in extra_tensors.items()}, tmp / "trainer.safetensors"
-            )
-        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(model.spec)}
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        replace_folder(tmp, directory)
-    except (OSError, SafetensorError) as err:  # a full disk, a read-only folder: directory is as it was
-        raise output_error(directory, err) from err
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Write the checkpoint folder atomically (a temp folder beside it, then a rename);
+    ``extra_tensors`` go to trainer.safetensors (:func:`~ssacli.models.checkpoint.trainer_state_tensors`)."""
+    write_icl_folder(
+        directory,
+        config=model.backbone.config,
+        state=model.state_dict(),
+        record=asdict(model.spec),
+        trainer=extra_tensors,
+    )
 
 
 def is_icl_checkpoint(directory: str | Path) -> bool:
-    path = Path(directory) / META_FILE
-    if not path.is_file():
-        return False
-    try:
-        return json.loads(path.read_text()).get("format") == FORMAT
-    except (OSError, ValueError):
-        return False
+    return folder_format(directory) == ICL_FORMAT
 
 
 def load_icl(directory: str | Path, device: torch.device | str = "cpu") -> ICLModel:
     directory = Path(directory)
-    meta_path = directory / META_FILE
-    if not meta_path.is_file():
-        raise InputError(
-            f"{directory} is not an ssacli ICL checkpoint (no {META_FILE}); train one with `ssacli icl train`"
-        )
-    try:
-        meta = json.loads(meta_path.read_text())
-    except ValueError as err:
-        raise InputError(f"{meta_path} is not valid JSON ({err}); re-create the checkpoint") from None
-    if meta.get("format") != FORMAT:
-        raise InputError(f"{meta_path} is not an ssacli ICL record (format={meta.get('format')!r})")
-    if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise InputError(
-            f"{directory} was written by a newer ssacli (format {meta['format_version']}); upgrade ssacli"
-        )
+    meta = read_icl_meta(directory)
     fields = {k: meta[k] for k in ICLSpec.__dataclass_fields__ if k in meta}
     model = ICLModel(ICLSpec(**fields))
-    weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
-        raise InputError(f"{directory} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
-    missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
+    missing, unexpected = model.load_state_dict(read_icl_weights(directory), strict=False)
     if missing or unexpected:
         raise InputError(
-            f"{weights} does not match its ssacli.json (missing {len(missing)}, unexpected "
+            f"{directory / WEIGHTS_FILE} does not match its {META_FILE} (missing {len(missing)}, unexpected "
             f"{len(unexpected)} tensors, e.g. {(missing or unexpected)[0]}); re-create the checkpoint"
         )
     return model.to(device).eval()

@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +23,19 @@ from safetensors import SafetensorError
 from torch import nn
 
 from ..errors import InputError, UnsupportedModelError, UsageError
+from .checkpoint import META_FILE, attach_saved_scorer, quiet_progress
+from .kinds import BUILTIN_PREFIX, ICL_FAMILY, is_local_reference, kind_of, max_positions
 
-BUILTIN_PREFIX = "builtin:"
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
 DEFAULT_MODEL = "builtin:every-softmax"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
 
 
 def builtin_names() -> list[str]:
     if not BUILTIN_DIR.is_dir():
         return []
-    return sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir() and (p / "ssacli.json").is_file())
+    return sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir() and (p / META_FILE).is_file())
 
 
 def resolve_model_path(ref: str) -> Path:
@@ -122,6 +120,24 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a MODEL reference is loaded: the keywords of :func:`load_model`, as one value that the
+    API functions and the CLI pass along.
+
+    ``trust_remote_code`` runs the Python code a checkpoint ships (transformers' option of that
+    name); only for checkpoints whose code you have read."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    allow_download: bool = False
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+    def load(self, ref: str = DEFAULT_MODEL) -> LoadedModel:
+        return load_model(ref, **asdict(self))
+
+
 def load_model(
     ref: str = DEFAULT_MODEL,
     *,
@@ -133,12 +149,11 @@ def load_model(
 ) -> LoadedModel:
     """Load MODEL for probing (eval mode, eager attention until a scorer is applied).
 
-    ``trust_remote_code`` runs the Python code a checkpoint ships (transformers' option of that
-    name); only for checkpoints whose code you have read."""
+    Keyword arguments as :class:`LoadOptions` (``trust_remote_code`` runs the Python code a
+    checkpoint ships; only for checkpoints whose code you have read)."""
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    local = ref.startswith(BUILTIN_PREFIX) or Path(ref).expanduser().exists() or not _HUB_ID.match(ref)
-    if local:
+    if is_local_reference(ref):
         path = resolve_model_path(ref)
         from .icl import is_icl_checkpoint, load_icl
 
@@ -152,7 +167,7 @@ def load_model(
                 ) from None
             if isinstance(torch_dtype, torch.dtype):
                 model = model.to(torch_dtype)
-            return LoadedModel(model, ref, "icl-gpt2", "icl", None, 2 * model.spec.max_points, path)
+            return LoadedModel(model, ref, ICL_FAMILY, "icl", None, 2 * model.spec.max_points, path)
         if not (path / "config.json").is_file():
             raise InputError(
                 f"'{ref}' has no config.json; give a folder written by save_pretrained (or builtin:NAME)"
@@ -175,20 +190,6 @@ def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
     """The model behind MODEL, ready to use, with its ssacli scorer when it was converted
     (``ssacli.load(DIR)``); keyword arguments as :func:`load_model`."""
     return load_model(ref, **kwargs).model
-
-
-@contextmanager
-def quiet_progress() -> Iterator[None]:
-    """No "Loading weights" / "Writing model shards" bars from transformers inside ssacli's output."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _check_weights(path: Path, allow_pickle: bool) -> None:
@@ -275,11 +276,9 @@ def _load_transformers(
     model = model.to(device).eval()
     spec = getattr(config, "ssacli_scorer", None)
     if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
-        from ..conversion import attach_saved_scorer
-
         attach_saved_scorer(model, path, spec)
     tokenizer = _tokenizer(source, path, offline, trust)
-    return LoadedModel(model, ref, config.model_type, _kind(model), tokenizer, _max_positions(config), path)
+    return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, max_positions(config), path)
 
 
 def _model_class(config, transformers) -> type | None:
@@ -288,39 +287,6 @@ def _model_class(config, transformers) -> type | None:
         cls = getattr(transformers, name, None)
         if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
             return cls
-    return None
-
-
-def _kind(model: nn.Module) -> str:
-    config = model.config
-    if getattr(config, "is_encoder_decoder", False):
-        return "seq2seq"
-    name = type(model).__name__
-    if name.endswith(("ForCausalLM", "LMHeadModel")):
-        return "causal"
-    if name.endswith("ForMaskedLM"):
-        return "masked"
-    if _is_causal_family(config.model_type):
-        return "causal"
-    return "encoder"
-
-
-def _is_causal_family(model_type: str) -> bool:
-    """Decoder-only families (causal attention) as transformers' auto mappings list them."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
-
-    causal, masked = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    return model_type in causal and model_type not in masked
-
-
-def _max_positions(config) -> int | None:
-    for attr in ("max_position_embeddings", "n_positions", "max_positions", "n_ctx"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
     return None
 
 

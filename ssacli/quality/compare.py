@@ -40,7 +40,8 @@ def compare_models(
     seq_len: int = 128, max_tokens: int = MAX_TOKENS, batch_size: int = 8,
     sigmas: Sequence[float] = DEFAULT_SIGMAS, outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS,
     icl_length: int = 41, prompts: int = 500, device: str = "auto", dtype: str = "auto",
-    allow_download: bool = False, allow_pickle: bool = False, progress: Callable[[str], None] | None = None,
+    allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
 
@@ -56,7 +57,10 @@ def compare_models(
     say = progress or (lambda message: None)
     parsed = [parse_probe(p) for p in probes] if probes else None  # bad specs fail before loading
     groups = read_pairs(pairs, pairs_limit) if isinstance(pairs, str | Path) else pairs
-    load = dict(device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle)
+    load = dict(
+        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+    )  # fmt: skip
     models = []
     for side, ref in (("before", before), ("after", after)):
         say(f"loading {side}: {ref}")

@@ -18,7 +18,8 @@ What the loop sets up around itself (the process group, SIGINT/SIGTERM, n anneal
   "Exactly" means bit for bit on the same hardware and thread count (CPU reductions depend on it).
 * Checkpoints every ``checkpoint_every`` steps and at the end go through
   :func:`ssacli.conversion.save_model` (atomic): the model, ``ssacli.json`` with the ``training``
-  record, and ``trainer.safetensors`` (AdamW moments, step, anneal start values).
+  record, and ``trainer.safetensors`` (AdamW moments, step, world size, anneal start values; the
+  format is :mod:`ssacli.models.checkpoint`'s).
 * SIGINT/SIGTERM finish the current step, write a checkpoint and raise InterruptedJobError
   (exit 130); a second Ctrl-C stops at once (:class:`~ssacli.train.runtime.StopSignals`). A
   non-finite loss or gradient stops with JobFailedError (exit 5) before the bad update, and nothing
@@ -31,7 +32,6 @@ What the loop sets up around itself (the process group, SIGINT/SIGTERM, n anneal
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -42,12 +42,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from ..attention.interface import attention_backend, check_backend
-from ..conversion import META_FILE, SCORER_KEY, TRAINER_FILE, read_meta, save_model
-from ..errors import InputError, InterruptedJobError, JobFailedError, UsageError
+from ..conversion import save_model
+from ..errors import InterruptedJobError, JobFailedError, UsageError
+from ..models.checkpoint import (
+    SCORER_KEY,
+    TRAINER_FILE,
+    read_meta,
+    restore_trainer_state,
+    trainer_state_tensors,
+    training_record,
+)
 from ..models.loading import BUILTIN_DIR, LoadedModel, load_model, resolve_device
 from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
@@ -109,19 +116,6 @@ class FinetuneConfig:
         return self.lr * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def training_record(path: str | Path) -> dict[str, Any] | None:
-    """The ``training`` record a fine-tuning run left in a folder's ssacli.json, or None.
-
-    Converted folders hold it at the top level; ICL folders inside their spec's ``training``."""
-    try:
-        meta = json.loads((Path(path) / META_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if isinstance(meta, dict) and meta.get("format") == "ssacli-icl":
-        meta = meta.get("training")
-    return meta.get("training") if isinstance(meta, dict) else None
-
-
 def finetune(
     loaded: LoadedModel | str,
     config: FinetuneConfig,
@@ -132,6 +126,7 @@ def finetune(
     device: str = "auto",
     on_step: Callable[[int, float, float, float], None] | None = None,
     meta: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
     """Fine-tune ``loaded`` (a LoadedModel or a MODEL reference) and write it to ``out``.
 
@@ -139,6 +134,7 @@ def finetune(
     run there, it starts fresh, which is how a model's own folder is trained in place). Without
     ``resume`` an existing ``out`` is only replaced with ``overwrite``. ``on_step(step, loss, lr,
     tokens_per_s)`` is called after every step (rank 0). ``meta`` adds records to ssacli.json.
+    ``trust_remote_code`` is for loading a MODEL reference (:class:`~ssacli.models.loading.LoadOptions`).
     """
     config.validate()
     out = Path(out).expanduser()
@@ -148,18 +144,14 @@ def finetune(
         dev = dev or resolve_device(device)
         path = loaded.path if isinstance(loaded, LoadedModel) else Path(loaded).expanduser()
         plan = ddp.decide(lambda: _plan(out, path, resume, overwrite))
+        trust = {"trust_remote_code": trust_remote_code}
         if plan == "resume":
-            loaded = load_model(str(out), device=str(dev))
+            loaded = load_model(str(out), device=str(dev), **trust)
         elif isinstance(loaded, str):
-            loaded = load_model(loaded, device=str(dev), dtype="float32")
+            loaded = load_model(loaded, device=str(dev), dtype="float32", **trust)
         return _Run(loaded, config, out, dev, ddp, on_step, meta).run(plan == "resume")
     finally:
         ddp.close()
-
-
-def evaluate_loss(loaded: LoadedModel, data: str, seq_len: int = 128) -> float | None:
-    """The objective's loss on the held-out slice of ``data`` (None when the slice is too short)."""
-    return make_objective(loaded, data, "auto", seq_len).heldout_loss(loaded.model, loaded.device)
 
 
 def _plan(out: Path, source: Path | None, resume: bool, overwrite: bool) -> str:
@@ -334,11 +326,10 @@ class _Run:
                 "tokens_per_s": round(tokens_per_s, 1),
                 "world_size": self.ddp.world,
             }
-            tensors = {"step": torch.tensor(state["step"]), "world_size": torch.tensor(self.ddp.world)}
-            for index, values in optimizer.state_dict()["state"].items():
-                tensors.update({f"adam.{index}.{k}": torch.as_tensor(v) for k, v in values.items()})
+            extra = {"world_size": torch.tensor(self.ddp.world)}
             if self.anneal is not None:
-                tensors.update({f"anneal.n0.{i}": n0 for i, n0 in enumerate(self.anneal.n0)})
+                extra.update({f"anneal.n0.{i}": n0 for i, n0 in enumerate(self.anneal.n0)})
+            tensors = trainer_state_tensors(optimizer, state["step"], extra=extra)
             meta = {**self.carry, "training": record}
             save_model(
                 replace(self.loaded, path=None), self.out, meta=meta, extra_tensors=tensors, overwrite=True
@@ -356,30 +347,18 @@ class _Run:
                 f"{self.out} holds a run with other settings ({diffs}); resume with the same "
                 "settings or pick a new --out"
             )
-        tensors = load_file(self.out / TRAINER_FILE)
+        step, tensors = restore_trainer_state(self.out, optimizer)
         if int(tensors.get("world_size", torch.tensor(1))) != self.ddp.world:
             raise UsageError(
                 f"{self.out} was trained on {int(tensors['world_size'])} processes; resume with "
                 "as many, so every rank draws the data it would have drawn"
             )
-        state_dict = optimizer.state_dict()
-        for name, value in tensors.items():
-            if name.startswith("adam."):
-                _, index, key = name.split(".", 2)
-                state_dict["state"].setdefault(int(index), {})[key] = value
-        # Parameters that never get a gradient (an ICL model's unused token embedding) have no state.
-        shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
-        if any(
-            i >= len(shapes) or tuple(v["exp_avg"].shape) != shapes[i] for i, v in state_dict["state"].items()
-        ):
-            raise InputError(f"{self.out}/{TRAINER_FILE} does not match the model's trainable parameters")
-        optimizer.load_state_dict(state_dict)
         if self.anneal is not None:
             self.anneal.n0 = [tensors[f"anneal.n0.{i}"].double() for i in range(len(self.anneal.n0))]
         state = {k: record.get(k, []) for k in ("history", "heldout")}
         return {
             **state,
-            "step": int(tensors["step"]),
+            "step": step,
             "tokens": record.get("tokens", 0),
             "seconds": record.get("seconds", 0.0),
         }
@@ -389,4 +368,4 @@ class _Run:
         return replace(self.loaded, path=self.out, name=str(self.out))
 
 
-__all__ = ["FinetuneConfig", "evaluate_loss", "finetune", "training_record"]
+__all__ = ["FinetuneConfig", "finetune", "training_record"]  # training_record: models.checkpoint's

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, UsageError
+from ..models.kinds import language_model_kind
 from ..models.loading import LoadedModel
 
 ARCHS = ("gpt2", "llama", "roberta")
@@ -203,22 +204,13 @@ def _base_config(arch: str | None, size: str) -> tuple[dict[str, Any], str, str]
 
 
 def _family_kind(model_type: str | None, path: Path) -> str:
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
-
-    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        # Encoders (bert, roberta, …) also have a causal head, but they are pretrained as MLMs.
-        from ..models.loading import _is_causal_family
-
-        return "causal" if _is_causal_family(model_type) else "masked"
-    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return "causal"
-    raise UsageError(
-        f"{path}: model_type '{model_type}' has no causal- or masked-LM head in transformers; "
-        f"use one of {', '.join(ARCHS)} or another language-model family"
-    )
+    kind = language_model_kind(model_type)
+    if kind is None:
+        raise UsageError(
+            f"{path}: model_type '{model_type}' has no causal- or masked-LM head in transformers; "
+            f"use one of {', '.join(ARCHS)} or another language-model family"
+        )
+    return kind
 
 
 def _config_positions(config: dict[str, Any], arch: str) -> int | None:

@@ -1,0 +1,310 @@
+"""The checkpoint format: ssacli's part of every folder it writes, read and written only here.
+
+Every folder holds ``ssacli.json`` (:data:`META_FILE`), whose ``format`` says which of two layouts
+the rest of the folder has:
+
+* ``"ssacli-model"`` (:data:`MODEL_FORMAT`), written by ``convert``, ``finetune`` and ``train``: an
+  ordinary ``save_pretrained`` folder (transformers loads it as the original architecture, with
+  softmax attention) plus
+
+  - ``ssacli.json``: ``{"format", "format_version", "scorer": SPEC, "source"?, "fidelity"?,
+    "training"?, …}``;
+  - ``ssacli_scorer.safetensors`` (:data:`SCORER_FILE`): the scorer's parameters (SSA's per-head b
+    and n, …) keyed by state-dict name, absent for a scorer without parameters; the config also
+    records the spec as ``ssacli_scorer``.
+
+* ``"ssacli-icl"`` (:data:`ICL_FORMAT`), written by ``icl train``: ``config.json`` (the GPT-2
+  backbone's config), ``model.safetensors`` (:data:`WEIGHTS_FILE`: every weight, scorer parameters
+  included) and ``ssacli.json``: ``{"format", "format_version", **ICLSpec}`` (task, scorer, sizes and
+  the ``training`` record).
+
+Either may hold ``trainer.safetensors`` (:data:`TRAINER_FILE`), what a run needs to resume exactly:
+``step``, the optimizer's per-parameter state as ``adam.{index}.{key}``, optionally ``generator``
+(a torch.Generator's state) and run-specific tensors (:func:`trainer_state_tensors`,
+:func:`restore_trainer_state`).
+
+Folders are written to a temporary sibling and renamed into place (``ssacli.files``), so a failure
+leaves the previous folder as it was and nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..attention.interface import SCORER_ATTR, apply_scorer
+from ..errors import InputError
+from ..files import output_error, replace_folder
+
+META_FILE = "ssacli.json"
+MODEL_FORMAT = "ssacli-model"
+ICL_FORMAT = "ssacli-icl"
+FORMAT_VERSIONS = {MODEL_FORMAT: 1, ICL_FORMAT: 1}  # the newest version of each this ssacli reads
+SCORER_FILE = "ssacli_scorer.safetensors"
+WEIGHTS_FILE = "model.safetensors"  # an ICL folder's weights (transformers names its own the same)
+TRAINER_FILE = "trainer.safetensors"
+SCORER_KEY = f".{SCORER_ATTR}."  # in the state-dict name of every scorer parameter
+OPTIMIZER_PREFIX = "adam."  # trainer-state tensors holding the optimizer's per-parameter state
+
+
+# ---- ssacli.json -------------------------------------------------------------------------------------
+
+
+def folder_format(path: str | Path) -> str | None:
+    """The ``format`` in a folder's ssacli.json, or None when there is none or it cannot be read
+    (never raises: for cheap checks)."""
+    try:
+        meta = json.loads((Path(path) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    value = meta.get("format") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def read_meta(path: str | Path, format: str = MODEL_FORMAT) -> dict[str, Any] | None:
+    """ssacli.json of a folder in ``format``, or None for any other folder (no ssacli.json, or
+    another format). Invalid JSON, or a version newer than this ssacli reads, is an InputError."""
+    file = Path(path) / META_FILE
+    if not file.is_file():
+        return None
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{file} is not valid JSON ({err}); re-create the folder") from None
+    if not isinstance(meta, dict) or meta.get("format") != format:
+        return None
+    _check_version(meta, path, format)
+    return meta
+
+
+def read_icl_meta(path: str | Path) -> dict[str, Any]:
+    """ssacli.json of an ICL checkpoint; an InputError says what is wrong with any other folder."""
+    path = Path(path)
+    file = path / META_FILE
+    if not file.is_file():
+        raise InputError(
+            f"{path} is not an ssacli ICL checkpoint (no {META_FILE}); train one with `ssacli icl train`"
+        )
+    try:
+        meta = json.loads(file.read_text())
+    except ValueError as err:
+        raise InputError(f"{file} is not valid JSON ({err}); re-create the checkpoint") from None
+    if not isinstance(meta, dict) or meta.get("format") != ICL_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise InputError(f"{file} is not an ssacli ICL record (format={found!r})")
+    _check_version(meta, path, ICL_FORMAT)
+    return meta
+
+
+def training_record(path: str | Path) -> dict[str, Any] | None:
+    """The ``training`` record a fine-tuning run left in a folder's ssacli.json, or None.
+
+    Model folders hold it at the top level; ICL folders inside their spec's ``training``."""
+    try:
+        meta = json.loads((Path(path) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(meta, dict) and meta.get("format") == ICL_FORMAT:
+        meta = meta.get("training")
+    return meta.get("training") if isinstance(meta, dict) else None
+
+
+def _check_version(meta: dict[str, Any], path: str | Path, format: str) -> None:
+    if meta.get("format_version", 0) > FORMAT_VERSIONS[format]:
+        raise InputError(
+            f"{path} was written by a newer ssacli (format {meta['format_version']}); upgrade ssacli"
+        )
+
+
+def _meta_text(format: str, record: dict[str, Any]) -> str:
+    meta = {"format": format, "format_version": FORMAT_VERSIONS[format], **record}
+    return json.dumps(meta, indent=2) + "\n"
+
+
+# ---- writing folders ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No "Loading weights" / "Writing model shards" bars from transformers inside ssacli's output."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _write_folder(out: Path, fill: Callable[[Path], None]) -> None:
+    """Fill a temporary sibling of ``out``, then put it in place of ``out``; an OSError or a
+    safetensors error becomes an OutputError, and ``out`` is as it was."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:
+        raise output_error(out, err) from err
+    try:
+        fill(tmp)
+        replace_folder(tmp, out)
+    except (OSError, SafetensorError) as err:  # a full disk, a read-only folder
+        raise output_error(out, err) from err
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], file: Path, **kwargs: Any) -> None:
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, file, **kwargs)
+
+
+def write_model_folder(
+    model: nn.Module,
+    out: str | Path,
+    *,
+    scorer: str,
+    meta: dict[str, Any] | None = None,
+    tokenizer: Any = None,
+    trainer: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Write a transformers model in the ``ssacli-model`` format, atomically: ``save_pretrained``
+    without the scorer's tensors, those in SCORER_FILE, ``meta`` (with ``scorer``) in ssacli.json,
+    ``trainer`` (see :func:`trainer_state_tensors`) in TRAINER_FILE."""
+
+    def fill(tmp: Path) -> None:
+        state = model.state_dict()
+        plain = {k: v for k, v in state.items() if SCORER_KEY not in k}
+        params = {k: v for k, v in state.items() if SCORER_KEY in k}
+        with quiet_progress():
+            model.save_pretrained(tmp, state_dict=plain, safe_serialization=True)
+        if params:
+            _save_tensors(params, tmp / SCORER_FILE, metadata={"format": MODEL_FORMAT})
+        if trainer:
+            _save_tensors(trainer, tmp / TRAINER_FILE)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / META_FILE).write_text(_meta_text(MODEL_FORMAT, {"scorer": scorer, **(meta or {})}))
+
+    _write_folder(Path(out), fill)
+
+
+def write_icl_folder(
+    out: str | Path,
+    *,
+    config: Any,
+    state: dict[str, torch.Tensor],
+    record: dict[str, Any],
+    trainer: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Write an ICL checkpoint in the ``ssacli-icl`` format, atomically: the backbone's ``config``
+    (a transformers config), every weight in ``state``, ``record`` (the spec) in ssacli.json."""
+
+    def fill(tmp: Path) -> None:
+        config.to_json_file(tmp / "config.json")
+        _save_tensors(state, tmp / WEIGHTS_FILE, metadata={"format": ICL_FORMAT})
+        if trainer:
+            _save_tensors(trainer, tmp / TRAINER_FILE)
+        (tmp / META_FILE).write_text(_meta_text(ICL_FORMAT, record))
+
+    _write_folder(Path(out), fill)
+
+
+# ---- reading weights -----------------------------------------------------------------------------------
+
+
+def read_icl_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of an ICL checkpoint's WEIGHTS_FILE (OSError or SafetensorError when corrupt)."""
+    file = Path(path) / WEIGHTS_FILE
+    if not file.is_file():
+        raise InputError(f"{path} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
+    return load_file(file)
+
+
+def attach_saved_scorer(model: nn.Module, path: str | Path, spec: str) -> None:
+    """Apply ``spec`` to a freshly loaded transformers model and load its saved parameters."""
+    apply_scorer(model, spec)
+    file = Path(path) / SCORER_FILE
+    expected = {k for k in model.state_dict() if SCORER_KEY in k}
+    if not expected:
+        return  # a scorer without parameters (softmax, sparsemax, ...)
+    if not file.is_file():
+        raise InputError(f"{path} has no {SCORER_FILE} for scorer '{spec}'; the folder is incomplete")
+    try:
+        saved = load_file(file)
+    except Exception as err:  # safetensors raises its own error types for corrupt files
+        raise InputError(f"cannot read {file} ({err}); the file is corrupt or truncated") from None
+    if set(saved) != expected:
+        missing, extra = sorted(expected - set(saved)), sorted(set(saved) - expected)
+        raise InputError(
+            f"{file} does not match scorer '{spec}' on this model (missing {len(missing)}, unexpected "
+            f"{len(extra)} tensors, e.g. {(missing or extra)[0]}); re-create the folder"
+        )
+    model.load_state_dict(saved, strict=False)
+
+
+# ---- trainer state ---------------------------------------------------------------------------------------
+
+
+def trainer_state_tensors(
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    *,
+    generator: torch.Generator | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """What TRAINER_FILE holds for a run at ``step``: the optimizer's per-parameter state, the data
+    generator's state and ``extra`` (run-specific tensors, e.g. ``world_size``). Passed as
+    ``trainer`` to the folder writers; :func:`restore_trainer_state` reads it back."""
+    tensors = {"step": torch.tensor(step)}
+    if generator is not None:
+        tensors["generator"] = generator.get_state()
+    tensors.update(extra or {})
+    for index, values in optimizer.state_dict()["state"].items():
+        tensors.update({f"{OPTIMIZER_PREFIX}{index}.{k}": torch.as_tensor(v) for k, v in values.items()})
+    return tensors
+
+
+def restore_trainer_state(
+    path: str | Path, optimizer: torch.optim.Optimizer, *, generator: torch.Generator | None = None
+) -> tuple[int, dict[str, torch.Tensor]]:
+    """Load a folder's TRAINER_FILE into ``optimizer`` (and ``generator``); returns the step and the
+    run-specific tensors. A missing, corrupt or mismatched file is an InputError."""
+    path = Path(path)
+    file = path / TRAINER_FILE
+    if not file.is_file():
+        raise InputError(f"{path} has no {TRAINER_FILE} to resume from; train without --resume")
+    try:
+        tensors = load_file(file)
+    except (OSError, SafetensorError) as err:
+        raise InputError(f"cannot read {file} ({err}); the file is corrupt or truncated") from None
+    state_dict = optimizer.state_dict()
+    extra = {}
+    for name, value in tensors.items():
+        if name.startswith(OPTIMIZER_PREFIX):
+            index, _, key = name[len(OPTIMIZER_PREFIX) :].partition(".")
+            state_dict["state"].setdefault(int(index), {})[key] = value
+        elif name not in ("step", "generator"):
+            extra[name] = value
+    # Parameters that never get a gradient (an ICL model's unused token embedding) have no state.
+    shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
+    for index, values in state_dict["state"].items():
+        moment = values.get("exp_avg")
+        if index >= len(shapes) or (moment is not None and tuple(moment.shape) != shapes[index]):
+            raise InputError(f"{file} does not match the model's trainable parameters")
+    optimizer.load_state_dict(state_dict)
+    if generator is not None:
+        if "generator" not in tensors:
+            raise InputError(f"{file} holds no data-generator state; train without --resume")
+        generator.set_state(tensors["generator"])
+    return int(tensors["step"]), extra

@@ -1,0 +1,117 @@
+"""What kind of model this is: the one answer, for a loaded model, a config, a model_type or a reference.
+
+A kind is one of :data:`KINDS`:
+
+* ``icl``: ssacli's in-context-learning model (a GPT-2 backbone between scalar read-in and read-out);
+* ``causal``: a decoder-only language model (causal attention);
+* ``masked``: a masked-language model (bidirectional attention with an LM head);
+* ``encoder``: any other encoder (bidirectional attention, hidden states out);
+* ``seq2seq``: an encoder-decoder.
+
+The decision reads the architecture's class name (``…ForCausalLM``, ``…LMHeadModel``,
+``…ForMaskedLM``) when there is one, and transformers' auto mappings for the family otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+KINDS = ("icl", "causal", "masked", "encoder", "seq2seq")
+ICL_FAMILY = "icl-gpt2"  # the model_type ssacli reports for its ICL models
+BUILTIN_PREFIX = "builtin:"  # MODEL references to the checkpoints bundled with ssacli
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "name" or "owner/name" on the Hugging Face Hub
+
+_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+_MASKED_SUFFIX = "ForMaskedLM"
+
+
+def is_local_reference(ref: str) -> bool:
+    """Whether MODEL names something on this machine (``builtin:NAME``, an existing path, or anything
+    that cannot be a Hub id) rather than a Hub id."""
+    return ref.startswith(BUILTIN_PREFIX) or Path(ref).expanduser().exists() or not HUB_ID.match(ref)
+
+
+def is_causal_family(model_type: str) -> bool:
+    """Decoder-only families (causal attention) as transformers' auto mappings list them."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    causal, masked = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return model_type in causal and model_type not in masked
+
+
+def language_model_kind(model_type: str | None) -> str | None:
+    """``masked`` or ``causal``: the LM head a family is trained with (encoders such as bert also have
+    a causal head, but are pretrained as MLMs), or None when transformers has no LM head for it."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "masked"
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "causal"
+    return None
+
+
+def family_kind(model_type: str) -> str:
+    """The kind when nothing but the family (``model_type``) is known: icl, causal or encoder."""
+    if model_type.startswith("icl"):
+        return "icl"
+    return "causal" if is_causal_family(model_type) else "encoder"
+
+
+def kind_of(model: Any) -> str:
+    """The kind of a loaded model (ssacli's ICL model, or a transformers model), from its class."""
+    if hasattr(model, "spec") and hasattr(model, "backbone"):
+        return "icl"
+    return _decide(model.config, (type(model).__name__,))
+
+
+def kind_from_config(source: Any, *, name: str | None = None) -> str:
+    """The kind read from a config alone (no weights are loaded, so it is instant for any size).
+
+    ``source``: a transformers config, or a folder (an ssacli ICL checkpoint or a save_pretrained
+    folder) or Hub id whose config.json is read from disk or the local cache only. ``name`` is what
+    error messages call it (default: ``source``)."""
+    if isinstance(source, str | Path):
+        from .checkpoint import ICL_FORMAT, folder_format
+
+        if Path(source).is_dir() and folder_format(source) == ICL_FORMAT:
+            return "icl"
+        from transformers import AutoConfig
+
+        try:
+            source = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise InputError(f"cannot read the config of '{name or source}': {first}") from None
+    return _decide(source, getattr(source, "architectures", None) or ())
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest input the model's position table covers, when its config says (else None)."""
+    for attr in ("max_position_embeddings", "n_positions", "max_positions", "n_ctx"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _decide(config: Any, class_names: Iterable[str]) -> str:
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    names = tuple(class_names)
+    if any(n.endswith(_CAUSAL_SUFFIXES) for n in names):
+        return "causal"
+    if any(n.endswith(_MASKED_SUFFIX) for n in names):
+        return "masked"
+    return "causal" if is_causal_family(config.model_type) else "encoder"
