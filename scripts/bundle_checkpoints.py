@@ -15,14 +15,15 @@ import sys
 from pathlib import Path
 
 from ssacli.icl.train import TrainConfig
+from ssacli.models.checkpoint import META_FILE, WEIGHTS_FILE, read_icl_meta
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ssacli" / "checkpoints"
-FILES = ("config.json", "model.safetensors", "ssacli.json")
+FILES = ("config.json", WEIGHTS_FILE, META_FILE)
 BUDGET_BYTES = 2 * 1024 * 1024
 
 
 def recipe(name: str, run: str, sweep: Path) -> str:
-    meta = json.loads((sweep / "runs" / run / "ssacli.json").read_text())
+    meta = read_icl_meta(sweep / "runs" / run)
     cfg = meta["training"]["config"]
     evaluation = json.loads((sweep / "runs" / run / "eval.json").read_text())
     trained = [

@@ -18,10 +18,7 @@ from torch.nn import functional as F
 
 from .attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports
 from .errors import OutputError, UnsupportedModelError, UsageError
-
-# read_meta's home is models.checkpoint; re-exported here while ssacli.cli.train imports it from here
 from .models.checkpoint import SCORER_KEY, write_model_folder
-from .models.checkpoint import read_meta as read_meta
 from .models.loading import LoadedModel, load_model
 
 # ---- saving --------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def train_command(
 
 def _recorded(out: Path) -> dict[str, Any] | None:
     """The build record of a from-scratch run saved in ``out`` (None when there is none)."""
-    from ..conversion import read_meta
+    from ..models.checkpoint import read_meta
     from ..train.finetune import training_record
 
     meta = read_meta(out) if out.is_dir() else None
