@@ -27,9 +27,19 @@ import ssacli
 from ssacli import diagnose
 from ssacli.attention.interface import SCORER_ATTR, apply_scorer, attention_modules, observing
 from ssacli.cli import app
-from ssacli.diagnosis.probes import icl_batches, icl_tokens, pad_sequences, pick_targets
-from ssacli.diagnosis.result import METRICS, DiagnoseResult
-from ssacli.diagnosis.run import Recorder
+from ssacli.diagnosis.forward import Recorder
+from ssacli.diagnosis.metrics import METRICS
+from ssacli.diagnosis.probes import (
+    PROBES,
+    ActsOn,
+    ProbeKind,
+    icl_batches,
+    icl_tokens,
+    pad_sequences,
+    pick_targets,
+    scale,
+)
+from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.diagnosis.texts import TEXTS
 from ssacli.errors import EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE, UnsupportedModelError, UsageError
 from ssacli.models.loading import load_model
@@ -327,6 +337,21 @@ def test_dominant_key_drives_capture_to_one_and_matches_layer_zero_by_hand():
         bumped /= bumped.sum(-1, keepdims=True)
         ref = naive_metrics([bumped], visible, mask.bool(), target)
         check_level(result, "dominant-key", level, ref, layers=slice(0, 1), capture=True)
+
+
+
+def test_probes_act_where_their_kind_says_not_by_name(monkeypatch):
+    """A kind under a new name that declares the logits as its place and scaling as its effect is
+    logit-scale: the forward pass and the input plan read the declaration, never the name."""
+    seqs = sequences()
+    model = build_model("llama")
+    twin = ProbeKind("logit-twin", (1, 4), "α", "attention logits × α", ActsOn.LOGITS, scale, neutral=1)
+    monkeypatch.setitem(PROBES, twin.name, twin)
+    a = diagnose(model, ["logit-scale:1,4"], inputs=seqs).probe("logit-scale")
+    b = diagnose(model, ["logit-twin:1,4"], inputs=seqs).probe("logit-twin")
+    assert a.extras["loss"] == b.extras["loss"] and a.extras["loss"][0] != a.extras["loss"][1]
+    for name in METRICS:
+        np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
 
 
 # ---- eager fallback --------------------------------------------------------------------------------

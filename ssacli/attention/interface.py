@@ -349,7 +349,9 @@ def _check_supported(model: nn.Module) -> None:
     )
 
 
-def _num_heads(module: nn.Module, model: nn.Module) -> int:
+def num_heads(module: nn.Module, model: nn.Module) -> int:
+    """Heads of one attention module: its own attribute, else its or the model's config (per-head
+    scorer parameters and diagnose's per-head arrays are this wide)."""
     for attr in ("num_heads", "num_attention_heads", "n_heads", "n_head"):
         value = getattr(module, attr, None)
         if isinstance(value, int):
@@ -378,7 +380,7 @@ def apply_scorer(model: nn.Module, spec: str) -> nn.Module:
     register()
     modules = list(attention_modules(model))
     # Build every scorer first, so a bad spec leaves the model untouched.
-    scorers = [make_scorer(spec, num_heads=_num_heads(m, model)) for _, m in modules]
+    scorers = [make_scorer(spec, num_heads=num_heads(m, model)) for _, m in modules]
     for (_, module), scorer in zip(modules, scorers, strict=True):
         reference = next(module.parameters(), None)
         if reference is not None:

@@ -1,12 +1,15 @@
-"""One forward pass of diagnose under a probe, and the :class:`Recorder` that reduces its attention.
+"""One forward pass of diagnose under a probe: the probe's application, and the :class:`Recorder`
+that observes the attention.
 
-A probe acts at one of three places: on the attention logits (logit-scale, dominant-key: the
-Recorder's ``transform``, inside ssacli's attention function), on the input embeddings
-(embed-scale, outlier: a forward hook, or the ICL points themselves), or only on the inputs chosen
-(:mod:`ssacli.diagnosis.run` plans those). Whatever the route, every attention map reaches
-:meth:`Recorder.record` and leaves as per-head sums (:func:`ssacli.diagnosis.metrics.row_sums`): through
-ssacli's attention function in query blocks, or, on the eager fallback, through
-:meth:`Recorder.fallback_hook` on each attention module, which drops the map once reduced.
+Where a probe acts is declared by its kind (:class:`ssacli.diagnosis.probes.ActsOn`), and this
+module dispatches on that: on the attention logits, :class:`LogitProbe` applies the kind's effect
+inside ssacli's attention function, ahead of the Recorder; on the input embeddings, a forward hook
+on the embedding module applies it (ICL models: the x values themselves); on the inputs alone
+(length, numeric), :mod:`ssacli.diagnosis.run` chose them and nothing happens here. Whatever the
+route, every attention map reaches :meth:`Recorder.record` and leaves as per-head sums
+(:func:`ssacli.diagnosis.metrics.row_sums`): through ssacli's attention function in query blocks,
+or, on the eager fallback, through :meth:`Recorder.fallback_hook` on each attention module, which
+drops the map once reduced.
 """
 
 from __future__ import annotations
@@ -21,29 +24,22 @@ from ..attention.interface import observing
 from ..errors import UnsupportedModelError
 from ..models.loading import LoadedModel
 from .metrics import HeadStats, row_sums
-from .probes import Batch, Probe, icl_tokens
+from .probes import ActsOn, Effect, Probe, ProbeBatch, ProbeKind, icl_tokens
 
 
 class Recorder:
-    """The :class:`ssacli.attention.interface.Observer` of one probe level: applies the logit probe and keeps
-    per-layer :class:`HeadStats`."""
+    """An :class:`ssacli.attention.interface.Observer` that only observes: it reduces every block of
+    attention weights into per-layer :class:`HeadStats` and changes nothing (``transform`` is the
+    identity; a logit probe wraps it in a :class:`LogitProbe`)."""
 
     def __init__(self, layer_of: dict[int, int], *, tau: float, top_k: int, block_size: int, causal: bool):
         self.layer_of = layer_of
         self.tau, self.top_k, self.block_size, self.causal = tau, top_k, block_size, causal
         self.stats: dict[int, HeadStats] = {}
-        self.alpha = 1.0  # logit-scale
-        self.dominant = 0.0  # dominant-key M
         self.valid: torch.Tensor | None = None  # [b, t] real tokens of the current batch
-        self.target: torch.Tensor | None = None  # [b] target token of the current batch
+        self.target: torch.Tensor | None = None  # [b] target token of the current batch (outlier_capture)
 
     def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
-        if self.alpha != 1.0:
-            logits = logits * self.alpha
-        if self.dominant and self.target is not None:
-            k = logits.shape[-1]
-            bump = F.one_hot(self.target.to(logits.device), k).to(logits.dtype) * self.dominant
-            logits = logits + bump.reshape(-1, 1, 1, k)
         return logits
 
     def record(self, module, weights, visible, query_positions) -> None:
@@ -92,29 +88,50 @@ class Recorder:
         return visible
 
 
-def forward_batch(loaded, route, probe, level, batch, recorder, layers) -> dict[str, tuple[float, float]]:
-    """Run one batch under the probe; returns extras as (sum, count), e.g. the LM loss."""
+class LogitProbe:
+    """The Observer ssacli's attention sees under a logit probe: the probe's ``effect`` on every
+    call's logits, then the :class:`Recorder`'s reduction of the weights."""
+
+    def __init__(self, recorder: Recorder, effect: Effect, level: float, target: torch.Tensor | None):
+        self.recorder, self.effect, self.level, self.target = recorder, effect, level, target
+        self.block_size = recorder.block_size
+
+    def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        return self.effect(logits, self.level, self.target)
+
+    def record(self, module, weights, visible, query_positions) -> None:
+        self.recorder.record(module, weights, visible, query_positions)
+
+
+def forward_batch(
+    loaded: LoadedModel, route: str, probe: Probe, level: float, batch: ProbeBatch, recorder: Recorder,
+    layers: list[tuple[str, nn.Module]],
+) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """Run one batch under the probe at ``level``, observed by ``recorder``; returns extras as
+    (sum, count), e.g. the LM loss."""
+    kind = probe.kind
     recorder.valid = batch.valid
     recorder.target = batch.target
-    recorder.alpha = level if probe.name == "logit-scale" else 1.0
-    recorder.dominant = level if probe.name == "dominant-key" else 0.0
+    observer: Recorder | LogitProbe = recorder
+    if kind.acts_on is ActsOn.LOGITS and kind.changes(level):
+        observer = LogitProbe(recorder, kind.effect, level, batch.target)
     device = loaded.device
     hooks = []
     if route == "eager-fallback":
         hooks = [m.register_forward_hook(recorder.fallback_hook) for _, m in layers]
     try:
-        with torch.inference_mode(), observing(recorder):
+        with torch.inference_mode(), observing(observer):
             if loaded.kind == "icl":
-                return _icl_forward(loaded, probe, level, batch, device)
-            if probe.name in ("embed-scale", "outlier") and level != 1:
-                hooks.append(_embedding_hook(loaded, probe.name, level, batch.target))
+                return _icl_forward(loaded, kind, level, batch, device)
+            if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
+                hooks.append(_embedding_hook(loaded, kind.effect, level, batch.target))
             return _hf_forward(loaded, route, batch, device)
     finally:
         for hook in hooks:
             hook.remove()
 
 
-def _embedding_hook(loaded: LoadedModel, name: str, level: float, target: torch.Tensor):
+def _embedding_hook(loaded: LoadedModel, effect: Effect, level: float, target: torch.Tensor | None):
     try:
         embedding = loaded.attention_root.get_input_embeddings()
     except (NotImplementedError, AttributeError):
@@ -122,18 +139,13 @@ def _embedding_hook(loaded: LoadedModel, name: str, level: float, target: torch.
     if embedding is None:
         raise UnsupportedModelError(f"model family '{loaded.family}' exposes no input embeddings to scale")
 
-    def scale(module, args, output):
-        if name == "embed-scale":
-            return output * level
-        output = output.clone()
-        rows = torch.arange(output.shape[0], device=output.device)
-        output[rows, target.to(output.device)] *= level
-        return output
+    def apply(module, args, output):
+        return effect(output, level, target)
 
-    return embedding.register_forward_hook(scale)
+    return embedding.register_forward_hook(apply)
 
 
-def _hf_forward(loaded: LoadedModel, route: str, batch: Batch, device) -> dict[str, tuple[float, float]]:
+def _hf_forward(loaded: LoadedModel, route: str, batch: ProbeBatch, device) -> dict[str, tuple[float, float]]:
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if loaded.kind == "seq2seq":
@@ -152,15 +164,14 @@ def _hf_forward(loaded: LoadedModel, route: str, batch: Batch, device) -> dict[s
     return {"loss": (float(losses.sum()), float(losses.numel()))}
 
 
-def _icl_forward(loaded: LoadedModel, probe: Probe, level: float, batch: Batch, device) -> dict:
+def _icl_forward(loaded: LoadedModel, kind: ProbeKind, level: float, batch: ProbeBatch, device) -> dict:
     from ..icl.evaluate import FIRST_SCORED
 
     model = loaded.model
-    xs = batch.xs.clone()
-    if probe.name == "embed-scale":
-        xs = xs * level
-    elif probe.name == "outlier":
-        xs[torch.arange(xs.shape[0]), batch.target // 2] *= level
+    xs = batch.xs
+    if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
+        target = None if batch.target is None else batch.target // 2  # token index -> its x value
+        xs = kind.effect(xs, level, target)
     tokens, ys = icl_tokens(model.spec.task, xs, batch.coef)
     dtype = next(model.parameters()).dtype
     predictions = model(tokens.to(device, dtype)).float().cpu()
@@ -172,4 +183,4 @@ def _icl_forward(loaded: LoadedModel, probe: Probe, level: float, batch: Batch, 
     return {"error": (float(errors.sum()), float(errors.numel()))}
 
 
-__all__ = ["Recorder", "forward_batch"]
+__all__ = ["LogitProbe", "Recorder", "forward_batch"]

@@ -1,6 +1,9 @@
 """Magnitude-shift probes: what each one changes, its levels, and the inputs it runs on.
 
-A probe is a name and ascending levels (``embed-scale:1,4,16``); higher levels are harsher.
+A probe is a name and ascending levels (``embed-scale:1,4,16``); higher levels are harsher. Each
+kind declares where it acts (:class:`ActsOn`) and, for embeddings and logits, its ``effect``; the
+forward pass (:mod:`ssacli.diagnosis.forward`) and the input plan (:mod:`ssacli.diagnosis.run`)
+dispatch on those, never on a probe's name.
 
 * ``embed-scale`` σ: the input-embedding module's output times σ (ICL models: the x values).
 * ``outlier`` σ: one token's embedding times σ (ICL: one x value); its captured mass is measured.
@@ -16,13 +19,51 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
+from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..icl.tasks import every_labels, some_labels
 from .texts import NUMERIC_TEMPLATES, TEXTS, numeric_number
+
+
+class ActsOn(Enum):
+    """Where a probe acts."""
+
+    INPUT_LENGTH = "input length"  # the inputs are level × the base length
+    INPUT_TEXT = "input text"  # the inputs are the numeric templates with level-digit numbers
+    EMBEDDINGS = "embeddings"  # the input embeddings' output (ICL: the x values) go through ``effect``
+    LOGITS = "attention logits"  # every attention call's logits go through ``effect`` (ssacli's function)
+
+
+# effect(values, level, target) -> values. Embeddings: values [b, tokens, ...] (ICL: x values
+# [b, points]); logits: [b, h, q, k]. target [b]: the index, along dim 1 of the embeddings or the
+# last dim of the logits, of each sample's target token (None for kinds without one).
+Effect = Callable[[torch.Tensor, float, torch.Tensor | None], torch.Tensor]
+
+
+def scale(values: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
+    """Everything times ``level`` (embed-scale σ, logit-scale α)."""
+    return values * level
+
+
+def scale_target(values: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
+    """Each sample's target entry (along dim 1) times ``level``; a copy (outlier σ)."""
+    values = values.clone()
+    rows = torch.arange(values.shape[0], device=values.device)
+    values[rows, target.to(values.device)] *= level
+    return values
+
+
+def raise_target_key(logits: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
+    """``level`` added to the target key's logit for every query and head (dominant-key M)."""
+    k = logits.shape[-1]
+    bump = F.one_hot(target.to(logits.device), k).to(logits.dtype) * level
+    return logits + bump.reshape(-1, 1, 1, k)
 
 
 @dataclass(frozen=True)
@@ -31,26 +72,38 @@ class ProbeKind:
     defaults: tuple[float, ...]
     symbol: str  # how a level is written in tables: σ=4, α=8, M=16, ×2, 5 digits
     help: str
+    acts_on: ActsOn
+    effect: Effect | None = None  # what it does to the embeddings or logits (acts_on says which)
+    neutral: float | None = None  # the level that changes nothing (its effect is skipped there)
     integer: bool = False
     allow_zero: bool = False
-    needs_route: bool = False  # changes logits: needs ssacli's attention function
     needs_tokenizer: bool = False
     has_target: bool = False  # one target token per sample (its captured mass is measured)
+
+    @property
+    def needs_route(self) -> bool:
+        """Changes logits: needs ssacli's attention function."""
+        return self.acts_on is ActsOn.LOGITS
+
+    def changes(self, level: float) -> bool:
+        """Whether ``level`` changes anything (False at the neutral level)."""
+        return level != self.neutral
 
 
 PROBES: dict[str, ProbeKind] = {
     k.name: k
     for k in (
-        ProbeKind("embed-scale", (1, 2, 4, 8, 16, 32), "σ", "input embeddings × σ"),
-        ProbeKind("outlier", (1, 10, 100, 1000), "σ", "one token's embedding × σ", has_target=True),
-        ProbeKind("logit-scale", (1, 2, 4, 8, 16, 32), "α", "attention logits × α", needs_route=True),
-        ProbeKind(
-            "dominant-key", (0, 2, 4, 8, 16, 32), "M", "one key's logit + M",
-            allow_zero=True, needs_route=True, has_target=True,
-        ),
-        ProbeKind("length", (1, 2, 4), "×", "inputs × m longer", integer=True),
-        ProbeKind("numeric", (2, 3, 4, 5, 6, 7, 8, 9), "digits", "numbers of d digits", integer=True,
-                  needs_tokenizer=True),
+        ProbeKind("embed-scale", (1, 2, 4, 8, 16, 32), "σ", "input embeddings × σ", ActsOn.EMBEDDINGS,
+                  scale, neutral=1),
+        ProbeKind("outlier", (1, 10, 100, 1000), "σ", "one token's embedding × σ", ActsOn.EMBEDDINGS,
+                  scale_target, neutral=1, has_target=True),
+        ProbeKind("logit-scale", (1, 2, 4, 8, 16, 32), "α", "attention logits × α", ActsOn.LOGITS,
+                  scale, neutral=1),
+        ProbeKind("dominant-key", (0, 2, 4, 8, 16, 32), "M", "one key's logit + M", ActsOn.LOGITS,
+                  raise_target_key, neutral=0, allow_zero=True, has_target=True),
+        ProbeKind("length", (1, 2, 4), "×", "inputs × m longer", ActsOn.INPUT_LENGTH, integer=True),
+        ProbeKind("numeric", (2, 3, 4, 5, 6, 7, 8, 9), "digits", "numbers of d digits", ActsOn.INPUT_TEXT,
+                  integer=True, needs_tokenizer=True),
     )
 }  # fmt: skip
 
@@ -107,8 +160,9 @@ def default_probes() -> list[Probe]:
 
 
 @dataclass
-class Batch:
-    """One forward's worth of probe input. Exactly one of ``input_ids`` / ``xs`` is set."""
+class ProbeBatch:
+    """One forward's worth of probe input. Exactly one of ``input_ids`` / ``xs`` is set.
+    (Not :class:`ssacli.icl.tasks.Batch`, the ICL training batch.)"""
 
     input_ids: torch.Tensor | None = None  # [b, t] token ids (transformers models)
     attention_mask: torch.Tensor | None = None  # [b, t] 1 = real token
@@ -132,7 +186,7 @@ class Batch:
 
 def pad_sequences(
     sequences: list[list[int]], pad_id: int, batch_size: int, side: str = "right"
-) -> list[Batch]:
+) -> list[ProbeBatch]:
     """Token-id lists -> padded batches with attention masks (padding queries are not counted)."""
     batches = []
     for start in range(0, len(sequences), batch_size):
@@ -144,11 +198,11 @@ def pad_sequences(
             cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
             ids[row, cols] = torch.tensor(seq, dtype=torch.long)
             mask[row, cols] = 1
-        batches.append(Batch(input_ids=ids, attention_mask=mask))
+        batches.append(ProbeBatch(input_ids=ids, attention_mask=mask))
     return batches
 
 
-def pick_targets(batches: list[Batch], seed: int) -> None:
+def pick_targets(batches: list[ProbeBatch], seed: int) -> None:
     """One target token per sample, uniform over the first half of its real tokens (never token 0,
     so most queries of a causal model can see it and it is not the sink)."""
     generator = torch.Generator().manual_seed(seed + 7919)
@@ -209,7 +263,7 @@ def numeric_sequences(tokenizer, digits: int, samples: int, seed: int) -> list[l
     return out
 
 
-def icl_batches(task: str, samples: int, points: int, batch_size: int, seed: int) -> list[Batch]:
+def icl_batches(task: str, samples: int, points: int, batch_size: int, seed: int) -> list[ProbeBatch]:
     """Prompts of the ICL model's task at σ = 1 (probes rescale the x values later)."""
     generator = torch.Generator().manual_seed(seed)
     batches = []
@@ -217,7 +271,7 @@ def icl_batches(task: str, samples: int, points: int, batch_size: int, seed: int
         n = min(batch_size, samples - start)
         xs = torch.randn(n, points, generator=generator)
         coef = torch.randn(n, 2, generator=generator)
-        batches.append(Batch(xs=xs, coef=coef))
+        batches.append(ProbeBatch(xs=xs, coef=coef))
     return batches
 
 

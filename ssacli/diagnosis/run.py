@@ -29,13 +29,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..version import __version__
 from ..attention.interface import (
     CONFIG_SPEC_ATTR,
     SCORER_ATTR,
-    _num_heads,
     apply_scorer,
     attention_modules,
+    num_heads,
     restore,
     scorers_of,
     supports,
@@ -43,11 +42,13 @@ from ..attention.interface import (
 from ..errors import UnsupportedModelError, UsageError
 from ..models.kinds import ICL_FAMILY, kind_of, max_positions
 from ..models.loading import DEFAULT_MODEL, LoadedModel, load_model
+from ..version import __version__
 from .forward import Recorder, forward_batch
-from .metrics import DEFAULT_TAU, DEFAULT_TOP_K
+from .metrics import DEFAULT_TAU, DEFAULT_TOP_K, METRICS
 from .probes import (
-    Batch,
+    ActsOn,
     Probe,
+    ProbeBatch,
     TokenSource,
     default_probes,
     icl_batches,
@@ -56,7 +57,7 @@ from .probes import (
     parse_probe,
     pick_targets,
 )
-from .result import METRICS, DiagnoseResult, ProbeResult
+from .result import DiagnoseResult, ProbeResult
 
 DEFAULT_SAMPLES = 8
 DEFAULT_LENGTH = 64  # tokens; ICL models: points (each point is two tokens)
@@ -270,14 +271,14 @@ def _run(
             "device": str(loaded.device),
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         },
-        versions=_versions(),
+        versions=software_versions(),
         elapsed_s=time.perf_counter() - started,
     )
 
 
 def _layer_heads(module: nn.Module, root: nn.Module, route: str) -> int:
     try:
-        return _num_heads(module, root)
+        return num_heads(module, root)
     except UnsupportedModelError:
         return int(getattr(root.config, "num_attention_heads", 1) or 1)
 
@@ -292,7 +293,7 @@ def _plan(probe: Probe, loaded: LoadedModel, route: str, source, length: int, op
         skip = (
             "needs a tokenizer (the model folder has none)" if loaded.kind != "icl" else "not for ICL models"
         )
-    elif probe.name == "length" and opts["inputs"] is not None:
+    elif kind.acts_on is ActsOn.INPUT_LENGTH and opts["inputs"] is not None:
         skip = "not run on explicit inputs (their lengths are given)"
     if skip:
         return {level: (None, skip) for level in probe.levels}
@@ -303,7 +304,7 @@ def _plan(probe: Probe, loaded: LoadedModel, route: str, source, length: int, op
     unit = "points" if loaded.kind == "icl" else "positions"
     plan, note = {}, None
     for level in probe.levels:
-        size = int(length * level) if probe.name == "length" else length
+        size = int(length * level) if kind.acts_on is ActsOn.INPUT_LENGTH else length
         if cap and size > cap:
             size, note = cap, f"inputs capped at the model's {cap} {unit}"
         batches = _inputs(probe, level, loaded, source, size, opts)
@@ -316,18 +317,20 @@ def _plan(probe: Probe, loaded: LoadedModel, route: str, source, length: int, op
     return plan
 
 
-def _truncate(batch: Batch, cap: int) -> Batch:
+def _truncate(batch: ProbeBatch, cap: int) -> ProbeBatch:
     """Keep the first ``cap`` tokens (batches are right-padded, so real tokens come first)."""
-    return Batch(input_ids=batch.input_ids[:, :cap], attention_mask=batch.attention_mask[:, :cap])
+    return ProbeBatch(input_ids=batch.input_ids[:, :cap], attention_mask=batch.attention_mask[:, :cap])
 
 
-def _inputs(probe: Probe, level: float, loaded: LoadedModel, source, size: int, opts: dict) -> list[Batch]:
+def _inputs(
+    probe: Probe, level: float, loaded: LoadedModel, source, size: int, opts: dict
+) -> list[ProbeBatch]:
     samples, batch_size, seed = opts["samples"], opts["batch_size"], opts["seed"]
     if loaded.kind == "icl":
         return icl_batches(loaded.model.spec.task, samples, size, batch_size, seed)
     pad = _pad_id(loaded)
     side = "right"  # one forward, no generation: real tokens keep positions 0..n-1 and key 0 (the sink)
-    if probe.name == "numeric":
+    if probe.kind.acts_on is ActsOn.INPUT_TEXT:
         return pad_sequences(
             numeric_sequences(loaded.tokenizer, int(level), samples, seed), pad, batch_size, side
         )
@@ -352,7 +355,9 @@ def _describe_inputs(loaded: LoadedModel, source, opts: dict) -> str:
     return source.description
 
 
-def _versions() -> dict[str, str]:
+def software_versions() -> dict[str, str]:
+    """The versions a result was made with (ssacli, torch, transformers, python): every result and
+    report records them, for reproduction."""
     import transformers
 
     return {

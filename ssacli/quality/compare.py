@@ -51,7 +51,7 @@ def compare_models(
     """
     from ..diagnosis.probes import parse_probe
     from ..diagnosis.result import compare_results
-    from ..diagnosis.run import _versions, diagnose
+    from ..diagnosis.run import diagnose, software_versions
 
     started = time.perf_counter()
     say = progress or (lambda message: None)
@@ -110,7 +110,7 @@ def compare_models(
         "measurements": measured,
         "diagnose": compare_results(*diagnosed),
         "notes": notes,
-        "versions": _versions(),
+        "versions": software_versions(),
         "elapsed_s": round(time.perf_counter() - started, 3),
     }
 
