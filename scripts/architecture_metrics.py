@@ -23,9 +23,9 @@ FACTS = {
     "checkpoint format (ssacli.json / trainer file names)": re.compile(
         r"""(META_FILE|TRAINER_FILE)\s*=|["']ssacli\.json["']|["']trainer\.safetensors["']"""
     ),
-    "model kind (decided from classes/configs)": re.compile(r"""endswith\(\(?["']ForCausalLM"""),
+    "model kind (decided from class names)": re.compile(r"""["']ForCausalLM["']"""),
     "metric metadata (descriptions/directions)": re.compile(
-        r"""["']max_weight["']\s*:\s*(\(|["']|MetricSpec|\{)"""
+        r"""["']max_weight["']\s*:\s*(\(|["']|MetricSpec|\{)|MetricSpec\(\s*["']max_weight["']"""
     ),
     "exit codes": re.compile(r"^\s*EXIT_\w+\s*(,\s*EXIT_\w+\s*)*=", re.M),
 }
