@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from ..defaults import DEFAULT_MODEL, SAMPLES, SEED
 from ..errors import InputError, UsageError
 from ..models.kinds import KINDS, family_kind
 
@@ -61,8 +62,8 @@ _TEMPLATE = """\
 
 [check]
 model = {model}
-samples = 8  # inputs per probe level
-seed = 0     # the same seed gives the same inputs, so runs and baselines stay comparable
+samples = {samples}  # inputs per probe level
+seed = {seed}     # the same seed gives the same inputs, so runs and baselines stay comparable
 requires = [
 {requires}]
 
@@ -107,7 +108,7 @@ _REQUIRES = {
 }
 
 
-def init_config(family: str, model: str = "builtin:every-softmax") -> str:
+def init_config(family: str, model: str = DEFAULT_MODEL) -> str:
     """A commented ssacli.toml with default requirements for ``family``: a kind (icl, causal,
     masked, encoder, seq2seq) or a ``model_type`` such as llama, bert or icl-gpt2. The ICL
     thresholds sit well clear of what builtin:every-softmax measures, so it passes; those for other
@@ -115,5 +116,9 @@ def init_config(family: str, model: str = "builtin:every-softmax") -> str:
     kind = family if family in KINDS else family_kind(family)
     what = "an in-context-learning model" if kind == "icl" else f"a transformers model ({kind})"
     return _TEMPLATE.format(
-        what=what, model=json.dumps(model), requires=_REQUIRES["icl" if kind == "icl" else "lm"]
+        what=what,
+        model=json.dumps(model),
+        samples=SAMPLES,
+        seed=SEED,
+        requires=_REQUIRES["icl" if kind == "icl" else "lm"],
     )

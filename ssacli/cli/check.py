@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..defaults import DEFAULT_MODEL
 from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, UsageError, check_exit_code
 from ..files import write_text
 from .options import AllowDownload, AllowPickle, Device, Dtype, debugging, print_error, progress
@@ -92,7 +93,6 @@ def check_command(
 def _check(model_ref, *, config, require, baseline, max_regression, junit, json_out, quiet, diagnose) -> int:
     from .. import parse_requirement, run_check
     from ..check.config import load_config
-    from ..models.loading import DEFAULT_MODEL
 
     if config is None and Path(CONFIG_FILE).is_file():
         config = Path(CONFIG_FILE)
@@ -182,7 +182,6 @@ def _num(value: float | None) -> str:
 def _init(model_ref: str | None, config: Path | None) -> int:
     """--init: write a commented ssacli.toml for MODEL's kind; never overwrite one."""
     from ..check.config import init_config
-    from ..models.loading import DEFAULT_MODEL
 
     target = config or Path(CONFIG_FILE)
     if target.exists():

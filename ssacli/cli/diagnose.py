@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .. import defaults
 from ..errors import UsageError
 from ..files import check_writable, write_json
 from .options import (
@@ -75,20 +76,26 @@ def _describe(spec: str, as_json: bool) -> None:
 
 
 def diagnose_command(
-    model_ref: OptionalModel = "builtin:every-softmax",
+    model_ref: OptionalModel = defaults.DEFAULT_MODEL,
     probe: list[str] = typer.Option(
         None, help="NAME or NAME:L1,L2,… (repeatable; default: all that apply), e.g. outlier:10,100."
     ),
     scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa:init=faithful."),
     text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
     random_ids: bool = typer.Option(False, "--random", help="Probe with random token ids."),
-    samples: int = typer.Option(8, min=1, help="Sequences per probe level."),
-    length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points); default 64 (40)."),
-    batch_size: int = typer.Option(8, min=1, help="Sequences per forward pass."),
-    seed: int = typer.Option(0, help="Seed of inputs, targets and numbers."),
-    tau: float = typer.Option(0.9, help="A row has collapsed when its largest weight is >= tau."),
-    top_k: int = typer.Option(5, min=1, help="k of the top-k mass metric."),
-    block_size: int = typer.Option(256, min=1, help="Query rows scored at a time (memory O(block × keys))."),
+    samples: int = typer.Option(defaults.SAMPLES, min=1, help="Sequences per probe level."),
+    length: int = typer.Option(
+        None,
+        min=2,
+        help=f"Base length in tokens (ICL: points); default {defaults.PROBE_LENGTH} ({defaults.ICL_POINTS}).",
+    ),
+    batch_size: int = typer.Option(defaults.BATCH_SIZE, min=1, help="Sequences per forward pass."),
+    seed: int = typer.Option(defaults.SEED, help="Seed of inputs, targets and numbers."),
+    tau: float = typer.Option(defaults.TAU, help="A row has collapsed when its largest weight is >= tau."),
+    top_k: int = typer.Option(defaults.TOP_K, min=1, help="k of the top-k mass metric."),
+    block_size: int = typer.Option(
+        defaults.BLOCK_ROWS, min=1, help="Query rows scored at a time (memory O(block × keys))."
+    ),
     device: Device = "auto",
     dtype: Dtype = "auto",
     allow_download: AllowDownload = False,

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..defaults import TAU, TOP_K
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -73,8 +75,6 @@ METRICS: dict[str, MetricSpec] = {
                    "row mass"),
     )
 }  # fmt: skip
-DEFAULT_TAU = 0.9
-DEFAULT_TOP_K = 5
 
 
 @torch.no_grad()
@@ -85,8 +85,8 @@ def row_sums(
     query_valid: torch.Tensor | None = None,
     query_positions: torch.Tensor | None = None,
     target: torch.Tensor | None = None,
-    tau: float = DEFAULT_TAU,
-    top_k: int = DEFAULT_TOP_K,
+    tau: float = TAU,
+    top_k: int = TOP_K,
 ) -> dict[str, torch.Tensor]:
     """Per-head sums of every metric over the counted rows of one block.
 

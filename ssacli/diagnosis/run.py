@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import defaults
 from ..attention.interface import (
     CONFIG_SPEC_ATTR,
     SCORER_ATTR,
@@ -39,12 +40,13 @@ from ..attention.interface import (
     scorers_of,
     supports,
 )
+from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.kinds import ICL_FAMILY, kind_of, max_positions
-from ..models.loading import DEFAULT_MODEL, LoadedModel, load_model
+from ..models.loading import LoadedModel, load_model
 from ..version import __version__
 from .forward import Recorder, forward_batch
-from .metrics import DEFAULT_TAU, DEFAULT_TOP_K, METRICS
+from .metrics import METRICS
 from .probes import (
     ActsOn,
     Probe,
@@ -59,10 +61,6 @@ from .probes import (
 )
 from .result import DiagnoseResult, ProbeResult
 
-DEFAULT_SAMPLES = 8
-DEFAULT_LENGTH = 64  # tokens; ICL models: points (each point is two tokens)
-DEFAULT_ICL_POINTS = 40
-DEFAULT_BLOCK = 256
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
@@ -75,13 +73,13 @@ def diagnose(
     random_ids: bool = False,
     inputs: Sequence[Sequence[int]] | None = None,
     tokenizer: Any = None,
-    samples: int = DEFAULT_SAMPLES,
+    samples: int = defaults.SAMPLES,
     length: int | None = None,
-    batch_size: int = 8,
-    seed: int = 0,
-    tau: float = DEFAULT_TAU,
-    top_k: int = DEFAULT_TOP_K,
-    block_size: int = DEFAULT_BLOCK,
+    batch_size: int = defaults.BATCH_SIZE,
+    seed: int = defaults.SEED,
+    tau: float = defaults.TAU,
+    top_k: int = defaults.TOP_K,
+    block_size: int = defaults.BLOCK_ROWS,
     device: str = "auto",
     dtype: str = "auto",
     allow_download: bool = False,
@@ -206,7 +204,7 @@ def _run(
     layer_of = {id(m): i for i, (_, m) in enumerate(layers)}
     heads = [_layer_heads(m, root, route) for _, m in layers]
     icl = loaded.kind == "icl"
-    length = opts["length"] or (DEFAULT_ICL_POINTS if icl else DEFAULT_LENGTH)
+    length = opts["length"] or (defaults.ICL_POINTS if icl else defaults.PROBE_LENGTH)
     source = None
     if not icl and opts["inputs"] is None:
         vocab = getattr(root.config, "vocab_size", None) or 2

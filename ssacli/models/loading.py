@@ -22,12 +22,12 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
+from ..defaults import DEFAULT_MODEL
 from ..errors import InputError, UnsupportedModelError, UsageError
 from .checkpoint import META_FILE, attach_saved_scorer, quiet_progress
 from .kinds import BUILTIN_PREFIX, ICL_FAMILY, is_local_reference, kind_of, max_positions
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
-DEFAULT_MODEL = "builtin:every-softmax"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
 
