@@ -10,7 +10,7 @@ from transformers import AttentionInterface, AutoConfig, AutoModel
 from transformers.masking_utils import AttentionMaskInterface
 
 import ssacli
-from ssacli.attention.interface import ATTENTION_NAME, SCORER_ATTR, _apply_mask
+from ssacli.attention.interface import ATTENTION_NAME, SCORER_ATTR, register, visibility
 from ssacli.errors import UnsupportedModelError
 
 TOL = 1e-5
@@ -112,8 +112,13 @@ def test_mask_registration_is_load_bearing(padded_batch, monkeypatch):
     ids, mask = padded_batch
     ref, valid = forward(eager, ids, mask)
     assert max_diff_on_valid(ref, forward(ours, ids, mask)[0], valid) <= TOL
-    monkeypatch.delitem(AttentionMaskInterface._global_mapping, ATTENTION_NAME)
-    broken = max_diff_on_valid(ref, forward(ours, ids, mask)[0], valid)
+    # What transformers does without an entry: it passes attention_mask=None. Stand in for the missing
+    # entry with a mask function that returns None, through the public registry only.
+    AttentionMaskInterface.register(ATTENTION_NAME, lambda *args, **kwargs: None)
+    try:
+        broken = max_diff_on_valid(ref, forward(ours, ids, mask)[0], valid)
+    finally:
+        register()
     assert broken > 1e-3, "dropping the mask registration went unnoticed"
 
 
@@ -209,12 +214,12 @@ def test_missing_mask_on_a_causal_module_is_bottom_right_causal():
     module = torch.nn.Module()
     module.is_causal = True
     logits = torch.randn(1, 2, 3, 5)
-    _, visible = _apply_mask(logits, None, module, None)
+    _, visible = visibility(logits, None, module, {})
     expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     assert visible.shape == (1, 1, 3, 5) and torch.equal(visible[0, 0], expected)  # 4-D like HF masks
     module.is_causal = False
-    assert _apply_mask(logits, None, module, None)[1] is None
-    assert _apply_mask(logits[..., :1, :], None, module, True)[1] is None  # one query sees all
+    assert visibility(logits, None, module, {})[1] is None
+    assert visibility(logits[..., :1, :], None, module, {"is_causal": True})[1] is None  # one query sees all
 
 
 def test_float_additive_mask_keeps_its_bias_and_its_holes():
@@ -222,7 +227,7 @@ def test_float_additive_mask_keeps_its_bias_and_its_holes():
     logits = torch.zeros(1, 1, 2, 3)
     fill = torch.finfo(torch.float32).min
     mask = torch.tensor([[[[0.5, fill, -1.0], [fill, fill, 2.0]]]])
-    biased, visible = _apply_mask(logits, mask, module, None)
+    biased, visible = visibility(logits, mask, module, {})
     assert torch.equal(visible, mask > fill / 2)
     assert torch.equal(biased[visible], mask[visible]) and torch.equal(biased[~visible], logits[~visible])
 
@@ -230,8 +235,8 @@ def test_float_additive_mask_keeps_its_bias_and_its_holes():
 def test_registered_names_are_plain():
     assert "/" not in ATTENTION_NAME
     ssacli.attention.interface.register()
-    assert ATTENTION_NAME in AttentionInterface._global_mapping
-    assert ATTENTION_NAME in AttentionMaskInterface._global_mapping
+    assert ATTENTION_NAME in AttentionInterface()
+    assert ATTENTION_NAME in AttentionMaskInterface()
 
 
 def test_spec_survives_save_pretrained(tmp_path):

@@ -17,7 +17,7 @@ from conftest import FAMILIES, VOCAB, build_model, clone
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssacli
-from ssacli.attention.interface import SCORER_ATTR, _eager_reason, observing
+from ssacli.attention.interface import SCORER_ATTR, eager_reason, observing
 from ssacli.errors import UsageError
 from ssacli.kernels.blocked import compile_enabled
 from ssacli.kernels.fused import softmax_attention, ssa_attention
@@ -248,9 +248,11 @@ def test_compiling_is_for_large_training_calls(monkeypatch):
     import ssacli.kernels.fused
 
     seen = []
-    original = ssacli.kernels.blocked._run
+    original = ssacli.kernels.blocked.run_block
     monkeypatch.setattr(
-        ssacli.kernels.blocked, "_run", lambda name, compiled, *a: seen.append(compiled) or original(name, False, *a)
+        ssacli.kernels.blocked,
+        "run_block",
+        lambda name, compiled, *a: seen.append(compiled) or original(name, False, *a),
     )
     monkeypatch.setattr(ssacli.kernels.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37)  # this case's logits
     case = Case()
@@ -314,7 +316,7 @@ def test_compiled_kernels_match_the_reference():
         assert_close(out, ref, OUT_TOL, "compiled output")
         for label, g, w in zip("qkvbn", got, grads(ref, (q, k, v, b, n), upstream)):
             assert_close(g, w, GRAD_TOL, f"compiled grad {label}")
-    assert set(ssacli.kernels.blocked._COMPILED) == {"fwd", "bwd"}  # the compiled kernels really ran
+    assert ssacli.kernels.blocked.compiled_kernels() == {"fwd", "bwd"}  # the compiled kernels really ran
 
 
 # ---- dropout --------------------------------------------------------------------------------------
@@ -651,10 +653,10 @@ def test_softcap_and_position_bias_run_eager(family, padded_batch):
 
 def test_a_float_mask_needs_the_eager_path():
     scorer = ssacli.make_scorer("ssa", num_heads=2)
-    assert _eager_reason(scorer, torch.zeros(1, 1, 2, 2), {}) is not None
-    assert _eager_reason(scorer, torch.ones(1, 1, 2, 2, dtype=torch.bool), {}) is None
-    assert _eager_reason(scorer, None, {"softcap": 2.0}) is not None
-    assert _eager_reason(ssacli.make_scorer("sparsemax"), None, {}) is not None
+    assert eager_reason(scorer, torch.zeros(1, 1, 2, 2), {}) is not None
+    assert eager_reason(scorer, torch.ones(1, 1, 2, 2, dtype=torch.bool), {}) is None
+    assert eager_reason(scorer, None, {"softcap": 2.0}) is not None
+    assert eager_reason(ssacli.make_scorer("sparsemax"), None, {}) is not None
 
 
 def test_unknown_backend_is_a_usage_error():

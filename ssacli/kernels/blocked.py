@@ -56,9 +56,22 @@ _COMPILED: dict[str, object] = {}
 _COMPILE_FAILED: list[str] = []
 
 
+def compile_setting() -> str:
+    """The SSACLI_COMPILE environment variable, read here only: "0" never compiles the block math,
+    "1" always does, anything else (unset: "auto") leaves it to
+    :func:`ssacli.kernels.fused.should_compile` (large training calls)."""
+    setting = os.environ.get("SSACLI_COMPILE", "auto")
+    return setting if setting in ("0", "1") else "auto"
+
+
 def compile_enabled() -> bool:
     """Whether the block math may be compiled: not switched off (SSACLI_COMPILE=0) and not failed."""
-    return os.environ.get("SSACLI_COMPILE", "1") != "0" and not _COMPILE_FAILED
+    return compile_setting() != "0" and not _COMPILE_FAILED
+
+
+def compiled_kernels() -> frozenset[str]:
+    """The block kernels ("fwd", "bwd") compiled so far in this process."""
+    return frozenset(_COMPILED)
 
 
 def _kernels(compiled: bool):
@@ -71,9 +84,11 @@ def _kernels(compiled: bool):
     return _COMPILED["fwd"], _COMPILED["bwd"]
 
 
-def _run(name: str, compiled: bool, *args):
-    """Call block kernel ``name``; if compiling fails (no C++ compiler, an unsupported platform), say
-    so once and go on with the eager kernel, which computes the same thing."""
+def run_block(name: str, compiled: bool, *args):
+    """Call block kernel ``name`` ("fwd" or "bwd"), compiled if ``compiled``: the one call site of the
+    per-block math (tests observe the ``compiled`` decision here). If compiling fails (no C++
+    compiler, an unsupported platform), say so once and go on with the eager kernel, which computes
+    the same thing."""
     index = 0 if name == "fwd" else 1
     # A 1-row or 1-key block would be one more specialization to compile; it is cheap in eager.
     if compiled and compile_enabled() and min(args[0].shape[-2:]) > 1:
@@ -198,7 +213,7 @@ class BlockedSSA(torch.autograd.Function):
             acc = row_max = row_sum = None
             for cols in spans:
                 y = torch.matmul(qb, key_t[..., cols]).view(batch, kv_heads, groups, width, -1)
-                p, m, s = _run("fwd", compiled, plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4)
+                p, m, s = run_block("fwd", compiled, plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4)
                 p = plan.kept(p.view(batch, kv_heads, groups * width, -1), rows, cols)
                 pv = torch.matmul(p, value[..., cols, :])
                 pv = pv.view(batch, kv_heads, groups, width, -1)
@@ -239,7 +254,7 @@ class BlockedSSA(torch.autograd.Function):
             for cols in spans:
                 y = torch.matmul(qb, key_t[..., cols]).view(batch, kv_heads, groups, width, -1)
                 dp = plan.kept(torch.matmul(gob, value_t[..., cols]), rows, cols).view_as(y)
-                p, dy, dn_part = _run(
+                p, dy, dn_part = run_block(
                     "bwd", compiled, plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4,
                     lse[:, :, :, rows].flatten(1, 2), dp.flatten(1, 2), delta[:, :, :, rows].flatten(1, 2),
                 )  # fmt: skip

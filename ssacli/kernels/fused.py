@@ -19,11 +19,9 @@ under their K/V head and b, n broadcast per group.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
+from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA, compile_setting
 
 # Below this many logits per call (batch × heads × queries × keys) the block math runs uncompiled:
 # compiling saves a few ms per call at most there, against seconds of compiling (crossover measured
@@ -107,8 +105,8 @@ def should_compile(logits: int, training: bool) -> bool:
     """The default for ``compile=None``. SSACLI_COMPILE=0 never compiles, =1 always does; unset (or
     auto), only training calls with at least COMPILE_MIN_LOGITS logits: a training run makes enough
     such calls to repay the seconds of compiling, a one-off evaluation usually does not."""
-    setting = os.environ.get("SSACLI_COMPILE", "auto")
-    if setting in ("0", "1"):
+    setting = compile_setting()
+    if setting != "auto":
         return setting == "1"
     return training and logits >= COMPILE_MIN_LOGITS
 
@@ -138,10 +136,18 @@ def softmax_attention(
         below = keys <= torch.arange(k_len - q_len, k_len, device=query.device)[:, None]
         mask = below if mask is None else mask & below
         causal = False
-    return torch.nn.functional.scaled_dot_product_attention(
+    empty = None
+    if mask is not None:
+        # A row with no visible key (a padded query) is NaN in some SDPA backends (float64's math
+        # kernel), and a NaN there reaches real rows through the next layer's 0-weight keys. Such
+        # rows see every key instead (no NaN forward or backward), and their output is set to 0.
+        empty = ~mask.any(dim=-1, keepdim=True)
+        mask = mask | empty
+    out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=causal and q_len > 1,
         scale=scale, enable_gqa=query.shape[1] != key.shape[1],
     )  # fmt: skip
+    return out if empty is None else out.masked_fill(empty, 0.0)
 
 
 # ---- flex_attention (CUDA) ------------------------------------------------------------------------
