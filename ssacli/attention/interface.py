@@ -537,14 +537,9 @@ def _family(model: nn.Module) -> str:
 _POSITIONAL = frozenset({"module", "query", "key", "value", "attention_mask"})
 
 
-@cache
-def passed_arguments(cls: type) -> frozenset[str]:
-    """The keyword names ``cls.forward`` passes to its attention function, read from its source
-    (``**kwargs`` passed through are checked at call time by :func:`check_arguments`)."""
-    try:
-        source = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return frozenset()
+def attention_call_arguments(source: str) -> frozenset[str]:
+    """The keyword names passed by every ``attention_interface(...)`` call in ``source`` (the call's
+    own arguments, not those of calls nested in them), positional parameters excluded."""
     names: set[str] = set()
     for match in re.finditer(r"attention_interface\(", source):
         depth, i, start = 1, match.end(), match.end()
@@ -552,11 +547,21 @@ def passed_arguments(cls: type) -> frozenset[str]:
             depth += {"(": 1, ")": -1}.get(source[i], 0)
             i += 1
         top, depth = [], 0
-        for char in source[start : i - 1]:  # only the call's own arguments, not nested calls'
+        for char in source[start : i - 1]:
             depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(char, 0)
             top.append(char if depth == 0 or char in "([{" else " ")
         names.update(re.findall(r"(?<![\w*])(\w+)\s*=(?!=)", "".join(top)))
     return frozenset(names - _POSITIONAL)
+
+
+@cache
+def passed_arguments(cls: type) -> frozenset[str]:
+    """The keyword names ``cls.forward`` passes to its attention function, read from its source
+    (``**kwargs`` passed through are checked at call time by :func:`check_arguments`)."""
+    try:
+        return attention_call_arguments(inspect.getsource(cls.forward))
+    except (OSError, TypeError):
+        return frozenset()
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
