@@ -12,3 +12,4 @@ ICL_POINTS = 40  # base length of ICL prompts, in (x, y) points
 BLOCK_ROWS = 256  # query rows scored at a time: memory O(block × keys)
 TAU = 0.9  # a row has collapsed when its largest weight is >= TAU
 TOP_K = 5  # k of the top-k mass metric
+SINK_EPS = 0.3  # a head is an attention sink when its mean weight on the first token exceeds this (Gu et al.)

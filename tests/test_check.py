@@ -110,7 +110,7 @@ def test_valid_requirements_parse(text, fields):
         ("entropy@embed-scale:16 >=", "no threshold"),
         ("entropy >= 0.3", "name the probe"),
         ("entropi@embed-scale:16 >= 0.3", "collapse_rate, effective_tokens"),
-        ("entropy@embed:16 >= 0.3", "embed-scale, outlier, logit-scale"),
+        ("entropy@embed:16 >= 0.3", "embed-scale, outlier, key-scale, logit-scale"),
         ("entropy@embed-scale >= 0.3", "default levels: 1,2,4,8,16,32"),
         ("entropy@embed-scale:4,16 >= 0.3", "one level"),
         ("entropy@numeric:2.5 >= 0.3", "whole number"),
@@ -120,7 +120,7 @@ def test_valid_requirements_parse(text, fields):
         ("entropy@embed-scale:16[layer=3-1] >= 0.3", "empty"),
         ("entropy@embed-scale:16[layer=a] >= 0.3", "range A-B"),
         ("entropy@embed-scale:16[layer=1,layer=2] >= 0.3", "twice"),
-        ("outlier_capture@embed-scale:16 <= 0.3", "outlier, dominant-key"),
+        ("outlier_capture@embed-scale:16 <= 0.3", "outlier, key-scale, dominant-key"),
     ],
 )
 def test_bad_requirements_name_the_expression_the_problem_and_an_example(text, words):

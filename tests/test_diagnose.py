@@ -46,7 +46,7 @@ from ssacli.models.loading import load_model
 
 TAU, TOP_K = 0.9, 5
 LENGTHS = (9, 6, 4)  # one padded batch of three: right padding 0, 3 and 5
-ROW_METRICS = [m for m in METRICS if m != "outlier_capture"]
+ROW_METRICS = [m for m in METRICS if m not in ("outlier_capture", "learned_sink")]  # no learned sinks here
 SOFT_CLI = {"COLUMNS": "200"}
 
 
@@ -459,16 +459,19 @@ def test_saved_folder_with_tokenizer_runs_every_probe_and_numeric_grows_with_dig
     # (every template holds the number two or three times), the same for every level.
     grow = np.diff(numeric.rows[:, 0])
     assert len(set(grow.tolist())) == 1 and 2 * samples <= grow[0] <= 3 * samples, numeric.rows[:, 0]
-    length = result.probe("length")  # 24, 48, 96 tokens: the last capped at 64 positions
-    assert length.rows[:, 0].tolist() == [samples * 23, samples * 47, samples * 63]
-    assert length.note == "inputs capped at the model's 64 positions"
+    # Default length levels double the base up to the model's 64 positions: 24, 48 tokens; level m
+    # runs ceil(samples / m) sequences (about the same tokens per level).
+    length = result.probe("length")
+    assert length.levels == [1.0, 2.0] and length.extras["tokens"] == [24.0, 48.0]
+    assert length.rows[:, 0].tolist() == [samples * 23, 1 * 47] and length.note is None
     assert result.probe("embed-scale").rows[:, 0].tolist() == [samples * 23] * 6
 
 
 def test_length_probe_rows_without_a_cap():
     result = diagnose(build_model("bert"), ["length:1,2,3"], samples=2, length=6)  # random ids, no tokenizer
     assert result.settings["inputs"] == "random token ids"
-    assert result.probe("length").rows[:, 0].tolist() == [12, 24, 36] and result.probe("length").note is None
+    # level m runs ceil(2 / m) sequences of 6·m tokens, every row counted
+    assert result.probe("length").rows[:, 0].tolist() == [12, 12, 18] and result.probe("length").note is None
 
 
 # ---- every supported family -------------------------------------------------------------------------

@@ -475,6 +475,11 @@ def _observed_attention(module, scorer, observer, query, key, value, mask, scali
     """The same attention, one block of query rows at a time: extra memory O(block × k)."""
     q_total, k_len = query.shape[-2], key.shape[-2]
     block = max(1, int(observer.block_size))
+    # Optional observer seam (diagnose's key-scale probe): the keys as this call received them
+    # (after projection, norm and rotary; K/V heads already repeated), changed before any logit.
+    transform_key = getattr(observer, "transform_key", None)
+    if transform_key is not None:
+        key = transform_key(key, module)
     positions = torch.arange(k_len - q_total, k_len, device=query.device)
     outputs = []
     for start in range(0, q_total, block):

@@ -98,13 +98,35 @@ class Requirement:
             )
         if self.metric not in probe.metrics:
             return math.nan
-        values = probe.metrics[self.metric][index]  # [layer, head]
-        values = values[_pick(self.layers, values.shape[0], "layer", self.text)]
-        values = values[:, _pick(self.heads, values.shape[1], "head", self.text)]
+        values = self._selected(probe, index)
         finite = values[np.isfinite(values)]
         if finite.size == 0:
             return math.nan
         return float({"mean": np.mean, "max": np.max, "min": np.min}[self.aggregate](finite))
+
+    def _index(self, probe) -> int | None:
+        return next((i for i, lv in enumerate(probe.levels) if math.isclose(lv, self.level)), None)
+
+    def _selected(self, probe, index: int) -> np.ndarray:
+        values = probe.metrics[self.metric][index]  # [layer, head]
+        values = values[_pick(self.layers, values.shape[0], "layer", self.text)]
+        return values[:, _pick(self.heads, values.shape[1], "head", self.text)]
+
+    def worst_head(self, result: DiagnoseResult) -> tuple[int, int, float] | None:
+        """(layer, head, value) of the most saturated selected head at this level (None if undefined)."""
+        probe = result.probe(self.probe)
+        index = self._index(probe)
+        if index is None or self.metric not in probe.metrics:
+            return None
+        values = self._selected(probe, index)
+        if not np.isfinite(values).any():
+            return None
+        sign = -1.0 if self.direction == "low" else 1.0
+        flat = int(np.nanargmax(np.where(np.isfinite(values), sign * values, -np.inf)))
+        layer, head = np.unravel_index(flat, values.shape)
+        layer0 = self.layers[0] if self.layers else 0
+        head0 = self.heads[0] if self.heads else 0
+        return int(layer) + layer0, int(head) + head0, float(values[layer, head])
 
     def evaluate(
         self,
@@ -116,6 +138,16 @@ class Requirement:
         not moved towards saturation by more than that (absolute). An undefined value fails: a gate
         that cannot be measured must not pass silently."""
         measured = self.measure(result)
+        probe = result.probe(self.probe)
+        flow = probe.overflowed(self._index(probe))
+        if flow:
+            layer = flow.get("layer")
+            at = f"layer {layer} ({flow.get('where')})" if layer is not None else str(flow.get("where"))
+            return Outcome(
+                False, math.nan,
+                f"overflow: {self.probe}:{self.level:g} made the forward non-finite (first at {at}); "
+                "the level measures nothing",
+            )  # fmt: skip
         if not math.isfinite(measured):
             note = result.probe(self.probe).note
             why = f": {note}" if note else " (no counted rows in the selected heads)"
@@ -123,6 +155,10 @@ class Requirement:
         passed = _OPS[self.op](measured, self.value)
         shown = f"measured {measured:.4g} {self.op if passed else _NEGATED[self.op]} {self.value:g}"
         parts = [shown if passed else f"{shown} (required {self.op} {self.value:g})"]
+        if not passed:
+            worst = self.worst_head(result)
+            if worst is not None:
+                parts.append(f"worst: layer {worst[0]} head {worst[1]} = {worst[2]:.4g}")
         before = None
         if baseline is not None:
             before, note = self._baseline_value(baseline)

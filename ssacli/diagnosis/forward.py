@@ -23,8 +23,27 @@ from torch.nn import functional as F
 from ..attention.interface import observing
 from ..errors import UnsupportedModelError
 from ..models.loading import LoadedModel
-from .metrics import HeadStats, row_sums
+from .metrics import HeadStats, LayerStats, row_sums
 from .probes import ActsOn, Effect, Probe, ProbeBatch, ProbeKind, icl_tokens
+
+
+def block_name(attention_name: str) -> str:
+    """The block (decoder/encoder layer) an attention module sits in: its name up to the last
+    numeric component ("model.layers.3.self_attn" -> "model.layers.3"), else its parent."""
+    parts = attention_name.split(".")
+    numeric = [i for i, p in enumerate(parts) if p.isdigit()]
+    return ".".join(parts[: numeric[-1] + 1] if numeric else parts[:-1])
+
+
+class Overflow:
+    """Where a forward first produced a non-finite value (or a norm's sum of squares overflowed)."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, Any] | None = None  # {"layer": index or None, "where": module or stage}
+
+    def note(self, layer: int | None, where: str) -> None:
+        if self.first is None:
+            self.first = {"layer": layer, "where": where}
 
 
 class Recorder:
@@ -36,28 +55,98 @@ class Recorder:
         self.layer_of = layer_of
         self.tau, self.top_k, self.block_size, self.causal = tau, top_k, block_size, causal
         self.stats: dict[int, HeadStats] = {}
+        self.layers: dict[int, LayerStats] = {}  # logits' scale, hidden states
+        self.overflow = Overflow()
         self.valid: torch.Tensor | None = None  # [b, t] real tokens of the current batch
         self.target: torch.Tensor | None = None  # [b] target token of the current batch (outlier_capture)
+        self.pending: dict[int, torch.Tensor] = {}  # the logits of the block about to be recorded
 
     def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        self.note_logits(logits, module)
         return logits
 
-    def record(self, module, weights, visible, query_positions) -> None:
+    def note_logits(self, logits: torch.Tensor, module: nn.Module) -> None:
+        """Keep the block's logits (as the scorer will see them) until :meth:`record` knows its rows."""
         layer = self.layer_of.get(id(module))
         if layer is None:
             return
+        if not torch.isfinite(logits).all():
+            self.overflow.note(layer, "attention logits")
+        self.pending[layer] = logits
+
+    def layer_stats(self, layer: int) -> LayerStats:
+        if layer not in self.layers:
+            self.layers[layer] = LayerStats()
+        return self.layers[layer]
+
+    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+        layer = self.layer_of.get(id(module))
+        if layer is None:
+            return
+        if not torch.isfinite(weights).all():
+            self.overflow.note(layer, "attention weights")
         k = weights.shape[-1]
         valid = target = None
         if self.valid is not None and self.valid.shape[-1] == k:  # keys are this batch's tokens
             valid = self.valid.to(weights.device)[:, query_positions]
             target = self.target
+        logits = self.pending.pop(layer, None)
+        if logits is not None and logits.shape == weights.shape:
+            self._logit_scale(layer, logits, visible, valid, target, query_positions)
         sums = row_sums(
             weights, visible, query_valid=valid, query_positions=query_positions,
-            target=target, tau=self.tau, top_k=self.top_k,
+            target=target, tau=self.tau, top_k=self.top_k, sink=sink,
         )  # fmt: skip
         if layer not in self.stats:
             self.stats[layer] = HeadStats(weights.shape[1])
         self.stats[layer].add(sums)
+
+    def _logit_scale(self, layer, logits, visible, valid, target, query_positions) -> None:
+        b, h, q, k = logits.shape
+        rows = torch.ones(1, 1, q, k, dtype=torch.bool, device=logits.device)
+        if visible is not None:
+            rows = rows & visible
+        if valid is not None:
+            rows = rows & valid.bool().reshape(b, 1, q, 1)
+        rows = rows & torch.isfinite(logits)
+        at_target = None
+        if target is not None:
+            column = F.one_hot(target.to(logits.device).long(), k).bool().reshape(b, 1, 1, k)
+            positions = query_positions.to(logits.device).reshape(1, 1, q, 1)
+            itself = positions == target.to(logits.device).reshape(b, 1, 1, 1)
+            at_target = rows & column & ~itself
+        self.layer_stats(layer).add_logits(logits, rows, at_target)
+
+    def hidden_hook(self, layer: int):
+        """Forward hook on a block: its output's values on real tokens feed the layer's massive
+        activations and kurtosis; a non-finite output is an overflow."""
+
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or not hidden.is_floating_point():
+                return
+            if not torch.isfinite(hidden).all():
+                self.overflow.note(layer, f"layer {layer} output")
+            if self.valid is not None and self.valid.shape == hidden.shape[:2]:
+                values = hidden[self.valid.to(hidden.device)]
+            else:
+                values = hidden.flatten(0, 1)
+            self.layer_stats(layer).add_hidden(values.detach().float().flatten())
+
+        return hook
+
+    def norm_hook(self, layer: int | None, name: str):
+        """Forward pre-hook on a normalization module: an input whose sum of squares is not finite
+        in float32 overflows the norm (RMSNorm turns it into zeros, LayerNorm into NaN)."""
+
+        def hook(module, args):
+            x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if x is None or not x.is_floating_point():
+                return
+            if not torch.isfinite(x.float().pow(2).sum(-1)).all():
+                self.overflow.note(layer, name)
+
+        return hook
 
     def fallback_hook(self, module, args, output):
         """Forward hook for eager-fallback attention modules: reduce the weights, then drop them."""
@@ -88,19 +177,31 @@ class Recorder:
         return visible
 
 
-class LogitProbe:
-    """The Observer ssacli's attention sees under a logit probe: the probe's ``effect`` on every
-    call's logits, then the :class:`Recorder`'s reduction of the weights."""
+class ProbeObserver:
+    """The Observer ssacli's attention sees under a key or logit probe: the probe's ``effect`` on
+    every call's keys (``transform_key``, before the logits are formed) or logits (``transform``),
+    then the :class:`Recorder`'s reduction."""
 
-    def __init__(self, recorder: Recorder, effect: Effect, level: float, target: torch.Tensor | None):
-        self.recorder, self.effect, self.level, self.target = recorder, effect, level, target
+    def __init__(self, recorder: Recorder, kind: ProbeKind, level: float, target: torch.Tensor | None):
+        self.recorder, self.kind, self.level, self.target = recorder, kind, level, target
         self.block_size = recorder.block_size
 
-    def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
-        return self.effect(logits, self.level, self.target)
+    def transform_key(self, key: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        if self.kind.acts_on is ActsOn.KEYS and key.shape[0] == self.target.shape[0]:
+            return self.kind.effect(key, self.level, self.target)
+        return key
 
-    def record(self, module, weights, visible, query_positions) -> None:
-        self.recorder.record(module, weights, visible, query_positions)
+    def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        if self.kind.acts_on is ActsOn.LOGITS:
+            logits = self.kind.effect(logits, self.level, self.target)
+        self.recorder.note_logits(logits, module)
+        return logits
+
+    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+        self.recorder.record(module, weights, visible, query_positions, sink)
+
+
+LogitProbe = ProbeObserver  # the name before key probes existed
 
 
 def forward_batch(
@@ -112,23 +213,45 @@ def forward_batch(
     kind = probe.kind
     recorder.valid = batch.valid
     recorder.target = batch.target
-    observer: Recorder | LogitProbe = recorder
-    if kind.acts_on is ActsOn.LOGITS and kind.changes(level):
-        observer = LogitProbe(recorder, kind.effect, level, batch.target)
+    observer: Recorder | ProbeObserver = recorder
+    if kind.acts_on in (ActsOn.KEYS, ActsOn.LOGITS) and kind.changes(level):
+        observer = ProbeObserver(recorder, kind, level, batch.target)
     device = loaded.device
-    hooks = []
+    hooks = _watch_hooks(loaded, recorder, layers)
     if route == "eager-fallback":
-        hooks = [m.register_forward_hook(recorder.fallback_hook) for _, m in layers]
+        hooks += [m.register_forward_hook(recorder.fallback_hook) for _, m in layers]
     try:
         with torch.inference_mode(), observing(observer):
             if loaded.kind == "icl":
-                return _icl_forward(loaded, kind, level, batch, device)
-            if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
-                hooks.append(_embedding_hook(loaded, kind.effect, level, batch.target))
-            return _hf_forward(loaded, route, batch, device)
+                extras = _icl_forward(loaded, kind, level, batch, device, recorder)
+            else:
+                if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
+                    hooks.append(_embedding_hook(loaded, kind.effect, level, batch.target))
+                extras = _hf_forward(loaded, route, batch, device, recorder)
     finally:
         for hook in hooks:
             hook.remove()
+        recorder.pending.clear()
+    return extras
+
+
+def _watch_hooks(loaded: LoadedModel, recorder: Recorder, layers: list[tuple[str, nn.Module]]) -> list:
+    """Hooks that watch without changing anything: each block's output (massive activations,
+    kurtosis, overflow) and each normalization module's input (overflow)."""
+    root = loaded.attention_root
+    modules = dict(root.named_modules())
+    hooks = []
+    blocks: dict[str, int] = {}
+    for index, (name, _) in enumerate(layers):
+        block = block_name(name)
+        if block in modules and block not in blocks and block != name:
+            blocks[block] = index
+            hooks.append(modules[block].register_forward_hook(recorder.hidden_hook(index)))
+    for name, module in modules.items():
+        if "norm" in type(module).__name__.lower() and not list(module.children()):
+            layer = next((i for b, i in blocks.items() if name.startswith(b + ".")), None)
+            hooks.append(module.register_forward_pre_hook(recorder.norm_hook(layer, name)))
+    return hooks
 
 
 def _embedding_hook(loaded: LoadedModel, effect: Effect, level: float, target: torch.Tensor | None):
@@ -145,7 +268,9 @@ def _embedding_hook(loaded: LoadedModel, effect: Effect, level: float, target: t
     return embedding.register_forward_hook(apply)
 
 
-def _hf_forward(loaded: LoadedModel, route: str, batch: ProbeBatch, device) -> dict[str, tuple[float, float]]:
+def _hf_forward(
+    loaded: LoadedModel, route: str, batch: ProbeBatch, device, recorder: Recorder
+) -> dict[str, tuple[float, float]]:
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if loaded.kind == "seq2seq":
@@ -156,15 +281,21 @@ def _hf_forward(loaded: LoadedModel, route: str, batch: ProbeBatch, device) -> d
         kwargs["output_attentions"] = True  # some eager paths only compute weights when asked
     out = loaded.model(**kwargs)
     logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor) and not torch.isfinite(logits).all():
+        recorder.overflow.note(None, "output logits")
     if loaded.kind != "causal" or logits is None or logits.shape[:2] != ids.shape:
         return {}
     keep = (mask[:, 1:] * mask[:, :-1]).bool()
     losses = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
     losses = losses.view_as(keep)[keep]
+    if not torch.isfinite(losses).all():
+        recorder.overflow.note(None, "loss")
     return {"loss": (float(losses.sum()), float(losses.numel()))}
 
 
-def _icl_forward(loaded: LoadedModel, kind: ProbeKind, level: float, batch: ProbeBatch, device) -> dict:
+def _icl_forward(
+    loaded: LoadedModel, kind: ProbeKind, level: float, batch: ProbeBatch, device, recorder: Recorder
+) -> dict:
     from ..icl.evaluate import FIRST_SCORED
 
     model = loaded.model
@@ -175,6 +306,8 @@ def _icl_forward(loaded: LoadedModel, kind: ProbeKind, level: float, batch: Prob
     tokens, ys = icl_tokens(model.spec.task, xs, batch.coef)
     dtype = next(model.parameters()).dtype
     predictions = model(tokens.to(device, dtype)).float().cpu()
+    if not torch.isfinite(predictions).all():
+        recorder.overflow.note(None, "predictions")
     scored = slice(FIRST_SCORED - 1, None)
     if model.spec.task == "linear":
         errors = (predictions[:, scored] - ys[:, scored]) ** 2
@@ -183,4 +316,4 @@ def _icl_forward(loaded: LoadedModel, kind: ProbeKind, level: float, batch: Prob
     return {"error": (float(errors.sum()), float(errors.numel()))}
 
 
-__all__ = ["LogitProbe", "Recorder", "forward_batch"]
+__all__ = ["LogitProbe", "Overflow", "ProbeObserver", "Recorder", "block_name", "forward_batch"]

@@ -14,7 +14,10 @@ are compared on the shape of their attention; ``row_mass`` reports Σw itself.
 * max_weight: max p; collapse_rate: share of rows with max p >= tau;
 * effective_tokens: exp H(p); topk_mass: sum of the k largest p (k capped by N_i);
 * sink_mass: p at key 0; outlier_capture: p at the probe's target key, over the rows that see it
-  (the target's own row excluded).
+  (the target's own row excluded);
+* learned_sink (models with learned sinks, gpt-oss): the weight the row gave the sink key, under
+  softmax 1 - Σ_j w_j, over every real query row (a row that parks all its mass there included);
+  NaN for models without learned sinks. The shape metrics above read the real keys renormalized.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..defaults import TAU, TOP_K
+from ..defaults import SINK_EPS, TAU, TOP_K
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,35 @@ METRICS: dict[str, MetricSpec] = {
                    True, True, "capture", "capt", compared=True),
         MetricSpec("row_mass", "sum of the row's weights (1 for normalized scorers)", None, False, "row mass",
                    "row mass"),
+        MetricSpec("learned_sink",
+                   "weight on the model's learned sink key (gpt-oss), 1 - row mass under softmax; NaN (n/a) "
+                   "for models without learned sinks", True, True, "learned sink", "lsink"),
+        MetricSpec("sink_rate",
+                   f"1 if the head's mean weight on the first token exceeds {SINK_EPS} (Gu et al. 2024), "
+                   "else 0: the layer or model mean is the share of sink heads", True, True, "sink rate",
+                   "sinkr", compared=True),
+    )
+}  # fmt: skip
+
+# Per layer (not per head): the logits' scale (where a probe acts) and the hidden states (massive
+# activations, Sun et al. 2024; kurtosis). Arrays [level, layer]; read by the same reports.
+LAYER_METRICS: dict[str, MetricSpec] = {
+    m.name: m
+    for m in (
+        MetricSpec("logit_rms", "RMS of the attention logits the scorer sees (visible keys, counted rows)",
+                   None, False, "logit rms", "lrms"),
+        MetricSpec("target_logit_rms", "RMS of the logits on the probe's target key (rows that see it)",
+                   None, False, "target rms", "trms"),
+        MetricSpec("massive_top1", "largest |hidden state| of the layer's output (real tokens)", True, False,
+                   "top |h|", "top1"),
+        MetricSpec("massive_top2", "second largest |hidden state|", True, False, "2nd |h|", "top2"),
+        MetricSpec("massive_top3", "third largest |hidden state|", True, False, "3rd |h|", "top3"),
+        MetricSpec("hidden_median", "median |hidden state| (mean of the per-batch lower medians)", None,
+                   False, "median |h|", "med"),
+        MetricSpec("massive_ratio", "massive_top1 / hidden_median (Sun et al. 2024: massive when > ~1000)",
+                   True, False, "top/median", "ratio"),
+        MetricSpec("kurtosis", "kurtosis E[(h-mu)^4]/var^2 of the layer's output values (Gaussian: 3)",
+                   True, False, "kurtosis", "kurt"),
     )
 }  # fmt: skip
 
@@ -87,13 +119,16 @@ def row_sums(
     target: torch.Tensor | None = None,
     tau: float = TAU,
     top_k: int = TOP_K,
+    sink: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-head sums of every metric over the counted rows of one block.
 
     weights [b, h, q, k]; visible bool, broadcastable to it (None = all visible); query_valid
     [b, q] bool (None = all valid); query_positions [q]: each row's key index (to exclude the
     target's own row; default: bottom-right aligned, q rows ending at key k-1); target [b]: the
-    key index whose captured mass ``outlier_capture`` measures (None = not measured).
+    key index whose captured mass ``outlier_capture`` measures (None = not measured); sink [b, h, q]:
+    the weight each row gave the model's learned sink key (None = the model has none), summed over
+    valid query rows into ``learned_sink`` and counted in ``sink_rows``.
     Returns float64 tensors [h]: ``<metric>`` sums, ``rows`` and ``capture_rows`` counts.
     """
     b, h, q, k = weights.shape
@@ -124,6 +159,12 @@ def row_sums(
     }
     sums = {name: _sum_heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
     sums["rows"] = _sum_heads(counted.double())
+    if sink is not None:  # every real query row: one that gives the sink everything counts most
+        sink_rows = torch.isfinite(sink).expand(b, h, q)
+        if query_valid is not None:
+            sink_rows = sink_rows & query_valid.to(torch.bool).reshape(b, 1, q)
+        sums["learned_sink"] = _sum_heads(torch.where(sink_rows, sink.float(), 0.0))
+        sums["sink_rows"] = _sum_heads(sink_rows.double())
     if target is None:
         sums["outlier_capture"] = torch.zeros(h, dtype=torch.float64, device=w.device)
         sums["capture_rows"] = torch.zeros(h, dtype=torch.float64, device=w.device)
@@ -176,8 +217,86 @@ class HeadStats:
             return {name: empty.copy() for name in METRICS}
         out = {}
         for name in METRICS:
-            count = self.sums["capture_rows" if name == "outlier_capture" else "rows"].numpy()
+            if name == "sink_rate":
+                continue
+            if name == "learned_sink" and "sink_rows" not in self.sums:
+                out[name] = empty.copy()  # no learned sink in this layer
+                continue
+            counter = {"outlier_capture": "capture_rows", "learned_sink": "sink_rows"}.get(name, "rows")
+            count = self.sums[counter].numpy()
             total = self.sums[name].numpy()
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[name] = np.where(count > 0, total / np.maximum(count, 1), math.nan)
+        out["sink_rate"] = sink_indicator(out["sink_mass"])
         return out
+
+
+def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:
+    """Gu et al. (2024): 1 where a head's mean weight on the first token exceeds ``eps``, 0 where it
+    does not, NaN where it is undefined. Its mean over heads is the sink rate."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(sink_mass), (sink_mass > eps).astype(float), math.nan)
+
+
+class LayerStats:
+    """Running per-layer sums: the logits' sum of squares (all and at the target key) and the
+    layer output's top-3 |h|, per-batch medians and raw moments (for the kurtosis)."""
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(("logit_sq", "logit_n", "target_sq", "target_n", "median_sum",
+                                   "median_n", "s1", "s2", "s3", "s4", "n"), 0.0)  # fmt: skip
+        self.top: torch.Tensor | None = None
+
+    def add_logits(self, logits: torch.Tensor, rows: torch.Tensor, at_target: torch.Tensor | None) -> None:
+        """logits [b, h, q, k]; rows: bool broadcastable to it (the entries that count); at_target:
+        bool, the entries on the target key of rows that see it (None: no target)."""
+        x = logits.double()
+        rows = rows.expand_as(x)
+        self.sums["logit_sq"] += float(torch.where(rows, x * x, 0.0).sum())
+        self.sums["logit_n"] += float(rows.sum())
+        if at_target is not None:
+            at_target = at_target.expand_as(x)
+            self.sums["target_sq"] += float(torch.where(at_target, x * x, 0.0).sum())
+            self.sums["target_n"] += float(at_target.sum())
+
+    def add_hidden(self, values: torch.Tensor) -> None:
+        """values: the layer output's entries on real tokens, flattened."""
+        if values.numel() == 0:
+            return
+        x = values.double()
+        magnitude = x.abs()
+        top = magnitude.topk(min(3, magnitude.numel())).values
+        if self.top is not None:
+            top = torch.cat([self.top, top])
+            top = top.topk(min(3, len(top))).values
+        self.top = top
+        self.sums["median_sum"] += float(magnitude.median())
+        self.sums["median_n"] += 1
+        for power in (1, 2, 3, 4):
+            self.sums[f"s{power}"] += float((x**power).sum())
+        self.sums["n"] += x.numel()
+
+    def means(self) -> dict[str, float]:
+        s = self.sums
+        out = dict.fromkeys(LAYER_METRICS, math.nan)
+        if s["logit_n"]:
+            out["logit_rms"] = math.sqrt(s["logit_sq"] / s["logit_n"])
+        if s["target_n"]:
+            out["target_logit_rms"] = math.sqrt(s["target_sq"] / s["target_n"])
+        if self.top is not None:
+            for i, value in enumerate(self.top.tolist()):
+                out[f"massive_top{i + 1}"] = value
+            out["hidden_median"] = s["median_sum"] / s["median_n"]
+            if out["hidden_median"] > 0:
+                out["massive_ratio"] = out["massive_top1"] / out["hidden_median"]
+        if s["n"]:
+            out["kurtosis"] = kurtosis_from_moments(s["n"], s["s1"], s["s2"], s["s3"], s["s4"])
+        return out
+
+
+def kurtosis_from_moments(n: float, s1: float, s2: float, s3: float, s4: float) -> float:
+    """Pearson's kurtosis m4 / m2² from the raw sums Σx, Σx², Σx³, Σx⁴ of n values (Gaussian: 3)."""
+    mu = s1 / n
+    m2 = s2 / n - mu * mu
+    m4 = s4 / n - 4 * mu * s3 / n + 6 * mu * mu * s2 / n - 3 * mu**4
+    return m4 / (m2 * m2) if m2 > 0 else math.nan

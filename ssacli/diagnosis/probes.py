@@ -7,6 +7,8 @@ dispatch on those, never on a probe's name.
 
 * ``embed-scale`` σ: the input-embedding module's output times σ (ICL models: the x values).
 * ``outlier`` σ: one token's embedding times σ (ICL: one x value); its captured mass is measured.
+* ``key-scale`` σ: one token's key vectors times σ in every layer and head, as the attention function
+  receives them (after projection, norm and rotary): the magnitude outlier as attention sees it.
 * ``logit-scale`` α: every attention logit times α, inside the attention function (Theorem 1).
 * ``dominant-key`` M: M added to one key's logit for every query (Theorem 2); M = 0 is no change.
 * ``length`` ×m: inputs m times the base length, capped by the model's maximum positions.
@@ -37,12 +39,14 @@ class ActsOn(Enum):
     INPUT_LENGTH = "input length"  # the inputs are level × the base length
     INPUT_TEXT = "input text"  # the inputs are the numeric templates with level-digit numbers
     EMBEDDINGS = "embeddings"  # the input embeddings' output (ICL: the x values) go through ``effect``
+    KEYS = "attention keys"  # every attention call's key vectors go through ``effect`` (ssacli's function)
     LOGITS = "attention logits"  # every attention call's logits go through ``effect`` (ssacli's function)
 
 
 # effect(values, level, target) -> values. Embeddings: values [b, tokens, ...] (ICL: x values
-# [b, points]); logits: [b, h, q, k]. target [b]: the index, along dim 1 of the embeddings or the
-# last dim of the logits, of each sample's target token (None for kinds without one).
+# [b, points]); keys: [b, h, k, d]; logits: [b, h, q, k]. target [b]: the index, along dim 1 of the
+# embeddings, dim 2 of the keys or the last dim of the logits, of each sample's target token (None
+# for kinds without one).
 Effect = Callable[[torch.Tensor, float, torch.Tensor | None], torch.Tensor]
 
 
@@ -57,6 +61,13 @@ def scale_target(values: torch.Tensor, level: float, target: torch.Tensor | None
     rows = torch.arange(values.shape[0], device=values.device)
     values[rows, target.to(values.device)] *= level
     return values
+
+
+def scale_target_key(keys: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
+    """Each sample's target key vector (dim 2 of [b, h, k, d]) times ``level`` in every head (key-scale σ)."""
+    factor = torch.ones(keys.shape[0], 1, keys.shape[2], 1, dtype=keys.dtype, device=keys.device)
+    factor[torch.arange(keys.shape[0], device=keys.device), 0, target.to(keys.device), 0] = level
+    return keys * factor
 
 
 def raise_target_key(logits: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,11 +90,12 @@ class ProbeKind:
     allow_zero: bool = False
     needs_tokenizer: bool = False
     has_target: bool = False  # one target token per sample (its captured mass is measured)
+    magnitude: bool = False  # shifts a magnitude: a level that leaves the logits as they were "did not reach"
 
     @property
     def needs_route(self) -> bool:
-        """Changes logits: needs ssacli's attention function."""
-        return self.acts_on is ActsOn.LOGITS
+        """Changes keys or logits: needs ssacli's attention function."""
+        return self.acts_on in (ActsOn.KEYS, ActsOn.LOGITS)
 
     def changes(self, level: float) -> bool:
         """Whether ``level`` changes anything (False at the neutral level)."""
@@ -94,14 +106,17 @@ PROBES: dict[str, ProbeKind] = {
     k.name: k
     for k in (
         ProbeKind("embed-scale", (1, 2, 4, 8, 16, 32), "σ", "input embeddings × σ", ActsOn.EMBEDDINGS,
-                  scale, neutral=1),
+                  scale, neutral=1, magnitude=True),
         ProbeKind("outlier", (1, 10, 100, 1000), "σ", "one token's embedding × σ", ActsOn.EMBEDDINGS,
-                  scale_target, neutral=1, has_target=True),
+                  scale_target, neutral=1, has_target=True, magnitude=True),
+        ProbeKind("key-scale", (1, 2, 4, 8, 16, 32), "σ", "one token's keys × σ", ActsOn.KEYS,
+                  scale_target_key, neutral=1, has_target=True, magnitude=True),
         ProbeKind("logit-scale", (1, 2, 4, 8, 16, 32), "α", "attention logits × α", ActsOn.LOGITS,
-                  scale, neutral=1),
+                  scale, neutral=1, magnitude=True),
         ProbeKind("dominant-key", (0, 2, 4, 8, 16, 32), "M", "one key's logit + M", ActsOn.LOGITS,
-                  raise_target_key, neutral=0, allow_zero=True, has_target=True),
-        ProbeKind("length", (1, 2, 4), "×", "inputs × m longer", ActsOn.INPUT_LENGTH, integer=True),
+                  raise_target_key, neutral=0, allow_zero=True, has_target=True, magnitude=True),
+        ProbeKind("length", (1, 2, 4, 8, 16, 32, 64, 128), "×", "inputs × m longer, up to the model's "
+                  "maximum positions", ActsOn.INPUT_LENGTH, integer=True),
         ProbeKind("numeric", (2, 3, 4, 5, 6, 7, 8, 9), "digits", "numbers of d digits", ActsOn.INPUT_TEXT,
                   integer=True, needs_tokenizer=True),
     )
@@ -119,6 +134,22 @@ class Probe:
 
     def __str__(self) -> str:
         return f"{self.name}:{','.join(f'{v:g}' for v in self.levels)}"
+
+
+def scorer_insensitivity(kind: ProbeKind, scorers: list) -> str | None:
+    """Why every scorer in ``scorers`` (one per attention layer) cannot respond to ``kind`` by
+    construction, or None. Such a probe reads "n/a", never "no collapse"."""
+    if not scorers or kind.acts_on is not ActsOn.LOGITS:
+        return None
+    if all(getattr(s, "uses_qk", False) for s in scorers):
+        names = sorted({s.name for s in scorers})
+        return f"{'/'.join(names)} scores q and k directly and ignores the attention logits"
+    if kind.effect is scale and all(getattr(s, "name", "") == "ssa" for s in scorers):
+        return (
+            "SSA is asymptotically invariant to the logit scale ((1+b·α·x)^n → (b·α)^n·x^n, the factor "
+            "cancels): a flat curve is SSA's property, not a measurement of robustness"
+        )
+    return None
 
 
 def parse_probe(text: str) -> Probe:

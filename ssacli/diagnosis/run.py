@@ -19,6 +19,7 @@ Two routes to the weights, one reduction (ssacli.diagnosis.metrics):
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from .. import defaults
+from ..attention.audit import FALLBACK_FAMILIES, FALLBACK_UNCHECKED
 from ..attention.interface import (
     CONFIG_SPEC_ATTR,
     SCORER_ATTR,
@@ -46,8 +48,9 @@ from ..models.kinds import ICL_FAMILY, kind_of, max_positions
 from ..models.loading import LoadedModel, load_model
 from ..version import __version__
 from .forward import Recorder, forward_batch
-from .metrics import METRICS
+from .metrics import LAYER_METRICS, METRICS
 from .probes import (
+    PROBES,
     ActsOn,
     Probe,
     ProbeBatch,
@@ -58,6 +61,7 @@ from .probes import (
     pad_sequences,
     parse_probe,
     pick_targets,
+    scorer_insensitivity,
 )
 from .result import DiagnoseResult, ProbeResult
 
@@ -125,6 +129,13 @@ def diagnose(
         raise UnsupportedModelError(
             f"model family '{loaded.family}' does not route attention through transformers' "
             "AttentionInterface, so --scorer cannot be applied; diagnose it without --scorer"
+        )
+    if route == "eager-fallback" and loaded.family not in FALLBACK_FAMILIES:
+        why = FALLBACK_UNCHECKED.get(loaded.family, "not checked against its eager weights")
+        raise UnsupportedModelError(
+            f"model family '{loaded.family}' does not route attention through transformers' "
+            f"AttentionInterface and diagnose's eager fallback is not verified for it ({why}); "
+            "verified fallback families: docs/diagnose.md"
         )
     training = loaded.model.training
     loaded.model.eval()
@@ -215,6 +226,8 @@ def _run(
             vocab_size=vocab,
             seed=opts["seed"],
         )
+    probes = [_fit_length_levels(p, loaded, length) for p in probes]
+    scorers = list(scorers_of(root).values()) if route == "ssacli" else []
     plans = [(p, _plan(p, loaded, route, source, length, opts)) for p in probes]
     total = sum(len(batches) for _, plan in plans for batches, _ in plan.values() if batches)
     done = 0
@@ -222,6 +235,8 @@ def _run(
     for probe, plan in plans:
         metrics = {name: np.full((len(probe.levels), len(layers), max(heads)), np.nan) for name in METRICS}
         rows = np.zeros((len(probe.levels), len(layers)), dtype=np.int64)
+        layer_metrics = {name: np.full((len(probe.levels), len(layers)), np.nan) for name in LAYER_METRICS}
+        overflow: list[dict | None] = [None] * len(probe.levels)
         extras: dict[str, list[float | None]] = {}
         note = None
         for li, level in enumerate(probe.levels):
@@ -230,6 +245,9 @@ def _run(
                 note = why
                 continue
             note = note or why
+            if probe.kind.acts_on is ActsOn.INPUT_LENGTH:
+                real = [float(b.valid.sum(1).float().mean()) for b in batches]
+                extras.setdefault("tokens", [None] * len(probe.levels))[li] = float(np.mean(real))
             recorder = Recorder(
                 layer_of, tau=opts["tau"], top_k=opts["top_k"], block_size=opts["block_size"],
                 causal=loaded.kind == "causal",
@@ -245,6 +263,12 @@ def _run(
                 done += 1
                 if progress is not None:
                     progress(f"{probe.name} {level:g}", done, total)
+            if recorder.overflow.first is not None:  # no finite-looking numbers from an overflowed forward
+                where = dict(recorder.overflow.first)
+                if where["layer"] is not None and where["layer"] < len(layers):
+                    where["module"] = layers[where["layer"]][0]
+                overflow[li] = where
+                continue
             for key, (value, count) in totals.items():
                 extras.setdefault(key, [None] * len(probe.levels))[li] = value / count if count else None
             for layer, stats in recorder.stats.items():
@@ -252,7 +276,16 @@ def _run(
                 for name in METRICS:
                     metrics[name][li, layer, : stats.num_heads] = means[name]
                 rows[li, layer] = stats.rows
-        results.append(ProbeResult(probe.name, [float(v) for v in probe.levels], metrics, rows, extras, note))
+            for layer, stats in recorder.layers.items():
+                for name, value in stats.means().items():
+                    layer_metrics[name][li, layer] = value
+        results.append(
+            ProbeResult(
+                probe.name, [float(v) for v in probe.levels], metrics, rows, extras, note,
+                layer_metrics=layer_metrics, overflow=overflow,
+                insensitive=scorer_insensitivity(probe.kind, scorers),
+            )
+        )  # fmt: skip
     return DiagnoseResult(
         model=loaded.name,
         family=loaded.family,
@@ -281,6 +314,23 @@ def _layer_heads(module: nn.Module, root: nn.Module, route: str) -> int:
         return int(getattr(root.config, "num_attention_heads", 1) or 1)
 
 
+def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
+    """The length probe's default levels double the base length up to the model's maximum
+    positions (ICL: points): keep those that fit, and the maximum itself as the last level."""
+    kind = probe.kind
+    if kind.acts_on is not ActsOn.INPUT_LENGTH or probe.levels != PROBES[probe.name].defaults:
+        return probe
+    cap = loaded.max_positions
+    if cap and loaded.kind == "icl":
+        cap //= 2
+    if not cap:
+        return probe
+    levels = [m for m in probe.levels if length * m <= cap]
+    if cap // length > (levels[-1] if levels else 0) and cap // length >= 1:
+        levels.append(float(cap // length))
+    return Probe(probe.name, tuple(levels or (1.0,)))
+
+
 def _plan(probe: Probe, loaded: LoadedModel, route: str, source, length: int, opts: dict) -> dict:
     """level -> (batches or None, note): the inputs each level runs on, or why it cannot run."""
     kind = probe.kind
@@ -305,7 +355,10 @@ def _plan(probe: Probe, loaded: LoadedModel, route: str, source, length: int, op
         size = int(length * level) if kind.acts_on is ActsOn.INPUT_LENGTH else length
         if cap and size > cap:
             size, note = cap, f"inputs capped at the model's {cap} {unit}"
-        batches = _inputs(probe, level, loaded, source, size, opts)
+        level_opts = opts
+        if kind.acts_on is ActsOn.INPUT_LENGTH and size > length:  # about the same tokens per level
+            level_opts = {**opts, "samples": max(1, math.ceil(opts["samples"] * length / size))}
+        batches = _inputs(probe, level, loaded, source, size, level_opts)
         if cap and any(b.input_ids is not None and b.input_ids.shape[1] > cap for b in batches):
             batches = [_truncate(b, cap) for b in batches]
             note = f"inputs truncated to the model's {cap} {unit}"

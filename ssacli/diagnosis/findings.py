@@ -1,0 +1,246 @@
+"""Findings: the 3-8 plain-language statements a diagnose report opens with, computed from a result.
+
+Each finding is a dict: ``kind`` (a stable machine-readable type), ``text`` (one sentence), and the
+numbers behind it (``probe``, ``level``, ``layers``, ``value``, …). Terminal, HTML and JSON show the
+same list (``DiagnoseResult.findings``); ``comparison_findings`` says what changed between two runs.
+
+Kinds: ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``, ``not_reached``,
+``collapse``, ``no_collapse``, ``fading``, ``massive_activations``; comparisons: ``collapse_change``,
+``saturation_change``, ``sink_change``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..defaults import SINK_EPS
+
+if TYPE_CHECKING:
+    from .result import DiagnoseResult, ProbeResult
+
+MAX_FINDINGS = 8
+MASSIVE_MAGNITUDE = 100.0  # Sun et al. 2024: activations above ~100 and ~1000x the median
+MASSIVE_RATIO = 1000.0
+
+
+def _levels_text(probe: ProbeResult, level: float) -> str:
+    symbol = probe.kind.symbol if probe.kind is not None else ""
+    if symbol in ("×",):
+        return f"×{level:g}"
+    if symbol == "digits":
+        return f"{level:g} digits"
+    return f"{symbol}={level:g}" if symbol else f"{level:g}"
+
+
+def span(layers: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1–3, 7"."""
+    if not layers:
+        return "–"
+    layers = sorted(set(layers))
+    parts, start, prev = [], layers[0], layers[0]
+    for layer in [*layers[1:], None]:
+        if layer is not None and layer == prev + 1:
+            prev = layer
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}–{prev}")
+        if layer is not None:
+            start = prev = layer
+    return ", ".join(parts)
+
+
+def _baseline_probe(result: DiagnoseResult) -> ProbeResult | None:
+    """A probe whose first level is its neutral one (the unshifted model), else any measured one."""
+    live = [p for p in result.probes if not p.skipped and not p.overflowed(0)]
+    for probe in live:
+        kind = probe.kind
+        if kind is not None and kind.neutral is not None and probe.levels[0] == kind.neutral:
+            return probe
+    return live[0] if live else None
+
+
+def findings(result: DiagnoseResult) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    total_heads = int(sum(result.heads))
+    base = _baseline_probe(result)
+    if base is not None and {"sink_rate", "collapse_rate"} <= set(base.metrics):
+        sinks = base.metrics["sink_rate"][0]
+        count = int(np.nansum(sinks))
+        layers = sorted({int(layer) for layer, _ in zip(*np.nonzero(sinks == 1))})
+        text = (
+            f"{count} of {total_heads} heads are attention sinks at baseline (Gu ε = {SINK_EPS:g}"
+            + (f"; layers {span(layers)})" if layers else ")")
+        )
+        out.append({"kind": "sink_heads", "text": text, "probe": base.name, "level": base.levels[0],
+                    "value": count, "of": total_heads, "layers": layers, "eps": SINK_EPS})  # fmt: skip
+        collapsed = base.baseline_collapsed_heads()
+        if collapsed:
+            shown = ", ".join(f"L{layer}H{head}" for layer, head in collapsed[:6])
+            more = f" and {len(collapsed) - 6} more" if len(collapsed) > 6 else ""
+            out.append({
+                "kind": "collapsed_at_baseline",
+                "text": f"{len(collapsed)} of {total_heads} heads are collapsed before any shift "
+                        f"(≥ τ on one key in half their rows): {shown}{more}",
+                "probe": base.name, "value": len(collapsed), "heads": [list(h) for h in collapsed],
+            })  # fmt: skip
+    for probe in result.probes:
+        if probe.skipped or not {"collapse_rate", "max_weight", "entropy"} <= set(probe.metrics):
+            continue
+        out.extend(_probe_findings(probe))
+    massive = _massive(base)
+    if massive is not None:
+        out.append(massive)
+    # Most informative first: problems with the measurement, then what saturates.
+    order = ["overflow", "not_reached", "insensitive", "collapse", "sink_heads", "collapsed_at_baseline",
+             "fading", "massive_activations", "no_collapse"]  # fmt: skip
+    out.sort(key=lambda f: order.index(f["kind"]) if f["kind"] in order else len(order))
+    return out[:MAX_FINDINGS]
+
+
+def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
+    out = []
+    flow = probe.first_overflow()
+    if flow is not None:
+        level, where = flow
+        at = f"layer {where['layer']}" if where.get("layer") is not None else where.get("where", "?")
+        out.append({
+            "kind": "overflow", "probe": probe.name, "level": level, "layer": where.get("layer"),
+            "where": where.get("where"),
+            "text": f"{probe.name} overflowed at {_levels_text(probe, level)} (first non-finite value in "
+                    f"{at}: {where.get('where')}); those levels are reported as overflow, not measured",
+        })  # fmt: skip
+    if probe.insensitive:
+        out.append({"kind": "insensitive", "probe": probe.name, "reason": probe.insensitive,
+                    "text": f"{probe.name}: n/a, insensitive by construction ({probe.insensitive})"})
+        return out
+    ratios = probe.reach_model()
+    finite = [(lv, r) for lv, r in zip(probe.levels, ratios) if r is not None and math.isfinite(r)]
+    reached = probe.reached()
+    if reached is False and finite:
+        level, ratio = finite[-1]
+        out.append({
+            "kind": "not_reached", "probe": probe.name, "level": level, "value": ratio,
+            "text": f"{probe.name} did not reach attention (logit RMS ×{ratio:.2f} at "
+                    f"{_levels_text(probe, level)}): its results say nothing about robustness",
+        })  # fmt: skip
+        return out
+    point = probe.collapse_point()
+    fresh = probe.fresh_collapse_rate()
+    if point is not None:
+        index = probe.levels.index(point)
+        rates = probe.metrics["collapse_rate"].copy()
+        rates[:, probe.baseline_collapsed()] = np.nan
+        with np.errstate(invalid="ignore"):
+            layer_rates = np.nanmean(rates, axis=2) if rates.size else rates
+        first_layers = [int(i) for i in np.nonzero(np.nan_to_num(layer_rates[index]) >= 0.5)[0]]
+        if not first_layers:
+            first_layers = [int(np.nanargmax(np.nan_to_num(layer_rates[index], nan=-1)))]
+        reach = _reach_text(probe, index)
+        out.append({
+            "kind": "collapse", "probe": probe.name, "level": point, "layers": first_layers,
+            "value": float(fresh[index]),
+            "text": f"{probe.name} {_levels_text(probe, point)} collapses {fresh[index]:.0%} of the rows of "
+                    f"heads not collapsed at baseline; layers {span(first_layers)} first{reach}",
+        })  # fmt: skip
+    elif probe.kind is not None and probe.kind.magnitude and finite and not probe.overflowed(1):
+        last = len(probe.levels) - 1
+        while last > 0 and probe.overflowed(last):
+            last -= 1
+        peak = float(probe.model_mean("max_weight")[last])
+        out.append({
+            "kind": "no_collapse", "probe": probe.name, "level": probe.levels[last],
+            "value": float(fresh[last]),
+            "text": f"{probe.name} collapses at most {np.nan_to_num(fresh[last]):.0%} of the rows up to "
+                    f"{_levels_text(probe, probe.levels[last])} (max weight {peak:.2f}"
+                    f"{_reach_text(probe, last, plain=True)})",
+        })  # fmt: skip
+    fading = probe.fading()
+    if fading is not None:
+        slopes = np.array([np.nan if v is None else v for v in fading["entropy_layers"]], dtype=float)
+        if np.isfinite(slopes).any():
+            worst = float(np.nanmin(slopes))
+            layers = [int(i) for i in np.nonzero(slopes <= worst * 0.75)[0]] if worst < 0 else []
+            mean = float(np.nanmean(slopes))
+            maxw = np.array([np.nan if v is None else v for v in fading["max_weight_layers"]], dtype=float)
+            maxw_mean = float(np.nanmean(maxw)) if np.isfinite(maxw).any() else math.nan
+            where = f", fastest in layers {span(layers)} ({worst:+.3f})" if layers else ""
+            out.append({
+                "kind": "fading", "probe": probe.name, "value": mean, "layers": layers,
+                "max_weight_slope": maxw_mean if math.isfinite(maxw_mean) else None,
+                "n": fading["n"],
+                "text": f"normalized entropy changes {mean:+.3f} per doubling of context (n "
+                        f"{_n_range(fading['n'])}){where}; max weight {maxw_mean:+.3f} per doubling",
+            })  # fmt: skip
+    return out
+
+
+def _n_range(n: list) -> str:
+    values = [v for v in n if v is not None]
+    return f"{min(values):.0f}–{max(values):.0f}" if values else "?"
+
+
+def _reach_text(probe: ProbeResult, index: int, plain: bool = False) -> str:
+    ratios = probe.reach_model()
+    ratio = ratios[index] if index < len(ratios) else None
+    if ratio is None or not math.isfinite(ratio) or probe.kind is None or not probe.kind.magnitude:
+        return ""
+    return f", logit RMS ×{ratio:.2f}" if plain else f" (logit RMS ×{ratio:.2f})"
+
+
+def _massive(probe: ProbeResult | None) -> dict[str, Any] | None:
+    if probe is None or "massive_top1" not in probe.layer_metrics:
+        return None
+    top = probe.layer_metrics["massive_top1"][0]
+    ratio = probe.layer_metrics["massive_ratio"][0]
+    if not np.isfinite(top).any():
+        return None
+    layers = [int(i) for i in np.nonzero((top > MASSIVE_MAGNITUDE) & (ratio > MASSIVE_RATIO))[0]]
+    peak = int(np.nanargmax(np.where(np.isfinite(ratio), ratio, -1)))
+    if layers:
+        text = (f"massive activations (Sun et al.: |h| > {MASSIVE_MAGNITUDE:g} and > {MASSIVE_RATIO:g}× the "
+                f"median) in layers {span(layers)}; largest |h| {top[peak]:.3g} = {ratio[peak]:.3g}× "
+                f"the median in layer {peak}")  # fmt: skip
+    else:
+        text = (f"no massive activations (Sun et al.): largest |h| {np.nanmax(top):.3g}, at most "
+                f"{np.nanmax(ratio):.3g}× the median (layer {peak})")
+    return {"kind": "massive_activations", "probe": probe.name, "layers": layers, "layer": peak,
+            "value": float(top[peak]), "ratio": float(ratio[peak]), "text": text}  # fmt: skip
+
+
+def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, Any]]:
+    """What changed from A to B: collapse points, saturation at the harshest common level, sinks."""
+    from .result import common_levels
+
+    out: list[dict[str, Any]] = []
+    names_b = {p.name: p for p in b.probes}
+    for pa in a.probes:
+        pb = names_b.get(pa.name)
+        if pb is None or pa.skipped or pb.skipped:
+            continue
+        sa, sb = pa.collapse_status(), pb.collapse_status()
+        if sa != sb:
+            out.append({"kind": "collapse_change", "probe": pa.name, "a": sa, "b": sb,
+                        "text": f"{pa.name}: collapse point {sa} in A, {sb} in B"})
+        shared = common_levels(pa, pb)
+        if not shared:
+            continue
+        level, ia, ib = shared[-1]
+        ca, cb = float(pa.model_mean("collapse_rate")[ia]), float(pb.model_mean("collapse_rate")[ib])
+        wa, wb = float(pa.model_mean("max_weight")[ia]), float(pb.model_mean("max_weight")[ib])
+        if all(math.isfinite(v) for v in (ca, cb, wa, wb)) and abs(wb - wa) >= 0.05:
+            verb = "less" if wb < wa else "more"
+            out.append({
+                "kind": "saturation_change", "probe": pa.name, "level": level, "a": wa, "b": wb,
+                "text": f"{pa.name} {_levels_text(pa, level)}: B is {verb} saturated (max weight {wa:.2f} → "
+                        f"{wb:.2f}, collapse rate {ca:.2f} → {cb:.2f})",
+            })  # fmt: skip
+    base_a, base_b = _baseline_probe(a), _baseline_probe(b)
+    if base_a is not None and base_b is not None and all("sink_rate" in p.metrics for p in (base_a, base_b)):
+        na = int(np.nansum(base_a.metrics["sink_rate"][0]))
+        nb = int(np.nansum(base_b.metrics["sink_rate"][0]))
+        if na != nb:
+            text = f"sink heads at baseline: {na} of {sum(a.heads)} in A, {nb} of {sum(b.heads)} in B"
+            out.append({"kind": "sink_change", "a": na, "b": nb, "text": text})
+    return out[:MAX_FINDINGS]
