@@ -100,10 +100,12 @@ def layer_labels(layers: Sequence[str], width: int = 24) -> list[str]:
 
 def table_columns(probe: ProbeResult) -> list[str]:
     """The metrics worth a column for this probe: the key ones, plus outlier capture where the
-    probe defines it and row mass where a scorer does not normalize rows."""
+    probe defines it, the learned sink where the model has one and row mass where a scorer does not
+    normalize rows."""
     names = [m for m, spec in METRICS.items() if spec.key and m in probe.metrics]
-    if "outlier_capture" in probe.metrics and np.isfinite(probe.metrics["outlier_capture"]).any():
-        names.append("outlier_capture")
+    for name in ("outlier_capture", "learned_sink"):
+        if name in probe.metrics and np.isfinite(probe.metrics[name]).any():
+            names.append(name)
     if "row_mass" in probe.metrics:
         mass = probe.metrics["row_mass"]
         finite = mass[np.isfinite(mass)]
