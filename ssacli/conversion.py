@@ -14,12 +14,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
-from .attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports
-from .errors import OutputError, UnsupportedModelError, UsageError
+from .attention.interface import (
+    CONFIG_SPEC_ATTR,
+    apply_scorer,
+    attention_modules,
+    observing,
+    scorers_of,
+    supports,
+)
+from .defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES, MAX_KL_PER_TOKEN, MAX_RELATIVE_ERROR
+from .errors import JobFailedError, OutputError, UnsupportedModelError, UsageError
 from .models.checkpoint import SCORER_KEY, write_model_folder
 from .models.loading import LoadedModel, load_model
+from .scorers import make_scorer
+from .scorers.base import positive_raw
+
+# m=auto searches powers of two: 1 … 2^20 (b = 1/m stays far above the positive floor of 1e-9).
+M_GRID = tuple(2.0**k for k in range(21))
 
 # ---- saving --------------------------------------------------------------------------------------------
 
@@ -87,9 +101,11 @@ def convert(
     out: str | Path | None = None,
     *,
     overwrite: bool = False,
-    samples: int = 8,
-    length: int = 64,
+    samples: int = CALIBRATION_SAMPLES,
+    length: int = CALIBRATION_LENGTH,
     seed: int = 0,
+    text: str | None = None,
+    max_error: float | None = None,
     device: str = "auto",
     dtype: str = "auto",
     allow_download: bool = False,
@@ -98,11 +114,19 @@ def convert(
 ) -> tuple[LoadedModel, dict[str, Any]]:
     """Swap every attention layer's scorer for ``scorer``; return the model and its fidelity.
 
-    Fidelity compares the model's outputs before and after the swap on the same probe inputs
-    (:func:`fidelity`). With ``out``, the converted model is saved there (never over the input).
+    Fidelity compares the model's outputs before and after the swap on the same inputs
+    (:func:`fidelity`): ``samples`` windows of ``length`` tokens from ``text`` (the calibration
+    text; None: the built-in probe texts). ``max_error`` is the target (None: 1e-3 nats/token for
+    models with a vocabulary, 1e-2 relative error otherwise, :func:`target_of`). With
+    ``ssa:init=faithful`` and ``m=auto`` (its default) m is chosen per layer so the measured error
+    meets the target (:func:`choose_m`); if no m on the grid does, JobFailedError (exit 5) and
+    nothing is written. With ``out``, the converted model is saved there (never over the input).
     A MODEL reference is loaded with ``device`` … ``trust_remote_code``
     (:class:`~ssacli.models.loading.LoadOptions`).
     """
+    if max_error is not None and not (0 < max_error < float("inf")):
+        raise UsageError(f"--max-error must be a positive number, got {max_error}")
+    auto = _is_auto(make_scorer(scorer))  # a bad spec fails before loading
     if out is not None:  # cheap checks before loading anything
         check_out(Path(out).expanduser(), None, overwrite)
     loaded = model if isinstance(model, LoadedModel) else load_model(
@@ -118,21 +142,231 @@ def convert(
     if out is not None:
         check_out(Path(out).expanduser(), loaded.path, overwrite)
     loaded.model.eval()
-    batches = _fidelity_inputs(loaded, samples, length, seed)
+    batches = _fidelity_inputs(loaded, samples, length, seed, text)
     before_spec = _spec_of(loaded)
     if not any(SCORER_KEY in k for k in loaded.model.state_dict()) and before_spec == "softmax":
         apply_scorer(root, "softmax")  # measure "before" through the same attention function
     before = _outputs(loaded, batches)
+    grid = attention_row_kl(loaded, batches) if auto else None
     apply_scorer(root, scorer)
-    after = _outputs(loaded, batches)
-    report = {"from": before_spec, "to": _spec_of(loaded), **fidelity(loaded.kind, before, after, batches)}
+    if grid is not None:
+        after, report = choose_m(loaded, batches, before, grid, max_error)
+    else:
+        after = _outputs(loaded, batches)
+        report = fidelity(loaded.kind, before, after, batches)
+        metric, target = target_of(report, max_error)
+        report["target"] = {"metric": metric, "max": target, "met": bool(report[metric] <= target)}
+    report = {"from": before_spec, "to": _spec_of(loaded), **report}
+    report["calibration"] = {
+        "text": "--text file" if text is not None else "built-in probe texts",
+        "samples": samples,
+        "length": length,
+        "seed": seed,
+    }
     if out is not None:
         source = str(loaded.path or loaded.name)
         save_model(loaded, out, meta={"source": source, "fidelity": report}, overwrite=overwrite)
     return loaded, report
 
 
-def _fidelity_inputs(loaded: LoadedModel, samples: int, length: int, seed: int) -> list:
+# ---- m=auto: the smallest faithful m that meets the fidelity target ----------------------------------
+
+
+def _is_auto(scorer) -> bool:
+    """``ssa:init=faithful`` with m=auto (its default) and no explicit b or n."""
+    given = scorer.given
+    return (
+        scorer.name == "ssa"
+        and scorer.opts["init"] == "faithful"
+        and given.get("m", "auto") == "auto"
+        and not {"b", "n"} & set(given)
+    )
+
+
+def target_of(report: dict[str, Any], max_error: float | None = None) -> tuple[str, float]:
+    """(metric, target): KL per token (per prediction for ICL sign models) where the output is a
+    distribution, else the relative error; the target is ``max_error`` or the default for it."""
+    if "kl_per_token" in report:
+        return "kl_per_token", MAX_KL_PER_TOKEN if max_error is None else max_error
+    return "relative_error", MAX_RELATIVE_ERROR if max_error is None else max_error
+
+
+def faithful_transform(x: torch.Tensor, m: float) -> torch.Tensor:
+    """t(x) of SSA with b = 1/m, n = m: m·sgn(x)·log1p(|x|/m) ≈ x − sgn(x)·x²/2m."""
+    return m * torch.sign(x) * torch.log1p(x.abs() / m)
+
+
+class _RowKL:
+    """An observer (ssacli.attention.interface.Observer) that, while the model runs with softmax,
+    measures for every layer and every m of the grid the mean KL(softmax ‖ faithful SSA) of its
+    attention rows, and the largest |logit| it sees."""
+
+    block_size = 1 << 30  # one block: the whole row set of a call
+
+    def __init__(self, modules: list[nn.Module], grid: tuple[float, ...]) -> None:
+        self.index = {id(m): i for i, m in enumerate(modules)}
+        self.grid = grid
+        self.kl = torch.zeros(len(modules), len(grid), dtype=torch.float64)
+        self.rows = torch.zeros(len(modules), dtype=torch.float64)
+        self.max_abs = torch.zeros(len(modules), dtype=torch.float64)
+        self.logits: torch.Tensor | None = None
+
+    def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        self.logits = logits
+        return logits
+
+    def record(self, module, weights, visible, query_positions) -> None:
+        layer = self.index.get(id(module))
+        if layer is None or self.logits is None:
+            return
+        x = self.logits.double()
+        seen = torch.ones_like(x, dtype=torch.bool) if visible is None else visible.expand_as(x)
+        live = seen.any(-1)  # rows with at least one visible key
+        x = x.masked_fill(~seen, 0.0)
+        log_p = torch.log_softmax(x.masked_fill(~seen, float("-inf")), -1)
+        p = log_p.exp()
+        for g, m in enumerate(self.grid):
+            log_q = torch.log_softmax(faithful_transform(x, m).masked_fill(~seen, float("-inf")), -1)
+            row = torch.where(seen, p * (log_p - log_q), 0.0).sum(-1)
+            self.kl[layer, g] += float(row[live].sum())
+        self.rows[layer] += float(live.sum())
+        self.max_abs[layer] = max(float(self.max_abs[layer]), float(x.abs().max()))
+        self.logits = None
+
+    def mean_kl(self) -> torch.Tensor:
+        """[layers, grid]: mean row KL per layer at each m."""
+        return (self.kl / self.rows.clamp_min(1).unsqueeze(1)).clamp_min(0.0)
+
+
+@torch.inference_mode()
+def attention_row_kl(loaded: LoadedModel, batches: list, grid: tuple[float, ...] = M_GRID) -> _RowKL:
+    """Run the model (with its softmax scorer attached) on ``batches`` and measure, per attention
+    layer, the mean attention-row KL(softmax ‖ SSA faithful with m) for every m of ``grid``."""
+    modules = [m for _, m in attention_modules(loaded.attention_root)]
+    observer = _RowKL(modules, grid)
+    with observing(observer):
+        _outputs(loaded, batches)
+    return observer
+
+
+@torch.no_grad()
+def set_faithful_m(root: nn.Module, ms: list[float]) -> None:
+    """b = 1/m, n = m in every head of layer i's SSA scorer, for m = ms[i]."""
+    scorers = list(scorers_of(root).values())
+    for scorer, m in zip(scorers, ms, strict=True):
+        scorer.b_raw.fill_(positive_raw(1.0 / m, "ssa", "b"))
+        scorer.n_raw.fill_(positive_raw(m, "ssa", "n"))
+
+
+def choose_m(
+    loaded: LoadedModel, batches: list, before: list[torch.Tensor], rows: _RowKL, max_error: float | None
+) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Per layer, the smallest m on the grid that keeps the model's measured error within target.
+
+    The attention-row KL of each layer at each m (``rows``) ranks the layers: for a budget β, layer
+    i gets the smallest m whose row KL is ≤ β / layers. The end-to-end error (:func:`fidelity` on
+    the model's outputs) is then measured for β = β0·4^k, and the largest β that meets the target is
+    kept (k goes up from 0 while the target holds, down until it does). β0 is the target itself
+    (KL) or its square (relative error, which grows like the square root of a KL). If even m =
+    2^20 in every layer misses the target, JobFailedError (exit 5).
+    """
+    root = loaded.attention_root
+    layer_kl = rows.mean_kl()
+    layers, grid = layer_kl.shape[0], rows.grid
+    cache: dict[tuple[float, ...], tuple[list[torch.Tensor], dict[str, Any]]] = {}
+
+    def evaluate(ms: tuple[float, ...]):
+        if ms not in cache:
+            set_faithful_m(root, list(ms))
+            after = _outputs(loaded, batches)
+            cache[ms] = (after, fidelity(loaded.kind, before, after, batches))
+        return cache[ms]
+
+    def ms_for(beta: float) -> tuple[float, ...]:
+        chosen = []
+        for i in range(layers):
+            ok = [g for g in range(len(grid)) if float(layer_kl[i, g]) <= beta / layers]
+            chosen.append(grid[ok[0]] if ok else grid[-1])
+        return tuple(chosen)
+
+    first = evaluate(ms_for(float("inf")))[1]  # m = 1 everywhere: only to learn the metric
+    metric, target = target_of(first, max_error)
+    base = target if metric == "kl_per_token" else target**2
+
+    def passes(ms):
+        return evaluate(ms)[1][metric] <= target
+
+    best, k, evaluations = None, 0, []
+    ms = ms_for(base)
+    evaluations.append(ms)
+    if passes(ms):
+        best = ms
+        while k < 40:
+            k += 1
+            candidate = ms_for(base * 4.0**k)
+            if candidate == best:
+                continue
+            if all(m == grid[0] for m in best):
+                break
+            evaluations.append(candidate)
+            if not passes(candidate):
+                break
+            best = candidate
+            if all(m == grid[0] for m in best):
+                break
+    else:
+        while k > -60:
+            k -= 1
+            candidate = ms_for(base * 4.0**k)
+            if candidate not in cache:
+                evaluations.append(candidate)
+            if passes(candidate):
+                best = candidate
+                break
+            if all(m == grid[-1] for m in candidate):
+                break
+        if best is None:
+            top = tuple(grid[-1] for _ in range(layers))
+            error = evaluate(top)[1][metric]
+            dtype = next(loaded.model.parameters()).dtype
+            why = (
+                f"the model runs in {str(dtype).removeprefix('torch.')}, whose rounding alone exceeds it; "
+                "convert with --dtype float32, "
+                if dtype != torch.float32
+                else ""
+            )
+            raise JobFailedError(
+                f"m=auto cannot meet the fidelity target: {metric.replace('_', ' ')} {error:.3g} > "
+                f"{target:g} even with m = {grid[-1]:g} in every layer; {why}raise --max-error, or give "
+                "an explicit m= and --finetune to recover the rest; nothing was written"
+            )
+    after, report = evaluate(best)
+    set_faithful_m(root, list(best))
+    grid_index = {m: g for g, m in enumerate(grid)}
+    per_layer = []
+    for i, (name, _) in enumerate(attention_modules(root)):
+        m, peak = best[i], float(rows.max_abs[i])
+        per_layer.append({
+            "layer": i,
+            "module": name,
+            "m": m,
+            "attention_kl": float(layer_kl[i, grid_index[m]]),
+            "max_abs_logit": round(peak, 4),
+            # how far SSA moves the largest logit seen: x − t(x) ≈ x²/2m
+            "shift_at_max": round(peak - float(faithful_transform(torch.tensor(peak).double(), m)), 6),
+        })  # fmt: skip
+    report = {
+        **report,
+        "target": {"metric": metric, "max": target, "met": True},
+        "m_auto": {"grid": [grid[0], grid[-1]], "evaluations": len(evaluations), "budget_scale": 4.0**k},
+        "layers": per_layer,
+    }
+    return after, report
+
+
+def _fidelity_inputs(
+    loaded: LoadedModel, samples: int, length: int, seed: int, text: str | None = None
+) -> list:
     from .diagnosis.probes import TokenSource, icl_batches, icl_tokens, pad_sequences
 
     if loaded.kind == "icl":
@@ -143,7 +377,7 @@ def _fidelity_inputs(loaded: LoadedModel, samples: int, length: int, seed: int) 
     vocab = getattr(loaded.config, "vocab_size", None) or 2
     if loaded.max_positions:
         length = min(length, loaded.max_positions)
-    source = TokenSource(loaded.tokenizer, text=None, random_ids=False, vocab_size=vocab, seed=seed)
+    source = TokenSource(loaded.tokenizer, text=text, random_ids=False, vocab_size=vocab, seed=seed)
     return pad_sequences(source.sequences(samples, length), 0, 8)
 
 

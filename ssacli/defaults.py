@@ -13,3 +13,9 @@ BLOCK_ROWS = 256  # query rows scored at a time: memory O(block × keys)
 TAU = 0.9  # a row has collapsed when its largest weight is >= TAU
 TOP_K = 5  # k of the top-k mass metric
 SINK_EPS = 0.3  # a head is an attention sink when its mean weight on the first token exceeds this (Gu et al.)
+
+# convert: the fidelity target of ssa:init=faithful,m=auto (--max-error; docs/convert.md)
+MAX_KL_PER_TOKEN = 1e-3  # nats per token (language models, ICL sign models: per prediction)
+MAX_RELATIVE_ERROR = 1e-2  # ‖after − before‖ / ‖before‖ of the output (encoders without an LM head)
+CALIBRATION_SAMPLES = 8  # sequences of the calibration text that m=auto and fidelity are measured on
+CALIBRATION_LENGTH = 64  # tokens per sequence

@@ -156,3 +156,194 @@ def test_public_functions_are_not_shadowed_by_submodules():
     assert not callables & submodules
     for _ in range(2):
         assert callable(ssacli.convert) and callable(ssacli.diagnose) and callable(ssacli.load)
+
+
+# ---- m=auto: the smallest m per layer that meets the fidelity target ------------------------------
+
+WIDE = 0.5  # initializer_range: attention logits far wider than N(0, 1)
+
+
+def wide_extra(family: str):
+    """llama and gemma2 from the test families; electra (encoder, no head) and xlm-roberta (masked LM)
+    built here, all with initializer_range 0.5."""
+    if family in FAMILIES:
+        return build_model(family, initializer_range=WIDE)
+    from transformers import AutoModelForMaskedLM
+
+    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                 max_position_embeddings=80, vocab_size=VOCAB, pad_token_id=0, initializer_range=WIDE,
+                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    if family == "electra":
+        config = AutoConfig.for_model("electra", embedding_size=32, **shape)
+        torch.manual_seed(0)
+        return AutoModel.from_config(config, attn_implementation="eager").eval()
+    config = AutoConfig.for_model("xlm-roberta", **shape)
+    torch.manual_seed(0)
+    return AutoModelForMaskedLM.from_config(config, attn_implementation="eager").eval()
+
+
+def calibration_inputs(samples: int = 8, length: int = 64) -> torch.Tensor:
+    """The inputs convert measures on for a model without a tokenizer: seeded random ids."""
+    from ssacli.diagnosis.probes import TokenSource
+
+    source = TokenSource(None, text=None, random_ids=False, vocab_size=VOCAB, seed=0)
+    return torch.tensor(source.sequences(samples, length))
+
+
+def eager_outputs(model, ids):
+    with torch.no_grad():
+        out = model(input_ids=ids)
+    return (out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state).double()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "electra", "xlm-roberta"])
+def test_m_auto_meets_the_default_target_on_wide_models(family):
+    original = wide_extra(family)  # the reference: the model's own eager softmax path
+    loaded, report = convert(loaded_of(wide_extra(family)), "ssa:init=faithful")
+    ids = calibration_inputs()
+    before, after = eager_outputs(original, ids), eager_outputs(loaded.model, ids)
+    if after.shape[-1] == VOCAB:  # a vocabulary: KL per token, by hand, <= 1e-3
+        log_p, log_q = F.log_softmax(before, -1), F.log_softmax(after, -1)
+        kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+        assert report["target"] == {"metric": "kl_per_token", "max": 1e-3, "met": True}
+        assert kl <= 1e-3 and kl == pytest.approx(report["kl_per_token"], rel=1e-4, abs=1e-9)
+    else:  # encoder without a head: relative error of the last hidden state, <= 1e-2
+        error = float((after - before).norm() / before.norm())
+        assert report["target"] == {"metric": "relative_error", "max": 1e-2, "met": True}
+        assert error <= 1e-2 and error == pytest.approx(report["relative_error"], rel=1e-4)
+    scorers = list(ssacli.scorers_of(loaded.attention_root).values())
+    assert [row["m"] for row in report["layers"]] and len(report["layers"]) == len(scorers)
+    for row, scorer in zip(report["layers"], scorers):
+        m = row["m"]
+        assert m == 2 ** round(torch.log2(torch.tensor(m)).item())  # a power of two
+        torch.testing.assert_close(scorer.n, torch.full_like(scorer.n, m), rtol=1e-6, atol=0)
+        torch.testing.assert_close(scorer.b, torch.full_like(scorer.b, 1 / m), rtol=1e-6, atol=0)
+
+
+def test_m_auto_is_the_smallest_grid_m_it_verified():
+    """Halving every chosen m misses the target (measured independently): the choice is not wasteful
+    by a whole grid step everywhere at once."""
+    from ssacli.conversion import set_faithful_m
+
+    loaded, report = convert(loaded_of(wide_extra("llama")), "ssa:init=faithful")
+    ms = [row["m"] for row in report["layers"]]
+    if all(m == 1 for m in ms):
+        pytest.skip("already at the smallest m")
+    original, ids = wide_extra("llama"), calibration_inputs()
+    set_faithful_m(loaded.attention_root, [max(1.0, m / 2) for m in ms])
+    log_p = F.log_softmax(eager_outputs(original, ids), -1)
+    log_q = F.log_softmax(eager_outputs(loaded.model, ids), -1)
+    assert float((log_p.exp() * (log_p - log_q)).sum(-1).mean()) > 1e-3
+
+
+def test_m_auto_with_a_planted_sink_head():
+    """GPT-2 whose head 0 of layer 0 gives key 0 a logit of +20 from every query."""
+
+    def plant(model):
+        attn = model.transformer.h[0].attn
+        d, heads = model.config.n_embd, model.config.n_head
+        hd = d // heads
+        u = torch.ones(hd) / hd**0.5
+
+        def hook(module, args, output):
+            q, k, v = output.split(d, dim=-1)
+            q, k = q.clone(), k.clone()
+            q[..., :hd] = u  # every query of head 0 is u
+            k[:, 0, :hd] = 20 * hd**0.5 * u / u.dot(u)  # so q·k0/√d = 20
+            return torch.cat([q, k, v], dim=-1)
+
+        attn.c_attn.register_forward_hook(hook)
+        return model
+
+    original = plant(build_model("gpt2", initializer_range=WIDE))
+    converted = plant(build_model("gpt2", initializer_range=WIDE))
+    loaded, report = convert(loaded_of(converted), "ssa:init=faithful")
+    assert report["layers"][0]["max_abs_logit"] >= 20
+    ids = calibration_inputs()
+    log_p = F.log_softmax(eager_outputs(original, ids), -1)
+    log_q = F.log_softmax(eager_outputs(loaded.model, ids), -1)
+    kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    assert kl <= 1e-3 and report["target"]["met"]
+
+
+def test_an_unmeetable_target_exits_5_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    from ssacli.errors import JobFailedError
+
+    folder, out = tmp_path / "llama", tmp_path / "out"
+    build_model("llama", initializer_range=WIDE).save_pretrained(folder)
+    with pytest.raises(JobFailedError, match="cannot meet the fidelity target"):
+        convert(str(folder), "ssa:init=faithful", out, max_error=1e-30)
+    assert not out.exists()
+    args = [
+        "convert",
+        str(folder),
+        "--scorer",
+        "ssa:init=faithful",
+        "--max-error",
+        "1e-30",
+        "--out",
+        str(out),
+    ]
+    result = subprocess.run([sys.executable, "-m", "ssacli", *args], capture_output=True, text=True)
+    assert result.returncode == 5, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "fidelity target" in line]
+    assert len(lines) == 1 and "nothing was written" in lines[0]
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["llama"]
+
+
+def test_explicit_m_still_works_and_reports_its_target():
+    loaded, report = convert(loaded_of(wide_extra("llama")), "ssa:init=faithful,m=1024")
+    assert "layers" not in report and report["target"]["metric"] == "kl_per_token"
+    for scorer in ssacli.scorers_of(loaded.attention_root).values():
+        torch.testing.assert_close(scorer.n, torch.full_like(scorer.n, 1024.0))
+
+
+def test_cli_convert_prints_the_per_layer_table(tmp_path):
+    from typer.testing import CliRunner
+
+    from ssacli.cli import app
+
+    folder, out = tmp_path / "llama", tmp_path / "out"
+    build_model("llama", initializer_range=WIDE).save_pretrained(folder)
+    result = CliRunner().invoke(
+        app, ["convert", str(folder), "--scorer", "ssa:init=faithful", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / META_FILE).read_text())
+    layers = meta["fidelity"]["layers"]
+    assert "m=auto chose m" in result.output and "attention-row KL" in result.output
+    for row in layers:
+        assert f"{row['layer']:>5}  {row['m']:<8g}" in result.output
+    reloaded = ssacli.load(str(out))  # per-layer b, n come back from the scorer file
+    for row, scorer in zip(layers, ssacli.scorers_of(reloaded).values()):
+        torch.testing.assert_close(scorer.n, torch.full_like(scorer.n, row["m"]), rtol=1e-6, atol=0)
+
+
+# ---- preset=authors --------------------------------------------------------------------------------
+
+
+def test_preset_authors_has_one_learned_n_per_layer_and_a_fixed_b():
+    model = build_model("llama", initializer_range=WIDE)
+    ssacli.apply_scorer(model, "ssa:preset=authors")
+    scorers = list(ssacli.scorers_of(model).values())
+    assert len(scorers) == model.config.num_hidden_layers
+    for scorer in scorers:
+        assert scorer.n_raw.numel() == 1 and scorer.n_raw.requires_grad
+        assert scorer.b_raw.numel() == 1 and not scorer.b_raw.requires_grad
+        torch.testing.assert_close(scorer.n, torch.tensor([1.5]))
+        torch.testing.assert_close(scorer.b, torch.tensor([0.8]))
+    trainable = [n for n, p in model.named_parameters() if "ssacli_scorer" in n and p.requires_grad]
+    assert len(trainable) == len(scorers) and all(n.endswith("n_raw") for n in trainable)
+    # the weights by hand: (1 + 0.8|x|)^(sgn(x)·1.5), normalized over the visible keys
+    x = torch.randn(2, 4, 5, 7, dtype=torch.float64) * 3
+    mask = torch.rand(2, 1, 5, 7) > 0.3
+    mask[..., 0] = True
+    power = (1 + 0.8 * x.abs()) ** (torch.sign(x) * 1.5) * mask
+    expected = power / power.sum(-1, keepdim=True)
+    torch.testing.assert_close(scorers[0](x, mask), expected, rtol=1e-6, atol=1e-12)
+    assert ssacli.make_scorer("ssa:init=authors").spec == "ssa:init=authors"
+    with pytest.raises(UsageError, match="same option"):
+        ssacli.make_scorer("ssa:preset=authors,init=paper")

@@ -50,6 +50,18 @@ def convert_command(
     out: Path = typer.Option(..., help="Folder to write (plain transformers can load it too)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
     do_finetune: bool = typer.Option(False, "--finetune", help="Fine-tune after converting (needs --data)."),
+    text: Path = typer.Option(
+        None,
+        "--text",
+        help="Calibration text file: fidelity and m=auto are measured on windows of it (default: the "
+        "start of --data when fine-tuning a text, else the built-in probe texts).",
+    ),
+    max_error: float = typer.Option(
+        None,
+        "--max-error",
+        help="Fidelity target: KL nats/token for models with a vocabulary (default 1e-3), relative "
+        "error of the output otherwise (default 1e-2). m=auto meets it or exits 5.",
+    ),
     data: str = typer.Option(None, help=DATA_HELP),
     steps: int = typer.Option(None, min=1, help="Optimizer steps (default 1000)."),
     lr: Lr = None,
@@ -108,9 +120,13 @@ def convert_command(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
     )  # fmt: skip
-    loaded, report = convert(model_ref, scorer, save_to, overwrite=overwrite, **load)
+    calibration = _calibration_text(text, data if do_finetune else None)
+    loaded, report = convert(
+        model_ref, scorer, save_to, overwrite=overwrite, text=calibration, max_error=max_error, **load
+    )
     console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
-    console.print(_fidelity_line(report), highlight=False, soft_wrap=True)
+    for line in fidelity_lines(report):
+        console.print(line, highlight=False, soft_wrap=True)
     if config is None:
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
         return
@@ -188,6 +204,51 @@ def _config(options: dict[str, Any], recorded: dict[str, Any]):
     config = FinetuneConfig(**values)
     config.validate()
     return config
+
+
+CALIBRATION_CHARS = 200_000  # of --data, when it is the calibration text
+
+
+def _calibration_text(text: Path | None, data: str | None) -> str | None:
+    from ..train.data import read_documents
+
+    if text is not None:
+        try:
+            return text.expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"--text {text}: cannot read it as UTF-8 text ({err})") from None
+    if data is None or data.startswith("icl:"):
+        return None
+    return "\n\n".join(read_documents(data))[:CALIBRATION_CHARS]
+
+
+def fidelity_lines(report: dict[str, Any]) -> list[str]:
+    """The overall fidelity line, the per-layer table of m=auto, and what to do if a target is missed."""
+    lines = [_fidelity_line(report)]
+    layers = report.get("layers") or []
+    if layers:
+        lines.append("layer  m        attention-row KL  max |logit|  SSA shift at max")
+        for row in layers:
+            lines.append(
+                f"{row['layer']:>5}  {row['m']:<8g} {row['attention_kl']:<17.3g} "
+                f"{row['max_abs_logit']:<12.4g} {row['shift_at_max']:.3g}"
+            )
+        ms = sorted({row["m"] for row in layers})
+        lines.append(
+            f"m=auto chose m = {', '.join(f'{m:g}' for m in ms)} (the smallest powers of 2 meeting the "
+            f"target). SSA with b = 1/m, n = m equals softmax up to x²/2m per logit: its polynomial, "
+            f"non-saturating regime starts only at |x| ≈ m, far above these logits, so the converted "
+            f"model is softmax in practice until fine-tuning (--anneal-n) lowers n."
+        )
+    target = report.get("target")
+    if target and not target["met"]:
+        metric = target["metric"].replace("_", " ")
+        lines.append(
+            f"warning: {metric} {report[target['metric']]:.3g} misses the target {target['max']:g}: use "
+            "ssa:init=faithful with m=auto (it picks m per layer), or a larger m=, convert in float32 "
+            "(--dtype float32), or --finetune to adapt the model"
+        )
+    return lines
 
 
 def _fidelity_line(report: dict[str, Any]) -> str:

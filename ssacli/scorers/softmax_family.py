@@ -33,6 +33,15 @@ from .registry import register_scorer
 # 1.5e-4). tests/test_scorers.py measures it again.
 FAITHFUL_M = 128.0
 PAPER_B, PAPER_N = 0.8, 1.5
+# The authors' production kernel (omyokun/SSA, Nemotron3-114M/train/SSA): one n per layer, trainable,
+# init 1.5; b fixed at 0.8 (../shared/notes/paper.md).
+AUTHORS_B, AUTHORS_N = 0.8, 1.5
+SSA_PRESETS = ("paper", "faithful", "authors")
+
+
+def faithful_m(raw: str) -> float | str:
+    """``m=auto`` (chosen per layer from the model's own logits by ``ssacli convert``) or a number."""
+    return "auto" if raw == "auto" else float(raw)
 
 
 @register_scorer
@@ -95,9 +104,18 @@ class SSA(Scorer):
     trainable = ("b", "n")
     options = {
         "init": Option(
-            "paper", ("paper", "faithful"), "paper: b=0.8, n=1.5; faithful: b=1/m, n=m (≈ softmax)"
+            "paper",
+            SSA_PRESETS,
+            "paper: b=0.8, n=1.5; faithful: b=1/m, n=m (≈ softmax); authors: the authors' kernel, "
+            "b=0.8 fixed, n=1.5 one per layer, learned",
         ),
-        "m": Option(FAITHFUL_M, float, "init=faithful only: larger m is closer to softmax"),
+        "preset": Option(None, SSA_PRESETS, "the same as init= (one of the two)"),
+        "m": Option(
+            "auto",
+            faithful_m,
+            "init=faithful only: auto (convert picks per layer the smallest power of 2 meeting "
+            f"--max-error; {FAITHFUL_M:g} without calibration) or a number; larger m is closer to softmax",
+        ),
         "b": Option(None, float, "initial b (> 0); overrides the preset"),
         "n": Option(None, float, "initial n (> 0); overrides the preset"),
         "learn": learn_option("all", ("b", "n")),
@@ -106,13 +124,24 @@ class SSA(Scorer):
 
     def __init__(self, num_heads: int = 1, **options) -> None:
         super().__init__(num_heads, **options)
-        init, m = self.opts["init"], self.opts["m"]
+        if "preset" in self.given and "init" in self.given:
+            raise SpecError("scorer 'ssa': preset= and init= are the same option; give one")
+        init = self.opts["preset"] or self.opts["init"]
+        self.opts["init"] = init
+        m = self.opts["m"]
         if "m" in self.given and init != "faithful":
             raise SpecError("scorer 'ssa': m only applies to init=faithful (e.g. ssa:init=faithful,m=256)")
+        if init == "authors":  # one n per layer, learned; b fixed (unless the spec says otherwise)
+            self.opts["share"] = self.given.get("share", "layer")
+            self.opts["learn"] = self.given.get("learn", "n")
+            self.learn = self._learn_set()
         if init == "faithful":
+            m = FAITHFUL_M if m == "auto" else m
             if not 0 < m < 1 / POSITIVE_EPS:
                 raise SpecError(f"scorer 'ssa': m must be in (0, {1 / POSITIVE_EPS:g}), got {m:g}")
             b, n = 1.0 / m, m
+        elif init == "authors":
+            b, n = AUTHORS_B, AUTHORS_N
         else:
             b, n = PAPER_B, PAPER_N
         b = self.opts["b"] if self.opts["b"] is not None else b
