@@ -544,3 +544,42 @@ def test_an_unknown_attention_backend_is_a_one_line_usage_error(args, tmp_path, 
     assert code == 2 and "--attention" in err and "bogus" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+# ---- the converted → fine-tuned trajectory ---------------------------------------------------------
+
+
+def test_trajectory_logs_fidelity_n_b_and_loss_at_every_evaluation(tmp_path, lm):
+    from transformers import AutoModelForCausalLM
+
+    from ssacli.train.data import make_objective
+    from ssacli.train.trajectory import FIDELITY_WINDOWS, read_trajectory
+
+    conv, out = tmp_path / "conv", tmp_path / "ft"
+    convert(lm["gpt2"], "ssa:init=faithful,m=64,learn=n", conv)  # records the source
+    config = lm_config(lm["data"], steps=4, anneal_n=2.0, log_every=1)
+    finetune(str(conv), config, out)
+    records = read_trajectory(out)
+    record = training_record(out)
+    assert [r["step"] for r in records] == [0, 2, 4] and record["trajectory"] == records
+    history = {step: loss for step, loss, _ in record["history"]}
+    assert records[0]["loss"] is None and [r["loss"] for r in records[1:]] == [history[2], history[4]]
+    assert [[r["step"], r["heldout_loss"]] for r in records] == record["heldout"]
+    for r in records:  # n annealed linearly from 64 to 2, b = 1/n, one value per layer
+        n = 64 + (2 - 64) * r["step"] / 4
+        assert r["scorer"]["n"] == pytest.approx([n, n], rel=1e-5)
+        assert r["scorer"]["b"] == pytest.approx([1 / n, 1 / n], rel=1e-5)
+    # the fidelity at step 0, independently: the source's own eager path against the converted model
+    loaded = load_model(str(conv))
+    ids = make_objective(loaded, lm["data"], "auto", 16).heldout()[0]["input_ids"][:FIDELITY_WINDOWS]
+    source = AutoModelForCausalLM.from_pretrained(lm["gpt2"], attn_implementation="eager").eval()
+    with torch.no_grad():
+        log_p = F.log_softmax(source(ids).logits.double(), -1)
+        log_q = F.log_softmax(loaded.model(input_ids=ids).logits.double(), -1)
+    kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    assert records[0]["kl_to_source"] == pytest.approx(kl, rel=1e-3, abs=1e-9)
+    assert records[-1]["kl_to_source"] > records[0]["kl_to_source"]  # n = 2 is far from softmax
+    # resuming continues the trajectory
+    finetune(str(conv), lm_config(lm["data"], steps=6, anneal_n=2.0, log_every=1), out, resume=True)
+    again = read_trajectory(out)
+    assert [r["step"] for r in again] == [0, 2, 4, 6] and again[:3] == records

@@ -59,6 +59,7 @@ from ..models.loading import BUILTIN_DIR, LoadedModel, load_model, resolve_devic
 from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
 from .runtime import AnnealN, Distributed, StopSignals
+from .trajectory import Trajectory, write_trajectory
 
 MIN_LR_RATIO = 0.1  # the cosine schedule ends at 10 % of the peak learning rate
 CLIP_NORM = 1.0
@@ -185,6 +186,8 @@ class _Run:
         target = config.anneal_n
         self.anneal = AnnealN(loaded.attention_root, target, config.steps) if target is not None else None
         self.flags = {p: p.requires_grad for p in self.model.parameters()}  # restored at the end
+        self.trajectory: list[dict[str, Any]] = []  # one record per held-out evaluation
+        self.tracker: Trajectory | None = None
 
     def _trainable(self) -> list[nn.Parameter]:
         if self.anneal is not None:
@@ -230,10 +233,12 @@ class _Run:
             raise UsageError(f"the run in {self.out} is at step {state['step']}, past --steps {config.steps}")
         if state["step"] == config.steps:
             return self._finish()
+        if self.ddp.rank == 0:
+            self.tracker = Trajectory.start(self.loaded, self.objective, self.carry.get("source"), self.dev)
         if not resumed:
             if self.anneal is not None:
                 self.anneal.apply(0)
-            state["heldout"] = self._heldout(0)
+            state["heldout"] = self._heldout(0, None, 0.0)
         net = self.model
         if ddp.world > 1:
             ids = [self.dev.index] if self.dev.type == "cuda" else None
@@ -293,8 +298,8 @@ class _Run:
                 self.on_step(done, value, lr, tokens_per_s)
             interrupted = ddp.sum(torch.tensor([float(signals.received is not None)]))[0] > 0
             if done == config.steps or interrupted or done % config.checkpoint_every == 0:
-                state["heldout"] += self._heldout(done)
                 seconds = state["seconds"] + time.perf_counter() - began
+                state["heldout"] += self._heldout(done, value, seconds)
                 average = tokens_here / max(time.perf_counter() - began, 1e-9)  # the record: this session's
                 self._checkpoint(optimizer, {**state, "step": done, "seconds": seconds}, average)
             if interrupted:
@@ -303,8 +308,10 @@ class _Run:
                     f"`ssacli finetune {self.out}` (or --resume)"
                 )
 
-    def _heldout(self, step: int) -> list:
+    def _heldout(self, step: int, train_loss: float | None, seconds: float) -> list:
         loss = self.objective.heldout_loss(self.model, self.dev) if self.ddp.rank == 0 else None
+        if self.tracker is not None:
+            self.trajectory.append(self.tracker.record(self.model, step, train_loss, loss, seconds))
         return [] if loss is None else [[step, round(loss, 6)]]
 
     def _checkpoint(self, optimizer, state, tokens_per_s) -> None:
@@ -321,6 +328,7 @@ class _Run:
                 "steps": self.config.steps,
                 "history": state["history"],
                 "heldout": state["heldout"],
+                "trajectory": self.trajectory,
                 "tokens": state["tokens"],
                 "seconds": round(state["seconds"], 1),
                 "tokens_per_s": round(tokens_per_s, 1),
@@ -334,6 +342,7 @@ class _Run:
             save_model(
                 replace(self.loaded, path=None), self.out, meta=meta, extra_tensors=tensors, overwrite=True
             )
+            write_trajectory(self.out, self.trajectory)  # after the folder is replaced
         self.ddp.barrier()
 
     def _restore(self, optimizer) -> dict:
@@ -356,6 +365,7 @@ class _Run:
         if self.anneal is not None:
             self.anneal.n0 = [tensors[f"anneal.n0.{i}"].double() for i in range(len(self.anneal.n0))]
         state = {k: record.get(k, []) for k in ("history", "heldout")}
+        self.trajectory = list(record.get("trajectory") or [])
         return {
             **state,
             "step": step,
