@@ -139,28 +139,36 @@ def test_terminal_report_shows_collapse_points_heatmap_and_skip_note():
     assert "embed-scale: 4; outlier: none; numeric: skipped" in text  # the summary panel
     assert f"numeric: skipped — {SKIP_NOTE}" in text
     assert "tiny<gpt>&co" in text and "2 × 3" in text
-    # The heatmap defaults to embed-scale (last-level mean max weight 0.705 > outlier's 0.3).
-    assert "heatmap: max_weight, probe embed-scale at level 4" in text
+    # The heatmap defaults to embed-scale (last-level mean max weight 0.705 > outlier's 0.3), at the
+    # level where the heads not collapsed at baseline (all but layer 1, head 2) differ most: level
+    # 2 (collapse rates .2 .2 .2 .4 .4: spread 0.098; level 4: .5 .5 .5 .6 .7, 0.08).
+    assert "heatmap: max_weight, probe embed-scale at level 2 (where heads differ most)" in text
     heat_rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["0"], ["1"])]
-    assert [".55", ".60", ".65"] in [row[1:] for row in heat_rows]
-    assert [".70", ".80", ".93"] in [row[1:] for row in heat_rows]
+    assert [".40", ".40", ".40"] in [row[1:] for row in heat_rows]
+    assert [".50", ".50", ".50"] in [row[1:] for row in heat_rows]
+    # Per-head collapse points: layer 0 collapses at 4, layer 1 heads 0-1 at 4, head 2 at baseline.
+    cells = [row[1:] for row in heat_rows]
+    assert ["4", "4", "4"] in cells and ["4", "4", "B"] in cells
+    assert "collapsed at baseline (not counted in its collapse point): L1H2" in text
     # outlier_capture gets a column only where it is defined; row mass is 1 everywhere: no column.
     assert text.count("capture") == 1  # the outlier table's header
     assert "row mass" not in text
     assert "loss" in text
-    # Most saturated at level 4 of embed-scale: collapse rates 0.8, 0.7, 0.6 in layer 1, heads 2, 1, 0.
-    lines = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│ embed-scale")]
-    heads = [[cell.strip() for cell in cells][:5] for cells in lines]
+    # Most saturated, each probe at its most different level, baseline-collapsed heads left out:
+    # embed-scale 2 layer 1 heads 0, 1 (0.4), then outlier 100 (0.3 everywhere) layer 0 head 0.
+    table = text[text.index("most saturated heads") :]
+    probes = (["embed-scale"], ["outlier"])
+    heads = [line.split()[:5] for line in table.splitlines() if line.split()[:1] in probes]
     assert heads == [
-        ["embed-scale", "4", "1", "2", "0.8"],
-        ["embed-scale", "4", "1", "1", "0.7"],
-        ["embed-scale", "4", "1", "0", "0.6"],
+        ["embed-scale", "2", "1", "0", "0.4"],
+        ["embed-scale", "2", "1", "1", "0.4"],
+        ["outlier", "100", "0", "0", "0.3"],
     ]
 
 
 def test_heatmap_of_another_metric_and_probe():
     text = _render(render_diagnose, result_a(), heatmap_metric="outlier_capture", heatmap_probe="outlier")
-    assert "heatmap: outlier_capture, probe outlier at level 100" in text
+    assert "heatmap: outlier_capture, probe outlier at level 100 (its harshest)" in text
     heat_rows = [line.split() for line in text.splitlines() if line.split()[:1] == ["1"]]
     assert [".40", ".40", ".40"] in [row[1:] for row in heat_rows]
 
@@ -187,7 +195,7 @@ def test_heatmap_colors_only_where_color_is_allowed():
         render_diagnose(result_a(), console)
         outputs[no_color] = file.getvalue()
     assert "48;2;" in outputs[False]  # 24-bit background
-    assert "48;2;" not in outputs[True] and ".93" in outputs[True]
+    assert "48;2;" not in outputs[True] and ".50" in outputs[True]
 
 
 def test_heat_cell_format():
@@ -221,7 +229,7 @@ def test_terminal_comparison_on_common_levels():
 def test_compare_results_deltas_by_hand():
     data = compare_results(result_a(), result_b())
     json.dumps(data, allow_nan=False)  # no NaN may leak into the JSON
-    assert data["schema"] == "ssacli-diagnose-comparison" and data["schema_version"] == 1
+    assert data["schema"] == "ssacli-diagnose-comparison" and data["schema_version"] == 2
     assert set(data["deltas"]) == {"embed-scale", "outlier"}  # numeric is skipped in both
     embed = data["deltas"]["embed-scale"]
     assert embed["levels"] == [1.0, 2.0, 4.0]
@@ -329,3 +337,43 @@ def test_json_round_trip_keeps_nan_and_collapse_points():
     a = DiagnoseResult.from_dict(result_a().to_dict())
     assert a.probe("embed-scale").extras == {"loss": [3.0, 3.5, None]}
     assert a.most_saturated(3) == result_a().most_saturated(3)
+
+
+# ---- 80 columns ------------------------------------------------------------------------------------
+
+
+def _wide_result(model="m") -> DiagnoseResult:
+    """Every column a probe table can have (capture, row mass, two extras) and long values."""
+    probe = _probe("dominant-key", [0, 2, 4, 8, 16, 32], [[[0.0] * 3] * 2] * 6, [[[0.123456] * 3] * 2] * 6,
+                   capture=[[[0.000123] * 3] * 2] * 6, extras={"loss": [3.5] * 6, "error": [0.125] * 6})
+    probe.metrics["row_mass"] = np.full((6, 2, 3), 0.777)
+    probe.layer_metrics["target_logit_rms"] = np.array([[1.0, 1.0]] + [[12.5, 14.0]] * 5)
+    return _result([probe], model=model)
+
+
+def test_every_table_reads_at_80_columns_without_truncation():
+    """A fixed 80-column console: no cell is cut to '…', no line is longer than 80; wide tables split
+    (the level column repeats) rather than drop columns."""
+    a, b = _wide_result("a"), result_b()
+    texts = [
+        _render80(render_diagnose, a),
+        _render80(render_diagnose, result_a()),
+        _render80(render_comparison, result_a(), b),
+        _render80(render_comparison, a, _wide_result("b")),
+    ]
+    for text in texts:
+        assert "…" not in text
+        assert max(len(line) for line in text.splitlines()) <= 80
+    # every column of the wide probe table is there, split over two tables
+    first = texts[0]
+    for header in ("entropy", "max w", "collapse", "eff. tok", "top-k", "sink", "capture", "row mass",
+                   "logit rms ×", "loss", "error"):
+        assert header in first, header
+    assert first.count(" level") >= 2
+    assert "0.000123" in first and "13.25" in first  # (12.5 + 14) / 2
+
+
+def _render80(fn, *args, **kwargs) -> str:
+    console = Console(record=True, width=80, color_system=None, file=io.StringIO())
+    fn(*args, console, **kwargs)
+    return console.export_text()

@@ -165,16 +165,20 @@ class ProbeResult:
         ]
 
     def most_different_level(self) -> int:
-        """Index of the level where heads differ most (largest spread of collapse rate, then max weight)."""
+        """Index of the level where the heads not collapsed at baseline differ most (largest spread
+        of collapse rate, then of max weight; ties: the harsher level)."""
         best, index = -1.0, len(self.levels) - 1
+        if not {"collapse_rate", "max_weight"} <= set(self.metrics):
+            return index
+        keep = ~self.baseline_collapsed()
         for i in range(len(self.levels)):
             spread = 0.0
             for metric in ("collapse_rate", "max_weight"):
-                grid = self.metrics[metric][i]
+                grid = self.metrics[metric][i][keep]
                 finite = grid[np.isfinite(grid)]
                 if finite.size > 1:
                     spread += float(finite.std()) * (1000 if metric == "collapse_rate" else 1)
-            if spread > best:
+            if spread >= best - 1e-12:
                 best, index = spread, i
         return index
 

@@ -21,8 +21,8 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..diagnosis.metrics import METRICS
-from ..diagnosis.result import DiagnoseResult, ProbeResult, common_levels
+from ..diagnosis.metrics import LAYER_METRICS, METRICS
+from ..diagnosis.result import DiagnoseResult, ProbeResult, common_levels, compare_findings
 from ..errors import UsageError
 
 # Yellow -> orange -> dark red (ColorBrewer YlOrRd): light is calm, dark is saturated.
@@ -114,16 +114,74 @@ def table_columns(probe: ProbeResult) -> list[str]:
     return names
 
 
+REACH_COLUMN = "logit rms ×"  # the per-level logit RMS ÷ the first level's (where the probe acts)
+
+
 def probe_table_rows(probe: ProbeResult) -> tuple[list[str], list[list[str]]]:
-    """Header and formatted rows (one per level) of a probe's model-mean table."""
+    """Header and formatted rows (one per level) of a probe's model-mean table: the metrics, the
+    logit RMS ratio for magnitude probes (did the probe reach attention?), then the extras. A level
+    whose forward overflowed reads "overflow" in every cell."""
     metrics = table_columns(probe)
     means = {m: probe.model_mean(m) for m in metrics}
-    header = ["level", *metrics, *probe.extras]
+    reach = probe.reach_model() if probe.kind is not None and probe.kind.magnitude else None
+    if reach is not None and all(r is None for r in reach):
+        reach = None
+    extras = [k for k in probe.extras if k != "tokens"]
+    header = ["level", *(["tokens"] if "tokens" in probe.extras else []), *metrics,
+              *([REACH_COLUMN] if reach is not None else []), *extras]  # fmt: skip
     rows = []
     for i, level in enumerate(probe.levels):
-        extras = [fmt(values[i] if i < len(values) else None) for values in probe.extras.values()]
-        rows.append([fmt_level(level), *(fmt(means[m][i]) for m in metrics), *extras])
+        if probe.overflowed(i):
+            rows.append([fmt_level(level), *(["overflow"] * (len(header) - 1))])
+            continue
+        row = [fmt_level(level)]
+        if "tokens" in probe.extras:
+            row.append(fmt(probe.extras["tokens"][i]))
+        row += [fmt(means[m][i]) for m in metrics]
+        if reach is not None:
+            row.append("–" if reach[i] is None else f"{reach[i]:.2f}")
+        row += [fmt(probe.extras[k][i] if i < len(probe.extras[k]) else None) for k in extras]
+        rows.append(row)
     return header, rows
+
+
+def column_header(name: str) -> str:
+    if name in METRICS:
+        return METRICS[name].header
+    if name in LAYER_METRICS:
+        return LAYER_METRICS[name].header
+    return name
+
+
+def split_columns(widths: list[int], width: int, keep: int = 1, group: int = 1) -> list[list[int]]:
+    """Column indices per table so that each fits ``width`` characters: the first ``keep`` columns
+    (the row labels) repeat in every table; the others go in groups of ``group`` (A, B, Δ of one
+    metric stay together). Every cell keeps its full text: tables split, they never truncate."""
+    head = list(range(keep))
+    base = sum(widths[:keep])
+    tables, current, used = [], [], base
+    rest = list(range(keep, len(widths)))
+    for start in range(0, len(rest), group):
+        chunk = rest[start : start + group]
+        need = sum(widths[i] for i in chunk)
+        if current and used + need > width:
+            tables.append(head + current)
+            current, used = [], base
+        current += chunk
+        used += need
+    if current or not tables:
+        tables.append(head + current)
+    return tables
+
+
+def summary_findings(result: DiagnoseResult) -> list[str]:
+    """The findings' sentences, in order (terminal and HTML show the same list)."""
+    return [f["text"] for f in result.findings()]
+
+
+def collapse_cell(probe: ProbeResult) -> str:
+    """What the summary says about a probe's collapse point (n/a and overflow included)."""
+    return probe.collapse_status()
 
 
 def summary_facts(result: DiagnoseResult) -> list[tuple[str, str]]:
@@ -133,9 +191,7 @@ def summary_facts(result: DiagnoseResult) -> list[tuple[str, str]]:
         f"{p.name}: " + ("skipped" if p.skipped else ", ".join(fmt_level(v) for v in p.levels))
         for p in result.probes
     )
-    points = "; ".join(
-        f"{p.name}: " + ("skipped" if p.skipped else fmt_collapse(p.collapse_point())) for p in result.probes
-    )
+    points = "; ".join(f"{p.name}: " + ("skipped" if p.skipped else collapse_cell(p)) for p in result.probes)
     device = f"{describe(settings.get('device'))} / {describe(settings.get('dtype'))}"
     return [
         ("model", result.model),
@@ -225,21 +281,73 @@ def render_diagnose(
     heatmap_probe: str | None = None,
     top: int = 5,
 ) -> None:
-    """Summary panel, one table per probe, a layer × head heatmap, the most saturated heads."""
+    """Summary panel, the findings, one table per probe (split to fit the width), the heads
+    collapsed at baseline, a layer × head grid of per-head collapse points and a heatmap at the
+    level where heads differ most, the most saturated heads."""
     console.print(facts_panel(summary_facts(result), "ssacli diagnose"))
+    findings = summary_findings(result)
+    if findings:
+        console.print(findings_panel(findings))
     for probe in result.probes:
         if probe.skipped:
             console.print(Text(f"{probe.name}: skipped — {probe.note or 'no countable rows'}", style="dim"))
             continue
-        console.print(_probe_table(probe))
+        for table in _probe_tables(probe, console.width):
+            console.print(table)
+        if probe.insensitive:
+            console.print(Text(f"n/a: insensitive by construction: {probe.insensitive}", style="dim"))
+        collapsed = probe.baseline_collapsed_heads()
+        if collapsed:
+            heads = ", ".join(f"L{layer}H{head}" for layer, head in collapsed)
+            line = f"collapsed at baseline (not counted in its collapse point): {heads}"
+            console.print(Text(line, style="dim"))
     if any(not p.skipped for p in result.probes):
         chosen = pick_heatmap(result, heatmap_metric, heatmap_probe)
-        for table in heatmap_tables(result, chosen, heatmap_metric, console.width):
+        points = collapse_point_grid(chosen)
+        if points is not None:
+            for table in grid_tables(result, points, None, console.width, text=True):
+                console.print(table)
+            console.print(Text(collapse_grid_legend(chosen), style="dim"))
+        index = chosen.most_different_level()
+        for table in heatmap_tables(result, chosen, heatmap_metric, console.width, index):
             console.print(table)
-        console.print(Text(heatmap_legend(chosen, heatmap_metric), style="dim"))
+        console.print(Text(heatmap_legend(chosen, heatmap_metric, index), style="dim"))
     heads = result.most_saturated(top)
     if heads:
-        console.print(_saturated_table(result, heads))
+        for table in _saturated_tables(result, heads, console.width):
+            console.print(table)
+
+
+def findings_panel(findings: list[str]) -> Panel:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for text in findings:
+        grid.add_row("•", Text(text))
+    return Panel(grid, title="findings", title_align="left", expand=False)
+
+
+def collapse_point_grid(probe: ProbeResult) -> list[list[str]] | None:
+    """[layer][head] cells: the level where each head collapses, "B" if it is collapsed at the
+    first level (baseline), "·" if it never does (None when no head ever collapses)."""
+    if probe.insensitive or "collapse_rate" not in probe.metrics:
+        return None
+    points = probe.head_collapse_points()
+    base = probe.baseline_collapsed()
+    cells = [
+        ["B" if base[layer, head] else ("·" if p is None else fmt_level(p)) for head, p in enumerate(row)]
+        for layer, row in enumerate(points)
+    ]
+    if all(c == "·" for row in cells for c in row):
+        return None
+    return cells
+
+
+def collapse_grid_legend(probe: ProbeResult) -> str:
+    return (
+        f"per-head collapse points, probe {probe.name}: the first level where the head collapses "
+        "(max weight ≥ τ in half its rows); B = collapsed at baseline, · = never"
+    )
 
 
 def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) -> None:
@@ -252,6 +360,9 @@ def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) ->
         ("Δ", "B − A of the model means; red = B more saturated, green = B less"),
     ]
     console.print(facts_panel(facts, "ssacli diagnose: comparison"))
+    changes = [f["text"] for f in compare_findings(a, b)]
+    if changes:
+        console.print(findings_panel(changes))
     names_b = {p.name for p in b.probes}
     for pa in a.probes:
         if pa.name not in names_b:
@@ -262,11 +373,12 @@ def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) ->
             which = " and ".join(s for s, p in (("A", pa), ("B", pb)) if p.skipped)
             console.print(Text(f"{pa.name}: skipped in {which}", style="dim"))
             continue
-        table = comparison_table(pa, pb)
-        if table is None:
+        tables = comparison_tables(pa, pb, console.width)
+        if not tables:
             console.print(Text(f"{pa.name}: no level in common", style="dim"))
             continue
-        console.print(table)
+        for table in tables:
+            console.print(table)
     for pb in b.probes:
         if pb.name not in {p.name for p in a.probes}:
             console.print(Text(f"{pb.name}: only in B", style="dim"))
@@ -315,29 +427,70 @@ def comparison_table(pa: ProbeResult, pb: ProbeResult) -> Table | None:
     return table
 
 
-def heatmap_legend(probe: ProbeResult, metric: str) -> str:
+def comparison_tables(pa: ProbeResult, pb: ProbeResult, width: int) -> list[Table]:
+    """:func:`comparison_table`'s cells, split into tables of whole metrics (A, B, Δ together)
+    that fit ``width``; the level column repeats in each."""
+    shared = common_levels(pa, pb)
+    if not shared:
+        return []
+    metrics = comparison_columns(pa, pb)
+    title = f"{pa.name} · collapse point A {collapse_cell(pa)} → B {collapse_cell(pb)}"
+    header = ["\nlevel"] + [f"{METRICS[m].short}\n{side}" for m in metrics for side in ("A", "B", "Δ")]
+    means = {m: (pa.model_mean(m), pb.model_mean(m)) for m in metrics}
+    rows = []
+    for level, ia, ib in shared:
+        cells: list[Text | str] = [fmt_level(level)]
+        for m in metrics:
+            va, vb = float(means[m][0][ia]), float(means[m][1][ib])
+            cells += [_fixed(va), _fixed(vb), _delta_text(m, vb - va)]
+        rows.append(cells)
+    tables = _split_tables(title, header, rows, width, keep=1, group=3)
+    abbreviated = [f"{METRICS[m].short} = {m}" for m in metrics if METRICS[m].short != m]
+    if abbreviated:
+        tables[-1].caption = ", ".join(abbreviated)
+        tables[-1].caption_justify = "left"
+    return tables
+
+
+def heatmap_legend(probe: ProbeResult, metric: str, index: int | None = None) -> str:
     direction = METRICS[metric].direction
     saturated = {"high": "high values", "low": "low values"}.get(direction, "no direction")
+    index = len(probe.levels) - 1 if index is None else index
+    which = "its harshest" if index == len(probe.levels) - 1 else "where heads differ most"
     return (
-        f"heatmap: {metric}, probe {probe.name} at level {fmt_level(probe.levels[-1])} (its harshest); "
+        f"heatmap: {metric}, probe {probe.name} at level {fmt_level(probe.levels[index])} ({which}); "
         f"rows = layers, columns = heads; darker = more saturated ({saturated}); · = undefined"
     )
 
 
-def heatmap_tables(result: DiagnoseResult, probe: ProbeResult, metric: str, width: int) -> list[Table]:
-    """The layer × head grid as rich tables of colored cells, split into column groups that fit
-    the terminal so wide models never wrap mid-cell."""
-    grid = probe.metrics[metric][-1]
-    lo, hi = saturation_scale(metric, grid)
-    texts = [[heat_cell(v) for v in row] for row in grid]
+def heatmap_tables(
+    result: DiagnoseResult, probe: ProbeResult, metric: str, width: int, index: int | None = None
+) -> list[Table]:
+    """The layer × head grid at level ``index`` (default: the harshest) as rich tables of colored
+    cells, split into column groups that fit the terminal so wide models never wrap mid-cell."""
+    grid = probe.metrics[metric][-1 if index is None else index]
+    return grid_tables(result, grid, metric, width)
+
+
+def grid_tables(
+    result: DiagnoseResult, grid, metric: str | None, width: int, text: bool = False
+) -> list[Table]:
+    """A layer × head grid (numbers colored by ``metric``, or ready-made strings when ``text``)."""
+    if text:
+        texts = [list(row) for row in grid]
+        lo = hi = 0.0
+    else:
+        lo, hi = saturation_scale(metric, grid)
+        texts = [[heat_cell(v) for v in row] for row in grid]
     cell = max((len(t) for row in texts for t in row), default=3) + 1
-    labels = layer_labels(result.layers)[: grid.shape[0]]
-    labels += [str(i) for i in range(len(labels), grid.shape[0])]
+    n_layers, n_heads = len(texts), max((len(r) for r in texts), default=0)
+    labels = layer_labels(result.layers)[:n_layers]
+    labels += [str(i) for i in range(len(labels), n_layers)]
     label_width = max(len(s) for s in labels) + 1
     per_table = max(1, (width - label_width - 2) // cell)
     tables = []
-    for start in range(0, grid.shape[1], per_table):
-        heads = range(start, min(start + per_table, grid.shape[1]))
+    for start in range(0, n_heads, per_table):
+        heads = range(start, min(start + per_table, n_heads))
         table = Table(box=None, padding=0, pad_edge=False, show_edge=False)
         table.add_column("layer\\head", no_wrap=True, min_width=label_width)
         for head in heads:
@@ -345,7 +498,7 @@ def heatmap_tables(result: DiagnoseResult, probe: ProbeResult, metric: str, widt
         for layer, label in enumerate(labels):
             row: list[Text] = [Text(label + " ")]
             for head in heads:
-                style = _heat_style(metric, grid[layer, head], lo, hi)
+                style = Style() if text else _heat_style(metric, grid[layer, head], lo, hi)
                 row.append(Text(texts[layer][head].rjust(cell), style=style))
             table.add_row(*row)
         tables.append(table)
@@ -372,32 +525,50 @@ def _shape(result: DiagnoseResult) -> str:
     return f"{len(result.layers)} × {heads[0] if len(heads) == 1 else f'{heads[0]}–{heads[-1]}'}"
 
 
-def _probe_table(probe: ProbeResult) -> Table:
+def _probe_tables(probe: ProbeResult, width: int) -> list[Table]:
     header, rows = probe_table_rows(probe)
-    point = fmt_collapse(probe.collapse_point())
-    title = f"{probe.name} · model means · collapse point {point}"
+    title = f"{probe.name} · model means · collapse point {collapse_cell(probe)}"
     if probe.note:
         title += f" · {probe.note}"
-    table = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False
-    )
-    for name in header:
-        table.add_column(METRICS[name].header if name in METRICS else name, justify="right", no_wrap=True)
-    for row in rows:
-        table.add_row(*row)
-    return table
+    names = [column_header(n) for n in header]
+    return _split_tables(title, names, rows, width, keep=1)
 
 
-def _saturated_table(result: DiagnoseResult, heads: list[dict[str, Any]]) -> Table:
+def _split_tables(
+    title: str, header: list[str], rows: list[list], width: int, keep: int = 1, group: int = 1,
+    left: tuple[int, ...] = (),
+) -> list[Table]:  # fmt: skip
+    """Plain tables of the given cells that each fit ``width`` (one space between columns)."""
+    widths = [
+        max(max((len(line) for line in str(h).split("\n")), default=0),
+            max((len(c.plain if isinstance(c, Text) else str(c)) for c in col), default=0)) + 1
+        for h, col in zip(header, zip(*rows) if rows else [()] * len(header))
+    ]  # fmt: skip
+    tables = []
+    # SIMPLE_HEAD draws a space between columns (counted in each width) and one at each edge.
+    for part, columns in enumerate(split_columns(widths, width - 3, keep, group)):
+        table = Table(
+            title=title if part == 0 else None, title_justify="left", box=box.SIMPLE_HEAD,
+            padding=0, pad_edge=False, collapse_padding=True,
+        )  # fmt: skip
+        for i in columns:
+            table.add_column(header[i], justify="left" if i in left else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*(row[i] for i in columns))
+        tables.append(table)
+    return tables
+
+
+def _saturated_tables(result: DiagnoseResult, heads: list[dict[str, Any]], width: int) -> list[Table]:
     labels = layer_labels(result.layers)
-    table = Table(title="most saturated heads (harshest level of each probe)", title_justify="left")
-    for name in ("probe", "level", "layer", "head", "collapse_rate", "max_weight", "entropy"):
-        table.add_column(name, justify="left" if name in ("probe", "layer") else "right")
+    header = ["probe", "level", "layer", "head", "collapse", "max w", "entropy"]
+    rows = []
     for h in heads:
         layer = labels[h["layer"]] if h["layer"] < len(labels) else str(h["layer"])
         values = (fmt(h["collapse_rate"]), fmt(h["max_weight"]), fmt(h["entropy"]))
-        table.add_row(h["probe"], fmt_level(h["level"]), layer, str(h["head"]), *values)
-    return table
+        rows.append([h["probe"], fmt_level(h["level"]), layer, str(h["head"]), *values])
+    title = "most saturated heads (at the level where each probe's heads differ most)"
+    return _split_tables(title, header, rows, width, keep=1, left=(0, 2))
 
 
 def _heat_style(metric: str, value: float, lo: float, hi: float) -> Style:
