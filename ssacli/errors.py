@@ -81,7 +81,9 @@ def exit_code(err: BaseException) -> int:
 
 
 def check_exit_code(err: BaseException) -> int:
-    """The exit code of an ``ssacli check`` that ended with ``err``: usage and input errors (an
-    unwritable output included) are the user's to fix; anything else means the model cannot be
-    checked."""
+    """The exit code of an ``ssacli check`` that ended with ``err``: an output that cannot be written
+    is EXIT_INPUT, as in every command; other usage and input errors are the user's to fix;
+    anything else means the model cannot be checked."""
+    if isinstance(err, OutputError):
+        return EXIT_INPUT
     return EXIT_CHECK_USAGE if isinstance(err, UsageError | InputError) else EXIT_CHECK_UNCHECKABLE

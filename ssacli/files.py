@@ -51,6 +51,20 @@ def check_writable(path: str | Path, option: str) -> None:
         )
 
 
+def check_writable_folder(path: str | Path, option: str) -> None:
+    """Fail before any work when ``path`` (a folder to write later) could not be created or written."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} '{path}' is a file; give a folder")
+    parent = path.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(
+            f"cannot write {option} '{path}': {parent} is not a writable folder; choose another"
+        )
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -224,3 +224,67 @@ def test_requirement_failure_names_the_worst_head():
     grid = result.probe("dominant-key").metrics["max_weight"][1]
     layer, head = np.unravel_index(int(np.nanargmax(grid)), grid.shape)
     assert not outcome.passed and f"worst: layer {layer} head {head}" in outcome.message
+
+
+# ---- outputs first, exit codes, check --init ---------------------------------------------------------
+
+
+def _unwritable(tmp_path):
+    """A folder nobody can write: read-only for a user; for root (who writes anywhere) a path
+    under a plain file, which no one can create."""
+    import os
+
+    if os.geteuid() == 0:
+        blocker = tmp_path / "file"
+        blocker.write_text("x")
+        return blocker
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["diagnose", "--json", "{ro}/out.json"],
+        ["diagnose", "--html", "{ro}/out.html"],
+        ["check", "-r", "entropy@outlier:1 >= 0", "--junit", "{ro}/junit.xml"],
+        ["check", "-r", "entropy@outlier:1 >= 0", "--json", "{ro}/check.json"],
+        ["icl", "eval", "builtin:every-softmax", "--plot", "{ro}/plot.png"],
+    ],
+)
+def test_an_unwritable_output_is_exit_4_before_any_work(tmp_path, args):
+    import subprocess
+    import sys
+    import time
+
+    ro = _unwritable(tmp_path)
+    argv = [a.format(ro=ro) for a in args]
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "ssacli", *argv]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 4, done.stderr
+    assert "not a writable folder" in done.stderr
+    assert elapsed < 6.0  # interpreter start + imports; no model is loaded (a run takes far longer)
+
+
+def test_check_init_gates_only_probes_that_reach_this_models_attention(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from ssacli.cli import app
+
+    model = build_model("llama", num_hidden_layers=1)
+    model.save_pretrained(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    done = runner.invoke(app, ["check", "--init", "m", "--config", "gate.toml"])
+    assert done.exit_code == 0, done.output
+    text = (tmp_path / "gate.toml").read_text()
+    # RMSNorm divides embed-scale back out in a one-layer pre-norm model: no gate on it
+    assert "# embed-scale:8 did not reach attention" in text
+    assert '"collapse_rate@embed-scale' not in text
+    assert '"collapse_rate@key-scale:8 <=' in text and '"collapse_rate@logit-scale:4 <=' in text
+    done = runner.invoke(app, ["check", "--config", "gate.toml"])
+    assert done.exit_code == 0, done.output  # the measured gate passes on the model it was measured on

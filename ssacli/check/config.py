@@ -108,17 +108,58 @@ _REQUIRES = {
 }
 
 
-def init_config(family: str, model: str = DEFAULT_MODEL) -> str:
+# What `check --init` measures: each magnitude probe at its neutral level and one harsh level.
+INIT_PROBES = ("embed-scale:1,8", "outlier:1,100", "key-scale:1,8", "logit-scale:1,4", "dominant-key:0,8")
+INIT_MARGIN = 0.1  # thresholds sit this far above what the model measures, so it passes as it is
+
+
+def measured_requires(result) -> str:
+    """Requirement lines for a measured ``DiagnoseResult`` of :data:`INIT_PROBES`: each probe that
+    reached attention (its logit RMS moved) gets a collapse-rate gate (and a capture gate for probes
+    with a target) just above what the model measures; probes that did not reach attention, or
+    that the scorer cannot respond to, are listed as comments saying why (a gate on them could never
+    fail)."""
+    lines = []
+    for probe in result.probes:
+        if probe.skipped:
+            lines.append(f"    # {probe.name}: skipped ({probe.note or 'not measured'})")
+            continue
+        level = probe.levels[-1]
+        ratio = probe.reach_model()[-1]
+        moved = "–" if ratio is None else f"×{ratio:.2f}"
+        if probe.insensitive:
+            lines.append(f"    # {probe.name}: n/a for this scorer ({probe.insensitive})")
+            continue
+        if probe.reached() is False:
+            reason = f"did not reach attention here (logit RMS {moved}): no gate"
+            lines.append(f"    # {probe.name}:{level:g} {reason}")
+            continue
+        if probe.overflowed(len(probe.levels) - 1):
+            lines.append(f"    # {probe.name}:{level:g} overflowed here: no gate")
+            continue
+        for metric in ("collapse_rate", "outlier_capture") if probe.kind.has_target else ("collapse_rate",):
+            value = float(probe.model_mean(metric)[-1])
+            if value != value:
+                continue
+            limit = min(1.0, round(value + INIT_MARGIN, 2))
+            lines.append(f"    # measured {value:.3f} (logit RMS {moved}); fails if it rises past {limit:g}")
+            lines.append(f'    "{metric}@{probe.name}:{level:g} <= {limit:g}",')
+    return "\n".join(lines) + "\n"
+
+
+def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = None) -> str:
     """A commented ssacli.toml with default requirements for ``family``: a kind (icl, causal,
     masked, encoder, seq2seq) or a ``model_type`` such as llama, bert or icl-gpt2. The ICL
     thresholds sit well clear of what builtin:every-softmax measures, so it passes; those for other
     models are loose starting points: tighten them, or gate on a baseline, once you have measured."""
     kind = family if family in KINDS else family_kind(family)
     what = "an in-context-learning model" if kind == "icl" else f"a transformers model ({kind})"
+    if requires is not None:
+        what += "; thresholds measured on it (probes that do not reach its attention get no gate)"
     return _TEMPLATE.format(
         what=what,
         model=json.dumps(model),
         samples=SAMPLES,
         seed=SEED,
-        requires=_REQUIRES["icl" if kind == "icl" else "lm"],
+        requires=requires if requires is not None else _REQUIRES["icl" if kind == "icl" else "lm"],
     )

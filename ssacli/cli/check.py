@@ -21,7 +21,7 @@ from rich.table import Table
 
 from ..defaults import DEFAULT_MODEL
 from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, UsageError, check_exit_code
-from ..files import write_text
+from ..files import check_writable, write_text
 from .options import AllowDownload, AllowPickle, Device, Dtype, debugging, print_error, progress
 
 CONFIG_FILE = "ssacli.toml"
@@ -108,8 +108,8 @@ def _check(model_ref, *, config, require, baseline, max_regression, junit, json_
             f"no requirements ({where}); pass --require EXPR or write one with `ssacli check --init`"
         )
     for option, path in (("--junit", junit), ("--json", json_out)):
-        if path is not None and path.is_dir():
-            raise UsageError(f"{option} '{path}' is a folder; give a file name")
+        if path is not None:
+            check_writable(path, option)  # a folder, or nowhere writable: fail before any work
     for key in ("tau", "max_regression"):
         if key in settings:
             settings[key] = float(settings[key])
@@ -187,14 +187,22 @@ def _init(model_ref: str | None, config: Path | None) -> int:
     if target.exists():
         raise UsageError(f"'{target}' already exists; edit it, or remove it to write fresh defaults")
     model = model_ref or DEFAULT_MODEL
+    check_writable(target, "--config")
     kind = model_kind(model)
+    from .. import diagnose
+    from ..check.config import INIT_PROBES, measured_requires
+    from ..defaults import SAMPLES, SEED
+
+    with progress(f"measuring {model} for {target}", quiet=False):
+        result = diagnose(model, list(INIT_PROBES), samples=SAMPLES, seed=SEED)
+    requires = measured_requires(result)
     local = Path(model).expanduser()
     if not model.startswith("builtin:") and local.exists():  # config paths are relative to the file
         model = Path(os.path.relpath(local.resolve(), target.resolve().parent)).as_posix()
-    write_text(init_config(kind, model), target)
+    write_text(init_config(kind, model, requires), target)
     article = "an" if kind == "icl" else "a"
     Console().print(
-        f"wrote {target} (defaults for {article} {kind} model; see the comments)", highlight=False
+        f"wrote {target} (requirements measured on {article} {kind} model; see the comments)", highlight=False
     )
     return EXIT_CHECK_PASSED
 

@@ -276,8 +276,10 @@ def run_finetune(loaded, config, out: Path, *, resume, overwrite, device, meta, 
     the one display of every training command (convert --finetune, finetune, train)."""
     from rich.progress import TextColumn, TimeRemainingColumn
 
+    from ..files import check_writable_folder
     from ..train.finetune import finetune, training_record
 
+    check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
     kwargs = {"resume": resume, "overwrite": overwrite, "device": device, "meta": meta}
     stats = "loss {task.fields[loss]:.4g} · lr {task.fields[lr]:.2e} · {task.fields[tps]:,.0f} tok/s"
     columns = bar_columns(TextColumn(stats), TimeRemainingColumn())

@@ -90,10 +90,14 @@ def icl_eval(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
 ) -> None:
     """Evaluate an ICL model over σ × length, and with planted outliers."""
+    from ..files import check_writable
     from ..icl import cells_to_json, evaluate, load_icl, parse_outlier, resolve_device
     from ..models.loading import resolve_model_path
     from ..report.icl import icl_legend, icl_tables
 
+    for option, path in (("--json", json_out), ("--plot", plot)):
+        if path is not None:
+            check_writable(path, option)  # before any work
     lengths = tuple(int(v) for v in floats(length, "length"))
     try:
         probes = [parse_outlier(v) for v in outlier.split(",")] if outlier else []
