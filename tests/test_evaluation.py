@@ -445,3 +445,32 @@ def test_report_errors_are_one_line_with_their_code_and_leave_no_file(tmp_path, 
         assert exit_code == code, (args, stderr)
         assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], (args, stderr)
         assert stdout == "" and not out.exists() and not list(tmp_path.glob(".out.json*")), args
+
+
+def test_report_shows_the_conversion_and_the_fine_tuning_trajectory(tmp_path):
+    from ssacli.conversion import convert
+    from ssacli.report.before_after import render_report, report_html, trajectory_rows
+    from ssacli.train.finetune import FinetuneConfig, finetune
+    from ssacli.train.trajectory import read_trajectory
+
+    before = save_lm(tmp_path / "a", 0)
+    (tmp_path / "corpus.txt").write_text(random_text(400))
+    convert(before, "ssa:init=faithful,learn=n", tmp_path / "conv")
+    config = FinetuneConfig(data=str(tmp_path / "corpus.txt"), steps=2, batch_size=2, seq_len=16,
+                            anneal_n=2.0, checkpoint_every=1)  # fmt: skip
+    finetune(str(tmp_path / "conv"), config, tmp_path / "ft")
+    report = compare_models(before, str(tmp_path / "ft"), probes=["outlier:1"], samples=2)
+    after = report["conversion"]["after"]
+    assert report["conversion"]["before"] == {}  # a plain transformers folder
+    assert after["trajectory"] == read_trajectory(tmp_path / "ft") and len(after["trajectory"]) == 3
+    assert [row["m"] for row in after["fidelity"]["layers"]]  # m=auto's choice travels along
+    rows = trajectory_rows(after["trajectory"])
+    assert [r[0] for r in rows] == ["0", "1", "2"] and rows[-1][5].startswith("2 ")  # n annealed to 2
+    page = report_html(report)
+    assert "fine-tuning trajectory" in page and 'alt="fine-tuning trajectory"' in page
+    assert "m per layer (m=auto)" in page
+    from rich.console import Console
+
+    console = Console(record=True, width=160)
+    render_report(report, console)
+    assert "fine-tuning trajectory" in console.export_text()

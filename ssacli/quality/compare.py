@@ -110,9 +110,30 @@ def compare_models(
         "measurements": measured,
         "diagnose": compare_results(*diagnosed),
         "notes": notes,
+        "conversion": {side: conversion_record(m) for side, m in zip(("before", "after"), models)},
         "versions": software_versions(),
         "elapsed_s": round(time.perf_counter() - started, 3),
     }
+
+
+def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
+    """What ssacli.json says about how a folder was made: its conversion fidelity (with the m chosen
+    per layer) and, for fine-tuned folders, the training trajectory (one record per evaluation:
+    loss, held-out loss, KL to the source model, b and n per layer). Empty for other models."""
+    from ..models.checkpoint import read_meta
+
+    meta = read_meta(loaded.path) if loaded.path is not None and loaded.kind != "icl" else None
+    if not meta:
+        return {}
+    training = meta.get("training") or {}
+    record = {"source": meta.get("source"), "fidelity": meta.get("fidelity")}
+    if training:
+        record["trajectory"] = training.get("trajectory") or []
+        record["training"] = {
+            k: training.get(k) for k in ("step", "steps", "seconds", "tokens", "tokens_per_s")
+        }
+        record["training"]["config"] = training.get("config")
+    return record
 
 
 def _check_compatible(a: LoadedModel, b: LoadedModel, *, text: bool, pairs: bool) -> None:

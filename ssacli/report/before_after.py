@@ -56,6 +56,7 @@ def header_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
     settings = report.get("settings", {})
     facts.append(("seed", str(settings.get("seed", "–"))))
     facts.append(("Δ", "AFTER − BEFORE; green = AFTER better, red = worse"))
+    facts += conversion_facts(report)
     facts += [("note", note) for note in report.get("notes", [])]
     return facts
 
@@ -76,6 +77,102 @@ def quality_table(report: dict[str, Any]) -> Table | None:
     return table
 
 
+def trajectory_of(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """AFTER's fine-tuning trajectory (``report["conversion"]["after"]``), or []."""
+    return ((report.get("conversion") or {}).get("after") or {}).get("trajectory") or []
+
+
+def conversion_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """AFTER's conversion fidelity, and the m chosen per layer by m=auto."""
+    fidelity = ((report.get("conversion") or {}).get("after") or {}).get("fidelity") or {}
+    facts = []
+    if "kl_per_token" in fidelity:
+        facts.append(("fidelity at conversion", f"KL {fidelity['kl_per_token']:.3g} nats/token, "
+                      f"top-1 agreement {fidelity['top1_agreement']:.2%}"))  # fmt: skip
+    elif "relative_error" in fidelity:
+        facts.append(("fidelity at conversion", f"relative error {fidelity['relative_error']:.3g}"))
+    layers = fidelity.get("layers") or []
+    if layers:
+        ms = ", ".join(f"{row['m']:g}" for row in layers)
+        facts.append(("m per layer (m=auto)", f"{ms}: larger m = SSA's polynomial regime starts later "
+                      "(closer to softmax)"))  # fmt: skip
+    return facts
+
+
+def _mean(values: list[float] | None) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def trajectory_table(records: list[dict[str, Any]]) -> Table | None:
+    """Step, loss, held-out loss, KL to the source model, n and b (mean over layers, min–max)."""
+    if not records:
+        return None
+    table = Table(title="fine-tuning trajectory (AFTER)", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("step", "loss", "held-out loss", "KL to source", "top-1", "n (mean, min–max)", "b (mean)"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in trajectory_rows(records):
+        table.add_row(*row)
+    return table
+
+
+def trajectory_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for r in records:
+        n, b = r.get("scorer", {}).get("n"), r.get("scorer", {}).get("b")
+        n_text = f"{_mean(n):.4g} ({min(n):.3g}–{max(n):.3g})" if n else "–"
+        kl = r.get("kl_to_source")
+        rows.append([
+            str(r["step"]), fmt_value(r.get("loss")), fmt_value(r.get("heldout_loss")),
+            "–" if kl is None else f"{kl:.3g}",
+            "–" if r.get("top1_agreement") is None else f"{r['top1_agreement']:.1%}",
+            n_text, fmt_value(_mean(b)),
+        ])  # fmt: skip
+    return rows
+
+
+def trajectory_figure(records: list[dict[str, Any]]):
+    """Four panels over the steps: losses, KL to the source (log scale), n and b per layer."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 2.8))
+    axes = fig.subplots(1, 4)
+    steps = [r["step"] for r in records]
+    train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
+    held = [(r["step"], r["heldout_loss"]) for r in records if r.get("heldout_loss") is not None]
+    if train:
+        axes[0].plot(*zip(*train), marker=".", label="train (that step)")
+    if held:
+        axes[0].plot(*zip(*held), marker=".", label="held-out")
+    axes[0].set_title("loss", size=9)
+    axes[0].legend(fontsize=7)
+    kl = [(r["step"], max(r["kl_to_source"], 1e-12)) for r in records if r.get("kl_to_source") is not None]
+    if kl:
+        axes[1].semilogy(*zip(*kl), marker=".")
+    axes[1].set_title("KL to the source model (nats/token)", size=9)
+    for ax, name in ((axes[2], "n"), (axes[3], "b")):
+        per_step = [r.get("scorer", {}).get(name) or [] for r in records]
+        layers = max((len(v) for v in per_step), default=0)
+        for layer in range(layers):
+            ax.plot(steps, [v[layer] if layer < len(v) else float("nan") for v in per_step], lw=0.8)
+        ax.set_yscale("log")
+        ax.set_title(f"{name} per layer ({layers} lines)", size=9)
+    for ax in axes:
+        ax.set_xlabel("step", size=8)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def figure_html(fig, alt: str) -> str:
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img alt="{alt}" src="data:image/png;base64,{data}">'
+
+
 def render_report(report: dict[str, Any], console: Console) -> None:
     """Header, the quality table (BEFORE, AFTER, Δ per measure), then the probe comparison."""
     console.print(facts_panel(header_facts(report), "ssacli report: before → after"))
@@ -88,6 +185,9 @@ def render_report(report: dict[str, Any], console: Console) -> None:
         )
     else:
         console.print(table)
+    trajectory = trajectory_table(trajectory_of(report))
+    if trajectory is not None:
+        console.print(trajectory)
     render_comparison(*report_results(report), console)
 
 
@@ -106,6 +206,13 @@ def report_html(report: dict[str, Any]) -> str:
     else:
         note = '<p class="note">no quality measures (no text, pairs or ICL model)</p>'
         sections.append(Section(None, [note]))
+    records = trajectory_of(report)
+    if records:
+        header = ["step", "loss", "held-out loss", "KL to source", "top-1", "n (mean, min–max)", "b (mean)"]
+        figure = figure_html(trajectory_figure(records), "fine-tuning trajectory")
+        sections.append(
+            Section("fine-tuning trajectory (AFTER)", [figure, html_table(header, trajectory_rows(records))])
+        )
     sections.append(Section("attention probes (A = BEFORE, B = AFTER)"))
     sections += comparison_sections(*report_results(report), head_level=3)
     return page(f"ssacli report: {report['before']['model']} → {report['after']['model']}", sections)
