@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from ..diagnosis.metrics import METRICS
-from ..diagnosis.result import COLLAPSE_SHARE, DiagnoseResult, ProbeResult, common_levels
+from ..diagnosis.result import COLLAPSE_SHARE, DiagnoseResult, ProbeResult, common_levels, compare_findings
 from .terminal import (
     comparison_columns,
     delta_verdict,
@@ -39,6 +39,7 @@ from .terminal import (
     layer_labels,
     probe_table_rows,
     summary_facts,
+    summary_findings,
     table_columns,
 )
 
@@ -50,7 +51,10 @@ CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1240px;
        padding: 0 1em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; max-width: 100%; }
+div.scroll { max-width: 100%; overflow-x: auto; }
+table.facts td { overflow-wrap: anywhere; }
+ul.findings li { margin: 0.2em 0; }
 th, td { padding: 0.15em 0.6em; border-bottom: 1px solid #e4e4e4; }
 th { background: #f4f4f4; text-align: right; } th:first-child { text-align: left; }
 td { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; }
@@ -96,6 +100,9 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
     """Summary facts, per probe line plots + heatmaps + table, most saturated heads, and
     versions/settings for reproduction."""
     sections = [Section(f"ssacli diagnose: {result.model}", [facts_table(summary_facts(result))], level=1)]
+    findings = summary_findings(result)
+    if findings:
+        sections.append(Section("findings", [findings_list(findings)]))
     labels = layer_labels(result.layers)
     for probe in result.probes:
         if probe.skipped:
@@ -103,8 +110,14 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
             sections.append(Section(probe.name, [f'<p class="note">skipped: {why}</p>']))
             continue
         body = [f'<p class="note">{escape(probe.note)}</p>'] if probe.note else []
+        if probe.insensitive:
+            body.append(f'<p class="note">n/a: insensitive by construction: {escape(probe.insensitive)}</p>')
+        collapsed = probe.baseline_collapsed_heads()
+        if collapsed:
+            heads = ", ".join(f"L{layer}H{head}" for layer, head in collapsed)
+            body.append(f'<p class="note">collapsed at baseline (not counted): {escape(heads)}</p>')
         body += [
-            f"<p>collapse point: <b>{escape(fmt_collapse(probe.collapse_point()))}</b></p>",
+            f"<p>collapse point: <b>{escape(probe.collapse_status())}</b></p>",
             _img(_line_figure(probe), f"{probe.name}: metrics vs level"),
             _img(_heatmap_figure(probe), f"{probe.name}: layer × head heatmaps"),
             html_table(*probe_table_rows(probe)),
@@ -142,6 +155,9 @@ def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int
     name_a, name_b = _side_label("A", a), _side_label("B", b)
     facts = [("A", name_a), ("B", name_b), ("Δ", "B − A of the model means (red: B more saturated)")]
     sections = [Section("ssacli diagnose: comparison", [facts_table(facts)], level=head_level)]
+    changes = [f["text"] for f in compare_findings(a, b)]
+    if changes:
+        sections.append(Section("findings", [findings_list(changes)], level=head_level + 1))
     probes_b = {p.name: p for p in b.probes}
     for pa in a.probes:
         pb = probes_b.get(pa.name)
@@ -192,6 +208,7 @@ def _line_figure(probe: ProbeResult):
         ax.plot(levels, mean, lw=2.2, color="black", marker="o", ms=3, label="model mean")
         if name == "collapse_rate":
             _share_line(ax, probe.levels)
+        _y_range(ax, name, mean if per_layer is None else per_layer)
         _level_axis(ax, probe.levels)
         _title(ax, name)
     fig.suptitle(
@@ -206,8 +223,9 @@ def _heatmap_figure(probe: ProbeResult):
     height = min(max(2.4, 0.2 * layers + 1.2), 9.0)
     fig = Figure(figsize=(9.0, height))
     axes = fig.subplots(1, 2, squeeze=False)
+    index = probe.most_different_level()
     for ax, metric in zip(axes[0], ("collapse_rate", "max_weight")):
-        grid = probe.metrics[metric][-1]
+        grid = probe.metrics[metric][index]
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=HEAT, vmin=0.0, vmax=1.0, aspect="auto")
         fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
         step_h, step_l = max(1, math.ceil(heads / 16)), max(1, math.ceil(layers / 16))
@@ -216,7 +234,7 @@ def _heatmap_figure(probe: ProbeResult):
         ax.tick_params(labelsize=7)
         ax.set_xlabel("head", size=8)
         ax.set_ylabel("layer", size=8)
-        ax.set_title(f"{metric} at {probe.name} = {fmt_level(probe.levels[-1])}", size=9)
+        ax.set_title(f"{metric} at {probe.name} = {fmt_level(probe.levels[index])}", size=9)
     fig.tight_layout()
     return fig
 
@@ -275,6 +293,23 @@ def _level_axis(ax, levels) -> None:
     ax.grid(alpha=0.3)
 
 
+def _y_range(ax, name: str, values: np.ndarray) -> None:
+    """Bounded metrics on [0, 1]; others on at least ±5 % of their magnitude, so a flat curve looks
+    flat rather than a magnified wobble of rounding noise."""
+    if name in METRICS and METRICS[name].bounded:
+        ax.set_ylim(-0.02, 1.02)
+        return
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0:
+        return
+    lo, hi = float(finite.min()), float(finite.max())
+    pad = max(0.05 * max(abs(lo), abs(hi)), 1e-9)
+    if hi - lo < 2 * pad:
+        middle = (hi + lo) / 2
+        ax.set_ylim(middle - pad, middle + pad)
+
+
 def _share_line(ax, levels) -> None:
     """The collapse threshold, drawn over the swept range only (axhline would stretch a symlog
     axis into negative levels)."""
@@ -305,6 +340,10 @@ def _side_label(side: str, result: DiagnoseResult) -> str:
     return f"{side}: {result.model} · {result.scorer}"
 
 
+def findings_list(findings: list[str]) -> str:
+    return '<ul class="findings">' + "".join(f"<li>{escape(t)}</li>" for t in findings) + "</ul>"
+
+
 def facts_table(facts: list[tuple[str, str]]) -> str:
     """(key, value) lines as the two-column table under a page's heading."""
     rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in facts)
@@ -321,7 +360,8 @@ def html_table(header: list[str], rows: list[list[str]], classes: list[list[str]
             css = classes[r][c] if classes else ""
             cells.append(f'<td class="{css}">{escape(value)}</td>' if css else f"<td>{escape(value)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f'<div class="scroll">{table}</div>'
 
 
 def _delta_table(pa: ProbeResult, pb: ProbeResult) -> str:
