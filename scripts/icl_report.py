@@ -1,63 +1,226 @@
-"""Print the markdown tables of docs/results/icl.md from a sweep's results.json.
+"""Markdown tables (and figures) of an ICL sweep's results.json, paired by seed.
 
-python scripts/icl_report.py runs/icl-study/results.json > /tmp/tables.md
+    python scripts/icl_report.py runs/icl-v2/results.json > /tmp/tables.md
+    python scripts/icl_report.py runs/icl-v2/results.json --figures docs/results/icl-v2 \
+        --per-seed docs/results/icl-v2/per-seed.md > /tmp/tables.md
+
+For every task, backbone and view (σ, length, planted outlier scored after the outlier, and for
+linear the uncapped rank correlation and the coefficient σ):
+
+* a table of mean ± std over seeds per arm;
+* a paired table: each arm minus the reference arm (the plan's ``reference``, default the first),
+  per-seed differences summarized as mean Δ [95 % bootstrap CI], sign-test p, and how many seeds
+  the arm is better / worse on; a verdict follows the interval (better / worse when it excludes 0,
+  otherwise inconclusive);
+* for linear, the read-out cap: max |prediction| against max |y| per σ.
+
+``--per-seed FILE`` writes every arm's value for every seed and cell; ``--figures DIR`` draws the
+sweep's figures (per-seed lines and the paired differences with their CIs). Aggregates and pairs
+are recomputed from the runs, so results.json files written before pairing existed render too.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from pathlib import Path
+
+from ssacli.icl.plots import plot_sweep, sweep_views
+from ssacli.icl.sweep import aggregate, cell_key, paired
+from ssacli.stats import verdict
+
+PERCENT_METRICS = ("error", "after_outlier", "at_outlier", "sign_error")
+TITLES = {
+    "sigma": "magnitude shift (σ of the inputs, {trained} points)",
+    "length": "length shift (σ = 1)",
+    "outlier": "planted outlier at position {position}, scored on the positions after it (σ = 1)",
+    "sigma-rank": "magnitude shift, rank correlation of predictions with targets (higher is better)",
+    "coef": "coefficient shift (σ of a, b; σ_x = 1, {trained} points)",
+    "coef-rank": "coefficient shift, rank correlation (higher is better)",
+}
+COLUMN_NAMES = {"sigma": "σ", "length": "length", "outlier": "outlier", "coef_sigma": "σ_ab"}
 
 
-def fmt(row: dict | None, percent: bool) -> str:
-    if row is None:
+def unit(task: str, metric: str) -> str:
+    if metric == "rank_corr":
+        return "Spearman ρ"
+    if task == "linear" and metric in ("error", "after_outlier", "at_outlier"):
+        return "MSE / Var(y)"
+    return "% of prompts with an error" if metric != "sign_error" else "% of wrong signs"
+
+
+def number(value: float | None, task: str, metric: str, signed: bool = False) -> str:
+    if value is None:
         return "–"
-    scale = 100 if percent else 1
-    mean = f"{scale * row['mean']:.1f}" if percent else f"{row['mean']:.3f}"
-    if row["std"] is None:
-        return mean
-    std = f"{scale * row['std']:.1f}" if percent else f"{row['std']:.3f}"
-    return f"{mean} ± {std}"
+    percent = metric in PERCENT_METRICS and not (task == "linear" and metric != "sign_error")
+    text = f"{100 * value:+.1f}" if percent and signed else f"{100 * value:.1f}" if percent else None
+    if text is None:
+        text = f"{value:+.3f}" if signed else f"{value:.3f}"
+    return text
 
 
-def table(rows, task, labels, column, values, keep, percent) -> list[str]:
-    header = "| scorer (seeds) | " + " | ".join(f"{column} = {v:g}" for v in values) + " |"
-    lines = [header, "|" + "---|" * (len(values) + 1)]
+def mean_table(rows, task, labels, column, values, metric) -> list[str]:
+    lines = [
+        "| arm (seeds) | " + " | ".join(f"{COLUMN_NAMES[column]} = {v:g}" for v in values) + " |",
+        "|" + "---|" * (len(values) + 1),
+    ]
     for label in labels:
-        cells = {r[column]: r for r in rows if r["task"] == task and r["label"] == label and keep(r)}
-        seeds = next(iter(cells.values()))["seeds"] if cells else 0
-        lines.append(
-            f"| {label} ({seeds}) | " + " | ".join(fmt(cells.get(v), percent) for v in values) + " |"
-        )
+        cells = {r[column]: r for r in rows if r["label"] == label}
+        if not cells:
+            continue
+        seeds = next(iter(cells.values()))["seeds"]
+        texts = []
+        for v in values:
+            r = cells.get(v)
+            if r is None:
+                texts.append("–")
+                continue
+            std = "" if r["std"] is None else f" ± {number(r['std'], task, metric)}"
+            texts.append(number(r["mean"], task, metric) + std)
+        lines.append(f"| {label} ({seeds}) | " + " | ".join(texts) + " |")
     return lines
 
 
-def main(path: str) -> None:
-    summary = json.loads(open(path).read())
-    plan, rows = summary["plan"], summary["aggregate"]
-    trained = plan["points_end"]
-    labels = [s["label"] for s in plan["scorers"]]
-    views = [  # (heading, column, values, which cells)
-        (f"magnitude shift ({trained} points", "sigma", plan["sigmas"],
-         lambda r: r["outlier"] is None and r["length"] == trained),
-        ("length shift (σ = 1", "length", plan["lengths"],
-         lambda r: r["outlier"] is None and r["sigma"] == 1),
-        (f"planted outlier at position {plan['outlier_position']} (σ = 1, {trained} points", "outlier",
-         plan["outliers"], lambda r: r["outlier"] is not None and r["length"] == trained),
-    ]  # fmt: skip
-    for task in plan["tasks"]:
-        percent = task != "linear"
-        unit = "% of prompts with an error from position 3" if percent else "MSE / Var(y) from position 3"
-        for heading, column, values, keep in views:
-            print(f"\n### {task}: {heading}; {unit})\n")
-            print("\n".join(table(rows, task, labels, column, values, keep, percent)))
-    runs = summary["runs"]
-    train_s = sum(r["train_seconds"] or 0 for r in runs)
-    print(
-        f"\nWall time of the sweep: {summary['wall_seconds'] / 60:.1f} min for {len(runs)} runs "
-        f"({train_s / 60:.1f} CPU-thread minutes of training)."
+def paired_table(pairs, task, labels, column, values, metric) -> list[str]:
+    lines = [
+        "| arm − reference | " + " | ".join(f"{COLUMN_NAMES[column]} = {v:g}" for v in values) + " |",
+        "|" + "---|" * (len(values) + 1),
+    ]
+    for label in labels:
+        cells = {r[column]: r for r in pairs if r["label"] == label}
+        if not cells:
+            continue
+        reference = next(iter(cells.values()))["reference"]
+        texts = []
+        for v in values:
+            r = cells.get(v)
+            if r is None:
+                texts.append("–")
+                continue
+            lower = not r["higher_is_better"]
+            better, worse = (r["b_lower"], r["b_higher"]) if lower else (r["b_higher"], r["b_lower"])
+            p = "–" if r["sign_test_p"] is None else f"{r['sign_test_p']:.2g}"
+            texts.append(
+                f"{number(r['mean_difference'], task, metric, True)} "
+                f"[{number(r['ci_low'], task, metric, True)}, {number(r['ci_high'], task, metric, True)}] "
+                f"p={p} {better}/{worse} **{verdict(r, lower_is_better=lower)}**"
+            )
+        lines.append(f"| {label} − {reference} | " + " | ".join(texts) + " |")
+    return lines
+
+
+def cap_table(runs, task, arch, labels, trained) -> list[str]:
+    """linear: max |prediction| (mean over seeds) and max |y| per σ."""
+    by = {}
+    for run in runs:
+        if run["task"] != task or run.get("arch", "gpt2") != arch:
+            continue
+        for c in run["cells"]:
+            if c["outlier"] is None and c["length"] == trained and c.get("coef_sigma", 1.0) == 1.0:
+                if c.get("max_abs_prediction") is not None:
+                    by.setdefault((run["label"], c["sigma"]), []).append(c)
+    if not by:
+        return []
+    sigmas = sorted({s for _, s in by})
+    lines = [
+        "| max abs value | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |",
+        "|" + "---|" * (len(sigmas) + 1),
+    ]
+    for label in labels:
+        cells = [by.get((label, s), []) for s in sigmas]
+        if any(cells):
+            texts = [
+                f"{sum(c['max_abs_prediction'] for c in cs) / len(cs):.1f}" if cs else "–" for cs in cells
+            ]
+            lines.append(f"| prediction, {label} | " + " | ".join(texts) + " |")
+    targets = [by.get((labels[0], s), []) for s in sigmas]
+    lines.append(
+        "| target y | " + " | ".join(f"{cs[0]['max_abs_target']:.0f}" if cs else "–" for cs in targets) + " |"
     )
+    return lines
+
+
+def per_seed_tables(runs, plan) -> list[str]:
+    out = ["# Per-seed values of every cell\n", "One row per cell; one column per seed; arms in rows.\n"]
+    groups: dict[tuple, dict[str, dict[int, float]]] = {}
+    from ssacli.icl.sweep import cell_metrics
+
+    for run in runs:
+        for cell in run["cells"]:
+            for metric, value in cell_metrics(cell).items():
+                key = (*cell_key(run, cell), metric)
+                groups.setdefault(key, {}).setdefault(run["label"], {})[run["seed"]] = value
+    seeds = sorted({run["seed"] for run in runs})
+    out.append(
+        "| task | arch | σ | length | outlier | σ_ab | metric | arm | "
+        + " | ".join(f"s{s}" for s in seeds)
+        + " |"
+    )
+    out.append("|" + "---|" * (8 + len(seeds)))
+    for key, arms in groups.items():
+        task, arch, sigma, length, outlier, coef, metric = key
+        for label, values in arms.items():
+            texts = [number(values.get(s), task, metric) for s in seeds]
+            planted = "–" if outlier is None else f"{outlier:g}"
+            head = f"| {task} | {arch} | {sigma:g} | {length} | {planted} | {coef:g} | {metric} | {label} | "
+            out.append(head + " | ".join(texts) + " |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--figures", type=Path, help="folder for the figures")
+    parser.add_argument("--per-seed", type=Path, help="markdown file for the per-seed values")
+    args = parser.parse_args(argv)
+    summary = json.loads(args.results.read_text())
+    plan, runs = summary["plan"], summary["runs"]
+    labels = [s["label"] for s in plan["scorers"]]
+    reference = plan.get("reference") or labels[0]
+    rows, pairs = aggregate(runs), paired(runs, reference)
+    archs = plan.get("archs") or ["gpt2"]
+    trained = plan["points_end"]
+    out = []
+    for task in plan["tasks"]:
+        for arch in archs:
+            mine = [r for r in rows if r["task"] == task and r["arch"] == arch]
+            mine_pairs = [r for r in pairs if r["task"] == task and r["arch"] == arch]
+            for name, column, metric, keep in sweep_views(plan, task):
+                sel = [r for r in mine if r["metric"] == metric and keep(r)]
+                if not sel:
+                    continue
+                values = sorted({r[column] for r in sel})
+                title = TITLES[name].format(trained=trained, position=plan.get("outlier_position", 3))
+                out.append(f"\n#### {task}, {arch}: {title}; {unit(task, metric)}\n")
+                out += mean_table(sel, task, labels, column, values, metric)
+                ps = [r for r in mine_pairs if r["metric"] == metric and keep(r)]
+                if ps:
+                    out.append("")
+                    out += paired_table(ps, task, labels, column, values, metric)
+            if task == "linear":
+                cap = cap_table(runs, task, arch, labels, trained)
+                if cap:
+                    out.append(
+                        f"\n#### {task}, {arch}: the read-out cap "
+                        f"(max over prompts and positions, {trained} points)\n"
+                    )
+                    out += cap
+    train_s = sum(r.get("train_seconds") or 0 for r in runs)
+    eval_s = sum(r.get("eval_seconds") or 0 for r in runs)
+    out.append(
+        f"\nWall time of the sweep: {summary['wall_seconds'] / 60:.1f} min for {len(runs)} runs on "
+        f"{summary.get('device', 'cpu')} ({train_s / 60:.1f} thread-minutes of training, {eval_s / 60:.1f} "
+        "of evaluation)."
+    )
+    print("\n".join(out))
+    if args.per_seed:
+        args.per_seed.parent.mkdir(parents=True, exist_ok=True)
+        args.per_seed.write_text("\n".join(per_seed_tables(runs, plan)) + "\n")
+    if args.figures:
+        for path in plot_sweep({**summary, "aggregate": rows, "paired": pairs}, args.figures):
+            print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

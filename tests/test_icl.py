@@ -284,9 +284,10 @@ def test_aggregate_mean_and_std_by_hand():
         {
             "task": "every",
             "label": "x",
+            "seed": seed,
             "cells": [{"sigma": 1, "length": 5, "outlier": None, "error": e, "normalized_error": None}],
         }
-        for e in (0.1, 0.3)
+        for seed, e in enumerate((0.1, 0.3))
     ]
     (row,) = aggregate(runs)
     assert row["mean"] == pytest.approx(0.2) and row["std"] == pytest.approx(0.1414213, rel=1e-5)

@@ -21,6 +21,9 @@ def icl_train(
     lr: float = typer.Option(1e-4, help="Adam learning rate."),
     seed: int = typer.Option(0, help="Seed for weights and data."),
     preset: str = typer.Option("cpu", help="Model size: cpu (3x4x32), small (4x4x64), paper (12x8x256)."),
+    arch: str = typer.Option(
+        "gpt2", help="Backbone: gpt2 (pre-LayerNorm blocks with MLP) or attn-only (no MLP, no LayerNorm)."
+    ),
     layers: int = typer.Option(None, help="Override the preset's layers."),
     heads: int = typer.Option(None, help="Override the preset's heads."),
     width: int = typer.Option(None, help="Override the preset's width."),
@@ -42,9 +45,10 @@ def icl_train(
 
     from .. import make_scorer
     from ..attention.interface import check_backend
-    from ..icl import TrainConfig, check_task, train
+    from ..icl import TrainConfig, check_arch, check_task, train
 
     check_task(task)
+    check_arch(arch)
     check_backend(attention)
     make_scorer(scorer)  # fail on a bad spec before any work
     config = TrainConfig(
@@ -63,6 +67,7 @@ def icl_train(
         points_every=points_every,
         checkpoint_every=checkpoint_every,
         attention=attention,
+        arch=arch,
     )
     stats = TextColumn("loss {task.fields[loss]:.4f} · {task.fields[points]} pts")
     columns = bar_columns(stats, TimeRemainingColumn())
@@ -142,6 +147,7 @@ def icl_sweep(
     lr: float = typer.Option(1e-4, help="Adam learning rate."),
     prompts: int = typer.Option(500, min=1, help="Evaluation prompts per cell."),
     jobs: int = typer.Option(1, min=1, help="Runs in parallel (one CPU thread each)."),
+    device: str = typer.Option("cpu", help="cpu, cuda or auto: where every run trains and is evaluated."),
 ) -> None:
     """Train and evaluate a grid of scorers × tasks × seeds; write results.json and figures."""
     from ..icl.sweep import ScorerEntry, SweepPlan, run_sweep
@@ -156,12 +162,13 @@ def icl_sweep(
 
     def on_result(result: dict) -> None:
         done.append(result)
+        arch = "" if result.get("arch", "gpt2") == "gpt2" else f"{result['arch']}-"
         typer.echo(
-            f"[{len(done)}/{total}] {result['task']}-{result['label']}-s{result['seed']}: "
+            f"[{len(done)}/{total}] {result['task']}-{arch}{result['label']}-s{result['seed']}: "
             f"final loss {result['final_loss']:.4g}, trained in {result['train_seconds']} s"
         )
 
-    summary = run_sweep(plan, out, jobs=jobs, on_result=on_result)
+    summary = run_sweep(plan, out, jobs=jobs, device=device, on_result=on_result)
     typer.echo(f"wrote {out / 'results.json'} and {out / 'figures'} ({summary['wall_seconds']} s)")
 
 

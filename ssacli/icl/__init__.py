@@ -1,11 +1,12 @@
 """The paper's controlled in-context-learning experiments: tasks, model, training, evaluation."""
 
-from ..models.icl import ICLModel, ICLSpec, is_icl_checkpoint, load_icl, save_icl
+from ..models.icl import ARCHS, ICLModel, ICLSpec, check_arch, is_icl_checkpoint, load_icl, save_icl
 from .evaluate import Cell, cells_to_json, evaluate, outlier_capture, parse_outlier
 from .tasks import TASKS, Batch, check_task, every_labels, sample_batch, some_labels
 from .train import PRESETS, TrainConfig, resolve_device, train
 
 __all__ = [
+    "ARCHS",
     "PRESETS",
     "TASKS",
     "Batch",
@@ -14,6 +15,7 @@ __all__ = [
     "ICLSpec",
     "TrainConfig",
     "cells_to_json",
+    "check_arch",
     "check_task",
     "evaluate",
     "every_labels",

@@ -3,6 +3,18 @@
 Quantification tasks: the error of a prompt is "any wrong sign from position 3 on" (the paper's
 metric); the per-position error rate is kept too. ``linear``: mean squared error from position 3
 on, and the same divided by the variance of the targets, so that σ levels compare.
+
+With a planted outlier at position p, ``error`` still scores from position 3 on (so it includes p,
+whose own label the outlier sets); ``after_outlier`` scores only the positions after p (did the
+rest of the context survive it?) and ``at_outlier`` the position p alone.
+
+``linear`` also gets measures that the model's read-out cannot cap. A GPT-2 backbone ends in a
+LayerNorm and a linear read-out, so its predictions are bounded (``max_abs_prediction``, against
+``max_abs_target``) and MSE/Var(y) tends to 1 for every scorer once the targets outgrow that bound.
+``rank_corr`` (mean over prompts of the Spearman correlation between predictions and targets) and
+``sign_error`` (share of positions where the prediction has the wrong sign) only ask whether the
+predictions are ordered and signed like the targets, which a capped model can still get right.
+These are taken over the positions after the outlier when there is one, else from position 3.
 """
 
 from __future__ import annotations
@@ -28,6 +40,16 @@ class Cell:
     normalized_error: float | None = None  # linear: MSE / Var(y)
     position_error: float | None = None  # quantification: share of wrong signs, positions >= 3
     per_position: list[float] = field(default_factory=list)  # error rate or MSE at positions 1..L
+    coef_sigma: float = 1.0  # linear: σ of the coefficients a, b
+    # With an outlier at position p: the error on positions > p only (quantification: share of prompts
+    # with a wrong sign there; linear: MSE / Var(y) there), and at p alone (error rate; MSE / Var(y)).
+    after_outlier: float | None = None
+    at_outlier: float | None = None
+    # linear only (see the module docstring): uncapped measures, and the cap itself
+    rank_corr: float | None = None
+    sign_error: float | None = None
+    max_abs_prediction: float | None = None
+    max_abs_target: float | None = None
 
 
 def parse_outlier(text: str) -> tuple[float, int]:
@@ -60,7 +82,7 @@ def evaluate(
         for sigma in sigmas:
             for length in lengths:
                 generator = torch.Generator().manual_seed(seed)
-                wrong_rows, sq_err, targets = [], [], []
+                wrong_rows, preds, targets = [], [], []
                 step = batch_size or _batch_for(length)
                 for start in range(0, prompts, step):
                     n = min(step, prompts - start)
@@ -79,9 +101,17 @@ def evaluate(
                     if task in CLASSIFICATION:
                         wrong_rows.append(((pred > 0) != (batch.ys > 0)).float().cpu())
                     else:
-                        sq_err.append(((pred - batch.ys) ** 2).cpu())
-                        targets.append(batch.ys.cpu())
-                cells.append(_cell(task, sigma, length, outlier, prompts, wrong_rows, sq_err, targets))
+                        preds.append(pred.float().cpu())
+                        targets.append(batch.ys.float().cpu())
+                setting = dict(
+                    sigma=sigma, length=length, prompts=prompts, coef_sigma=coef_sigma,
+                    outlier=None if outlier is None else outlier[0],
+                    outlier_position=FIRST_SCORED if outlier is None else outlier[1],
+                )  # fmt: skip
+                if task in CLASSIFICATION:
+                    cells.append(_classification_cell(setting, torch.cat(wrong_rows)))
+                else:
+                    cells.append(_regression_cell(setting, torch.cat(preds), torch.cat(targets)))
     return cells
 
 
@@ -90,27 +120,68 @@ def _batch_for(points: int) -> int:
     return max(16, min(500, 4_000_000 // (2 * points) ** 2))
 
 
-def _cell(task, sigma, length, outlier, prompts, wrong_rows, sq_err, targets) -> Cell:
-    value, position = (None, FIRST_SCORED) if outlier is None else outlier
-    setting = dict(sigma=sigma, length=length, outlier=value, outlier_position=position, prompts=prompts)
+def _scored_after(setting: dict) -> slice:
+    """0-based columns scored by after_outlier and the uncapped measures."""
+    first = setting["outlier_position"] if setting["outlier"] is not None else FIRST_SCORED - 1
+    return slice(max(first, FIRST_SCORED - 1), None)
+
+
+def _classification_cell(setting: dict, wrong: torch.Tensor) -> Cell:
     scored = slice(FIRST_SCORED - 1, None)
-    if task in CLASSIFICATION:
-        wrong = torch.cat(wrong_rows)
-        return Cell(
-            **setting,
-            error=wrong[:, scored].amax(dim=1).mean().item(),
-            position_error=wrong[:, scored].mean().item(),
-            per_position=[round(v, 6) for v in wrong.mean(dim=0).tolist()],
-        )
-    err, ys = torch.cat(sq_err), torch.cat(targets)
-    mse = err[:, scored].mean().item()
-    variance = ys[:, scored].var().item()
-    return Cell(
+    cell = Cell(
         **setting,
-        error=mse,
-        normalized_error=mse / variance if variance > 0 else None,
+        error=wrong[:, scored].amax(dim=1).mean().item(),
+        position_error=wrong[:, scored].mean().item(),
+        per_position=[round(v, 6) for v in wrong.mean(dim=0).tolist()],
+    )
+    if setting["outlier"] is not None:
+        after = wrong[:, _scored_after(setting)]
+        cell.after_outlier = after.amax(dim=1).mean().item() if after.shape[1] else None
+        cell.at_outlier = wrong[:, setting["outlier_position"] - 1].mean().item()
+    return cell
+
+
+def normalized_mse(pred: torch.Tensor, ys: torch.Tensor) -> float | None:
+    """MSE / Var(y) (variance pooled over every prompt and position given); None when Var(y) = 0."""
+    variance = ys.double().var().item() if ys.numel() > 1 else 0.0
+    mse = ((pred.double() - ys.double()) ** 2).mean().item()
+    return mse / variance if variance > 0 else None
+
+
+def spearman_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Spearman correlation of each row of ``a`` with the same row of ``b`` ([rows, n] -> [rows]);
+    0 for a row where either is constant. Ranks by sorting (no tie correction: values are floats)."""
+    ranks = []
+    for x in (a, b):
+        r = x.argsort(dim=1).argsort(dim=1).double()
+        constant = (x.amax(dim=1) == x.amin(dim=1)).unsqueeze(1)
+        ranks.append(torch.where(constant, 0.0, r - r.mean(dim=1, keepdim=True)))
+    num = (ranks[0] * ranks[1]).sum(dim=1)
+    den = (ranks[0].pow(2).sum(dim=1) * ranks[1].pow(2).sum(dim=1)).sqrt()
+    return torch.where(den > 0, num / den.clamp_min(1e-300), 0.0)
+
+
+def _regression_cell(setting: dict, pred: torch.Tensor, ys: torch.Tensor) -> Cell:
+    scored = slice(FIRST_SCORED - 1, None)
+    err = (pred - ys) ** 2
+    cell = Cell(
+        **setting,
+        error=err[:, scored].mean().item(),
+        normalized_error=normalized_mse(pred[:, scored], ys[:, scored]),
         per_position=[round(v, 6) for v in err.mean(dim=0).tolist()],
     )
+    after = _scored_after(setting)
+    p, y = pred[:, after], ys[:, after]
+    if setting["outlier"] is not None:
+        at = setting["outlier_position"] - 1
+        cell.after_outlier = normalized_mse(p, y) if p.shape[1] else None
+        cell.at_outlier = normalized_mse(pred[:, at], ys[:, at])
+    if p.shape[1]:
+        cell.rank_corr = spearman_rows(p, y).mean().item() if p.shape[1] > 1 else None
+        cell.sign_error = ((p > 0) != (y > 0)).double().mean().item()
+    cell.max_abs_prediction = pred[:, scored].abs().max().item()
+    cell.max_abs_target = ys[:, scored].abs().max().item()
+    return cell
 
 
 @torch.no_grad()
@@ -145,6 +216,7 @@ def outlier_capture(
 
 def cells_to_json(model: ICLModel, cells: list[Cell]) -> dict:
     return {
+        "arch": model.spec.arch,
         "task": model.spec.task,
         "scorer": model.spec.scorer,
         "metric": "sequence error rate" if model.spec.task in CLASSIFICATION else "mse",

@@ -8,6 +8,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
@@ -62,62 +63,136 @@ def _y(cell: Cell) -> float:
     return cell.normalized_error if cell.normalized_error is not None else cell.error
 
 
+METRIC_LABELS = {
+    "error": None,  # the task's headline, set per task
+    "after_outlier": "error after the outlier",
+    "at_outlier": "error at the outlier's position",
+    "rank_corr": "rank correlation (higher is better)",
+    "sign_error": "share of wrong signs",
+}
+
+
+def sweep_views(plan: dict, task: str) -> list[tuple[str, str, str, Any]]:
+    """(name, x column, metric, which aggregate rows) of every figure of a task; the names are the
+    figures' file stems after ``{task}-`` (and the arch, when the plan has several)."""
+    trained = plan["points_end"]
+
+    def plain(r):
+        return r["outlier"] is None and r.get("coef_sigma", 1.0) == 1.0
+
+    def at_sigma(r):
+        return plain(r) and r["length"] == trained
+
+    def at_length(r):
+        return plain(r) and r["sigma"] == 1
+
+    def planted(r):
+        return r["outlier"] is not None and r["length"] == trained
+
+    def at_coef(r):
+        return r["outlier"] is None and r["sigma"] == 1 and r["length"] == trained
+
+    views = [
+        ("sigma", "sigma", "error", at_sigma),
+        ("length", "length", "error", at_length),
+        ("outlier", "outlier", "after_outlier", planted),
+    ]
+    if task == "linear":
+        views += [("sigma-rank", "sigma", "rank_corr", at_sigma)]
+        if plan.get("coef_sigmas"):
+            views += [
+                ("coef", "coef_sigma", "error", at_coef),
+                ("coef-rank", "coef_sigma", "rank_corr", at_coef),
+            ]
+    return views
+
+
+XLABELS = {
+    "sigma": "σ of the inputs",
+    "length": "prompt length (points)",
+    "outlier": "planted outlier value",
+    "coef_sigma": "σ of the coefficients a, b",
+}
+
+
+def _metric_label(task: str, metric: str) -> str:
+    if metric == "error":
+        return "error rate (any wrong from pos. 3)" if task != "linear" else "MSE / Var(y)"
+    return METRIC_LABELS[metric]
+
+
 def plot_sweep(summary: dict, folder: str | Path) -> list[Path]:
-    """Per task: error vs σ (trained length), vs length (σ = 1), vs planted outlier value.
-    Lines are means over seeds; shaded bands are ± one standard deviation."""
+    """Per task (and backbone): the metric against σ, length, planted outlier (scored after it) and,
+    for linear, the uncapped rank correlation and the coefficient σ. One thin line per seed, a thick
+    line for the mean over seeds, one colour per arm. Plus, where results hold ``paired`` rows,
+    ``…-paired.png``: each arm's mean difference from the reference with its bootstrap CI."""
     folder = Path(folder)
     rows = summary["aggregate"]
     plan = summary["plan"]
-    trained = plan["points_end"]
+    archs = plan.get("archs") or ["gpt2"]
     written = []
     for task in plan["tasks"]:
-        metric = "error rate (any wrong from pos. 3)" if task != "linear" else "MSE / Var(y)"
-        views = [
-            ("sigma", "σ of the inputs", lambda r: r["outlier"] is None and r["length"] == trained, True),
-            ("length", "prompt length (points)", lambda r: r["outlier"] is None and r["sigma"] == 1, False),
-            (
-                "outlier",
-                "planted outlier value at position 3",
-                lambda r: r["outlier"] is not None and r["length"] == trained,
-                True,
-            ),
-        ]
-        for name, xlabel, keep, logx in views:
-            fig = Figure(figsize=(5.5, 3.8))
-            ax = fig.subplots()
-            for label in dict.fromkeys(r["label"] for r in rows if r["task"] == task):
-                sel = sorted(
-                    (r for r in rows if r["task"] == task and r["label"] == label and keep(r)),
-                    key=lambda r: r[name],
-                )
+        for arch in archs:
+            stem = task if len(archs) == 1 else f"{task}-{arch}"
+            mine = [r for r in rows if r["task"] == task and r.get("arch", "gpt2") == arch]
+            for name, column, metric, keep in sweep_views(plan, task):
+                sel = [r for r in mine if r.get("metric", "error") == metric and keep(r)]
                 if not sel:
                     continue
-                xs, means = [r[name] for r in sel], [r["mean"] for r in sel]
-                stds = [r["std"] or 0.0 for r in sel]
-                line = ax.plot(xs, means, marker="o", label=f"{label} (n={sel[0]['seeds']})")[0]
-                ax.fill_between(
-                    xs,
-                    [m - s for m, s in zip(means, stds)],
-                    [m + s for m, s in zip(means, stds)],
-                    color=line.get_color(),
-                    alpha=0.15,
-                )
-            if logx:
-                ax.set_xscale("log")
-                ax.xaxis.set_major_formatter(PLAIN)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(metric)
-            ax.set_title(
-                f"{task}: "
-                + {
-                    "sigma": f"magnitude shift ({trained} points)",
-                    "length": "length shift (σ = 1)",
-                    "outlier": f"planted outlier ({trained} points, σ = 1)",
-                }[name]
-            )
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-            path = folder / f"{task}-{name}.png"
-            save_figure(fig, path)
-            written.append(path)
+                path = folder / f"{stem}-{name}.png"
+                _plot_view(sel, column, f"{stem}: {name}", _metric_label(task, metric), path)
+                written.append(path)
+                pairs = [
+                    r for r in summary.get("paired", [])
+                    if r["task"] == task and r["arch"] == arch and r["metric"] == metric and keep(r)
+                ]  # fmt: skip
+                if pairs:
+                    path = folder / f"{stem}-{name}-paired.png"
+                    _plot_paired(pairs, column, f"{stem}: {name}, paired", _metric_label(task, metric), path)
+                    written.append(path)
     return written
+
+
+def _plot_view(rows: list[dict], column: str, title: str, ylabel: str, path: Path) -> None:
+    fig = Figure(figsize=(5.5, 3.8))
+    ax = fig.subplots()
+    for label in dict.fromkeys(r["label"] for r in rows):
+        sel = sorted((r for r in rows if r["label"] == label), key=lambda r: r[column])
+        xs = [r[column] for r in sel]
+        name = f"{label} (n={sel[0]['seeds']})"
+        line = ax.plot(xs, [r["mean"] for r in sel], marker="o", lw=2, label=name)[0]
+        for i in range(sel[0]["seeds"]):
+            per_seed = [r["values"][i] if i < len(r["values"]) else float("nan") for r in sel]
+            ax.plot(xs, per_seed, color=line.get_color(), lw=0.6, alpha=0.35)
+    _finish(ax, column, ylabel, title)
+    save_figure(fig, path)
+
+
+def _plot_paired(rows: list[dict], column: str, title: str, ylabel: str, path: Path) -> None:
+    fig = Figure(figsize=(5.5, 3.8))
+    ax = fig.subplots()
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    for index, label in enumerate(labels):
+        sel = sorted((r for r in rows if r["label"] == label), key=lambda r: r[column])
+        # a small horizontal offset per arm keeps the intervals apart (log axes: a factor)
+        factor = 1 + 0.04 * (index - (len(labels) - 1) / 2)
+        xs = [r[column] * factor for r in sel]
+        means = [r["mean_difference"] for r in sel]
+        low = [m - r["ci_low"] for m, r in zip(means, sel)]
+        high = [r["ci_high"] - m for m, r in zip(means, sel)]
+        name = f"{label} − {sel[0]['reference']}"
+        ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=3, label=name)
+    ax.axhline(0.0, color="black", lw=0.8)
+    _finish(ax, column, f"Δ {ylabel}", title + " (mean difference, 95 % bootstrap CI)")
+    save_figure(fig, path)
+
+
+def _finish(ax, column: str, ylabel: str, title: str) -> None:
+    if column != "length":
+        ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(PLAIN)
+    ax.set_xlabel(XLABELS[column])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)

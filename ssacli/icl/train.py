@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from ..attention.interface import attention_backend, check_backend
 from ..errors import JobFailedError, UsageError
 from ..models.checkpoint import META_FILE, restore_trainer_state, trainer_state_tensors
-from ..models.icl import ICLModel, ICLSpec, load_icl, save_icl
+from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
 from ..models.loading import resolve_device
 from .tasks import CLASSIFICATION, check_task, sample_batch
 
@@ -38,6 +38,7 @@ class TrainConfig:
     checkpoint_every: int = 1000
     log_every: int = 50
     attention: str = "auto"  # attention backend: auto (fused kernels), eager or fused
+    arch: str = "gpt2"  # backbone: gpt2 (pre-LN, MLP) or attn-only (no MLP, no LayerNorm)
 
     def curriculum_every(self) -> int:
         if self.points_every is not None:
@@ -53,14 +54,14 @@ class TrainConfig:
 PRESETS = {"cpu": (3, 4, 32), "small": (4, 4, 64), "paper": (12, 8, 256)}
 
 
-def spec_from_preset(task: str, scorer: str, preset: str = "cpu", **overrides) -> ICLSpec:
+def spec_from_preset(task: str, scorer: str, preset: str = "cpu", arch: str = "gpt2", **overrides) -> ICLSpec:
     """The spec of a new ICL model: a size preset, with explicit sizes (not None) taking precedence."""
     if preset not in PRESETS:
         raise UsageError(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
     layers, heads, width = PRESETS[preset]
     sizes = {"layers": layers, "heads": heads, "width": width}
     sizes.update({k: v for k, v in overrides.items() if v is not None})
-    return ICLSpec(task=check_task(task), scorer=scorer, **sizes)
+    return ICLSpec(task=check_task(task), scorer=scorer, arch=check_arch(arch), **sizes)
 
 
 def loss_fn(task: str, predictions: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
@@ -85,6 +86,7 @@ def train(
     """
     out = Path(out)
     check_backend(config.attention)
+    check_arch(config.arch)
     exists = (out / META_FILE).is_file()
     if exists and not (resume or overwrite):
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
@@ -95,16 +97,18 @@ def train(
         model = load_icl(out, dev).train()
         history = list(model.spec.training.get("history", []))
         recorded = model.spec.training.get("config", {})
-        if (recorded.get("task"), recorded.get("scorer")) != (config.task, config.scorer):
+        found = (recorded.get("task"), recorded.get("scorer"), model.spec.arch)
+        if found != (config.task, config.scorer, config.arch):
             raise UsageError(
-                f"{out} holds a run of {recorded.get('task')}/{recorded.get('scorer')}; "
-                "resume it with the same --task and --scorer, or pick a new --out"
+                f"{out} holds a run of {'/'.join(found)}; resume it with the same --task, "
+                "--scorer and --arch, or pick a new --out"
             )
     else:
         spec = spec_from_preset(
             config.task,
             config.scorer,
             config.preset,
+            config.arch,
             layers=config.layers,
             heads=config.heads,
             width=config.width,

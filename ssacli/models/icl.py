@@ -1,4 +1,16 @@
-"""The ICL model: a plain transformers GPT-2 backbone between a scalar read-in and read-out.
+"""The ICL model: a transformers GPT-2 backbone between a scalar read-in and read-out.
+
+Two backbones (:data:`ARCHS`, ``ICLSpec.arch``):
+
+* ``gpt2`` (the default, and what a checkpoint without the field is): transformers' ``GPT2Model``
+  as it is, pre-LayerNorm blocks with an MLP, and a final LayerNorm.
+* ``attn-only``: the same ``GPT2Model`` with every block's MLP and both LayerNorms, and the final
+  LayerNorm, removed (the MLP returns 0, the norms are the identity), so a block is
+  ``h + attention(h)``. Without the LayerNorms the scale of the inputs reaches q·k, which is the
+  setting where softmax can saturate (the authors' attention-only models). It is the GPT-2 model
+  with modules taken out rather than a stack of our own because the attention modules, their
+  weights' names and transformers' attention dispatch stay exactly those of ``gpt2``: the scorer is
+  swapped by ``apply_scorer`` like in any model, so every scorer and backend applies unchanged.
 
 Attention goes through ssacli's integration like any other model (``apply_scorer``), so every
 scorer, and later every diagnostic, applies unchanged. A checkpoint is a normal folder in the
@@ -42,14 +54,40 @@ class ICLSpec:
     heads: int = 4
     width: int = 32
     max_points: int = 200  # longest prompt (in x, y pairs) the position table covers
+    arch: str = "gpt2"  # backbone (ARCHS); checkpoints written before the field existed are gpt2
     training: dict[str, Any] = field(default_factory=dict)  # recipe and history, for the record
 
+
+ARCHS = ("gpt2", "attn-only")
+
+
+def check_arch(arch: str) -> str:
+    if arch not in ARCHS:
+        raise UsageError(f"unknown ICL arch '{arch}'; choose one of: {', '.join(ARCHS)}")
+    return arch
+
+
+class NoMLP(nn.Module):
+    """A block's MLP that adds nothing to the residual stream (attn-only backbones)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(hidden)
+
+
+def strip_to_attention(backbone: GPT2Model) -> None:
+    """Remove the MLPs and LayerNorms of a GPT2Model in place: each block becomes h + attn(h)."""
+    for block in backbone.h:
+        block.ln_1 = nn.Identity()
+        block.ln_2 = nn.Identity()
+        block.mlp = NoMLP()
+    backbone.ln_f = nn.Identity()
 
 
 class ICLModel(nn.Module):
     def __init__(self, spec: ICLSpec) -> None:
         super().__init__()
         self.spec = spec
+        check_arch(spec.arch)
         config = GPT2Config(
             vocab_size=1,  # inputs are scalars fed through read_in, never token ids
             n_positions=2 * spec.max_points,
@@ -64,6 +102,8 @@ class ICLModel(nn.Module):
         )
         self.read_in = nn.Linear(1, spec.width)
         self.backbone = GPT2Model(config)
+        if spec.arch == "attn-only":
+            strip_to_attention(self.backbone)
         self.read_out = nn.Linear(spec.width, 1)
         apply_scorer(self.backbone, spec.scorer)
 
