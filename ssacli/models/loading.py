@@ -153,6 +153,9 @@ def load_model(
     checkpoint ships; only for checkpoints whose code you have read)."""
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    gguf = gguf_file(ref)
+    if gguf is not None:
+        return load_gguf(ref, gguf, dev, torch_dtype)
     if is_local_reference(ref):
         path = resolve_model_path(ref)
         from .icl import is_icl_checkpoint, load_icl
@@ -184,6 +187,61 @@ def load_model(
             "so there is nothing for ssacli to measure or swap; give a model with at least one layer"
         )
     return loaded
+
+
+# ---- GGUF checkpoints (optional extra: pip install "ssacli[gguf]") -----------------------------------
+
+
+def gguf_file(ref: str) -> Path | None:
+    """The .gguf file MODEL names: the file itself, or the one .gguf in a folder without config.json."""
+    path = Path(str(ref)).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            names = ", ".join(f.name for f in found)
+            raise UsageError(f"'{ref}' holds several GGUF files ({names}); give the one to load")
+    return None
+
+
+def load_gguf(ref: str, file: Path, device: torch.device, torch_dtype) -> LoadedModel:
+    """A GGUF checkpoint through transformers' GGUF reader, dequantized to ``torch_dtype``
+    (float32 when "auto" leaves it to the checkpoint: quantized blocks have no torch dtype)."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            f"'{ref}' is a GGUF file; reading it needs the gguf package: pip install \"ssacli[gguf]\""
+        ) from None
+    folder, name = file.parent, file.name
+    dtype = torch_dtype if isinstance(torch_dtype, torch.dtype) else torch.float32
+    try:
+        with quiet_progress():
+            config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=name, dtype=dtype, attn_implementation="eager", local_files_only=True
+            )
+    except (ValueError, KeyError, NotImplementedError) as err:
+        raise UnsupportedModelError(
+            f"'{ref}': transformers {transformers.__version__} cannot read this GGUF checkpoint "
+            f"({_first_line(err)}); it reads the GGUF architectures listed in its GGUF documentation "
+            "(llama, mistral, qwen2, gemma, phi3, gpt2, …); convert other files to safetensors"
+        ) from None
+    except OSError as err:
+        raise InputError(f"cannot read GGUF file '{ref}': {_first_line(err)}; is it complete?") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError):
+        tokenizer = None
+    model = model.to(device).eval()
+    positions = max_positions(config)
+    return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, positions, folder)
 
 
 def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
