@@ -474,3 +474,39 @@ def test_report_shows_the_conversion_and_the_fine_tuning_trajectory(tmp_path):
     console = Console(record=True, width=160)
     render_report(report, console)
     assert "fine-tuning trajectory" in console.export_text()
+
+
+def test_reuse_before_gives_the_report_measured_in_full(tmp_path):
+    before, after = save_lm(tmp_path / "a", 0), save_lm(tmp_path / "b", 1)
+    (tmp_path / "id.txt").write_text(random_text(60))
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    inputs = ["--text-id", str(tmp_path / "id.txt"), "--pairs", str(tmp_path / "pairs.jsonl")]
+    common = [*inputs, "--seq-len", "16", "--probe", "outlier:1,10", "--quiet"]
+    full, reused = tmp_path / "full.json", tmp_path / "reused.json"
+    assert runner.invoke(app, ["report", before, after, *common, "--json", str(full)]).exit_code == 0
+    args = ["report", before, after, *common, "--reuse-before", str(full), "--json", str(reused)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    a, b = json.loads(full.read_text()), json.loads(reused.read_text())
+    for key in ("quality", "measurements", "before", "after", "settings"):
+        assert a[key] == b[key], key
+
+    def untimed(value):
+        if isinstance(value, dict):
+            return {k: untimed(v) for k, v in value.items() if "elapsed" not in k and "seconds" not in k}
+        return [untimed(v) for v in value] if isinstance(value, list) else value
+
+    assert untimed(a["diagnose"]) == untimed(b["diagnose"])
+    other = [
+        "report",
+        before,
+        after,
+        *common[:-3],
+        "--probe",
+        "outlier:1",
+        "--quiet",
+        "--reuse-before",
+        str(full),
+    ]
+    result = runner.invoke(app, other)
+    assert isinstance(result.exception, UsageError) and "other settings (probes)" in str(result.exception)

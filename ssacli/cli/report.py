@@ -53,6 +53,9 @@ def report_command(
     prompts: int = typer.Option(500, min=1, help="ICL models: prompts per cell."),
     json_out: Path = typer.Option(None, "--json", help="Write the report (schema ssacli-report) here."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
+    reuse_before: Path = typer.Option(
+        None, help="An earlier --json report of the same BEFORE and settings: reuse its BEFORE side."
+    ),
     quiet: QuietOutput = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
@@ -109,8 +112,18 @@ def report_command(
         icl_length=icl_length, prompts=prompts, device=device, dtype=dtype, allow_download=allow_download,
         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
     )  # fmt: skip
+    earlier = None
+    if reuse_before is not None:
+        try:
+            earlier = json.loads(reuse_before.read_text())
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--reuse-before {reuse_before}: not a readable JSON report ({err})") from None
+        recorded = earlier.get("settings", {})
+        for key, path in (("text_id", text_id), ("text_ood", text_ood), ("pairs", pairs)):
+            if recorded.get(key) != (None if path is None else str(path)):
+                raise UsageError(f"--reuse-before: the report's {key} is {recorded.get(key)!r}, not {path}")
     with progress("ssacli report", quiet=quiet) as update:
-        report = compare_models(before, after, progress=update, **settings)
+        report = compare_models(before, after, progress=update, before_report=earlier, **settings)
     if records is not None:  # name the files the user gave, not the parsed records
         report["settings"]["pairs"] = str(pairs)
     for key, path in (("text_id", text_id), ("text_ood", text_ood)):

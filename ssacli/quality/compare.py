@@ -41,13 +41,15 @@ def compare_models(
     sigmas: Sequence[float] = DEFAULT_SIGMAS, outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS,
     icl_length: int = 41, prompts: int = 500, device: str = "auto", dtype: str = "auto",
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, before_report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
 
     ``text_id`` / ``text_ood``: texts (strings) for LM loss in and out of distribution; ``pairs``: a
     BLiMP-style file, folder or records; ICL models get their error by σ and with outliers. Probes run
     on both models with the same ``seed``; ``report["diagnose"]`` is :func:`compare_results` of them.
+    ``before_report``: an earlier report of the same BEFORE with the same settings, whose BEFORE
+    measurements and probes are reused instead of measured again (a UsageError if anything differs).
     """
     from ..diagnosis.probes import parse_probe
     from ..diagnosis.result import compare_results
@@ -69,6 +71,17 @@ def compare_models(
     measured: dict[str, dict[str, Any]] = {"before": {}, "after": {}}
     diagnosed = []
     for side, loaded in zip(measured, models):
+        if side == "before" and before_report is not None:
+            from ..diagnosis.result import DiagnoseResult
+
+            probe_names = [str(p) for p in parsed] if parsed else "default"
+            settings = dict(seed=seed, samples=samples, seq_len=seq_len, max_tokens=max_tokens,
+                            pairs_limit=pairs_limit, probes=probe_names)  # fmt: skip
+            check_reusable(before_report, loaded.name, settings, text_id, text_ood, groups)
+            measured["before"] = before_report["measurements"]["before"]
+            diagnosed.append(DiagnoseResult.from_dict(before_report["diagnose"]["a"]))
+            say(f"before: reused from an earlier report of {loaded.name}")
+            continue
         out = measured[side]
         if loaded.kind == "icl":
             say(f"{side}: ICL error by σ and outlier")
@@ -114,6 +127,22 @@ def compare_models(
         "versions": software_versions(),
         "elapsed_s": round(time.perf_counter() - started, 3),
     }
+
+
+def check_reusable(
+    report: dict[str, Any], name: str, settings: dict[str, Any], text_id, text_ood, groups
+) -> None:
+    """UsageError unless ``report`` measured BEFORE ``name`` with the same settings and inputs."""
+    if report.get("schema") != REPORT_SCHEMA or report.get("before", {}).get("model") != name:
+        raise UsageError(f"--reuse-before: the report is not one of BEFORE {name}")
+    recorded = report.get("settings", {})
+    differ = [k for k, v in settings.items() if recorded.get(k) != v]
+    measured = report.get("measurements", {}).get("before", {})
+    for key, given in (("lm_id", text_id), ("lm_ood", text_ood), ("pairs", groups)):
+        if (given is not None) != (key in measured):
+            differ.append(key)
+    if differ:
+        raise UsageError(f"--reuse-before: the report was measured with other settings ({', '.join(differ)})")
 
 
 def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
