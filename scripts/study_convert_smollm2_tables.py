@@ -1,6 +1,7 @@
 """The tables of docs/results/convert-smollm2.md, from the study's files (runs/convert-smollm2).
 
     python scripts/study_convert_smollm2_tables.py [RUNS] > tables.md
+    python scripts/study_convert_smollm2_tables.py [RUNS] --json docs/results/convert-smollm2.json
 
 Reads the converted folders' ssacli.json (fidelity per layer), the fine-tuned folders' trajectories,
 logs/walltimes.txt and the report-*.json files written by scripts/study_convert_smollm2.sh; prints
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from ssacli.diagnosis.result import DiagnoseResult
 
-RUNS = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/convert-smollm2")
+RUNS = Path(sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "runs/convert-smollm2")
 ARMS = [
     ("conv-faithful", "converted, faithful m=auto (no training)"),
     ("ft-faithful-anneal-all", "faithful, n annealed → 1.5, --train all"),
@@ -85,7 +86,7 @@ def trajectories() -> None:
         print("|---:|---:|---:|---:|---:|---|---:|")
         for r in records:
             n, b = r["scorer"].get("n"), r["scorer"].get("b")
-            n_text = f"{sum(n) / len(n):.3g}; {min(n):.3g}–{max(n):.3g}" if n else "–"
+            n_text = f"{sum(n) / len(n):.4g}; {min(n):.4g}–{max(n):.4g}" if n else "–"
             b_text = f"{sum(b) / len(b):.3g}" if b else "–"
             loss = "–" if r["loss"] is None else f"{r['loss']:.3f}"
             kl = r.get("kl_to_source")
@@ -155,7 +156,44 @@ def probe_table(found: dict[str, dict]) -> None:
     print()
 
 
+def compact(found: dict[str, dict]) -> dict:
+    """The numbers behind the tables, small enough to commit: per arm its conversion fidelity,
+    trajectory and training record, and per report the quality rows, findings, collapse points and
+    each probe's model-mean metrics per level (BEFORE and AFTER)."""
+    out: dict = {"walltimes": (RUNS / "logs" / "walltimes.txt").read_text().splitlines(), "arms": {}}
+    for name, label in ARMS:
+        m = meta(name)
+        if not m:
+            continue
+        training = m.get("training") or {}
+        arm = {"label": label, "scorer": m.get("scorer"), "fidelity": m.get("fidelity"),
+               "training": {k: v for k, v in training.items() if k != "history"}}  # fmt: skip
+        report = found.get(name)
+        if report is not None:
+            probes = {}
+            for side, key in (("before", "a"), ("after", "b")):
+                result = DiagnoseResult.from_dict(report["diagnose"][key])
+                for probe in result.probes:
+                    if probe.skipped:
+                        continue
+                    entry = probes.setdefault(probe.name, {"levels": list(probe.levels)})
+                    entry[side] = {m: [round(float(v), 5) for v in probe.model_mean(m)] for m in PROBE_METRICS
+                                   if m in probe.metrics}  # fmt: skip
+                    entry[f"{side}_collapse_point"] = probe.collapse_point()
+            arm["report"] = {"quality": report["quality"], "settings": report["settings"],
+                             "findings": report["diagnose"]["findings"],
+                             "before_findings": report["diagnose"]["a"]["findings"],
+                             "after_findings": report["diagnose"]["b"]["findings"], "probes": probes,
+                             "elapsed_s": report["elapsed_s"]}  # fmt: skip
+        out["arms"][name] = arm
+    return out
+
+
 def main() -> None:
+    if "--json" in sys.argv:
+        target = Path(sys.argv[sys.argv.index("--json") + 1])
+        target.write_text(json.dumps(compact(reports()), indent=1) + "\n")
+        return
     print("## Fidelity of the conversion (per layer)\n")
     fidelity_table()
     print("## Wall times\n")
