@@ -74,7 +74,7 @@ def test_bad_spec_is_one_line_with_the_valid_keys_and_exit_code():
     assert result.returncode == EXIT_USAGE
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in result.stderr
-    assert "bogus" in lines[0] and "valid keys: init, m, b, n, learn, share" in lines[0]
+    assert "bogus" in lines[0] and "valid keys: init, preset, m, b, n, learn, share" in lines[0]
     assert result.stdout == ""
 
 
