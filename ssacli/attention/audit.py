@@ -55,7 +55,7 @@ FALLBACK_UNCHECKED = {
     "granite_speech_plus": "granite_speech's attention",
     "gemma3": "sliding-window layers: the fallback's N_i ignores the window (entropy off by 0.25)",
     "hy_v4": "sparse top-k key indices chosen outside attention: N_i wrong (entropy off by 0.14)",
-    "minimax_m3_vl_text": "block-sparse key indices chosen outside attention (hy_v4's problem at longer inputs)",
+    "minimax_m3_vl_text": "block-sparse key indices chosen outside attention (hy_v4 at longer inputs)",
     "t5gemma2": "layers do not correspond to the eager weights returned",
     "prophetnet": "n-gram streams: reports 16 heads for 4",
     "ibert": "its attention module returns no weights: nothing recorded",

@@ -311,8 +311,20 @@ def score_with_sink(
     exp(x)/(exp(s) + Σ exp(x)) (gpt-oss's eager path); SSA transforms s like any logit; sparse scorers
     may give the sink all or none of the mass; scorers counting visible keys count it (docs/scorers.md).
     """
+    return scores_and_sink(scorer, logits, visible, sink, **inputs)[0]
+
+
+def scores_and_sink(
+    scorer: Scorer,
+    logits: torch.Tensor,
+    visible: torch.Tensor | None,
+    sink: torch.Tensor | None,
+    **inputs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`score_with_sink`'s weights [b, h, q, k] and the weight the sink key took [b, h, q]
+    (None without a sink): what diagnose reports as the learned-sink mass."""
     if sink is None:
-        return scorer(logits, visible, **inputs)
+        return scorer(logits, visible, **inputs), None
     b, h, q, k = logits.shape
     column = sink.to(logits.dtype).expand(b, h, q, 1)
     if visible is None:
@@ -320,7 +332,7 @@ def score_with_sink(
     visible = visible.expand(b, h, q, k)
     visible = torch.cat([visible, visible.new_ones(b, h, q, 1)], dim=-1)
     weights = scorer(torch.cat([logits, column], dim=-1), visible, **inputs)
-    return weights[..., :k]
+    return weights[..., :k], weights[..., k]
 
 
 # ---- the fused path -------------------------------------------------------------------------------
@@ -452,8 +464,11 @@ class Observer(Protocol):
         weights: torch.Tensor,
         visible: torch.Tensor | None,
         query_positions: torch.Tensor,
+        sink: torch.Tensor | None = None,
     ) -> None:
-        """Reduce one block of weights [b, h, q_rows, k] (key indices of the rows given)."""
+        """Reduce one block of weights [b, h, q_rows, k] (key indices of the rows given). Models with
+        learned sinks also pass ``sink`` [b, h, q_rows], the weight each row gave its sink key (passed
+        only when there is one, so observers of other models may omit the keyword)."""
         ...
 
 
@@ -490,8 +505,13 @@ def _observed_attention(module, scorer, observer, query, key, value, mask, scali
         sink = sink_logits(kwargs)
         if sink is not None and sink.shape[-2] == q_total:
             sink = sink[:, :, rows]
-        weights = score_with_sink(scorer, logits, visible, sink, query=query[:, :, rows], key=key, **extra)
-        observer.record(module, weights, visible, positions[rows])
+        weights, sink_weight = scores_and_sink(
+            scorer, logits, visible, sink, query=query[:, :, rows], key=key, **extra
+        )
+        if sink_weight is None:
+            observer.record(module, weights, visible, positions[rows])
+        else:  # a learned sink: its weight [b, h, q_rows] too (observers of sink models take it)
+            observer.record(module, weights, visible, positions[rows], sink=sink_weight)
         outputs.append(torch.matmul(weights.to(value.dtype), value))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
