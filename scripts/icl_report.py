@@ -60,54 +60,47 @@ def number(value: float | None, task: str, metric: str, signed: bool = False) ->
     return text
 
 
-def mean_table(rows, task, labels, column, values, metric) -> list[str]:
+def grid_table(rows, first_header, labels, column, values, cell, row_name) -> list[str]:
+    """One row per arm, one column per value of ``column``: ``cell(row)`` for each cell that exists
+    ("–" where it does not), ``row_name(label, any row of the arm)`` in the first column."""
     lines = [
-        "| arm (seeds) | " + " | ".join(f"{COLUMN_NAMES[column]} = {v:g}" for v in values) + " |",
+        f"| {first_header} | " + " | ".join(f"{COLUMN_NAMES[column]} = {v:g}" for v in values) + " |",
         "|" + "---|" * (len(values) + 1),
     ]
     for label in labels:
         cells = {r[column]: r for r in rows if r["label"] == label}
         if not cells:
             continue
-        seeds = next(iter(cells.values()))["seeds"]
-        texts = []
-        for v in values:
-            r = cells.get(v)
-            if r is None:
-                texts.append("–")
-                continue
-            std = "" if r["std"] is None else f" ± {number(r['std'], task, metric)}"
-            texts.append(number(r["mean"], task, metric) + std)
-        lines.append(f"| {label} ({seeds}) | " + " | ".join(texts) + " |")
+        texts = [cell(cells[v]) if v in cells else "–" for v in values]
+        lines.append(f"| {row_name(label, next(iter(cells.values())))} | " + " | ".join(texts) + " |")
     return lines
+
+
+def mean_table(rows, task, labels, column, values, metric) -> list[str]:
+    def cell(r) -> str:
+        std = "" if r["std"] is None else f" ± {number(r['std'], task, metric)}"
+        return number(r["mean"], task, metric) + std
+
+    return grid_table(
+        rows, "arm (seeds)", labels, column, values, cell, lambda label, r: f"{label} ({r['seeds']})"
+    )
 
 
 def paired_table(pairs, task, labels, column, values, metric) -> list[str]:
-    lines = [
-        "| arm − reference | " + " | ".join(f"{COLUMN_NAMES[column]} = {v:g}" for v in values) + " |",
-        "|" + "---|" * (len(values) + 1),
-    ]
-    for label in labels:
-        cells = {r[column]: r for r in pairs if r["label"] == label}
-        if not cells:
-            continue
-        reference = next(iter(cells.values()))["reference"]
-        texts = []
-        for v in values:
-            r = cells.get(v)
-            if r is None:
-                texts.append("–")
-                continue
-            lower = not r["higher_is_better"]
-            better, worse = (r["b_lower"], r["b_higher"]) if lower else (r["b_higher"], r["b_lower"])
-            p = "–" if r["sign_test_p"] is None else f"{r['sign_test_p']:.2g}"
-            texts.append(
-                f"{number(r['mean_difference'], task, metric, True)} "
-                f"[{number(r['ci_low'], task, metric, True)}, {number(r['ci_high'], task, metric, True)}] "
-                f"p={p} {better}/{worse} **{verdict(r, lower_is_better=lower)}**"
-            )
-        lines.append(f"| {label} − {reference} | " + " | ".join(texts) + " |")
-    return lines
+    def cell(r) -> str:
+        lower = not r["higher_is_better"]
+        better, worse = (r["b_lower"], r["b_higher"]) if lower else (r["b_higher"], r["b_lower"])
+        p = "–" if r["sign_test_p"] is None else f"{r['sign_test_p']:.2g}"
+        return (
+            f"{number(r['mean_difference'], task, metric, True)} "
+            f"[{number(r['ci_low'], task, metric, True)}, {number(r['ci_high'], task, metric, True)}] "
+            f"p={p} {better}/{worse} **{verdict(r, lower_is_better=lower)}**"
+        )
+
+    return grid_table(
+        pairs, "arm − reference", labels, column, values, cell,
+        lambda label, r: f"{label} − {r['reference']}",
+    )  # fmt: skip
 
 
 def cap_table(runs, task, arch, labels, trained) -> list[str]:
