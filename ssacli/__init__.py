@@ -40,7 +40,7 @@ _LAZY = {
     "save_model": "conversion",
     "DiagnoseResult": "diagnosis.result",
     "ProbeResult": "diagnosis.result",
-    "compare_results": "diagnosis.result",
+    "compare_results": "diagnosis.comparison",
     "parse_probe": "diagnosis.probes",
     "run_check": "check.requirements",
     "parse_requirement": "check.requirements",
@@ -61,8 +61,9 @@ if TYPE_CHECKING:
     )
     from .check.requirements import parse_requirement, run_check
     from .conversion import convert, save_model
+    from .diagnosis.comparison import compare_results
     from .diagnosis.probes import parse_probe
-    from .diagnosis.result import DiagnoseResult, ProbeResult, compare_results
+    from .diagnosis.result import DiagnoseResult, ProbeResult
     from .diagnosis.run import diagnose
     from .kernels.fused import ssa_attention
     from .models.loading import load, load_model

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from ssacli import diagnose
 from ssacli.cli import app
-from ssacli.diagnosis.result import compare_results
+from ssacli.diagnosis.comparison import compare_results
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE, InputError, UsageError
 from ssacli.icl import evaluate
 from ssacli.models.loading import LoadedModel, load_model

@@ -122,7 +122,7 @@ def test_models_without_learned_sinks_show_no_column():
     model = AutoModelForCausalLM.from_config(config).eval()
     result = ssacli.diagnose(model, ["embed-scale:1"], inputs=[[5, 6, 7, 8, 9]])
     assert np.isnan(result.probe("embed-scale").metrics["learned_sink"]).all()
-    from ssacli.report.terminal import table_columns
+    from ssacli.report.summary import table_columns
 
     assert "learned_sink" not in table_columns(result.probe("embed-scale"))
     assert "learned_sink" in table_columns(

@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from ssacli.diagnosis.result import DiagnoseResult, ProbeResult, compare_results
+from ssacli.diagnosis.comparison import compare_results
+from ssacli.diagnosis.result import DiagnoseResult, ProbeResult
 from ssacli.errors import UsageError
 from ssacli.report.html import Section, comparison_html, diagnose_html, page
-from ssacli.report.terminal import heat_cell, pick_heatmap, render_comparison, render_diagnose
+from ssacli.report.summary import pick_heatmap
+from ssacli.report.terminal import heat_cell, render_comparison, render_diagnose
 
 NAN = float("nan")
 SKIP_NOTE = "no numeric tokens in this vocabulary"
@@ -296,7 +298,6 @@ def test_comparison_html_overlays_and_deltas():
     assert "skipped in A and B" in page
 
 
-
 def test_pages_are_built_from_sections_in_order():
     sections = [Section("title <1>", ["<p>a</p>"], level=1), Section(None, ["<p>b</p>"]), Section("c & d")]
     built = page("tab & title", sections)
@@ -317,6 +318,7 @@ def test_importing_the_plotting_modules_selects_no_matplotlib_backend():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().lower() == "template"
+
 
 # ---- JSON schema -----------------------------------------------------------------------------------
 
@@ -344,8 +346,14 @@ def test_json_round_trip_keeps_nan_and_collapse_points():
 
 def _wide_result(model="m") -> DiagnoseResult:
     """Every column a probe table can have (capture, row mass, two extras) and long values."""
-    probe = _probe("dominant-key", [0, 2, 4, 8, 16, 32], [[[0.0] * 3] * 2] * 6, [[[0.123456] * 3] * 2] * 6,
-                   capture=[[[0.000123] * 3] * 2] * 6, extras={"loss": [3.5] * 6, "error": [0.125] * 6})
+    probe = _probe(
+        "dominant-key",
+        [0, 2, 4, 8, 16, 32],
+        [[[0.0] * 3] * 2] * 6,
+        [[[0.123456] * 3] * 2] * 6,
+        capture=[[[0.000123] * 3] * 2] * 6,
+        extras={"loss": [3.5] * 6, "error": [0.125] * 6},
+    )
     probe.metrics["row_mass"] = np.full((6, 2, 3), 0.777)
     probe.layer_metrics["target_logit_rms"] = np.array([[1.0, 1.0]] + [[12.5, 14.0]] * 5)
     return _result([probe], model=model)
@@ -366,8 +374,19 @@ def test_every_table_reads_at_80_columns_without_truncation():
         assert max(len(line) for line in text.splitlines()) <= 80
     # every column of the wide probe table is there, split over two tables
     first = texts[0]
-    for header in ("entropy", "max w", "collapse", "eff. tok", "top-k", "sink", "capture", "row mass",
-                   "logit rms ×", "loss", "error"):
+    for header in (
+        "entropy",
+        "max w",
+        "collapse",
+        "eff. tok",
+        "top-k",
+        "sink",
+        "capture",
+        "row mass",
+        "logit rms ×",
+        "loss",
+        "error",
+    ):
         assert header in first, header
     assert first.count(" level") >= 2
     assert "0.000123" in first and "13.25" in first  # (12.5 + 14) / 2

@@ -2,31 +2,31 @@
 
 Each finding is a dict: ``kind`` (a stable machine-readable type), ``text`` (one sentence), and the
 numbers behind it (``probe``, ``level``, ``layers``, ``value``, …). Terminal, HTML and JSON show the
-same list (``DiagnoseResult.findings``); ``comparison_findings`` says what changed between two runs.
+same list (``DiagnoseResult.findings``); what changed between two runs is
+:func:`ssacli.diagnosis.comparison.comparison_findings`, written with the helpers here.
 
 Kinds: ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``, ``not_reached``,
-``collapse``, ``no_collapse``, ``fading``, ``massive_activations``; comparisons: ``collapse_change``,
-``saturation_change``, ``sink_change``.
+``collapse``, ``no_collapse``, ``fading``, ``massive_activations``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..defaults import SINK_EPS
-
-if TYPE_CHECKING:
-    from .result import DiagnoseResult, ProbeResult
+from .probe_result import ProbeResult
 
 MAX_FINDINGS = 8
 MASSIVE_MAGNITUDE = 100.0  # Sun et al. 2024: activations above ~100 and ~1000x the median
 MASSIVE_RATIO = 1000.0
 
 
-def _levels_text(probe: ProbeResult, level: float) -> str:
+def level_text(probe: ProbeResult, level: float) -> str:
+    """A level as the probe writes it: "×4", "σ=8", "3 digits"."""
     symbol = probe.kind.symbol if probe.kind is not None else ""
     if symbol in ("×",):
         return f"×{level:g}"
@@ -51,9 +51,9 @@ def span(layers: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _baseline_probe(result: DiagnoseResult) -> ProbeResult | None:
+def baseline_probe(probes: Sequence[ProbeResult]) -> ProbeResult | None:
     """A probe whose first level is its neutral one (the unshifted model), else any measured one."""
-    live = [p for p in result.probes if not p.skipped and not p.overflowed(0)]
+    live = [p for p in probes if not p.skipped and not p.overflowed(0)]
     for probe in live:
         kind = probe.kind
         if kind is not None and kind.neutral is not None and probe.levels[0] == kind.neutral:
@@ -61,17 +61,17 @@ def _baseline_probe(result: DiagnoseResult) -> ProbeResult | None:
     return live[0] if live else None
 
 
-def findings(result: DiagnoseResult) -> list[dict[str, Any]]:
+def findings(probes: Sequence[ProbeResult], heads: Sequence[int]) -> list[dict[str, Any]]:
+    """The findings of one result: its probes and the heads per layer."""
     out: list[dict[str, Any]] = []
-    total_heads = int(sum(result.heads))
-    base = _baseline_probe(result)
+    total_heads = int(sum(heads))
+    base = baseline_probe(probes)
     if base is not None and {"sink_rate", "collapse_rate"} <= set(base.metrics):
         sinks = base.metrics["sink_rate"][0]
         count = int(np.nansum(sinks))
         layers = sorted({int(layer) for layer, _ in zip(*np.nonzero(sinks == 1))})
-        text = (
-            f"{count} of {total_heads} heads are attention sinks at baseline (Gu ε = {SINK_EPS:g}"
-            + (f"; layers {span(layers)})" if layers else ")")
+        text = f"{count} of {total_heads} heads are attention sinks at baseline (Gu ε = {SINK_EPS:g}" + (
+            f"; layers {span(layers)})" if layers else ")"
         )
         out.append({"kind": "sink_heads", "text": text, "probe": base.name, "level": base.levels[0],
                     "value": count, "of": total_heads, "layers": layers, "eps": SINK_EPS})  # fmt: skip
@@ -85,7 +85,7 @@ def findings(result: DiagnoseResult) -> list[dict[str, Any]]:
                         f"(≥ τ on one key in half their rows): {shown}{more}",
                 "probe": base.name, "value": len(collapsed), "heads": [list(h) for h in collapsed],
             })  # fmt: skip
-    for probe in result.probes:
+    for probe in probes:
         if probe.skipped or not {"collapse_rate", "max_weight", "entropy"} <= set(probe.metrics):
             continue
         out.extend(_probe_findings(probe))
@@ -108,12 +108,18 @@ def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
         out.append({
             "kind": "overflow", "probe": probe.name, "level": level, "layer": where.get("layer"),
             "where": where.get("where"),
-            "text": f"{probe.name} overflowed at {_levels_text(probe, level)} (first non-finite value in "
+            "text": f"{probe.name} overflowed at {level_text(probe, level)} (first non-finite value in "
                     f"{at}: {where.get('where')}); those levels are reported as overflow, not measured",
         })  # fmt: skip
     if probe.insensitive:
-        out.append({"kind": "insensitive", "probe": probe.name, "reason": probe.insensitive,
-                    "text": f"{probe.name}: n/a, insensitive by construction ({probe.insensitive})"})
+        out.append(
+            {
+                "kind": "insensitive",
+                "probe": probe.name,
+                "reason": probe.insensitive,
+                "text": f"{probe.name}: n/a, insensitive by construction ({probe.insensitive})",
+            }
+        )
         return out
     ratios = probe.reach_model()
     finite = [(lv, r) for lv, r in zip(probe.levels, ratios) if r is not None and math.isfinite(r)]
@@ -123,7 +129,7 @@ def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
         out.append({
             "kind": "not_reached", "probe": probe.name, "level": level, "value": ratio,
             "text": f"{probe.name} did not reach attention (logit RMS ×{ratio:.2f} at "
-                    f"{_levels_text(probe, level)}): its results say nothing about robustness",
+                    f"{level_text(probe, level)}): its results say nothing about robustness",
         })  # fmt: skip
         return out
     point = probe.collapse_point()
@@ -141,7 +147,7 @@ def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
         out.append({
             "kind": "collapse", "probe": probe.name, "level": point, "layers": first_layers,
             "value": float(fresh[index]),
-            "text": f"{probe.name} {_levels_text(probe, point)} collapses {fresh[index]:.0%} of the rows of "
+            "text": f"{probe.name} {level_text(probe, point)} collapses {fresh[index]:.0%} of the rows of "
                     f"heads not collapsed at baseline; layers {span(first_layers)} first{reach}",
         })  # fmt: skip
     elif probe.kind is not None and probe.kind.magnitude and finite and not probe.overflowed(1):
@@ -153,7 +159,7 @@ def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
             "kind": "no_collapse", "probe": probe.name, "level": probe.levels[last],
             "value": float(fresh[last]),
             "text": f"{probe.name} collapses at most {np.nan_to_num(fresh[last]):.0%} of the rows up to "
-                    f"{_levels_text(probe, probe.levels[last])} (max weight {peak:.2f}"
+                    f"{level_text(probe, probe.levels[last])} (max weight {peak:.2f}"
                     f"{_reach_text(probe, last, plain=True)})",
         })  # fmt: skip
     fading = probe.fading()
@@ -203,44 +209,9 @@ def _massive(probe: ProbeResult | None) -> dict[str, Any] | None:
                 f"median) in layers {span(layers)}; largest |h| {top[peak]:.3g} = {ratio[peak]:.3g}× "
                 f"the median in layer {peak}")  # fmt: skip
     else:
-        text = (f"no massive activations (Sun et al.): largest |h| {np.nanmax(top):.3g}, at most "
-                f"{np.nanmax(ratio):.3g}× the median (layer {peak})")
+        text = (
+            f"no massive activations (Sun et al.): largest |h| {np.nanmax(top):.3g}, at most "
+            f"{np.nanmax(ratio):.3g}× the median (layer {peak})"
+        )
     return {"kind": "massive_activations", "probe": probe.name, "layers": layers, "layer": peak,
             "value": float(top[peak]), "ratio": float(ratio[peak]), "text": text}  # fmt: skip
-
-
-def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, Any]]:
-    """What changed from A to B: collapse points, saturation at the harshest common level, sinks."""
-    from .result import common_levels
-
-    out: list[dict[str, Any]] = []
-    names_b = {p.name: p for p in b.probes}
-    for pa in a.probes:
-        pb = names_b.get(pa.name)
-        if pb is None or pa.skipped or pb.skipped:
-            continue
-        sa, sb = pa.collapse_status(), pb.collapse_status()
-        if sa != sb:
-            out.append({"kind": "collapse_change", "probe": pa.name, "a": sa, "b": sb,
-                        "text": f"{pa.name}: collapse point {sa} in A, {sb} in B"})
-        shared = common_levels(pa, pb)
-        if not shared:
-            continue
-        level, ia, ib = shared[-1]
-        ca, cb = float(pa.model_mean("collapse_rate")[ia]), float(pb.model_mean("collapse_rate")[ib])
-        wa, wb = float(pa.model_mean("max_weight")[ia]), float(pb.model_mean("max_weight")[ib])
-        if all(math.isfinite(v) for v in (ca, cb, wa, wb)) and abs(wb - wa) >= 0.05:
-            verb = "less" if wb < wa else "more"
-            out.append({
-                "kind": "saturation_change", "probe": pa.name, "level": level, "a": wa, "b": wb,
-                "text": f"{pa.name} {_levels_text(pa, level)}: B is {verb} saturated (max weight {wa:.2f} → "
-                        f"{wb:.2f}, collapse rate {ca:.2f} → {cb:.2f})",
-            })  # fmt: skip
-    base_a, base_b = _baseline_probe(a), _baseline_probe(b)
-    if base_a is not None and base_b is not None and all("sink_rate" in p.metrics for p in (base_a, base_b)):
-        na = int(np.nansum(base_a.metrics["sink_rate"][0]))
-        nb = int(np.nansum(base_b.metrics["sink_rate"][0]))
-        if na != nb:
-            text = f"sink heads at baseline: {na} of {sum(a.heads)} in A, {nb} of {sum(b.heads)} in B"
-            out.append({"kind": "sink_change", "a": na, "b": nb, "text": text})
-    return out[:MAX_FINDINGS]

@@ -51,8 +51,8 @@ def compare_models(
     ``before_report``: an earlier report of the same BEFORE with the same settings, whose BEFORE
     measurements and probes are reused instead of measured again (a UsageError if anything differs).
     """
+    from ..diagnosis.comparison import compare_results
     from ..diagnosis.probes import parse_probe
-    from ..diagnosis.result import compare_results
     from ..diagnosis.run import diagnose, software_versions
 
     started = time.perf_counter()

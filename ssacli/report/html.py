@@ -27,9 +27,10 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from ..diagnosis.comparison import common_levels, comparison_findings
 from ..diagnosis.metrics import METRICS
-from ..diagnosis.result import COLLAPSE_SHARE, DiagnoseResult, ProbeResult, common_levels, compare_findings
-from .terminal import (
+from ..diagnosis.result import COLLAPSE_SHARE, DiagnoseResult, ProbeResult
+from .summary import (
     comparison_columns,
     delta_verdict,
     fmt,
@@ -155,7 +156,7 @@ def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int
     name_a, name_b = _side_label("A", a), _side_label("B", b)
     facts = [("A", name_a), ("B", name_b), ("Δ", "B − A of the model means (red: B more saturated)")]
     sections = [Section("ssacli diagnose: comparison", [facts_table(facts)], level=head_level)]
-    changes = [f["text"] for f in compare_findings(a, b)]
+    changes = [f["text"] for f in comparison_findings(a, b)]
     if changes:
         sections.append(Section("findings", [findings_list(changes)], level=head_level + 1))
     probes_b = {p.name: p for p in b.probes}

@@ -1,0 +1,236 @@
+"""One probe's result: its metric arrays over the levels swept, and what they say per probe.
+
+:class:`ProbeResult` holds the arrays of one probe (every metric ``[level, layer, head]``, NaN where
+undefined) and the per-probe summaries every report reads: where the probe acts (the logit RMS
+ratio), the baseline-relative collapse point (model-wide, per layer and per head; heads collapsed
+at the first level are set apart), the level where heads differ most, and the length probe's fading
+slopes. :mod:`ssacli.diagnosis.result` gathers the probes into the whole result and its JSON schema;
+:mod:`ssacli.diagnosis.findings` reads them into sentences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .metrics import sink_indicator
+from .probes import PROBES
+
+COLLAPSE_SHARE = 0.5  # collapse point: first level where the collapse rate reaches this share
+REACH_TOLERANCE = 0.01  # a magnitude probe whose logit RMS moved less than this (relative) did not reach
+
+
+@dataclass
+class ProbeResult:
+    """One probe swept over its levels. ``metrics[name]`` has shape [level, layer, head]."""
+
+    name: str
+    levels: list[float]
+    metrics: dict[str, np.ndarray]
+    rows: np.ndarray  # [level, layer]: query rows counted
+    extras: dict[str, list[float | None]] = field(default_factory=dict)  # per level, e.g. loss
+    note: str | None = None  # why the probe was skipped or limited
+    layer_metrics: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [level, layer]
+    overflow: list[dict[str, Any] | None] = field(default_factory=list)  # per level: where it overflowed
+    insensitive: str | None = None  # why the scorer cannot respond to this probe by construction
+
+    def __post_init__(self) -> None:
+        if not self.overflow:
+            self.overflow = [None] * len(self.levels)
+        if "sink_rate" not in self.metrics and "sink_mass" in self.metrics:  # a schema-1 result
+            self.metrics["sink_rate"] = sink_indicator(self.metrics["sink_mass"])
+
+    @property
+    def skipped(self) -> bool:
+        return not any(np.isfinite(v).any() for v in self.metrics.values()) and not any(self.overflow)
+
+    @property
+    def kind(self):
+        return PROBES.get(self.name)
+
+    def overflowed(self, index: int) -> dict[str, Any] | None:
+        return self.overflow[index] if index < len(self.overflow) else None
+
+    def first_overflow(self) -> tuple[float, dict[str, Any]] | None:
+        for level, where in zip(self.levels, self.overflow):
+            if where:
+                return level, where
+        return None
+
+    # ---- where the probe acts ----------------------------------------------------------------------
+    def reach(self) -> np.ndarray | None:
+        """[level, layer]: the logits' RMS at each level ÷ at the first level (on the target key
+        for probes with one). None where the logits were not observed (eager fallback)."""
+        name = "target_logit_rms" if self.kind is not None and self.kind.has_target else "logit_rms"
+        values = self.layer_metrics.get(name)
+        if values is None or not np.isfinite(values).any():
+            return None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return values / values[:1]
+
+    def reach_model(self) -> list[float | None]:
+        """Per level: the mean over layers of :meth:`reach` (1.00 = the logits did not move)."""
+        ratio = self.reach()
+        if ratio is None:
+            return [None] * len(self.levels)
+        return json_ready(_nanmean(ratio, axis=1))
+
+    def reached(self) -> bool | None:
+        """Whether the probe moved the attention logits at any level after the first (None: not
+        measured, or the probe is not a magnitude shift)."""
+        ratio = self.reach()
+        if ratio is None or self.kind is None or not self.kind.magnitude or len(self.levels) < 2:
+            return None
+        moved = np.abs(ratio[1:] - 1.0)
+        moved = moved[np.isfinite(moved)]
+        if moved.size == 0:
+            return None
+        return bool(moved.max() > REACH_TOLERANCE)
+
+    # ---- baseline-relative collapse ---------------------------------------------------------------
+    def baseline_collapsed(self) -> np.ndarray:
+        """[layer, head] bool: heads whose collapse rate is already >= 0.5 at the first level."""
+        if "collapse_rate" not in self.metrics:
+            return np.zeros(self.rows.shape[1:2] + (0,), dtype=bool)
+        first = self.metrics["collapse_rate"][0]
+        with np.errstate(invalid="ignore"):
+            return np.isfinite(first) & (first >= COLLAPSE_SHARE)
+
+    def baseline_collapsed_heads(self) -> list[tuple[int, int]]:
+        return [(int(layer), int(head)) for layer, head in zip(*np.nonzero(self.baseline_collapsed()))]
+
+    def fresh_collapse_rate(self) -> np.ndarray:
+        """Per level: the mean collapse rate over the heads not collapsed at the first level."""
+        rates = self.metrics["collapse_rate"].copy()
+        rates[:, self.baseline_collapsed()] = np.nan
+        return _nanmean(rates.reshape(len(self.levels), -1), axis=1)
+
+    def change_from_first(self, metric: str) -> np.ndarray:
+        mean = self.model_mean(metric)
+        return mean - mean[0]
+
+    def model_mean(self, metric: str) -> np.ndarray:
+        """Mean over every head of every layer, per level (each head counts once)."""
+        return _nanmean(self.metrics[metric].reshape(len(self.levels), -1), axis=1)
+
+    def layer_mean(self, metric: str) -> np.ndarray:
+        """[level, layer]: mean over the heads of each layer."""
+        return _nanmean(self.metrics[metric], axis=2)
+
+    def collapse_point(self) -> float | None:
+        """Smallest level after the first at which the mean collapse rate of the heads not
+        collapsed at the first level reaches 0.5; None if never (or undefined: see
+        :meth:`collapse_status`)."""
+        if self.insensitive:
+            return None
+        return _first_level(self.levels[1:], self.fresh_collapse_rate()[1:])
+
+    def collapse_status(self) -> str:
+        """How to read the collapse point: a level, "none", "n/a" (insensitive by construction),
+        "did not reach attention", or "overflow at LEVEL" before any collapse."""
+        if self.insensitive:
+            return "n/a"
+        point = self.collapse_point()
+        flow = self.first_overflow()
+        if flow is not None and (point is None or flow[0] <= point):
+            return f"overflow at {flow[0]:g}"
+        if point is not None:
+            return f"{point:g}"
+        if self.reached() is False:
+            return "did not reach attention"
+        return "none"
+
+    def head_collapse_points(self) -> list[list[float | None]]:
+        """[layer][head]: smallest level after the first at which that head's collapse rate reaches
+        0.5; None if never, and for heads collapsed at the first level (:meth:`baseline_collapsed_heads`)."""
+        rates = self.metrics["collapse_rate"]
+        base = self.baseline_collapsed()
+        return [
+            [
+                None if base[layer, head] else _first_level(self.levels[1:], rates[1:, layer, head])
+                for head in range(rates.shape[2])
+            ]
+            for layer in range(rates.shape[1])
+        ]
+
+    def most_different_level(self) -> int:
+        """Index of the level where the heads not collapsed at baseline differ most (largest spread
+        of collapse rate, then of max weight; ties: the harsher level)."""
+        best, index = -1.0, len(self.levels) - 1
+        if not {"collapse_rate", "max_weight"} <= set(self.metrics):
+            return index
+        keep = ~self.baseline_collapsed()
+        for i in range(len(self.levels)):
+            spread = 0.0
+            for metric in ("collapse_rate", "max_weight"):
+                grid = self.metrics[metric][i][keep]
+                finite = grid[np.isfinite(grid)]
+                if finite.size > 1:
+                    spread += float(finite.std()) * (1000 if metric == "collapse_rate" else 1)
+            if spread >= best - 1e-12:
+                best, index = spread, i
+        return index
+
+    def fading(self) -> dict[str, Any] | None:
+        """Length probe: per head, the least-squares slope of normalized entropy, max weight and
+        sink mass against log2 of the context length (per doubling of n). None for other probes."""
+        tokens = self.extras.get("tokens")
+        if self.kind is None or self.kind.name != "length" or not tokens:
+            return None
+        n = np.array([np.nan if t is None else t for t in tokens], dtype=float)
+        out: dict[str, Any] = {"per": "doubling of the context length n", "n": json_ready(n)}
+        for metric in ("entropy", "max_weight", "sink_mass"):
+            values = self.metrics[metric]
+            out[metric] = json_ready(_slopes(np.log2(n), values))
+            layers = _slopes(np.log2(n), self.layer_mean(metric)[:, :, None])[:, 0]
+            out[f"{metric}_layers"] = json_ready(layers)
+        return out
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def _nanmean(values: np.ndarray, axis: int) -> np.ndarray:
+    finite = np.isfinite(values)
+    count = finite.sum(axis=axis)
+    total = np.where(finite, values, 0.0).sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _slopes(x: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """[layer, head] least-squares slope of values [level, layer, head] against x [level], over the
+    levels where both are finite (NaN with fewer than two)."""
+    out = np.full(values.shape[1:], np.nan)
+    for index in np.ndindex(*values.shape[1:]):
+        y = values[(slice(None), *index)]
+        ok = np.isfinite(x) & np.isfinite(y)
+        if ok.sum() >= 2 and np.ptp(x[ok]) > 0:
+            out[index] = np.polyfit(x[ok], y[ok], 1)[0]
+    return out
+
+
+def _first_level(levels: list[float], rates: np.ndarray) -> float | None:
+    for level, rate in zip(levels, rates):
+        if math.isfinite(rate) and rate >= COLLAPSE_SHARE:
+            return level
+    return None
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as JSON can hold it, recursively: NaN/inf -> None (JSON has no NaN), numpy arrays
+    -> lists, numpy scalars -> Python numbers. Every ssacli JSON writer of results uses it."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return json_ready(value.tolist())
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
