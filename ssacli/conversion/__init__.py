@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .attention.interface import (
+from ..attention.interface import (
     CONFIG_SPEC_ATTR,
     apply_scorer,
     attention_modules,
@@ -25,12 +25,12 @@ from .attention.interface import (
     scorers_of,
     supports,
 )
-from .defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES, MAX_KL_PER_TOKEN, MAX_RELATIVE_ERROR
-from .errors import JobFailedError, OutputError, UnsupportedModelError, UsageError
-from .models.checkpoint import SCORER_KEY, write_model_folder
-from .models.loading import LoadedModel, load_model
-from .scorers import make_scorer
-from .scorers.base import positive_raw
+from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES, MAX_KL_PER_TOKEN, MAX_RELATIVE_ERROR
+from ..errors import JobFailedError, OutputError, UnsupportedModelError, UsageError
+from ..models.checkpoint import SCORER_KEY, write_model_folder
+from ..models.loading import LoadedModel, load_model
+from ..scorers import make_scorer
+from ..scorers.base import positive_raw
 
 # m=auto searches powers of two: 1 … 2^20 (b = 1/m stays far above the positive floor of 1e-9).
 M_GRID = tuple(2.0**k for k in range(21))
@@ -52,7 +52,7 @@ def save_model(
     out = Path(out).expanduser()
     check_out(out, loaded.path, overwrite)
     if loaded.kind == "icl":
-        from .models.icl import save_icl  # transformers' GPT-2 is imported only for ICL models
+        from ..models.icl import save_icl  # transformers' GPT-2 is imported only for ICL models
 
         if meta:
             loaded.model.spec.training = {**loaded.model.spec.training, **meta}
@@ -367,7 +367,7 @@ def choose_m(
 def _fidelity_inputs(
     loaded: LoadedModel, samples: int, length: int, seed: int, text: str | None = None
 ) -> list:
-    from .diagnosis.probes import TokenSource, icl_batches, icl_tokens, pad_sequences
+    from ..diagnosis.probes import TokenSource, icl_batches, icl_tokens, pad_sequences
 
     if loaded.kind == "icl":
         task = loaded.model.spec.task
