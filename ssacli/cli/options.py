@@ -18,8 +18,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import SsacliError, UsageError
+from ..models.loading import builtin_names
 
-MODEL_HELP = "HF folder, builtin:NAME, or cached Hub id."
+# the bundled models, as installed (every folder in ssacli/checkpoints/)
+MODEL_HELP = f"HF folder, builtin:NAME ({', '.join(builtin_names())}), or cached Hub id."
 TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
 DATA_HELP = "Training data: a .txt file, a .jsonl file (field 'text'), a folder of them, or icl:TASK."
 
