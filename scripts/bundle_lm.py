@@ -147,8 +147,10 @@ def fidelity(run: Path, bundle: Path, text: str, seq_len: int, max_tokens: int) 
         "perplexity_run": loss_run["perplexity"],
         "perplexity_bundle": loss_bundle["perplexity"],
         "nll_tokens": loss_run["tokens"],
-        "scorer_params_equal": all(
-            set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x) for x, y in scorers.values()
+        "scorer_params_equal": (
+            all(set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x) for x, y in scorers.values())
+            if any(y for _, y in scorers.values())
+            else None  # a scorer without parameters (softmax)
         ),
         "scorer_values": scorer_values(small.model),
     }
@@ -181,13 +183,37 @@ def recipe(name: str, run: str, meta: dict[str, Any], plan_path: Path, check: di
     last = training["trajectory"][-1]
     first_heldout = training["heldout"][0][1]
     arch = (check["architecture"], check["parameters"])
-    scorer_lines = "".join(
-        f"- {key} per layer: {', '.join(f'{v:g}' for v in values)}\n"
+    scorer_lines = [
+        f"{key} per layer: {', '.join(f'{v:g}' for v in values)}"
         for key, values in check["scorer_values"].items()
-    )
+    ]
     warmup = config["warmup"] if config["warmup"] is not None else "default (5 % of steps, <= 100)"
+    facts = "\n".join(
+        "- " + line
+        for line in (
+            f"model: {arch[0]}; {arch[1]:,} parameters",
+            f"tokenizer: byte-level BPE, {scratch['tokenizer_vocab']} tokens, trained by `ssacli train` on "
+            "the training part of the data",
+            f"scorer: `{meta['scorer']}`",
+            *scorer_lines,
+            f"data: `{config['data']}` (its last 10 % held out), {config['seq_len']}-token windows",
+            f"seed {config['seed']}, {training['step']} steps, AdamW lr {config['lr']:g} "
+            f"({config['schedule']}), warmup {warmup}, weight decay {config['weight_decay']:g}",
+            f"batch {config['batch_size']} × {config['grad_accum']} accumulation: "
+            f"{training['tokens']:,} tokens in all",
+            f"training time: {training['seconds']} s, {training['tokens_per_s']:,.0f} tokens/s (on the "
+            "study's CPU, shared with other jobs)",
+            f"final training loss {last['loss']:.4f}; held-out loss {first_heldout:.4f} at step 0 → "
+            f"{last['heldout_loss']:.4f} at step {last['step']}",
+            f"bundled with ssacli {ssacli.__version__} at commit `{check['commit']}` by "
+            "`scripts/bundle_lm.py`; `ssacli.json` is the run's own record, unchanged",
+        )
+    )
     size_rows = "".join(f"| {file} | {size:,} |\n" for file, size in sizes.items())
     tol = TOLERANCES
+    scorer_equal = (
+        "– (it has none)" if check["scorer_params_equal"] is None else str(check["scorer_params_equal"])
+    )
     limit = {k: f"≤ {v:g}" for k, v in tol.items()}
     fidelity_rows = "\n".join(
         f"| {what} | {value} | {bound} |"
@@ -200,7 +226,7 @@ def recipe(name: str, run: str, meta: dict[str, Any], plan_path: Path, check: di
              f"\\|Δ\\| {limit['nll_abs_diff']}"),
             ("perplexity, run → bundle",
              f"{check['perplexity_run']:.3f} → {check['perplexity_bundle']:.3f}", "–"),
-            ("scorer parameters equal", str(check["scorer_params_equal"]), "must be True"),
+            ("scorer parameters equal to the run's", scorer_equal, "must be"),
         )
     )  # fmt: skip
     command = (
@@ -214,25 +240,12 @@ def recipe(name: str, run: str, meta: dict[str, Any], plan_path: Path, check: di
 Trained by the language-model study (issue 16; docs/results/lm.md, plan `{plan_path}`), run
 `{run}`: a decoder trained from scratch with `ssacli train`.
 
-- model: {arch[0]}; {arch[1]:,} parameters
-- tokenizer: byte-level BPE, {scratch["tokenizer_vocab"]} tokens, trained by `ssacli train` on the
-  training part of the data (files here)
-- scorer: `{meta["scorer"]}`
-{scorer_lines}- data: `{config["data"]}` (the last 10 % held out), {config["seq_len"]}-token windows
-- seed {config["seed"]}, {training["step"]} steps, AdamW lr {config["lr"]:g} ({config["schedule"]}),
-  warmup {warmup}, weight decay {config["weight_decay"]:g}, batch {config["batch_size"]}
-  × {config["grad_accum"]} accumulation, {training["tokens"]:,} tokens
-- training time: {training["seconds"]} s, {training["tokens_per_s"]:,.0f} tokens/s (on the study's
-  CPU, shared with other jobs)
-- final training loss {last["loss"]:.4f}; held-out loss {first_heldout:.4f} at step 0 →
-  {last["heldout_loss"]:.4f} at step {last["step"]}
-- bundled with ssacli {ssacli.__version__} at commit `{check["commit"]}` by `scripts/bundle_lm.py`;
-  `ssacli.json` is the run's own record, unchanged
+{facts}
 
 ## Stored in float16
 
-The weights are stored in float16 (round to nearest) to stay under 2 MB; the scorer's parameters
-are the run's float32 file, byte for byte. With `--dtype auto`, ssacli loads the weights as
+The weights are stored in float16 (round to nearest) to stay under 2 MB; the scorer's parameters,
+if it has any, are the run's float32 file, byte for byte. With `--dtype auto`, ssacli loads the weights as
 float32 on a CPU (exact: every float16 is a float32) and keeps float16 on a GPU.
 
 | file | bytes |
@@ -257,7 +270,7 @@ rows whose largest weight lies within {tol["attention_max_abs"]:g} of τ.
 ## Reproduce
 
 ```bash
-python scripts/lm_study.py --plan {plan_path} --out runs/lm-study --jobs 2   # trains every run
+python scripts/lm_study.py --plan {plan_path} --out runs/lm-study   # trains (and evaluates) every run
 python scripts/bundle_lm.py --plan {plan_path} --study runs/lm-study {name}={run}
 ```
 
@@ -282,7 +295,7 @@ def bundle(plan, plan_path: Path, study: Path, name: str, run: str, package: Pat
         text = text_path.read_text(encoding="utf-8")
         check = fidelity(source, tmp, text, plan["seq_len"], plan["max_tokens"])
         missed = check_fidelity(check)
-        if not check["scorer_params_equal"]:
+        if check["scorer_params_equal"] is False:
             missed.append("the scorer's parameters differ from the run's")
         if missed:
             raise SystemExit(f"builtin:{name} from {source}: outside the tolerances: {'; '.join(missed)}")
