@@ -347,3 +347,18 @@ def test_preset_authors_has_one_learned_n_per_layer_and_a_fixed_b():
     assert ssacli.make_scorer("ssa:init=authors").spec == "ssa:init=authors"
     with pytest.raises(UsageError, match="same option"):
         ssacli.make_scorer("ssa:preset=authors,init=paper")
+
+
+def test_m_auto_on_a_model_with_learned_sinks():
+    """gpt-oss's learned sink (s_aux) is one more key: m=auto scores it like any logit and the
+    converted model still meets the target, measured by hand against the model's own eager path."""
+    from ssacli.attention.audit import build_tiny
+
+    original = build_tiny("gpt_oss", "causal")
+    loaded, report = convert(loaded_of(build_tiny("gpt_oss", "causal")), "ssa:init=faithful")
+    ids = calibration_inputs(length=32)
+    log_p = F.log_softmax(eager_outputs(original, ids), -1)
+    log_q = F.log_softmax(eager_outputs(loaded.model, ids), -1)
+    kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    assert report["target"]["met"] and kl <= 1e-3
+    assert len(report["layers"]) == len(ssacli.scorers_of(loaded.attention_root))

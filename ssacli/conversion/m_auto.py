@@ -40,6 +40,17 @@ def faithful_transform(x: torch.Tensor, m: float) -> torch.Tensor:
     return m * torch.sign(x) * torch.log1p(x.abs() / m)
 
 
+def _with_sink_column(x: torch.Tensor, seen: torch.Tensor, sink_weight: torch.Tensor):
+    """The logits plus the sink's own logit as a last, always visible column. Observers get the
+    weight p the sink took under softmax, not its logit s; p = exp(s) / (exp(s) + Σ exp(x)) gives
+    s = log p − log(1 − p) + logsumexp(x), so the sink is scored like any logit (as SSA does)."""
+    p = sink_weight.double().clamp(1e-300, 1.0 - 1e-16)
+    lse = torch.logsumexp(x.masked_fill(~seen, float("-inf")), -1)
+    lse = torch.where(torch.isfinite(lse), lse, 0.0)  # a row that sees no key: only the sink
+    s = (p.log() - torch.log1p(-p) + lse).unsqueeze(-1)
+    return torch.cat([x, s], -1), torch.cat([seen, seen.new_ones(*seen.shape[:-1], 1)], -1)
+
+
 class _RowKL:
     """An observer (ssacli.attention.observing.Observer) that, while the model runs with softmax,
     measures for every layer and every m of the grid the mean KL(softmax ‖ faithful SSA) of its
@@ -59,12 +70,14 @@ class _RowKL:
         self.logits = logits
         return logits
 
-    def record(self, module, weights, visible, query_positions) -> None:
+    def record(self, module, weights, visible, query_positions, sink=None) -> None:
         layer = self.index.get(id(module))
         if layer is None or self.logits is None:
             return
         x = self.logits.double()
         seen = torch.ones_like(x, dtype=torch.bool) if visible is None else visible.expand_as(x)
+        if sink is not None:  # learned sink: one more, always visible key (attention.sinks)
+            x, seen = _with_sink_column(x, seen, sink)
         live = seen.any(-1)  # rows with at least one visible key
         x = x.masked_fill(~seen, 0.0)
         log_p = torch.log_softmax(x.masked_fill(~seen, float("-inf")), -1)
