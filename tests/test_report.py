@@ -1,8 +1,8 @@
 """Reports of a diagnose result: terminal text, the HTML page, the comparison dict, the JSON schema.
 
-The results are built here from small hand-written arrays (2 layers × 3 heads), so every expected
-number below (model means, collapse points, B − A deltas) is worked out from those arrays, not
-read back from the code under test.
+The results are built from small hand-written arrays (tests/report_fixtures.py: 2 layers × 3
+heads), so every expected number below (model means, collapse points, B − A deltas) is worked out
+from those arrays, not read back from the code under test.
 """
 
 from __future__ import annotations
@@ -18,111 +18,17 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
+from report_fixtures import NAN, SKIP_NOTE, result_a, result_b, wide_result
 from rich.console import Console
 
 from ssacli.diagnosis.comparison import compare_results
-from ssacli.diagnosis.result import DiagnoseResult, ProbeResult
+from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.errors import UsageError
 from ssacli.report.html import Section, comparison_html, diagnose_html, page
 from ssacli.report.summary import pick_heatmap
 from ssacli.report.terminal import heat_cell, render_comparison, render_diagnose
 
-NAN = float("nan")
-SKIP_NOTE = "no numeric tokens in this vocabulary"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _probe(name, levels, collapse, max_weight, *, capture=None, extras=None, note=None) -> ProbeResult:
-    """A probe whose other metrics follow from max_weight (entropy = 1 - max_weight, ...)."""
-    collapse = np.asarray(collapse, dtype=float)
-    max_weight = np.asarray(max_weight, dtype=float)
-    metrics = {
-        "entropy": 1.0 - max_weight,
-        "max_weight": max_weight,
-        "collapse_rate": collapse,
-        "effective_tokens": 10.0 * (1.0 - max_weight) + 1.0,
-        "topk_mass": np.minimum(max_weight + 0.1, 1.0),
-        "sink_mass": 0.5 * max_weight,
-        "outlier_capture": np.full_like(max_weight, NAN) if capture is None else np.asarray(capture, float),
-        "row_mass": np.where(np.isfinite(max_weight), 1.0, NAN),
-    }
-    rows = np.full((len(levels), 2), 12, dtype=np.int64)
-    return ProbeResult(name, [float(v) for v in levels], metrics, rows, extras or {}, note)
-
-
-def _skipped() -> ProbeResult:
-    empty = np.full((2, 2, 3), NAN)
-    return _probe("numeric", [1, 2], empty, empty, note=SKIP_NOTE)
-
-
-def _result(probes, model="tiny<gpt>&co", scorer="softmax") -> DiagnoseResult:
-    return DiagnoseResult(
-        model=model,
-        family="gpt2",
-        scorer=scorer,
-        route="ssacli",
-        layers=["transformer.h.0.attn", "transformer.h.1.attn"],
-        heads=[3, 3],
-        probes=probes,
-        settings={"inputs": ["builtin:probe-texts", "n=4"], "device": "cpu", "dtype": "float32", "tau": 0.9},
-        versions={"ssacli": "test", "torch": "x"},
-        elapsed_s=1.25,
-    )
-
-
-# embed-scale of A: collapse-rate model means 0.1, 0.3, 0.6 at levels 1, 2, 4 -> collapse point 4.
-A_EMBED_COLLAPSE = [
-    [[0.0, 0.0, 0.0], [0.0, 0.0, 0.6]],
-    [[0.2, 0.2, 0.2], [0.4, 0.4, 0.4]],
-    [[0.5, 0.5, 0.5], [0.6, 0.7, 0.8]],
-]
-A_EMBED_MAX = [
-    [[0.2, 0.2, 0.2], [0.2, 0.2, 0.2]],
-    [[0.4, 0.4, 0.4], [0.5, 0.5, 0.5]],
-    [[0.55, 0.6, 0.65], [0.7, 0.8, 0.93]],  # the heatmap's layer 1, head 2 reads ".93"
-]
-# outlier: collapse-rate means 0, 0.1, 0.3 -> never collapses.
-OUTLIER_COLLAPSE = [
-    [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
-    [[0.1, 0.1, 0.1], [0.1, 0.1, 0.1]],
-    [[0.3, 0.3, 0.3], [0.3, 0.3, 0.3]],
-]
-OUTLIER_MAX = [
-    [[0.1, 0.1, 0.1], [0.1, 0.1, 0.1]],
-    [[0.2, 0.2, 0.2], [0.2, 0.2, 0.2]],
-    [[0.3, 0.3, 0.3], [0.3, 0.3, 0.3]],
-]
-OUTLIER_CAPTURE = [
-    [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
-    [[0.2, 0.2, 0.2], [0.2, 0.2, 0.2]],
-    [[0.4, 0.4, 0.4], [0.4, 0.4, 0.4]],
-]
-
-
-def result_a() -> DiagnoseResult:
-    embed = _probe("embed-scale", [1, 2, 4], A_EMBED_COLLAPSE, A_EMBED_MAX, extras={"loss": [3.0, 3.5, None]})
-    outlier = _probe("outlier", [0, 10, 100], OUTLIER_COLLAPSE, OUTLIER_MAX, capture=OUTLIER_CAPTURE)
-    return _result([embed, outlier, _skipped()])
-
-
-def result_b() -> DiagnoseResult:
-    """B sweeps embed-scale one level further (8) and misses one head's max weight on outlier."""
-    collapse = [
-        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],  # mean 0     (A 0.1 -> Δ -0.1)
-        [[0.1, 0.1, 0.1], [0.2, 0.2, 0.2]],  # mean 0.15  (A 0.3 -> Δ -0.15)
-        [[0.3, 0.3, 0.3], [0.4, 0.4, 0.4]],  # mean 0.35  (A 0.6 -> Δ -0.25)
-        [[0.5, 0.5, 0.5], [0.7, 0.7, 0.7]],  # mean 0.6   -> B collapses at 8
-    ]
-    peak = [
-        [[0.1, 0.1, 0.1], [0.1, 0.1, 0.1]],
-        [[0.3, 0.3, 0.3], [0.3, 0.3, 0.3]],
-        [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]],
-        [[0.7, 0.7, 0.7], [0.7, 0.7, 0.7]],
-    ]
-    outlier_max = [[[NAN, 0.4, 0.4], [0.4, 0.4, 0.4]], OUTLIER_MAX[1], OUTLIER_MAX[2]]  # mean 0.4 (5 heads)
-    embed = _probe("embed-scale", [1, 2, 4, 8], collapse, peak)
-    outlier = _probe("outlier", [0, 10, 100], OUTLIER_COLLAPSE, outlier_max, capture=OUTLIER_CAPTURE)
-    return _result([embed, outlier, _skipped()], model="other", scorer="ssa")
 
 
 def _render(fn, *args, **kwargs) -> str:
@@ -170,7 +76,10 @@ def test_terminal_report_shows_collapse_points_heatmap_and_skip_note():
 
 def test_heatmap_of_another_metric_and_probe():
     text = _render(render_diagnose, result_a(), heatmap_metric="outlier_capture", heatmap_probe="outlier")
-    assert "heatmap: outlier_capture, probe outlier at level 100 (its harshest)" in text
+    # outlier's heads are equal at every level (std 0): the heatmap shows the harshest and says why
+    assert (
+        "heatmap: outlier_capture, probe outlier at level 100 (its harshest; the heads do not differ)" in text
+    )
     heat_rows = [line.split() for line in text.splitlines() if line.split()[:1] == ["1"]]
     assert [".40", ".40", ".40"] in [row[1:] for row in heat_rows]
 
@@ -249,6 +158,43 @@ def test_compare_results_deltas_by_hand():
         "outlier": {"a": None, "b": None},
     }
     assert DiagnoseResult.from_dict(data["b"]).probe("embed-scale").levels == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_comparison_findings_by_hand():
+    """A -> B (report_fixtures): A's layer 1 head 2 is collapsed at level 1 (0.6), B has no such head;
+    the collapse point moves 4 -> 8 (every layer alike, so no per-layer finding); at the common
+    levels the collapse-rate means move -0.1, -0.15, -0.25 (most at 4: 0.6 -> 0.35, max weight
+    0.705 -> 0.5); outlier's collapse rates are equal, its max weight moves most at level 0."""
+    data = compare_results(result_a(), result_b())
+    found = data["findings"]
+    assert [f["kind"] for f in found] == [
+        "baseline_collapse_change", "collapse_change", "saturation_change", "saturation_change"
+    ]  # fmt: skip
+    base, point, embed, outlier = found
+    assert (base["a"], base["b"], base["heads_a"], base["heads_b"]) == (1, 0, [[1, 2]], [])
+    assert base["text"] == "heads collapsed before any shift: 1 → 0 of 6 (A: L1H2; B: none)"
+    assert (point["level_a"], point["level_b"], point["a"], point["b"]) == (4.0, 8.0, "4", "8")
+    assert point["text"] == "embed-scale collapse point: σ=4 in A → σ=8 in B"
+    assert embed["level"] == 4.0 and embed["collapse_rate"] == pytest.approx({"a": 0.6, "b": 0.35})
+    assert embed["max_weight"] == pytest.approx({"a": 0.705, "b": 0.5})
+    assert embed["text"].startswith("embed-scale σ=4: collapse 60% → 35%, max weight 0.70 → 0.50 (B less")
+    assert outlier["level"] == 0.0 and outlier["max_weight"] == pytest.approx({"a": 0.1, "b": 0.4})
+    assert outlier["text"].endswith("(B more saturated)")
+
+
+def test_per_layer_points_and_head_spread_by_hand():
+    probe = result_a().probe("embed-scale")
+    # layer 0: mean .0 .2 .5 -> 4; layer 1 without the baseline head 2: .0 .4 .65 -> 4
+    assert probe.layer_collapse_points() == [4.0, 4.0]
+    # level 2, the five heads not collapsed at baseline: .2 .2 .2 .4 .4, std sqrt(.0096)
+    assert probe.head_spread()["collapse_rate"][1] == pytest.approx(math.sqrt(0.0096), abs=1e-9)
+    summary = json.loads(result_a().to_json())["probes"][0]["summary"]
+    assert summary["layer_collapse_points"] == [4.0, 4.0] and summary["most_different_level"] == 2.0
+    text = _render(render_diagnose, result_a())
+    assert (
+        "collapse point per layer: layers 0–1 at 4 · per head: first at 4 (L0H0, L0H1, L0H2, L1H0 +1 more)"
+        in text
+    )
 
 
 # ---- HTML ---------------------------------------------------------------------------------------------
@@ -344,30 +290,15 @@ def test_json_round_trip_keeps_nan_and_collapse_points():
 # ---- 80 columns ------------------------------------------------------------------------------------
 
 
-def _wide_result(model="m") -> DiagnoseResult:
-    """Every column a probe table can have (capture, row mass, two extras) and long values."""
-    probe = _probe(
-        "dominant-key",
-        [0, 2, 4, 8, 16, 32],
-        [[[0.0] * 3] * 2] * 6,
-        [[[0.123456] * 3] * 2] * 6,
-        capture=[[[0.000123] * 3] * 2] * 6,
-        extras={"loss": [3.5] * 6, "error": [0.125] * 6},
-    )
-    probe.metrics["row_mass"] = np.full((6, 2, 3), 0.777)
-    probe.layer_metrics["target_logit_rms"] = np.array([[1.0, 1.0]] + [[12.5, 14.0]] * 5)
-    return _result([probe], model=model)
-
-
 def test_every_table_reads_at_80_columns_without_truncation():
     """A fixed 80-column console: no cell is cut to '…', no line is longer than 80; wide tables split
     (the level column repeats) rather than drop columns."""
-    a, b = _wide_result("a"), result_b()
+    a, b = wide_result("a"), result_b()
     texts = [
         _render80(render_diagnose, a),
         _render80(render_diagnose, result_a()),
         _render80(render_comparison, result_a(), b),
-        _render80(render_comparison, a, _wide_result("b")),
+        _render80(render_comparison, a, wide_result("b")),
     ]
     for text in texts:
         assert "…" not in text

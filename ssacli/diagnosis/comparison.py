@@ -1,7 +1,8 @@
 """Two diagnose results side by side: the levels both swept, B − A of the model means, and the
 findings that say what changed from A to B (``ssacli diagnose --compare``, the report page).
 
-Comparison finding kinds: ``collapse_change``, ``saturation_change``, ``sink_change``.
+Comparison finding kinds (:data:`CHANGE_ORDER`): ``sink_change``, ``baseline_collapse_change``,
+``collapse_change``, ``layer_collapse_change``, ``saturation_change``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..defaults import SINK_EPS
 from .findings import MAX_FINDINGS, baseline_probe, level_text
 from .probe_result import ProbeResult, json_ready
 from .result import DiagnoseResult
@@ -59,43 +61,147 @@ def compare_results(a: DiagnoseResult, b: DiagnoseResult) -> dict[str, Any]:
     }
 
 
+# Most telling first; within a kind, in A's probe order. At most MAX_FINDINGS are kept.
+CHANGE_ORDER = ("sink_change", "baseline_collapse_change", "collapse_change", "layer_collapse_change",
+                "saturation_change")  # fmt: skip
+SATURATION_STEP = 0.05  # a model-mean collapse rate or max weight that moved less is not a finding
+
+
 def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, Any]]:
-    """What changed from A to B: collapse points, saturation at the harshest common level, sinks."""
-    out: list[dict[str, Any]] = []
-    names_b = {p.name: p for p in b.probes}
+    """What changed from A to B, as findings (``kind``, ``text``, and the numbers: A's under
+    ``a``, B's under ``b``): sink heads and heads collapsed at baseline, each probe's collapse point,
+    the layers whose collapse point moved, and saturation at the common level where A and B differ
+    most. Kinds in :data:`CHANGE_ORDER`, most telling first."""
+    out = _baseline_changes(a, b)
+    probes_b = {p.name: p for p in b.probes}
     for pa in a.probes:
-        pb = names_b.get(pa.name)
+        pb = probes_b.get(pa.name)
         if pb is None or pa.skipped or pb.skipped:
             continue
-        sa, sb = pa.collapse_status(), pb.collapse_status()
-        if sa != sb:
-            out.append(
-                {
-                    "kind": "collapse_change",
-                    "probe": pa.name,
-                    "a": sa,
-                    "b": sb,
-                    "text": f"{pa.name}: collapse point {sa} in A, {sb} in B",
-                }
-            )
-        shared = common_levels(pa, pb)
-        if not shared:
-            continue
-        level, ia, ib = shared[-1]
-        ca, cb = float(pa.model_mean("collapse_rate")[ia]), float(pb.model_mean("collapse_rate")[ib])
-        wa, wb = float(pa.model_mean("max_weight")[ia]), float(pb.model_mean("max_weight")[ib])
-        if all(math.isfinite(v) for v in (ca, cb, wa, wb)) and abs(wb - wa) >= 0.05:
-            verb = "less" if wb < wa else "more"
-            out.append({
-                "kind": "saturation_change", "probe": pa.name, "level": level, "a": wa, "b": wb,
-                "text": f"{pa.name} {level_text(pa, level)}: B is {verb} saturated (max weight {wa:.2f} → "
-                        f"{wb:.2f}, collapse rate {ca:.2f} → {cb:.2f})",
-            })  # fmt: skip
+        change = _collapse_change(pa, pb)
+        if change is not None:
+            out.append(change)
+        layers = _layer_collapse_change(pa, pb, change)
+        if layers is not None:
+            out.append(layers)
+        saturation = _saturation_change(pa, pb)
+        if saturation is not None:
+            out.append(saturation)
+    out.sort(key=lambda f: CHANGE_ORDER.index(f["kind"]))
+    return out[:MAX_FINDINGS]
+
+
+def _point_text(probe: ProbeResult, point: float | None) -> str:
+    return "never" if point is None else level_text(probe, point)
+
+
+def _same_point(x: float | None, y: float | None) -> bool:
+    return x is None and y is None or (x is not None and y is not None and math.isclose(x, y, rel_tol=1e-9))
+
+
+def _baseline_changes(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, Any]]:
+    """Sink heads (Gu ε) and heads collapsed at the first level, on each side's unshifted probe."""
     base_a, base_b = baseline_probe(a.probes), baseline_probe(b.probes)
-    if base_a is not None and base_b is not None and all("sink_rate" in p.metrics for p in (base_a, base_b)):
+    if base_a is None or base_b is None:
+        return []
+    out = []
+    of_a, of_b = int(sum(a.heads)), int(sum(b.heads))
+    of = f"of {of_a}" if of_a == of_b else f"(of {of_a} heads in A, {of_b} in B)"
+    if all("sink_rate" in p.metrics for p in (base_a, base_b)):
         na = int(np.nansum(base_a.metrics["sink_rate"][0]))
         nb = int(np.nansum(base_b.metrics["sink_rate"][0]))
         if na != nb:
-            text = f"sink heads at baseline: {na} of {sum(a.heads)} in A, {nb} of {sum(b.heads)} in B"
-            out.append({"kind": "sink_change", "a": na, "b": nb, "text": text})
-    return out[:MAX_FINDINGS]
+            text = f"sink heads at baseline: {na} → {nb} {of} (Gu ε = {SINK_EPS:g})"
+            out.append({"kind": "sink_change", "a": na, "b": nb, "of_a": of_a, "of_b": of_b, "eps": SINK_EPS,
+                        "text": text})  # fmt: skip
+    heads_a, heads_b = base_a.baseline_collapsed_heads(), base_b.baseline_collapsed_heads()
+    if heads_a != heads_b:
+        which = "; ".join(f"{side}: {_heads_text(heads)}" for side, heads in (("A", heads_a), ("B", heads_b)))
+        out.append({
+            "kind": "baseline_collapse_change", "a": len(heads_a), "b": len(heads_b),
+            "heads_a": [list(h) for h in heads_a], "heads_b": [list(h) for h in heads_b],
+            "text": f"heads collapsed before any shift: {len(heads_a)} → {len(heads_b)} {of} ({which})",
+        })  # fmt: skip
+    return out
+
+
+def _heads_text(heads: list[tuple[int, int]], shown: int = 4) -> str:
+    if not heads:
+        return "none"
+    more = f" +{len(heads) - shown} more" if len(heads) > shown else ""
+    return ", ".join(f"L{layer}H{head}" for layer, head in heads[:shown]) + more
+
+
+def _collapse_change(pa: ProbeResult, pb: ProbeResult) -> dict[str, Any] | None:
+    sa, sb = pa.collapse_status(), pb.collapse_status()
+    if sa == sb:
+        return None
+    la, lb = pa.collapse_point(), pb.collapse_point()
+    ta = sa if la is None else level_text(pa, la)
+    tb = sb if lb is None else level_text(pb, lb)
+    return {"kind": "collapse_change", "probe": pa.name, "a": sa, "b": sb, "level_a": la, "level_b": lb,
+            "text": f"{pa.name} collapse point: {ta} in A → {tb} in B"}  # fmt: skip
+
+
+def _layer_collapse_change(
+    pa: ProbeResult, pb: ProbeResult, model_change: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The layers whose own collapse point moved (same layer count on both sides, both probes able
+    to respond); None when they all moved exactly as the model's collapse point did."""
+    if pa.insensitive or pb.insensitive or False in (pa.reached(), pb.reached()):
+        return None
+    points_a, points_b = pa.layer_collapse_points(), pb.layer_collapse_points()
+    if len(points_a) != len(points_b):
+        return None
+    gone_a, gone_b = (p.baseline_collapsed().all(axis=1) for p in (pa, pb))  # nothing left to collapse
+    moved = [
+        {"layer": layer, "a": x, "b": y}
+        for layer, (x, y) in enumerate(zip(points_a, points_b))
+        if not (gone_a[layer] or gone_b[layer] or _same_point(x, y))
+    ]
+    if not moved:
+        return None
+    if model_change is not None and all(
+        _same_point(m["a"], model_change["level_a"]) and _same_point(m["b"], model_change["level_b"])
+        for m in moved
+    ):
+        return None
+    parts = [f"{_point_text(pa, m['a'])} to {_point_text(pb, m['b'])}" for m in moved[:3]]
+    text = f"{pa.name}: collapse point of layer {moved[0]['layer']} moved from {parts[0]}" + "".join(
+        f"; layer {m['layer']} from {part}" for m, part in zip(moved[1:3], parts[1:])
+    )
+    if len(moved) > 3:
+        text += f" (and {len(moved) - 3} more layers)"
+    return {"kind": "layer_collapse_change", "probe": pa.name, "layers": moved, "text": text}
+
+
+def _saturation_change(pa: ProbeResult, pb: ProbeResult) -> dict[str, Any] | None:
+    """At the common level where the model-mean collapse rate moved most (else the max weight), if
+    it moved by at least SATURATION_STEP."""
+    rows = []
+    for level, ia, ib in common_levels(pa, pb):
+        values = [
+            float(p.model_mean(m)[i])
+            for m in ("collapse_rate", "max_weight")
+            for p, i in ((pa, ia), (pb, ib))
+        ]
+        if all(math.isfinite(v) for v in values):
+            rows.append((level, *values))
+    if not rows:
+        return None
+    by_collapse = max(rows, key=lambda r: (abs(r[2] - r[1]), r[0]))
+    by_weight = max(rows, key=lambda r: (abs(r[4] - r[3]), r[0]))
+    if abs(by_collapse[2] - by_collapse[1]) >= SATURATION_STEP:
+        level, ca, cb, wa, wb = by_collapse
+        less = cb < ca
+    elif abs(by_weight[4] - by_weight[3]) >= SATURATION_STEP:
+        level, ca, cb, wa, wb = by_weight
+        less = wb < wa
+    else:
+        return None
+    return {
+        "kind": "saturation_change", "probe": pa.name, "level": level, "a": wa, "b": wb,
+        "collapse_rate": {"a": ca, "b": cb}, "max_weight": {"a": wa, "b": wb},
+        "text": f"{pa.name} {level_text(pa, level)}: collapse {ca:.0%} → {cb:.0%}, max weight {wa:.2f} → "
+                f"{wb:.2f} (B {'less' if less else 'more'} saturated)",
+    }  # fmt: skip

@@ -156,23 +156,43 @@ class ProbeResult:
             for layer in range(rates.shape[1])
         ]
 
-    def most_different_level(self) -> int:
-        """Index of the level where the heads not collapsed at baseline differ most (largest spread
-        of collapse rate, then of max weight; ties: the harsher level)."""
-        best, index = -1.0, len(self.levels) - 1
-        if not {"collapse_rate", "max_weight"} <= set(self.metrics):
-            return index
+    def layer_collapse_points(self) -> list[float | None]:
+        """Per layer: smallest level after the first at which the mean collapse rate of the layer's
+        heads not collapsed at the first level reaches 0.5; None if never, if every head of the
+        layer is collapsed at baseline, or if the scorer cannot respond to the probe (n/a)."""
+        rates = self.metrics["collapse_rate"].copy()
+        if self.insensitive:
+            return [None] * rates.shape[1]
+        rates[:, self.baseline_collapsed()] = np.nan
+        layer_rates = _nanmean(rates, axis=2)
+        return [_first_level(self.levels[1:], layer_rates[1:, layer]) for layer in range(rates.shape[1])]
+
+    def head_spread(self) -> dict[str, np.ndarray]:
+        """Per level: the standard deviation across the heads not collapsed at baseline of
+        ``collapse_rate`` and of ``max_weight`` (NaN with fewer than two finite heads), rounded to
+        1e-9 so that heads equal up to float rounding read 0, not 1e-17."""
         keep = ~self.baseline_collapsed()
-        for i in range(len(self.levels)):
-            spread = 0.0
-            for metric in ("collapse_rate", "max_weight"):
+        out = {}
+        for metric in ("collapse_rate", "max_weight"):
+            spread = np.full(len(self.levels), np.nan)
+            for i in range(len(self.levels)):
                 grid = self.metrics[metric][i][keep]
                 finite = grid[np.isfinite(grid)]
                 if finite.size > 1:
-                    spread += float(finite.std()) * (1000 if metric == "collapse_rate" else 1)
-            if spread >= best - 1e-12:
-                best, index = spread, i
-        return index
+                    spread[i] = round(float(finite.std()), 9)
+            out[metric] = spread
+        return out
+
+    def most_different_level(self) -> int:
+        """Index of the level where the heads not collapsed at baseline differ most: the largest
+        spread (:meth:`head_spread`) of collapse rate; among levels tied on it (e.g. no head
+        collapses anywhere), the largest spread of max weight; then the harsher level."""
+        if not {"collapse_rate", "max_weight"} <= set(self.metrics):
+            return len(self.levels) - 1
+        spread = {k: np.nan_to_num(v, nan=-1.0) for k, v in self.head_spread().items()}
+        return max(
+            range(len(self.levels)), key=lambda i: (spread["collapse_rate"][i], spread["max_weight"][i], i)
+        )
 
     def fading(self) -> dict[str, Any] | None:
         """Length probe: per head, the least-squares slope of normalized entropy, max weight and

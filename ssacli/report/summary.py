@@ -246,16 +246,27 @@ def comparison_columns(pa: ProbeResult, pb: ProbeResult) -> list[str]:
 
 def collapse_point_grid(probe: ProbeResult) -> list[list[str]] | None:
     """[layer][head] cells: the level where each head collapses, "B" if it is collapsed at the
-    first level (baseline), "·" if it never does (None when no head ever collapses)."""
+    first level (baseline), "·" if it never does, "" for a head the layer does not have (None when
+    no head ever collapses)."""
     if probe.insensitive or "collapse_rate" not in probe.metrics:
         return None
     points = probe.head_collapse_points()
     base = probe.baseline_collapsed()
+    exists = np.isfinite(probe.metrics["collapse_rate"]).any(axis=0)
     cells = [
-        ["B" if base[layer, head] else ("·" if p is None else fmt_level(p)) for head, p in enumerate(row)]
+        [
+            ""
+            if not exists[layer, head]
+            else "B"
+            if base[layer, head]
+            else "·"
+            if p is None
+            else fmt_level(p)
+            for head, p in enumerate(row)
+        ]
         for layer, row in enumerate(points)
     ]
-    if all(c == "·" for row in cells for c in row):
+    if all(c in ("·", "") for row in cells for c in row):
         return None
     return cells
 
@@ -270,9 +281,78 @@ def collapse_grid_legend(probe: ProbeResult) -> str:
 def heatmap_legend(probe: ProbeResult, metric: str, index: int | None = None) -> str:
     direction = METRICS[metric].direction
     saturated = {"high": "high values", "low": "low values"}.get(direction, "no direction")
-    index = len(probe.levels) - 1 if index is None else index
-    which = "its harshest" if index == len(probe.levels) - 1 else "where heads differ most"
+    index = probe.most_different_level() if index is None else index
     return (
-        f"heatmap: {metric}, probe {probe.name} at level {fmt_level(probe.levels[index])} ({which}); "
-        f"rows = layers, columns = heads; darker = more saturated ({saturated}); · = undefined"
+        f"heatmap: {metric}, probe {probe.name} at level {fmt_level(probe.levels[index])} "
+        f"({level_reason(probe, index)}); rows = layers, columns = heads; darker = more saturated "
+        f"({saturated}); · = undefined"
+    )
+
+
+def level_reason(probe: ProbeResult, index: int) -> str:
+    """Why a heatmap shows level ``index``: where the heads differ most (and whether that is the
+    harshest level), or the harshest because the heads do not differ at any level."""
+    harshest = index == len(probe.levels) - 1
+    if index != probe.most_different_level():
+        return "its harshest" if harshest else "the level asked for"
+    spread = np.concatenate(list(probe.head_spread().values()))
+    if not (np.nan_to_num(spread) > 1e-9).any():
+        return "its harshest; the heads do not differ"
+    return "where heads differ most, its harshest" if harshest else "where heads differ most"
+
+
+def heatmap_level_text(probe: ProbeResult) -> str:
+    """The sentence that names the level a probe's heatmaps show, with the spread that chose it."""
+    index = probe.most_different_level()
+    spread = probe.head_spread()
+    return (
+        f"{probe.name}: heatmaps at level {fmt_level(probe.levels[index])} ({level_reason(probe, index)}; "
+        f"std across heads: collapse rate {fmt(spread['collapse_rate'][index])}, "
+        f"max weight {fmt(spread['max_weight'][index])})"
+    )
+
+
+def collapse_detail(probe: ProbeResult) -> str | None:
+    """One line on where a probe's collapse starts: the collapse point of each layer (consecutive
+    layers with the same point grouped) and how the heads' own collapse points spread (the first
+    level and its heads, how many heads have collapsed by the last level, how many never do).
+    Heads collapsed at baseline are left out (listed on their own line). None where the probe
+    cannot say (n/a, did not reach attention) or no head collapses."""
+    if probe.insensitive or probe.reached() is False or "collapse_rate" not in probe.metrics:
+        return None
+    exists = np.isfinite(probe.metrics["collapse_rate"]).any(axis=0)
+    base = probe.baseline_collapsed()
+    points = probe.head_collapse_points()
+    heads = [(layer, head, point) for layer, row in enumerate(points) for head, point in enumerate(row)
+             if exists[layer, head] and not base[layer, head]]  # fmt: skip
+    collapsed = [(layer, head, point) for layer, head, point in heads if point is not None]
+    if not collapsed:
+        return None
+    first = min(point for _, _, point in collapsed)
+    firsts = [f"L{layer}H{head}" for layer, head, point in collapsed if point == first]
+    shown = ", ".join(firsts[:4]) + (f" +{len(firsts) - 4} more" if len(firsts) > 4 else "")
+    last = max(point for _, _, point in collapsed)
+    never = len(heads) - len(collapsed)
+    per_head = f"first at {fmt_level(first)} ({shown})"
+    if last != first or never:
+        per_head += f", {len(collapsed)} of {len(heads)} by {fmt_level(last)}"
+    if never:
+        per_head += f", {never} never"
+    return (
+        f"collapse point per layer: {_grouped_layers(probe.layer_collapse_points())} · per head: {per_head}"
+    )
+
+
+def _grouped_layers(points: list[float | None]) -> str:
+    """[8, 8, None, 4] -> "layers 0–1 at 8, layer 2 never, layer 3 at 4"."""
+    groups: list[list] = []
+    for layer, point in enumerate(points):
+        if groups and groups[-1][2] == point and groups[-1][1] == layer - 1:
+            groups[-1][1] = layer
+        else:
+            groups.append([layer, layer, point])
+    return ", ".join(
+        (f"layer {start}" if start == end else f"layers {start}–{end}")
+        + (" never" if point is None else f" at {fmt_level(point)}")
+        for start, end, point in groups
     )

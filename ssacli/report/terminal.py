@@ -23,6 +23,7 @@ from ..diagnosis.metrics import METRICS
 from ..diagnosis.result import DiagnoseResult, ProbeResult
 from .summary import (
     collapse_cell,
+    collapse_detail,
     collapse_grid_legend,
     collapse_point_grid,
     column_header,
@@ -111,6 +112,9 @@ def render_diagnose(
             heads = ", ".join(f"L{layer}H{head}" for layer, head in collapsed)
             line = f"collapsed at baseline (not counted in its collapse point): {heads}"
             console.print(Text(line, style="dim"))
+        detail = collapse_detail(probe)
+        if detail:
+            console.print(Text(detail, style="dim"))
     if any(not p.skipped for p in result.probes):
         chosen = pick_heatmap(result, heatmap_metric, heatmap_probe)
         points = collapse_point_grid(chosen)

@@ -1,0 +1,214 @@
+"""The diagnose pages' figures: metrics vs level, layer × head heatmaps, A-vs-B overlays.
+
+They are drawn on :class:`matplotlib.figure.Figure` directly (no pyplot, no backend to select,
+nothing global) and embedded as base64 PNG (:func:`png_img`), so a page opens offline. Figures are
+small (about 100 dpi) to keep a 12-layer × 12-head × 6-probe page well under 2 MB. What a figure
+says in words (titles, which level a heatmap shows) comes from :mod:`ssacli.report.summary`.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from ..diagnosis.metrics import METRICS
+from ..diagnosis.result import COLLAPSE_SHARE, ProbeResult
+from .summary import collapse_point_grid, fmt_level, heatmap_level_text, table_columns
+
+DPI = 100
+PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 10^0
+HEAT = colormaps["YlOrRd"].with_extremes(bad="#d9d9d9")  # grey = undefined head
+ARROW = {"high": "↑ saturated", "low": "↓ saturated", "none": ""}
+
+
+def line_figure(probe: ProbeResult):
+    """Per metric: the model mean (bold black) and one thin line per layer (cyan = first layer,
+    magenta = last; a colormap with no dark end, so no layer is mistaken for the mean), so a single
+    layer running away from the rest is visible."""
+    metrics = table_columns(probe)
+    panels: list[tuple[str, np.ndarray, np.ndarray | None]] = [
+        (m, probe.model_mean(m), probe.layer_mean(m)) for m in metrics
+    ]
+    for name, values in probe.extras.items():
+        panels.append((name, np.array([np.nan if v is None else v for v in values], dtype=float), None))
+    fig, axes = _grid(len(panels))
+    levels = np.asarray(probe.levels, dtype=float)
+    colors = colormaps["cool"]
+    for ax, (name, mean, per_layer) in zip(axes, panels):
+        if per_layer is not None:
+            count = per_layer.shape[1]
+            for layer in range(count):
+                ax.plot(
+                    levels, per_layer[:, layer], lw=0.7, alpha=0.7, color=colors(layer / max(count - 1, 1))
+                )
+        ax.plot(levels, mean, lw=2.2, color="black", marker="o", ms=3, label="model mean")
+        if name == "collapse_rate":
+            _share_line(ax, probe.levels)
+        _y_range(ax, name, mean if per_layer is None else per_layer)
+        _level_axis(ax, probe.levels)
+        _title(ax, name)
+    fig.suptitle(
+        f"{probe.name}: model mean (black) and layer means (cyan → magenta = first → last layer)", size=9
+    )
+    return fig
+
+
+def heatmap_figure(probe: ProbeResult):
+    """Layer × head panels: each head's collapse point (where the probe can say one), then collapse
+    rate and max weight at the level where the heads differ most (:meth:`ProbeResult.most_different_level`),
+    which the figure names: at the harshest level nearly every head may read 1.0."""
+    layers, heads = probe.metrics["max_weight"].shape[1:]
+    index = probe.most_different_level()
+    points = collapse_point_grid(probe) is not None and probe.reached() is not False
+    panels = ["collapse_point"] * points + ["collapse_rate", "max_weight"]
+    height = min(max(2.4, 0.2 * layers + 1.2), 9.0)
+    fig = Figure(figsize=(4.5 * len(panels), height))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, metric in zip(axes, panels):
+        if metric == "collapse_point":
+            _collapse_point_panel(fig, ax, probe)
+        else:
+            image = ax.imshow(
+                np.ma.masked_invalid(probe.metrics[metric][index]),
+                cmap=HEAT,
+                vmin=0.0,
+                vmax=1.0,
+                aspect="auto",
+            )
+            fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
+            ax.set_title(f"{metric} at {probe.name} = {fmt_level(probe.levels[index])}", size=9)
+        step_h, step_l = max(1, math.ceil(heads / 16)), max(1, math.ceil(layers / 16))
+        ax.set_xticks(range(0, heads, step_h))
+        ax.set_yticks(range(0, layers, step_l))
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("head", size=8)
+        ax.set_ylabel("layer", size=8)
+    fig.suptitle(heatmap_level_text(probe), size=9)
+    fig.tight_layout()
+    return fig
+
+
+def _collapse_point_panel(fig: Figure, ax, probe: ProbeResult) -> None:
+    """Each head colored by the level where it collapses: dark = early, B (darkest) = already at
+    the first level, pale = never, grey = a head this layer does not have; the level is written in
+    the cell when the grid is small enough to read."""
+    levels, cells = probe.levels, collapse_point_grid(probe) or []
+    never = len(levels)  # one category per level (0 = baseline), then "never"
+    exists = np.isfinite(probe.metrics["collapse_rate"]).any(axis=0)
+    grid = np.full(exists.shape, np.nan)
+    for (layer, head), point in np.ndenumerate(np.array(probe.head_collapse_points(), dtype=object)):
+        if exists[layer, head]:
+            grid[layer, head] = never if point is None else levels.index(point)
+    grid[probe.baseline_collapsed() & exists] = 0
+    colors = colormaps["YlOrRd_r"](np.linspace(0.0, 1.0, never + 1))
+    cmap = ListedColormap(colors).with_extremes(bad="#d9d9d9")
+    norm = BoundaryNorm(np.arange(-0.5, never + 1), never + 1)
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto")
+    bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02, ticks=range(never + 1))
+    bar.ax.set_yticklabels(["B", *(fmt_level(v) for v in levels[1:]), "never"], size=7)
+    if grid.size <= 400:
+        for (layer, head), text in np.ndenumerate(np.array(cells, dtype=object)):
+            if np.isfinite(grid[layer, head]):
+                dark = grid[layer, head] < never / 2
+                ax.text(
+                    head, layer, text, ha="center", va="center", size=6, color="white" if dark else "black"
+                )
+    ax.set_title(f"collapse point per head ({probe.name})", size=9)
+
+
+def compare_figure(pa: ProbeResult, pb: ProbeResult, name_a: str, name_b: str):
+    metrics = [
+        m
+        for m, spec in METRICS.items()
+        if (spec.key or spec.compared)
+        and m in pa.metrics
+        and m in pb.metrics
+        and (np.isfinite(pa.metrics[m]).any() or np.isfinite(pb.metrics[m]).any())
+    ]
+    fig, axes = _grid(len(metrics))
+    for ax, metric in zip(axes, metrics):
+        ax.plot(pa.levels, pa.model_mean(metric), lw=2, marker="o", ms=3, color="#2166ac", label=name_a)
+        ax.plot(
+            pb.levels, pb.model_mean(metric), lw=2, ls="--", marker="s", ms=3, color="#b2182b", label=name_b
+        )
+        if metric == "collapse_rate":
+            _share_line(ax, [*pa.levels, *pb.levels])
+        _level_axis(ax, sorted({*pa.levels, *pb.levels}))
+        _title(ax, metric)
+    handles, labels = axes[0].get_legend_handles_labels() if metrics else ([], [])
+    fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+def _grid(count: int):
+    """A row-major grid of small axes, 4 per row; unused cells removed."""
+    cols = max(1, min(4, count))
+    rows = max(1, math.ceil(count / cols))
+    fig = Figure(figsize=(3.0 * cols, 2.3 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[count:]:
+        fig.delaxes(ax)
+    fig.subplots_adjust(hspace=0.55, wspace=0.35)
+    return fig, flat[:count]
+
+
+def _level_axis(ax, levels) -> None:
+    """Log x when the sweep is geometric (all positive, ≥ 8× span); symlog when it starts at 0 and
+    the positive part is geometric (e.g. outlier 0, 10, 100, 1000); linear otherwise."""
+    values = [float(v) for v in levels]
+    positive = [v for v in values if v > 0]
+    if positive and len(positive) == len(values) and max(positive) >= 8 * min(positive):
+        ax.set_xscale("log")
+    elif len(positive) >= 2 and min(values) == 0 and max(positive) >= 8 * min(positive):
+        ax.set_xscale("symlog", linthresh=min(positive))
+    ax.set_xticks(values)
+    ax.xaxis.set_major_formatter(PLAIN)
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+
+
+def _y_range(ax, name: str, values: np.ndarray) -> None:
+    """Bounded metrics on [0, 1]; others on at least ±5 % of their magnitude, so a flat curve looks
+    flat rather than a magnified wobble of rounding noise."""
+    if name in METRICS and METRICS[name].bounded:
+        ax.set_ylim(-0.02, 1.02)
+        return
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0:
+        return
+    lo, hi = float(finite.min()), float(finite.max())
+    pad = max(0.05 * max(abs(lo), abs(hi)), 1e-9)
+    if hi - lo < 2 * pad:
+        middle = (hi + lo) / 2
+        ax.set_ylim(middle - pad, middle + pad)
+
+
+def _share_line(ax, levels) -> None:
+    """The collapse threshold, drawn over the swept range only (axhline would stretch a symlog
+    axis into negative levels)."""
+    ax.plot([min(levels), max(levels)], [COLLAPSE_SHARE] * 2, color="grey", ls=":", lw=1)
+
+
+def _title(ax, name: str) -> None:
+    arrow = ARROW[METRICS[name].direction] if name in METRICS else ""
+    ax.set_title(f"{name} ({arrow})" if arrow else name, size=9)
+
+
+def png_img(fig: Figure, alt: str) -> str:
+    """The figure as an <img> whose source is the PNG itself (a data URI): the page stays one file."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{data}">'
