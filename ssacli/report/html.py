@@ -5,49 +5,37 @@ Every page is built the same way: :func:`page` takes a title and a list of :clas
 result's and a comparison's sections, so other pages (the before/after report) compose them.
 :func:`escape`, :func:`facts_table` and :func:`html_table` are the shared pieces.
 
-Everything is inline: CSS in a <style> block, figures as base64 PNG data URIs, so the page can
-be mailed or attached to an issue and still open offline. Figures are small (about 100 dpi) to
-keep a 12-layer × 12-head × 6-probe page well under 2 MB. They are drawn on
-:class:`matplotlib.figure.Figure` directly: no pyplot, no backend to select, nothing global.
+Everything is inline: CSS in a <style> block, figures as base64 PNG data URIs
+(:mod:`ssacli.report.figures`), so the page can be mailed or attached to an issue and still open
+offline.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from matplotlib import colormaps
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
-
 from ..diagnosis.comparison import common_levels, comparison_findings
-from ..diagnosis.metrics import METRICS
-from ..diagnosis.result import COLLAPSE_SHARE, DiagnoseResult, ProbeResult
+from ..diagnosis.result import DiagnoseResult, ProbeResult
+from .figures import compare_figure, heatmap_figure, line_figure, png_img
 from .summary import (
+    collapse_detail,
     comparison_columns,
     delta_verdict,
     fmt,
     fmt_collapse,
     fmt_delta,
     fmt_level,
+    heatmap_level_text,
     layer_labels,
     probe_table_rows,
     summary_facts,
     summary_findings,
-    table_columns,
 )
 
-DPI = 100
-PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 10^0
-HEAT = colormaps["YlOrRd"].with_extremes(bad="#d9d9d9")  # grey = undefined head
-ARROW = {"high": "↑ saturated", "low": "↓ saturated", "none": ""}
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1240px;
        padding: 0 1em; color: #222; }
@@ -117,10 +105,14 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
         if collapsed:
             heads = ", ".join(f"L{layer}H{head}" for layer, head in collapsed)
             body.append(f'<p class="note">collapsed at baseline (not counted): {escape(heads)}</p>')
+        body.append(f"<p>collapse point: <b>{escape(probe.collapse_status())}</b></p>")
+        detail = collapse_detail(probe)
+        if detail:
+            body.append(f"<p>{escape(detail)}</p>")
         body += [
-            f"<p>collapse point: <b>{escape(probe.collapse_status())}</b></p>",
-            _img(_line_figure(probe), f"{probe.name}: metrics vs level"),
-            _img(_heatmap_figure(probe), f"{probe.name}: layer × head heatmaps"),
+            png_img(line_figure(probe), f"{probe.name}: metrics vs level"),
+            f'<p class="note">{escape(heatmap_level_text(probe))}</p>',
+            png_img(heatmap_figure(probe), f"{probe.name}: layer × head heatmaps"),
             html_table(*probe_table_rows(probe)),
         ]
         sections.append(Section(probe.name, body))
@@ -139,7 +131,7 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
             ]
             for h in heads
         ]
-        heading = "most saturated heads (harshest level of each probe)"
+        heading = "most saturated heads (at the level where each probe's heads differ most)"
         sections.append(Section(heading, [html_table(list(keys), rows)]))
     sections.append(Section(None, [_footer([result])]))
     return sections
@@ -174,159 +166,13 @@ def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int
             f"<p>collapse point: A <b>{escape(fmt_collapse(pa.collapse_point()))}</b>, "
             f"B <b>{escape(fmt_collapse(pb.collapse_point()))}</b></p>"
         )
-        figure = _img(_compare_figure(pa, pb, name_a, name_b), f"{pa.name}: A vs B")
+        figure = png_img(compare_figure(pa, pb, name_a, name_b), f"{pa.name}: A vs B")
         sections.append(Section(pa.name, [points, figure, _delta_table(pa, pb)]))
     for pb in b.probes:
         if pb.name not in {p.name for p in a.probes}:
             sections.append(Section(pb.name, ['<p class="note">only in B</p>']))
     sections.append(Section(None, [_footer([a, b])]))
     return sections
-
-
-# ---- figures ----------------------------------------------------------------------------------------
-
-
-def _line_figure(probe: ProbeResult):
-    """Per metric: the model mean (bold black) and one thin line per layer (cyan = first layer,
-    magenta = last; a colormap with no dark end, so no layer is mistaken for the mean), so a single
-    layer running away from the rest is visible."""
-    metrics = table_columns(probe)
-    panels: list[tuple[str, np.ndarray, np.ndarray | None]] = [
-        (m, probe.model_mean(m), probe.layer_mean(m)) for m in metrics
-    ]
-    for name, values in probe.extras.items():
-        panels.append((name, np.array([np.nan if v is None else v for v in values], dtype=float), None))
-    fig, axes = _grid(len(panels))
-    levels = np.asarray(probe.levels, dtype=float)
-    colors = colormaps["cool"]
-    for ax, (name, mean, per_layer) in zip(axes, panels):
-        if per_layer is not None:
-            count = per_layer.shape[1]
-            for layer in range(count):
-                ax.plot(
-                    levels, per_layer[:, layer], lw=0.7, alpha=0.7, color=colors(layer / max(count - 1, 1))
-                )
-        ax.plot(levels, mean, lw=2.2, color="black", marker="o", ms=3, label="model mean")
-        if name == "collapse_rate":
-            _share_line(ax, probe.levels)
-        _y_range(ax, name, mean if per_layer is None else per_layer)
-        _level_axis(ax, probe.levels)
-        _title(ax, name)
-    fig.suptitle(
-        f"{probe.name}: model mean (black) and layer means (cyan → magenta = first → last layer)", size=9
-    )
-    return fig
-
-
-def _heatmap_figure(probe: ProbeResult):
-    """collapse_rate and max_weight per layer × head at the probe's harshest level."""
-    layers, heads = probe.metrics["max_weight"].shape[1:]
-    height = min(max(2.4, 0.2 * layers + 1.2), 9.0)
-    fig = Figure(figsize=(9.0, height))
-    axes = fig.subplots(1, 2, squeeze=False)
-    index = probe.most_different_level()
-    for ax, metric in zip(axes[0], ("collapse_rate", "max_weight")):
-        grid = probe.metrics[metric][index]
-        image = ax.imshow(np.ma.masked_invalid(grid), cmap=HEAT, vmin=0.0, vmax=1.0, aspect="auto")
-        fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
-        step_h, step_l = max(1, math.ceil(heads / 16)), max(1, math.ceil(layers / 16))
-        ax.set_xticks(range(0, heads, step_h))
-        ax.set_yticks(range(0, layers, step_l))
-        ax.tick_params(labelsize=7)
-        ax.set_xlabel("head", size=8)
-        ax.set_ylabel("layer", size=8)
-        ax.set_title(f"{metric} at {probe.name} = {fmt_level(probe.levels[index])}", size=9)
-    fig.tight_layout()
-    return fig
-
-
-def _compare_figure(pa: ProbeResult, pb: ProbeResult, name_a: str, name_b: str):
-    metrics = [
-        m
-        for m, spec in METRICS.items()
-        if (spec.key or spec.compared)
-        and m in pa.metrics
-        and m in pb.metrics
-        and (np.isfinite(pa.metrics[m]).any() or np.isfinite(pb.metrics[m]).any())
-    ]
-    fig, axes = _grid(len(metrics))
-    for ax, metric in zip(axes, metrics):
-        ax.plot(pa.levels, pa.model_mean(metric), lw=2, marker="o", ms=3, color="#2166ac", label=name_a)
-        ax.plot(
-            pb.levels, pb.model_mean(metric), lw=2, ls="--", marker="s", ms=3, color="#b2182b", label=name_b
-        )
-        if metric == "collapse_rate":
-            _share_line(ax, [*pa.levels, *pb.levels])
-        _level_axis(ax, sorted({*pa.levels, *pb.levels}))
-        _title(ax, metric)
-    handles, labels = axes[0].get_legend_handles_labels() if metrics else ([], [])
-    fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    return fig
-
-
-def _grid(count: int):
-    """A row-major grid of small axes, 4 per row; unused cells removed."""
-    cols = max(1, min(4, count))
-    rows = max(1, math.ceil(count / cols))
-    fig = Figure(figsize=(3.0 * cols, 2.3 * rows))
-    axes = fig.subplots(rows, cols, squeeze=False)
-    flat = list(axes.flat)
-    for ax in flat[count:]:
-        fig.delaxes(ax)
-    fig.subplots_adjust(hspace=0.55, wspace=0.35)
-    return fig, flat[:count]
-
-
-def _level_axis(ax, levels) -> None:
-    """Log x when the sweep is geometric (all positive, ≥ 8× span); symlog when it starts at 0 and
-    the positive part is geometric (e.g. outlier 0, 10, 100, 1000); linear otherwise."""
-    values = [float(v) for v in levels]
-    positive = [v for v in values if v > 0]
-    if positive and len(positive) == len(values) and max(positive) >= 8 * min(positive):
-        ax.set_xscale("log")
-    elif len(positive) >= 2 and min(values) == 0 and max(positive) >= 8 * min(positive):
-        ax.set_xscale("symlog", linthresh=min(positive))
-    ax.set_xticks(values)
-    ax.xaxis.set_major_formatter(PLAIN)
-    ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
-    ax.tick_params(labelsize=7)
-    ax.grid(alpha=0.3)
-
-
-def _y_range(ax, name: str, values: np.ndarray) -> None:
-    """Bounded metrics on [0, 1]; others on at least ±5 % of their magnitude, so a flat curve looks
-    flat rather than a magnified wobble of rounding noise."""
-    if name in METRICS and METRICS[name].bounded:
-        ax.set_ylim(-0.02, 1.02)
-        return
-    finite = np.asarray(values, dtype=float)
-    finite = finite[np.isfinite(finite)]
-    if finite.size == 0:
-        return
-    lo, hi = float(finite.min()), float(finite.max())
-    pad = max(0.05 * max(abs(lo), abs(hi)), 1e-9)
-    if hi - lo < 2 * pad:
-        middle = (hi + lo) / 2
-        ax.set_ylim(middle - pad, middle + pad)
-
-
-def _share_line(ax, levels) -> None:
-    """The collapse threshold, drawn over the swept range only (axhline would stretch a symlog
-    axis into negative levels)."""
-    ax.plot([min(levels), max(levels)], [COLLAPSE_SHARE] * 2, color="grey", ls=":", lw=1)
-
-
-def _title(ax, name: str) -> None:
-    arrow = ARROW[METRICS[name].direction] if name in METRICS else ""
-    ax.set_title(f"{name} ({arrow})" if arrow else name, size=9)
-
-
-def _img(fig: Figure, alt: str) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
 
 
 # ---- HTML pieces ------------------------------------------------------------------------------------
