@@ -36,22 +36,27 @@ from .summary import (
     summary_findings,
 )
 
+WIDE_TABLE = 10  # columns from which a table is set smaller (a comparison has 1 + 3 per metric)
+# Every table fits a 1280-px window (scripts/check_html_width.py, docs/diagnose.md): headers wrap
+# after "_" (<wbr>), wide tables get a smaller font; div.scroll is only the last resort.
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1240px;
        padding: 0 1em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; max-width: 100%; }
 div.scroll { max-width: 100%; overflow-x: auto; }
+table.wide { font-size: 0.8em; } table.wide th, table.wide td { padding: 0.15em 0.3em; }
 table.facts td { overflow-wrap: anywhere; }
 ul.findings li { margin: 0.2em 0; }
 th, td { padding: 0.15em 0.6em; border-bottom: 1px solid #e4e4e4; }
 th { background: #f4f4f4; text-align: right; } th:first-child { text-align: left; }
-td { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; }
+td { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: nowrap; }
+td:first-child, table.facts td { white-space: normal; } /* labels wrap; numbers never at their "-" */
 table.facts th { text-align: left; background: none; }
 table.facts td { text-align: left; font-family: inherit; }
 td.worse { color: #b2182b; } td.better { color: #1a7837; }
 .note { color: #777; } img { max-width: 100%; display: block; margin: 0.5em 0; }
-pre { background: #f6f6f6; padding: 0.8em; font-size: 0.8em; overflow-x: auto; }
+pre { background: #f6f6f6; padding: 0.8em; font-size: 0.8em; white-space: pre-wrap; overflow-wrap: anywhere; }
 footer { margin-top: 3em; color: #555; font-size: 0.9em; }
 """
 
@@ -198,8 +203,9 @@ def facts_table(facts: list[tuple[str, str]]) -> str:
 
 
 def html_table(header: list[str], rows: list[list[str]], classes: list[list[str]] | None = None) -> str:
-    """A data table; ``classes[r][c]`` is cell (r, c)'s CSS class ("worse", "better", "" for none)."""
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    """A data table; ``classes[r][c]`` is cell (r, c)'s CSS class ("worse", "better", "" for none).
+    Headers may wrap after "_" (metric names are long, their values short)."""
+    head = "".join(f"<th>{escape(h).replace('_', '_<wbr>')}</th>" for h in header)
     body = []
     for r, row in enumerate(rows):
         cells = []
@@ -207,7 +213,8 @@ def html_table(header: list[str], rows: list[list[str]], classes: list[list[str]
             css = classes[r][c] if classes else ""
             cells.append(f'<td class="{css}">{escape(value)}</td>' if css else f"<td>{escape(value)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    wide = ' class="wide"' if len(header) >= WIDE_TABLE else ""
+    table = f"<table{wide}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
     return f'<div class="scroll">{table}</div>'
 
 
