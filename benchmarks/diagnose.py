@@ -1,7 +1,8 @@
 """What ``ssacli.diagnose`` costs next to a plain forward, in time and in peak memory, measured side by
 side in one run (machines here are noisy: compare ratios, not seconds). Not part of the test suite.
 
-    python benchmarks/diagnose.py [--heads 8] [--repeats 7] [--lengths 512,2048,4096,8192]
+    python benchmarks/diagnose.py [--sections time,memory,length] [--heads 8] [--repeats 7]
+        [--lengths 512,2048,4096,8192] [--max-positions 4096] [--length-models bundled,llama]
 
 Model: a random-init Llama built from its config (4 layers, hidden 256, vocab 1000, rope,
 max_position_embeddings 8192), eval, fp32, on the CPU.
@@ -16,6 +17,13 @@ then RSS is read (/proc/self/status VmRSS), the kernel's high-water mark is rese
 /proc/self/clear_refs; ru_maxrss otherwise), the call runs, and peak = VmHWM - that RSS. Children run
 with MALLOC_MMAP_THRESHOLD_=131072 (each tensor over 128 KiB is its own mapping, returned when freed),
 so the peak follows live tensors rather than glibc's caching (--default-malloc: without it).
+
+Length probe (section d, benchmarks/_diagnose_length.py): the ``length`` probe at ×1, ×2, ×4 ... up to
+the model's maximum positions, for the bundled default model and this Llama with
+max_position_embeddings = --max-positions (default 4096; 8192 or more for bigger n) and
+--length-layers layers (default 2), each level in a fresh process as above; wall time, peak memory,
+the slope of memory against n and its log-log exponent. About 2 minutes on one thread; --length-longest
+N stops at N tokens, --length-all adds the probe's default levels in one call.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from collections.abc import Callable
 
 import torch
 from _common import measure_peak, run_child
+from _diagnose_length import child as length_child
+from _diagnose_length import length_section
 
 GOAL_TIME = 3.0  # diagnose() of one probe level <= 3 x the sdpa forward of the same batches
 GOAL_MEMORY = 1.25  # "roughly linear": peak ~ L^p with p <= 1.25 from the shortest to the longest length
@@ -41,12 +51,12 @@ PROBE = "embed-scale:1"
 # ---- the model -------------------------------------------------------------------------------------
 
 
-def build_model(heads: int, layers: int, impl: str) -> torch.nn.Module:
+def build_model(heads: int, layers: int, impl: str, max_positions: int = 8192) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=1000, hidden_size=256, intermediate_size=1024, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=8192,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
     )  # fmt: skip
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
@@ -309,25 +319,44 @@ def main() -> None:
     parser.add_argument("--full-maps-max", type=int, default=4096, help="longest eager+maps run")
     parser.add_argument("--profile", action="store_true", help="profile even when the time goal is met")
     parser.add_argument("--default-malloc", action="store_true", help="keep glibc's adaptive mmap threshold")
-    parser.add_argument("--skip-time", action="store_true")
-    parser.add_argument("--skip-memory", action="store_true")
-    parser.add_argument("--child", choices=("sdpa", "diagnose", "eager-maps"), help=argparse.SUPPRESS)
-    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--sections", default="time,memory,length", help="which of time,memory,length")
+    parser.add_argument("--max-positions", type=int, default=4096, help="(d) the Llama's max positions")
+    parser.add_argument("--length-models", default="bundled,llama", help="(d) bundled and/or llama")
+    parser.add_argument("--length-longest", type=int, help="(d) stop at this many tokens")
+    parser.add_argument("--length-samples", type=int, default=1, help="(d) samples per level")
+    parser.add_argument("--length-batch", type=int, default=1, help="(d) sequences per forward")
+    parser.add_argument("--length-layers", type=int, default=2, help="(d) the Llama's layers")
+    parser.add_argument("--length-all", action="store_true", help="(d) also every level in one call")
+    parser.add_argument("--child-timeout", type=int, default=900, help="seconds per measured process")
+    hidden = {"child": dict(choices=("sdpa", "diagnose", "eager-maps", "length"))}
+    hidden |= {"length": dict(type=int), "length-model": {}, "level": dict(type=int)}
+    for name, options in hidden.items():
+        parser.add_argument(f"--{name}", help=argparse.SUPPRESS, **options)
     args = parser.parse_args()
+    args.script = __file__
+    if args.child == "length":
+        length_child(args, build_model)
+        return
     if args.child:
         child(args)
         return
+    sections = {s.strip() for s in args.sections.split(",")}
+    if unknown := sections - {"time", "memory", "length"}:
+        parser.error(f"--sections: unknown {', '.join(sorted(unknown))}; use time, memory, length")
     import transformers
 
     print(
-        f"Llama {args.layers} layers, {args.heads} heads, hidden 256, vocab 1000, fp32, random init; "
         f"torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}"
     )
-    if not args.skip_time:
+    if sections & {"time", "memory"}:
+        print(f"(a-c) Llama {args.layers} layers, {args.heads} heads, hidden 256, vocab 1000, random init")
+    if "time" in sections:
         time_section(args)
-    if not args.skip_memory:
+    if "memory" in sections:
         memory_section(args)
+    if "length" in sections:
+        length_section(args, build_model)
 
 
 if __name__ == "__main__":
