@@ -177,9 +177,17 @@ def git_commit() -> str:
 # ---- RECIPE.md ---------------------------------------------------------------------------------------
 
 
+def interruptions(training: dict[str, Any]) -> list[int]:
+    """Steps at which the run was stopped and later resumed: checkpoints off the regular grid."""
+    every, steps = training["config"]["checkpoint_every"], training["steps"]
+    return [t["step"] for t in training["trajectory"] if t["step"] not in (0, steps) and t["step"] % every]
+
+
 def recipe(name: str, run: str, meta: dict[str, Any], plan_path: Path, check: dict, sizes: dict) -> str:
     training, scratch = meta["training"], meta["scratch"]
     config = training["config"]
+    stops = interruptions(training)
+    resumed = [f"interrupted at step {', '.join(map(str, stops))} and resumed (`--resume`)"] if stops else []
     last = training["trajectory"][-1]
     first_heldout = training["heldout"][0][1]
     arch = (check["architecture"], check["parameters"])
@@ -203,6 +211,8 @@ def recipe(name: str, run: str, meta: dict[str, Any], plan_path: Path, check: di
             f"{training['tokens']:,} tokens in all",
             f"training time: {training['seconds']} s, {training['tokens_per_s']:,.0f} tokens/s (on the "
             "study's CPU, shared with other jobs)",
+            *resumed,
+            *check["notes"],
             f"final training loss {last['loss']:.4f}; held-out loss {first_heldout:.4f} at step 0 → "
             f"{last['heldout_loss']:.4f} at step {last['step']}",
             f"bundled with ssacli {ssacli.__version__} at commit `{check['commit']}` by "
@@ -285,7 +295,9 @@ or this run alone, with the plan's `model` as `model-config.json`:
 # ---- main --------------------------------------------------------------------------------------------
 
 
-def bundle(plan, plan_path: Path, study: Path, name: str, run: str, package: Path, text_path: Path) -> dict:
+def bundle(
+    plan, plan_path: Path, study: Path, name: str, run: str, package: Path, text_path: Path, notes: list[str]
+) -> dict:
     source = study / "runs" / run
     meta = check_run(plan, source)
     package.mkdir(parents=True, exist_ok=True)
@@ -302,7 +314,7 @@ def bundle(plan, plan_path: Path, study: Path, name: str, run: str, package: Pat
         config = json.loads((source / "config.json").read_text())
         weights = load_file(source / WEIGHTS_FILE)
         check.update(
-            text=str(text_path), commit=git_commit(), layers=config["num_hidden_layers"],
+            text=str(text_path), commit=git_commit(), notes=notes, layers=config["num_hidden_layers"],
             parameters=sum(v.numel() for v in weights.values()),
             architecture=(
                 f"{config['model_type']}, {config['num_hidden_layers']} layers × "
@@ -335,6 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--study", type=Path, required=True, help="the study's --out folder")
     parser.add_argument("--package", type=Path, default=BUILTIN_DIR, help="where builtin models live")
     parser.add_argument("--text", type=Path, help="fidelity text (default: the plan's id_text)")
+    parser.add_argument(
+        "--note", action="append", default=[], metavar="NAME=TEXT", help="a line for NAME's RECIPE.md"
+    )
     parser.add_argument("pairs", nargs="+", metavar="NAME=RUN")
     args = parser.parse_args(argv)
     plan = load_plan(args.plan)
@@ -343,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give NAME=RUN pairs, e.g. wikitext-softmax=softmax-s0")
     text = args.text or Path(plan["id_text"])
     for name, run in pairs:
-        done = bundle(plan, args.plan, args.study, name, run, args.package, text)
+        notes = [n.split("=", 1)[1] for n in args.note if n.split("=", 1)[0] == name]
+        done = bundle(plan, args.plan, args.study, name, run, args.package, text, notes)
         keys = ("logit_rms_rel", "logit_max_abs", "top1_agreement", "attention_max_abs", "nll_abs_diff")
         numbers = ", ".join(f"{k} {done[k]:.3g}" for k in keys)
         print(f"bundled {run} as builtin:{name}: {done['bytes']:,} bytes; {numbers}; "
