@@ -1,0 +1,4 @@
+"""Training: fine-tuning (finetune.py), fresh models (scratch.py), whole runs as the commands start
+them (runs.py). Nothing heavy is imported here: the CLI reads :data:`DATA_FORMS` for its help."""
+
+DATA_FORMS = "a .txt file, a .jsonl file (field 'text'), a folder of them, or icl:TASK"  # what data= takes

@@ -47,6 +47,7 @@ from torch import nn
 from ..attention.interface import attention_backend, check_backend
 from ..conversion import save_model
 from ..errors import InterruptedJobError, JobFailedError, UsageError
+from ..files import check_writable_folder
 from ..models.checkpoint import (
     SCORER_KEY,
     TRAINER_FILE,
@@ -120,7 +121,7 @@ class FinetuneConfig:
 def finetune(
     loaded: LoadedModel | str,
     config: FinetuneConfig,
-    out: str | Path,
+    out: str | Path | None = None,
     *,
     resume: bool = False,
     overwrite: bool = False,
@@ -131,14 +132,15 @@ def finetune(
 ) -> LoadedModel:
     """Fine-tune ``loaded`` (a LoadedModel or a MODEL reference) and write it to ``out``.
 
-    ``resume`` continues the run saved in ``out`` (the model then comes from ``out``; without a
-    run there, it starts fresh, which is how a model's own folder is trained in place). Without
-    ``resume`` an existing ``out`` is only replaced with ``overwrite``. ``on_step(step, loss, lr,
+    ``resume`` continues the run saved in ``out`` (the model then comes from ``out``; without a run
+    there, it starts fresh); ``out=None`` trains MODEL's own folder so (:func:`training_folder`).
+    Without ``resume`` an existing ``out`` is only replaced with ``overwrite``. ``on_step(step, loss, lr,
     tokens_per_s)`` is called after every step (rank 0). ``meta`` adds records to ssacli.json.
     ``trust_remote_code`` is for loading a MODEL reference (:class:`~ssacli.models.loading.LoadOptions`).
     """
     config.validate()
-    out = Path(out).expanduser()
+    out, resume = training_folder(loaded, out, resume)
+    check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
     ddp = Distributed.start()
     try:
         dev = torch.device("cuda", ddp.local_rank) if ddp.world > 1 and torch.cuda.is_available() else None
@@ -153,6 +155,20 @@ def finetune(
         return _Run(loaded, config, out, dev, ddp, on_step, meta).run(plan == "resume")
     finally:
         ddp.close()
+
+
+def training_folder(model: LoadedModel | str | None, out: str | Path | None, resume: bool):
+    """(folder, resume): where a fine-tuning call writes and whether it continues a run there:
+    ``out``, or for ``out=None`` MODEL's own folder, trained in place (continued if it holds a run)."""
+    if out is not None:
+        return Path(out).expanduser(), resume
+    path = model.path if isinstance(model, LoadedModel) else None
+    if isinstance(model, str) and not model.startswith("builtin:"):
+        path = Path(model).expanduser()
+    if path is None or not path.is_dir():
+        name = model.name if isinstance(model, LoadedModel) else model
+        raise UsageError(f"{name} is not a folder to train in place; give --out DIR")
+    return path, True
 
 
 def _plan(out: Path, source: Path | None, resume: bool, overwrite: bool) -> str:

@@ -1,0 +1,209 @@
+"""Whole training runs as the commands start them, so the Python API can start them the same way.
+
+* :func:`train_from_scratch` (``ssacli train``): a fresh language model and its BPE tokenizer
+  (:func:`ssacli.train.scratch.new_model`), then the fine-tuning loop with ``train="all"``, so
+  softmax and SSA runs of the same call see the same batches, steps and tokens. ``resume``
+  reloads the model saved in ``out`` and refuses build settings that differ from the recorded ones.
+* :func:`convert_and_finetune` (``ssacli convert --finetune``): swap the scorer, measure fidelity
+  (on the start of the training text unless a calibration text is given), fine-tune, and save.
+* :func:`finetune_config` (``ssacli finetune``): the :class:`FinetuneConfig` of a call that may
+  continue a recorded run: settings not given are the run's, so a larger ``steps`` extends it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ..conversion import check_out, convert
+from ..errors import UsageError
+from ..files import check_writable_folder
+from ..models.checkpoint import read_meta
+from ..models.loading import LoadedModel, local_model_path
+from ..scorers import make_scorer
+from . import DATA_FORMS
+from .data import read_documents
+from .finetune import FinetuneConfig, finetune, training_folder, training_record
+from .scratch import SIZES, new_model, training_texts
+
+SCRATCH_RECORD = "scratch"  # key in ssacli.json: how a from-scratch model was built
+CALIBRATION_CHARS = 200_000  # of text training data, when it is the calibration text
+
+OnStep = Callable[[int, float, float, float], None]  # (step, loss, lr, tokens_per_s), see finetune
+
+
+def finetune_config(
+    model: str | LoadedModel | None = None,
+    out: str | Path | None = None,
+    *,
+    resume: bool = False,
+    **options: Any,
+) -> FinetuneConfig:
+    """The validated :class:`FinetuneConfig` of ``finetune(model, config, out, resume=resume)``:
+    ``options`` (its fields; None means not given), then, when the call continues a run (``resume``,
+    or ``out=None``: MODEL's own folder), the settings recorded in that folder, then the defaults.
+    ``data`` is required unless the recorded run has it."""
+    names = {f.name for f in fields(FinetuneConfig)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise TypeError(f"finetune_config() got unknown settings {unknown}; valid: {sorted(names)}")
+    recorded: dict[str, Any] = {}
+    if model is not None or out is not None:
+        folder, resume = training_folder(model, out, resume)
+        recorded = (training_record(folder) or {}).get("config", {}) if resume else {}
+    given = {k: v for k, v in options.items() if v is not None}
+    values = {k: v for k, v in recorded.items() if k in names} | given
+    if "data" not in values:
+        raise UsageError(f"--data is required: {DATA_FORMS}")
+    config = FinetuneConfig(**values)
+    config.validate()
+    return config
+
+
+def calibration_text(data: str) -> str | None:
+    """The text that fidelity and m=auto are measured on when fine-tuning on ``data``: its start
+    for text data; None (the built-in probe texts) for ICL data."""
+    if data.startswith("icl:"):
+        return None
+    return "\n\n".join(read_documents(data))[:CALIBRATION_CHARS]
+
+
+def convert_and_finetune(
+    model: str | LoadedModel,
+    scorer: str,
+    out: str | Path,
+    config: FinetuneConfig,
+    *,
+    overwrite: bool = False,
+    text: str | None = None,
+    max_error: float | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    allow_download: bool = False,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    on_converted: Callable[[dict[str, Any]], None] | None = None,
+    on_step: OnStep | None = None,
+) -> tuple[LoadedModel, dict[str, Any]]:
+    """:func:`ssacli.convert` MODEL to ``scorer``, then :func:`finetune` it into ``out``; return the
+    trained model and the fidelity report (also recorded in ``out``'s ssacli.json).
+
+    Everything cheap is checked before loading: the spec, ``config``, and ``out`` (never the input
+    folder, an existing one only with ``overwrite``). ``text`` is the calibration text (None: the
+    start of ``config.data`` for text data, else the built-in probe texts). ``dtype="auto"`` loads
+    float32. ``on_converted(report)`` is called between the two stages."""
+    make_scorer(scorer)  # a bad spec fails before loading
+    config.validate()
+    out = Path(out).expanduser()
+    check_out(out, model.path if isinstance(model, LoadedModel) else local_model_path(model), overwrite)
+    if dtype == "auto":
+        dtype = "float32"  # AdamW on bf16/fp16 weights loses small updates; autocast covers speed
+    calibration = text if text is not None else calibration_text(config.data)
+    loaded, report = convert(
+        model, scorer, None, overwrite=overwrite, text=calibration, max_error=max_error, device=device,
+        dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+    if on_converted is not None:
+        on_converted(report)
+    meta = {"source": str(loaded.path or loaded.name), "fidelity": report}
+    trained = finetune(loaded, config, out, overwrite=overwrite, device=device, meta=meta, on_step=on_step)
+    return trained, report
+
+
+def train_from_scratch(
+    data: str | Path,
+    out: str | Path,
+    *,
+    arch: str | None = None,
+    size: str | None = None,
+    scorer: str = "softmax",
+    vocab_size: int | None = None,
+    seq_len: int | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    overwrite: bool = False,
+    device: str = "auto",
+    on_built: Callable[[LoadedModel], None] | None = None,
+    on_step: OnStep | None = None,
+    **settings: Any,
+) -> LoadedModel:
+    """Train a language model from scratch with ``scorer`` on ``data`` and write it to ``out``.
+
+    ``arch``, ``size`` (tiny when None), ``vocab_size`` and ``seq_len`` (None: the size's) build
+    the model (:func:`ssacli.train.scratch.new_model`); ``seed`` seeds its weights and the batches.
+    ``settings`` are the loop's :class:`FinetuneConfig` fields (steps, lr, batch_size, …, their
+    defaults are FinetuneConfig's). The held-out loss (last tenth of ``data``) is measured before
+    the first step and at every checkpoint. ``resume`` continues the run in ``out``: build
+    settings left None are the recorded ones, others must match them. ``on_built(model)`` is called
+    once a new model is built."""
+    spec = make_scorer(scorer).spec  # a bad spec fails before the tokenizer is trained
+    if resume and overwrite:
+        raise UsageError("--resume continues the run in --out and --overwrite replaces it; give one of them")
+    out = Path(out)
+    recorded = _recorded(out) if resume else None
+    if recorded is None and out.exists() and not overwrite:
+        hint = "it holds no run to resume" if resume else "pass --resume to continue it"
+        raise UsageError(f"--out {out} already exists ({hint}); pass --overwrite to replace it")
+    if recorded is not None:
+        _check_same_build(out, recorded, arch=arch, size=size, scorer=spec, vocab_size=vocab_size, seed=seed)
+        seq_len = seq_len or recorded["seq_len"]
+    # seq_len: the model's positions, known once it is built (2 passes validation until then)
+    config = FinetuneConfig(data=str(data), seq_len=seq_len or 2, seed=seed, train="all", **settings)
+    config.validate()  # before the tokenizer is trained
+    check_writable_folder(out, "--out")
+    if recorded is not None:
+        model: str | LoadedModel = str(out)  # finetune reloads the model, tokenizer and optimizer
+        meta = None
+    else:
+        model, meta = _build(arch, size or "tiny", spec, str(data), vocab_size, seq_len, seed)
+        if on_built is not None:
+            on_built(model)
+        config.seq_len = model.max_positions
+    return finetune(
+        model, config, out, resume=resume, overwrite=overwrite, device=device, meta=meta, on_step=on_step
+    )
+
+
+def _recorded(out: Path) -> dict[str, Any] | None:
+    """The build record of a from-scratch run saved in ``out`` (None when there is none)."""
+    meta = read_meta(out) if out.is_dir() else None
+    if meta is None or training_record(out) is None:
+        return None
+    if SCRATCH_RECORD not in meta:
+        raise UsageError(
+            f"{out} holds a fine-tuning run, not one of `ssacli train`; continue it with ssacli finetune"
+        )
+    return {**meta[SCRATCH_RECORD], "scorer": meta.get("scorer")}
+
+
+def _check_same_build(out: Path, recorded: dict[str, Any], **given: Any) -> None:
+    """Resuming with build settings that differ from the saved run's would silently ignore them;
+    refuse instead (settings left None are taken from the run)."""
+    changed = [
+        f"--{k.replace('_', '-')} {recorded.get(k)} -> {v}"
+        for k, v in given.items()
+        if v is not None and recorded.get(k) != v and not (k == "size" and recorded.get("size_path") == v)
+    ]
+    if changed:
+        raise UsageError(
+            f"{out} holds a run built with other settings ({', '.join(changed)}); resume it with "
+            "the same ones or pick a new --out"
+        )
+
+
+def _build(arch, size, spec, data, vocab_size, seq_len, seed) -> tuple[LoadedModel, dict[str, Any]]:
+    texts = training_texts(data)
+    loaded = new_model(arch, size, spec, texts=texts, vocab_size=vocab_size, seq_len=seq_len, seed=seed)
+    record = {
+        "arch": loaded.family,
+        "size": size if size in SIZES else "config",
+        "size_path": None if size in SIZES else size,
+        "vocab_size": vocab_size,
+        "tokenizer_vocab": len(loaded.tokenizer),
+        "seq_len": loaded.max_positions,
+        "seed": seed,
+    }
+    return loaded, {"source": loaded.name, SCRATCH_RECORD: record}
