@@ -1,16 +1,23 @@
-"""`ssacli.toml`: reading the ``[check]`` table, and the commented file ``ssacli check --init``
-writes for a model's kind (ICL models vs transformers language models and encoders)."""
+"""`ssacli.toml`: reading the ``[check]`` table (merged with explicit settings by
+:func:`ssacli.check.settings.check_settings`), and the commented file ``ssacli check --init`` writes,
+with requirements measured on a model (:func:`write_check_config`; templates for ICL models vs
+transformers language models and encoders). Cheap to import (no torch): the CLI reads
+:data:`CONFIG_FILE` for its help."""
 
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from ..defaults import DEFAULT_MODEL, SAMPLES, SEED
 from ..errors import InputError, UsageError
+from ..files import check_writable, write_text
 from ..models.kinds import KINDS, family_kind
+
+CONFIG_FILE = "ssacli.toml"  # what check reads from the working folder when no config is given
 
 CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "model": (str,), "requires": (list,), "baseline": (str,), "max_regression": (int, float),
@@ -163,3 +170,29 @@ def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = 
         seed=SEED,
         requires=requires if requires is not None else _REQUIRES["icl" if kind == "icl" else "lm"],
     )
+
+
+# ---- check --init ---------------------------------------------------------------------------------
+
+
+def write_check_config(model: str | None = None, path: str | Path | None = None, **load_options: Any) -> str:
+    """Write a commented ssacli.toml to ``path`` (None: ./ssacli.toml; never over an existing file)
+    with requirements measured on ``model`` (None: the default model; :func:`measured_requires`),
+    so the model passes as it is; return the model's kind. ``load_options``: how MODEL is loaded
+    (:class:`~ssacli.models.loading.LoadOptions`, ``trust_remote_code`` included)."""
+    from ..diagnosis.run import diagnose
+    from ..models.loading import load_model
+
+    model = model or DEFAULT_MODEL
+    target = Path(path or CONFIG_FILE)
+    if target.exists():
+        raise UsageError(f"'{target}' already exists; edit it, or remove it to write fresh defaults")
+    check_writable(target, "--config")
+    loaded = load_model(model, **load_options)
+    result = diagnose(loaded, list(INIT_PROBES), samples=SAMPLES, seed=SEED)
+    requires = measured_requires(result)
+    local = Path(model).expanduser()
+    if not model.startswith("builtin:") and local.exists():  # config paths are relative to the file
+        model = Path(os.path.relpath(local.resolve(), target.resolve().parent)).as_posix()
+    write_text(init_config(loaded.kind, model, requires), target)
+    return loaded.kind

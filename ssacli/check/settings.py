@@ -1,0 +1,61 @@
+"""The settings of ``ssacli check``: explicit ones over an ssacli.toml over the defaults, with the
+requirements parsed, ready to run (:func:`check_settings` -> :class:`CheckSettings`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..defaults import DEFAULT_MODEL
+from ..errors import UsageError
+from .config import CONFIG_FILE, load_config
+from .requirements import CheckReport, Requirement, parse_requirement, run_check
+
+
+@dataclass
+class CheckSettings:
+    """A check ready to run: MODEL, its parsed requirements and :func:`run_check`'s other keywords
+    (``baseline``, ``max_regression``, and :func:`ssacli.diagnose`'s)."""
+
+    model: str
+    requires: list[Requirement]
+    options: dict[str, Any]
+
+    def run(self, progress: Callable[[str, int, int], None] | None = None) -> CheckReport:
+        """:func:`run_check` with these settings; ``progress(what, done, total)`` as diagnose's."""
+        shown = {} if progress is None else {"progress": progress}
+        return run_check(self.model, self.requires, **shown, **self.options)
+
+
+def check_settings(
+    model: str | None = None,
+    *,
+    config: str | Path | None = None,
+    requires: list[str] | None = None,
+    baseline: str | Path | None = None,
+    max_regression: float | None = None,
+    **diagnose_options: Any,
+) -> CheckSettings:
+    """The settings of ``ssacli check``: those given (not None, not False) over the ``[check]`` table
+    of ``config`` (None: ./ssacli.toml when it exists), over the defaults. Requirements are parsed
+    here, so a bad one fails before any model loads; none at all is a UsageError."""
+    if config is None and Path(CONFIG_FILE).is_file():
+        config = Path(CONFIG_FILE)
+    settings: dict[str, Any] = load_config(config) if config is not None else {}
+    flags = {"requires": requires or None, "baseline": baseline, "max_regression": max_regression}
+    given = {**flags, **diagnose_options}
+    settings.update({k: v for k, v in given.items() if v is not None and v is not False})
+    chosen = model or settings.get("model", DEFAULT_MODEL)
+    settings.pop("model", None)
+    parsed = [parse_requirement(r) for r in settings.pop("requires", [])]
+    if not parsed:
+        where = f"'{config}' lists none under [check] requires" if config else f"no {CONFIG_FILE} here"
+        raise UsageError(
+            f"no requirements ({where}); pass --require EXPR or write one with `ssacli check --init`"
+        )
+    for key in ("tau", "max_regression"):
+        if key in settings:
+            settings[key] = float(settings[key])
+    return CheckSettings(chosen, parsed, settings)
