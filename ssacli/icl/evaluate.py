@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..models.icl import ICLModel
+from ..models.icl import ICLModel, load_icl
+from ..models.loading import resolve_device, resolve_model_path
 from .tasks import CLASSIFICATION, sample_batch
 
 FIRST_SCORED = 3  # 1-based: positions 1 and 2 have too little context to be judged
@@ -223,3 +224,39 @@ def cells_to_json(model: ICLModel, cells: list[Cell]) -> dict:
         "first_scored_position": FIRST_SCORED,
         "cells": [asdict(c) for c in cells],
     }
+
+
+@dataclass
+class ICLEvaluation:
+    """An ICL model's cells (:func:`evaluate_icl`); :meth:`to_dict` is ``ssacli icl eval --json``."""
+
+    model: ICLModel
+    cells: list[Cell]
+    source: str | None = None  # the MODEL reference the model was loaded from
+
+    def to_dict(self) -> dict:
+        return {"model": self.source, **cells_to_json(self.model, self.cells)}
+
+
+def evaluate_icl(
+    model: str | ICLModel,
+    *,
+    sigmas: tuple[float, ...],
+    lengths: tuple[int, ...],
+    outliers: tuple[tuple[float, int], ...] = (),
+    prompts: int = 1000,
+    coef_sigma: float = 1.0,
+    seed: int = 0,
+    device: str = "auto",
+) -> ICLEvaluation:
+    """:func:`evaluate` over ``sigmas`` × ``lengths``, then each planted outlier (VALUE, POSITION)
+    at σ = 1 over the same lengths. ``model``: an ICL model, or a checkpoint folder or
+    ``builtin:NAME`` loaded onto ``device``."""
+    source = model if isinstance(model, str) else None
+    if isinstance(model, str):
+        model = load_icl(resolve_model_path(model), resolve_device(device))
+    grid = dict(lengths=tuple(lengths), prompts=prompts, coef_sigma=coef_sigma, seed=seed)
+    cells = evaluate(model, sigmas=tuple(sigmas), **grid)
+    if outliers:
+        cells += evaluate(model, sigmas=(1.0,), outliers=tuple(outliers), **grid)
+    return ICLEvaluation(model, cells, source)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, UsageError
-from ..files import write_json
+from ..files import check_writable_folder, write_json
 from ..models.checkpoint import ICL_FORMAT, read_meta
 from ..models.icl import check_arch, load_icl
 from ..stats import paired_summary
@@ -63,6 +63,15 @@ class SweepPlan:
     archs: list[str] = field(default_factory=lambda: ["gpt2"])  # backbones; every arm runs on each
     coef_sigmas: list[float] = field(default_factory=list)  # linear: σ of a, b (at σ_x = 1)
     reference: str | None = None  # arm the others are paired against (default: the first)
+
+    @classmethod
+    def from_specs(
+        cls, tasks: list[str], specs: list[str], *, seeds: int = ScorerEntry.seeds, **settings: Any
+    ) -> SweepPlan:
+        """A plan of ``tasks`` × ``specs`` × ``seeds``, each arm labelled by :func:`scorer_label`;
+        ``settings`` are the other fields (steps, lr, prompts, …)."""
+        entries = [ScorerEntry(label=scorer_label(spec), spec=spec, seeds=seeds) for spec in specs]
+        return cls(tasks=list(tasks), scorers=entries, **settings)
 
     @classmethod
     def from_json(cls, path: str | Path) -> SweepPlan:
@@ -108,6 +117,11 @@ class SweepPlan:
     @property
     def reference_label(self) -> str:
         return self.reference or self.scorers[0].label
+
+
+def scorer_label(spec: str) -> str:
+    """An arm's label when only its spec is given, safe in file names: ssa:init=paper -> ssa-initpaper."""
+    return spec.replace(":", "-").replace(",", "-").replace("=", "")
 
 
 def run_name(task: str, label: str, seed: int, arch: str = "gpt2") -> str:
@@ -186,6 +200,7 @@ def run_sweep(
     depend on it beyond floating-point noise (the data generators are CPU generators)."""
     plan.validate()
     out = Path(out)
+    check_writable_folder(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     plan_dict = {k: v for k, v in asdict(plan).items() if k != "scorers"}
     work = [(plan_dict, t, a, asdict(s), seed, str(out), device) for t, a, s, seed in plan.runs()]

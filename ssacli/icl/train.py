@@ -14,9 +14,11 @@ from torch.nn import functional as F
 
 from ..attention.interface import attention_backend, check_backend
 from ..errors import JobFailedError, UsageError
+from ..files import check_writable_folder
 from ..models.checkpoint import META_FILE, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
 from ..models.loading import resolve_device
+from ..scorers import make_scorer
 from .tasks import CLASSIFICATION, check_task, sample_batch
 
 
@@ -39,6 +41,13 @@ class TrainConfig:
     log_every: int = 50
     attention: str = "auto"  # attention backend: auto (fused kernels), eager or fused
     arch: str = "gpt2"  # backbone: gpt2 (pre-LN, MLP) or attn-only (no MLP, no LayerNorm)
+
+    def validate(self) -> None:
+        """Fail on a bad task, backbone, attention backend or scorer spec before any work."""
+        check_task(self.task)
+        check_arch(self.arch)
+        check_backend(self.attention)
+        make_scorer(self.scorer)
 
     def curriculum_every(self) -> int:
         if self.points_every is not None:
@@ -85,8 +94,8 @@ def train(
     existing checkpoint in ``out`` is only replaced when ``overwrite`` is set.
     """
     out = Path(out)
-    check_backend(config.attention)
-    check_arch(config.arch)
+    config.validate()
+    check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
     exists = (out / META_FILE).is_file()
     if exists and not (resume or overwrite):
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
