@@ -1,6 +1,6 @@
 """ssacli: attention-saturation diagnostics for Hugging Face transformers.
 
-The public API (the CLI is a thin layer over it):
+The public API (the CLI is a thin layer over it: every command is one of these calls):
 
 * :func:`make_scorer`, :func:`describe_scorer`, :data:`SCORERS`: attention scorers (softmax, SSA, …)
   built from spec strings such as ``"ssa:init=faithful,m=256"``.
@@ -11,9 +11,22 @@ The public API (the CLI is a thin layer over it):
   weight matrix, forward and backward.
 * :func:`diagnose` -> :class:`DiagnoseResult`: probe a model with magnitude shifts and measure
   per-layer, per-head saturation; :func:`load_model` resolves MODEL references;
-  :func:`compare_results` puts two results side by side.
+  :func:`compare_results` puts two results side by side (``ssacli diagnose``).
+* :func:`run_check` -> :class:`CheckReport`: gate a model on requirements; :func:`check_settings`
+  merges an ``ssacli.toml`` with explicit options first, :func:`write_check_config` writes one
+  measured on a model (``ssacli check``, ``check --init``).
+* :func:`convert`: swap a model's scorer and measure its fidelity; :func:`convert_and_finetune`
+  fine-tunes the converted model (``ssacli convert [--finetune]``).
+* :func:`finetune` with a :class:`FinetuneConfig` (:func:`finetune_config` fills it from the run
+  recorded in a folder): fine-tune, or continue a run (``ssacli finetune``);
+  :func:`train_from_scratch`: a fresh language model and tokenizer, then the same loop
+  (``ssacli train``).
+* :func:`compare_models`: the before/after quality report (``ssacli report``).
+* :func:`train_icl` with an :class:`ICLTrainConfig`, :func:`evaluate_icl`, :func:`run_icl_sweep`
+  with an :class:`ICLSweepPlan`: the in-context-learning experiments (``ssacli icl``).
 
-The model-facing half imports transformers (seconds), so it is loaded on first use.
+Every name but the errors and ``__version__`` is loaded on first use (PEP 562): ``import ssacli``
+imports neither torch nor transformers, so the CLI can refuse bad options in well under a second.
 """
 
 from __future__ import annotations
@@ -22,10 +35,18 @@ import importlib
 from typing import TYPE_CHECKING
 
 from .errors import SpecError, SsacliError, UnsupportedModelError
-from .scorers import SCORERS, Scorer, describe_scorer, make_scorer, parse_spec, register_scorer, scorer_table
 from .version import __version__
 
+# public name -> "module" (the name is the module's own) or "module:name" (exported under another
+# name, where the module's own would be ambiguous at the top level, e.g. icl.train:train)
 _LAZY = {
+    "SCORERS": "scorers",
+    "Scorer": "scorers",
+    "describe_scorer": "scorers",
+    "make_scorer": "scorers",
+    "parse_spec": "scorers",
+    "register_scorer": "scorers",
+    "scorer_table": "scorers",
     "apply_scorer": "attention.interface",
     "restore": "attention.interface",
     "supports": "attention.interface",
@@ -44,10 +65,25 @@ _LAZY = {
     "parse_probe": "diagnosis.probes",
     "run_check": "check.requirements",
     "parse_requirement": "check.requirements",
+    "CheckReport": "check.requirements",
+    "check_settings": "check.settings",
+    "CheckSettings": "check.settings",
+    "write_check_config": "check.config",
     "compare_models": "quality.compare",
     "language_model_loss": "quality.measures",
     "minimal_pairs": "quality.measures",
     "icl_error_by_sigma": "quality.measures",
+    "finetune": "train.finetune",
+    "FinetuneConfig": "train.finetune",
+    "finetune_config": "train.runs",
+    "convert_and_finetune": "train.runs",
+    "train_from_scratch": "train.runs",
+    "train_icl": "icl.train:train",
+    "ICLTrainConfig": "icl.train:TrainConfig",
+    "evaluate_icl": "icl.evaluate",
+    "ICLEvaluation": "icl.evaluate",
+    "run_icl_sweep": "icl.sweep:run_sweep",
+    "ICLSweepPlan": "icl.sweep:SweepPlan",
 }
 
 if TYPE_CHECKING:
@@ -59,27 +95,55 @@ if TYPE_CHECKING:
         scorers_of,
         supports,
     )
-    from .check.requirements import parse_requirement, run_check
+    from .check.config import write_check_config
+    from .check.requirements import CheckReport, parse_requirement, run_check
+    from .check.settings import CheckSettings, check_settings
     from .conversion import convert, save_model
     from .diagnosis.comparison import compare_results
     from .diagnosis.probes import parse_probe
     from .diagnosis.result import DiagnoseResult, ProbeResult
     from .diagnosis.run import diagnose
+    from .icl.evaluate import ICLEvaluation, evaluate_icl
+    from .icl.sweep import SweepPlan as ICLSweepPlan
+    from .icl.sweep import run_sweep as run_icl_sweep
+    from .icl.train import TrainConfig as ICLTrainConfig
+    from .icl.train import train as train_icl
     from .kernels.fused import ssa_attention
     from .models.loading import load, load_model
     from .quality.compare import compare_models
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
+    from .scorers import (
+        SCORERS,
+        Scorer,
+        describe_scorer,
+        make_scorer,
+        parse_spec,
+        register_scorer,
+        scorer_table,
+    )
+    from .train.finetune import FinetuneConfig, finetune
+    from .train.runs import convert_and_finetune, finetune_config, train_from_scratch
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
-        return getattr(module, name)
-    raise AttributeError(f"module 'ssacli' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ssacli' has no attribute {name!r}")
+    module, _, attribute = _LAZY[name].partition(":")
+    return getattr(importlib.import_module(f".{module}", __name__), attribute or name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
+    "CheckReport",
+    "CheckSettings",
     "DiagnoseResult",
+    "FinetuneConfig",
+    "ICLEvaluation",
+    "ICLSweepPlan",
+    "ICLTrainConfig",
     "ProbeResult",
     "SCORERS",
     "Scorer",
@@ -90,26 +154,35 @@ __all__ = [
     "apply_scorer",
     "attention_backend",
     "attention_modules",
+    "check_settings",
     "compare_models",
     "compare_results",
+    "convert",
+    "convert_and_finetune",
+    "describe_scorer",
     "diagnose",
+    "evaluate_icl",
+    "finetune",
+    "finetune_config",
     "icl_error_by_sigma",
     "language_model_loss",
-    "minimal_pairs",
-    "convert",
     "load",
     "load_model",
-    "save_model",
+    "make_scorer",
+    "minimal_pairs",
     "parse_probe",
     "parse_requirement",
-    "run_check",
-    "describe_scorer",
-    "make_scorer",
     "parse_spec",
     "register_scorer",
     "restore",
+    "run_check",
+    "run_icl_sweep",
+    "save_model",
     "scorer_table",
     "scorers_of",
     "ssa_attention",
     "supports",
+    "train_from_scratch",
+    "train_icl",
+    "write_check_config",
 ]
