@@ -32,6 +32,7 @@ import ssacli
 from ssacli.cli import main
 from ssacli.diagnosis.metrics import METRICS
 from ssacli.errors import (
+    EXIT_CHECK_USAGE,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
     EXIT_UNSUPPORTED,
@@ -196,6 +197,35 @@ def test_trust_remote_code_is_passed_through_to_transformers(command, models, tm
     assert_one_line(stderr, code, EXIT_INPUT, "stub")
     assert seen and all(value is True for value in seen)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        (["check", "{model}", "-r", "entropy@embed-scale:32 >= 0.5"], EXIT_CHECK_USAGE),
+        (["check", "--init", "{model}", "--config", "{out}.toml"], EXIT_CHECK_USAGE),
+        (["finetune", "{model}", "--data", "icl:every", "--out", "{out}"], EXIT_INPUT),
+    ],
+    ids=["check", "check --init", "finetune"],
+)
+def test_trust_remote_code_of_check_and_finetune_reaches_transformers(
+    command, expected, models, tmp_path, monkeypatch, capsys
+):
+    """The flag every command that loads a MODEL takes; the stub stops before any code could run."""
+    import transformers
+
+    seen = []
+
+    def stub(source, **kwargs):
+        seen.append(kwargs.get("trust_remote_code"))
+        raise OSError("stub: stop before loading anything")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", stub)
+    args = [a.format(model=models["remote"], out=tmp_path / "out") for a in command]
+    code, _, stderr = run_main([*args, "--trust-remote-code"], monkeypatch, capsys)
+    assert_one_line(stderr, code, expected, "stub")
+    assert seen and all(value is True for value in seen)
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---- 2. options and files -------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from ssacli.check.requirements import (
     run_check,
 )
 from ssacli.cli import app
-from ssacli.cli.check import model_kind
 from ssacli.diagnosis import run as diagnosis
 from ssacli.diagnosis.result import DiagnoseResult, ProbeResult
 from ssacli.errors import InputError, UnsupportedModelError, UsageError
@@ -326,7 +325,7 @@ def test_language_model_defaults_parse_and_are_measurable(tmp_path):
         assert all(parse_requirement(e) for e in config["requires"])
     config = AutoConfig.for_model("gpt2", vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=64)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "gpt2")
-    assert model_kind(str(tmp_path / "gpt2")) == "causal"
+    assert ssacli.load_model(str(tmp_path / "gpt2")).kind == "causal"  # the template check --init picks
     requires = tomllib.loads(init_config("causal", "x"))["check"]["requires"]
     report = run_check(str(tmp_path / "gpt2"), requires, samples=2, length=16)
     assert all(math.isfinite(o.measured) for o in report.outcomes)

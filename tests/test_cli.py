@@ -78,6 +78,19 @@ def test_bad_spec_is_one_line_with_the_valid_keys_and_exit_code():
     assert result.stdout == ""
 
 
+def test_help_keeps_the_brackets_of_option_grammars():
+    """Rich markup would read METRIC[@PROBE] as a style tag and drop it."""
+    result = runner.invoke(app, ["diagnose", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "Heatmap METRIC[@PROBE], e.g. collapse_rate@outlier." in result.output
+
+
+def test_every_command_that_loads_a_model_takes_trust_remote_code():
+    for command in (["diagnose"], ["check"], ["convert"], ["finetune"], ["report"]):
+        result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0 and "--trust-remote-code" in result.output, command
+
+
 def test_debug_shows_the_traceback():
     result = run_cli("--debug", "scorers", "ssa:bogus=1")
     assert result.returncode != 0

@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 from ..errors import InterruptError, exit_code
 from ..version import __version__
 from . import check, convert, diagnose, icl, report, train
-from .options import debugging, print_error, set_debug
+from .options import ModelCommand, debugging, print_error, set_debug
 
 
 class _Commands(TyperGroup):
@@ -63,9 +63,9 @@ def _root(
 
 
 app.command("scorers")(diagnose.scorers_command)
-app.command("diagnose")(diagnose.diagnose_command)
+app.command("diagnose", cls=ModelCommand)(diagnose.diagnose_command)
 app.command("check")(check.check_command)
-app.command("convert")(convert.convert_command)
+app.command("convert", cls=ModelCommand)(convert.convert_command)
 app.command("finetune")(convert.finetune_command)
 app.command("report")(report.report_command)
 app.command("train")(train.train_command)

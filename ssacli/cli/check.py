@@ -4,27 +4,36 @@ Unlike the other commands, check ends with CI-oriented exit codes (docs/ci.md), 
 ssacli.errors.check_exit_code maps errors to: 2 for anything the user can fix in the invocation or
 its inputs, 3 for a model or run that cannot be checked, so a pipeline can tell "the model
 regressed" (1) from "the gate is misconfigured" (2) and "the tool broke" (3). Every output is
-rendered before the first file is written, so a failed run leaves no file behind.
+rendered before the first file is written, so a failed run leaves no file behind. The settings
+(flags over ssacli.toml) are :func:`ssacli.check_settings`'s, --init is :func:`ssacli.write_check_config`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..check.config import CONFIG_FILE
 from ..defaults import DEFAULT_MODEL
-from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, UsageError, check_exit_code
-from ..files import check_writable, write_text
-from .options import AllowDownload, AllowPickle, Device, Dtype, debugging, print_error, progress
-
-CONFIG_FILE = "ssacli.toml"
+from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, check_exit_code
+from ..files import write_text
+from .options import (
+    AllowDownload,
+    AllowPickle,
+    Device,
+    Dtype,
+    TrustRemoteCode,
+    check_outputs,
+    debugging,
+    given,
+    print_error,
+    progress,
+)
 
 
 def check_command(
@@ -54,6 +63,7 @@ def check_command(
     dtype: Dtype = None,
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
+    trust_remote_code: TrustRemoteCode = False,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures, errors and written files."),
     init: bool = typer.Option(False, "--init", help=f"Write {CONFIG_FILE} with defaults for MODEL, exit."),
 ) -> None:
@@ -73,15 +83,18 @@ def check_command(
 
       ssacli check --baseline main.json --max-regression 0.05 --junit junit.xml --json check.json
     """
-    options = dict(
-        config=config, require=require, baseline=baseline, max_regression=max_regression, junit=junit,
-        json_out=json_out, quiet=quiet, diagnose={
-            "samples": samples, "seed": seed, "length": length, "tau": tau, "scorer": scorer,
-            "device": device, "dtype": dtype, "allow_download": allow_download, "allow_pickle": allow_pickle,
-        },
-    )  # fmt: skip
+    load = dict(allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     try:
-        code = _init(model_ref, config) if init else _check(model_ref, **options)
+        if init:
+            code = _init(model_ref, config, given(device=device, dtype=dtype) | load)
+        else:
+            check_outputs(("--junit", junit), ("--json", json_out))  # before anything heavy is imported
+            settings = dict(
+                config=config, requires=require, baseline=baseline, max_regression=max_regression,
+                samples=samples, seed=seed, length=length, tau=tau, scorer=scorer, device=device,
+                dtype=dtype, **load,
+            )  # fmt: skip
+            code = _check(model_ref, settings, junit=junit, json_out=json_out, quiet=quiet)
     except Exception as err:  # a bad gate, a model that cannot be checked, a bug: one line
         if debugging():
             raise
@@ -90,36 +103,16 @@ def check_command(
     raise typer.Exit(code)
 
 
-def _check(model_ref, *, config, require, baseline, max_regression, junit, json_out, quiet, diagnose) -> int:
-    from .. import parse_requirement, run_check
-    from ..check.config import load_config
+def _check(model_ref, settings, *, junit, json_out, quiet) -> int:
+    from .. import check_settings
 
-    if config is None and Path(CONFIG_FILE).is_file():
-        config = Path(CONFIG_FILE)
-    settings: dict[str, Any] = load_config(config) if config is not None else {}
-    flags = {"requires": require or None, "baseline": baseline, "max_regression": max_regression}
-    settings.update({k: v for k, v in {**flags, **diagnose}.items() if v is not None and v is not False})
-    model = model_ref or settings.pop("model", DEFAULT_MODEL)
-    settings.pop("model", None)
-    requires = [parse_requirement(r) for r in settings.pop("requires", [])]  # fail before loading
-    if not requires:
-        where = f"'{config}' lists none under [check] requires" if config else f"no {CONFIG_FILE} here"
-        raise UsageError(
-            f"no requirements ({where}); pass --require EXPR or write one with `ssacli check --init`"
-        )
-    for option, path in (("--junit", junit), ("--json", json_out)):
-        if path is not None:
-            check_writable(path, option)  # a folder, or nowhere writable: fail before any work
-    for key in ("tau", "max_regression"):
-        if key in settings:
-            settings[key] = float(settings[key])
-    with progress(f"ssacli check {model}", quiet=quiet) as update:
+    check = check_settings(model_ref, **settings)  # requirements parsed: bad ones fail before loading
+    with progress(f"ssacli check {check.model}", quiet=quiet) as update:
 
         def on_progress(what: str, done: int, total: int) -> None:
-            update(description=f"ssacli check {model}: {what} {done}/{total}")
+            update(description=f"ssacli check {check.model}: {what} {done}/{total}")
 
-        shown = {} if update is None else {"progress": on_progress}  # no callback without a display
-        report = run_check(model, requires, **shown, **settings)
+        report = check.run(progress=None if update is None else on_progress)  # no callback, no display
     outputs = []  # rendered in full before the first file is written
     if junit is not None:
         outputs.append((report.junit_xml(), junit))
@@ -179,38 +172,15 @@ def _num(value: float | None) -> str:
     return "–" if value is None or value != value else f"{value:.4g}"
 
 
-def _init(model_ref: str | None, config: Path | None) -> int:
-    """--init: write a commented ssacli.toml for MODEL's kind; never overwrite one."""
-    from ..check.config import init_config
+def _init(model_ref: str | None, config: Path | None, load: dict) -> int:
+    """--init: write a commented ssacli.toml measured on MODEL; never overwrite one."""
+    from .. import write_check_config
 
-    target = config or Path(CONFIG_FILE)
-    if target.exists():
-        raise UsageError(f"'{target}' already exists; edit it, or remove it to write fresh defaults")
-    model = model_ref or DEFAULT_MODEL
-    check_writable(target, "--config")
-    kind = model_kind(model)
-    from .. import diagnose
-    from ..check.config import INIT_PROBES, measured_requires
-    from ..defaults import SAMPLES, SEED
-
+    model, target = model_ref or DEFAULT_MODEL, config or Path(CONFIG_FILE)
     with progress(f"measuring {model} for {target}", quiet=False):
-        result = diagnose(model, list(INIT_PROBES), samples=SAMPLES, seed=SEED)
-    requires = measured_requires(result)
-    local = Path(model).expanduser()
-    if not model.startswith("builtin:") and local.exists():  # config paths are relative to the file
-        model = Path(os.path.relpath(local.resolve(), target.resolve().parent)).as_posix()
-    write_text(init_config(kind, model, requires), target)
+        kind = write_check_config(model, target, **load)
     article = "an" if kind == "icl" else "a"
     Console().print(
         f"wrote {target} (requirements measured on {article} {kind} model; see the comments)", highlight=False
     )
     return EXIT_CHECK_PASSED
-
-
-def model_kind(ref: str) -> str:
-    """icl, causal, masked, encoder or seq2seq, read from the checkpoint's config alone (no weights
-    are loaded, so --init is instant even for large models)."""
-    from ..models.kinds import is_local_reference, kind_from_config
-    from ..models.loading import resolve_model_path
-
-    return kind_from_config(resolve_model_path(ref) if is_local_reference(ref) else ref, name=ref)

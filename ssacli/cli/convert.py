@@ -2,14 +2,16 @@
 
 Fine-tuning options (shared, in cli/options.py) are optional (None) on purpose: ``convert`` refuses
 them without ``--finetune``, and ``finetune`` takes whatever is not given from the run recorded in
-the folder it resumes, so ``ssacli finetune DIR --steps 2000`` extends a run without repeating its
-settings. :func:`run_finetune` is the display of every training command, ``ssacli train``'s too.
+the folder it resumes (:func:`ssacli.finetune_config`), so ``ssacli finetune DIR --steps 2000``
+extends a run without repeating its settings. :func:`training_display` and :func:`print_trained`
+are the display of every training command, ``ssacli train``'s too.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import fields
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import typer
 from rich.console import Console
 
 from ..errors import UsageError
+from ..files import check_writable_folder
 from .options import (
     DATA_HELP,
     AllowDownload,
@@ -99,10 +102,7 @@ def convert_command(
 
       ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./g --finetune --data c.txt --anneal-n 8
     """
-    from .. import convert, make_scorer
-    from ..conversion import check_out
-    from ..models.loading import local_model_path
-
+    check_writable_folder(out, "--out")  # before anything heavy is imported
     options = given(
         data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
         warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed, train=train,
@@ -110,30 +110,38 @@ def convert_command(
     )  # fmt: skip
     if options and not do_finetune:
         raise UsageError(f"--{next(iter(options)).replace('_', '-')} only applies with --finetune")
-    make_scorer(scorer)  # a bad spec fails before loading
-    config = _config(options, {}) if do_finetune else None  # bad values fail before loading
-    check_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
-    if do_finetune and dtype == "auto":
-        dtype = "float32"  # AdamW on bf16/fp16 weights loses small updates; autocast covers speed
-    save_to = None if do_finetune else out
     load = dict(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
     )  # fmt: skip
-    calibration = _calibration_text(text, data if do_finetune else None)
-    loaded, report = convert(
-        model_ref, scorer, save_to, overwrite=overwrite, text=calibration, max_error=max_error, **load
-    )
+    calibration = _read_text(text) if text is not None else None
     console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
-    for line in fidelity_lines(report):
-        console.print(line, highlight=False, soft_wrap=True)
-    if config is None:
+
+    def show_fidelity(report: dict[str, Any]) -> None:
+        for line in fidelity_lines(report):
+            console.print(line, highlight=False, soft_wrap=True)
+
+    if not do_finetune:
+        from .. import convert
+        from ..conversion import check_out
+        from ..models.loading import local_model_path
+
+        check_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
+        _, report = convert(
+            model_ref, scorer, out, overwrite=overwrite, text=calibration, max_error=max_error, **load
+        )
+        show_fidelity(report)
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
         return
-    meta = {"source": str(loaded.path or loaded.name), "fidelity": report}
-    run_finetune(
-        loaded, config, out, resume=False, overwrite=overwrite, device=device, meta=meta, quiet=quiet
-    )
+    from .. import convert_and_finetune, finetune_config
+
+    config = finetune_config(**options)  # bad values fail before loading
+    with training_display(config.steps, config.log_every, quiet) as on_step:
+        trained, _ = convert_and_finetune(
+            model_ref, scorer, out, config, overwrite=overwrite, text=calibration, max_error=max_error,
+            on_converted=show_fidelity, on_step=on_step, **load,
+        )  # fmt: skip
+    print_trained(out, trained.path)
 
 
 def finetune_command(
@@ -159,6 +167,7 @@ def finetune_command(
     log_every: LogEvery = None,
     attention: Attention = None,
     device: Device = "auto",
+    trust_remote_code: TrustRemoteCode = False,
     quiet: QuietTraining = False,
 ) -> None:
     """Fine-tune a converted folder, or continue a fine-tuning run.
@@ -175,51 +184,30 @@ def finetune_command(
 
       ssacli finetune ./gpt2-ssa --data corpus.jsonl --out ./gpt2-ssa-ft --train scorer
     """
-    from ..train.finetune import training_record
-
-    if out is None:
-        if model_dir.startswith("builtin:") or not Path(model_dir).expanduser().is_dir():
-            raise UsageError(f"{model_dir} is not a folder to train in place; give --out DIR")
-        out, resume = Path(model_dir), True
-    out = out.expanduser()
-    recorded = (training_record(out) or {}).get("config", {}) if resume else {}
+    if out is not None:
+        check_writable_folder(out, "--out")  # before anything heavy is imported
     options = given(
         data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
         warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed, train=train,
         anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every, attention=attention,
     )  # fmt: skip
-    config = _config(options, recorded)
-    run_finetune(
-        model_dir, config, out, resume=resume, overwrite=overwrite, device=device, meta=None, quiet=quiet
-    )
+    from .. import finetune, finetune_config
+
+    config = finetune_config(model_dir, out, resume=resume, **options)
+    with training_display(config.steps, config.log_every, quiet) as on_step:
+        trained = finetune(
+            model_dir, config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step,
+            trust_remote_code=trust_remote_code,
+        )  # fmt: skip
+    print_trained(trained.path, trained.path)  # DIR itself, or --out
 
 
-def _config(options: dict[str, Any], recorded: dict[str, Any]):
-    from ..train.finetune import FinetuneConfig
-
-    names = {f.name for f in fields(FinetuneConfig)}
-    values = {k: v for k, v in recorded.items() if k in names} | options
-    if "data" not in values:
-        raise UsageError("--data is required: " + DATA_HELP)
-    config = FinetuneConfig(**values)
-    config.validate()
-    return config
-
-
-CALIBRATION_CHARS = 200_000  # of --data, when it is the calibration text
-
-
-def _calibration_text(text: Path | None, data: str | None) -> str | None:
-    from ..train.data import read_documents
-
-    if text is not None:
-        try:
-            return text.expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise UsageError(f"--text {text}: cannot read it as UTF-8 text ({err})") from None
-    if data is None or data.startswith("icl:"):
-        return None
-    return "\n\n".join(read_documents(data))[:CALIBRATION_CHARS]
+def _read_text(path: Path) -> str:
+    """--text: the calibration text file."""
+    try:
+        return path.expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"--text {path}: cannot read it as UTF-8 text ({err})") from None
 
 
 def fidelity_lines(report: dict[str, Any]) -> list[str]:
@@ -271,35 +259,43 @@ def _is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def run_finetune(loaded, config, out: Path, *, resume, overwrite, device, meta, quiet) -> None:
-    """finetune() with a progress bar on terminals, a step log line elsewhere, then a summary line:
-    the one display of every training command (convert --finetune, finetune, train)."""
+@contextmanager
+def training_display(steps: int, log_every: int, quiet: bool) -> Iterator[Callable[..., None]]:
+    """The ``on_step`` of every training command (convert --finetune, finetune, train): a progress
+    bar on terminals, a step log line every ``log_every`` steps elsewhere, nothing with ``quiet``.
+    The bar starts at the first step, so what the run prints before (the fidelity of a conversion,
+    the model built from scratch) stays above it."""
     from rich.progress import TextColumn, TimeRemainingColumn
 
-    from ..files import check_writable_folder
-    from ..train.finetune import finetune, training_record
-
-    check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
-    kwargs = {"resume": resume, "overwrite": overwrite, "device": device, "meta": meta}
     stats = "loss {task.fields[loss]:.4g} · lr {task.fields[lr]:.2e} · {task.fields[tps]:,.0f} tok/s"
     columns = bar_columns(TextColumn(stats), TimeRemainingColumn())
     stderr = Console(stderr=True)
-    fields = {"total": config.steps, "loss": float("nan"), "lr": 0.0, "tps": 0.0}
-    with progress("fine-tuning", columns, quiet=quiet, transient=False, **fields) as update:
+    fields = {"total": steps, "loss": float("nan"), "lr": 0.0, "tps": 0.0}
+    with ExitStack() as stack:
+        shown: list = []  # the bar's update function (None: no bar), once the first step is done
 
         def on_step(step: int, loss: float, lr: float, tokens_per_s: float) -> None:
-            if update is not None:
-                update(completed=step, loss=loss, lr=lr, tps=tokens_per_s)
-            elif not quiet and (step % config.log_every == 0 or step == config.steps):
+            if not shown:
+                bar = progress("fine-tuning", columns, quiet=quiet, transient=False, **fields)
+                shown.append(stack.enter_context(bar))
+            if shown[0] is not None:
+                shown[0](completed=step, loss=loss, lr=lr, tps=tokens_per_s)
+            elif not quiet and (step % log_every == 0 or step == steps):
                 stderr.print(
-                    f"step {step}/{config.steps} loss {loss:.4g} lr {lr:.3g} {tokens_per_s:,.0f} tok/s",
+                    f"step {step}/{steps} loss {loss:.4g} lr {lr:.3g} {tokens_per_s:,.0f} tok/s",
                     highlight=False,
                 )
 
-        result = finetune(loaded, config, out, on_step=on_step, **kwargs)
+        yield on_step
+
+
+def print_trained(out: Path, path: Path | None) -> None:
+    """The summary line of every training command: where ``out`` is, from the record in ``path``."""
+    from ..models.checkpoint import training_record
+
     if not _is_rank0():
         return
-    record = training_record(result.path) or {}
+    record = (training_record(path) if path is not None else None) or {}
     history, heldout = record.get("history") or [], record.get("heldout") or []
     parts = [f"wrote {out} (step {record.get('step')}"]
     if history:

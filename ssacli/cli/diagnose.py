@@ -11,7 +11,7 @@ from rich.table import Table
 
 from .. import defaults
 from ..errors import UsageError
-from ..files import check_writable, write_json
+from ..files import write_json
 from .options import (
     AllowDownload,
     AllowPickle,
@@ -21,6 +21,7 @@ from .options import (
     QuietOutput,
     TrustRemoteCode,
     bar_columns,
+    check_outputs,
     progress,
 )
 
@@ -104,7 +105,7 @@ def diagnose_command(
     compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
     json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
-    heatmap: str = typer.Option("max_weight", help="Heatmap METRIC[@PROBE], e.g. collapse_rate@outlier."),
+    heatmap: str = typer.Option("max_weight", help=r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."),
     quiet: QuietOutput = False,
 ) -> None:
     """Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.
@@ -117,6 +118,7 @@ def diagnose_command(
 
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
     """
+    check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     from .. import make_scorer, parse_probe
     from ..diagnosis.result import METRICS
     from ..quality.inputs import read_text_file
@@ -129,9 +131,6 @@ def diagnose_command(
         raise UsageError(f"unknown metric '{metric}' for --heatmap; choose from: {', '.join(METRICS)}")
     if heat_probe and probes and heat_probe not in {p.name for p in probes}:
         raise UsageError(f"--heatmap names probe '{heat_probe}', which is not among the --probe options")
-    for option, path in (("--json", json_out), ("--html", html_out)):
-        if path is not None:
-            check_writable(path, option)
     settings = dict(
         probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,

@@ -1,4 +1,5 @@
-"""`ssacli icl train|eval|sweep`: the in-context-learning experiments (the `icl` command group)."""
+"""`ssacli icl train|eval|sweep`: the in-context-learning experiments (the `icl` command group), over
+:func:`ssacli.train_icl`, :func:`ssacli.evaluate_icl` and :func:`ssacli.run_icl_sweep`."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import typer
 from rich.console import Console
 
 from ..errors import UsageError
-from ..files import write_json
-from .options import bar_columns, floats, progress
+from ..files import check_writable_folder, write_json
+from .options import bar_columns, check_outputs, floats, progress
 
 
 def icl_train(
@@ -41,17 +42,12 @@ def icl_train(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
 ) -> None:
     """Train an ICL model from scratch with any scorer."""
+    check_writable_folder(out, "--out")  # before anything heavy is imported
     from rich.progress import TextColumn, TimeRemainingColumn
 
-    from .. import make_scorer
-    from ..attention.interface import check_backend
-    from ..icl import TrainConfig, check_arch, check_task, train
+    from .. import ICLTrainConfig, train_icl
 
-    check_task(task)
-    check_arch(arch)
-    check_backend(attention)
-    make_scorer(scorer)  # fail on a bad spec before any work
-    config = TrainConfig(
+    config = ICLTrainConfig(
         task=task,
         scorer=scorer,
         steps=steps,
@@ -69,6 +65,7 @@ def icl_train(
         attention=attention,
         arch=arch,
     )
+    config.validate()  # before the progress bar (drawn even off a terminal) starts
     stats = TextColumn("loss {task.fields[loss]:.4f} · {task.fields[points]} pts")
     columns = bar_columns(stats, TimeRemainingColumn())
     fields = {"total": steps, "loss": float("nan"), "points": points_start}
@@ -77,7 +74,7 @@ def icl_train(
         def on_step(step: int, loss: float, points: int) -> None:
             update(completed=step, loss=loss, points=points)
 
-        model = train(config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step)
+        model = train_icl(config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step)
     history = model.spec.training["history"]
     typer.echo(f"wrote {out} (step {model.spec.training['step']}, last logged loss {history[-1][1]:.4g})")
 
@@ -95,39 +92,28 @@ def icl_eval(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
 ) -> None:
     """Evaluate an ICL model over σ × length, and with planted outliers."""
-    from ..files import check_writable
-    from ..icl import cells_to_json, evaluate, load_icl, parse_outlier, resolve_device
-    from ..models.loading import resolve_model_path
+    check_outputs(("--json", json_out), ("--plot", plot))  # before anything heavy is imported
+    from .. import evaluate_icl
+    from ..icl import parse_outlier
     from ..report.icl import icl_legend, icl_tables
 
-    for option, path in (("--json", json_out), ("--plot", plot)):
-        if path is not None:
-            check_writable(path, option)  # before any work
     lengths = tuple(int(v) for v in floats(length, "length"))
     try:
         probes = [parse_outlier(v) for v in outlier.split(",")] if outlier else []
     except ValueError as err:
         raise UsageError(str(err)) from None
     sigmas = floats(sigma, "sigma")
-    model = load_icl(resolve_model_path(model_ref), resolve_device(device))  # after the cheap checks
-    cells = evaluate(model, sigmas=sigmas, lengths=lengths, prompts=prompts, coef_sigma=coef_sigma, seed=seed)
-    if probes:
-        cells += evaluate(
-            model,
-            sigmas=(1.0,),
-            lengths=lengths,
-            outliers=tuple(probes),
-            prompts=prompts,
-            coef_sigma=coef_sigma,
-            seed=seed,
-        )
+    result = evaluate_icl(
+        model_ref, sigmas=sigmas, lengths=lengths, outliers=tuple(probes), prompts=prompts,
+        coef_sigma=coef_sigma, seed=seed, device=device,
+    )  # fmt: skip
+    model, cells = result.model, result.cells
     console = Console()
     for table in icl_tables(cells, model.spec.task, model.spec.scorer):
         console.print(table)
     console.print(icl_legend(model.spec.task), style="dim")
-    result = {"model": model_ref, **cells_to_json(model, cells)}
     if json_out is not None:
-        write_json(result, json_out)
+        write_json(result.to_dict(), json_out)
         console.print(f"wrote {json_out}")
     if plot is not None:
         from ..icl.plots import plot_eval
@@ -150,13 +136,13 @@ def icl_sweep(
     device: str = typer.Option("cpu", help="cpu, cuda or auto: where every run trains and is evaluated."),
 ) -> None:
     """Train and evaluate a grid of scorers × tasks × seeds; write results.json and figures."""
-    from ..icl.sweep import ScorerEntry, SweepPlan, run_sweep
+    check_writable_folder(out, "--out")  # before anything heavy is imported
+    from .. import ICLSweepPlan, run_icl_sweep
 
     if plan_file is not None:
-        plan = SweepPlan.from_json(plan_file)
+        plan = ICLSweepPlan.from_json(plan_file)
     else:
-        entries = [ScorerEntry(label=_label(spec), spec=spec, seeds=seeds) for spec in scorer]
-        plan = SweepPlan(tasks=list(task), scorers=entries, steps=steps, lr=lr, prompts=prompts)
+        plan = ICLSweepPlan.from_specs(task, scorer, seeds=seeds, steps=steps, lr=lr, prompts=prompts)
     total = len(plan.runs())
     done = []
 
@@ -168,9 +154,5 @@ def icl_sweep(
             f"final loss {result['final_loss']:.4g}, trained in {result['train_seconds']} s"
         )
 
-    summary = run_sweep(plan, out, jobs=jobs, device=device, on_result=on_result)
+    summary = run_icl_sweep(plan, out, jobs=jobs, device=device, on_result=on_result)
     typer.echo(f"wrote {out / 'results.json'} and {out / 'figures'} ({summary['wall_seconds']} s)")
-
-
-def _label(spec: str) -> str:
-    return spec.replace(":", "-").replace(",", "-").replace("=", "")

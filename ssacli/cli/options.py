@@ -16,14 +16,16 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand
 
 from ..errors import SsacliError, UsageError
-from ..models.loading import builtin_names
+from ..files import check_writable
+from ..train import DATA_FORMS
 
-# the bundled models, as installed (every folder in ssacli/checkpoints/)
-MODEL_HELP = f"HF folder, builtin:NAME ({', '.join(builtin_names())}), or cached Hub id."
+# {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
+MODEL_HELP = "HF folder, builtin:NAME ({builtins}), or cached Hub id."
 TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
-DATA_HELP = "Training data: a .txt file, a .jsonl file (field 'text'), a folder of them, or icl:TASK."
+DATA_HELP = f"Training data: {DATA_FORMS}."
 
 # ---- loading a MODEL (diagnose, check, convert, report) -------------------------------------------
 
@@ -66,6 +68,20 @@ Attention = Annotated[
 ]
 
 
+class ModelCommand(TyperCommand):
+    """A command with a MODEL argument: its help lists the installed builtin names. They are read
+    when help is shown, not at import: finding them imports the model stack (ssacli.models.loading),
+    which a command that fails on its options must not wait for."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from ..models.loading import builtin_names
+
+        for param in self.params:
+            if param.help is not None and "{builtins}" in param.help:
+                param.help = param.help.format(builtins=", ".join(builtin_names()))
+        super().format_help(ctx, formatter)
+
+
 def given(**options: Any) -> dict[str, Any]:
     """The options the user gave: those that are not None."""
     return {k: v for k, v in options.items() if v is not None}
@@ -80,6 +96,14 @@ def floats(text: str, option: str) -> tuple[float, ...]:
         return tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise UsageError(f"--{option} takes comma-separated numbers, e.g. 1,2,4; got {text!r}") from None
+
+
+def check_outputs(*outputs: tuple[str, Any]) -> None:
+    """Fail at once (exit 4) when an output file (``(option, path)``, path None = not asked for)
+    could not be written: commands call this first, before they import the model stack."""
+    for option, path in outputs:
+        if path is not None:
+            check_writable(path, option)
 
 
 # ---- --debug and the one-line error report ----------------------------------------------------------

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from ..errors import UsageError
-from ..files import check_writable, write_text
+from ..files import write_text
 from .options import (
     AllowDownload,
     AllowPickle,
@@ -22,6 +22,7 @@ from .options import (
     Dtype,
     QuietOutput,
     TrustRemoteCode,
+    check_outputs,
     floats,
     progress,
 )
@@ -79,13 +80,11 @@ def report_command(
 
       ssacli report ./bert ./bert-ssa --pairs blimp/passive_1.jsonl --pairs-limit 0 --json r.json
     """
+    check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     from .. import compare_models, parse_probe
     from ..icl import parse_outlier
     from ..quality.inputs import read_pairs, read_text_file
 
-    for option, path in (("--json", json_out), ("--html", html_out)):
-        if path is not None:
-            check_writable(path, option)  # a folder, or nowhere writable: fail before any work
     probes = [str(parse_probe(p)) for p in probe] if probe else None
     sigmas = floats(sigma, "sigma")
     if not sigmas or any(not s > 0 for s in sigmas):

@@ -1,24 +1,21 @@
-"""`ssacli train`: a language model trained from scratch with any scorer.
+"""`ssacli train`: a language model trained from scratch with any scorer (:func:`ssacli.train_from_scratch`).
 
 The model and its tokenizer come from :func:`ssacli.train.scratch.new_model` (the BPE
-tokenizer is trained on the training part of --data); the loop is the fine-tuning one
-(:func:`ssacli.train.finetune.finetune` with ``train="all"``), so softmax and SSA runs of the same command
-see the same batches, steps and tokens, and the saved ``training`` record says so.
+tokenizer is trained on the training part of --data); the loop is the fine-tuning one, so softmax
+and SSA runs of the same command see the same batches, steps and tokens, and the saved ``training``
+record says so. The display is every training command's (cli/convert.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 
-from ..errors import UsageError
-from .convert import run_finetune
+from ..files import check_writable_folder
+from .convert import print_trained, training_display
 from .options import Device
-
-SCRATCH_RECORD = "scratch"  # key in ssacli.json: how the model was built
 
 
 def train_command(
@@ -64,82 +61,22 @@ def train_command(
 
       ssacli train --arch roberta --size small --scorer ssa:n=2,learn=none --data childes/ --out runs/bb
     """
-    from .. import make_scorer
-    from ..train.finetune import FinetuneConfig
+    check_writable_folder(out, "--out")  # before anything heavy is imported
+    from .. import FinetuneConfig, train_from_scratch
+    from ..train.scratch import describe
 
-    spec = make_scorer(scorer).spec  # a bad spec fails before the tokenizer is trained
-    if resume and overwrite:
-        raise UsageError("--resume continues the run in --out and --overwrite replaces it; give one of them")
-    recorded = _recorded(out) if resume else None
-    if recorded is None and out.exists() and not overwrite:
-        hint = "it holds no run to resume" if resume else "pass --resume to continue it"
-        raise UsageError(f"--out {out} already exists ({hint}); pass --overwrite to replace it")
-    if recorded is not None:
-        _check_same_build(out, recorded, arch=arch, size=size, scorer=spec, vocab_size=vocab_size, seed=seed)
-        seq_len = seq_len or recorded["seq_len"]
-    config = FinetuneConfig(
-        # seq_len: the model's positions, known once it is built (2 passes validation until then)
-        data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len or 2, grad_accum=grad_accum,
-        warmup=warmup, seed=seed, train="all", checkpoint_every=checkpoint_every,
-        weight_decay=weight_decay, attention=attention,
+    def show_built(model) -> None:
+        if not quiet:
+            Console(stderr=True).print(describe(model), highlight=False, soft_wrap=True)
+
+    loop = dict(
+        steps=steps, lr=lr, batch_size=batch_size, grad_accum=grad_accum, warmup=warmup,
+        weight_decay=weight_decay, checkpoint_every=checkpoint_every, attention=attention,
     )  # fmt: skip
-    config.validate()  # before the tokenizer is trained
-    if recorded is not None:
-        model: Any = str(out)  # finetune reloads the model, tokenizer and optimizer saved there
-        meta = None
-    else:
-        model, meta = _build(arch, size or "tiny", spec, data, vocab_size, seq_len, seed, quiet)
-        config.seq_len = model.max_positions
-    # The loop, progress display and summary line of `ssacli finetune`: one format for all training.
-    run_finetune(
-        model, config, out, resume=resume, overwrite=overwrite, device=device, meta=meta, quiet=quiet
-    )
-
-
-def _recorded(out: Path) -> dict[str, Any] | None:
-    """The build record of a from-scratch run saved in ``out`` (None when there is none)."""
-    from ..models.checkpoint import read_meta
-    from ..train.finetune import training_record
-
-    meta = read_meta(out) if out.is_dir() else None
-    if meta is None or training_record(out) is None:
-        return None
-    if SCRATCH_RECORD not in meta:
-        raise UsageError(
-            f"{out} holds a fine-tuning run, not one of `ssacli train`; continue it with ssacli finetune"
-        )
-    return {**meta[SCRATCH_RECORD], "scorer": meta.get("scorer")}
-
-
-def _check_same_build(out: Path, recorded: dict[str, Any], **given: Any) -> None:
-    """--resume with build options that differ from the saved run's would silently be ignored;
-    refuse instead (options left out are taken from the run)."""
-    changed = [
-        f"--{k.replace('_', '-')} {recorded.get(k)} -> {v}"
-        for k, v in given.items()
-        if v is not None and recorded.get(k) != v and not (k == "size" and recorded.get("size_path") == v)
-    ]
-    if changed:
-        raise UsageError(
-            f"{out} holds a run built with other settings ({', '.join(changed)}); resume it with "
-            "the same ones or pick a new --out"
-        )
-
-
-def _build(arch, size, spec, data, vocab_size, seq_len, seed, quiet):
-    from ..train.scratch import SIZES, describe, new_model, training_texts
-
-    texts = training_texts(data)
-    loaded = new_model(arch, size, spec, texts=texts, vocab_size=vocab_size, seq_len=seq_len, seed=seed)
-    if not quiet:
-        Console(stderr=True).print(describe(loaded), highlight=False, soft_wrap=True)
-    record = {
-        "arch": loaded.family,
-        "size": size if size in SIZES else "config",
-        "size_path": None if size in SIZES else size,
-        "vocab_size": vocab_size,
-        "tokenizer_vocab": len(loaded.tokenizer),
-        "seq_len": loaded.max_positions,
-        "seed": seed,
-    }
-    return loaded, {"source": loaded.name, SCRATCH_RECORD: record}
+    with training_display(steps, FinetuneConfig.log_every, quiet) as on_step:
+        trained = train_from_scratch(
+            data, out, arch=arch, size=size, scorer=scorer, vocab_size=vocab_size, seq_len=seq_len,
+            seed=seed, resume=resume, overwrite=overwrite, device=device, on_built=show_built,
+            on_step=on_step, **loop,
+        )  # fmt: skip
+    print_trained(out, trained.path)
