@@ -92,6 +92,8 @@ def train_run(plan, arm, seed, out: Path, device: str, threads: int) -> float:
         "--vocab-size", str(plan["vocab_size"]), "--seed", str(seed), "--device", device,
         "--checkpoint-every", str(max(1, plan["steps"] // 4)), "--quiet",
     ]  # fmt: skip
+    if plan.get("attention"):  # eager is faster than the blocked SSA kernel at 128 tokens on CPU
+        args += ["--attention", plan["attention"]]
     if plan.get("warmup") is not None:
         args += ["--warmup", str(plan["warmup"])]
     if folder.exists():
