@@ -2,13 +2,17 @@
 written is refused (exit 4, one line) in well under 2 s, before torch is imported (issue 14).
 
 Every case runs the real entry point in a fresh interpreter, which reports on exit whether torch was
-ever imported: the wall-time bound is what a user sees, the torch check says why it holds.
+ever imported. The 2 s bound is on the CPU time the process takes (user + system): on an idle core
+that is its wall time, what a user waits, and unlike wall time it does not grow when other jobs
+hold the cores (this suite runs beside training runs; a refusal took 0.6 s of wall time on an
+idle machine and 9.8 s beside three busy processes on two cores, with the same CPU time).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -68,17 +72,18 @@ def test_an_unwritable_output_is_refused_at_once(args, tmp_path):
     ro = unwritable(tmp_path)
     argv = [a.format(ro=ro) for a in args]
     option = next(a for a in argv if str(ro) in a)
-    started = time.perf_counter()
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", ENTRY, *argv], capture_output=True, text=True, cwd=tmp_path, timeout=120
     )
-    elapsed = time.perf_counter() - started
+    wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == EXIT_INPUT, done.stderr
     assert len(lines) == 1 and lines[0].startswith("error: cannot write"), done.stderr
     assert option in lines[0] and "Traceback" not in done.stderr
     assert done.stdout == ""  # nothing printed, and torch was never imported
-    assert elapsed < LIMIT_S, f"{elapsed:.2f} s"
+    assert cpu < LIMIT_S, f"{cpu:.2f} s of CPU ({wall:.2f} s of wall time)"
     assert [p.name for p in tmp_path.iterdir()] == [ro.name]  # nothing written, not even in the cwd
 
 
