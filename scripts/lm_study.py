@@ -302,7 +302,52 @@ def report(results: dict[str, Any], folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tables.md").write_text("\n".join(lines) + "\n")
     plot_context(results, folder / "lm-context.png")
+    plot_paired(results, folder / "lm-paired.png")
     return folder / "tables.md"
+
+
+def plot_paired(results: dict[str, Any], path: Path) -> None:
+    """Every paired difference (arm − reference): a dot per seed and the mean with its bootstrap 95 %
+    CI, one panel per metric family (perplexities, BLiMP, diagnose), one colour per arm."""
+    from matplotlib.figure import Figure
+
+    from ssacli.icl.plots import save_figure
+
+    groups = list(dict.fromkeys(r["metric"].split()[0] for r in results["paired"]))
+    fig = Figure(
+        figsize=(
+            5 * len(groups),
+            0.5
+            + 0.45 * max(sum(1 for r in results["paired"] if r["metric"].split()[0] == g) for g in groups),
+        )
+    )
+    axes = fig.subplots(1, len(groups), squeeze=False)[0]
+    arms = list(dict.fromkeys(r["label"] for r in results["paired"]))
+    for ax, group in zip(axes, groups):
+        rows = [r for r in results["paired"] if r["metric"].split()[0] == group]
+        names = list(dict.fromkeys(r["metric"] for r in rows))
+        for r in rows:
+            k = arms.index(r["label"])
+            y = names.index(r["metric"]) + (k - (len(arms) - 1) / 2) * 0.25
+            color = f"C{k}"
+            ax.scatter(r["differences"], [y] * len(r["differences"]), s=10, color=color, alpha=0.5)
+            if r["ci_low"] is not None:
+                ax.plot([r["ci_low"], r["ci_high"]], [y, y], color=color, lw=2)
+            ax.scatter(
+                [r["mean_difference"]],
+                [y],
+                marker="D",
+                s=25,
+                color=color,
+                label=f"{r['label']} − {r['reference']}" if r["metric"] == names[0] else None,
+            )
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"{group}: paired difference (dots: seeds; bar: 95 % CI)")
+        ax.grid(alpha=0.3, axis="x")
+    axes[0].legend(fontsize=7)
+    save_figure(fig, path)
 
 
 def plot_context(results: dict[str, Any], path: Path) -> None:

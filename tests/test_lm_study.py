@@ -90,6 +90,7 @@ def test_tiny_lm_study_trains_evaluates_pairs_and_resumes(tmp_path, tiny_plan):
     tables = (tmp_path / "doc" / "tables.md").read_text()
     assert "ssa − softmax" in tables and "ppl id@2x" in tables
     assert (tmp_path / "doc" / "lm-context.png").stat().st_size > 1000
+    assert (tmp_path / "doc" / "lm-paired.png").stat().st_size > 1000
     # resumable: a second call trains nothing and evaluates nothing
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval.json")}
     weights = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.safetensors")}
@@ -105,3 +106,4 @@ def test_the_committed_lm_plan_is_paired():
     assert specs[0] == "softmax" and "ssa:preset=authors" in specs and len(specs) >= 3
     assert plan["seeds"] >= 3 and plan["reference"] == "softmax"
     assert plan["contexts"] == [1, 2, 4]
+    assert plan.get("attention") in (None, "auto", "eager", "fused")
