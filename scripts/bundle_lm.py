@@ -243,7 +243,9 @@ def recipe(name: str, run: str, meta: dict[str, Any], plan_path: Path, check: di
         f"ssacli train --data {config['data']} --size model-config.json --scorer '{meta['scorer']}' \\\n"
         f"  --steps {config['steps']} --lr {config['lr']:g} --batch-size {config['batch_size']} "
         f"--seq-len {config['seq_len']} \\\n  --vocab-size {scratch['vocab_size']} --seed {config['seed']} "
-        f"--checkpoint-every {config['checkpoint_every']} --out {run}"
+        f"--checkpoint-every {config['checkpoint_every']}"
+        + (f" --attention {config['attention']}" if config.get("attention", "auto") != "auto" else "")
+        + f" --out {run}"
     )
     return f"""# builtin:{name}
 
