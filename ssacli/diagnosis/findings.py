@@ -167,7 +167,9 @@ def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
         slopes = np.array([np.nan if v is None else v for v in fading["entropy_layers"]], dtype=float)
         if np.isfinite(slopes).any():
             worst = float(np.nanmin(slopes))
-            layers = [int(i) for i in np.nonzero(slopes <= worst * 0.75)[0]] if worst < 0 else []
+            # name the fastest-fading layers only when they fade at the precision shown (-0.000 is noise)
+            fading_layers = round(worst, 3) < 0
+            layers = [int(i) for i in np.nonzero(slopes <= worst * 0.75)[0]] if fading_layers else []
             mean = float(np.nanmean(slopes))
             maxw = np.array([np.nan if v is None else v for v in fading["max_weight_layers"]], dtype=float)
             maxw_mean = float(np.nanmean(maxw)) if np.isfinite(maxw).any() else math.nan
