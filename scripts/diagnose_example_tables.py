@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+
 def fmt(value: float | None, spec: str = ".3g") -> str:
     return "–" if value is None or not math.isfinite(value) else format(value, spec)
 
