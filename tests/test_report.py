@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-from report_fixtures import NAN, SKIP_NOTE, result_a, result_b, wide_result
+from report_fixtures import NAN, SKIP_NOTE, diagnose_result, probe_result, result_a, result_b, wide_result
 from rich.console import Console
 
 from ssacli.diagnosis.comparison import compare_results
@@ -327,3 +327,26 @@ def _render80(fn, *args, **kwargs) -> str:
     console = Console(record=True, width=80, color_system=None, file=io.StringIO())
     fn(*args, console, **kwargs)
     return console.export_text()
+
+
+def _length_probe(layer1_slope: float):
+    """Length probe at n = 64, 128: layer 0's max weight falls by 0.1 per doubling (entropy rises,
+    entropy = 1 - max weight), layer 1's rises by ``layer1_slope`` (entropy falls by it)."""
+    max_weight = [[[0.5] * 3, [0.5] * 3], [[0.4] * 3, [0.5 + layer1_slope] * 3]]
+    collapse = [[[0.0] * 3] * 2] * 2
+    return probe_result("length", [1, 2], collapse, max_weight, extras={"tokens": [64, 128]})
+
+
+def test_fading_finding_names_only_layers_that_fade_at_the_precision_shown():
+    def fading_text(slope):
+        (line,) = [
+            f["text"]
+            for f in diagnose_result([_length_probe(slope)]).findings()
+            if "per doubling" in f["text"]
+        ]
+        return line
+
+    # layer 1's entropy falls 0.05 per doubling: named with its slope (by hand: -0.050)
+    assert "fastest in layers 1 (-0.050)" in fading_text(0.05)
+    # falls by 0.0001, which prints as -0.000: noise at the precision shown, not named
+    assert "fastest" not in fading_text(0.0001)
