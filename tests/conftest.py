@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,3 +58,16 @@ def run_main(args, monkeypatch, capsys) -> tuple[int, str, str]:
         main()
     captured = capsys.readouterr()
     return exit_info.value.code, captured.out, captured.err
+
+
+def unwritable(tmp_path: Path) -> Path:
+    """A folder no one can write in: read-only for a user; for root (who writes anywhere) a path
+    under a plain file, which no one can create."""
+    if os.geteuid() == 0:
+        blocker = tmp_path / "file"
+        blocker.write_text("x")
+        return blocker
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder

@@ -11,14 +11,13 @@ idle machine and 9.8 s beside three busy processes on two cores, with the same C
 from __future__ import annotations
 
 import importlib
-import os
 import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from conftest import unwritable
 
 import ssacli
 from ssacli.errors import EXIT_INPUT
@@ -31,19 +30,6 @@ ENTRY = (
     "sys.argv[0] = 'ssacli'\n"
     "runpy.run_module('ssacli', run_name='__main__')\n"
 )
-
-
-def unwritable(tmp_path: Path) -> Path:
-    """A folder no one can write in: read-only for a user; for root (who writes anywhere) a path
-    under a plain file, which no one can create."""
-    if os.geteuid() == 0:
-        blocker = tmp_path / "file"
-        blocker.write_text("x")
-        return blocker
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    return folder
 
 
 MODEL = "builtin:every-softmax"

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import VOCAB, build_model
+from conftest import VOCAB, build_model, unwritable
 
 from ssacli import diagnose
 from ssacli.check.requirements import parse_requirement, run_check
@@ -229,21 +229,6 @@ def test_requirement_failure_names_the_worst_head():
 # ---- outputs first, exit codes, check --init ---------------------------------------------------------
 
 
-def _unwritable(tmp_path):
-    """A folder nobody can write: read-only for a user; for root (who writes anywhere) a path
-    under a plain file, which no one can create."""
-    import os
-
-    if os.geteuid() == 0:
-        blocker = tmp_path / "file"
-        blocker.write_text("x")
-        return blocker
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    return folder
-
-
 @pytest.mark.parametrize(
     "args",
     [
@@ -259,7 +244,7 @@ def test_an_unwritable_output_is_exit_4_before_any_work(tmp_path, args):
     import sys
     import time
 
-    ro = _unwritable(tmp_path)
+    ro = unwritable(tmp_path)
     argv = [a.format(ro=ro) for a in args]
     started = time.perf_counter()
     command = [sys.executable, "-m", "ssacli", *argv]
