@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         levels = ", ".join(f"{lv:g}: {fmt(r, '.2f')}" for lv, r in zip(probe["levels"], ratio))
         reached = probe["summary"].get("reached_attention")
+        if reached is None:  # length and numeric change the text, not a magnitude: nothing to reach
+            reached = "not asked: not a magnitude probe"
         print(f"  {probe['name']:<13} {levels}  (reached attention: {reached})")
     first = data["probes"][0]
     sink = first["metrics"]["sink_rate"][0]  # [layer][head] at the first level
