@@ -271,3 +271,20 @@ def reference(
                 for j, wj in zip(idx, w):
                     out[b, h, i, j] = wj
     return out
+
+
+# ---- tolerances for quantities computed in float32 ----------------------------------------------
+
+
+def float32_kl_resolution(log_p) -> float:
+    """The smallest KL per token that float32 log-probabilities can resolve.
+
+    Each log-probability from a float32 forward carries a rounding error of a few ulps of its own
+    magnitude; in the KL, Σ p·(log p − log q), an error δ enters at first order, so two KLs of the
+    same models computed along different float32 paths (other kernels, thread counts, CPUs) agree
+    only to about eps32 · E_p|log p|. The factor 64 covers the accumulation over the forward's
+    layers; the bound scales with the quantity, so it holds on any machine.
+    """
+    p = np.exp(np.asarray(log_p, dtype=np.float64))
+    mean_abs_log_p = float((p * np.abs(np.log(np.clip(p, 1e-300, None)))).sum(-1).mean())
+    return 64 * float(np.finfo(np.float32).eps) * max(mean_abs_log_p, 1.0)

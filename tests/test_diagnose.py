@@ -339,7 +339,6 @@ def test_dominant_key_drives_capture_to_one_and_matches_layer_zero_by_hand():
         check_level(result, "dominant-key", level, ref, layers=slice(0, 1), capture=True)
 
 
-
 def test_probes_act_where_their_kind_says_not_by_name(monkeypatch):
     """A kind under a new name that declares the logits as its place and scaling as its effect is
     logit-scale: the forward pass and the input plan read the declaration, never the name."""

@@ -15,6 +15,7 @@ import socket
 
 import pytest
 import torch
+from naive import float32_kl_resolution
 from safetensors.torch import load_file
 from torch.nn import functional as F
 from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
@@ -577,8 +578,17 @@ def test_trajectory_logs_fidelity_n_b_and_loss_at_every_evaluation(tmp_path, lm)
         log_p = F.log_softmax(source(ids).logits.double(), -1)
         log_q = F.log_softmax(loaded.model(input_ids=ids).logits.double(), -1)
     kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
-    assert records[0]["kl_to_source"] == pytest.approx(kl, rel=1e-3, abs=1e-9)
-    assert records[-1]["kl_to_source"] > records[0]["kl_to_source"]  # n = 2 is far from softmax
+    # Both KLs are float32 forward noise here (the faithful start is exact): they agree within the
+    # float32 resolution of the log-probabilities, not to an absolute 1e-9.
+    assert records[0]["kl_to_source"] == pytest.approx(kl, rel=1e-3, abs=float32_kl_resolution(log_p))
+    # n = 2 is far from softmax: the last KL is well above that resolution and must match the saved
+    # model's, computed independently, to a relative tolerance.
+    final = load_model(str(out))
+    with torch.no_grad():
+        log_q = F.log_softmax(final.model(input_ids=ids).logits.double(), -1)
+    kl_final = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    assert kl_final > 100 * float32_kl_resolution(log_p)
+    assert records[-1]["kl_to_source"] == pytest.approx(kl_final, rel=1e-3)
     # resuming continues the trajectory
     finetune(str(conv), lm_config(lm["data"], steps=6, anneal_n=2.0, log_every=1), out, resume=True)
     again = read_trajectory(out)

@@ -87,7 +87,9 @@ def _log_probs(model: nn.Module, inputs: torch.Tensor, device: torch.device, kin
     kwargs = {"use_cache": False} if kind == "causal" else {}
     out = []
     for row in inputs.split(1):
-        logits = model(input_ids=row.to(device), **kwargs).logits.float().cpu()
+        # float64 normalization: in float32, log_softmax's own rounding (~eps·|log p|) enters the KL
+        # at first order and swamps a faithful conversion's true KL (~1e-12) with ~1e-9 noise.
+        logits = model(input_ids=row.to(device), **kwargs).logits.double().cpu()
         out.append(F.log_softmax(logits, -1))
     return torch.cat(out)
 
