@@ -467,3 +467,23 @@ def test_ci_dry_run_of_the_documented_check_step(tmp_path, monkeypatch):
         suite = ET.parse("junit.xml").getroot()
         assert suite.get("tests") == str(len(requires)) and suite.get("failures") == failures
         assert json.loads(Path("check.json").read_text())["passed"] is (code == 0)
+
+
+def test_a_config_for_another_model_is_refused_unless_given_explicitly(tmp_path, monkeypatch):
+    """Thresholds measured on one model must not silently gate another: an implicit ./ssacli.toml
+    whose model differs refuses (exit 2) naming both and the fix; --config FILE applies it anyway."""
+    calls = []
+    monkeypatch.setattr(diagnosis, "diagnose", lambda model, probes, **kw: calls.append(model) or make_result())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    Path("ssacli.toml").write_text('[check]\nmodel = "mine"\nrequires = ["entropy@embed-scale:16 >= 0"]\n')
+    refused = runner.invoke(app, ["check", "builtin:every-ssa", "--quiet"])
+    assert refused.exit_code == 2 and not calls, refused.output
+    line = " ".join(refused.stderr.split())
+    assert "'mine'" in line and "'builtin:every-ssa'" in line and "--config ssacli.toml" in line
+    assert "--init" in line and "Traceback" not in refused.output
+    explicit = runner.invoke(app, ["check", "builtin:every-ssa", "--config", "ssacli.toml", "--quiet"])
+    assert explicit.exit_code == 0 and calls == ["builtin:every-ssa"], explicit.output
+    for same in ("mine", "./mine/", str(tmp_path / "mine")):  # one folder, however it is written
+        assert runner.invoke(app, ["check", same, "--quiet"]).exit_code == 0
+    assert runner.invoke(app, ["check", "--quiet"]).exit_code == 0 and calls[-1] == "mine"

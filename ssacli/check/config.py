@@ -60,6 +60,17 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
+def same_model(a: str, b: str) -> bool:
+    """Whether two MODEL references name the same model: the same folder when both are local paths
+    (``./m`` and ``m/`` are one model), else the same string (builtin:NAME, a Hub id)."""
+    if a == b:
+        return True
+    local = [Path(x).expanduser() for x in (a, b) if not x.startswith("builtin:")]
+    if len(local) == 2 and all(p.exists() for p in local):
+        return local[0].resolve() == local[1].resolve()
+    return False
+
+
 _TEMPLATE = """\
 # ssacli.toml: attention-saturation requirements that `ssacli check` enforces (docs/ci.md).
 # Written by `ssacli check --init` for {what}.

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..defaults import DEFAULT_MODEL
 from ..errors import UsageError
-from .config import CONFIG_FILE, load_config
+from .config import CONFIG_FILE, load_config, same_model
 from .requirements import CheckReport, Requirement, parse_requirement, run_check
 
 
@@ -40,10 +40,22 @@ def check_settings(
 ) -> CheckSettings:
     """The settings of ``ssacli check``: those given (not None, not False) over the ``[check]`` table
     of ``config`` (None: ./ssacli.toml when it exists), over the defaults. Requirements are parsed
-    here, so a bad one fails before any model loads; none at all is a UsageError."""
-    if config is None and Path(CONFIG_FILE).is_file():
+    here, so a bad one fails before any model loads; none at all is a UsageError. So is a
+    ./ssacli.toml found implicitly whose ``model`` is another model than ``model`` while its
+    requirements would apply: its thresholds were measured on that model (``config=`` applies them
+    anyway; ``requires`` replaces them)."""
+    implicit = config is None and Path(CONFIG_FILE).is_file()
+    if implicit:
         config = Path(CONFIG_FILE)
     settings: dict[str, Any] = load_config(config) if config is not None else {}
+    foreign = implicit and model and "model" in settings and not same_model(model, settings["model"])
+    if foreign and not requires:
+        raise UsageError(
+            f"./{CONFIG_FILE} is for model '{settings['model']}', not '{model}' (its thresholds were "
+            f"measured on that model): pass --config {CONFIG_FILE} to apply them to '{model}' anyway, "
+            f"or write its own with `ssacli check {model} --init --config FILE` and check with "
+            "--config FILE"
+        )
     flags = {"requires": requires or None, "baseline": baseline, "max_regression": max_regression}
     given = {**flags, **diagnose_options}
     settings.update({k: v for k, v in given.items() if v is not None and v is not False})
