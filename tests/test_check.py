@@ -473,7 +473,8 @@ def test_a_config_for_another_model_is_refused_unless_given_explicitly(tmp_path,
     """Thresholds measured on one model must not silently gate another: an implicit ./ssacli.toml
     whose model differs refuses (exit 2) naming both and the fix; --config FILE applies it anyway."""
     calls = []
-    monkeypatch.setattr(diagnosis, "diagnose", lambda model, probes, **kw: calls.append(model) or make_result())
+    fake = lambda model, probes, **kw: calls.append(model) or make_result()  # noqa: E731
+    monkeypatch.setattr(diagnosis, "diagnose", fake)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine").mkdir()
     Path("ssacli.toml").write_text('[check]\nmodel = "mine"\nrequires = ["entropy@embed-scale:16 >= 0"]\n')
