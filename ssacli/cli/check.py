@@ -38,7 +38,7 @@ from .options import (
 
 def check_command(
     model_ref: str = typer.Argument(
-        None, metavar="[MODEL]", help="HF folder, builtin:NAME or cached Hub id (default: the config's)."
+        None, metavar="MODEL", help="HF folder, builtin:NAME or cached Hub id (default: the config's)."
     ),
     config: Path = typer.Option(None, help=f"Config file (default: ./{CONFIG_FILE} when it exists)."),
     require: list[str] = typer.Option(
@@ -75,13 +75,15 @@ def check_command(
 
     Examples:
 
-      ssacli check --init                                 # write ssacli.toml for the bundled model
+      ssacli check --init        # write ssacli.toml for the bundled model
 
-      ssacli check                                        # run the requirements in ./ssacli.toml
+      ssacli check               # run the requirements in ./ssacli.toml
 
-      ssacli check ./my-model -r 'collapse_rate@outlier:100 max <= 0.2' -r 'entropy@embed-scale:16 >= 0.3'
+      ssacli check ./my-model -r 'collapse_rate@outlier:100 max <= 0.2' \
+          -r 'entropy@embed-scale:16 >= 0.3'
 
-      ssacli check --baseline main.json --max-regression 0.05 --junit junit.xml --json check.json
+      ssacli check --baseline main.json --max-regression 0.05 \
+          --junit junit.xml --json check.json
     """
     load = dict(allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     try:

@@ -108,13 +108,14 @@ def diagnose_command(
     heatmap: str = typer.Option("max_weight", help=r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."),
     quiet: QuietOutput = False,
 ) -> None:
-    """Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.
+    r"""Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.
 
     Examples:
 
-      ssacli diagnose                                  # the bundled ICL model
+      ssacli diagnose                     # the bundled ICL model
 
-      ssacli diagnose ./my-model --probe outlier:10,100,1000 --json out.json --html out.html
+      ssacli diagnose ./my-model --probe outlier:10,100,1000 \
+          --json out.json --html out.html
 
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
     """

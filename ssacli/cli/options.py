@@ -8,6 +8,7 @@ shared by ``convert --finetune`` and ``finetune`` and default to None on purpose
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -16,7 +17,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
@@ -30,7 +31,7 @@ DATA_HELP = f"Training data: {DATA_FORMS}."
 # ---- loading a MODEL (diagnose, check, convert, report) -------------------------------------------
 
 Model = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]
-OptionalModel = Annotated[str, typer.Argument(metavar="[MODEL]", help=MODEL_HELP)]
+OptionalModel = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]  # usage adds the [ ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Dtype = Annotated[str, typer.Option(help="auto (float32 on CPU), float32, bfloat16 or float16.")]
 AllowDownload = Annotated[bool, typer.Option("--allow-download", help="Fetch a Hub id not in the cache.")]
@@ -68,7 +69,81 @@ Attention = Annotated[
 ]
 
 
-class ModelCommand(TyperCommand):
+# ---- help pages that read at 80 columns --------------------------------------------------------------
+
+# What an option's value is, in the help's type column: short, so the help text gets the width.
+VALUE_NAMES = {"int": "N", "float": "X", "str": "TEXT", "path": "PATH"}
+
+
+@contextmanager
+def readable_help(command, ctx) -> Iterator[None]:
+    """While typer renders ``command``'s help (a click command or group): a help page that reads at
+    80 columns. Typer's rich help prints every option's type, flags included (``--quiet <bool>``),
+    and ranges as ``<int range> [x>=1]``, which left ~30 columns for the text: flags get no type,
+    values a short name with their range (N, N≥1, X, TEXT, PATH); the bounds that typer would print
+    again are hidden from it while it renders (they still validate: restored after). The prose keeps
+    the docstring's line breaks, which wrap raggedly on a narrower terminal: a paragraph's lines are
+    joined, except in indented paragraphs (examples: verbatim, so no command is broken mid-way;
+    each is written to fit 78 columns, a long one continued after a backslash)."""
+    hidden = []
+    for param in command.get_params(ctx):
+        if getattr(param, "param_type_name", "") != "option":
+            continue
+        if param.metavar is None and getattr(param, "is_flag", False):
+            param.metavar = ""
+        elif param.metavar is None and hasattr(param, "bare_type"):
+            bare = param.bare_type().lower()
+            name = VALUE_NAMES.get("path" if "path" in bare else bare.removeprefix("list[").rstrip("]"))
+            if name is not None:
+                param.metavar = name + _bounds(getattr(param, "min", None), getattr(param, "max", None))
+        if getattr(param, "min", None) is not None or getattr(param, "max", None) is not None:
+            hidden.append((param, param.min, param.max))
+            param.min = param.max = None
+    if command.help and not getattr(command, "help_prepared", False):  # once: help can be shown twice
+        paragraphs = inspect.cleandoc(command.help).split("\n\n")
+        command.help = "\n\n".join(
+            "\n".join(map(_verbatim, p.split("\n"))) if p.startswith(" ") else " ".join(p.split())
+            for p in paragraphs
+        )
+        command.help_prepared = True
+    try:
+        yield
+    finally:
+        for param, low, high in hidden:
+            param.min, param.max = low, high
+
+
+def _bounds(low, high) -> str:
+    """A range as the type column shows it: "≥1", "≤8", "0–1", "" for none."""
+    if low is not None and high is not None:
+        return f"{low:g}–{high:g}"
+    return f"≥{low:g}" if low is not None else f"≤{high:g}" if high is not None else ""
+
+
+def _verbatim(line: str) -> str:
+    """An example line as typer's rich help prints it as written: escaped (a trailing ``\\`` or a
+    ``[`` is text, not markup), not dim like the prose around it, and starting with markup, so
+    typer's dedent of the help text keeps its indentation."""
+    return f"[not dim]{escape(line)}[/not dim]" if line.strip() else line
+
+
+class HelpCommand(TyperCommand):
+    """Every ssacli command: its help reads at 80 columns (:func:`readable_help`)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        with readable_help(self, ctx):
+            super().format_help(ctx, formatter)
+
+
+class HelpGroup(TyperGroup):
+    """Every ssacli command group (the root, ``icl``): help as :class:`HelpCommand`'s."""
+
+    def format_help(self, ctx, formatter) -> None:
+        with readable_help(self, ctx):
+            super().format_help(ctx, formatter)
+
+
+class ModelCommand(HelpCommand):
     """A command with a MODEL argument: its help lists the installed builtin names. They are read
     when help is shown, not at import: finding them imports the model stack (ssacli.models.loading),
     which a command that fails on its options must not wait for."""

@@ -50,16 +50,18 @@ def train_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """Train a language model from scratch with any attention scorer.
+    r"""Train a language model from scratch with any attention scorer.
 
     The held-out loss (last 10 % of --data) is measured before the first step and at every
     checkpoint; ssacli.json in --out records it with the tokens seen and tokens/s.
 
     Examples:
 
-      ssacli train --arch gpt2 --scorer ssa --data corpus.txt --out runs/gpt2-ssa --steps 300
+      ssacli train --arch gpt2 --scorer ssa --data corpus.txt \
+          --out runs/gpt2-ssa --steps 300
 
-      ssacli train --arch roberta --size small --scorer ssa:n=2,learn=none --data childes/ --out runs/bb
+      ssacli train --arch roberta --size small --scorer ssa:n=2,learn=none \
+          --data childes/ --out runs/bb
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
     from .. import FinetuneConfig, train_from_scratch
