@@ -76,8 +76,8 @@ def publish(tmp: str | Path, path: str | Path, *, directory: bool = False) -> No
     have, then rename it into place."""
     mask = _umask()
     if directory:
-        for file in Path(tmp).iterdir():
-            os.chmod(file, 0o666 & ~mask)
+        for file in Path(tmp).rglob("*"):  # a folder's sub-folders (a run's best/) stay searchable
+            os.chmod(file, (0o777 if file.is_dir() else 0o666) & ~mask)
     os.chmod(tmp, (0o777 if directory else 0o666) & ~mask)
     os.replace(tmp, path)
 

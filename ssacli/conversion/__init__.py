@@ -1,7 +1,8 @@
 """Swap a pretrained model's attention scorer, measure how close it stays, and save it.
 
-A converted folder is an ordinary ``save_pretrained`` folder, so plain transformers loads it as the
-original architecture (with softmax attention), plus ssacli's part (``ssacli.json`` and the scorer's
+A converted folder is an ordinary ``save_pretrained`` folder (plain transformers loads a faithful
+conversion as the original architecture, with softmax attention, and refuses any other:
+:func:`ssacli.models.checkpoint.plain_loadable`), plus ssacli's part (``ssacli.json`` and the scorer's
 parameters; the format is :mod:`ssacli.models.checkpoint`'s, which also reads it back). ICL models
 keep their own folder format. Folders are written to a temporary sibling and renamed at the end, so
 a failure leaves nothing half-written; the input folder is never touched.
@@ -22,7 +23,7 @@ import torch
 from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports
 from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES
 from ..errors import OutputError, UnsupportedModelError, UsageError
-from ..models.checkpoint import SCORER_KEY, write_model_folder
+from ..models.checkpoint import SCORER_KEY, check_replaceable, write_model_folder
 from ..models.loading import LoadedModel, load_model
 from ..scorers import make_scorer
 from .calibration import calibration_inputs, fidelity, model_outputs, target_of, task_is_classification
@@ -43,10 +44,12 @@ def save_model(
     meta: dict[str, Any] | None = None,
     extra_tensors: dict[str, torch.Tensor] | None = None,
     overwrite: bool = False,
+    best: str | None = None,
 ) -> Path:
     """Write ``loaded`` (with its scorer) to ``out`` atomically; ``extra_tensors`` go to
     trainer.safetensors (optimizer state for resuming, see
-    :func:`ssacli.models.checkpoint.trainer_state_tensors`)."""
+    :func:`ssacli.models.checkpoint.trainer_state_tensors`); ``best`` ("this" or "keep") fills the
+    run's best/ folder (:data:`ssacli.models.checkpoint.BEST_DIR`)."""
     out = Path(out).expanduser()
     check_out(out, loaded.path, overwrite)
     if loaded.kind == "icl":
@@ -55,28 +58,31 @@ def save_model(
         if meta:
             loaded.model.spec.training = {**loaded.model.spec.training, **meta}
         loaded.model.spec.scorer = _spec_of(loaded)
-        save_icl(loaded.model, out, extra_tensors)
+        save_icl(loaded.model, out, extra_tensors, best=best)
     else:
         write_model_folder(
             loaded.model, out, scorer=_spec_of(loaded), meta=meta, tokenizer=loaded.tokenizer,
-            trainer=extra_tensors,
+            trainer=extra_tensors, best=best,
         )  # fmt: skip
     return out
 
 
 def check_out(out: Path, source: Path | None, overwrite: bool) -> None:
-    """Refuse to write over the input folder, over anything without --overwrite, or where nothing
-    can be written (checked before any work)."""
+    """Refuse to write over the input folder, over anything without --overwrite, over a folder
+    ssacli did not write even with it (:func:`~ssacli.models.checkpoint.check_replaceable`: only
+    an ssacli folder or an empty one is replaced), or where nothing can be written (checked
+    before any work)."""
     if source is not None and out.exists() and out.resolve() == Path(source).resolve():
         raise UsageError(
             f"--out {out} is the input model's folder; ssacli never modifies its input, choose another --out"
         )
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder path")
     if out.exists() and not overwrite:
         raise UsageError(
             f"--out {out} already exists; pass --overwrite to replace it, or choose another folder"
         )
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder path")
+    check_replaceable(out)
     parent = out.absolute().parent
     while not parent.exists():  # the nearest folder that exists is where the new ones are made
         parent = parent.parent

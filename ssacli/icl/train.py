@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from ..attention.interface import attention_backend, check_backend
 from ..errors import JobFailedError, UsageError
 from ..files import check_writable_folder
-from ..models.checkpoint import META_FILE, restore_trainer_state, trainer_state_tensors
+from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
 from ..models.loading import resolve_device
 from ..scorers import make_scorer
@@ -96,6 +96,7 @@ def train(
     out = Path(out)
     config.validate()
     check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
+    check_replaceable(out)  # a folder ssacli did not write is never replaced, --overwrite or not
     exists = (out / META_FILE).is_file()
     if exists and not (resume or overwrite):
         raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")

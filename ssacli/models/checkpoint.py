@@ -4,8 +4,11 @@ Every folder holds ``ssacli.json`` (:data:`META_FILE`), whose ``format`` says wh
 the rest of the folder has:
 
 * ``"ssacli-model"`` (:data:`MODEL_FORMAT`), written by ``convert``, ``finetune`` and ``train``: an
-  ordinary ``save_pretrained`` folder (transformers loads it as the original architecture, with
-  softmax attention) plus
+  ordinary ``save_pretrained`` folder plus the parts below. Plain transformers loads it as the
+  original architecture, with softmax attention, only where that is the same model
+  (:func:`plain_loadable`: softmax, or a faithful conversion not trained since); any other folder's
+  config.json says model_type ``ssacli-<type>``, which plain transformers refuses
+  (:func:`guard_config`, :func:`saved_config`);
 
   - ``ssacli.json``: ``{"format", "format_version", "scorer": SPEC, "source"?, "fidelity"?,
     "training"?, …}``;
@@ -23,14 +26,22 @@ Either may hold ``trainer.safetensors`` (:data:`TRAINER_FILE`), what a run needs
 (a torch.Generator's state) and run-specific tensors (:func:`trainer_state_tensors`,
 :func:`restore_trainer_state`).
 
+A training run's folder also holds ``best/`` (:data:`BEST_DIR`): the checkpoint with the lowest
+held-out loss so far, without its trainer state (a loadable model folder).
+
 Folders are written to a temporary sibling and renamed into place (``ssacli.files``), so a failure
-leaves the previous folder as it was and nothing half-written.
+leaves the previous folder as it was and nothing half-written; a temporary folder a killed writer
+left is removed by the next write (:func:`remove_stale_temps`). Only a folder ssacli wrote, or an
+empty one, is ever replaced (:func:`check_replaceable`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,7 +54,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..attention.interface import SCORER_ATTR, apply_scorer
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..files import output_error, replace_folder
 
 META_FILE = "ssacli.json"
@@ -55,6 +66,16 @@ WEIGHTS_FILE = "model.safetensors"  # an ICL folder's weights (transformers name
 TRAINER_FILE = "trainer.safetensors"
 SCORER_KEY = f".{SCORER_ATTR}."  # in the state-dict name of every scorer parameter
 OPTIMIZER_PREFIX = "adam."  # trainer-state tensors holding the optimizer's per-parameter state
+BEST_DIR = "best"  # in a training run's folder: the checkpoint with the lowest held-out loss so far
+# In every temporary folder a writer fills (beside its target, named as tempfile.mkdtemp names it):
+# the writer's process, so that a folder a killed writer left can be told from anything else.
+TEMP_MARKER = ".ssacli-writing"
+# config.json's model_type of a folder that must not load as softmax in plain transformers (its
+# scorer is not softmax, and not within --max-error of it): plain AutoConfig / AutoModel* refuse
+# an unknown model type; ssacli reads the original one from ORIGINAL_TYPE_KEY (:func:`saved_config`).
+GUARDED_TYPE_PREFIX = "ssacli-"
+ORIGINAL_TYPE_KEY = "ssacli_model_type"
+GUARD_NOTE_KEY = "ssacli_note"
 
 
 # ---- ssacli.json -------------------------------------------------------------------------------------
@@ -69,6 +90,31 @@ def folder_format(path: str | Path) -> str | None:
         return None
     value = meta.get("format") if isinstance(meta, dict) else None
     return value if isinstance(value, str) else None
+
+
+def is_ssacli_folder(path: str | Path) -> bool:
+    """Whether ssacli wrote the folder: its ssacli.json names one of ssacli's formats."""
+    return folder_format(path) in FORMAT_VERSIONS
+
+
+def check_replaceable(out: str | Path, option: str = "--out") -> None:
+    """Refuse (UsageError) to replace ``out`` unless it is missing, empty, or a folder ssacli wrote
+    (:func:`is_ssacli_folder`): anything else may hold the user's files, which a replace would
+    delete. The message names the first few entries and their count; nothing is touched."""
+    out = Path(out)
+    if not out.is_dir() or is_ssacli_folder(out):
+        return
+    try:
+        entries = sorted(entry.name for entry in out.iterdir())
+    except OSError as err:
+        raise output_error(out, err) from err
+    if not entries:
+        return
+    shown = ", ".join(entries[:3]) + (f", … ({len(entries)} entries)" if len(entries) > 3 else "")
+    raise UsageError(
+        f"{option} {out} holds files ssacli did not write ({shown}); ssacli replaces only a folder it "
+        f"wrote or an empty one, so nothing was touched: move those files or choose another {option}"
+    )
 
 
 def read_meta(path: str | Path, format: str = MODEL_FORMAT) -> dict[str, Any] | None:
@@ -148,16 +194,78 @@ def quiet_progress() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _write_folder(out: Path, fill: Callable[[Path], None]) -> None:
+def remove_stale_temps(out: str | Path) -> list[Path]:
+    """Remove the temporary folders that writers of ``out`` killed mid-write (SIGKILL, power loss)
+    left beside it; returns them. Only folders named as :func:`_write_folder` names them
+    (``.{name}.`` and mkdtemp's 8 characters) that hold its TEMP_MARKER, written by a process of
+    this host that is gone, are removed: never anything else."""
+    out = Path(out)
+    pattern = re.compile(re.escape(f".{out.name}.") + r"[a-z0-9_]{8}")
+    removed = []
+    try:
+        entries = list(out.parent.iterdir()) if out.parent.is_dir() else []
+    except OSError:
+        return removed
+    for entry in entries:
+        if pattern.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            if _writer_gone(entry / TEMP_MARKER):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed
+
+
+def _writer_gone(marker: Path) -> bool:
+    try:
+        writer = json.loads(marker.read_text())
+        pid, host = int(writer["pid"]), writer["host"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return False  # no marker (or not ours): not a folder ssacli left
+    if host != socket.gethostname() or pid == os.getpid():
+        return False  # another machine's writer (a shared filesystem), or this process's own
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
+
+
+Best = str | None  # "this": the folder being written is the new best; "keep": carry out's best over
+
+
+def _place_best(tmp: Path, out: Path, best: Best) -> None:
+    """Fill ``tmp/BEST_DIR``: from ``tmp`` itself (without its trainer state) or from ``out``'s
+    current one. Files are hard-linked where the filesystem allows (no second copy on disk)."""
+    source = tmp if best == "this" else out / BEST_DIR
+    if best is None or not source.is_dir():
+        return
+    skip = {TRAINER_FILE, TEMP_MARKER, BEST_DIR}
+    (tmp / BEST_DIR).mkdir()
+    for file in source.iterdir():
+        if file.is_file() and file.name not in skip:
+            try:
+                os.link(file, tmp / BEST_DIR / file.name)
+            except OSError:
+                shutil.copy2(file, tmp / BEST_DIR / file.name)
+
+
+def _write_folder(out: Path, fill: Callable[[Path], None], best: Best = None) -> None:
     """Fill a temporary sibling of ``out``, then put it in place of ``out``; an OSError or a
-    safetensors error becomes an OutputError, and ``out`` is as it was."""
+    safetensors error becomes an OutputError, and ``out`` is as it was. ``best``: see
+    :func:`_place_best`."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     except OSError as err:
         raise output_error(out, err) from err
     try:
+        marker = tmp / TEMP_MARKER
+        marker.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
         fill(tmp)
+        _place_best(tmp, out, best)
+        marker.unlink()
         replace_folder(tmp, out)
     except (OSError, SafetensorError) as err:  # a full disk, a read-only folder
         raise output_error(out, err) from err
@@ -177,10 +285,12 @@ def write_model_folder(
     meta: dict[str, Any] | None = None,
     tokenizer: Any = None,
     trainer: dict[str, torch.Tensor] | None = None,
+    best: Best = None,
 ) -> None:
     """Write a transformers model in the ``ssacli-model`` format, atomically: ``save_pretrained``
     without the scorer's tensors, those in SCORER_FILE, ``meta`` (with ``scorer``) in ssacli.json,
-    ``trainer`` (see :func:`trainer_state_tensors`) in TRAINER_FILE."""
+    ``trainer`` (see :func:`trainer_state_tensors`) in TRAINER_FILE, ``best`` as
+    :func:`_place_best`. Unless :func:`plain_loadable`, config.json is guarded (:func:`guard_config`)."""
 
     def fill(tmp: Path) -> None:
         state = model.state_dict()
@@ -195,8 +305,61 @@ def write_model_folder(
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / META_FILE).write_text(_meta_text(MODEL_FORMAT, {"scorer": scorer, **(meta or {})}))
+        if not plain_loadable(scorer, meta or {}):
+            guard_config(tmp / "config.json", scorer)
 
-    _write_folder(Path(out), fill)
+    _write_folder(Path(out), fill, best)
+
+
+def plain_loadable(scorer: str, meta: dict[str, Any]) -> bool:
+    """Whether plain transformers may load the folder (as softmax): its scorer is softmax, or it is
+    a conversion from softmax, not trained since, whose fidelity met its target (the faithful
+    start: softmax within --max-error by measurement)."""
+    if scorer == "softmax":
+        return True
+    fidelity = meta.get("fidelity") or {}
+    met = (fidelity.get("target") or {}).get("met") is True
+    return "training" not in meta and fidelity.get("from") == "softmax" and met
+
+
+def guard_config(file: Path, scorer: str) -> None:
+    """Rewrite a saved config.json so plain transformers refuses it (its AutoConfig and AutoModel*
+    raise on the unknown model_type ``ssacli-<type>``) while :func:`saved_config` reads it back."""
+    config = json.loads(file.read_text(encoding="utf-8"))
+    original = config.get("model_type")
+    if not isinstance(original, str) or original.startswith(GUARDED_TYPE_PREFIX):
+        return
+    config.update({
+        "model_type": f"{GUARDED_TYPE_PREFIX}{original}",
+        ORIGINAL_TYPE_KEY: original,
+        GUARD_NOTE_KEY: f"attention scorer {scorer} (not softmax): plain transformers would run this "
+        "model with softmax, another model; load it with ssacli (ssacli.load_model or any command)",
+    })  # fmt: skip
+    file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def saved_config(path: str | Path) -> Any | None:
+    """The transformers config of a folder whose config.json :func:`guard_config` rewrote, with
+    its original model_type; None for any other folder (unguarded, or config.json unreadable)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or not isinstance(config.get(ORIGINAL_TYPE_KEY), str):
+        return None
+    if not str(config.get("model_type", "")).startswith(GUARDED_TYPE_PREFIX):
+        return None
+    from transformers import CONFIG_MAPPING
+
+    original = config.pop(ORIGINAL_TYPE_KEY)
+    config.pop(GUARD_NOTE_KEY, None)
+    config["model_type"] = original
+    try:
+        return CONFIG_MAPPING[original].from_dict(config)
+    except KeyError:
+        raise InputError(
+            f"{path} holds a {original} model, which this transformers does not know; upgrade transformers"
+        ) from None
 
 
 def write_icl_folder(
@@ -206,6 +369,7 @@ def write_icl_folder(
     state: dict[str, torch.Tensor],
     record: dict[str, Any],
     trainer: dict[str, torch.Tensor] | None = None,
+    best: Best = None,
 ) -> None:
     """Write an ICL checkpoint in the ``ssacli-icl`` format, atomically: the backbone's ``config``
     (a transformers config), every weight in ``state``, ``record`` (the spec) in ssacli.json."""
@@ -217,7 +381,7 @@ def write_icl_folder(
             _save_tensors(trainer, tmp / TRAINER_FILE)
         (tmp / META_FILE).write_text(_meta_text(ICL_FORMAT, record))
 
-    _write_folder(Path(out), fill)
+    _write_folder(Path(out), fill, best)
 
 
 # ---- reading weights -----------------------------------------------------------------------------------

@@ -124,16 +124,22 @@ class ICLModel(nn.Module):
 
 
 def save_icl(
-    model: ICLModel, directory: str | Path, extra_tensors: dict[str, torch.Tensor] | None = None
+    model: ICLModel,
+    directory: str | Path,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
+    *,
+    best: str | None = None,
 ) -> None:
     """Write the checkpoint folder atomically (a temp folder beside it, then a rename);
-    ``extra_tensors`` go to trainer.safetensors (:func:`~ssacli.models.checkpoint.trainer_state_tensors`)."""
+    ``extra_tensors`` go to trainer.safetensors (:func:`~ssacli.models.checkpoint.trainer_state_tensors`);
+    ``best``: a training run's best/ folder (:func:`~ssacli.models.checkpoint.write_icl_folder`)."""
     write_icl_folder(
         directory,
         config=model.backbone.config,
         state=model.state_dict(),
         record=asdict(model.spec),
         trainer=extra_tensors,
+        best=best,
     )
 
 

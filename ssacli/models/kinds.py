@@ -83,14 +83,17 @@ def kind_from_config(source: Any, *, name: str | None = None) -> str:
     folder) or Hub id whose config.json is read from disk or the local cache only. ``name`` is what
     error messages call it (default: ``source``)."""
     if isinstance(source, str | Path):
-        from .checkpoint import ICL_FORMAT, folder_format
+        from .checkpoint import ICL_FORMAT, folder_format, saved_config
 
         if Path(source).is_dir() and folder_format(source) == ICL_FORMAT:
             return "icl"
         from transformers import AutoConfig
 
         try:
-            source = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+            guarded = saved_config(source) if Path(source).is_dir() else None
+            source = guarded or AutoConfig.from_pretrained(
+                source, local_files_only=True, trust_remote_code=False
+            )
         except (OSError, ValueError) as err:
             first = str(err).strip().splitlines()[0]
             raise InputError(f"cannot read the config of '{name or source}': {first}") from None

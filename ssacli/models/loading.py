@@ -24,7 +24,7 @@ from torch import nn
 
 from ..defaults import DEFAULT_MODEL
 from ..errors import InputError, UnsupportedModelError, UsageError
-from .checkpoint import META_FILE, attach_saved_scorer, quiet_progress
+from .checkpoint import META_FILE, attach_saved_scorer, quiet_progress, saved_config
 from .kinds import BUILTIN_PREFIX, ICL_FAMILY, is_local_reference, kind_of, max_positions
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
@@ -279,8 +279,13 @@ def _load_transformers(
     from transformers import AutoConfig, AutoModel
 
     offline = not allow_download
+    # A folder ssacli guarded against plain transformers (its scorer is not softmax) names its real
+    # model type only for ssacli; the model is then built from that config, not from config.json.
+    guarded = saved_config(path) if path is not None else None
     try:
-        config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust)
+        config = guarded or AutoConfig.from_pretrained(
+            source, local_files_only=offline, trust_remote_code=trust
+        )
     except ValueError as err:  # unknown model_type, or a config that needs remote code
         if "trust_remote_code" in str(err) or "remote code" in str(err):
             raise UnsupportedModelError(
@@ -313,6 +318,8 @@ def _load_transformers(
         "local_files_only": offline,
         "trust_remote_code": trust,
     }
+    if guarded is not None:
+        kwargs["config"] = guarded
     if allow_pickle:
         kwargs["weights_only"] = True  # torch.load refuses anything but tensors and plain containers
     else:
@@ -335,7 +342,7 @@ def _load_transformers(
     spec = getattr(config, "ssacli_scorer", None)
     if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
         attach_saved_scorer(model, path, spec)
-    tokenizer = _tokenizer(source, path, offline, trust)
+    tokenizer = _tokenizer(source, path, offline, trust, guarded)
     return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, max_positions(config), path)
 
 
@@ -348,13 +355,16 @@ def _model_class(config, transformers) -> type | None:
     return None
 
 
-def _tokenizer(source, path: Path | None, offline: bool, trust: bool = False):
+def _tokenizer(source, path: Path | None, offline: bool, trust: bool = False, config: Any = None):
     if path is not None and not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
 
+    extra = {} if config is None else {"config": config}  # a guarded config.json is not read
     try:
-        return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=trust)
+        return AutoTokenizer.from_pretrained(
+            source, local_files_only=offline, trust_remote_code=trust, **extra
+        )
     except (OSError, ValueError, TypeError, KeyError):
         return None
 

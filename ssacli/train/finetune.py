@@ -16,10 +16,12 @@ What the loop sets up around itself (the process group, SIGINT/SIGTERM, n anneal
   (seed, rank, step), inside a forked RNG. So a checkpoint needs no generator state to resume
   exactly, ranks of a distributed run draw different data, and the caller's RNG is left alone.
   "Exactly" means bit for bit on the same hardware and thread count (CPU reductions depend on it).
-* Checkpoints every ``checkpoint_every`` steps and at the end go through
+* Checkpoints at step 0, every ``checkpoint_every`` steps and at the end go through
   :func:`ssacli.conversion.save_model` (atomic): the model, ``ssacli.json`` with the ``training``
   record, and ``trainer.safetensors`` (AdamW moments, step, world size, anneal start values; the
-  format is :mod:`ssacli.models.checkpoint`'s).
+  format is :mod:`ssacli.models.checkpoint`'s). ``best/`` keeps the checkpoint with the lowest
+  held-out loss (step 0 included); the record's ``worsened`` says the held-out loss ended above
+  its start (``heldout_start``, ``heldout_end``, ``best``).
 * SIGINT/SIGTERM finish the current step, write a checkpoint and raise InterruptedJobError
   (exit 130); a second Ctrl-C stops at once (:class:`~ssacli.train.runtime.StopSignals`). A
   non-finite loss or gradient stops with JobFailedError (exit 5) before the bad update, and nothing
@@ -49,16 +51,17 @@ from ..conversion import save_model
 from ..errors import InterruptedJobError, JobFailedError, UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import (
+    BEST_DIR,
     SCORER_KEY,
-    TRAINER_FILE,
     read_meta,
     restore_trainer_state,
     trainer_state_tensors,
     training_record,
 )
-from ..models.loading import BUILTIN_DIR, LoadedModel, load_model, resolve_device
+from ..models.loading import LoadedModel, load_model, resolve_device
 from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
+from .folders import plan_output, training_folder
 from .runtime import AnnealN, Distributed, StopSignals
 from .trajectory import Trajectory, write_trajectory
 
@@ -124,6 +127,7 @@ def finetune(
     out: str | Path | None = None,
     *,
     resume: bool = False,
+    in_place: bool = False,
     overwrite: bool = False,
     device: str = "auto",
     on_step: Callable[[int, float, float, float], None] | None = None,
@@ -132,21 +136,26 @@ def finetune(
 ) -> LoadedModel:
     """Fine-tune ``loaded`` (a LoadedModel or a MODEL reference) and write it to ``out``.
 
-    ``resume`` continues the run saved in ``out`` (the model then comes from ``out``; without a run
-    there, it starts fresh); ``out=None`` trains MODEL's own folder so (:func:`training_folder`).
-    Without ``resume`` an existing ``out`` is only replaced with ``overwrite``. ``on_step(step, loss, lr,
-    tokens_per_s)`` is called after every step (rank 0). ``meta`` adds records to ssacli.json.
-    ``trust_remote_code`` is for loading a MODEL reference (:class:`~ssacli.models.loading.LoadOptions`).
+    Where it writes is :func:`training_folder`'s: ``out``; or, for ``out=None``, a new folder
+    beside MODEL's (``<folder>-ft``), or MODEL's own folder with ``in_place`` or ``resume`` (the
+    input is written over only when asked). ``resume`` continues the run saved there (the model
+    then comes from it). An existing folder is otherwise replaced only with ``overwrite`` (or
+    ``in_place``), and only if ssacli wrote it or it is empty. The run writes a checkpoint at step
+    0, every ``checkpoint_every`` steps and at the end, and keeps the one with the lowest held-out
+    loss in ``best/``; the record says whether the held-out loss ended worse than it started
+    (``worsened``). ``on_step(step, loss, lr, tokens_per_s)`` is called after every step (rank 0).
+    ``meta`` adds records to ssacli.json. ``trust_remote_code`` is for loading a MODEL reference
+    (:class:`~ssacli.models.loading.LoadOptions`).
     """
     config.validate()
-    out, resume = training_folder(loaded, out, resume)
+    out, resume, in_place = training_folder(loaded, out, resume, in_place)
     check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
     ddp = Distributed.start()
     try:
         dev = torch.device("cuda", ddp.local_rank) if ddp.world > 1 and torch.cuda.is_available() else None
         dev = dev or resolve_device(device)
         path = loaded.path if isinstance(loaded, LoadedModel) else Path(loaded).expanduser()
-        plan = ddp.decide(lambda: _plan(out, path, resume, overwrite))
+        plan = ddp.decide(lambda: plan_output(out, path, resume, overwrite, in_place))
         trust = {"trust_remote_code": trust_remote_code}
         if plan == "resume":
             loaded = load_model(str(out), device=str(dev), **trust)
@@ -155,37 +164,6 @@ def finetune(
         return _Run(loaded, config, out, dev, ddp, on_step, meta).run(plan == "resume")
     finally:
         ddp.close()
-
-
-def training_folder(model: LoadedModel | str | None, out: str | Path | None, resume: bool):
-    """(folder, resume): where a fine-tuning call writes and whether it continues a run there:
-    ``out``, or for ``out=None`` MODEL's own folder, trained in place (continued if it holds a run)."""
-    if out is not None:
-        return Path(out).expanduser(), resume
-    path = model.path if isinstance(model, LoadedModel) else None
-    if isinstance(model, str) and not model.startswith("builtin:"):
-        path = Path(model).expanduser()
-    if path is None or not path.is_dir():
-        name = model.name if isinstance(model, LoadedModel) else model
-        raise UsageError(f"{name} is not a folder to train in place; give --out DIR")
-    return path, True
-
-
-def _plan(out: Path, source: Path | None, resume: bool, overwrite: bool) -> str:
-    """ "fresh" or "resume", or a UsageError for an output that must not be written."""
-    if out.resolve() == BUILTIN_DIR or BUILTIN_DIR in out.resolve().parents:
-        raise UsageError(f"--out {out} is inside ssacli's bundled checkpoints; choose another folder")
-    if not out.exists():
-        return "fresh"
-    if not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder path")
-    if resume and (out / TRAINER_FILE).is_file() and training_record(out) is not None:
-        return "resume"
-    if overwrite or (resume and source is not None and Path(source).resolve() == out.resolve()):
-        return "fresh"  # replace it, or train the model's own folder in place
-    if resume:
-        raise UsageError(f"--out {out} holds no fine-tuning run to resume; pass --overwrite to replace it")
-    raise UsageError(f"--out {out} already exists; pass --resume to continue the run in it or --overwrite")
 
 
 class _Run:
@@ -255,6 +233,9 @@ class _Run:
             if self.anneal is not None:
                 self.anneal.apply(0)
             state["heldout"] = self._heldout(0, None, 0.0)
+            # The start is a checkpoint too: it may stay the best one (best/), and a run stopped
+            # before its first checkpoint resumes from it.
+            self._checkpoint(optimizer, state, 0.0)
         net = self.model
         if ddp.world > 1:
             ids = [self.dev.index] if self.dev.type == "cuda" else None
@@ -321,7 +302,7 @@ class _Run:
             if interrupted:
                 raise InterruptedJobError(
                     f"interrupted at step {done}; {self.out} holds a checkpoint of it: continue with "
-                    f"`ssacli finetune {self.out}` (or --resume)"
+                    f"`ssacli finetune {self.out} --resume`"
                 )
 
     def _heldout(self, step: int, train_loss: float | None, seconds: float) -> list:
@@ -350,16 +331,36 @@ class _Run:
                 "tokens_per_s": round(tokens_per_s, 1),
                 "world_size": self.ddp.world,
             }
+            best = self._best(record, state["heldout"])
             extra = {"world_size": torch.tensor(self.ddp.world)}
             if self.anneal is not None:
                 extra.update({f"anneal.n0.{i}": n0 for i, n0 in enumerate(self.anneal.n0)})
             tensors = trainer_state_tensors(optimizer, state["step"], extra=extra)
             meta = {**self.carry, "training": record}
             save_model(
-                replace(self.loaded, path=None), self.out, meta=meta, extra_tensors=tensors, overwrite=True
-            )
+                replace(self.loaded, path=None), self.out, meta=meta, extra_tensors=tensors, overwrite=True,
+                best=best,
+            )  # fmt: skip
             write_trajectory(self.out, self.trajectory)  # after the folder is replaced
         self.ddp.barrier()
+
+    def _best(self, record: dict[str, Any], heldout: list) -> str | None:
+        """Add to ``record`` the held-out loss at the start and now, whether it ``worsened``, and
+        the ``best`` evaluated checkpoint (lowest held-out loss, the earliest on ties), kept in
+        best/; returns how the checkpoint writer fills best/ ("this" or "keep")."""
+        if not heldout:
+            return None
+        start, (step, now) = heldout[0][1], heldout[-1]
+        best_step, lowest = min(heldout, key=lambda h: (h[1], h[0]))
+        record.update(heldout_start=start, heldout_end=now, worsened=bool(now > start))
+        if best_step == step:
+            fill = "this"
+        elif (self.out / BEST_DIR).is_dir():
+            fill = "keep"
+        else:
+            return None  # a run of an older ssacli: its best checkpoint was never kept
+        record["best"] = {"step": best_step, "heldout_loss": lowest, "folder": BEST_DIR}
+        return fill
 
     def _restore(self, optimizer) -> dict:
         record = training_record(self.out) or {}

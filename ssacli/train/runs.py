@@ -20,12 +20,13 @@ from typing import Any
 from ..conversion import check_out, convert
 from ..errors import UsageError
 from ..files import check_writable_folder
-from ..models.checkpoint import read_meta
+from ..models.checkpoint import check_replaceable, read_meta
 from ..models.loading import LoadedModel, local_model_path
 from ..scorers import make_scorer
 from . import DATA_FORMS
 from .data import read_documents
-from .finetune import FinetuneConfig, finetune, training_folder, training_record
+from .finetune import FinetuneConfig, finetune, training_record
+from .folders import training_folder
 from .scratch import SIZES, new_model, training_texts
 
 SCRATCH_RECORD = "scratch"  # key in ssacli.json: how a from-scratch model was built
@@ -39,24 +40,29 @@ def finetune_config(
     out: str | Path | None = None,
     *,
     resume: bool = False,
+    in_place: bool = False,
     **options: Any,
 ) -> FinetuneConfig:
-    """The validated :class:`FinetuneConfig` of ``finetune(model, config, out, resume=resume)``:
-    ``options`` (its fields; None means not given), then, when the call continues a run (``resume``,
-    or ``out=None``: MODEL's own folder), the settings recorded in that folder, then the defaults.
-    ``data`` is required unless the recorded run has it."""
+    """The validated :class:`FinetuneConfig` of ``finetune(model, config, out, resume=resume,
+    in_place=in_place)``: ``options`` (its fields; None means not given), then, when the call
+    continues a run (``resume``, or ``in_place`` on a folder holding one), the settings recorded in
+    that folder, then the defaults. ``data`` is required unless the recorded run has it."""
     names = {f.name for f in fields(FinetuneConfig)}
     unknown = sorted(set(options) - names)
     if unknown:
         raise TypeError(f"finetune_config() got unknown settings {unknown}; valid: {sorted(names)}")
     recorded: dict[str, Any] = {}
+    hint = ""
     if model is not None or out is not None:
-        folder, resume = training_folder(model, out, resume)
+        folder, resume, _ = training_folder(model, out, resume, in_place)
         recorded = (training_record(folder) or {}).get("config", {}) if resume else {}
+        source = model if isinstance(model, str) else None
+        if not resume and source and (training_record(Path(source).expanduser()) or {}).get("config"):
+            hint = f"; to continue the run recorded in {source}, pass --resume"
     given = {k: v for k, v in options.items() if v is not None}
     values = {k: v for k, v in recorded.items() if k in names} | given
     if "data" not in values:
-        raise UsageError(f"--data is required: {DATA_FORMS}")
+        raise UsageError(f"--data is required: {DATA_FORMS}{hint}")
     config = FinetuneConfig(**values)
     config.validate()
     return config
@@ -147,6 +153,8 @@ def train_from_scratch(
     if recorded is None and out.exists() and not overwrite:
         hint = "it holds no run to resume" if resume else "pass --resume to continue it"
         raise UsageError(f"--out {out} already exists ({hint}); pass --overwrite to replace it")
+    if recorded is None:
+        check_replaceable(out)  # --overwrite replaces only a folder ssacli wrote, or an empty one
     if recorded is not None:
         _check_same_build(out, recorded, arch=arch, size=size, scorer=spec, vocab_size=vocab_size, seed=seed)
         seq_len = seq_len or recorded["seq_len"]

@@ -1,0 +1,72 @@
+"""Where a fine-tuning run writes, and whether it may: the input is written over only when asked.
+
+* :func:`training_folder`: ``--out``; or without it, a new folder beside the input
+  (``<folder>-ft``), or the input's own folder with ``--in-place`` (or ``--resume``: the run
+  recorded there continues).
+* :func:`plan_output`: "fresh" or "resume" for that folder, or the UsageError that says why it must
+  not be written: an existing folder is replaced only when asked, and only if ssacli wrote it or it
+  is empty (:func:`ssacli.models.checkpoint.check_replaceable`). Temporary folders that a run killed
+  mid-checkpoint left beside it are removed first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UsageError
+from ..models.checkpoint import TRAINER_FILE, check_replaceable, remove_stale_temps, training_record
+from ..models.loading import BUILTIN_DIR, LoadedModel
+
+DEFAULT_OUT_SUFFIX = "-ft"  # finetune without --out writes <folder>-ft beside the input
+
+
+def training_folder(
+    model: LoadedModel | str | None, out: str | Path | None, resume: bool, in_place: bool = False
+) -> tuple[Path, bool, bool]:
+    """(folder, resume, in_place): where a fine-tuning call writes, whether it continues a run
+    there, and whether that folder is MODEL's own (written over because it was asked: ``in_place``,
+    ``resume`` without ``out``, or ``out`` naming MODEL's folder). Otherwise, for ``out=None``, a
+    new folder beside MODEL's: ``<folder>-ft``."""
+    path = model.path if isinstance(model, LoadedModel) else None
+    if isinstance(model, str) and not model.startswith("builtin:"):
+        path = Path(model).expanduser()
+    own = path is not None and path.is_dir()
+    if out is not None:
+        out = Path(out).expanduser()
+        same = own and out.exists() and out.resolve() == path.resolve()
+        if in_place and not same:
+            raise UsageError(f"--in-place trains DIR itself, --out {out} is another folder; give one of them")
+        return out, resume or same, same
+    if not own:
+        name = model.name if isinstance(model, LoadedModel) else model
+        raise UsageError(f"{name} is not a folder to train in place or beside; give --out DIR")
+    if in_place or resume:
+        return path, True, in_place
+    return path.with_name(path.name + DEFAULT_OUT_SUFFIX), False, False
+
+
+def plan_output(out: Path, source: Path | None, resume: bool, overwrite: bool, in_place: bool) -> str:
+    """ "fresh" or "resume", or a UsageError for an output that must not be written."""
+    if out.resolve() == BUILTIN_DIR or BUILTIN_DIR in out.resolve().parents:
+        raise UsageError(f"--out {out} is inside ssacli's bundled checkpoints; choose another folder")
+    remove_stale_temps(out)  # what a run killed mid-checkpoint left beside its folder
+    if not out.exists():
+        return "fresh"
+    if not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder path")
+    if resume and (out / TRAINER_FILE).is_file() and training_record(out) is not None:
+        return "resume"
+    if in_place:  # asked for; still only a folder ssacli wrote (the run replaces it whole)
+        check_replaceable(out, "DIR")
+        return "fresh"
+    if resume and source is not None and Path(source).resolve() == out.resolve():
+        raise UsageError(
+            f"{out} holds no fine-tuning run to resume; to train it in place (over its weights) "
+            "pass --in-place, or leave out --resume to write a new folder"
+        )
+    if overwrite:
+        check_replaceable(out)
+        return "fresh"
+    if resume:
+        raise UsageError(f"--out {out} holds no fine-tuning run to resume; pass --overwrite to replace it")
+    raise UsageError(f"--out {out} already exists; pass --resume to continue the run in it or --overwrite")
