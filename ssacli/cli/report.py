@@ -42,6 +42,9 @@ def report_command(
     ),
     pairs: Path = typer.Option(None, help="BLiMP-style .jsonl (sentence_good, sentence_bad) or a folder."),
     pairs_limit: int = typer.Option(200, min=0, help="Pairs per file (its first N; 0 = all)."),
+    no_builtin: bool = typer.Option(
+        False, "--no-builtin", help="Skip the built-in texts and pairs measured where no data is given."
+    ),
     probe: list[str] = typer.Option(None, help="Diagnose probe NAME[:L1,L2,…] (repeatable; default all)."),
     seed: int = typer.Option(0, help="One seed for both models: masking, ICL prompts, probe inputs."),
     samples: int = typer.Option(8, min=1, help="Sequences per probe level."),
@@ -66,7 +69,8 @@ def report_command(
 ) -> None:
     """Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
 
-    Language models: loss and perplexity on --text-id and --text-ood, minimal-pair accuracy on --pairs.
+    Language models: loss and perplexity on --text-id and --text-ood, minimal-pair accuracy on --pairs;
+    without them, perplexity on the built-in texts and accuracy on 40 built-in English agreement pairs.
 
     ICL models: error by input σ and with planted outliers.
 
@@ -109,7 +113,7 @@ def report_command(
         **texts, pairs=records, pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples,
         seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
         icl_length=icl_length, prompts=prompts, device=device, dtype=dtype, allow_download=allow_download,
-        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, builtin=not no_builtin,
     )  # fmt: skip
     earlier = None
     if reuse_before is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import InputError, UsageError
 from ..models.loading import LoadedModel, load_model
+from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .inputs import read_pairs
 from .measures import (
     DEFAULT_OUTLIERS,
@@ -42,11 +43,15 @@ def compare_models(
     icl_length: int = 41, prompts: int = 500, device: str = "auto", dtype: str = "auto",
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
     progress: Callable[[str], None] | None = None, before_report: dict[str, Any] | None = None,
+    builtin: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
 
     ``text_id`` / ``text_ood``: texts (strings) for LM loss in and out of distribution; ``pairs``: a
-    BLiMP-style file, folder or records; ICL models get their error by σ and with outliers. Probes run
+    BLiMP-style file, folder or records; ICL models get their error by σ and with outliers. With
+    ``builtin`` (the default), language models that get neither text also get the perplexity of the
+    built-in texts (``lm_builtin``), and without ``pairs`` the built-in minimal pairs
+    (:mod:`ssacli.quality.builtin`); ``settings["builtin"]`` names what was used. Probes run
     on both models with the same ``seed``; ``report["diagnose"]`` is :func:`compare_results` of them.
     ``before_report``: an earlier report of the same BEFORE with the same settings, whose BEFORE
     measurements and probes are reused instead of measured again (a UsageError if anything differs).
@@ -68,6 +73,12 @@ def compare_models(
         say(f"loading {side}: {ref}")
         models.append(ref if isinstance(ref, LoadedModel) else load_model(str(ref), **load))
     _check_compatible(*models, text=text_id is not None or text_ood is not None, pairs=groups is not None)
+    defaults, notes = {}, []
+    if builtin:
+        defaults, notes = _builtin_defaults(models, text_id is None and text_ood is None, groups is None)
+    if "pairs" in defaults:
+        groups = BUILTIN_PAIRS
+    text_builtin = builtin_text() if "texts" in defaults else None
     measured: dict[str, dict[str, Any]] = {"before": {}, "after": {}}
     diagnosed = []
     for side, loaded in zip(measured, models):
@@ -76,8 +87,8 @@ def compare_models(
 
             probe_names = [str(p) for p in parsed] if parsed else "default"
             settings = dict(seed=seed, samples=samples, seq_len=seq_len, max_tokens=max_tokens,
-                            pairs_limit=pairs_limit, probes=probe_names)  # fmt: skip
-            check_reusable(before_report, loaded.name, settings, text_id, text_ood, groups)
+                            pairs_limit=pairs_limit, probes=probe_names, builtin=defaults)  # fmt: skip
+            check_reusable(before_report, loaded.name, settings, text_id, text_ood, groups, text_builtin)
             measured["before"] = before_report["measurements"]["before"]
             diagnosed.append(DiagnoseResult.from_dict(before_report["diagnose"]["a"]))
             say(f"before: reused from an earlier report of {loaded.name}")
@@ -89,17 +100,18 @@ def compare_models(
                 loaded, sigmas=sigmas, outliers=outliers, length=icl_length, prompts=prompts, seed=seed
             )
         lm = dict(seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed)
-        for key, text in (("lm_id", text_id), ("lm_ood", text_ood)):
+        for key, text in (("lm_id", text_id), ("lm_ood", text_ood), ("lm_builtin", text_builtin)):
             if text is not None:
                 say(f"{side}: LM loss on {key.removeprefix('lm_')} text")
                 out[key] = language_model_loss(loaded, text, **lm)
         if groups is not None:
             say(f"{side}: minimal pairs")
             out["pairs"] = minimal_pairs(loaded, groups, limit=pairs_limit, batch_size=4 * batch_size)
+            if "pairs" in defaults:
+                out["pairs"]["source"] = BUILTIN_PAIRS_NAME
         say(f"{side}: attention probes")
         diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples))
-    notes = []
-    if text_id is not None or text_ood is not None or groups is not None:
+    if text_id is not None or text_ood is not None or text_builtin is not None or groups is not None:
         if not _same_vocab(*models):
             notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
     return {
@@ -118,6 +130,7 @@ def compare_models(
             icl_outliers=[list(o) for o in outliers],
             icl_length=icl_length,
             icl_prompts=prompts,
+            builtin=defaults,
         ),  # fmt: skip
         "quality": quality_rows(measured["before"], measured["after"]),
         "measurements": measured,
@@ -130,15 +143,17 @@ def compare_models(
 
 
 def check_reusable(
-    report: dict[str, Any], name: str, settings: dict[str, Any], text_id, text_ood, groups
-) -> None:
+    report: dict[str, Any], name: str, settings: dict[str, Any], text_id, text_ood, groups,
+    text_builtin=None,
+) -> None:  # fmt: skip
     """UsageError unless ``report`` measured BEFORE ``name`` with the same settings and inputs."""
     if report.get("schema") != REPORT_SCHEMA or report.get("before", {}).get("model") != name:
         raise UsageError(f"--reuse-before: the report is not one of BEFORE {name}")
     recorded = report.get("settings", {})
     differ = [k for k, v in settings.items() if recorded.get(k) != v]
     measured = report.get("measurements", {}).get("before", {})
-    for key, given in (("lm_id", text_id), ("lm_ood", text_ood), ("pairs", groups)):
+    given_inputs = (("lm_id", text_id), ("lm_ood", text_ood), ("lm_builtin", text_builtin), ("pairs", groups))
+    for key, given in given_inputs:
         if (given is not None) != (key in measured):
             differ.append(key)
     if differ:
@@ -176,6 +191,30 @@ def _check_compatible(a: LoadedModel, b: LoadedModel, *, text: bool, pairs: bool
             raise UsageError(f"{option} needs causal or masked language models; '{a.name}' is {a.kind}")
 
 
+def _builtin_defaults(
+    models: Sequence[LoadedModel], texts: bool, pairs: bool
+) -> tuple[dict[str, str], list[str]]:
+    """Which built-in measures apply, ({"texts": name, "pairs": name}, notes): those the user gave no
+    data for, on language models whose tokenizers can score text. A language model without one gets
+    a note, not an error: the user asked for nothing."""
+    if not (texts or pairs) or any(m.kind not in LM_KINDS for m in models):
+        return {}, []
+
+    def scores_text(m: LoadedModel) -> bool:
+        return m.tokenizer is not None and (m.kind != "masked" or m.tokenizer.mask_token_id is not None)
+
+    unable = [m.name for m in models if not scores_text(m)]
+    if unable:
+        names = " and ".join(unable)
+        return {}, [f"no built-in quality measures: {names} has no tokenizer that can score text"]
+    chosen = {}
+    if texts:
+        chosen["texts"] = BUILTIN_TEXTS_NAME
+    if pairs:
+        chosen["pairs"] = BUILTIN_PAIRS_NAME
+    return chosen, []
+
+
 def _same_vocab(a: LoadedModel, b: LoadedModel) -> bool:
     if a.tokenizer is None or b.tokenizer is None:
         return a.tokenizer is b.tokenizer
@@ -200,11 +239,12 @@ def quality_rows(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str
         row = {"key": key, "label": label, "before": a, "after": b, "delta": delta, "better": better}
         rows.append({k: _finite(v) if k in ("before", "after", "delta") else v for k, v in row.items()})
 
-    for key, name in (("lm_id", "in-dist. text"), ("lm_ood", "OOD text")):
+    for key, name in (("lm_id", "in-dist. text"), ("lm_ood", "OOD text"), ("lm_builtin", "built-in texts")):
         add(f"{key}.nll", f"{name}: NLL / token", lambda s, k=key: s[k]["nll"], "lower")
         add(f"{key}.ppl", f"{name}: perplexity", lambda s, k=key: s[k]["perplexity"], "lower")
     add("lm_gap.nll", "OOD − in-dist. NLL", lambda s: s["lm_ood"]["nll"] - s["lm_id"]["nll"], "lower")
-    add("pairs.accuracy", "minimal pairs: accuracy", lambda s: s["pairs"]["accuracy"], "higher")
+    source = " (built-in)" if before.get("pairs", {}).get("source") == BUILTIN_PAIRS_NAME else ""
+    add("pairs.accuracy", f"minimal pairs{source}: accuracy", lambda s: s["pairs"]["accuracy"], "higher")
     for name in before.get("pairs", {}).get("files", {}):
         add(f"pairs.{name}", f"  {name}", lambda s, n=name: s["pairs"]["files"][n]["accuracy"], "higher")
     if "icl" in before:

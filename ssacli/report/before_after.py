@@ -8,6 +8,7 @@ written with ``--json`` renders the same later. The probe half reuses the diagno
 from __future__ import annotations
 
 import math
+from html import escape as escape_html
 from typing import Any
 
 from rich import box
@@ -173,16 +174,26 @@ def figure_html(fig, alt: str) -> str:
     return f'<img alt="{alt}" src="data:image/png;base64,{data}">'
 
 
+def no_quality_note(report: dict[str, Any]) -> str:
+    """Why a report has no quality table: which models get which measures, and what these are."""
+    kind = report.get("before", {}).get("kind", "?")
+    if kind in ("causal", "masked"):
+        why = "--no-builtin and no --text-id / --text-ood / --pairs"
+        if report.get("notes"):
+            why = "; ".join(report["notes"])
+        return f"no quality measures: {why}"
+    return (
+        f"no quality measures for {kind} models: language models get perplexity and minimal pairs, "
+        "ICL models their error"
+    )
+
+
 def render_report(report: dict[str, Any], console: Console) -> None:
     """Header, the quality table (BEFORE, AFTER, Δ per measure), then the probe comparison."""
     console.print(facts_panel(header_facts(report), "ssacli report: before → after"))
     table = quality_table(report)
     if table is None:
-        console.print(
-            Text(
-                "no quality measures: give --text-id / --text-ood / --pairs for a language model", style="dim"
-            )
-        )
+        console.print(Text(no_quality_note(report), style="dim"))
     else:
         console.print(table)
     trajectory = trajectory_table(trajectory_of(report))
@@ -204,7 +215,7 @@ def report_html(report: dict[str, Any]) -> str:
         header = ["measure", "BEFORE", "AFTER", "Δ", "better if"]
         sections.append(Section("quality", [html_table(header, cells, classes)]))
     else:
-        note = '<p class="note">no quality measures (no text, pairs or ICL model)</p>'
+        note = f'<p class="note">{escape_html(no_quality_note(report))}</p>'
         sections.append(Section(None, [note]))
     records = trajectory_of(report)
     if records:
