@@ -7,7 +7,9 @@ transformers language models and encoders). Cheap to import (no torch): the CLI 
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -126,19 +128,54 @@ _REQUIRES = {
 }
 
 
-# What `check --init` measures: each magnitude probe at its neutral level and one harsh level.
+# What `check --init` measures: each magnitude probe at its neutral level and one harsh level, at
+# several seeds (other inputs and targets), so that every threshold sits above the spread it measured.
 INIT_PROBES = ("embed-scale:1,8", "outlier:1,100", "key-scale:1,8", "logit-scale:1,4", "dominant-key:0,8")
-INIT_MARGIN = 0.1  # thresholds sit this far above what the model measures, so it passes as it is
+INIT_SEEDS = (SEED, SEED + 1, SEED + 2)
+MARGIN_STDS = 3.0  # a threshold sits this many standard deviations (across seeds) above the worst seed
+MARGIN_FLOOR = 0.03  # ...and at least this far, for bounded metrics (rates, weights, entropy)
+QUALITY_FLOOR = 0.05  # loss and output KL: at least this, and this share of the value, above it
 
 
-def measured_requires(result) -> str:
-    """Requirement lines for a measured ``DiagnoseResult`` of :data:`INIT_PROBES`: each probe that
-    reached attention (its logit RMS moved) gets a collapse-rate gate (and a capture gate for probes
-    with a target) just above what the model measures; probes that did not reach attention, or
-    that the scorer cannot respond to, are listed as comments saying why (a gate on them could never
-    fail)."""
-    lines = []
-    for probe in result.probes:
+def init_margin(values: list[float], bounded: bool = True) -> float:
+    """The margin of a threshold measured at ``values`` (one per seed): max(3·std, floor), with the
+    floor :data:`MARGIN_FLOOR` for bounded metrics, max(:data:`QUALITY_FLOOR`, 5 % of the value) for
+    loss and output KL; the std is the sample one (ddof 1), 0 for a single seed."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    floor = MARGIN_FLOOR if bounded else max(QUALITY_FLOOR, QUALITY_FLOOR * max(abs(v) for v in values))
+    return max(MARGIN_STDS * std, floor)
+
+
+def _gate(expr: str, values: list[float], seeds: str, what: str, bounded: bool = True) -> list[str]:
+    """A requirement ``expr <= limit`` (limit: the worst seed + :func:`init_margin`) with its comment."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    margin = init_margin(values, bounded)
+    limit = math.ceil((max(values) + margin) * 1000) / 1000  # rounded up: every seed stays inside
+    if bounded and limit >= 1.0:  # a gate at the metric's bound could never fail
+        spread = f"{max(values):.3f} at worst, ± {std:.3f} across seeds {seeds}"
+        return [f"    # {expr}: {spread}; with its margin past 1: no gate (it could never fail)"]
+    rule = f"floor {margin:.3g}" if margin > MARGIN_STDS * std else f"3·std {margin:.3g}"
+    return [
+        f"    # {what}: {statistics.fmean(values):.3f} ± {std:.3f} at seeds {seeds}, worst "
+        f"{max(values):.3f}; margin max(3·std, floor) = {rule}; fails above {limit:g}",
+        f'    "{expr} <= {limit:g}",',
+    ]
+
+
+def measured_requires(results) -> str:
+    """Requirement lines for ``DiagnoseResult`` s of :data:`INIT_PROBES` at different seeds (one
+    result is one seed): the model's quality at baseline (its loss, and attention that is not
+    near-uniform), then per probe that reached attention a collapse-rate gate (and a capture gate for
+    probes with a target) and a gate on how far its outputs move (output KL); every threshold is the
+    worst seed plus :func:`init_margin`. Probes that did not reach attention, or that the scorer
+    cannot respond to, are listed as comments saying why (a gate on them could never fail)."""
+    from ..diagnosis.verdict import quality_values
+
+    results = results if isinstance(results, list | tuple) else [results]
+    first = results[0]
+    seeds = _seed_span([r.settings.get("seed") for r in results])
+    lines = _quality_lines(results, seeds)
+    for probe in first.probes:
         if probe.skipped:
             lines.append(f"    # {probe.name}: skipped ({probe.note or 'not measured'})")
             continue
@@ -152,17 +189,55 @@ def measured_requires(result) -> str:
             reason = f"did not reach attention here (logit RMS {moved}): no gate"
             lines.append(f"    # {probe.name}:{level:g} {reason}")
             continue
-        if probe.overflowed(len(probe.levels) - 1):
+        runs = [r.probe(probe.name) for r in results]
+        if any(run.overflowed(len(run.levels) - 1) for run in runs):
             lines.append(f"    # {probe.name}:{level:g} overflowed here: no gate")
             continue
         for metric in ("collapse_rate", "outlier_capture") if probe.kind.has_target else ("collapse_rate",):
-            value = float(probe.model_mean(metric)[-1])
-            if value != value:
-                continue
-            limit = min(1.0, round(value + INIT_MARGIN, 2))
-            lines.append(f"    # measured {value:.3f} (logit RMS {moved}); fails if it rises past {limit:g}")
-            lines.append(f'    "{metric}@{probe.name}:{level:g} <= {limit:g}",')
+            values = [float(run.model_mean(metric)[-1]) for run in runs]
+            if all(math.isfinite(v) for v in values):
+                lines += _gate(
+                    f"{metric}@{probe.name}:{level:g}", values, seeds, f"{metric} (logit RMS {moved})"
+                )
+        kl = [quality_values(run, "output_kl")[-1] for run in runs]
+        if all(v is not None for v in kl):
+            lines += _gate(f"output_kl@{probe.name}:{level:g}", kl, seeds, "output KL to the unshifted run",
+                           bounded=False)  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _quality_lines(results, seeds: str) -> list[str]:
+    """Gates on what the model does at baseline: its loss (LM loss or ICL task error) and, unless its
+    attention is near-uniform already, attention that does not turn near-uniform."""
+    from ..diagnosis.verdict import quality_values
+
+    base = next((p for p in results[0].probes if not p.skipped and not p.overflowed(0)), None)
+    if base is None:
+        return []
+    at = f"{base.name}:{base.levels[0]:g}"
+    runs = [r.probe(base.name) for r in results]
+    lines = []
+    losses = [quality_values(run, "loss")[0] for run in runs]
+    if all(v is not None for v in losses):
+        lines += _gate(f"loss@{at}", losses, seeds, "quality: loss on the probe inputs", bounded=False)
+    else:
+        lines.append("    # quality: no loss for this model kind (LM loss: causal LMs; task error: ICL)")
+    entropy = [float(run.model_mean("entropy")[0]) for run in runs]
+    if all(math.isfinite(v) for v in entropy):
+        if max(entropy) + init_margin(entropy) < 1.0:
+            lines += _gate(f"entropy@{at}", entropy, seeds, "attention not near-uniform (1 = uniform)")
+        else:
+            lines.append(f"    # entropy@{at}: {max(entropy):.3f}, near-uniform already: no gate")
+    return lines
+
+
+def _seed_span(seeds: list) -> str:
+    known = [s for s in seeds if isinstance(s, int)]
+    if not known:
+        return "?"
+    if known == list(range(known[0], known[0] + len(known))) and len(known) > 1:
+        return f"{known[0]}–{known[-1]}"
+    return ", ".join(map(str, known))
 
 
 def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = None) -> str:
@@ -188,9 +263,10 @@ def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = 
 
 def write_check_config(model: str | None = None, path: str | Path | None = None, **load_options: Any) -> str:
     """Write a commented ssacli.toml to ``path`` (None: ./ssacli.toml; never over an existing file)
-    with requirements measured on ``model`` (None: the default model; :func:`measured_requires`),
-    so the model passes as it is; return the model's kind. ``load_options``: how MODEL is loaded
-    (:class:`~ssacli.models.loading.LoadOptions`, ``trust_remote_code`` included)."""
+    with requirements measured on ``model`` (None: the default model) at :data:`INIT_SEEDS`
+    (:func:`measured_requires`), so the model passes as it is, at those seeds and others; return the
+    model's kind. ``load_options``: how MODEL is loaded (:class:`~ssacli.models.loading.LoadOptions`,
+    ``trust_remote_code`` included)."""
     from ..diagnosis.run import diagnose
     from ..models.loading import load_model
 
@@ -200,8 +276,9 @@ def write_check_config(model: str | None = None, path: str | Path | None = None,
         raise UsageError(f"'{target}' already exists; edit it, or remove it to write fresh defaults")
     check_writable(target, "--config")
     loaded = load_model(model, **load_options)
-    result = diagnose(loaded, list(INIT_PROBES), samples=SAMPLES, seed=SEED)
-    requires = measured_requires(result)
+    # One run per seed: the spread across seeds sets every margin (:func:`init_margin`).
+    results = [diagnose(loaded, list(INIT_PROBES), samples=SAMPLES, seed=seed) for seed in INIT_SEEDS]
+    requires = measured_requires(results)
     local = Path(model).expanduser()
     if not model.startswith("builtin:") and local.exists():  # config paths are relative to the file
         model = Path(os.path.relpath(local.resolve(), target.resolve().parent)).as_posix()

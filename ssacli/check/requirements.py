@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ..diagnosis.metrics import METRICS
+from ..diagnosis.metrics import METRICS, QUALITY_METRICS, metric_spec
 from ..diagnosis.probes import PROBES, parse_probe
 from ..diagnosis.result import DiagnoseResult, json_ready
+from ..diagnosis.verdict import quality_values
 from ..errors import InputError, UsageError
 
 # Config files and `--init` templates live in check_config.py; re-exported for the API.
@@ -79,8 +80,9 @@ class Requirement:
 
     @property
     def direction(self) -> str:
-        """Which way the metric moves as attention saturates: high, low (none for row_mass)."""
-        return METRICS[self.metric].direction
+        """Which way the metric moves as attention saturates (or, for loss and output_kl, as the
+        outputs degrade): high, low (none for row_mass)."""
+        return metric_spec(self.metric).direction
 
     def measure(self, result: DiagnoseResult) -> float:
         """The aggregate over the selected heads at this level (NaN where every head is undefined).
@@ -96,6 +98,9 @@ class Requirement:
             raise UsageError(
                 f"requirement '{self.text}': level {self.level:g} was not measured (have {have})"
             )
+        if self.metric in QUALITY_METRICS:  # one number per level: no heads to select
+            value = quality_values(probe, self.metric)[index]
+            return math.nan if value is None else float(value)
         if self.metric not in probe.metrics:
             return math.nan
         values = self._selected(probe, index)
@@ -116,7 +121,7 @@ class Requirement:
         """(layer, head, value) of the most saturated selected head at this level (None if undefined)."""
         probe = result.probe(self.probe)
         index = self._index(probe)
-        if index is None or self.metric not in probe.metrics:
+        if index is None or self.metric not in probe.metrics:  # quality metrics have no heads
             return None
         values = self._selected(probe, index)
         if not np.isfinite(values).any():
@@ -228,8 +233,10 @@ def parse_requirement(text: str) -> Requirement:
     metric, at, rest = target.partition("@")
     if not at:
         raise _bad(source, "name the probe after the metric: METRIC@PROBE:LEVEL")
-    if metric not in METRICS:
-        raise _bad(source, f"unknown metric '{metric}'; choose from: {', '.join(METRICS)}")
+    if metric not in METRICS and metric not in QUALITY_METRICS:
+        raise _bad(
+            source, f"unknown metric '{metric}'; choose from: {', '.join([*METRICS, *QUALITY_METRICS])}"
+        )
     probe, colon, raw_level = rest.partition(":")
     if probe not in PROBES:
         raise _bad(source, f"unknown probe '{probe}'; choose from: {', '.join(PROBES)}")
@@ -245,6 +252,8 @@ def parse_requirement(text: str) -> Requirement:
         (level,) = parse_probe(f"{probe}:{raw_level}").levels
     except UsageError as err:
         raise _bad(source, str(err)) from None
+    if metric in QUALITY_METRICS and (selector is not None or aggregate not in (None, "mean")):
+        raise _bad(source, f"{metric} is one number per probe level: no [layer/head] selector or max/min")
     aggregate = aggregate or "mean"
     if aggregate not in AGGREGATES:
         raise _bad(source, f"unknown aggregate '{aggregate}'; choose from: {', '.join(AGGREGATES)}")
@@ -273,10 +282,14 @@ def _selector(source: str, selector: str) -> dict[str, tuple[int, int]]:
 
 
 def required_probes(requirements: list[Requirement]) -> list[str]:
-    """The minimal ``--probe`` set: each probe once, with exactly the levels the requirements name."""
+    """The minimal ``--probe`` set: each probe once, with exactly the levels the requirements name;
+    an ``output_kl`` requirement adds its probe's neutral level (the KL is to that, unshifted, run)."""
     levels: dict[str, set[float]] = {}
     for req in requirements:
         levels.setdefault(req.probe, set()).add(req.level)
+        neutral = PROBES[req.probe].neutral
+        if req.metric == "output_kl" and neutral is not None:
+            levels[req.probe].add(float(neutral))
     return [f"{name}:{','.join(f'{v:g}' for v in sorted(levels[name]))}" for name in PROBES if name in levels]
 
 

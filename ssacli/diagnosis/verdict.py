@@ -1,0 +1,183 @@
+"""What the model still does under a probe, and the verdicts that depend on it: the one place where
+"robust" and "degenerate" are decided (findings, terminal, HTML, JSON and ``ssacli check`` read
+these functions, never restate the rules).
+
+Saturation metrics alone reward broken attention: a model whose attention is uniform everywhere
+never collapses, and one whose outputs fell apart under a probe can still spread its weights
+evenly. So a verdict also reads the model's outputs (per level, :data:`QUALITY_METRICS`):
+
+* ``loss``: the loss on the probe inputs at that level (next-token cross-entropy for causal LMs,
+  the task error for ICL models; None where the model has neither);
+* ``output_kl``: KL(reference ‖ this level) of the output distribution per token on the same
+  inputs, the reference being the unshifted (neutral) level when swept, else the first
+  (:func:`reference_index`); None for ICL models, whose outputs are point predictions, and for
+  probes that change the inputs themselves.
+
+The rules:
+
+* **outputs held** at a level (:func:`outputs_held`): ``output_kl`` ≤ :data:`OUTPUT_KL_HELD`; for
+  ICL models (no distribution) the task error stays within :data:`ERROR_HELD_RATIO` × the
+  reference level's. None when neither is measured.
+* **robust up to a level** (:func:`robust_index`): every level from the first up to it has a
+  fresh collapse rate below the collapse share AND outputs that held; a level where the outputs
+  broke ends it, however little attention collapsed there.
+* **degenerate** (:func:`degenerate`): at the baseline (the unshifted first level) either the mean
+  normalized entropy of every layer is ≥ :data:`NEAR_UNIFORM_ENTROPY` (attention is near-uniform
+  everywhere: nothing is attended to), or the LM loss is ≥ :data:`UNIFORM_LOSS_SHARE` × log(vocab)
+  (no better than guessing uniformly). A degenerate model reads "degenerate", never "robust".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .probe_result import COLLAPSE_SHARE, ProbeResult
+from .probes import PROBES
+
+OUTPUT_KL_HELD = 0.1  # nats per token: outputs moved less than this from the reference's have held
+ERROR_HELD_RATIO = 2.0  # ICL models: the task error at most this × the reference level's
+NEAR_UNIFORM_ENTROPY = 0.98  # degenerate: every layer's mean normalized entropy at baseline is >= this
+UNIFORM_LOSS_SHARE = 0.9  # degenerate: baseline LM loss >= this share of log(vocab), uniform guessing
+
+# Where each quality value lives in a probe's extras (the run writes them under these names).
+LOSS_EXTRAS = ("loss", "error")  # LM loss (causal LMs), task error (ICL models)
+
+
+def reference_index(name: str, levels: Sequence[float]) -> int:
+    """The level ``output_kl`` is measured against: the probe's neutral (unshifted) level when it is
+    among ``levels``, else the first."""
+    kind = PROBES.get(name)
+    neutral = None if kind is None else kind.neutral
+    return next((i for i, v in enumerate(levels) if neutral is not None and v == neutral), 0)
+
+
+def level_loss(probe: ProbeResult) -> list[float | None]:
+    """Per level: the loss on the probe inputs (LM loss, or the ICL task error); None where undefined."""
+    for key in LOSS_EXTRAS:
+        values = probe.extras.get(key)
+        if values:
+            return [_finite(v) for v in values]
+    return [None] * len(probe.levels)
+
+
+def level_output_kl(probe: ProbeResult) -> list[float | None]:
+    """Per level: KL(reference level ‖ level) of the outputs, nats per token; None where not measured."""
+    values = probe.extras.get("output_kl") or [None] * len(probe.levels)
+    return [_finite(v) for v in values]
+
+
+def quality_values(probe: ProbeResult, metric: str) -> list[float | None]:
+    """The per-level values of a quality metric (:data:`QUALITY_METRICS` names them)."""
+    return {"loss": level_loss, "output_kl": level_output_kl}[metric](probe)
+
+
+def outputs_held(probe: ProbeResult, index: int) -> bool | None:
+    """Whether the model's outputs at level ``index`` are still what they were at the reference level
+    (see the module docstring); None where no output measure exists for this probe and model."""
+    if probe.overflowed(index):
+        return False
+    kl = level_output_kl(probe)[index] if index < len(probe.levels) else None
+    if kl is not None:
+        return kl <= OUTPUT_KL_HELD
+    if "error" in probe.extras:  # an ICL model: point predictions, no distribution
+        errors = level_loss(probe)
+        first, now = errors[reference_index(probe.name, probe.levels)], errors[index]
+        if first is not None and now is not None:
+            return now <= ERROR_HELD_RATIO * first + 1e-12
+    return None
+
+
+def robust_index(probe: ProbeResult) -> int | None:
+    """The last level index up to which the probe leaves the model robust: little collapse (fresh
+    collapse rate < the collapse share) and outputs that held at every level so far; None if the
+    first level already fails or nothing tells (outputs unmeasured)."""
+    fresh = probe.fresh_collapse_rate()
+    last = None
+    for index in range(len(probe.levels)):
+        rate = fresh[index]
+        held = outputs_held(probe, index)
+        if not (math.isfinite(rate) and rate < COLLAPSE_SHARE) or held is not True:
+            break
+        last = index
+    return last
+
+
+def outputs_broke_at(probe: ProbeResult) -> int | None:
+    """The first level index whose outputs did not hold (None if they held wherever measured)."""
+    for index in range(len(probe.levels)):
+        if outputs_held(probe, index) is False and not probe.overflowed(index):
+            return index
+    return None
+
+
+def degenerate(
+    probes: Sequence[ProbeResult], vocab_size: int | None = None, base: ProbeResult | None = None
+) -> dict[str, Any] | None:
+    """Why the model is degenerate at baseline (see the module docstring), or None. ``base``: the
+    probe whose first level is the unshifted model (default: the first measured probe)."""
+    if base is None:
+        base = next((p for p in probes if not p.skipped and not p.overflowed(0)), None)
+    if base is None:
+        return None
+    if "entropy" in base.metrics:
+        layers = base.layer_mean("entropy")[0]
+        finite = layers[np.isfinite(layers)]
+        if finite.size == len(layers) and finite.size and float(finite.min()) >= NEAR_UNIFORM_ENTROPY:
+            return {
+                "rule": "near_uniform", "value": float(finite.min()), "bound": NEAR_UNIFORM_ENTROPY,
+                "text": f"attention is near-uniform everywhere at baseline (every layer's mean normalized "
+                        f"entropy ≥ {float(finite.min()):.3f} ≥ {NEAR_UNIFORM_ENTROPY:g}): nothing is "
+                        "attended to, so no collapse here means nothing",
+            }  # fmt: skip
+    loss = level_loss(base)[0] if "loss" in base.extras else None
+    if loss is not None and vocab_size and vocab_size > 1:
+        uniform = math.log(vocab_size)
+        if loss >= UNIFORM_LOSS_SHARE * uniform:
+            return {
+                "rule": "uniform_loss", "value": loss, "bound": UNIFORM_LOSS_SHARE * uniform,
+                "uniform_loss": uniform,
+                "text": f"the model's baseline loss {loss:.2f} is no better than guessing uniformly "
+                        f"(log vocabulary = {uniform:.2f}; degenerate from {UNIFORM_LOSS_SHARE:g}× that)",
+            }  # fmt: skip
+    return None
+
+
+def probe_verdict(probe: ProbeResult, degenerate_reason: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One probe's verdict: ``verdict`` is "skipped", "n/a", "degenerate", "saturates" (a collapse
+    point), "outputs broke" (little collapse, but the outputs did not hold), "robust" (little
+    collapse and outputs that held, up to ``level``) or "unmeasured" (no collapse, outputs not
+    measured); ``level`` is the level it refers to (the collapse point, the first broken level, the
+    last robust one). The reach of the probe (did it arrive?) is read from ``collapse_status``."""
+    if probe.skipped:
+        return {"verdict": "skipped", "level": None}
+    if probe.insensitive:
+        return {"verdict": "n/a", "level": None}
+    point = probe.collapse_point()
+    if point is not None:
+        return {"verdict": "saturates", "level": point}
+    status = probe.collapse_status()  # overflow before any collapse, or a probe that did not arrive
+    if status.startswith("overflow"):
+        return {"verdict": "overflow", "level": probe.first_overflow()[0]}
+    if status != "none":
+        return {"verdict": "not reached", "level": None, "status": status}
+    if degenerate_reason is not None:
+        return {"verdict": "degenerate", "level": None, "reason": degenerate_reason["rule"]}
+    broke = outputs_broke_at(probe)
+    if broke is not None:
+        kl = level_output_kl(probe)[broke]
+        return {"verdict": "outputs broke", "level": probe.levels[broke], "output_kl": kl}
+    robust = robust_index(probe)
+    if robust is not None and robust == len(probe.levels) - 1:
+        return {"verdict": "robust", "level": probe.levels[robust]}
+    return {"verdict": "unmeasured", "level": None}
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
