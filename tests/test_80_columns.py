@@ -4,9 +4,11 @@ terminal). Rendered at a fixed width of 80 (COLUMNS for --help, a rich Console o
 
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from ssacli.cli import app
@@ -75,3 +77,48 @@ def test_help_prose_is_reflowed_to_the_terminal():
     paragraph = lines[start:end]
     assert len(paragraph) >= 3
     assert all(len(line) >= WIDTH - 15 for line in paragraph[:-1]), paragraph
+
+
+def render(table_or_tables, width: int = WIDTH) -> str:
+    console = Console(record=True, width=width, color_system=None, file=io.StringIO())
+    for table in table_or_tables if isinstance(table_or_tables, list) else [table_or_tables]:
+        console.print(table)
+    return console.export_text()
+
+
+def test_trajectory_table_reads_at_80_columns():
+    """The widest cells a run writes (5-digit steps, a KL in scientific notation, n with its
+    min–max over layers) fit 80 columns, whole: it read `st…`, `held-out lo…`, `4.9…`."""
+    from ssacli.report.before_after import trajectory_rows, trajectory_table
+
+    scorer = {"n": [4.12345, 3.98765, 12.5], "b": [0.243112, 0.25, 0.08]}
+    records = [{"step": step, "loss": 4.91234, "heldout_loss": 4.98765, "kl_to_source": 1.23456e-05,
+                "top1_agreement": 0.9987, "scorer": scorer} for step in (0, 10000, 20000)]  # fmt: skip
+    text = render(trajectory_table(records))
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= WIDTH and "…" not in text
+    assert lines[0].startswith("fine-tuning trajectory (AFTER)")
+    for cell in trajectory_rows(records)[-1]:
+        assert cell in text, cell  # every cell whole: "20000", "4.912", "1.23e-05", "6.87 (3.99–12.5)"
+    for word in ("step", "held-out", "loss", "KL to", "source", "top-1", "n mean", "(min–max)"):
+        assert word in text
+
+
+def test_diagnose_tables_are_titled_and_legends_wrap_at_the_terminal():
+    """A table that splits at 80 columns titles its second part; a legend wraps at 80, not at a
+    narrow table's edge (the most-saturated title broke at 52 columns)."""
+    from report_fixtures import wide_result
+
+    from ssacli.report.terminal import render_diagnose
+
+    console = Console(record=True, width=WIDTH, color_system=None, file=io.StringIO())
+    render_diagnose(wide_result(), console)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= WIDTH and "…" not in text
+    heads = [i for i, line in enumerate(lines) if line.strip().startswith("level ")]
+    assert len(heads) >= 2 and "dominant-key · model means (continued)" in text  # it did split
+    for i in heads:  # every table's header row has a title just above (a rule and a blank between)
+        assert lines[i - 2].strip() and not lines[i - 2].startswith(" "), lines[i - 2 : i + 1]
+    title = next(line for line in lines if line.startswith("most saturated heads"))
+    assert title.strip().endswith("differ most)")  # one line: it is shorter than the terminal
