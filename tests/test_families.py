@@ -79,6 +79,19 @@ def test_models_md_is_the_audit_table(results):
     )
 
 
+@pytest.mark.families
+def test_the_audited_set_is_the_audit(results):
+    """ssacli/attention/audited.py, which every output reads to mark a model audited or not, is what
+    scripts/models_table.py writes for this audit: the families found exact, no more."""
+    spec = importlib.util.spec_from_file_location("models_table", ROOT / "scripts" / "models_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    committed = (ROOT / "ssacli" / "attention" / "audited.py").read_text()
+    assert committed == module.render_audited(results), "audited.py differs: run scripts/models_table.py"
+    assert audit.AUDITED_FAMILIES == {r.family for r in results if r.status == "exact"}
+    assert all(audit.unaudited_reason(r.family) for r in results if r.status == "not-buildable")
+
+
 def test_the_audit_catches_a_silent_difference(monkeypatch):
     """The audit is not vacuous: an attention function that ignores the sinks is caught (the bug this
     issue started from: relative difference ~1 on gpt-oss while supports() said True)."""

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UnsupportedModelError
+from .audited import AUDITED_FAMILIES
 from .tiny_models import KINDS, VOCAB, WINDOW, build_tiny, families, model_kind, tiny_config
 
 __all__ = [  # this module's own names and, re-exported, those of tiny_models
-    "FALLBACK_FAMILIES", "FALLBACK_UNCHECKED", "KINDS", "SEQ", "STATUSES", "TOLERANCE", "VOCAB", "WINDOW",
-    "FamilyResult", "audit", "audit_family", "build_tiny", "families", "model_kind", "padded_batch",
-    "relative_difference", "run", "summary", "tiny_config",
+    "AUDITED_FAMILIES", "FALLBACK_FAMILIES", "FALLBACK_UNCHECKED", "KINDS", "SEQ", "STATUSES", "TOLERANCE",
+    "VOCAB", "WINDOW", "FamilyResult", "audit", "audit_family", "build_tiny", "families", "model_kind",
+    "padded_batch", "relative_difference", "run", "summary", "tiny_config", "unaudited_reason",
 ]  # fmt: skip
 
 TOLERANCE = 1e-5  # relative difference (max |ssacli - eager| / max |eager|) on valid positions
@@ -75,6 +76,24 @@ FALLBACK_UNCHECKED = {
     "fnet": "no attention layers (Fourier mixing)",
     "mamba": "no attention layers",
 }
+
+
+def unaudited_reason(family: str, route: str = "ssacli") -> str | None:
+    """Why a model of ``family`` (its attention module's ``model_type``) is not covered by the audit,
+    or None when it is: on ssacli's route, a family the audit found exact (:data:`AUDITED_FAMILIES`,
+    the one list, generated with docs/models.md); on the eager fallback, a verified fallback family.
+    Every other family that :func:`~ssacli.attention.interface.supports` accepts is accepted on
+    structure alone: every output marks it unaudited, and ``--strict`` refuses it."""
+    if route == "eager-fallback":
+        if family in FALLBACK_FAMILIES:
+            return None
+        return f"family '{family}' runs on the eager fallback, which is not verified for it"
+    if family in AUDITED_FAMILIES:
+        return None
+    return (
+        f"family '{family}' is not among the families the all-family audit found exact "
+        "(docs/models.md): accepted on structure alone, its exactness is untested"
+    )
 
 
 @dataclass(frozen=True)

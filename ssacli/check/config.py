@@ -169,7 +169,7 @@ def measured_requires(results) -> str:
     probes with a target) and a gate on how far its outputs move (output KL); every threshold is the
     worst seed plus :func:`init_margin`. Probes that did not reach attention, or that the scorer
     cannot respond to, are listed as comments saying why (a gate on them could never fail)."""
-    from ..diagnosis.verdict import quality_values
+    from ..diagnosis.outputs import quality_values
 
     results = results if isinstance(results, list | tuple) else [results]
     first = results[0]
@@ -209,7 +209,7 @@ def measured_requires(results) -> str:
 def _quality_lines(results, seeds: str) -> list[str]:
     """Gates on what the model does at baseline: its loss (LM loss or ICL task error) and, unless its
     attention is near-uniform already, attention that does not turn near-uniform."""
-    from ..diagnosis.verdict import quality_values
+    from ..diagnosis.outputs import quality_values
 
     base = next((p for p in results[0].probes if not p.skipped and not p.overflowed(0)), None)
     if base is None:

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from ..diagnosis.metrics import METRICS, QUALITY_METRICS, metric_spec
+from ..diagnosis.outputs import quality_values
 from ..diagnosis.probes import PROBES, parse_probe
 from ..diagnosis.result import DiagnoseResult, json_ready
-from ..diagnosis.verdict import quality_values
 from ..errors import InputError, UsageError
 
 # Config files and `--init` templates live in check_config.py; re-exported for the API.
@@ -401,7 +401,10 @@ def run_check(
     base = load_baseline(baseline) if isinstance(baseline, str | Path) else baseline
     result = diagnose(model, required_probes(reqs), **diagnose_options)
     outcomes = [r.evaluate(result, base, max_regression) for r in reqs]
-    warnings = []
+    warnings = [f"unaudited: {result.unaudited}"] if result.unaudited else []
+    broken = result.degenerate()  # a verdict no threshold can hide: the JSON and the table say it
+    if broken is not None:
+        warnings.append(f"degenerate: {broken['text']}")
     if base is not None:
         for key in SETTINGS_COMPARED:
             now, then = result.settings.get(key), base.settings.get(key)

@@ -27,6 +27,7 @@ from .options import (
     AllowPickle,
     Device,
     Dtype,
+    Strict,
     TrustRemoteCode,
     check_outputs,
     debugging,
@@ -64,6 +65,7 @@ def check_command(
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
+    strict: Strict = False,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures, errors and written files."),
     init: bool = typer.Option(False, "--init", help=f"Write {CONFIG_FILE} with defaults for MODEL, exit."),
 ) -> None:
@@ -94,7 +96,7 @@ def check_command(
             settings = dict(
                 config=config, requires=require, baseline=baseline, max_regression=max_regression,
                 samples=samples, seed=seed, length=length, tau=tau, scorer=scorer, device=device,
-                dtype=dtype, **load,
+                dtype=dtype, strict=strict, **load,
             )  # fmt: skip
             code = _check(model_ref, settings, junit=junit, json_out=json_out, quiet=quiet)
     except Exception as err:  # a bad gate, a model that cannot be checked, a bug: one line

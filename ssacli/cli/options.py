@@ -37,6 +37,8 @@ Dtype = Annotated[str, typer.Option(help="auto (float32 on CPU), float32, bfloat
 AllowDownload = Annotated[bool, typer.Option("--allow-download", help="Fetch a Hub id not in the cache.")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load .bin weights (weights_only=True).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_HELP)]
+STRICT_HELP = "Refuse a family the all-family audit did not cover (docs/models.md)."
+Strict = Annotated[bool, typer.Option("--strict", help=STRICT_HELP)]
 
 # ---- output -------------------------------------------------------------------------------------
 

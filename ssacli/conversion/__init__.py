@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..attention.audit import unaudited_reason
 from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports
 from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES
 from ..errors import OutputError, UnsupportedModelError, UsageError
@@ -115,6 +116,7 @@ def convert(
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    strict: bool = False,
 ) -> tuple[LoadedModel, dict[str, Any]]:
     """Swap every attention layer's scorer for ``scorer``; return the model and its fidelity.
 
@@ -126,7 +128,9 @@ def convert(
     meets the target (:func:`choose_m`); if no m on the grid does, JobFailedError (exit 5) and
     nothing is written. With ``out``, the converted model is saved there (never over the input).
     A MODEL reference is loaded with ``device`` … ``trust_remote_code``
-    (:class:`~ssacli.models.loading.LoadOptions`).
+    (:class:`~ssacli.models.loading.LoadOptions`). A family the all-family audit does not cover is
+    converted with ``report["unaudited"]`` saying why; with ``strict`` it is refused
+    (UnsupportedModelError) before anything is measured or written.
     """
     if max_error is not None and not (0 < max_error < float("inf")):
         raise UsageError(f"--max-error must be a positive number, got {max_error}")
@@ -143,6 +147,9 @@ def convert(
             f"model family '{loaded.family}' does not route attention through transformers' "
             "AttentionInterface, so its scorer cannot be swapped (docs/models.md lists supported families)"
         )
+    unaudited = unaudited_reason(getattr(root.config, "model_type", loaded.family))
+    if unaudited is not None and strict:
+        raise UnsupportedModelError(f"{unaudited}; --strict refuses it (drop --strict to convert it, marked)")
     if out is not None:
         check_out(Path(out).expanduser(), loaded.path, overwrite)
     loaded.model.eval()
@@ -160,7 +167,7 @@ def convert(
         report = fidelity(loaded.kind, before, after, batches)
         metric, target = target_of(report, max_error)
         report["target"] = {"metric": metric, "max": target, "met": bool(report[metric] <= target)}
-    report = {"from": before_spec, "to": _spec_of(loaded), **report}
+    report = {"from": before_spec, "to": _spec_of(loaded), **report, "unaudited": unaudited}
     report["calibration"] = {
         "text": "--text file" if text is not None else "built-in probe texts",
         "samples": samples,

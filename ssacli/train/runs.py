@@ -90,6 +90,7 @@ def convert_and_finetune(
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    strict: bool = False,
     on_converted: Callable[[dict[str, Any]], None] | None = None,
     on_step: OnStep | None = None,
 ) -> tuple[LoadedModel, dict[str, Any]]:
@@ -99,7 +100,7 @@ def convert_and_finetune(
     Everything cheap is checked before loading: the spec, ``config``, and ``out`` (never the input
     folder, an existing one only with ``overwrite``). ``text`` is the calibration text (None: the
     start of ``config.data`` for text data, else the built-in probe texts). ``dtype="auto"`` loads
-    float32. ``on_converted(report)`` is called between the two stages."""
+    float32. ``on_converted(report)`` is called between the two stages; ``strict``: as for convert."""
     make_scorer(scorer)  # a bad spec fails before loading
     config.validate()
     out = Path(out).expanduser()
@@ -110,7 +111,7 @@ def convert_and_finetune(
     loaded, report = convert(
         model, scorer, None, overwrite=overwrite, text=calibration, max_error=max_error, device=device,
         dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, strict=strict,
     )  # fmt: skip
     if on_converted is not None:
         on_converted(report)

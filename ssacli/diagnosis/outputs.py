@@ -1,6 +1,7 @@
-"""What the model still does under a probe, and the verdicts that depend on it: the one place where
-"robust" and "degenerate" are decided (findings, terminal, HTML, JSON and ``ssacli check`` read
-these functions, never restate the rules).
+"""What the model still does under a probe, and the rules that read it: the one place where "outputs
+held", "robust" and "degenerate" are decided (the findings, the verdict lines of
+:mod:`ssacli.diagnosis.verdicts`, the terminal, HTML and JSON and ``ssacli check`` read these
+functions and never restate the rules).
 
 Saturation metrics alone reward broken attention: a model whose attention is uniform everywhere
 never collapses, and one whose outputs fell apart under a probe can still spread its weights
@@ -144,36 +145,6 @@ def degenerate(
                         f"(log vocabulary = {uniform:.2f}; degenerate from {UNIFORM_LOSS_SHARE:g}× that)",
             }  # fmt: skip
     return None
-
-
-def probe_verdict(probe: ProbeResult, degenerate_reason: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One probe's verdict: ``verdict`` is "skipped", "n/a", "degenerate", "saturates" (a collapse
-    point), "outputs broke" (little collapse, but the outputs did not hold), "robust" (little
-    collapse and outputs that held, up to ``level``) or "unmeasured" (no collapse, outputs not
-    measured); ``level`` is the level it refers to (the collapse point, the first broken level, the
-    last robust one). The reach of the probe (did it arrive?) is read from ``collapse_status``."""
-    if probe.skipped:
-        return {"verdict": "skipped", "level": None}
-    if probe.insensitive:
-        return {"verdict": "n/a", "level": None}
-    point = probe.collapse_point()
-    if point is not None:
-        return {"verdict": "saturates", "level": point}
-    status = probe.collapse_status()  # overflow before any collapse, or a probe that did not arrive
-    if status.startswith("overflow"):
-        return {"verdict": "overflow", "level": probe.first_overflow()[0]}
-    if status != "none":
-        return {"verdict": "not reached", "level": None, "status": status}
-    if degenerate_reason is not None:
-        return {"verdict": "degenerate", "level": None, "reason": degenerate_reason["rule"]}
-    broke = outputs_broke_at(probe)
-    if broke is not None:
-        kl = level_output_kl(probe)[broke]
-        return {"verdict": "outputs broke", "level": probe.levels[broke], "output_kl": kl}
-    robust = robust_index(probe)
-    if robust is not None and robust == len(probe.levels) - 1:
-        return {"verdict": "robust", "level": probe.levels[robust]}
-    return {"verdict": "unmeasured", "level": None}
 
 
 def _finite(value: Any) -> float | None:
