@@ -93,7 +93,8 @@ def test_key_scale_reaches_a_prenorm_model_where_embed_scale_does_not():
     for name in ("entropy", "max_weight", "sink_mass"):
         np.testing.assert_allclose(embed.metrics[name][1], embed.metrics[name][0], atol=1e-4)
     assert embed.reach_model()[1] == pytest.approx(1.0, abs=5e-3)  # RMSNorm eps only
-    assert embed.reached() is False and embed.collapse_status() == "did not reach attention"
+    assert embed.reached() is False
+    assert embed.collapse_status() == "absorbed by model.layers.0.input_layernorm"
     keys = result.probe("key-scale")
     # logits are linear in k: the target key's logits are exactly σ times larger
     assert keys.reach_model()[1] == pytest.approx(32.0, rel=1e-4)
@@ -101,7 +102,7 @@ def test_key_scale_reaches_a_prenorm_model_where_embed_scale_does_not():
     capture = keys.metrics["outlier_capture"][:, 0]  # [level, head] of the one layer
     assert np.abs(capture[2] - capture[0]).max() > 0.2  # the scaled key wins or loses the rows
     kinds = {f["kind"]: f for f in result.findings()}
-    assert kinds["not_reached"]["probe"] == "embed-scale"
+    assert kinds["absorbed"]["probe"] == "embed-scale"
 
 
 # ---- baseline-relative collapse --------------------------------------------------------------------

@@ -5,7 +5,7 @@ numbers behind it (``probe``, ``level``, ``layers``, ``value``, …). Terminal, 
 same list (``DiagnoseResult.findings``); what changed between two runs is
 :func:`ssacli.diagnosis.comparison.comparison_findings`, written with the helpers here.
 
-Kinds: ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``, ``not_reached``,
+Kinds: ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``, ``absorbed``,
 ``collapse``, ``no_collapse``, ``fading``, ``massive_activations``.
 """
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from ..defaults import SINK_EPS
 from .probe_result import ProbeResult
+from .probes import ActsOn
 
 MAX_FINDINGS = 8
 MASSIVE_MAGNITUDE = 100.0  # Sun et al. 2024: activations above ~100 and ~1000x the median
@@ -93,7 +94,7 @@ def findings(probes: Sequence[ProbeResult], heads: Sequence[int]) -> list[dict[s
     if massive is not None:
         out.append(massive)
     # Most informative first: problems with the measurement, then what saturates.
-    order = ["overflow", "not_reached", "insensitive", "collapse", "sink_heads", "collapsed_at_baseline",
+    order = ["overflow", "absorbed", "insensitive", "collapse", "sink_heads", "collapsed_at_baseline",
              "fading", "massive_activations", "no_collapse"]  # fmt: skip
     out.sort(key=lambda f: order.index(f["kind"]) if f["kind"] in order else len(order))
     return out[:MAX_FINDINGS]
@@ -123,14 +124,8 @@ def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
         return out
     ratios = probe.reach_model()
     finite = [(lv, r) for lv, r in zip(probe.levels, ratios) if r is not None and math.isfinite(r)]
-    reached = probe.reached()
-    if reached is False and finite:
-        level, ratio = finite[-1]
-        out.append({
-            "kind": "not_reached", "probe": probe.name, "level": level, "value": ratio,
-            "text": f"{probe.name} did not reach attention (logit RMS ×{ratio:.2f} at "
-                    f"{level_text(probe, level)}): its results say nothing about robustness",
-        })  # fmt: skip
+    if probe.reached() is False:
+        out.append(absorbed_finding(probe))
         return out
     point = probe.collapse_point()
     fresh = probe.fresh_collapse_rate()
@@ -189,12 +184,55 @@ def _n_range(n: list) -> str:
     return f"{min(values):.0f}–{max(values):.0f}" if values else "?"
 
 
+def absorbed_text(probe: ProbeResult) -> str:
+    """ "absorbed by MODULE — this probe cannot test this model; use key-scale": what a magnitude probe
+    whose shift did not arrive (:meth:`ProbeResult.reached` is False) says wherever it is named."""
+    advice = "; use key-scale" if probe.kind is not None and probe.kind.acts_on is ActsOn.EMBEDDINGS else ""
+    return f"absorbed by {probe.absorbed_by()} — this probe cannot test this model{advice}"
+
+
+def shift_text(probe: ProbeResult, index: int | None = None) -> str | None:
+    """The shift measured where the probe acts at level ``index`` (default: the level its reach is
+    judged at), the least over the layers: "×31.6" for a factor, "+8" for an offset; None where
+    not measured."""
+    index = probe.reach_index() if index is None else index
+    shift = probe.reach_shift()
+    if index is None or shift is None or index >= len(shift) or not np.isfinite(shift[index]).any():
+        return None
+    least = float(np.nanmin(shift[index]))
+    return f"{least:+.3g}" if probe.kind.additive else f"×{least:.3g}"
+
+
+def asked_text(probe: ProbeResult, index: int) -> str:
+    """The shift level ``index`` asks for, relative to the first level: "×1000", "+32"."""
+    first, level = probe.levels[0], probe.levels[index]
+    return f"{level - first:+g}" if probe.kind.additive else f"×{level / first:g}"
+
+
+def absorbed_finding(probe: ProbeResult) -> dict[str, Any]:
+    """The finding of a magnitude probe whose shift did not arrive (:meth:`ProbeResult.reached`)."""
+    index = probe.reach_index()
+    level, layer = probe.levels[index], probe.absorbed_layer()
+    where = "target key's logits" if probe.kind.has_target else "logits"
+    measured = (
+        f"{where} {shift_text(probe, index)} at {level_text(probe, level)}, {asked_text(probe, index)} asked"
+    )
+    partial = f"; it reached layers {span(list(range(layer)))} only" if layer else ""
+    return {
+        "kind": "absorbed", "probe": probe.name, "level": level, "layer": layer,
+        "where": probe.absorbed_by(), "value": shift_text(probe, index),
+        "text": f"{probe.name} {absorbed_text(probe)} ({measured}{partial})",
+    }  # fmt: skip
+
+
 def _reach_text(probe: ProbeResult, index: int, plain: bool = False) -> str:
-    ratios = probe.reach_model()
-    ratio = ratios[index] if index < len(ratios) else None
-    if ratio is None or not math.isfinite(ratio) or probe.kind is None or not probe.kind.magnitude:
+    """ ", shift reached ×Z" where the probe's shift arrived (:func:`shift_text` at level ``index``)."""
+    text = shift_text(probe, index) if probe.reached() is True else None
+    if text is None:
         return ""
-    return f", logit RMS ×{ratio:.2f}" if plain else f" (logit RMS ×{ratio:.2f})"
+    return f", shift reached {text}" if plain else f" (shift reached {text})"
+
+
 
 
 def _massive(probe: ProbeResult | None) -> dict[str, Any] | None:

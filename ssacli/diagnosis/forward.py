@@ -60,6 +60,10 @@ class Recorder:
         self.valid: torch.Tensor | None = None  # [b, t] real tokens of the current batch
         self.target: torch.Tensor | None = None  # [b] target token of the current batch (outlier_capture)
         self.pending: dict[int, torch.Tensor] = {}  # the logits of the block about to be recorded
+        # Where a shift can be absorbed: the normalization modules run since the last attention layer
+        # began, and per layer those that ran before its first call (see :func:`absorber`).
+        self.norms_seen: list[str] = []
+        self.norms_before: dict[int, list[str]] = {}
 
     def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
         self.note_logits(logits, module)
@@ -83,6 +87,9 @@ class Recorder:
         layer = self.layer_of.get(id(module))
         if layer is None:
             return
+        if layer not in self.norms_before:
+            self.norms_before[layer] = self.norms_seen
+        self.norms_seen = []
         if not torch.isfinite(weights).all():
             self.overflow.note(layer, "attention weights")
         k = weights.shape[-1]
@@ -140,6 +147,7 @@ class Recorder:
         in float32 overflows the norm (RMSNorm turns it into zeros, LayerNorm into NaN)."""
 
         def hook(module, args):
+            self.norms_seen.append(name)
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
             if x is None or not x.is_floating_point():
                 return
@@ -202,6 +210,17 @@ class ProbeObserver:
 
 
 LogitProbe = ProbeObserver  # the name before key probes existed
+
+
+def absorber(norms: list[str], attention: str) -> str | None:
+    """The normalization a shift of the residual stream meets last before ``attention`` (a module
+    name), from the norms that ran since the previous attention layer (:attr:`Recorder.norms_before`):
+    the last one outside the attention module (a pre-norm block's input norm, a post-norm block's
+    output norm, the embeddings' norm before layer 0), since q/k norms inside it act only after
+    that; a norm inside it where no other ran; None where none ran (nothing normalizes the stream)."""
+    outside = [name for name in norms if not name.startswith(attention + ".")]
+    chosen = outside or norms
+    return chosen[-1] if chosen else None
 
 
 def forward_batch(

@@ -95,6 +95,9 @@ LAYER_METRICS: dict[str, MetricSpec] = {
                    None, False, "logit rms", "lrms"),
         MetricSpec("target_logit_rms", "RMS of the logits on the probe's target key (rows that see it)",
                    None, False, "target rms", "trms"),
+        MetricSpec("target_logit_mean", "mean of the logits on the probe's target key (rows that see it): "
+                   "an additive probe's (dominant-key) reach is its shift", None, False, "target mean",
+                   "tmean"),
         MetricSpec("massive_top1", "largest |hidden state| of the layer's output (real tokens)", True, False,
                    "top |h|", "top1"),
         MetricSpec("massive_top2", "second largest |hidden state|", True, False, "2nd |h|", "top2"),
@@ -243,8 +246,8 @@ class LayerStats:
     layer output's top-3 |h|, per-batch medians and raw moments (for the kurtosis)."""
 
     def __init__(self) -> None:
-        self.sums = dict.fromkeys(("logit_sq", "logit_n", "target_sq", "target_n", "median_sum",
-                                   "median_n", "s1", "s2", "s3", "s4", "n"), 0.0)  # fmt: skip
+        self.sums = dict.fromkeys(("logit_sq", "logit_n", "target_sum", "target_sq", "target_n",
+                                   "median_sum", "median_n", "s1", "s2", "s3", "s4", "n"), 0.0)  # fmt: skip
         self.top: torch.Tensor | None = None
 
     def add_logits(self, logits: torch.Tensor, rows: torch.Tensor, at_target: torch.Tensor | None) -> None:
@@ -256,6 +259,7 @@ class LayerStats:
         self.sums["logit_n"] += float(rows.sum())
         if at_target is not None:
             at_target = at_target.expand_as(x)
+            self.sums["target_sum"] += float(torch.where(at_target, x, 0.0).sum())
             self.sums["target_sq"] += float(torch.where(at_target, x * x, 0.0).sum())
             self.sums["target_n"] += float(at_target.sum())
 
@@ -283,6 +287,7 @@ class LayerStats:
             out["logit_rms"] = math.sqrt(s["logit_sq"] / s["logit_n"])
         if s["target_n"]:
             out["target_logit_rms"] = math.sqrt(s["target_sq"] / s["target_n"])
+            out["target_logit_mean"] = s["target_sum"] / s["target_n"]
         if self.top is not None:
             for i, value in enumerate(self.top.tolist()):
                 out[f"massive_top{i + 1}"] = value

@@ -1,9 +1,10 @@
 """One probe's result: its metric arrays over the levels swept, and what they say per probe.
 
 :class:`ProbeResult` holds the arrays of one probe (every metric ``[level, layer, head]``, NaN where
-undefined) and the per-probe summaries every report reads: where the probe acts (the logit RMS
-ratio), the baseline-relative collapse point (model-wide, per layer and per head; heads collapsed
-at the first level are set apart), the level where heads differ most, and the length probe's fading
+undefined) and the per-probe summaries every report reads: where the probe acts and whether its
+shift arrived there (:meth:`ProbeResult.reached`, :data:`REACH_SHARE`; what absorbed it where it did
+not), the baseline-relative collapse point (model-wide, per layer and per head; heads collapsed at
+the first level are set apart), the level where heads differ most, and the length probe's fading
 slopes. :mod:`ssacli.diagnosis.result` gathers the probes into the whole result and its JSON schema;
 :mod:`ssacli.diagnosis.findings` reads them into sentences.
 """
@@ -20,7 +21,15 @@ from .metrics import sink_indicator
 from .probes import PROBES
 
 COLLAPSE_SHARE = 0.5  # collapse point: first level where the collapse rate reaches this share
-REACH_TOLERANCE = 0.01  # a magnitude probe whose logit RMS moved less than this (relative) did not reach
+# "Reached": at the top measured level, the shift measured where the probe acts is at least this share
+# of the shift asked, in every layer: in log space for a factor (asked ×σ: measured ≥ ×σ^0.5), linearly
+# for an offset (asked +M: measured ≥ +M/2). Why half: a shift that arrives does so in proportion (keys
+# are linear in the token's vector: ×σ; q and k both scaled: ×σ²; an offset on the logits: exactly +M),
+# while a normalization leaves a factor of order one that does not grow with σ (RMSNorm divides σ out
+# and only the token's direction moves: ×0.95–1.4 at σ = 1000 on tiny Llama/GPT-2, ×1.07 at σ = 10 on a
+# real Llama). The geometric midpoint between "nothing" and "all of it" keeps both far from the line
+# (σ = 1000: ×31.6) where the top level is large; a top level near 1 (σ = 2: ×1.41) separates less.
+REACH_SHARE = 0.5
 
 
 @dataclass
@@ -36,6 +45,7 @@ class ProbeResult:
     layer_metrics: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [level, layer]
     overflow: list[dict[str, Any] | None] = field(default_factory=list)  # per level: where it overflowed
     insensitive: str | None = None  # why the scorer cannot respond to this probe by construction
+    absorbers: list[str | None] = field(default_factory=list)  # per layer: the norm a shift meets before it
 
     def __post_init__(self) -> None:
         if not self.overflow:
@@ -78,17 +88,85 @@ class ProbeResult:
             return [None] * len(self.levels)
         return json_ready(_nanmean(ratio, axis=1))
 
+    def reach_measure(self) -> str | None:
+        """The layer metric a magnitude probe's reach is read from, where the probe acts: the target
+        key's logits for one-token probes (their mean for an offset, dominant-key; their RMS for a
+        factor, outlier and key-scale), every visible logit for global ones (embed-scale,
+        logit-scale). None for probes that shift no magnitude (length, numeric)."""
+        kind = self.kind
+        if kind is None or not kind.magnitude:
+            return None
+        if kind.additive:
+            return "target_logit_mean"
+        return "target_logit_rms" if kind.has_target else "logit_rms"
+
+    def reach_shift(self) -> np.ndarray | None:
+        """[level, layer]: the shift measured where the probe acts, relative to the first level: a
+        factor (the RMS ÷ the first level's) or, for an offset, the mean's difference. None where
+        not measured (eager fallback, a result from before the measure existed)."""
+        name = self.reach_measure()
+        values = self.layer_metrics.get(name) if name else None
+        if values is None or not np.isfinite(values).any():
+            return None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return values - values[:1] if self.kind.additive else values / values[:1]
+
+    def reach_share(self) -> np.ndarray | None:
+        """[level, layer]: the share of the asked shift that arrived (1 = all of it; see
+        :data:`REACH_SHARE`): log(measured factor) ÷ log(level ÷ first level), or measured offset ÷
+        (level − first level). NaN at the first level and wherever nothing was asked or measured."""
+        shift = self.reach_shift()
+        if shift is None:
+            return None
+        levels = np.asarray(self.levels, dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if self.kind.additive:
+                asked, got = levels - levels[0], shift
+            else:
+                asked, got = np.log(levels / levels[0]), np.log(shift)
+            share = got / asked[:, None]
+        share[~np.isfinite(share) | (asked[:, None] == 0)] = np.nan
+        return share
+
+    def reach_index(self) -> int | None:
+        """The top measured level (index) that asked for a shift: the one :meth:`reached` judges."""
+        share = self.reach_share()
+        if share is None:
+            return None
+        measured = [i for i in range(1, len(self.levels)) if np.isfinite(share[i]).any()]
+        return measured[-1] if measured else None
+
+    def reached_layers(self) -> list[bool | None]:
+        """Per layer: whether the shift arrived at the top measured level (None: not measured there)."""
+        index = self.reach_index()
+        if index is None:
+            return [None] * self.rows.shape[1]
+        return [None if not math.isfinite(v) else bool(v >= REACH_SHARE) for v in self.reach_share()[index]]
+
     def reached(self) -> bool | None:
-        """Whether the probe moved the attention logits at any level after the first (None: not
-        measured, or the probe is not a magnitude shift)."""
-        ratio = self.reach()
-        if ratio is None or self.kind is None or not self.kind.magnitude or len(self.levels) < 2:
+        """Whether the probe's shift arrived where it acts, in every measured layer, at the top
+        measured level (:data:`REACH_SHARE`); None: not measured, or not a magnitude probe."""
+        if self.reach_index() is None:
             return None
-        moved = np.abs(ratio[1:] - 1.0)
-        moved = moved[np.isfinite(moved)]
-        if moved.size == 0:
+        layers = [r for r in self.reached_layers() if r is not None]
+        return all(layers) if layers else None
+
+    def absorbed_layer(self) -> int | None:
+        """The first layer the shift did not reach (None where it reached, or was not measured)."""
+        if self.reached() is not False:
             return None
-        return bool(moved.max() > REACH_TOLERANCE)
+        return next(i for i, r in enumerate(self.reached_layers()) if r is False)
+
+    def absorbed_by(self) -> str | None:
+        """What absorbed a probe that did not arrive: the normalization module the shift met before
+        the first layer it did not reach (:attr:`absorbers`, e.g. "model.layers.0.input_layernorm"),
+        else that layer itself; None where the probe arrived or was not measured."""
+        layer = self.absorbed_layer()
+        if layer is None:
+            return None
+        name = self.absorbers[layer] if layer < len(self.absorbers) else None
+        return name or f"layer {layer}'s inputs"
+
 
     # ---- baseline-relative collapse ---------------------------------------------------------------
     def baseline_collapsed(self) -> np.ndarray:
@@ -130,7 +208,8 @@ class ProbeResult:
 
     def collapse_status(self) -> str:
         """How to read the collapse point: a level, "none", "n/a" (insensitive by construction),
-        "did not reach attention", or "overflow at LEVEL" before any collapse."""
+        "absorbed by MODULE" (the shift did not arrive: :meth:`reached`), or "overflow at LEVEL"
+        before any collapse."""
         if self.insensitive:
             return "n/a"
         point = self.collapse_point()
@@ -140,7 +219,7 @@ class ProbeResult:
         if point is not None:
             return f"{point:g}"
         if self.reached() is False:
-            return "did not reach attention"
+            return f"absorbed by {self.absorbed_by()}"
         return "none"
 
     def head_collapse_points(self) -> list[list[float | None]]:

@@ -90,7 +90,8 @@ class ProbeKind:
     allow_zero: bool = False
     needs_tokenizer: bool = False
     has_target: bool = False  # one target token per sample (its captured mass is measured)
-    magnitude: bool = False  # shifts a magnitude: a level that leaves the logits as they were "did not reach"
+    magnitude: bool = False  # shifts a magnitude: its reach is measured (ProbeResult.reached)
+    additive: bool = False  # the level is added (M), not a factor: its reach is the target logits' mean shift
 
     @property
     def needs_route(self) -> bool:
@@ -114,7 +115,8 @@ PROBES: dict[str, ProbeKind] = {
         ProbeKind("logit-scale", (1, 2, 4, 8, 16, 32), "α", "attention logits × α", ActsOn.LOGITS,
                   scale, neutral=1, magnitude=True),
         ProbeKind("dominant-key", (0, 2, 4, 8, 16, 32), "M", "one key's logit + M", ActsOn.LOGITS,
-                  raise_target_key, neutral=0, allow_zero=True, has_target=True, magnitude=True),
+                  raise_target_key, neutral=0, allow_zero=True, has_target=True, magnitude=True,
+                  additive=True),
         ProbeKind("length", (1, 2, 4, 8, 16, 32, 64, 128), "×", "inputs × m longer, up to the model's "
                   "maximum positions", ActsOn.INPUT_LENGTH, integer=True),
         ProbeKind("numeric", (2, 3, 4, 5, 6, 7, 8, 9), "digits", "numbers of d digits", ActsOn.INPUT_TEXT,

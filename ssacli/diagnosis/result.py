@@ -24,7 +24,7 @@ from .findings import findings
 
 # METRICS, ProbeResult, COLLAPSE_SHARE and json_ready are importable from here too (older callers).
 from .metrics import LAYER_METRICS, METRICS
-from .probe_result import COLLAPSE_SHARE, ProbeResult, json_ready
+from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
 
 SCHEMA = "ssacli-diagnose"
 SCHEMA_VERSION = 2  # 2: layer_metrics, overflow, insensitive, reach, baseline-relative collapse, findings
@@ -138,6 +138,7 @@ class DiagnoseResult:
                 layer_metrics={k: _array(v) for k, v in p.get("layer_metrics", {}).items()},
                 overflow=list(p.get("overflow") or []),
                 insensitive=p.get("insensitive"),
+                absorbers=list(p.get("absorbers") or []),  # absent before the reach rule: names fall back
             )
             for p in data["probes"]
         ]
@@ -199,6 +200,23 @@ def _clean_in(value: Any) -> Any:
     return np.nan if value is None else value
 
 
+def _reach(probe: ProbeResult) -> dict[str, Any] | None:
+    """Whether a magnitude probe's shift arrived where it acts (docs/diagnose.md, "Reached"): the
+    measure, per level × layer the shift measured and its share of the shift asked, the rule, and
+    where it was absorbed. None for probes that shift no magnitude."""
+    measure = probe.reach_measure()
+    if measure is None:
+        return None
+    index = probe.reach_index()
+    return json_ready({
+        "measure": measure, "kind": "offset" if probe.kind.additive else "factor",
+        "shift": probe.reach_shift(), "share": probe.reach_share(), "rule_share": REACH_SHARE,
+        "level": None if index is None else probe.levels[index], "layers": probe.reached_layers(),
+        "reached": probe.reached(), "absorbed_layer": probe.absorbed_layer(),
+        "absorbed_by": probe.absorbed_by(),
+    })  # fmt: skip
+
+
 def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
     return {
         "name": probe.name,
@@ -210,6 +228,7 @@ def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
         "layer_metrics": {k: json_ready(v) for k, v in probe.layer_metrics.items()},
         "overflow": json_ready(probe.overflow),
         "insensitive": probe.insensitive,
+        "absorbers": probe.absorbers,
         "summary": {
             "model": {k: json_ready(probe.model_mean(k)) for k in probe.metrics},
             "change_from_first": {k: json_ready(probe.change_from_first(k)) for k in probe.metrics},
@@ -223,6 +242,7 @@ def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
             "most_different_level": probe.levels[probe.most_different_level()],
             "logit_rms_ratio": probe.reach_model(),
             "reached_attention": probe.reached(),
+            "reach": _reach(probe),
             "fading": probe.fading(),
         },
     }

@@ -47,7 +47,7 @@ from ..errors import UnsupportedModelError, UsageError
 from ..models.kinds import ICL_FAMILY, kind_of, max_positions
 from ..models.loading import LoadedModel, load_model
 from ..version import __version__
-from .forward import Recorder, forward_batch
+from .forward import Recorder, absorber, forward_batch
 from .metrics import LAYER_METRICS, METRICS
 from .probes import (
     PROBES,
@@ -232,6 +232,7 @@ def _run(
     total = sum(len(batches) for _, plan in plans for batches, _ in plan.values() if batches)
     done = 0
     results = []
+    norms_before: dict[int, list[str]] = {}  # per layer: the norms that ran before it (structural)
     for probe, plan in plans:
         metrics = {name: np.full((len(probe.levels), len(layers), max(heads)), np.nan) for name in METRICS}
         rows = np.zeros((len(probe.levels), len(layers)), dtype=np.int64)
@@ -263,6 +264,7 @@ def _run(
                 done += 1
                 if progress is not None:
                     progress(f"{probe.name} {level:g}", done, total)
+            norms_before = norms_before or recorder.norms_before
             if recorder.overflow.first is not None:  # no finite-looking numbers from an overflowed forward
                 where = dict(recorder.overflow.first)
                 if where["layer"] is not None and where["layer"] < len(layers):
@@ -286,6 +288,10 @@ def _run(
                 insensitive=scorer_insensitivity(probe.kind, scorers),
             )
         )  # fmt: skip
+    # Where a probe that did not arrive was absorbed: each layer's normalization, in forward order.
+    absorbers = [absorber(norms_before.get(i, []), name) for i, (name, _) in enumerate(layers)]
+    for result in results:
+        result.absorbers = absorbers
     return DiagnoseResult(
         model=loaded.name,
         family=loaded.family,

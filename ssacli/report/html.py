@@ -20,6 +20,7 @@ from typing import Any
 
 from ..diagnosis.comparison import common_levels, comparison_findings
 from ..diagnosis.result import DiagnoseResult, ProbeResult
+from ..diagnosis.verdicts import Verdict, probe_verdicts
 from .figures import compare_figure, heatmap_figure, line_figure, png_img
 from .summary import (
     collapse_detail,
@@ -48,6 +49,9 @@ div.scroll { max-width: 100%; overflow-x: auto; }
 table.wide { font-size: 0.8em; } table.wide th, table.wide td { padding: 0.15em 0.3em; }
 table.facts td { overflow-wrap: anywhere; }
 ul.findings li { margin: 0.2em 0; }
+table.verdict { font-size: 1.05em; } table.verdict th { text-align: left; }
+table.verdict td { text-align: left; font-family: inherit; white-space: normal; }
+tr.severity0 td { color: #b2182b; font-weight: bold; } tr.severity2 td { color: #1a7837; }
 th, td { padding: 0.15em 0.6em; border-bottom: 1px solid #e4e4e4; }
 th { background: #f4f4f4; text-align: right; } th:first-child { text-align: left; }
 td { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: nowrap; }
@@ -91,9 +95,13 @@ def diagnose_html(result: DiagnoseResult) -> str:
 
 
 def diagnose_sections(result: DiagnoseResult) -> list[Section]:
-    """Summary facts, per probe line plots + heatmaps + table, most saturated heads, and
-    versions/settings for reproduction."""
-    sections = [Section(f"ssacli diagnose: {result.model}", [facts_table(summary_facts(result))], level=1)]
+    """The verdict (:func:`ssacli.diagnosis.verdicts.probe_verdicts`), summary facts, per probe line
+    plots + heatmaps + table, most saturated heads, and versions/settings for reproduction."""
+    sections = [Section(f"ssacli diagnose: {result.model}", level=1)]
+    verdicts = probe_verdicts(result)
+    if verdicts:  # the page opens with it: one line per probe, most severe first
+        sections.append(Section("verdict", [verdict_table(verdicts)]))
+    sections.append(Section("run" if verdicts else None, [facts_table(summary_facts(result))]))
     findings = summary_findings(result)
     if findings:
         sections.append(Section("findings", [findings_list(findings)]))
@@ -190,6 +198,14 @@ def escape(text: Any) -> str:
 
 def _side_label(side: str, result: DiagnoseResult) -> str:
     return f"{side}: {result.model} · {result.scorer}"
+
+
+def verdict_table(verdicts: list[Verdict]) -> str:
+    rows = "".join(
+        f'<tr class="severity{v.severity}"><th>{escape(v.probe)}</th><td>{escape(v.line)}</td></tr>'
+        for v in verdicts
+    )
+    return f'<table class="verdict">{rows}</table>'
 
 
 def findings_list(findings: list[str]) -> str:

@@ -105,7 +105,7 @@ REACH_COLUMN = "logit rms ×"  # the per-level logit RMS ÷ the first level's (w
 
 def probe_table_rows(probe: ProbeResult) -> tuple[list[str], list[list[str]]]:
     """Header and formatted rows (one per level) of a probe's model-mean table: the metrics, the
-    logit RMS ratio for magnitude probes (did the probe reach attention?), then the extras. A level
+    logit RMS ratio for magnitude probes (where the probe acts: ProbeResult.reach), then the extras. A level
     whose forward overflowed reads "overflow" in every cell."""
     metrics = table_columns(probe)
     means = {m: probe.model_mean(m) for m in metrics}
@@ -317,7 +317,7 @@ def collapse_detail(probe: ProbeResult) -> str | None:
     layers with the same point grouped) and how the heads' own collapse points spread (the first
     level and its heads, how many heads have collapsed by the last level, how many never do).
     Heads collapsed at baseline are left out (listed on their own line). None where the probe
-    cannot say (n/a, did not reach attention) or no head collapses."""
+    cannot say (n/a, absorbed: its shift did not arrive) or no head collapses."""
     if probe.insensitive or probe.reached() is False or "collapse_rate" not in probe.metrics:
         return None
     exists = np.isfinite(probe.metrics["collapse_rate"]).any(axis=0)

@@ -21,6 +21,7 @@ from rich.text import Text
 from ..diagnosis.comparison import common_levels, comparison_findings
 from ..diagnosis.metrics import METRICS
 from ..diagnosis.result import DiagnoseResult, ProbeResult
+from ..diagnosis.verdicts import Verdict, probe_verdicts
 from .summary import (
     collapse_cell,
     collapse_detail,
@@ -92,9 +93,13 @@ def render_diagnose(
     heatmap_probe: str | None = None,
     top: int = 5,
 ) -> None:
-    """Summary panel, the findings, one table per probe (split to fit the width), the heads
-    collapsed at baseline, a layer × head grid of per-head collapse points and a heatmap at the
-    level where heads differ most, the most saturated heads."""
+    """The verdict (one line per probe, most severe first), summary panel, the findings, one table
+    per probe (split to fit the width), the heads collapsed at baseline, a layer × head grid of
+    per-head collapse points and a heatmap at the level where heads differ most, the most
+    saturated heads."""
+    verdicts = probe_verdicts(result)
+    if verdicts:
+        console.print(verdict_panel(verdicts))
     console.print(facts_panel(summary_facts(result), "ssacli diagnose"))
     findings = summary_findings(result)
     if findings:
@@ -130,6 +135,21 @@ def render_diagnose(
     if heads:
         for table in _saturated_tables(result, heads, console.width):
             console.print(table)
+
+
+# The verdict's kinds by severity: failed (red), could not test (yellow), held (green). The kind is
+# also printed, so the colour carries nothing that NO_COLOR loses.
+VERDICT_STYLES = {0: "bold red", 1: "yellow", 2: "green"}
+
+
+def verdict_panel(verdicts: list[Verdict]) -> Panel:
+    """The block a report opens with: per probe its name and verdict line, most severe first."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, style="bold")
+    grid.add_column(overflow="fold")
+    for verdict in verdicts:
+        grid.add_row(verdict.probe, Text(verdict.line, style=VERDICT_STYLES.get(verdict.severity, "")))
+    return Panel(grid, title="verdict", title_align="left", expand=False)
 
 
 def findings_panel(findings: list[str]) -> Panel:

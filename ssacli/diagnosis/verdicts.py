@@ -1,0 +1,85 @@
+"""The verdict a diagnose report opens with: one line per probe, the most severe first.
+
+:func:`probe_verdicts` reads a result into :class:`Verdict` s, one per probe, each with a ``kind``,
+the ``line`` a report prints and a ``severity`` (lower is worse) that orders them:
+
+* ``saturates`` / ``overflow`` (0): "saturates at σ=100 (collapse point)", "overflow at σ=1e+30 (…)":
+  the model failed under the probe;
+* ``absorbed`` / ``n/a`` / ``skipped`` (1): the probe could not test the model: "absorbed by
+  model.layers.0.input_layernorm — this probe cannot test this model; use key-scale" (its shift did not
+  arrive: :meth:`~ssacli.diagnosis.probe_result.ProbeResult.reached`), "n/a (scorer cannot respond)";
+* ``robust`` (2): "robust up to σ=32 (shift reached ×31.6)": no collapse up to the top level, with the
+  shift measured where the probe acts (the least over layers).
+
+The kinds are decided in one place, :func:`verdict_of`, in the order of
+:meth:`~ssacli.diagnosis.probe_result.ProbeResult.collapse_status` (overflow before a later collapse
+point, a collapse point before reach), so that a state read from the model's outputs (a degenerate
+model, outputs that broke) is one more branch there and one more entry of :data:`SEVERITY`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .findings import absorbed_text, level_text, shift_text
+from .probe_result import ProbeResult
+
+# Lower is more severe; the verdict block lists severity 0 first. States that read the model's
+# outputs (degenerate, outputs broke) belong with 0: the model failed, whatever its attention did.
+SEVERITY = {"saturates": 0, "overflow": 0, "absorbed": 1, "n/a": 1, "skipped": 1, "robust": 2}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    probe: str
+    kind: str  # a key of SEVERITY
+    line: str  # what the report prints after the probe's name
+    level: float | None = None  # the level the line names (collapse point, overflow, top robust level)
+
+    @property
+    def severity(self) -> int:
+        return SEVERITY[self.kind]
+
+    @property
+    def text(self) -> str:
+        return f"{self.probe}: {self.line}"
+
+
+def verdict_of(probe: ProbeResult) -> Verdict:
+    """One probe's verdict (see the module docstring)."""
+    name = probe.name
+    if probe.skipped:
+        return Verdict(name, "skipped", f"skipped: {probe.note or 'no countable rows'}")
+    if probe.insensitive:
+        return Verdict(name, "n/a", "n/a (scorer cannot respond)")
+    point, flow = probe.collapse_point(), probe.first_overflow()
+    if flow is not None and (point is None or flow[0] <= point):
+        level, where = flow
+        at = f"layer {where['layer']}: " if where.get("layer") is not None else ""
+        return Verdict(
+            name, "overflow", f"overflow at {level_text(probe, level)} ({at}{where.get('where')})", level
+        )
+    if point is not None:
+        return Verdict(name, "saturates", f"saturates at {level_text(probe, point)} (collapse point)", point)
+    if probe.reached() is False:
+        return Verdict(name, "absorbed", absorbed_text(probe))
+    top = len(probe.levels) - 1
+    shift = shift_text(probe, top) if probe.reached() else None
+    if shift is not None:
+        how = f"shift reached {shift}"
+    elif probe.kind is not None and probe.kind.magnitude:
+        how = "shift not measured"
+    else:
+        how = "no collapse"
+    return Verdict(
+        name, "robust", f"robust up to {level_text(probe, probe.levels[top])} ({how})", probe.levels[top]
+    )
+
+
+def probe_verdicts(result) -> list[Verdict]:
+    """Every probe's verdict, most severe first (ties: the order the probes ran in). ``result``: a
+    :class:`~ssacli.diagnosis.result.DiagnoseResult`, or any sequence of probe results."""
+    probes: Sequence[ProbeResult] = getattr(result, "probes", result)
+    verdicts = [verdict_of(probe) for probe in probes]
+    return sorted(verdicts, key=lambda v: v.severity)
