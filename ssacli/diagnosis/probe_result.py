@@ -167,7 +167,6 @@ class ProbeResult:
         name = self.absorbers[layer] if layer < len(self.absorbers) else None
         return name or f"layer {layer}'s inputs"
 
-
     # ---- baseline-relative collapse ---------------------------------------------------------------
     def baseline_collapsed(self) -> np.ndarray:
         """[layer, head] bool: heads whose collapse rate is already >= 0.5 at the first level."""
