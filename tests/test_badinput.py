@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from safetensors import SafetensorError
 
 import ssacli
-from ssacli.cli import main
 from ssacli.diagnosis.metrics import METRICS
 from ssacli.errors import (
     EXIT_CHECK_USAGE,
@@ -37,7 +36,6 @@ from ssacli.errors import (
     EXIT_INTERRUPTED,
     EXIT_UNSUPPORTED,
     EXIT_USAGE,
-    InputError,
 )
 from ssacli.scorers import SCORERS
 from ssacli.scorers.base import Scorer
@@ -151,10 +149,9 @@ def test_convert_refuses_bad_models_before_writing(name, models, tmp_path, monke
     assert not out.exists() and not leftovers(tmp_path, "out")
 
 
-def test_debug_shows_the_traceback_instead(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["ssacli", "--debug", "diagnose", str(tmp_path / "nowhere")])
-    with pytest.raises(InputError, match="does not exist"):
-        main()
+def test_debug_shows_the_traceback_too_and_keeps_the_exit_code(tmp_path, monkeypatch, capsys):
+    code, _, stderr = run_main(["--debug", "diagnose", str(tmp_path / "nowhere")], monkeypatch, capsys)
+    assert code == EXIT_INPUT and "Traceback" in stderr and "InputError: model path" in stderr
 
 
 def test_allow_pickle_loads_the_checkpoint_with_weights_only(models, monkeypatch, capsys):

@@ -70,7 +70,10 @@ def test_report_on_two_lms_measures_perplexity_and_minimal_pairs_without_data(tm
         correct = {}
         for name, records in BUILTIN_PAIRS.items():
             scores = [
-                (reference_log_prob(loaded, r["sentence_good"]), reference_log_prob(loaded, r["sentence_bad"]))
+                (
+                    reference_log_prob(loaded, r["sentence_good"]),
+                    reference_log_prob(loaded, r["sentence_bad"]),
+                )
                 for r in records
             ]
             correct[name] = sum(good > bad for good, bad in scores)

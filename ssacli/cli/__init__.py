@@ -3,8 +3,8 @@
 This module builds the app and registers every command, in the order ``ssacli --help`` lists them;
 the commands live in one module per group (diagnose, check, convert, train, report, icl) and never
 import this one. Errors a user can cause (ssacli.errors.SsacliError) print one line and exit with
-their documented code (ssacli.errors.exit_code); anything else prints one line too, unless --debug
-asks for the traceback.
+their documented code (ssacli.errors.exit_code); anything else prints one line too and exits 1.
+--debug (before or after the command) prints the traceback first; the exit code stays the same.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import traceback
 
 import typer
 from typer.core import TyperGroup
@@ -24,7 +25,16 @@ from .options import ModelCommand, debugging, print_error, set_debug
 
 class _Commands(TyperGroup):
     """ssacli's command group: Ctrl-C inside a command ends like every other error, in one line and
-    a documented exit code (130), rather than click's silent exit."""
+    a documented exit code (130), rather than click's silent exit; --debug is read wherever it is."""
+
+    def main(self, args=None, *rest, **kwargs):
+        """--debug anywhere before a bare ``--`` is the root flag, taken out here: after the command
+        (``ssacli diagnose … --debug``) it works as before it, and no command has to declare it."""
+        args = list(sys.argv[1:] if args is None else args)
+        end = args.index("--") if "--" in args else len(args)
+        set_debug("--debug" in args[:end])
+        args = [arg for i, arg in enumerate(args) if i >= end or arg != "--debug"]
+        return super().main(args, *rest, **kwargs)
 
     def invoke(self, ctx):
         try:
@@ -57,9 +67,11 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show full tracebacks on errors (before or after the command)."
+    ),
 ) -> None:
-    set_debug(debug)
+    pass  # --debug is read by _Commands.main, wherever it stands; declared here for --help
 
 
 app.command("scorers")(diagnose.scorers_command)
@@ -86,14 +98,15 @@ def _terminate(signum, frame) -> None:
 
 
 def main() -> None:
-    """Console-script entry point: map errors to one line and a documented exit code."""
+    """Console-script entry point: map errors to one line and a documented exit code; with --debug
+    the traceback comes first, and the exit code stays the documented one."""
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         app()
     except Exception as err:  # SsacliError: its own code; anything else is a bug (exit 1)
         if debugging():
-            raise
+            traceback.print_exc()
         print_error(err)
         sys.exit(exit_code(err))
     finally:

@@ -18,6 +18,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from ..defaults import MAX_KL_PER_TOKEN
 from ..errors import UsageError
 from ..files import check_writable_folder
 from .options import (
@@ -114,7 +115,7 @@ def convert_command(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
     )  # fmt: skip
-    calibration = _read_text(text) if text is not None else None
+    calibration = _read_text(text) if text is not None else None  # an unreadable file is exit 4
     console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
 
     def show_fidelity(report: dict[str, Any]) -> None:
@@ -203,11 +204,10 @@ def finetune_command(
 
 
 def _read_text(path: Path) -> str:
-    """--text: the calibration text file."""
-    try:
-        return path.expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"--text {path}: cannot read it as UTF-8 text ({err})") from None
+    """--text: the calibration text file, read as ``diagnose --text`` reads it (InputError, exit 4)."""
+    from ..quality.inputs import read_text_file
+
+    return read_text_file(path.expanduser(), "--text")
 
 
 def fidelity_lines(report: dict[str, Any]) -> list[str]:
@@ -221,13 +221,7 @@ def fidelity_lines(report: dict[str, Any]) -> list[str]:
                 f"{row['layer']:>5}  {row['m']:<8g} {row['attention_kl']:<17.3g} "
                 f"{row['max_abs_logit']:<12.4g} {row['shift_at_max']:.3g}"
             )
-        ms = sorted({row["m"] for row in layers})
-        lines.append(
-            f"m=auto chose m = {', '.join(f'{m:g}' for m in ms)} (the smallest powers of 2 meeting the "
-            f"target). SSA with b = 1/m, n = m equals softmax up to x²/2m per logit: its polynomial, "
-            f"non-saturating regime starts only at |x| ≈ m, far above these logits, so the converted "
-            f"model is softmax in practice until fine-tuning (--anneal-n) lowers n."
-        )
+        lines.append(_regime_sentence(report, layers))
     target = report.get("target")
     if target and not target["met"]:
         metric = target["metric"].replace("_", " ")
@@ -252,6 +246,44 @@ def _fidelity_line(report: dict[str, Any]) -> str:
             line += f", relative error {report['relative_error']:.3g}"
         return line
     return f"{head} relative error {report['relative_error']:.3g}"
+def _regime_sentence(report: dict[str, Any], layers: list[dict[str, Any]]) -> str:
+    """What m=auto chose, and how close to softmax that leaves the model, as far as the table says:
+    "softmax in practice" only when in every layer the largest |logit| stays below m (where SSA's
+    polynomial regime starts) and the attention rows stay within KL ``MAX_KL_PER_TOKEN`` of softmax's
+    (the default output target: what ssacli calls faithful, whatever --max-error asked); "close"
+    when only the rows moved more; else "not softmax in practice", naming the layers at m."""
+    target, row_limit = report.get("target") or {}, MAX_KL_PER_TOKEN
+    ms = ", ".join(f"{m:g}" for m in sorted({row["m"] for row in layers}))
+    chose = f"m=auto chose m = {ms} (the smallest powers of 2 meeting the target)."
+    inside = [r for r in layers if r["max_abs_logit"] >= r["m"]]
+    ratio = max(r["max_abs_logit"] / r["m"] for r in layers)
+    worst = max(layers, key=lambda r: r["attention_kl"])
+    if inside:
+        where = ", ".join(f"{r['layer']} ({r['max_abs_logit']:.3g} ≥ m = {r['m']:g})" for r in inside)
+        met = ", although the outputs meet the fidelity target" if target.get("met") else ""
+        return (
+            f"{chose} Not softmax in practice: the largest |logit| reaches SSA's polynomial regime "
+            f"(|x| ≈ m) in layer {where}, and the attention rows move from softmax's by KL up to "
+            f"{worst['attention_kl']:.2g}{met}. A lower --max-error (or a larger m=) starts closer."
+        )
+    below = (
+        f"SSA with b = 1/m, n = m equals softmax up to x²/2m per logit; its polynomial, non-saturating "
+        f"regime starts at |x| ≈ m, above the largest logit of every layer (max |logit| / m ≤ {ratio:.2g})"
+    )
+    if worst["attention_kl"] <= row_limit:
+        return (
+            f"{chose} {below}, and the attention rows stay within KL {worst['attention_kl']:.2g} of "
+            "softmax's: the converted model is softmax in practice until fine-tuning (--anneal-n) lowers n."
+        )
+    shift = max(r["shift_at_max"] for r in layers)
+    return (
+        f"{chose} {below}; but the attention rows already move from softmax's by KL up to "
+        f"{worst['attention_kl']:.2g} (layer {worst['layer']}, above {row_limit:g}) and the largest logit by "
+        f"up to {shift:.3g}: close to softmax in the outputs, not yet in the attention. A lower --max-error "
+        "(or a larger m=) starts closer."
+    )
+
+
 
 
 def _is_rank0() -> bool:

@@ -69,7 +69,7 @@ def _describe(spec: str, as_json: bool) -> None:
         return
     console = Console()
     console.print(f"[bold]{info['spec']}[/]: {info['summary']}", highlight=False)
-    for key, value in info["options"].items():
+    for key, value in info["applied"].items():
         console.print(f"  {key} = {'(preset)' if value is None else value}", highlight=False)
     for key, value in info["initial_values"].items():
         state = "learned" if key in info["learned"] else "frozen"

@@ -123,6 +123,20 @@ def icl_eval(
         console.print(f"wrote {plot}")
 
 
+def plan_size(plan, total: int) -> str:
+    """The first line of a sweep, e.g. "24 runs (2 tasks × 2 arms × 3 seeds)", so a log says at once how
+    long it will be (a run takes minutes and prints nothing until it is done)."""
+    seeds = {entry.seeds for entry in plan.scorers}
+    factors = [(len(plan.tasks), "task"), (len(plan.archs), "backbone"), (len(plan.scorers), "arm")]
+    parts = [f"{n} {name}{'s' if n != 1 else ''}" for n, name in factors if n > 1 or name != "backbone"]
+    if len(seeds) == 1:
+        n = seeds.pop()
+        parts.append(f"{n} seed{'s' if n != 1 else ''}")
+    else:
+        parts[-1] += " with their own seeds"
+    return f"{total} run{'s' if total != 1 else ''} ({' × '.join(parts)})"
+
+
 def icl_sweep(
     out: Path = typer.Option(..., help="Folder for runs/, results.json and figures/."),
     plan_file: Path = typer.Option(None, "--plan", help="A JSON plan (see docs/results/icl-plan.json)."),
@@ -143,7 +157,9 @@ def icl_sweep(
         plan = ICLSweepPlan.from_json(plan_file)
     else:
         plan = ICLSweepPlan.from_specs(task, scorer, seeds=seeds, steps=steps, lr=lr, prompts=prompts)
+    plan.validate()  # a bad plan fails before the plan line below
     total = len(plan.runs())
+    typer.echo(f"{plan_size(plan, total)}, {min(jobs, total)} at a time; a line as each run finishes")
     done = []
 
     def on_result(result: dict) -> None:

@@ -23,7 +23,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..errors import InputError
+from ..models.checkpoint import ICL_FORMAT, folder_format
 from ..models.icl import ICLModel, load_icl
+from ..models.kinds import kind_from_config
 from ..models.loading import resolve_device, resolve_model_path
 from .tasks import CLASSIFICATION, sample_batch
 
@@ -238,6 +241,20 @@ class ICLEvaluation:
         return {"model": self.source, **cells_to_json(self.model, self.cells)}
 
 
+def _refuse_other_kinds(ref: str, path) -> None:
+    """An InputError naming the kind of a model folder that is not an ICL checkpoint (a language
+    model, an encoder, …); a folder that is no model at all is left to load_icl, which says what it
+    lacks."""
+    try:
+        kind = kind_from_config(str(path), name=ref)
+    except InputError:
+        return
+    raise InputError(
+        f"{ref} is a {kind} model; icl eval needs an ICL model (train one with `ssacli icl train --task "
+        "every --out DIR`, or give builtin:every-softmax)"
+    )
+
+
 def evaluate_icl(
     model: str | ICLModel,
     *,
@@ -254,7 +271,10 @@ def evaluate_icl(
     ``builtin:NAME`` loaded onto ``device``."""
     source = model if isinstance(model, str) else None
     if isinstance(model, str):
-        model = load_icl(resolve_model_path(model), resolve_device(device))
+        path = resolve_model_path(model)
+        if folder_format(path) != ICL_FORMAT:
+            _refuse_other_kinds(model, path)
+        model = load_icl(path, resolve_device(device))
     grid = dict(lengths=tuple(lengths), prompts=prompts, coef_sigma=coef_sigma, seed=seed)
     cells = evaluate(model, sigmas=tuple(sigmas), **grid)
     if outliers:

@@ -114,6 +114,11 @@ class Scorer(nn.Module):
     def extra_repr(self) -> str:
         return f"spec={self.spec!r}, num_heads={self.num_heads}"
 
+    def applied_options(self) -> dict[str, Any]:
+        """The options as they act on this scorer (what ``ssacli scorers SPEC`` shows): all of them,
+        unless a scorer knows that some are overridden or do not apply."""
+        return dict(self.opts)
+
     def _learn_set(self) -> frozenset[str]:
         if "learn" not in self.options:
             return frozenset()

@@ -67,6 +67,7 @@ def describe_scorer(spec: str) -> dict[str, Any]:
         "name": scorer.name,
         "summary": scorer.summary,
         "options": scorer.opts,
+        "applied": scorer.applied_options(),  # as they act: overridden or inapplicable ones marked
         "learned": sorted(scorer.learn),
         "initial_values": {k: round(v[0].item(), 8) for k, v in scorer.parameter_values().items()},
     }

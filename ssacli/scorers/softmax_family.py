@@ -7,6 +7,7 @@ sink scorers, whose denominator holds one extra, keyless term.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -148,6 +149,27 @@ class SSA(Scorer):
         n = self.opts["n"] if self.opts["n"] is not None else n
         self._add_param("b", positive_raw(b, self.name, "b"))
         self._add_param("n", positive_raw(n, self.name, "n"))
+
+    def applied_options(self) -> dict[str, Any]:
+        """init says where b and n start: "given (b, n)" when the spec sets both (init=authors still
+        sets share and learn), and which one it still supplies when the spec sets one; preset (init's
+        other name) is folded into init, and m is shown only where it applies (init=faithful, b and n
+        not both given)."""
+        shown = {k: v for k, v in self.opts.items() if k != "preset"}
+        init = shown["init"]
+        given = [k for k in ("b", "n") if self.opts[k] is not None]
+        if len(given) == 2:
+            authors = "; share and learn from init=authors" if init == "authors" else ""
+            shown["init"] = f"given (b, n){authors}"
+        elif given:
+            other = "n" if given == ["b"] else "b"
+            shown["init"] = f"{init} ({other}; {given[0]} given)"
+        for key in ("b", "n"):
+            if shown[key] is None:
+                shown[key] = f"from init={init}"
+        if init != "faithful" or len(given) == 2:
+            shown.pop("m")
+        return shown
 
     @property
     def b(self) -> torch.Tensor:
