@@ -97,12 +97,12 @@ def test_train_from_scratch_writes_what_ssacli_train_writes(scratch):
 def test_finetune_in_place_extends_the_recorded_run_as_ssacli_finetune_does(scratch, corpus, tmp_path):
     for side in ("cli", "api"):
         shutil.copytree(scratch["api"], tmp_path / side)
-    cli("finetune", tmp_path / "cli", "--steps", "5", "--quiet")
-    config = ssacli.finetune_config(str(tmp_path / "api"), steps=5)
+    cli("finetune", tmp_path / "cli", "--resume", "--steps", "5", "--quiet")  # the run in DIR itself
+    config = ssacli.finetune_config(str(tmp_path / "api"), resume=True, steps=5)
     recorded = training_record(scratch["api"])["config"]
     assert asdict(config) == {**recorded, "steps": 5}  # everything else from the recorded run
     assert config.data == str(corpus) and config.lr == 3e-3
-    trained = ssacli.finetune(str(tmp_path / "api"), config)  # out=None: in place
+    trained = ssacli.finetune(str(tmp_path / "api"), config, resume=True)  # out=None: in DIR
     assert trained.path == tmp_path / "api"
     assert timeless(read_meta(tmp_path / "api")) == timeless(read_meta(tmp_path / "cli"))
     assert same_weights(tmp_path / "cli", tmp_path / "api")

@@ -94,9 +94,16 @@ def test_save_load_round_trip_and_plain_transformers(tmp_path, family):
         for name, scorer in ssacli.scorers_of(reloaded).items():
             original = ssacli.scorers_of(model)[name]
             assert torch.equal(scorer.b_raw, original.b_raw) and torch.equal(scorer.n_raw, original.n_raw)
-        # Plain transformers loads the same folder as the original architecture (softmax, no warning
-        # about unexpected keys: scorer tensors live in their own file).
-        plain = AUTO[FAMILIES[family]["kind"]].from_pretrained(out)
+        # Plain transformers refuses this folder: its scorer is not softmax and was never measured
+        # close to it, so the original architecture (softmax) would run another model.
+        with pytest.raises(ValueError, match=f"ssacli-{model.config.model_type}"):
+            AUTO[FAMILIES[family]["kind"]].from_pretrained(out)
+        # Saved as a faithful conversion (fidelity to softmax met), plain transformers loads it as the
+        # original architecture (softmax, no warning about unexpected keys: scorer tensors live in
+        # their own file).
+        faithful = {"source": family, "fidelity": {"from": "softmax", "target": {"met": True}}}
+        plain_folder = save_model(loaded, tmp_path / "faithful", meta=faithful)
+        plain = AUTO[FAMILIES[family]["kind"]].from_pretrained(plain_folder)
         assert type(plain) is type(model)
         assert not any(".ssacli_scorer." in k for k in plain.state_dict())
         ssacli.restore(model)

@@ -364,9 +364,14 @@ def test_existing_out_is_refused_without_overwrite_or_resume(tmp_path, lm):
         finetune(load_model(lm["gpt2"]), config, out)
     with pytest.raises(UsageError, match="holds no fine-tuning run to resume"):
         finetune(load_model(lm["gpt2"]), config, out, resume=True)
+    with pytest.raises(UsageError, match=r"holds files ssacli did not write \(keep.txt\)"):
+        finetune(load_model(lm["gpt2"]), config, out, overwrite=True)  # not a folder ssacli wrote
     assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()  # an empty folder is used
     finetune(load_model(lm["gpt2"]), config, out, overwrite=True)
-    assert not (out / "keep.txt").exists() and training_record(out)["step"] == 1
+    assert training_record(out)["step"] == 1
+    finetune(load_model(lm["gpt2"]), lm_config(lm["data"], steps=2), out, overwrite=True)  # ssacli's own
+    assert training_record(out)["step"] == 2
 
 
 # ---- two processes ------------------------------------------------------------------------------------
@@ -430,9 +435,9 @@ def test_cli_convert_prints_fidelity_and_writes_a_folder_that_reloads_identicall
     tokens = sample_batch("every", 8, 30, generator=torch.Generator().manual_seed(5)).tokens
     with torch.no_grad():
         assert torch.equal(ssacli.load(str(out))(tokens), reference.model(tokens))
-    # Without --out, finetune trains the folder in place (it holds no run yet, so one starts).
+    # --in-place trains the folder itself (it holds no run yet, so one starts).
     result = runner.invoke(
-        app, ["finetune", str(out), "--data", "icl:every", "--steps", "3", "--batch-size", "4"]
+        app, ["finetune", str(out), "--data", "icl:every", "--steps", "3", "--batch-size", "4", "--in-place"]
     )
     assert result.exit_code == 0, result.output
     assert training_record(out)["step"] == 3
@@ -451,7 +456,7 @@ def test_cli_convert_finetune_end_to_end_then_finetune_extends_the_run(tmp_path)
     meta = json.loads((out / "ssacli.json").read_text())
     assert meta["scorer"] == "ssa:init=faithful" and meta["training"]["fidelity"]["top1_agreement"] == 1.0
     assert meta["training"]["training"]["config"]["batch_size"] == 8
-    result = runner.invoke(app, ["finetune", str(out), "--steps", "24"])  # in place, settings recorded
+    result = runner.invoke(app, ["finetune", str(out), "--steps", "24", "--resume"])  # settings recorded
     assert result.exit_code == 0, result.output
     assert training_record(out)["step"] == 24 and training_record(out)["config"]["batch_size"] == 8
 

@@ -148,11 +148,14 @@ def convert_command(
 def finetune_command(
     model_dir: str = typer.Argument(..., metavar="DIR", help="A folder written by convert (or any MODEL)."),
     data: str = typer.Option(None, help=DATA_HELP + " Default: the data of the run recorded in --out."),
-    out: Path = typer.Option(
-        None, help="Folder to write (default DIR itself, continuing the run recorded there)."
+    out: Path = typer.Option(None, help="Folder to write (default: DIR-ft, beside DIR; DIR is left alone)."),
+    in_place: bool = typer.Option(
+        False, "--in-place", help="Write over DIR itself (continuing the run recorded there, if any)."
     ),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run recorded in --out."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run recorded in --out (without --out: in DIR)."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists (ssacli's only)."),
     steps: int = typer.Option(None, min=1, help="Total optimizer steps of the run (default 1000)."),
     lr: Lr = None,
     batch_size: BatchSize = None,
@@ -173,15 +176,17 @@ def finetune_command(
 ) -> None:
     """Fine-tune a converted folder, or continue a fine-tuning run.
 
-    Without --out, DIR itself is trained in place: the run recorded in DIR continues (options not
-    given are taken from it; a larger --steps extends it), or, if DIR holds no run, one starts and
-    replaces DIR's weights. With --out, DIR is left alone; --resume continues the run in --out.
+    DIR is never written over unless asked: by default the run writes DIR-ft beside it (or --out).
+    --resume continues the run recorded in --out, or in DIR without --out (options not given are
+    taken from it; a larger --steps extends it). --in-place (or --out DIR) trains DIR itself. The
+    checkpoint with the lowest held-out loss is kept in OUT/best; the last line says if the
+    held-out loss ended worse than it started.
 
     Examples:
 
       ssacli finetune runs/every-ssa --data icl:every --steps 500
 
-      ssacli finetune runs/every-ssa --steps 1000          # extend the recorded run
+      ssacli finetune runs/every-ssa-ft --resume --steps 1000    # extend the run
 
       ssacli finetune ./gpt2-ssa --data corpus.jsonl --out ./gpt2-ssa-ft --train scorer
     """
@@ -194,13 +199,13 @@ def finetune_command(
     )  # fmt: skip
     from .. import finetune, finetune_config
 
-    config = finetune_config(model_dir, out, resume=resume, **options)
+    config = finetune_config(model_dir, out, resume=resume, in_place=in_place, **options)
     with training_display(config.steps, config.log_every, quiet) as on_step:
         trained = finetune(
-            model_dir, config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step,
-            trust_remote_code=trust_remote_code,
+            model_dir, config, out, resume=resume, in_place=in_place, overwrite=overwrite, device=device,
+            on_step=on_step, trust_remote_code=trust_remote_code,
         )  # fmt: skip
-    print_trained(trained.path, trained.path)  # DIR itself, or --out
+    print_trained(trained.path, trained.path)  # DIR-ft, --out, or DIR itself when asked
 
 
 def _read_text(path: Path) -> str:
@@ -335,4 +340,14 @@ def print_trained(out: Path, path: Path | None) -> None:
     if len(heldout) > 1:
         parts.append(f"held-out loss {heldout[0][1]:.4g} → {heldout[-1][1]:.4g}")
     parts.append(f"{record.get('seconds')} s, {record.get('tokens_per_s', 0):,.0f} tokens/s)")
-    typer.echo(", ".join(parts))
+    line = ", ".join(parts)
+    if record.get("worsened"):
+        best = record.get("best")
+        kept = (
+            f"; the best checkpoint (step {best['step']}, held-out loss {best['heldout_loss']:.4g}) is in "
+            f"{Path(out) / best['folder']}"
+            if best
+            else ""
+        )
+        line += f" — WORSE: the held-out loss ended above its start{kept}"
+    typer.echo(line)

@@ -173,10 +173,13 @@ def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
     record = {"source": meta.get("source"), "fidelity": meta.get("fidelity")}
     if training:
         record["trajectory"] = training.get("trajectory") or []
-        record["training"] = {
-            k: training.get(k) for k in ("step", "steps", "seconds", "tokens", "tokens_per_s")
-        }
+        keys = ("step", "steps", "seconds", "tokens", "tokens_per_s")
+        keys += ("heldout_start", "heldout_end", "worsened")  # worsened: held-out loss ended above its start
+        record["training"] = {k: training.get(k) for k in keys}
         record["training"]["config"] = training.get("config")
+        best = training.get("best")
+        if best:  # where the run kept its best evaluated checkpoint (a fine-tune that worsened)
+            record["training"]["best"] = {**best, "path": str(Path(loaded.path) / best["folder"])}
     return record
 
 

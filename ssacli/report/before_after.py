@@ -84,9 +84,20 @@ def trajectory_of(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def conversion_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """AFTER's conversion fidelity, and the m chosen per layer by m=auto."""
-    fidelity = ((report.get("conversion") or {}).get("after") or {}).get("fidelity") or {}
+    """AFTER's conversion fidelity, the m chosen per layer by m=auto, and a warning when AFTER's
+    fine-tuning ended with a held-out loss above its start."""
+    after = (report.get("conversion") or {}).get("after") or {}
+    fidelity = after.get("fidelity") or {}
     facts = []
+    training = after.get("training") or {}
+    if training.get("worsened"):
+        best, kept = training.get("best"), ""
+        if best:
+            kept = f"; its best checkpoint (step {best['step']}, held-out {best['heldout_loss']:.4g}) is in "
+            kept += best["path"]
+        start, end = training["heldout_start"], training["heldout_end"]
+        warning = f"AFTER's fine-tuning worsened its held-out loss ({start:.4g} → {end:.4g}){kept}"
+        facts.append(("WARNING", warning))
     if "kl_per_token" in fidelity:
         facts.append(("fidelity at conversion", f"KL {fidelity['kl_per_token']:.3g} nats/token, "
                       f"top-1 agreement {fidelity['top1_agreement']:.2%}"))  # fmt: skip
