@@ -39,7 +39,7 @@ from lm_study import finished_steps, load_plan  # noqa: E402  (a sibling script,
 import ssacli  # noqa: E402
 from ssacli.defaults import TAU  # noqa: E402
 from ssacli.files import replace_folder  # noqa: E402
-from ssacli.models.checkpoint import META_FILE, SCORER_FILE, WEIGHTS_FILE  # noqa: E402
+from ssacli.models.checkpoint import META_FILE, ORIGINAL_TYPE_KEY, SCORER_FILE, WEIGHTS_FILE  # noqa: E402
 from ssacli.models.loading import BUILTIN_DIR  # noqa: E402
 from ssacli.quality.measures import language_model_loss  # noqa: E402
 
@@ -79,6 +79,8 @@ def check_run(plan: dict[str, Any], folder: Path) -> dict[str, Any]:
     if found != expected or found_vocab != plan["vocab_size"]:
         raise SystemExit(f"{folder}: trained with {found}, vocab {found_vocab}, not the plan's {expected}")
     model_config = json.loads((folder / "config.json").read_text())
+    if ORIGINAL_TYPE_KEY in model_config:  # an SSA run's config.json is guarded against plain transformers
+        model_config["model_type"] = model_config[ORIGINAL_TYPE_KEY]
     differs = {k: model_config.get(k) for k, v in plan["model"].items() if model_config.get(k) != v}
     if differs:
         raise SystemExit(f"{folder}: its config.json differs from the plan's model: {differs}")
