@@ -233,9 +233,6 @@ class _Run:
             if self.anneal is not None:
                 self.anneal.apply(0)
             state["heldout"] = self._heldout(0, None, 0.0)
-            # The start is a checkpoint too: it may stay the best one (best/), and a run stopped
-            # before its first checkpoint resumes from it.
-            self._checkpoint(optimizer, state, 0.0)
         net = self.model
         if ddp.world > 1:
             ids = [self.dev.index] if self.dev.type == "cuda" else None
@@ -246,6 +243,11 @@ class _Run:
             )
         self.model.train()
         with StopSignals() as signals:
+            if not resumed:
+                # The start is a checkpoint too: it may stay the best one (best/), and a run
+                # stopped before its first checkpoint resumes from it. A Ctrl-C while it is written
+                # stops after the first step, like any other.
+                self._checkpoint(optimizer, state, 0.0)
             self._loop(net, optimizer, state, signals)
         return self._finish()
 
