@@ -16,6 +16,7 @@ from ssacli.diagnosis.metrics import METRICS
 from ssacli.diagnosis.probes import PROBES
 from ssacli.report.before_after import trajectory_figure, trajectory_notes
 from ssacli.report.figures import compare_figure, heatmap_figure, line_figure, overview_figure
+from ssacli.report.summary import heatmap_level_text
 
 
 def drawn(fig):
@@ -71,7 +72,9 @@ def test_heatmaps_show_the_collapse_point_or_the_harshest_level():
     fig = drawn(heatmap_figure(result.probe("embed-scale")))
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert "collapse_rate at σ=4" in titles and "max_weight at σ=4" in titles
-    assert "σ=4 (its collapse point)" in fig._suptitle.get_text()
+    assert (
+        heatmap_level_text(result.probe("embed-scale")) == "embed-scale: heatmaps at σ=4 (its collapse point)"
+    )
     cells = [t for ax in fig.axes for t in ax.texts]
     assert cells and min(t.get_fontsize() for t in cells) >= 8
     assert ".93" in {t.get_text() for t in cells}  # layer 1 head 2's max weight at σ=4

@@ -47,13 +47,13 @@ def test_terminal_report_shows_collapse_points_heatmap_and_skip_note():
     assert "embed-scale: 4; outlier: none; numeric: skipped" in text  # the summary panel
     assert f"numeric: skipped — {SKIP_NOTE}" in text
     assert "tiny<gpt>&co" in text and "2 × 3" in text
-    # The heatmap defaults to embed-scale (last-level mean max weight 0.705 > outlier's 0.3), at the
-    # level where the heads not collapsed at baseline (all but layer 1, head 2) differ most: level
-    # 2 (collapse rates .2 .2 .2 .4 .4: spread 0.098; level 4: .5 .5 .5 .6 .7, 0.08).
-    assert "heatmap: max_weight, probe embed-scale at level 2 (where heads differ most)" in text
+    # The heatmap defaults to embed-scale (last-level mean max weight 0.705 > outlier's 0.3), at
+    # its collapse point σ=4, where the probe acts (not level 2, where the heads differ most).
+    assert "heatmap: max_weight, probe embed-scale at σ=4 (its collapse point)" in text
+    assert "max_weight per head · embed-scale at σ=4" in text  # the grid's own title
     heat_rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["0"], ["1"])]
-    assert [".40", ".40", ".40"] in [row[1:] for row in heat_rows]
-    assert [".50", ".50", ".50"] in [row[1:] for row in heat_rows]
+    assert [".55", ".60", ".65"] in [row[1:] for row in heat_rows]
+    assert [".70", ".80", ".93"] in [row[1:] for row in heat_rows]
     # Per-head collapse points: layer 0 collapses at 4, layer 1 heads 0-1 at 4, head 2 at baseline.
     cells = [row[1:] for row in heat_rows]
     assert ["4", "4", "4"] in cells and ["4", "4", "B"] in cells
@@ -76,10 +76,8 @@ def test_terminal_report_shows_collapse_points_heatmap_and_skip_note():
 
 def test_heatmap_of_another_metric_and_probe():
     text = _render(render_diagnose, result_a(), heatmap_metric="outlier_capture", heatmap_probe="outlier")
-    # outlier's heads are equal at every level (std 0): the heatmap shows the harshest and says why
-    assert (
-        "heatmap: outlier_capture, probe outlier at level 100 (its harshest; the heads do not differ)" in text
-    )
+    # outlier never collapses: the heatmap shows its harshest level and says why
+    assert "heatmap: outlier_capture, probe outlier at σ=100 (its harshest level; no collapse)" in text
     heat_rows = [line.split() for line in text.splitlines() if line.split()[:1] == ["1"]]
     assert [".40", ".40", ".40"] in [row[1:] for row in heat_rows]
 
@@ -106,7 +104,7 @@ def test_heatmap_colors_only_where_color_is_allowed():
         render_diagnose(result_a(), console)
         outputs[no_color] = file.getvalue()
     assert "48;2;" in outputs[False]  # 24-bit background
-    assert "48;2;" not in outputs[True] and ".50" in outputs[True]
+    assert "48;2;" not in outputs[True] and ".55" in outputs[True]
 
 
 def test_heat_cell_format():
@@ -227,7 +225,7 @@ def _check_images(page: str, expected: int) -> None:
 
 def test_diagnose_html_is_self_contained():
     page = diagnose_html(result_a())
-    _check_images(page, expected=4)  # 2 figures (lines, heatmaps) per non-skipped probe
+    _check_images(page, expected=5)  # the overview, 2 figures (lines, heatmaps) per non-skipped probe
     assert "tiny&lt;gpt&gt;&amp;co" in page and "<gpt>" not in page
     assert SKIP_NOTE in page
     assert "collapse point: <b>4</b>" in page and "collapse point: <b>none</b>" in page
@@ -239,7 +237,8 @@ def test_diagnose_html_is_self_contained():
 def test_comparison_html_overlays_and_deltas():
     page = comparison_html(result_a(), result_b())
     _check_images(page, expected=2)  # one overlay figure per probe shared and live in both
-    assert "A: tiny&lt;gpt&gt;&amp;co · softmax" in page and "B: other · ssa" in page
+    assert "<th>A</th><td>tiny&lt;gpt&gt;&amp;co · softmax</td>" in page  # once "A: A: tiny…"
+    assert "<th>B</th><td>other · ssa</td>" in page and "A: A:" not in page
     assert "<td>-0.25</td>" in page.replace(' class="better"', "")
     assert "skipped in A and B" in page
 

@@ -15,15 +15,14 @@ import threading
 import traceback
 
 import typer
-from typer.core import TyperGroup
 
 from ..errors import InterruptError, exit_code
 from ..version import __version__
 from . import check, convert, diagnose, icl, report, train
-from .options import ModelCommand, debugging, print_error, set_debug
+from .options import HelpCommand, HelpGroup, ModelCommand, debugging, print_error, set_debug
 
 
-class _Commands(TyperGroup):
+class _Commands(HelpGroup):
     """ssacli's command group: Ctrl-C inside a command ends like every other error, in one line and
     a documented exit code (130), rather than click's silent exit; --debug is read wherever it is."""
 
@@ -74,22 +73,23 @@ def _root(
     pass  # --debug is read by _Commands.main, wherever it stands; declared here for --help
 
 
-app.command("scorers")(diagnose.scorers_command)
+app.command("scorers", cls=HelpCommand)(diagnose.scorers_command)
 app.command("diagnose", cls=ModelCommand)(diagnose.diagnose_command)
-app.command("check")(check.check_command)
+app.command("check", cls=HelpCommand)(check.check_command)
 app.command("convert", cls=ModelCommand)(convert.convert_command)
-app.command("finetune")(convert.finetune_command)
-app.command("report")(report.report_command)
-app.command("train")(train.train_command)
+app.command("finetune", cls=HelpCommand)(convert.finetune_command)
+app.command("report", cls=HelpCommand)(report.report_command)
+app.command("train", cls=HelpCommand)(train.train_command)
 
 icl_app = typer.Typer(
     help="In-context-learning experiments: train small models on the paper's tasks, evaluate them "
     "under magnitude and length shift.",
     no_args_is_help=True,
+    cls=HelpGroup,
 )
-icl_app.command("train")(icl.icl_train)
-icl_app.command("eval")(icl.icl_eval)
-icl_app.command("sweep")(icl.icl_sweep)
+icl_app.command("train", cls=HelpCommand)(icl.icl_train)
+icl_app.command("eval", cls=HelpCommand)(icl.icl_eval)
+icl_app.command("sweep", cls=HelpCommand)(icl.icl_sweep)
 app.add_typer(icl_app, name="icl")
 
 

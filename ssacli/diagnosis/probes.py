@@ -92,6 +92,7 @@ class ProbeKind:
     has_target: bool = False  # one target token per sample (its captured mass is measured)
     magnitude: bool = False  # shifts a magnitude: its reach is measured (ProbeResult.reached)
     additive: bool = False  # the level is added (M), not a factor: its reach is the target logits' mean shift
+    axis: str = "level"  # a level's variable and unit, as plot axes name it: "σ (embeddings × σ)"
 
     @property
     def needs_route(self) -> bool:
@@ -107,20 +108,23 @@ PROBES: dict[str, ProbeKind] = {
     k.name: k
     for k in (
         ProbeKind("embed-scale", (1, 2, 4, 8, 16, 32), "σ", "input embeddings × σ", ActsOn.EMBEDDINGS,
-                  scale, neutral=1, magnitude=True),
+                  scale, neutral=1, magnitude=True, axis="σ (input embeddings × σ)"),
         ProbeKind("outlier", (1, 10, 100, 1000), "σ", "one token's embedding × σ", ActsOn.EMBEDDINGS,
-                  scale_target, neutral=1, has_target=True, magnitude=True),
+                  scale_target, neutral=1, has_target=True, magnitude=True,
+                  axis="σ (one token's embedding × σ)"),
         ProbeKind("key-scale", (1, 2, 4, 8, 16, 32), "σ", "one token's keys × σ", ActsOn.KEYS,
-                  scale_target_key, neutral=1, has_target=True, magnitude=True),
+                  scale_target_key, neutral=1, has_target=True, magnitude=True,
+                  axis="σ (one token's keys × σ)"),
         ProbeKind("logit-scale", (1, 2, 4, 8, 16, 32), "α", "attention logits × α", ActsOn.LOGITS,
-                  scale, neutral=1, magnitude=True),
+                  scale, neutral=1, magnitude=True, axis="α (attention logits × α)"),
         ProbeKind("dominant-key", (0, 2, 4, 8, 16, 32), "M", "one key's logit + M", ActsOn.LOGITS,
                   raise_target_key, neutral=0, allow_zero=True, has_target=True, magnitude=True,
-                  additive=True),
+                  additive=True, axis="M (added to one key's logit)"),
         ProbeKind("length", (1, 2, 4, 8, 16, 32, 64, 128), "×", "inputs × m longer, up to the model's "
-                  "maximum positions", ActsOn.INPUT_LENGTH, integer=True),
+                  "maximum positions", ActsOn.INPUT_LENGTH, integer=True,
+                  axis="input length (× the base length in tokens)"),
         ProbeKind("numeric", (2, 3, 4, 5, 6, 7, 8, 9), "digits", "numbers of d digits", ActsOn.INPUT_TEXT,
-                  integer=True, needs_tokenizer=True),
+                  integer=True, needs_tokenizer=True, axis="digits per number"),
     )
 }  # fmt: skip
 

@@ -115,12 +115,18 @@ def _mean(values: list[float] | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+# Two-line headers: the trajectory table's widest cells are numbers, so at 80 columns nothing is cut.
+TRAJECTORY_HEADER = ("step", "loss", "held-out\nloss", "KL to\nsource", "top-1", "n mean\n(min–max)",
+                     "b\nmean")  # fmt: skip
+
+
 def trajectory_table(records: list[dict[str, Any]]) -> Table | None:
-    """Step, loss, held-out loss, KL to the source model, n and b (mean over layers, min–max)."""
+    """Step, loss, held-out loss, KL to the source model, n and b (mean over layers, min–max):
+    never a truncated cell (no_wrap columns under short two-line headers; about 70 columns)."""
     if not records:
         return None
     table = Table(title="fine-tuning trajectory (AFTER)", title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("step", "loss", "held-out loss", "KL to source", "top-1", "n (mean, min–max)", "b (mean)"):
+    for name in TRAJECTORY_HEADER:
         table.add_column(name, justify="right", no_wrap=True)
     for row in trajectory_rows(records):
         table.add_row(*row)
@@ -143,36 +149,66 @@ def trajectory_rows(records: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def trajectory_figure(records: list[dict[str, Any]]):
-    """Four panels over the steps: losses, KL to the source (log scale), n and b per layer."""
+    """Panels over the steps, only those with something to draw (a page says which are left out):
+    losses, KL to the source (log scale), n and b per layer (coloured by layer, with a colour bar)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 2.8))
-    axes = fig.subplots(1, 4)
+    from .figures import LAYERS, layer_bar, plain_y
+
     steps = [r["step"] for r in records]
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
     held = [(r["step"], r["heldout_loss"]) for r in records if r.get("heldout_loss") is not None]
-    if train:
-        axes[0].plot(*zip(*train), marker=".", label="train (that step)")
-    if held:
-        axes[0].plot(*zip(*held), marker=".", label="held-out")
-    axes[0].set_title("loss", size=9)
-    axes[0].legend(fontsize=7)
     kl = [(r["step"], max(r["kl_to_source"], 1e-12)) for r in records if r.get("kl_to_source") is not None]
-    if kl:
-        axes[1].semilogy(*zip(*kl), marker=".")
-    axes[1].set_title("KL to the source model (nats/token)", size=9)
-    for ax, name in ((axes[2], "n"), (axes[3], "b")):
-        per_step = [r.get("scorer", {}).get(name) or [] for r in records]
-        layers = max((len(v) for v in per_step), default=0)
+    scorer = {name: [r.get("scorer", {}).get(name) or [] for r in records] for name in ("n", "b")}
+    panels = [name for name, present in (("loss", train or held), ("kl", kl),
+              ("n", any(scorer["n"])), ("b", any(scorer["b"]))) if present]  # fmt: skip
+    fig = Figure(figsize=(2.9 * max(len(panels), 1) + 0.6, 2.9))
+    axes = dict(zip(panels, fig.subplots(1, len(panels), squeeze=False)[0])) if panels else {}
+    if "loss" in axes:
+        ax = axes["loss"]
+        if train:
+            ax.plot(*zip(*train), marker=".", label="train (that step)")
+        if held:
+            ax.plot(*zip(*held), marker=".", label="held-out")
+        ax.set_title("loss", size=9)
+        ax.set_ylabel("loss (nats/token)", size=8)
+        ax.legend(fontsize=7)
+        plain_y(ax)
+    if "kl" in axes:
+        axes["kl"].semilogy(*zip(*kl), marker=".")
+        axes["kl"].set_title("KL to the source model", size=9)
+        axes["kl"].set_ylabel("KL (nats/token)", size=8)
+    for name in ("n", "b"):
+        if name not in axes:
+            continue
+        ax, per_step = axes[name], scorer[name]
+        layers = max(len(v) for v in per_step)
         for layer in range(layers):
-            ax.plot(steps, [v[layer] if layer < len(v) else float("nan") for v in per_step], lw=0.8)
-        ax.set_yscale("log")
-        ax.set_title(f"{name} per layer ({layers} lines)", size=9)
-    for ax in axes:
+            values = [v[layer] if layer < len(v) else float("nan") for v in per_step]
+            ax.plot(steps, values, lw=0.8, color=LAYERS(layer / max(layers - 1, 1)))
+        finite = [x for v in per_step for x in v if x > 0]
+        if finite and max(finite) > 10 * min(finite):  # log only for a wide range; else ticks read 1.7×10⁰
+            ax.set_yscale("log")
+        ax.set_title(f"SSA {name} per layer", size=9)
+        ax.set_ylabel(name, size=8)
+        plain_y(ax)
+        if layers > 1:
+            layer_bar(fig, [ax], layers)
+    for ax in axes.values():
         ax.set_xlabel("step", size=8)
         ax.tick_params(labelsize=7)
     fig.tight_layout()
     return fig
+
+
+def trajectory_notes(records: list[dict[str, Any]]) -> list[str]:
+    """What the trajectory figure leaves out, and why (no panel is drawn empty)."""
+    notes = []
+    if not any(r.get("kl_to_source") is not None for r in records):
+        notes.append("no KL to the source model was recorded (not a language model, or no source)")
+    if not any((r.get("scorer") or {}).get("n") for r in records):
+        notes.append("no SSA n or b per layer (the scorer has none)")
+    return notes
 
 
 def figure_html(fig, alt: str) -> str:
@@ -230,11 +266,11 @@ def report_html(report: dict[str, Any]) -> str:
         sections.append(Section(None, [note]))
     records = trajectory_of(report)
     if records:
-        header = ["step", "loss", "held-out loss", "KL to source", "top-1", "n (mean, min–max)", "b (mean)"]
+        header = [name.replace("\n", " ") for name in TRAJECTORY_HEADER]
         figure = figure_html(trajectory_figure(records), "fine-tuning trajectory")
-        sections.append(
-            Section("fine-tuning trajectory (AFTER)", [figure, html_table(header, trajectory_rows(records))])
-        )
+        notes = [f'<p class="note">{escape_html(note)}</p>' for note in trajectory_notes(records)]
+        body = [figure, *notes, html_table(header, trajectory_rows(records))]
+        sections.append(Section("fine-tuning trajectory (AFTER)", body))
     sections.append(Section("attention probes (A = BEFORE, B = AFTER)"))
     sections += comparison_sections(*report_results(report), head_level=3)
     return page(f"ssacli report: {report['before']['model']} → {report['after']['model']}", sections)

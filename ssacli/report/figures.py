@@ -23,7 +23,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, ScalarFormatter
 from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
 from ..diagnosis.result import COLLAPSE_SHARE, DiagnoseResult, ProbeResult
-from .summary import collapse_point_grid, fmt_level, heatmap_index, heatmap_level_text, table_columns
+from .summary import collapse_point_grid, fmt_level, heatmap_index, table_columns
 
 DPI = 100
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 10^0
@@ -61,7 +61,7 @@ def line_figure(probe: ProbeResult):
     handles = [axes[0].lines[-1]] if axes else []
     fig.legend(handles, ["model mean (black)"], loc="upper left", fontsize=8, frameon=False)
     if count > 1:
-        _layer_bar(fig, axes, count)
+        layer_bar(fig, axes, count)
     fig.suptitle(f"{probe.name}: metrics vs {level_axis_label(probe)}", size=9)
     return fig
 
@@ -71,10 +71,12 @@ def level_axis_label(probe: ProbeResult) -> str:
     return probe.kind.axis if probe.kind is not None else "level"
 
 
-def _layer_bar(fig: Figure, axes, count: int) -> None:
-    """The colour bar that names the layer lines (first layer at the bottom)."""
+def layer_bar(fig: Figure, axes, count: int) -> None:
+    """The colour bar that names the layer lines of ``axes`` (first layer at the bottom, whole
+    layer numbers)."""
     mappable = ScalarMappable(norm=Normalize(-0.5, count - 0.5), cmap=LAYERS)
-    bar = fig.colorbar(mappable, ax=axes, fraction=0.02, pad=0.02, aspect=30)
+    single = len(axes) == 1  # one axes: a gridspec colour bar, which tight_layout can lay out
+    bar = fig.colorbar(mappable, ax=axes[0] if single else axes, fraction=0.05 if single else 0.02, pad=0.02)
     bar.set_label("layer", size=8)
     bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(count, 8)))
     bar.ax.tick_params(labelsize=7)
@@ -108,8 +110,7 @@ def heatmap_figure(probe: ProbeResult):
         ax.tick_params(labelsize=8)
         ax.set_xlabel("head", size=8)
         ax.set_ylabel("layer", size=8)
-    fig.suptitle(heatmap_level_text(probe), size=9)
-    fig.tight_layout()
+    fig.tight_layout()  # each panel's title names the level; the page's note says why that level
     return fig
 
 
@@ -265,11 +266,10 @@ def _level_axis(ax, levels, label: str = "level") -> None:
 
 
 def plain_y(ax) -> None:
-    """A linear y axis without offset or scientific notation (the values themselves on the ticks)."""
-    formatter = ax.yaxis.get_major_formatter()
-    if isinstance(formatter, ScalarFormatter):
-        formatter.set_useOffset(False)
-        formatter.set_scientific(False)
+    """A linear y axis that writes each tick's own value in four significant digits (0.82, 32.5,
+    1e-05): no offset or ×10ⁿ text above the axis, where it collided with the title."""
+    if isinstance(ax.yaxis.get_major_formatter(), ScalarFormatter):
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.4g}"))
 
 
 def _y_range(ax, name: str, values: np.ndarray) -> None:
@@ -283,7 +283,8 @@ def _y_range(ax, name: str, values: np.ndarray) -> None:
     if finite.size == 0:
         return
     lo, hi = float(finite.min()), float(finite.max())
-    pad = max(0.05 * max(abs(lo), abs(hi)), 1e-9)
+    magnitude = max(abs(lo), abs(hi))
+    pad = 0.05 * magnitude if magnitude > 0 else 0.05  # all zero (a task error of 0): a ±0.05 band
     if hi - lo < 2 * pad:
         middle = (hi + lo) / 2
         ax.set_ylim(middle - pad, middle + pad)

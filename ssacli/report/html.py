@@ -21,13 +21,12 @@ from typing import Any
 from ..diagnosis.comparison import common_levels, comparison_findings
 from ..diagnosis.result import DiagnoseResult, ProbeResult
 from ..diagnosis.verdicts import Verdict, probe_verdicts
-from .figures import compare_figure, heatmap_figure, line_figure, png_img
+from .figures import compare_figure, heatmap_figure, line_figure, overview_figure, png_img
 from .summary import (
     collapse_detail,
     comparison_columns,
     delta_verdict,
     fmt,
-    fmt_collapse,
     fmt_delta,
     fmt_level,
     heatmap_level_text,
@@ -105,6 +104,10 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
     findings = summary_findings(result)
     if findings:
         sections.append(Section("findings", [findings_list(findings)]))
+    overview = overview_figure(result)
+    if overview is not None:
+        alt = "collapse point per probe and layer"
+        sections.append(Section("collapse point per probe and layer", [png_img(overview, alt)]))
     labels = layer_labels(result.layers)
     for probe in result.probes:
         if probe.skipped:
@@ -159,7 +162,8 @@ def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int
     """A and B overlaid per shared probe (A solid, B dashed) and B − A tables on common levels,
     after a head naming both (at ``head_level``: 1 on its own page, lower inside another)."""
     name_a, name_b = _side_label("A", a), _side_label("B", b)
-    facts = [("A", name_a), ("B", name_b), ("Δ", "B − A of the model means (red: B more saturated)")]
+    facts = [("A", f"{a.model} · {a.scorer}"), ("B", f"{b.model} · {b.scorer}"),
+             ("Δ", "B − A of the model means (red: B more saturated)")]  # fmt: skip
     sections = [Section("ssacli diagnose: comparison", [facts_table(facts)], level=head_level)]
     changes = [f["text"] for f in comparison_findings(a, b)]
     if changes:
@@ -176,8 +180,8 @@ def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int
             sections.append(Section(pa.name, [f'<p class="note">{escape(why)}</p>']))
             continue
         points = (
-            f"<p>collapse point: A <b>{escape(fmt_collapse(pa.collapse_point()))}</b>, "
-            f"B <b>{escape(fmt_collapse(pb.collapse_point()))}</b></p>"
+            f"<p>collapse point: A <b>{escape(pa.collapse_status())}</b>, "
+            f"B <b>{escape(pb.collapse_status())}</b></p>"
         )
         figure = png_img(compare_figure(pa, pb, name_a, name_b), f"{pa.name}: A vs B")
         sections.append(Section(pa.name, [points, figure, _delta_table(pa, pb)]))

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..diagnosis.comparison import common_levels, comparison_findings
+from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
 from ..diagnosis.result import DiagnoseResult, ProbeResult
 from ..diagnosis.verdicts import Verdict, probe_verdicts
@@ -32,6 +33,7 @@ from .summary import (
     delta_verdict,
     fmt,
     fmt_level,
+    heatmap_index,
     heatmap_legend,
     layer_labels,
     layers_by_heads,
@@ -120,14 +122,16 @@ def render_diagnose(
         detail = collapse_detail(probe)
         if detail:
             console.print(Text(detail, style="dim"))
+        console.print()  # a blank line before the next probe's title
     if any(not p.skipped for p in result.probes):
         chosen = pick_heatmap(result, heatmap_metric, heatmap_probe)
         points = collapse_point_grid(chosen)
         if points is not None:
-            for table in grid_tables(result, points, None, console.width, text=True):
+            title = f"per-head collapse points · {chosen.name}"
+            for table in grid_tables(result, points, None, console.width, text=True, title=title):
                 console.print(table)
             console.print(Text(collapse_grid_legend(chosen), style="dim"))
-        index = chosen.most_different_level()
+        index = heatmap_index(chosen)
         for table in heatmap_tables(result, chosen, heatmap_metric, console.width, index):
             console.print(table)
         console.print(Text(heatmap_legend(chosen, heatmap_metric, index), style="dim"))
@@ -190,6 +194,9 @@ def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) ->
             continue
         for table in tables:
             console.print(table)
+        legend = comparison_legend(pa, pb)
+        if legend:  # under the tables, wrapped to the terminal (a caption wraps at the table's edge)
+            console.print(Text(legend, style="dim"))
     for pb in b.probes:
         if pb.name not in {p.name for p in a.probes}:
             console.print(Text(f"{pb.name}: only in B", style="dim"))
@@ -212,12 +219,15 @@ def comparison_tables(pa: ProbeResult, pb: ProbeResult, width: int) -> list[Tabl
             va, vb = float(means[m][0][ia]), float(means[m][1][ib])
             cells += [_fixed(va), _fixed(vb), _delta_text(m, vb - va)]
         rows.append(cells)
-    tables = _split_tables(title, header, rows, width, keep=1, group=3)
+    continued = f"{pa.name} · A, B, Δ (continued)"
+    return _split_tables(title, header, rows, width, keep=1, group=3, continued=continued)
+
+
+def comparison_legend(pa: ProbeResult, pb: ProbeResult) -> str | None:
+    """What the comparison tables' abbreviated headers stand for ("ent = entropy, …"), or None."""
+    metrics = comparison_columns(pa, pb)
     abbreviated = [f"{METRICS[m].short} = {m}" for m in metrics if METRICS[m].short != m]
-    if abbreviated:
-        tables[-1].caption = ", ".join(abbreviated)
-        tables[-1].caption_justify = "left"
-    return tables
+    return ", ".join(abbreviated) if abbreviated and common_levels(pa, pb) else None
 
 
 def heatmap_tables(
@@ -225,14 +235,16 @@ def heatmap_tables(
 ) -> list[Table]:
     """The layer × head grid at level ``index`` (default: the harshest) as rich tables of colored
     cells, split into column groups that fit the terminal so wide models never wrap mid-cell."""
-    grid = probe.metrics[metric][-1 if index is None else index]
-    return grid_tables(result, grid, metric, width)
+    index = len(probe.levels) - 1 if index is None else index
+    title = f"{metric} per head · {probe.name} at {level_text(probe, probe.levels[index])}"
+    return grid_tables(result, probe.metrics[metric][index], metric, width, title=title)
 
 
 def grid_tables(
-    result: DiagnoseResult, grid, metric: str | None, width: int, text: bool = False
+    result: DiagnoseResult, grid, metric: str | None, width: int, text: bool = False, title: str | None = None
 ) -> list[Table]:
-    """A layer × head grid (numbers colored by ``metric``, or ready-made strings when ``text``)."""
+    """A layer × head grid (numbers colored by ``metric``, or ready-made strings when ``text``),
+    titled ``title`` (every part of a split grid: "…, heads 8–15")."""
     if text:
         texts = [list(row) for row in grid]
         lo = hi = 0.0
@@ -248,10 +260,14 @@ def grid_tables(
     tables = []
     for start in range(0, n_heads, per_table):
         heads = range(start, min(start + per_table, n_heads))
-        table = Table(box=None, padding=0, pad_edge=False, show_edge=False)
+        part = title
+        if title is not None and n_heads > per_table:
+            part = f"{title}, heads {heads[0]}–{heads[-1]}"
+        table = Table(title=part, title_justify="left", box=None, padding=0, pad_edge=False, show_edge=False)
         table.add_column("layer\\head", no_wrap=True, min_width=label_width)
         for head in heads:
             table.add_column(str(head), justify="right", width=cell, no_wrap=True)
+        _room_for_title(table, part, label_width + cell * len(heads), width)
         for layer, label in enumerate(labels):
             row: list[Text] = [Text(label + " ")]
             for head in heads:
@@ -288,7 +304,7 @@ def _probe_tables(probe: ProbeResult, width: int) -> list[Table]:
 
 def _split_tables(
     title: str, header: list[str], rows: list[list], width: int, keep: int = 1, group: int = 1,
-    left: tuple[int, ...] = (),
+    left: tuple[int, ...] = (), continued: str | None = None,
 ) -> list[Table]:  # fmt: skip
     """Plain tables of the given cells that each fit ``width`` (one space between columns)."""
     widths = [
@@ -297,18 +313,30 @@ def _split_tables(
         for h, col in zip(header, zip(*rows) if rows else [()] * len(header))
     ]  # fmt: skip
     tables = []
+    # Every part is titled: the continuation of a split table by the title's first two parts.
+    continued = continued or " · ".join(title.split(" · ")[:2]) + " (continued)"
     # SIMPLE_HEAD draws a space between columns (counted in each width) and one at each edge.
     for part, columns in enumerate(split_columns(widths, width - 3, keep, group)):
+        name = title if part == 0 else continued
         table = Table(
-            title=title if part == 0 else None, title_justify="left", box=box.SIMPLE_HEAD,
+            title=name, title_justify="left", box=box.SIMPLE_HEAD,
             padding=0, pad_edge=False, collapse_padding=True,
         )  # fmt: skip
         for i in columns:
             table.add_column(header[i], justify="left" if i in left else "right", no_wrap=True)
+        _room_for_title(table, name, sum(widths[i] for i in columns) + 2, width)
         for row in rows:
             table.add_row(*(row[i] for i in columns))
         tables.append(table)
     return tables
+
+
+def _room_for_title(table: Table, title: str | None, natural: int, width: int) -> None:
+    """An empty last column that makes a narrow table (``natural`` characters) as wide as its
+    title, up to the terminal's ``width``: rich wraps a title at the table's edge, and widening the
+    table itself would spread its columns apart."""
+    if title is not None and len(title) > natural:
+        table.add_column("", width=min(len(title), width) - natural, no_wrap=True)
 
 
 def _saturated_tables(result: DiagnoseResult, heads: list[dict[str, Any]], width: int) -> list[Table]:
