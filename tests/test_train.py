@@ -410,7 +410,7 @@ def test_two_process_ddp_keeps_ranks_identical_and_only_rank0_writes(tmp_path, l
     start = state(load_model(lm["gpt2"]).model)
     assert any(not torch.equal(start[k], rank0[k]) for k in start)  # it did train
     assert sorted(p.name for p in probe.iterdir() if p.name.startswith("saved")) == ["saved-by-rank0"]
-    assert (probe / "saved-by-rank0").read_text() == "xx"  # step 2 and the end
+    assert (probe / "saved-by-rank0").read_text() == "xxx"  # step 0, step 2 and the end
     saved = state(load_model(str(out)).model)
     assert_same_state(saved, {k: v for k, v in rank0.items() if k in saved})
     record = training_record(out)
