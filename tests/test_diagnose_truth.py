@@ -15,7 +15,7 @@ from conftest import VOCAB, build_model, unwritable
 from ssacli import diagnose
 from ssacli.check.requirements import parse_requirement, run_check
 from ssacli.diagnosis.metrics import LayerStats, kurtosis_from_moments, sink_indicator
-from ssacli.diagnosis.result import DiagnoseResult
+from ssacli.diagnosis.result import SCHEMA_VERSION, DiagnoseResult
 
 
 def _ids(samples=4, length=24, seed=0):
@@ -215,7 +215,8 @@ def test_a_schema_1_result_still_loads_and_gets_new_summaries():
     np.testing.assert_array_equal(probe.metrics["sink_rate"], result.probe("outlier").metrics["sink_rate"])
     assert probe.reach() is None and probe.reached() is None
     assert old.findings()
-    assert json.loads(old.to_json())["schema_version"] == 2
+    assert json.loads(old.to_json())["schema_version"] == SCHEMA_VERSION == 3  # written as the current
+    assert old.unaudited is None and old.verdicts()  # fields a version-1/2 file lacks read as absent
 
 
 def test_requirement_failure_names_the_worst_head():

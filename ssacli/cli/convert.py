@@ -37,6 +37,7 @@ from .options import (
     QuietTraining,
     Schedule,
     SeqLen,
+    Strict,
     TrainSeed,
     TrainWhat,
     TrustRemoteCode,
@@ -86,6 +87,7 @@ def convert_command(
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
+    strict: Strict = False,
     quiet: QuietTraining = False,
 ) -> None:
     """Swap MODEL's attention scorer, report how close it stays, and save it to --out.
@@ -113,7 +115,7 @@ def convert_command(
         raise UsageError(f"--{next(iter(options)).replace('_', '-')} only applies with --finetune")
     load = dict(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, strict=strict,
     )  # fmt: skip
     calibration = _read_text(text) if text is not None else None  # an unreadable file is exit 4
     console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
@@ -216,8 +218,10 @@ def _read_text(path: Path) -> str:
 
 
 def fidelity_lines(report: dict[str, Any]) -> list[str]:
-    """The overall fidelity line, the per-layer table of m=auto, and what to do if a target is missed."""
-    lines = [_fidelity_line(report)]
+    """The overall fidelity line, the per-layer table of m=auto, and what to do if a target is missed;
+    first, for a family the audit does not cover, that it is unaudited."""
+    lines = [f"warning: unaudited: {report['unaudited']}"] if report.get("unaudited") else []
+    lines.append(_fidelity_line(report))
     layers = report.get("layers") or []
     if layers:
         lines.append("layer  m        attention-row KL  max |logit|  SSA shift at max")

@@ -19,6 +19,7 @@ from .options import (
     Dtype,
     OptionalModel,
     QuietOutput,
+    Strict,
     TrustRemoteCode,
     bar_columns,
     check_outputs,
@@ -102,6 +103,7 @@ def diagnose_command(
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
+    strict: Strict = False,
     compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
     json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
@@ -136,7 +138,7 @@ def diagnose_command(
         probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
         block_size=block_size, device=device, dtype=dtype, allow_download=allow_download,
-        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, strict=strict,
     )  # fmt: skip
     console = Console()
     result = _diagnose(model_ref, settings, quiet)

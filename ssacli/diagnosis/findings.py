@@ -5,8 +5,9 @@ numbers behind it (``probe``, ``level``, ``layers``, ``value``, …). Terminal, 
 same list (``DiagnoseResult.findings``); what changed between two runs is
 :func:`ssacli.diagnosis.comparison.comparison_findings`, written with the helpers here.
 
-Kinds: ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``, ``absorbed``,
-``collapse``, ``no_collapse``, ``fading``, ``massive_activations``.
+Kinds: ``degenerate``, ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``,
+``absorbed``, ``collapse``, ``outputs_broke``, ``no_collapse`` (its ``verdict``: robust, degenerate
+or unmeasured; :mod:`ssacli.diagnosis.outputs` decides), ``fading``, ``massive_activations``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,16 @@ from typing import Any
 import numpy as np
 
 from ..defaults import SINK_EPS
+from .outputs import (
+    ERROR_HELD_RATIO,
+    OUTPUT_KL_HELD,
+    degenerate,
+    level_loss,
+    level_output_kl,
+    outputs_broke_at,
+    reference_index,
+    robust_index,
+)
 from .probe_result import ProbeResult
 from .probes import ActsOn
 
@@ -62,11 +73,17 @@ def baseline_probe(probes: Sequence[ProbeResult]) -> ProbeResult | None:
     return live[0] if live else None
 
 
-def findings(probes: Sequence[ProbeResult], heads: Sequence[int]) -> list[dict[str, Any]]:
-    """The findings of one result: its probes and the heads per layer."""
+def findings(
+    probes: Sequence[ProbeResult], heads: Sequence[int], vocab_size: int | None = None
+) -> list[dict[str, Any]]:
+    """The findings of one result: its probes, the heads per layer and (causal LMs) the vocabulary
+    size, against which a baseline loss reads degenerate (:func:`ssacli.diagnosis.outputs.degenerate`)."""
     out: list[dict[str, Any]] = []
     total_heads = int(sum(heads))
     base = baseline_probe(probes)
+    broken = degenerate(probes, vocab_size, base)
+    if broken is not None:
+        out.append({"kind": "degenerate", **broken, "text": f"degenerate, not robust: {broken['text']}"})
     if base is not None and {"sink_rate", "collapse_rate"} <= set(base.metrics):
         sinks = base.metrics["sink_rate"][0]
         count = int(np.nansum(sinks))
@@ -89,18 +106,19 @@ def findings(probes: Sequence[ProbeResult], heads: Sequence[int]) -> list[dict[s
     for probe in probes:
         if probe.skipped or not {"collapse_rate", "max_weight", "entropy"} <= set(probe.metrics):
             continue
-        out.extend(_probe_findings(probe))
+        out.extend(_probe_findings(probe, broken))
     massive = _massive(base)
     if massive is not None:
         out.append(massive)
     # Most informative first: problems with the measurement, then what saturates.
-    order = ["overflow", "absorbed", "insensitive", "collapse", "sink_heads", "collapsed_at_baseline",
-             "fading", "massive_activations", "no_collapse"]  # fmt: skip
+    order = ["degenerate", "overflow", "absorbed", "insensitive", "collapse", "outputs_broke",
+             "sink_heads", "collapsed_at_baseline", "fading", "massive_activations",
+             "no_collapse"]  # fmt: skip
     out.sort(key=lambda f: order.index(f["kind"]) if f["kind"] in order else len(order))
     return out[:MAX_FINDINGS]
 
 
-def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
+def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     out = []
     flow = probe.first_overflow()
     if flow is not None:
@@ -150,13 +168,10 @@ def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
         while last > 0 and probe.overflowed(last):
             last -= 1
         peak = float(probe.model_mean("max_weight")[last])
-        out.append({
-            "kind": "no_collapse", "probe": probe.name, "level": probe.levels[last],
-            "value": float(fresh[last]),
-            "text": f"{probe.name} collapses at most {np.nan_to_num(fresh[last]):.0%} of the rows up to "
-                    f"{level_text(probe, probe.levels[last])} (max weight {peak:.2f}"
-                    f"{_reach_text(probe, last, plain=True)})",
-        })  # fmt: skip
+        little = (f"collapses at most {np.nan_to_num(fresh[last]):.0%} of the rows up to "
+                  f"{level_text(probe, probe.levels[last])} (max weight {peak:.2f}"
+                  f"{_reach_text(probe, last, plain=True)})")  # fmt: skip
+        out.append(_held_finding(probe, last, little, float(fresh[last]), broken))
     fading = probe.fading()
     if fading is not None:
         slopes = np.array([np.nan if v is None else v for v in fading["entropy_layers"]], dtype=float)
@@ -177,6 +192,45 @@ def _probe_findings(probe: ProbeResult) -> list[dict[str, Any]]:
                         f"{_n_range(fading['n'])}){where}; max weight {maxw_mean:+.3f} per doubling",
             })  # fmt: skip
     return out
+
+
+def _held_finding(
+    probe: ProbeResult, last: int, little: str, fresh: float, broken: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Little collapse up to level ``last``: robust only if the outputs held there too (and the model
+    is not degenerate); otherwise the finding says why this is no robustness."""
+    kl = level_output_kl(probe)
+    ref = reference_index(probe.name, probe.levels)
+    first = level_text(probe, probe.levels[ref])
+    broke = outputs_broke_at(probe)
+    robust = robust_index(probe)
+    found = {"kind": "no_collapse", "probe": probe.name, "level": probe.levels[last], "value": fresh,
+             "output_kl": kl[last]}  # fmt: skip
+    if broken is not None:
+        found["verdict"] = "degenerate"
+        found["text"] = f"{probe.name} {little}; not robustness: the model is degenerate"
+    elif broke is not None and broke <= last:
+        found.update(
+            kind="outputs_broke", verdict="outputs broke", level=probe.levels[broke], output_kl=kl[broke]
+        )
+        loss = level_loss(probe)
+        if kl[broke] is not None:
+            how = f"KL {kl[broke]:.3g} nats/token to {first} > {OUTPUT_KL_HELD:g}"
+        else:
+            how = f"task error {loss[broke]:.3g} vs {loss[ref]:.3g} at {first}, > {ERROR_HELD_RATIO:g}×"
+        at = level_text(probe, probe.levels[broke])
+        found["text"] = f"{probe.name}: outputs broke from {at} ({how}) although it {little}; not robust"
+    elif robust is not None and robust >= last:
+        held = max((v for v in kl[: last + 1] if v is not None), default=None)
+        how = f"KL ≤ {held:.3g} nats/token to {first}" if held is not None else "task error held"
+        upto = level_text(probe, probe.levels[last])
+        found.update(
+            verdict="robust", text=f"{probe.name} robust up to {upto}: {little}; outputs held ({how})"
+        )
+    else:
+        text = f"{probe.name} {little}; its outputs were not measured, so not called robust"
+        found.update(verdict="unmeasured", text=text)
+    return found
 
 
 def _n_range(n: list) -> str:
@@ -231,8 +285,6 @@ def _reach_text(probe: ProbeResult, index: int, plain: bool = False) -> str:
     if text is None:
         return ""
     return f", shift reached {text}" if plain else f" (shift reached {text})"
-
-
 
 
 def _massive(probe: ProbeResult | None) -> dict[str, Any] | None:

@@ -223,12 +223,38 @@ def absorber(norms: list[str], attention: str) -> str | None:
     return chosen[-1] if chosen else None
 
 
+class OutputReference:
+    """The first level's output log-probabilities of one probe, per batch, so that every later level
+    (the same inputs: the probe changes embeddings, keys or logits, not the tokens) reports
+    KL(first ‖ level) per real token: how far the probe moved what the model outputs. Held on the
+    CPU in float32 for one probe at a time: samples × tokens × vocabulary values."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, torch.Tensor] = {}  # batch index -> [real tokens, vocabulary]
+        self.recording = True  # the first level records; later ones compare
+
+    def compare(self, index: int, logits: torch.Tensor, keep: torch.Tensor) -> tuple[float, float] | None:
+        """(sum of KL over ``keep``'s tokens, their count); the first level records and reads 0."""
+        logp = F.log_softmax(logits.float(), dim=-1)[keep]
+        if self.recording:
+            self.first[index] = logp.cpu()
+            return 0.0, float(logp.shape[0])
+        ref = self.first.get(index)
+        if ref is None or ref.shape != logp.shape:
+            return None
+        ref = ref.to(logp.device)
+        p = ref.exp()
+        kl = torch.where(p > 0, p * (ref - logp), torch.zeros((), device=logp.device)).sum(-1)
+        return float(kl.sum()), float(kl.numel())
+
+
 def forward_batch(
     loaded: LoadedModel, route: str, probe: Probe, level: float, batch: ProbeBatch, recorder: Recorder,
-    layers: list[tuple[str, nn.Module]],
+    layers: list[tuple[str, nn.Module]], reference: OutputReference | None = None, index: int = 0,
 ) -> dict[str, tuple[float, float]]:  # fmt: skip
     """Run one batch under the probe at ``level``, observed by ``recorder``; returns extras as
-    (sum, count), e.g. the LM loss."""
+    (sum, count), e.g. the LM loss, and with a ``reference`` the output KL to its first level's
+    forward of batch ``index`` (the logits the forward returns anyway: no extra forward)."""
     kind = probe.kind
     recorder.valid = batch.valid
     recorder.target = batch.target
@@ -246,7 +272,7 @@ def forward_batch(
             else:
                 if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
                     hooks.append(_embedding_hook(loaded, kind.effect, level, batch.target))
-                extras = _hf_forward(loaded, route, batch, device, recorder)
+                extras = _hf_forward(loaded, route, batch, device, recorder, reference, index)
     finally:
         for hook in hooks:
             hook.remove()
@@ -288,8 +314,9 @@ def _embedding_hook(loaded: LoadedModel, effect: Effect, level: float, target: t
 
 
 def _hf_forward(
-    loaded: LoadedModel, route: str, batch: ProbeBatch, device, recorder: Recorder
-) -> dict[str, tuple[float, float]]:
+    loaded: LoadedModel, route: str, batch: ProbeBatch, device, recorder: Recorder,
+    reference: OutputReference | None = None, index: int = 0,
+) -> dict[str, tuple[float, float]]:  # fmt: skip
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if loaded.kind == "seq2seq":
@@ -302,14 +329,22 @@ def _hf_forward(
     logits = getattr(out, "logits", None)
     if isinstance(logits, torch.Tensor) and not torch.isfinite(logits).all():
         recorder.overflow.note(None, "output logits")
-    if loaded.kind != "causal" or logits is None or logits.shape[:2] != ids.shape:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape:
         return {}
+    extras: dict[str, tuple[float, float]] = {}
+    if reference is not None:
+        kl = reference.compare(index, logits, mask.bool())
+        if kl is not None:
+            extras["output_kl"] = kl
+    if loaded.kind != "causal":
+        return extras
     keep = (mask[:, 1:] * mask[:, :-1]).bool()
     losses = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
     losses = losses.view_as(keep)[keep]
     if not torch.isfinite(losses).all():
         recorder.overflow.note(None, "loss")
-    return {"loss": (float(losses.sum()), float(losses.numel()))}
+    extras["loss"] = (float(losses.sum()), float(losses.numel()))
+    return extras
 
 
 def _icl_forward(
@@ -335,4 +370,6 @@ def _icl_forward(
     return {"error": (float(errors.sum()), float(errors.numel()))}
 
 
-__all__ = ["LogitProbe", "Overflow", "ProbeObserver", "Recorder", "block_name", "forward_batch"]
+__all__ = [
+    "LogitProbe", "OutputReference", "Overflow", "ProbeObserver", "Recorder", "block_name", "forward_batch",
+]  # fmt: skip

@@ -111,6 +111,30 @@ LAYER_METRICS: dict[str, MetricSpec] = {
     )
 }  # fmt: skip
 
+# Per level (one number per probe level, not per head): what the model still does under the probe.
+# Read from a probe's extras by ssacli.diagnosis.outputs (which owns the rules that use them);
+# ``ssacli check`` addresses them as loss@PROBE:LEVEL and output_kl@PROBE:LEVEL.
+QUALITY_METRICS: dict[str, MetricSpec] = {
+    m.name: m
+    for m in (
+        MetricSpec("loss", "the model's loss on the probe inputs at this level: next-token cross-entropy "
+                   "(nats/token) for causal LMs, the task error for ICL models (MSE for linear tasks, "
+                   "error rate for classification); null where the model has neither", True, False,
+                   "loss", "loss"),
+        MetricSpec("output_kl", "KL(first level || this level) of the output distribution, nats per token, "
+                   "on the same inputs (0 at the first level); null for ICL models (point predictions) "
+                   "and probes that change the inputs", True, False, "out KL", "kl"),
+    )
+}  # fmt: skip
+
+
+def metric_spec(name: str) -> MetricSpec:
+    """The spec of any metric: per head (METRICS), per layer (LAYER_METRICS) or per level."""
+    for table in (METRICS, LAYER_METRICS, QUALITY_METRICS):
+        if name in table:
+            return table[name]
+    raise KeyError(name)
+
 
 @torch.no_grad()
 def row_sums(

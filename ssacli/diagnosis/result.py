@@ -20,14 +20,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .findings import findings
+from .findings import baseline_probe, findings
 
 # METRICS, ProbeResult, COLLAPSE_SHARE and json_ready are importable from here too (older callers).
-from .metrics import LAYER_METRICS, METRICS
+from .metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
+from .outputs import OUTPUT_KL_HELD, degenerate, outputs_held, quality_values, reference_index
 from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
 
 SCHEMA = "ssacli-diagnose"
-SCHEMA_VERSION = 2  # 2: layer_metrics, overflow, insensitive, reach, baseline-relative collapse, findings
+SCHEMA_VERSION = 3  # 2: layer_metrics, overflow, insensitive, reach, baseline-relative collapse, findings
+# 3: output quality per level (extras output_kl, summary quality), verdicts, degenerate, unaudited
 
 
 @dataclass
@@ -42,6 +44,7 @@ class DiagnoseResult:
     settings: dict[str, Any] = field(default_factory=dict)  # seed, tau, top_k, inputs, device, ...
     versions: dict[str, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    unaudited: str | None = None  # why the family is not covered by the all-family audit (None: it is)
 
     # ---- lookups -------------------------------------------------------------------------------
     def probe(self, name: str) -> ProbeResult:
@@ -55,7 +58,21 @@ class DiagnoseResult:
 
     def findings(self) -> list[dict[str, Any]]:
         """3-8 plain-language statements computed from the result (see ssacli.diagnosis.findings)."""
-        return findings(self.probes, self.heads)
+        return findings(self.probes, self.heads, self.settings.get("vocab_size"))
+
+    def degenerate(self) -> dict[str, Any] | None:
+        """Why the model is degenerate at baseline (near-uniform attention everywhere, or a loss no
+        better than uniform guessing), or None: :func:`ssacli.diagnosis.outputs.degenerate`."""
+        probes = self.probes
+        return degenerate(probes, self.settings.get("vocab_size"), baseline_probe(probes))
+
+    def verdicts(self) -> dict[str, dict[str, Any]]:
+        """Per probe: its verdict (:func:`ssacli.diagnosis.verdicts.probe_verdicts`: saturates,
+        overflow, degenerate, outputs broke, absorbed, n/a, robust, …), the line reports print and
+        the level it names."""
+        from .verdicts import probe_verdicts  # it reads findings' texts, which import this module
+
+        return {v.probe: {"verdict": v.kind, "level": v.level, "text": v.line} for v in probe_verdicts(self)}
 
     def most_saturated(self, count: int = 5) -> list[dict[str, Any]]:
         """The heads with the highest collapse rate (ties: highest max weight) at the level where
@@ -104,8 +121,10 @@ class DiagnoseResult:
             "settings": json_ready(self.settings),
             "versions": json_ready(self.versions),
             "elapsed_s": round(self.elapsed_s, 3),
+            "unaudited": self.unaudited,
             "metrics": {name: spec.description for name, spec in METRICS.items()},
             "layer_metrics": {name: spec.description for name, spec in LAYER_METRICS.items()},
+            "quality_metrics": {name: spec.description for name, spec in QUALITY_METRICS.items()},
             "findings": self.findings(),
             "probes": [_probe_dict(p) for p in self.probes],
             "summary": {
@@ -113,6 +132,8 @@ class DiagnoseResult:
                 "collapse_points": self.collapse_points(),
                 "collapse_status": {p.name: p.collapse_status() for p in self.probes if not p.skipped},
                 "most_saturated": self.most_saturated(),
+                "degenerate": json_ready(self.degenerate()),
+                "verdicts": self.verdicts(),
             },
         }
 
@@ -161,6 +182,7 @@ class DiagnoseResult:
             settings=dict(data.get("settings", {})),
             versions=dict(data.get("versions", {})),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
+            unaudited=data.get("unaudited"),
         )
 
     def to_json(self) -> str:
@@ -244,5 +266,18 @@ def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
             "reached_attention": probe.reached(),
             "reach": _reach(probe),
             "fading": probe.fading(),
+            "quality": _quality(probe),
         },
+    }
+
+
+def _quality(probe: ProbeResult) -> dict[str, Any]:
+    """Per level: what the model still does (loss, output KL to the first level), whether its
+    outputs held, and the rule's bound (:mod:`ssacli.diagnosis.outputs`)."""
+    return {
+        "loss": quality_values(probe, "loss"),
+        "output_kl": quality_values(probe, "output_kl"),
+        "reference_level": probe.levels[reference_index(probe.name, probe.levels)] if probe.levels else None,
+        "outputs_held": [outputs_held(probe, i) for i in range(len(probe.levels))],
+        "output_kl_held": OUTPUT_KL_HELD,
     }

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .. import defaults
-from ..attention.audit import FALLBACK_FAMILIES, FALLBACK_UNCHECKED
+from ..attention.audit import FALLBACK_FAMILIES, FALLBACK_UNCHECKED, unaudited_reason
 from ..attention.interface import (
     CONFIG_SPEC_ATTR,
     SCORER_ATTR,
@@ -47,8 +47,9 @@ from ..errors import UnsupportedModelError, UsageError
 from ..models.kinds import ICL_FAMILY, kind_of, max_positions
 from ..models.loading import LoadedModel, load_model
 from ..version import __version__
-from .forward import Recorder, absorber, forward_batch
+from .forward import OutputReference, Recorder, absorber, forward_batch
 from .metrics import LAYER_METRICS, METRICS
+from .outputs import reference_index
 from .probes import (
     PROBES,
     ActsOn,
@@ -89,6 +90,7 @@ def diagnose(
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    strict: bool = False,
     progress: Progress | None = None,
 ) -> DiagnoseResult:
     """Probe ``model`` and return per probe level × layer × head saturation metrics.
@@ -99,7 +101,9 @@ def diagnose(
     Inputs: the built-in texts, ``text`` (a string), ``random_ids``, or ``inputs`` (token-id lists of
     any lengths; batches are padded and padding is excluded from every metric).
     ``device`` … ``trust_remote_code`` say how a MODEL reference is loaded
-    (:class:`~ssacli.models.loading.LoadOptions`).
+    (:class:`~ssacli.models.loading.LoadOptions`). A family the all-family audit does not cover is
+    measured and marked (``DiagnoseResult.unaudited``); with ``strict`` it is refused instead
+    (UnsupportedModelError).
     """
     started = time.perf_counter()
     for name, value, low in (
@@ -137,11 +141,16 @@ def diagnose(
             f"AttentionInterface and diagnose's eager fallback is not verified for it ({why}); "
             "verified fallback families: docs/diagnose.md"
         )
+    unaudited = unaudited_reason(getattr(root.config, "model_type", loaded.family), route)
+    if unaudited is not None and strict:
+        raise UnsupportedModelError(f"{unaudited}; --strict refuses it (drop --strict to measure it, marked)")
     training = loaded.model.training
     loaded.model.eval()
     undo = _prepare_scorer(root, scorer) if route == "ssacli" else None
     try:
-        return _run(loaded, probe_list, route, opts, started, progress)
+        result = _run(loaded, probe_list, route, opts, started, progress)
+        result.unaudited = unaudited
+        return result
     finally:
         if undo is not None:
             undo()
@@ -240,7 +249,15 @@ def _run(
         overflow: list[dict | None] = [None] * len(probe.levels)
         extras: dict[str, list[float | None]] = {}
         note = None
-        for li, level in enumerate(probe.levels):
+        # Probes that keep the tokens (they shift embeddings, keys or logits) compare every level's
+        # outputs with the first level's; ICL models predict points, not distributions.
+        # The reference is the unshifted (neutral) level when it was asked for, else the first; it
+        # runs first so that every other level can be compared with it.
+        keeps_inputs = probe.kind.acts_on in (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS)
+        reference = OutputReference() if keeps_inputs and loaded.kind != "icl" else None
+        first = reference_index(probe.name, probe.levels)
+        for li in sorted(range(len(probe.levels)), key=lambda i: i != first):
+            level = probe.levels[li]
             batches, why = plan[level]
             if batches is None:
                 note = why
@@ -254,9 +271,11 @@ def _run(
                 causal=loaded.kind == "causal",
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
-            for batch in batches:
+            if reference is not None:
+                reference.recording = li == first
+            for bi, batch in enumerate(batches):
                 for key, (value, count) in forward_batch(
-                    loaded, route, probe, level, batch, recorder, layers
+                    loaded, route, probe, level, batch, recorder, layers, reference, bi
                 ).items():
                     acc = totals.setdefault(key, [0.0, 0.0])
                     acc[0] += value
@@ -305,12 +324,19 @@ def _run(
             "length": length,
             "length_unit": "points" if icl else "tokens",
             "inputs": _describe_inputs(loaded, source, opts),
+            "vocab_size": _vocab_size(root) if loaded.kind == "causal" else None,  # uniform loss: log V
             "device": str(loaded.device),
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         },
         versions=software_versions(),
         elapsed_s=time.perf_counter() - started,
     )
+
+
+def _vocab_size(root: nn.Module) -> int | None:
+    config = getattr(root, "config", None)
+    size = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None)
+    return size if isinstance(size, int) and size > 1 else None
 
 
 def _layer_heads(module: nn.Module, root: nn.Module, route: str) -> int:

@@ -23,11 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .findings import absorbed_text, level_text, shift_text
+from .outputs import OUTPUT_KL_HELD, level_output_kl, outputs_broke_at, robust_index
 from .probe_result import ProbeResult
 
 # Lower is more severe; the verdict block lists severity 0 first. States that read the model's
 # outputs (degenerate, outputs broke) belong with 0: the model failed, whatever its attention did.
-SEVERITY = {"saturates": 0, "overflow": 0, "absorbed": 1, "n/a": 1, "skipped": 1, "robust": 2}
+SEVERITY = {"saturates": 0, "overflow": 0, "degenerate": 0, "outputs broke": 0, "absorbed": 1, "n/a": 1,
+            "skipped": 1, "robust": 2, "no collapse": 2}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,9 @@ class Verdict:
         return f"{self.probe}: {self.line}"
 
 
-def verdict_of(probe: ProbeResult) -> Verdict:
-    """One probe's verdict (see the module docstring)."""
+def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
+    """One probe's verdict (see the module docstring); ``broken``: why the model is degenerate
+    (:func:`ssacli.diagnosis.outputs.degenerate`), which no probe can read as robust."""
     name = probe.name
     if probe.skipped:
         return Verdict(name, "skipped", f"skipped: {probe.note or 'no countable rows'}")
@@ -65,6 +68,21 @@ def verdict_of(probe: ProbeResult) -> Verdict:
     if probe.reached() is False:
         return Verdict(name, "absorbed", absorbed_text(probe))
     top = len(probe.levels) - 1
+    if broken is not None:  # no collapse in a degenerate model is no robustness (outputs.py's rule)
+        return Verdict(name, "degenerate", f"degenerate, not robust: {broken['text']}")
+    broke = outputs_broke_at(probe)
+    if broke is not None:
+        kl = level_output_kl(probe)[broke]
+        how = (
+            f"KL {kl:.3g} nats/token to the unshifted run > {OUTPUT_KL_HELD:g}"
+            if kl is not None
+            else "task error"
+        )
+        at = probe.levels[broke]
+        return Verdict(name, "outputs broke", f"outputs broke at {level_text(probe, at)} ({how})", at)
+    if robust_index(probe) != top:  # outputs not measured: no collapse, but not called robust
+        return Verdict(name, "no collapse", f"no collapse up to {level_text(probe, probe.levels[top])} "
+                       "(outputs not measured, so not called robust)", probe.levels[top])  # fmt: skip
     shift = shift_text(probe, top) if probe.reached() else None
     if shift is not None:
         how = f"shift reached {shift}"
@@ -81,5 +99,6 @@ def probe_verdicts(result) -> list[Verdict]:
     """Every probe's verdict, most severe first (ties: the order the probes ran in). ``result``: a
     :class:`~ssacli.diagnosis.result.DiagnoseResult`, or any sequence of probe results."""
     probes: Sequence[ProbeResult] = getattr(result, "probes", result)
-    verdicts = [verdict_of(probe) for probe in probes]
+    broken = result.degenerate() if hasattr(result, "degenerate") else None
+    verdicts = [verdict_of(probe, broken) for probe in probes]
     return sorted(verdicts, key=lambda v: v.severity)

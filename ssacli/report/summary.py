@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..diagnosis.metrics import LAYER_METRICS, METRICS
+from ..diagnosis.metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
 from ..diagnosis.result import DiagnoseResult, ProbeResult
 from ..errors import UsageError
 
@@ -136,6 +136,8 @@ def column_header(name: str) -> str:
         return METRICS[name].header
     if name in LAYER_METRICS:
         return LAYER_METRICS[name].header
+    if name in QUALITY_METRICS:  # extras: the loss and the output KL per level
+        return QUALITY_METRICS[name].header
     return name
 
 
@@ -168,6 +170,7 @@ def summary_facts(result: DiagnoseResult) -> list[tuple[str, str]]:
         ("device / dtype", device),
         ("probes (levels)", probes),
         ("collapse point", points),
+        *([("unaudited", result.unaudited)] if result.unaudited else []),
         ("elapsed", f"{result.elapsed_s:.1f} s"),
     ]
 
