@@ -52,7 +52,9 @@ run on a padded batch (left padding for decoders, right for encoders):
   causal;
 * **refused**: `supports()` is False or the call raises `UnsupportedModelError`, with the reason;
 * **not built tiny**: the generic shrink cannot build or run the family on token ids alone on a CPU
-  (the error is listed); such a family is not audited, so treat it as untested.
+  (the error is listed); such a family is not audited, so treat it as untested: diagnose, check and
+  convert mark a model of it `unaudited` in every output, and `--strict` refuses it (the audited set
+  is `ssacli/attention/audited.py`, written with this page).
 
 No family may be accepted and differ; the test fails if one is.
 
