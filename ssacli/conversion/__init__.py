@@ -25,7 +25,7 @@ from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports
 from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES
 from ..errors import OutputError, UnsupportedModelError, UsageError
 from ..models.checkpoint import SCORER_KEY, check_replaceable, write_model_folder
-from ..models.loading import LoadedModel, load_model
+from ..models.loading import LoadedModel, load_model, local_model_path
 from ..scorers import make_scorer
 from .calibration import calibration_inputs, fidelity, model_outputs, target_of, task_is_classification
 from .m_auto import M_GRID, attention_row_kl, choose_m, faithful_transform, set_faithful_m, wants_m_auto
@@ -136,7 +136,8 @@ def convert(
         raise UsageError(f"--max-error must be a positive number, got {max_error}")
     auto = wants_m_auto(make_scorer(scorer))  # a bad spec fails before loading
     if out is not None:  # cheap checks before loading anything
-        check_out(Path(out).expanduser(), None, overwrite)
+        source = local_model_path(model) if isinstance(model, str) else model.path
+        check_out(Path(out).expanduser(), source, overwrite)
     loaded = model if isinstance(model, LoadedModel) else load_model(
         model, device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
