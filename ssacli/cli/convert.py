@@ -90,7 +90,7 @@ def convert_command(
     strict: Strict = False,
     quiet: QuietTraining = False,
 ) -> None:
-    """Swap MODEL's attention scorer, report how close it stays, and save it to --out.
+    r"""Swap MODEL's attention scorer, report how close it stays, and save it to --out.
 
     Fidelity compares outputs before and after the swap on the same inputs: KL per token and
     top-1 agreement for language models (and ICL sign models), relative error otherwise.
@@ -99,11 +99,14 @@ def convert_command(
 
       ssacli convert ./my-model --scorer ssa:init=faithful --out ./my-model-ssa
 
-      ssacli convert builtin:every-softmax --scorer ssa:init=faithful --out ./every-ssa
+      ssacli convert builtin:every-softmax --scorer ssa:init=faithful \
+          --out ./every-ssa
 
-      ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./gpt2-ssa --finetune --data corpus/
+      ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./gpt2-ssa \
+          --finetune --data corpus/
 
-      ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./g --finetune --data c.txt --anneal-n 8
+      ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./g \
+          --finetune --data c.txt --anneal-n 8
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
     options = given(
@@ -176,7 +179,7 @@ def finetune_command(
     trust_remote_code: TrustRemoteCode = False,
     quiet: QuietTraining = False,
 ) -> None:
-    """Fine-tune a converted folder, or continue a fine-tuning run.
+    r"""Fine-tune a converted folder, or continue a fine-tuning run.
 
     DIR is never written over unless asked: by default the run writes DIR-ft beside it (or --out).
     --resume continues the run recorded in --out, or in DIR without --out (options not given are
@@ -190,7 +193,8 @@ def finetune_command(
 
       ssacli finetune runs/every-ssa-ft --resume --steps 1000    # extend the run
 
-      ssacli finetune ./gpt2-ssa --data corpus.jsonl --out ./gpt2-ssa-ft --train scorer
+      ssacli finetune ./gpt2-ssa --data corpus.jsonl --out ./gpt2-ssa-ft \
+          --train scorer
     """
     if out is not None:
         check_writable_folder(out, "--out")  # before anything heavy is imported
@@ -242,19 +246,6 @@ def fidelity_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _fidelity_line(report: dict[str, Any]) -> str:
-    head = f"fidelity {report['from']} → {report['to']}:"
-    if "kl_per_token" in report:
-        # ICL sign models report it per prediction (a Bernoulli per x), language models per token
-        unit = "prediction" if "relative_error" in report else "token"
-        line = (
-            f"{head} KL {report['kl_per_token']:.3g} nats per {unit}, top-1 agreement "
-            f"{report['top1_agreement']:.2%} over {report['tokens']} {unit}s"
-        )
-        if "relative_error" in report:
-            line += f", relative error {report['relative_error']:.3g}"
-        return line
-    return f"{head} relative error {report['relative_error']:.3g}"
 def _regime_sentence(report: dict[str, Any], layers: list[dict[str, Any]]) -> str:
     """What m=auto chose, and how close to softmax that leaves the model, as far as the table says:
     "softmax in practice" only when in every layer the largest |logit| stays below m (where SSA's
@@ -293,6 +284,19 @@ def _regime_sentence(report: dict[str, Any], layers: list[dict[str, Any]]) -> st
     )
 
 
+def _fidelity_line(report: dict[str, Any]) -> str:
+    head = f"fidelity {report['from']} → {report['to']}:"
+    if "kl_per_token" in report:
+        # ICL sign models report it per prediction (a Bernoulli per x), language models per token
+        unit = "prediction" if "relative_error" in report else "token"
+        line = (
+            f"{head} KL {report['kl_per_token']:.3g} nats per {unit}, top-1 agreement "
+            f"{report['top1_agreement']:.2%} over {report['tokens']} {unit}s"
+        )
+        if "relative_error" in report:
+            line += f", relative error {report['relative_error']:.3g}"
+        return line
+    return f"{head} relative error {report['relative_error']:.3g}"
 
 
 def _is_rank0() -> bool:

@@ -67,7 +67,7 @@ def report_command(
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
-    """Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
+    r"""Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
 
     Language models: loss and perplexity on --text-id and --text-ood, minimal-pair accuracy on --pairs;
     without them, perplexity on the built-in texts and accuracy on 40 built-in English agreement pairs.
@@ -80,9 +80,11 @@ def report_command(
 
       ssacli report builtin:every-softmax builtin:every-ssa
 
-      ssacli report ./gpt2 ./gpt2-ssa --text-id wiki.txt --text-ood code.txt --pairs blimp/ --html r.html
+      ssacli report ./gpt2 ./gpt2-ssa --text-id wiki.txt --text-ood code.txt \
+          --pairs blimp/ --html r.html
 
-      ssacli report ./bert ./bert-ssa --pairs blimp/passive_1.jsonl --pairs-limit 0 --json r.json
+      ssacli report ./bert ./bert-ssa --pairs blimp/passive_1.jsonl \
+          --pairs-limit 0 --json r.json
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     from .. import compare_models, parse_probe

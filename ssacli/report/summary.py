@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
 from ..diagnosis.result import DiagnoseResult, ProbeResult
 from ..errors import UsageError
@@ -281,38 +282,45 @@ def collapse_grid_legend(probe: ProbeResult) -> str:
     )
 
 
+def heatmap_index(probe: ProbeResult) -> int:
+    """The level a probe's heatmaps show: where the probe acts, its collapse point, or, where it has
+    none, its harshest level that did not overflow (not where the heads differ most, which is often
+    the unshifted level and shows no effect of the probe)."""
+    point = probe.collapse_point()
+    if point is not None and point in probe.levels:
+        return probe.levels.index(point)
+    finite = [i for i in range(len(probe.levels)) if not probe.overflowed(i)]
+    return finite[-1] if finite else len(probe.levels) - 1
+
+
 def heatmap_legend(probe: ProbeResult, metric: str, index: int | None = None) -> str:
     direction = METRICS[metric].direction
     saturated = {"high": "high values", "low": "low values"}.get(direction, "no direction")
-    index = probe.most_different_level() if index is None else index
+    index = heatmap_index(probe) if index is None else index
     return (
-        f"heatmap: {metric}, probe {probe.name} at level {fmt_level(probe.levels[index])} "
+        f"heatmap: {metric}, probe {probe.name} at {level_text(probe, probe.levels[index])} "
         f"({level_reason(probe, index)}); rows = layers, columns = heads; darker = more saturated "
         f"({saturated}); · = undefined"
     )
 
 
 def level_reason(probe: ProbeResult, index: int) -> str:
-    """Why a heatmap shows level ``index``: where the heads differ most (and whether that is the
-    harshest level), or the harshest because the heads do not differ at any level."""
-    harshest = index == len(probe.levels) - 1
-    if index != probe.most_different_level():
-        return "its harshest" if harshest else "the level asked for"
-    spread = np.concatenate(list(probe.head_spread().values()))
-    if not (np.nan_to_num(spread) > 1e-9).any():
-        return "its harshest; the heads do not differ"
-    return "where heads differ most, its harshest" if harshest else "where heads differ most"
+    """Why a heatmap shows level ``index``: the probe's collapse point, or its harshest level
+    (that did not overflow) where it has none."""
+    if index != heatmap_index(probe):
+        return "the level asked for"
+    if probe.collapse_point() is not None:
+        return "its collapse point"
+    if index != len(probe.levels) - 1:
+        return "its harshest level without overflow; no collapse"
+    return "its harshest level; no collapse"
 
 
 def heatmap_level_text(probe: ProbeResult) -> str:
-    """The sentence that names the level a probe's heatmaps show, with the spread that chose it."""
-    index = probe.most_different_level()
-    spread = probe.head_spread()
-    return (
-        f"{probe.name}: heatmaps at level {fmt_level(probe.levels[index])} ({level_reason(probe, index)}; "
-        f"std across heads: collapse rate {fmt(spread['collapse_rate'][index])}, "
-        f"max weight {fmt(spread['max_weight'][index])})"
-    )
+    """The sentence that names the level a probe's heatmaps show and why."""
+    index = heatmap_index(probe)
+    where = level_text(probe, probe.levels[index])
+    return f"{probe.name}: heatmaps at {where} ({level_reason(probe, index)})"
 
 
 def collapse_detail(probe: ProbeResult) -> str | None:
