@@ -52,8 +52,10 @@ from .options import (
 def convert_command(
     model_ref: Model,
     scorer: str = typer.Option(..., help="Scorer spec, e.g. ssa:init=faithful or ssa:init=faithful,m=256."),
-    out: Path = typer.Option(..., help="Folder to write (plain transformers can load it too)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
+    out: Path = typer.Option(
+        ..., help="Folder to write (plain transformers loads it only while its scorer is a faithful softmax)."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out (ssacli's or empty only)."),
     do_finetune: bool = typer.Option(False, "--finetune", help="Fine-tune after converting (needs --data)."),
     text: Path = typer.Option(
         None,
