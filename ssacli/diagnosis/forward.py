@@ -224,27 +224,30 @@ def absorber(norms: list[str], attention: str) -> str | None:
 
 
 class OutputReference:
-    """The first level's output log-probabilities of one probe, per batch, so that every later level
-    (the same inputs: the probe changes embeddings, keys or logits, not the tokens) reports
-    KL(first ‖ level) per real token: how far the probe moved what the model outputs. Held on the
-    CPU in float32 for one probe at a time: samples × tokens × vocabulary values."""
+    """The reference level's output logits of one probe, per batch, so that every other level (the
+    same inputs: the probe changes embeddings, keys or logits, not the tokens) reports
+    KL(reference ‖ level) per real token: how far the probe moved what the model outputs. The logits
+    are kept as the model returned them (on the CPU, one probe at a time: samples × tokens ×
+    vocabulary values) and both sides are normalized in float64, since a small KL is a difference of
+    nearly equal log-probabilities that float32 log-probs would blur to ~1e-2 relative."""
 
     def __init__(self) -> None:
-        self.first: dict[int, torch.Tensor] = {}  # batch index -> [real tokens, vocabulary]
-        self.recording = True  # the first level records; later ones compare
+        self.first: dict[int, torch.Tensor] = {}  # batch index -> [real tokens, vocabulary] logits
+        self.recording = True  # the reference level records; the others compare
 
     def compare(self, index: int, logits: torch.Tensor, keep: torch.Tensor) -> tuple[float, float] | None:
-        """(sum of KL over ``keep``'s tokens, their count); the first level records and reads 0."""
-        logp = F.log_softmax(logits.float(), dim=-1)[keep]
+        """(sum of KL over ``keep``'s tokens, their count); the reference level records and reads 0."""
+        kept = logits[keep]
         if self.recording:
-            self.first[index] = logp.cpu()
-            return 0.0, float(logp.shape[0])
+            self.first[index] = kept.detach().cpu()
+            return 0.0, float(kept.shape[0])
         ref = self.first.get(index)
-        if ref is None or ref.shape != logp.shape:
+        if ref is None or ref.shape != kept.shape:
             return None
-        ref = ref.to(logp.device)
-        p = ref.exp()
-        kl = torch.where(p > 0, p * (ref - logp), torch.zeros((), device=logp.device)).sum(-1)
+        ref_logp = F.log_softmax(ref.to(kept.device, torch.float64), dim=-1)
+        logp = F.log_softmax(kept.double(), dim=-1)
+        p = ref_logp.exp()
+        kl = torch.where(p > 0, p * (ref_logp - logp), torch.zeros_like(p)).sum(-1)
         return float(kl.sum()), float(kl.numel())
 
 
