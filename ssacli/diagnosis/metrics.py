@@ -121,9 +121,10 @@ QUALITY_METRICS: dict[str, MetricSpec] = {
                    "(nats/token) for causal LMs, the task error for ICL models (MSE for linear tasks, "
                    "error rate for classification); null where the model has neither", True, False,
                    "loss", "loss"),
-        MetricSpec("output_kl", "KL(first level || this level) of the output distribution, nats per token, "
-                   "on the same inputs (0 at the first level); null for ICL models (point predictions) "
-                   "and probes that change the inputs", True, False, "out KL", "kl"),
+        MetricSpec("output_kl", "KL(unshifted || this level) of the output distribution, nats per token, "
+                   "on the same inputs (the unshifted level: the probe's neutral one when swept, else its "
+                   "first; 0 there); null for ICL models (point predictions) and probes that change the "
+                   "inputs", True, False, "out KL", "kl"),
     )
 }  # fmt: skip
 
