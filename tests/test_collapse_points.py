@@ -140,7 +140,7 @@ def test_per_head_and_per_layer_collapse_points_match_the_eager_reference(runs):
 
 def test_reports_show_per_head_points_and_name_the_heatmap_level(runs):
     result, rates, _ = runs["a"]
-    _, heads, layers, _, different = _expected(rates)
+    _, heads, layers, model, _ = _expected(rates)
     console = Console(record=True, width=80, color_system=None, file=io.StringIO())
     render_diagnose(result, console, heatmap_probe="logit-scale")
     text = console.export_text()
@@ -148,11 +148,13 @@ def test_reports_show_per_head_points_and_name_the_heatmap_level(runs):
     cells = ["B" if h is None else f"{h:g}" for h in heads[0]]
     assert cells in grid  # layer 0's row of the per-head collapse-point grid
     assert f"layer 0 at {layers[0]:g}" in " ".join(text.split())  # the per-layer line, unwrapped
-    level = f"{LEVELS[different]:g}"
-    assert f"heatmap: max_weight, probe logit-scale at level {level} (where heads differ most" in text
+    # Heatmaps show where the probe acts: the model's collapse point, computed by hand above.
+    assert model is not None
+    where = f"α={model:g} (its collapse point)"
+    assert f"heatmap: max_weight, probe logit-scale at {where}" in " ".join(text.split())
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
     page = diagnose_html(result)
-    assert f"logit-scale: heatmaps at level {level} (where heads differ most" in page
+    assert f"logit-scale: heatmaps at {where}" in page
     assert f"collapse point per layer: layer 0 at {layers[0]:g}" in page
 
 
