@@ -288,3 +288,9 @@ def float32_kl_resolution(log_p) -> float:
     p = np.exp(np.asarray(log_p, dtype=np.float64))
     mean_abs_log_p = float((p * np.abs(np.log(np.clip(p, 1e-300, None)))).sum(-1).mean())
     return 64 * float(np.finfo(np.float32).eps) * max(mean_abs_log_p, 1.0)
+
+
+def float32_kl_bound(vocab: int) -> float:
+    """:func:`float32_kl_resolution` without the log-probabilities at hand: E_p|log p| is the
+    entropy, at most log(vocab)."""
+    return 64 * float(np.finfo(np.float32).eps) * max(math.log(vocab), 1.0)
