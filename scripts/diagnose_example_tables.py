@@ -1,10 +1,10 @@
 """The per-layer figures of a saved diagnose result that the terminal report summarizes in its
-findings: the logit-RMS ratio per probe level ("reached attention"), the sink rate, massive
+findings: the shift measured where each probe acts, per level (reached or absorbed), the sink rate, massive
 activations and kurtosis per layer at the first level, and the length-fading slopes per layer.
 
     python scripts/diagnose_example_tables.py docs/examples/smollm2-diagnose.json
 
-Used for docs/diagnose.md's worked examples; reads only the JSON (schema 2), loads no model.
+Used for docs/diagnose.md's worked examples; reads only the JSON (schema 2 or later), loads no model.
 """
 
 from __future__ import annotations
@@ -24,16 +24,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("result", help="a diagnose --json file")
     args = parser.parse_args(argv)
     data = json.loads(Path(args.result).read_text())
-    print("logit RMS ÷ first level (mean over layers), per probe level:")
+    print("shift measured where each probe acts (least over layers) at each level, and the verdict:")
     for probe in data["probes"]:
-        ratio = probe["summary"].get("logit_rms_ratio")
-        if ratio is None:
+        reach = probe["summary"].get("reach")
+        if reach is None:  # length and numeric change the text, not a magnitude: nothing to reach
+            ratio = probe["summary"].get("logit_rms_ratio")
+            if ratio is None:  # a file from before the reach rule
+                continue
+            print(f"  {probe['name']:<13} not a magnitude probe: nothing to reach")
             continue
-        levels = ", ".join(f"{lv:g}: {fmt(r, '.2f')}" for lv, r in zip(probe["levels"], ratio))
-        reached = probe["summary"].get("reached_attention")
-        if reached is None:  # length and numeric change the text, not a magnitude: nothing to reach
-            reached = "not asked: not a magnitude probe"
-        print(f"  {probe['name']:<13} {levels}  (reached attention: {reached})")
+        sign = "+" if reach["kind"] == "offset" else "×"
+        worst = [min(row) for row in reach["shift"]]
+        levels = ", ".join(f"{lv:g}: {sign}{fmt(w, '.2f')}" for lv, w in zip(probe["levels"], worst))
+        where = "reached" if reach["reached"] else f"absorbed by {reach.get('absorbed_by')}"
+        print(f"  {probe['name']:<13} ({reach['measure']}) {levels}  ({where})")
     first = data["probes"][0]
     sink = first["metrics"]["sink_rate"][0]  # [layer][head] at the first level
     layer = first["layer_metrics"]
