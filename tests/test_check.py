@@ -483,6 +483,9 @@ def test_a_config_for_another_model_is_refused_unless_given_explicitly(tmp_path,
     line = " ".join(refused.stderr.split())
     assert "'mine'" in line and "'builtin:every-ssa'" in line and "--config ssacli.toml" in line
     assert "--init" in line and "Traceback" not in refused.output
+    # --require does not lift the refusal: the file's baseline and probe settings would still apply
+    required = ["check", "builtin:every-ssa", "--require", "entropy@embed-scale:16 >= 0", "--quiet"]
+    assert runner.invoke(app, required).exit_code == 2 and not calls
     explicit = runner.invoke(app, ["check", "builtin:every-ssa", "--config", "ssacli.toml", "--quiet"])
     assert explicit.exit_code == 0 and calls == ["builtin:every-ssa"], explicit.output
     for same in ("mine", "./mine/", str(tmp_path / "mine")):  # one folder, however it is written

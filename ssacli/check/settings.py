@@ -41,15 +41,15 @@ def check_settings(
     """The settings of ``ssacli check``: those given (not None, not False) over the ``[check]`` table
     of ``config`` (None: ./ssacli.toml when it exists), over the defaults. Requirements are parsed
     here, so a bad one fails before any model loads; none at all is a UsageError. So is a
-    ./ssacli.toml found implicitly whose ``model`` is another model than ``model`` while its
-    requirements would apply: its thresholds were measured on that model (``config=`` applies them
-    anyway; ``requires`` replaces them)."""
+    ./ssacli.toml found implicitly whose ``model`` is another model than ``model``: its thresholds,
+    baseline and probe settings were measured on that model (``config=`` applies them anyway; even
+    ``requires`` does not, since the file's baseline and settings would still apply)."""
     implicit = config is None and Path(CONFIG_FILE).is_file()
     if implicit:
         config = Path(CONFIG_FILE)
     settings: dict[str, Any] = load_config(config) if config is not None else {}
     foreign = implicit and model and "model" in settings and not same_model(model, settings["model"])
-    if foreign and not requires:
+    if foreign:
         raise UsageError(
             f"./{CONFIG_FILE} is for model '{settings['model']}', not '{model}' (its thresholds were "
             f"measured on that model): pass --config {CONFIG_FILE} to apply them to '{model}' anyway, "
