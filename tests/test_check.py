@@ -289,7 +289,9 @@ def test_flags_override_the_config(tmp_path, monkeypatch):
                                    'requires = ["collapse_rate@outlier:100 max <= 0.01"]\n')  # fmt: skip
     assert runner.invoke(app, ["check", "--quiet"]).exit_code == 1  # the config's requirement: 0.6 > 0.01
     assert calls[-1] == ("builtin:every-ssa", ["outlier:100"], dict(samples=3, seed=7))
-    args = ["check", "other", "--samples", "2", "-r", "entropy@embed-scale:16 min >= 0.3", "--quiet"]
+    # the file is for builtin:every-ssa: it applies to "other" only when named with --config
+    args = ["check", "other", "--config", "ssacli.toml", "--samples", "2", "--quiet"]
+    args += ["-r", "entropy@embed-scale:16 min >= 0.3"]
     assert runner.invoke(app, args).exit_code == 0  # 0.4 >= 0.3; the config's list is replaced
     assert calls[-1] == ("other", ["embed-scale:16"], dict(samples=2, seed=7))
 
