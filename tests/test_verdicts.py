@@ -83,15 +83,17 @@ def test_uniform_attention_reads_degenerate_never_robust():
     assert again.verdicts() == verdicts
 
 
-def _result(kl, entropy=0.5):
-    """embed-scale at σ = 1, 4, 16 on 1 layer × 2 heads: no row collapses, entropy as given; the
-    outputs moved by ``kl`` (nats/token) from σ = 1."""
+def _result(kl, entropy=0.5, collapse=(0.0, 0.0, 0.0)):
+    """embed-scale at σ = 1, 4, 16 on 1 layer × 2 heads: a share ``collapse`` of the rows collapses
+    at each level (none by default), entropy as given; the outputs moved by ``kl`` (nats/token)
+    from σ = 1."""
     import numpy as np
 
     from ssacli.diagnosis.result import DiagnoseResult, ProbeResult
 
     grid = lambda v: np.full((3, 1, 2), v)  # noqa: E731
-    metrics = {"collapse_rate": grid(0.0), "max_weight": grid(0.3), "entropy": grid(entropy)}
+    rates = np.array(collapse, dtype=float).reshape(3, 1, 1).repeat(2, axis=2)
+    metrics = {"collapse_rate": rates, "max_weight": grid(0.3), "entropy": grid(entropy)}
     probe = ProbeResult("embed-scale", [1.0, 4.0, 16.0], metrics, np.full((3, 1), 10),
                         extras={"output_kl": list(kl)},
                         layer_metrics={"logit_rms": np.array([[1.0], [4.0], [16.0]])})  # fmt: skip
@@ -109,6 +111,23 @@ def test_a_level_whose_outputs_broke_does_not_read_robust():
     assert verdict["verdict"] == "outputs broke" and verdict["level"] == 16.0
     assert all("robust" not in f["text"] or "not robust" in f["text"] for f in broke.findings())
     assert _result([0.0, 0.05, 0.05], entropy=0.99).verdicts()["embed-scale"]["verdict"] == "degenerate"
+
+
+
+def test_a_probe_that_collapses_46_percent_of_the_rows_is_not_robust():
+    """Below the collapse point (half the rows) but far above 'little collapse': outputs held, the
+    shift reached, and still no 'robust' anywhere (the bundled ICL model's key-scale read 'robust up
+    to σ=32' with 46 % of its rows collapsed)."""
+    from ssacli.diagnosis.outputs import ROBUST_COLLAPSE
+
+    partly = _result([0.0, 0.01, 0.02], collapse=(0.0, 0.05, 0.46))
+    verdict = partly.verdicts()["embed-scale"]
+    assert verdict["verdict"] == "partly collapses" and verdict["level"] == 16.0
+    assert "46%" in verdict["text"] and f"{ROBUST_COLLAPSE:.0%}" in verdict["text"]
+    assert all("robust" not in f["text"] or "not robust" in f["text"] for f in partly.findings())
+    # at the bound itself it is still robust: 'little' is at most ROBUST_COLLAPSE
+    edge = _result([0.0, 0.01, 0.02], collapse=(0.0, 0.05, ROBUST_COLLAPSE))
+    assert edge.verdicts()["embed-scale"]["verdict"] == "robust"
 
 
 # ---- check --init: a quality gate, margins from the spread across seeds -----------------------------

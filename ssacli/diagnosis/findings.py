@@ -22,10 +22,12 @@ from ..defaults import SINK_EPS
 from .outputs import (
     ERROR_HELD_RATIO,
     OUTPUT_KL_HELD,
+    ROBUST_COLLAPSE,
     degenerate,
     level_loss,
     level_output_kl,
     outputs_broke_at,
+    partly_collapsed_at,
     reference_index,
     robust_index,
 )
@@ -227,6 +229,11 @@ def _held_finding(
         found.update(
             verdict="robust", text=f"{probe.name} robust up to {upto}: {little}; outputs held ({how})"
         )
+    elif partly_collapsed_at(probe) is not None:
+        at = level_text(probe, probe.levels[partly_collapsed_at(probe)])
+        share = f"{ROBUST_COLLAPSE:.0%}"
+        text = f"{probe.name} {little}; more than {share} of the rows collapse from {at}: not robust"
+        found.update(verdict="partly collapses", text=text)
     else:
         text = f"{probe.name} {little}; its outputs were not measured, so not called robust"
         found.update(verdict="unmeasured", text=text)

@@ -20,8 +20,11 @@ The rules:
   ICL models (no distribution) the task error stays within :data:`ERROR_HELD_RATIO` × the
   reference level's. None when neither is measured.
 * **robust up to a level** (:func:`robust_index`): every level from the first up to it has a
-  fresh collapse rate below the collapse share AND outputs that held; a level where the outputs
-  broke ends it, however little attention collapsed there.
+  fresh collapse rate of at most :data:`ROBUST_COLLAPSE` AND outputs that held; a level where the
+  outputs broke ends it, however little attention collapsed there. A level past
+  :data:`ROBUST_COLLAPSE` but below the collapse point's share "partly collapses"
+  (:func:`partly_collapsed_at`): 46 % of the rows collapsed is no robustness, even though the
+  collapse point (half the rows) was not reached.
 * **degenerate** (:func:`degenerate`): at the baseline (the unshifted first level) either the mean
   normalized entropy of every layer is ≥ :data:`NEAR_UNIFORM_ENTROPY` (attention is near-uniform
   everywhere: nothing is attended to), or the LM loss is ≥ :data:`UNIFORM_LOSS_SHARE` × log(vocab)
@@ -40,6 +43,7 @@ from .probe_result import COLLAPSE_SHARE, ProbeResult
 from .probes import PROBES
 
 OUTPUT_KL_HELD = 0.1  # nats per token: outputs moved less than this from the reference's have held
+ROBUST_COLLAPSE = 0.1  # robust: at most this share of the fresh rows collapsed (the collapse point is 0.5)
 ERROR_HELD_RATIO = 2.0  # ICL models: the task error at most this × the reference level's
 NEAR_UNIFORM_ENTROPY = 0.98  # degenerate: every layer's mean normalized entropy at baseline is >= this
 UNIFORM_LOSS_SHARE = 0.9  # degenerate: baseline LM loss >= this share of log(vocab), uniform guessing
@@ -101,10 +105,22 @@ def robust_index(probe: ProbeResult) -> int | None:
     for index in range(len(probe.levels)):
         rate = fresh[index]
         held = outputs_held(probe, index)
-        if not (math.isfinite(rate) and rate < COLLAPSE_SHARE) or held is not True:
+        if not (math.isfinite(rate) and rate <= ROBUST_COLLAPSE) or held is not True:
             break
         last = index
     return last
+
+
+def partly_collapsed_at(probe: ProbeResult) -> int | None:
+    """The first level index whose fresh collapse rate exceeds :data:`ROBUST_COLLAPSE` while staying
+    below the collapse share (None if there is none before the collapse point)."""
+    for rate in (float(r) for r in probe.fresh_collapse_rate()):
+        if math.isfinite(rate) and rate >= COLLAPSE_SHARE:
+            return None
+    for index, rate in enumerate(float(r) for r in probe.fresh_collapse_rate()):
+        if math.isfinite(rate) and rate > ROBUST_COLLAPSE:
+            return index
+    return None
 
 
 def outputs_broke_at(probe: ProbeResult) -> int | None:

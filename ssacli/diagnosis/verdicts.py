@@ -23,13 +23,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .findings import absorbed_text, level_text, shift_text
-from .outputs import OUTPUT_KL_HELD, level_output_kl, outputs_broke_at, robust_index
+from .outputs import (
+    OUTPUT_KL_HELD,
+    ROBUST_COLLAPSE,
+    level_output_kl,
+    outputs_broke_at,
+    partly_collapsed_at,
+    robust_index,
+)
 from .probe_result import ProbeResult
 
 # Lower is more severe; the verdict block lists severity 0 first. States that read the model's
 # outputs (degenerate, outputs broke) belong with 0: the model failed, whatever its attention did.
 SEVERITY = {"saturates": 0, "overflow": 0, "degenerate": 0, "outputs broke": 0, "absorbed": 1, "n/a": 1,
-            "skipped": 1, "robust": 2, "no collapse": 2}  # fmt: skip
+            "partly collapses": 1, "skipped": 1, "robust": 2, "no collapse": 2}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,13 @@ def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
         )
         at = probe.levels[broke]
         return Verdict(name, "outputs broke", f"outputs broke at {level_text(probe, at)} ({how})", at)
+    partly = partly_collapsed_at(probe)
+    if partly is not None:  # more than ROBUST_COLLAPSE of the rows, short of the collapse point
+        worst = float(max(r for r in probe.fresh_collapse_rate() if r == r))
+        at = probe.levels[partly]
+        line = (f"partly collapses from {level_text(probe, at)} (up to {worst:.0%} of the rows > "
+                f"{ROBUST_COLLAPSE:.0%}; no collapse point)")  # fmt: skip
+        return Verdict(name, "partly collapses", line, at)
     if robust_index(probe) != top:  # outputs not measured: no collapse, but not called robust
         return Verdict(name, "no collapse", f"no collapse up to {level_text(probe, probe.levels[top])} "
                        "(outputs not measured, so not called robust)", probe.levels[top])  # fmt: skip
