@@ -9,6 +9,7 @@ attention-only ICL backbone (no normalization) lets it through in proportion to 
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -243,6 +244,40 @@ def test_the_html_page_opens_with_the_verdict(tmp_path):
     block = page[verdict : page.index("</table>", verdict)]
     assert block.index("dominant-key") < block.index("outlier")  # saturates before absorbed
     assert "saturates at M=8 (collapse point)" in block and ABSORBED in block
+
+
+def test_a_comparison_opens_with_both_verdicts_per_probe():
+    """--compare (terminal and HTML) opens with A's and B's verdict per probe, the pair whose worse
+    side is most severe first; each line is that model's own probe_verdicts line."""
+    import io
+
+    from report_fixtures import result_a, result_b
+    from rich.console import Console
+
+    from ssacli.diagnosis.verdicts import probe_verdicts
+    from ssacli.report.html import comparison_html
+    from ssacli.report.terminal import render_comparison
+
+    a, b = result_a(), result_b()
+    lines_a = {v.probe: v.line for v in probe_verdicts(a)}
+    lines_b = {v.probe: v.line for v in probe_verdicts(b)}
+    console = Console(record=True, width=80, color_system=None, file=io.StringIO())
+    render_comparison(a, b, console)
+    text = console.export_text()
+    assert text.index("verdict (A, B)") < text.index("ssacli diagnose: comparison")
+    flat = " ".join(text.replace("│", " ").split())  # the panel's lines wrap inside its borders
+    for name in lines_a:
+        for side, line in (("A", lines_a[name]), ("B", lines_b[name])):
+            assert " ".join(f"{side} {line}".split()) in flat, (name, side)
+    page = comparison_html(a, b)
+    verdict = page.index("verdict (A, B)</h2>")
+    block = page[verdict : page.index("</table>", verdict)]
+    for name in lines_a:
+        assert all(html.escape(lines[name], quote=True) in block for lines in (lines_a, lines_b)), name
+    worst = {name: min(v.severity for v in (*probe_verdicts(a), *probe_verdicts(b)) if v.probe == name)
+             for name in lines_a}  # fmt: skip
+    shown = sorted(lines_a, key=lambda name: block.index(f"<th>{name}</th>"))
+    assert [worst[name] for name in shown] == sorted(worst.values())
 
 
 # ---- the rule itself, on hand-written arrays -----------------------------------------------------------

@@ -116,3 +116,13 @@ def probe_verdicts(result) -> list[Verdict]:
     broken = result.degenerate() if hasattr(result, "degenerate") else None
     verdicts = [verdict_of(probe, broken) for probe in probes]
     return sorted(verdicts, key=lambda v: v.severity)
+
+
+def paired_verdicts(a, b) -> list[tuple[str, Verdict | None, Verdict | None]]:
+    """A comparison's verdict: per probe that either result ran, A's and B's verdict (None where
+    one did not run it), the pair whose worse side is most severe first (ties: A's order, then B's)."""
+    by_a = {v.probe: v for v in probe_verdicts(a)}
+    by_b = {v.probe: v for v in probe_verdicts(b)}
+    names = [p.name for p in a.probes] + [p.name for p in b.probes if p.name not in by_a]
+    pairs = [(name, by_a.get(name), by_b.get(name)) for name in names]
+    return sorted(pairs, key=lambda p: min(v.severity for v in p[1:] if v is not None))

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..diagnosis.comparison import common_levels, comparison_findings
 from ..diagnosis.result import DiagnoseResult, ProbeResult
-from ..diagnosis.verdicts import Verdict, probe_verdicts
+from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .figures import compare_figure, heatmap_figure, line_figure, overview_figure, png_img
 from .summary import (
     collapse_detail,
@@ -50,7 +50,8 @@ table.facts td { overflow-wrap: anywhere; }
 ul.findings li { margin: 0.2em 0; }
 table.verdict { font-size: 1.05em; } table.verdict th { text-align: left; }
 table.verdict td { text-align: left; font-family: inherit; white-space: normal; }
-tr.severity0 td { color: #b2182b; font-weight: bold; } tr.severity2 td { color: #1a7837; }
+tr.severity0 td, td.severity0 { color: #b2182b; font-weight: bold; }
+tr.severity2 td, td.severity2 { color: #1a7837; }
 th, td { padding: 0.15em 0.6em; border-bottom: 1px solid #e4e4e4; }
 th { background: #f4f4f4; text-align: right; } th:first-child { text-align: left; }
 td { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: nowrap; }
@@ -165,6 +166,7 @@ def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int
     facts = [("A", f"{a.model} · {a.scorer}"), ("B", f"{b.model} · {b.scorer}"),
              ("Δ", "B − A of the model means (red: B more saturated)")]  # fmt: skip
     sections = [Section("ssacli diagnose: comparison", [facts_table(facts)], level=head_level)]
+    sections.append(Section("verdict (A, B)", [paired_verdict_table(a, b)], level=head_level + 1))
     changes = [f["text"] for f in comparison_findings(a, b)]
     if changes:
         sections.append(Section("findings", [findings_list(changes)], level=head_level + 1))
@@ -210,6 +212,18 @@ def verdict_table(verdicts: list[Verdict]) -> str:
         for v in verdicts
     )
     return f'<table class="verdict">{rows}</table>'
+
+
+def paired_verdict_table(a: DiagnoseResult, b: DiagnoseResult) -> str:
+    def cell(v: Verdict | None) -> str:
+        return '<td class="note">not run</td>' if v is None else (
+            f'<td class="severity{v.severity}">{escape(v.line)}</td>'
+        )
+
+    rows = "".join(
+        f"<tr><th>{escape(name)}</th>{cell(va)}{cell(vb)}</tr>" for name, va, vb in paired_verdicts(a, b)
+    )
+    return f'<table class="verdict"><tr><th>probe</th><th>A</th><th>B</th></tr>{rows}</table>'
 
 
 def findings_list(findings: list[str]) -> str:

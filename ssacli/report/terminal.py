@@ -22,7 +22,7 @@ from ..diagnosis.comparison import common_levels, comparison_findings
 from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
 from ..diagnosis.result import DiagnoseResult, ProbeResult
-from ..diagnosis.verdicts import Verdict, probe_verdicts
+from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .summary import (
     collapse_cell,
     collapse_detail,
@@ -156,6 +156,21 @@ def verdict_panel(verdicts: list[Verdict]) -> Panel:
     return Panel(grid, title="verdict", title_align="left", expand=False)
 
 
+def paired_verdict_panel(a: DiagnoseResult, b: DiagnoseResult) -> Panel:
+    """A comparison opens with both verdicts per probe (A's line, then B's), the most severe first."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, style="bold")
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for name, va, vb in paired_verdicts(a, b):
+        for side, verdict in (("A", va), ("B", vb)):
+            line = Text("not run", style="dim") if verdict is None else Text(
+                verdict.line, style=VERDICT_STYLES.get(verdict.severity, "")
+            )
+            grid.add_row(name if side == "A" else "", side, line)
+    return Panel(grid, title="verdict (A, B)", title_align="left", expand=False)
+
+
 def findings_panel(findings: list[str]) -> Panel:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
@@ -174,6 +189,7 @@ def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) ->
         ("layers × heads", f"A {layers_by_heads(a)} · B {layers_by_heads(b)}"),
         ("Δ", "B − A of the model means; red = B more saturated, green = B less"),
     ]
+    console.print(paired_verdict_panel(a, b))
     console.print(facts_panel(facts, "ssacli diagnose: comparison"))
     changes = [f["text"] for f in comparison_findings(a, b)]
     if changes:
