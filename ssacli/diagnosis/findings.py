@@ -229,8 +229,8 @@ def _held_finding(
         found.update(
             verdict="robust", text=f"{probe.name} robust up to {upto}: {little}; outputs held ({how})"
         )
-    elif partly_collapsed_at(probe) is not None:
-        at = level_text(probe, probe.levels[partly_collapsed_at(probe)])
+    elif (partly := partly_collapsed_at(probe)) is not None:
+        at = level_text(probe, probe.levels[partly])
         share = f"{ROBUST_COLLAPSE:.0%}"
         text = f"{probe.name} {little}; more than {share} of the rows collapse from {at}: not robust"
         found.update(verdict="partly collapses", text=text)

@@ -98,8 +98,8 @@ def outputs_held(probe: ProbeResult, index: int) -> bool | None:
 
 def robust_index(probe: ProbeResult) -> int | None:
     """The last level index up to which the probe leaves the model robust: little collapse (fresh
-    collapse rate < the collapse share) and outputs that held at every level so far; None if the
-    first level already fails or nothing tells (outputs unmeasured)."""
+    collapse rate ≤ :data:`ROBUST_COLLAPSE`) and outputs that held at every level so far; None if
+    the first level already fails or nothing tells (outputs unmeasured)."""
     fresh = probe.fresh_collapse_rate()
     last = None
     for index in range(len(probe.levels)):
@@ -113,14 +113,11 @@ def robust_index(probe: ProbeResult) -> int | None:
 
 def partly_collapsed_at(probe: ProbeResult) -> int | None:
     """The first level index whose fresh collapse rate exceeds :data:`ROBUST_COLLAPSE` while staying
-    below the collapse share (None if there is none before the collapse point)."""
-    for rate in (float(r) for r in probe.fresh_collapse_rate()):
-        if math.isfinite(rate) and rate >= COLLAPSE_SHARE:
-            return None
-    for index, rate in enumerate(float(r) for r in probe.fresh_collapse_rate()):
-        if math.isfinite(rate) and rate > ROBUST_COLLAPSE:
-            return index
-    return None
+    below the collapse share (None if there is none, or if some level reaches the collapse point)."""
+    rates = [float(r) for r in probe.fresh_collapse_rate()]
+    if any(math.isfinite(r) and r >= COLLAPSE_SHARE for r in rates):
+        return None
+    return next((i for i, r in enumerate(rates) if math.isfinite(r) and r > ROBUST_COLLAPSE), None)
 
 
 def outputs_broke_at(probe: ProbeResult) -> int | None:
