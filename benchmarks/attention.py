@@ -42,7 +42,7 @@ import torch
 from _common import interleaved_best, measure_peak, run_child
 from torch.nn import functional as F
 
-from ssacli import fused
+from ssacli.kernels import fused
 from ssacli.scorers import make_scorer
 
 HEADS, DIM = 8, 64
