@@ -1,13 +1,24 @@
-"""ssacli.stats against values computed by hand from the definitions."""
+"""ssacli.stats against values computed by hand from the definitions (and scipy where installed)."""
 
 from __future__ import annotations
 
 import itertools
 import math
 
+import numpy as np
 import pytest
 
-from ssacli.stats import bootstrap_ci, paired_differences, paired_summary, sign_test, verdict
+from ssacli.stats import (
+    bootstrap_ci,
+    holm,
+    paired_differences,
+    paired_summary,
+    paired_t_test,
+    sign_flip_test,
+    sign_test,
+    student_t_two_sided,
+    verdict,
+)
 
 
 def test_sign_test_by_hand():
@@ -88,14 +99,115 @@ def test_paired_summary_pairs_by_seed():
     assert summary["ci_low"] <= summary["mean_difference"] <= summary["ci_high"]
 
 
-def test_verdict_follows_the_interval():
-    def v(low, high, **kwargs):
-        return verdict({"ci_low": low, "ci_high": high, "differences": [0.0] * 8}, **kwargs)
+def test_verdict_needs_the_interval_and_the_test():
+    def v(low, high, p, **kwargs):
+        return verdict({"ci_low": low, "ci_high": high, "differences": [1.0] * 8}, p=p, **kwargs)
 
-    assert v(0.01, 0.2) == "worse"
-    assert v(0.01, 0.2, lower_is_better=False) == "better"
-    assert v(-0.2, -0.01) == "better"
-    assert v(-0.2, 0.1) == "inconclusive"
-    assert v(0.0, 0.0) == "equal"
+    assert v(0.01, 0.2, 0.01) == "worse"
+    assert v(0.01, 0.2, 0.01, lower_is_better=False) == "better"
+    assert v(-0.2, -0.01, 0.05) == "better"  # p <= alpha
+    assert v(-0.2, -0.01, 0.06) == "inconclusive"  # the interval excludes 0, the test does not agree
+    assert v(-0.2, 0.1, 0.001) == "inconclusive"  # the test alone does not decide either
+    assert v(-0.2, -0.01, 0.06, alpha=0.1) == "better"
+    assert verdict({"ci_low": 0.0, "ci_high": 0.0, "differences": [0.0] * 8}) == "equal"
     assert verdict({"ci_low": None, "ci_high": None}) == "n/a"
     assert verdict({"ci_low": 0.1, "ci_high": 0.1, "differences": [0.1, 0.1]}) == "too few seeds"
+
+
+def test_verdict_of_three_agreeing_seeds_is_inconclusive():
+    """With 3 seeds the bootstrap interval is [min, max]: three differences of one sign exclude 0,
+    but no sign-flip test of 3 values can go below 2/8 = 0.25."""
+    summary = paired_summary({0: 10.0, 1: 10.0, 2: 10.0}, {0: 9.14, 1: 6.11, 2: 9.66})
+    assert (summary["ci_low"], summary["ci_high"]) == pytest.approx((-3.89, -0.34))
+    assert summary["permutation_p"] == pytest.approx(0.25)
+    assert verdict(summary) == "inconclusive"
+    # the same summary from a results.json written before the test existed: computed from differences
+    legacy = {k: v for k, v in summary.items() if k != "permutation_p"}
+    assert verdict(legacy) == "inconclusive"
+
+
+def test_verdict_of_eight_agreeing_seeds_is_decided():
+    a = {s: 1.0 for s in range(8)}
+    b = {s: 1.0 - 0.1 * (s + 1) for s in range(8)}
+    summary = paired_summary(a, b)
+    assert summary["permutation_p"] == pytest.approx(2 / 256)
+    assert verdict(summary) == "better"
+    assert verdict(summary, p=holm([summary["permutation_p"]] * 7)[0]) == "inconclusive"  # 7 · 2/256
+
+
+def test_sign_flip_test_by_hand():
+    # ±1 ±2 ±3: sums 6, 4, 2, 0, 0, -2, -4, -6; |sum| >= 6 in 2 of 8
+    assert sign_flip_test([1, 2, 3]) == pytest.approx(2 / 8)
+    # 1 + 2 - 4 = -1: every one of ±1 ±2 ±4 (7, 5, 3, 1 and negatives) reaches |sum| >= 1
+    assert sign_flip_test([1, 2, -4]) == 1.0
+    # four ±1 summing to 2: |sum| >= 2 for 4 (1 way), 2 (4), -2 (4), -4 (1): 10 of 16
+    assert sign_flip_test([1, 1, 1, -1]) == pytest.approx(10 / 16)
+    # 5 + 1 + 1 + 1 = 8 is reached only by all + and all -
+    assert sign_flip_test([5, 1, 1, 1]) == pytest.approx(2 / 16)
+    # zeros flip to themselves: [0, 0, 2] is the one-value test
+    assert sign_flip_test([0, 0, 2]) == 1.0
+    assert sign_flip_test([0.0, 0.0]) is None and sign_flip_test([]) is None
+    # the smallest p of k values is 2 / 2^k
+    assert sign_flip_test([0.3] * 8) == pytest.approx(2 / 256)
+
+
+def test_sign_flip_monte_carlo_agrees_with_full_enumeration():
+    rng = np.random.default_rng(7)
+    values = list(rng.normal(0.4, 1.0, 17))
+    exact = sign_flip_test(values, exact_up_to=17)
+    sampled = sign_flip_test(values, resamples=20_000, seed=3)  # 17 > 16: Monte Carlo
+    assert sampled == sign_flip_test(values, resamples=20_000, seed=3)  # seeded
+    assert sampled != sign_flip_test(values, resamples=20_000, seed=4)
+    standard_error = math.sqrt(exact * (1 - exact) / 20_000)
+    assert abs(sampled - exact) < 4 * standard_error + 1 / 20_000
+    # never 0, even when no random assignment reaches the observed sum
+    assert sign_flip_test([1.0] * 40, resamples=100) == pytest.approx(1 / 101)
+
+
+def test_student_t_tail_by_hand():
+    # df = 1 is the Cauchy: P(|T| >= t) = 1 - 2 atan(t) / π
+    assert student_t_two_sided(2.0, 1) == pytest.approx(1 - 2 * math.atan(2.0) / math.pi, rel=1e-12)
+    # df = 2: P(|T| >= t) = 1 - t / sqrt(2 + t²)
+    for t in (0.5, 3.0, 12.0):
+        assert student_t_two_sided(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-12)
+    # df = 3: 1 - (2/π)(θ + sin θ cos θ), θ = atan(t/√3)
+    theta = math.atan(1.5 / math.sqrt(3))
+    by_hand = 1 - 2 / math.pi * (theta + math.sin(theta) * math.cos(theta))
+    assert student_t_two_sided(1.5, 3) == pytest.approx(by_hand, rel=1e-12)
+    assert student_t_two_sided(0.0, 5) == 1.0 and student_t_two_sided(-2.0, 4) == student_t_two_sided(2.0, 4)
+    # many degrees of freedom: the normal tail, 2 · (1 - Φ(1.96)) ≈ 0.05
+    assert student_t_two_sided(1.96, 4000) == pytest.approx(math.erfc(1.96 / math.sqrt(2)), rel=2e-3)
+    with pytest.raises(ValueError):
+        student_t_two_sided(1.0, 0)
+
+
+def test_paired_t_test_by_hand():
+    # [1, 2, 3]: mean 2, sd 1, t = 2√3 with 2 df: p = 1 - t / sqrt(2 + t²) = 1 - √(12/14)
+    assert paired_t_test([1, 2, 3]) == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-12)
+    # [1, 3]: mean 2, sd √2, t = 2 with 1 df
+    assert paired_t_test([1, 3]) == pytest.approx(1 - 2 * math.atan(2) / math.pi, rel=1e-12)
+    assert paired_t_test([0.5, 0.5, 0.5]) == 0.0  # sd 0, mean not 0
+    assert paired_t_test([1.0]) is None and paired_t_test([0, 0, 0]) is None
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.03, 0.04 of m = 3: 3 · 0.01, max(0.03, 2 · 0.03), max(0.06, 1 · 0.04)
+    assert holm([0.04, 0.01, None, 0.03]) == pytest.approx([0.06, 0.03, None, 0.06])
+    assert holm([0.5, 0.9]) == [1.0, 1.0]
+    assert holm([]) == [] and holm([None]) == [None]
+
+
+def test_against_scipy_where_installed():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(11)
+    for k in (2, 3, 5, 8, 12):
+        d = rng.normal(0.3, 1.0, k)
+        t_p = scipy_stats.ttest_rel(d, np.zeros(k)).pvalue
+        assert paired_t_test(d) == pytest.approx(t_p, rel=1e-9)
+        exact = scipy_stats.permutation_test(
+            (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+        ).pvalue
+        assert sign_flip_test(d) == pytest.approx(exact, rel=1e-9)
+    for df in (1, 2, 3, 7, 30, 101):
+        for t in (0.2, 1.0, 2.2, 6.0):
+            assert student_t_two_sided(t, df) == pytest.approx(2 * scipy_stats.t.sf(t, df), abs=1e-13)
