@@ -14,6 +14,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from ..errors import UsageError
+from .online import online_observed_attention, online_reason
 from .scorer_inputs import scaled_logits, visibility
 from .sinks import scores_and_sink
 
@@ -63,6 +65,15 @@ def current_observer() -> Observer | None:
 def observed_attention(module, scorer, observer, query, key, value, mask, scaling, sink, kwargs):
     """The same attention, one block of query rows at a time: extra memory O(block × k) (``sink``: the
     call's learned sink logits, :func:`~ssacli.attention.sinks.sink_logits`)."""
+    mode = getattr(observer, "stats_mode", "eager")  # diagnose's --stats: fused statistics where possible
+    if mode != "eager":
+        reason = online_reason(scorer, mask, kwargs)
+        if reason is None:
+            return online_observed_attention(
+                module, scorer, observer, query, key, value, mask, scaling, sink, kwargs
+            )
+        if mode == "fused":
+            raise UsageError(f"fused statistics are not possible here: {reason}; use --stats auto or eager")
     q_total, k_len = query.shape[-2], key.shape[-2]
     block = max(1, int(observer.block_size))
     # Optional observer seam (diagnose's key-scale probe): the keys as this call received them
@@ -80,6 +91,9 @@ def observed_attention(module, scorer, observer, query, key, value, mask, scalin
         block_sink = sink
         if sink is not None and sink.shape[-2] == q_total:
             block_sink = sink[:, :, rows]
+        # Scored in at least float32 and kept so: the weights are observed as the scorer computed them
+        # (a bf16 model's weights are rounded to bf16 only for the matmul below, as before).
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         weights, sink_weight = scores_and_sink(
             scorer, logits, visible, block_sink, query=query[:, :, rows], key=key, **extra
         )

@@ -22,8 +22,10 @@ from torch.nn import functional as F
 
 from ..attention.interface import observing
 from ..errors import UnsupportedModelError
+from ..kernels.online_stats import RowStatistics
 from ..models.loading import LoadedModel
 from .metrics import HeadStats, LayerStats, row_sums
+from .online import online_logit_sums, online_row_sums
 from .probes import ActsOn, Effect, Probe, ProbeBatch, ProbeKind, icl_tokens
 
 
@@ -51,9 +53,15 @@ class Recorder:
     attention weights into per-layer :class:`HeadStats` and changes nothing (``transform`` is the
     identity; a logit probe wraps it in a :class:`LogitProbe`)."""
 
-    def __init__(self, layer_of: dict[int, int], *, tau: float, top_k: int, block_size: int, causal: bool):
+    def __init__(
+        self, layer_of: dict[int, int], *, tau: float, top_k: int, block_size: int, causal: bool,
+        stats: str = "eager",
+    ):  # fmt: skip
         self.layer_of = layer_of
         self.tau, self.top_k, self.block_size, self.causal = tau, top_k, block_size, causal
+        # "eager": reduce blocks of weights (row_sums); "fused": per-row statistics of one blocked pass
+        # (ssacli.attention.online), refused where a call cannot; "auto": fused where a call can.
+        self.stats_mode = stats
         self.stats: dict[int, HeadStats] = {}
         self.layers: dict[int, LayerStats] = {}  # logits' scale, hidden states
         self.overflow = Overflow()
@@ -106,6 +114,41 @@ class Recorder:
         )  # fmt: skip
         if layer not in self.stats:
             self.stats[layer] = HeadStats(weights.shape[1])
+        self.stats[layer].add(sums)
+
+    def transform_block(self, logits: torch.Tensor, module: nn.Module, cols: slice) -> torch.Tensor:
+        """The fused path's :meth:`transform` of one key block (columns ``cols``): the identity."""
+        return logits
+
+    def record_rows(self, module, stats: RowStatistics, query_positions, sink=None) -> None:
+        """:meth:`record` for the fused path: one call's per-row statistics instead of its weights
+        (``sink``: the learned sink's transformed logit [b, h, q], models with learned sinks only)."""
+        layer = self.layer_of.get(id(module))
+        if layer is None:
+            return
+        if layer not in self.norms_before:
+            self.norms_before[layer] = self.norms_seen
+        self.norms_seen = []
+        if not stats.finite_logits:
+            self.overflow.note(layer, "attention logits")
+        if not stats.finite_output:
+            self.overflow.note(layer, "attention weights")
+        valid = target = None
+        if self.valid is not None and self.valid.shape[-1] == stats.keys:  # keys are this batch's tokens
+            valid = self.valid.to(stats.max.device)[:, query_positions]
+            target = self.target
+        logit_sums = online_logit_sums(
+            stats, query_valid=valid, query_positions=query_positions, target=target
+        )
+        layer_stats = self.layer_stats(layer)
+        for name, value in logit_sums.items():
+            layer_stats.sums[name] += value
+        sums = online_row_sums(
+            stats, query_valid=valid, query_positions=query_positions, target=target,
+            tau=self.tau, top_k=self.top_k, sink=sink,
+        )  # fmt: skip
+        if layer not in self.stats:
+            self.stats[layer] = HeadStats(stats.max.shape[1])
         self.stats[layer].add(sums)
 
     def _logit_scale(self, layer, logits, visible, valid, target, query_positions) -> None:
@@ -207,6 +250,30 @@ class ProbeObserver:
 
     def record(self, module, weights, visible, query_positions, sink=None) -> None:
         self.recorder.record(module, weights, visible, query_positions, sink)
+
+    # The fused statistics' seams (ssacli.attention.online): the same probe, one key block at a time.
+    @property
+    def stats_mode(self) -> str:
+        return self.recorder.stats_mode
+
+    @property
+    def top_k(self) -> int:
+        return self.recorder.top_k
+
+    def transform_block(self, logits: torch.Tensor, module: nn.Module, cols: slice) -> torch.Tensor:
+        """:meth:`transform` of the key columns ``cols``: a target outside them is sent to one spare
+        column (dropped after), so the effect changes exactly the entries it changes on whole rows."""
+        if self.kind.acts_on is not ActsOn.LOGITS:
+            return logits
+        if self.target is None or not self.kind.has_target:
+            return self.kind.effect(logits, self.level, self.target)
+        width = logits.shape[-1]
+        local = self.target.to(logits.device).long() - cols.start
+        local = torch.where((local < 0) | (local >= width), width, local)
+        return self.kind.effect(F.pad(logits, (0, 1)), self.level, local)[..., :width]
+
+    def record_rows(self, module, stats: RowStatistics, query_positions, sink=None) -> None:
+        self.recorder.record_rows(module, stats, query_positions, sink)
 
 
 LogitProbe = ProbeObserver  # the name before key probes existed

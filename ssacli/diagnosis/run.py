@@ -42,6 +42,7 @@ from ..attention.interface import (
     scorers_of,
     supports,
 )
+from ..attention.online import STATS_MODES
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.kinds import ICL_FAMILY, kind_of, max_positions
@@ -85,6 +86,7 @@ def diagnose(
     tau: float = defaults.TAU,
     top_k: int = defaults.TOP_K,
     block_size: int = defaults.BLOCK_ROWS,
+    stats: str = "auto",
     device: str = "auto",
     dtype: str = "auto",
     allow_download: bool = False,
@@ -103,7 +105,10 @@ def diagnose(
     ``device`` … ``trust_remote_code`` say how a MODEL reference is loaded
     (:class:`~ssacli.models.loading.LoadOptions`). A family the all-family audit does not cover is
     measured and marked (``DiagnoseResult.unaudited``); with ``strict`` it is refused instead
-    (UnsupportedModelError).
+    (UnsupportedModelError). ``stats``: how each attention call's weights become metrics —
+    ``"eager"`` reduces blocks of weights, ``"fused"`` reads per-row running statistics of one blocked
+    pass (softmax-of-a-transform scorers: softmax, temperature, SSA, SSMax, sink, softmax1; no
+    [rows, keys] tile) and refuses calls it cannot serve, ``"auto"`` takes fused wherever it can.
     """
     started = time.perf_counter()
     for name, value, low in (
@@ -113,6 +118,8 @@ def diagnose(
     ):
         if value < low:
             raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
+    if stats not in STATS_MODES:
+        raise UsageError(f"--stats takes {', '.join(STATS_MODES)}, got {stats!r}")
     if not 0 < tau <= 1:
         raise UsageError(f"tau must be in (0, 1], got {tau}")
     if top_k < 1:
@@ -124,6 +131,7 @@ def diagnose(
     opts = {
         "text": text, "random_ids": random_ids, "inputs": inputs, "samples": samples, "length": length,
         "batch_size": batch_size, "seed": seed, "tau": tau, "top_k": top_k, "block_size": block_size,
+        "stats": stats,
     }  # fmt: skip
     load = {"device": device, "dtype": dtype, "allow_download": allow_download, "allow_pickle": allow_pickle}
     loaded = _as_loaded(model, tokenizer, {**load, "trust_remote_code": trust_remote_code})
@@ -268,7 +276,7 @@ def _run(
                 extras.setdefault("tokens", [None] * len(probe.levels))[li] = float(np.mean(real))
             recorder = Recorder(
                 layer_of, tau=opts["tau"], top_k=opts["top_k"], block_size=opts["block_size"],
-                causal=loaded.kind == "causal",
+                causal=loaded.kind == "causal", stats=opts["stats"],
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
             if reference is not None:

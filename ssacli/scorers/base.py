@@ -218,6 +218,20 @@ class Scorer(nn.Module):
         """
         return None
 
+    # -- the online form (diagnose's fused statistics, ssacli.kernels.online_stats) ---------------------
+    def transformed_logits(self, x: torch.Tensor, count: torch.Tensor) -> torch.Tensor | None:
+        """t(x) for scorers whose weights are softmax(t(x)) over the visible keys (plus at most a
+        :meth:`keyless_logit` in the denominator), so that running sums over key blocks give every row
+        statistic; None for the others. ``x``: clean logits [..., h, q, k] in the compute dtype;
+        ``count`` [..., q, 1]: the keys each row sees (what ``score`` would count). ``score`` of such
+        a scorer is this transform followed by the softmax, so the two cannot drift apart."""
+        return None
+
+    def keyless_logit(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The logit of the denominator's extra term that no key carries (sink: s; softmax1: 0),
+        broadcastable to ``x[..., h, q, 1]``; None where the row's weights sum to one."""
+        return None
+
 
 # ---- helpers shared by scorers ---------------------------------------------------------------------
 

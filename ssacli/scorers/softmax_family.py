@@ -51,8 +51,11 @@ class Softmax(Scorer):
     summary = "exp(x) / sum exp(x): the reference"
     traits = Traits("yes", "yes", "one-hot", "yes")
 
+    def transformed_logits(self, x, count):
+        return x
+
     def score(self, x: torch.Tensor, visible: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        return masked_softmax(x, visible)
+        return masked_softmax(self.transformed_logits(x, None), visible)
 
     def fused(self, query, key, value, *, scale, causal, mask, dropout):
         return softmax_attention(query, key, value, scale=scale, causal=causal, mask=mask, dropout=dropout)
@@ -80,8 +83,11 @@ class Temperature(Scorer):
     def t(self) -> torch.Tensor:
         return self.t_raw.exp()
 
+    def transformed_logits(self, x, count):
+        return x * self.per_head(torch.exp(-self.t_raw), x)
+
     def score(self, x, visible, inputs):
-        return masked_softmax(x * self.per_head(torch.exp(-self.t_raw), x), visible)
+        return masked_softmax(self.transformed_logits(x, None), visible)
 
     def fused(self, query, key, value, *, scale, causal, mask, dropout):
         # softmax(x / t): 1/t folded into the query, per head.
@@ -179,12 +185,14 @@ class SSA(Scorer):
     def n(self) -> torch.Tensor:
         return positive(self.n_raw)
 
-    def score(self, x, visible, inputs):
+    def transformed_logits(self, x, count):
         b, n = self.per_head(self.b, x), self.per_head(self.n, x)
         # sgn(x)·log1p(b|x|) written branch-wise: torch.sign has zero gradient at 0, but the
         # transform is smooth there with slope b.
-        t = n * torch.where(x >= 0, torch.log1p(b * x.clamp_min(0)), -torch.log1p(-b * x.clamp_max(0)))
-        return masked_softmax(t, visible)
+        return n * torch.where(x >= 0, torch.log1p(b * x.clamp_min(0)), -torch.log1p(-b * x.clamp_max(0)))
+
+    def score(self, x, visible, inputs):
+        return masked_softmax(self.transformed_logits(x, None), visible)
 
     def fused(self, query, key, value, *, scale, causal, mask, dropout):
         return ssa_attention(
@@ -210,10 +218,13 @@ class SSMax(Scorer):
         super().__init__(num_heads, **options)
         self._add_param("s", self.opts["s"])
 
-    def score(self, x, visible, inputs):
+    def transformed_logits(self, x, count):
         # Rows with no visible key have N = 0; they are zeroed by the caller, so log(max(N, 1)).
-        log_n = visible_count(visible, x.dtype).clamp_min(1.0).log()
-        return masked_softmax(self.per_head(self.s_raw, x) * log_n * x, visible)
+        log_n = count.to(x.dtype).clamp_min(1.0).log()
+        return self.per_head(self.s_raw, x) * log_n * x
+
+    def score(self, x, visible, inputs):
+        return masked_softmax(self.transformed_logits(x, visible_count(visible, x.dtype)), visible)
 
 
 @register_scorer
@@ -234,8 +245,14 @@ class Sink(Scorer):
         super().__init__(num_heads, **options)
         self._add_param("s", self.opts.get("s", 0.0))
 
+    def transformed_logits(self, x, count):
+        return x
+
+    def keyless_logit(self, x):
+        return self.per_head(self.s_raw, x)  # broadcasts against the [..., q, 1] row statistics
+
     def score(self, x, visible, inputs):
-        s = self.per_head(self.s_raw, x)  # broadcasts against the [..., q, 1] row statistics
+        s = self.keyless_logit(x)
         m = torch.maximum(visible_max(x, visible), s)  # stabilizer covering the sink term too
         e = torch.exp(torch.where(visible, x - m, float("-inf")))
         return e / (torch.exp(s - m) + e.sum(dim=-1, keepdim=True))

@@ -1,0 +1,126 @@
+"""Diagnose's fused statistics: an observed attention call reduced to per-row statistics in one
+blocked pass (ssacli.kernels.online_stats), never forming a [rows, keys] weight tile.
+
+It serves scorers that are a softmax of a transformed logit (:meth:`Scorer.transformed_logits`:
+softmax, temperature, SSA, SSMax, sink, softmax1) and computes every block's logits exactly as
+:func:`~ssacli.attention.observing.observed_attention` does (the same matmul layout, scaling, softcap,
+position bias, float-mask bias and probe), so its statistics are those of the eager weights. An
+observer takes this path when its ``stats_mode`` is "auto" or "fused" (it then has ``record_rows``,
+``transform_block`` and ``top_k``); :func:`online_reason` says why a call cannot (the observer then
+gets the eager path under "auto", a UsageError under "fused").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.online_stats import STATS_BLOCK_KEYS, softmax_statistics
+from ..scorers import Scorer
+from .scorer_inputs import causal_when_unmasked
+
+STATS_MODES = ("auto", "eager", "fused")
+
+
+def online_reason(scorer: Scorer, mask: torch.Tensor | None, kwargs: dict) -> str | None:
+    """Why this call's statistics need the eager weights, or None if the fused pass computes them."""
+    if scorer.uses_qk or type(scorer).transformed_logits is Scorer.transformed_logits:
+        return f"scorer '{scorer.name}' is not a softmax of a transformed logit"
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        return "packed sequences (cu_seq_lens_*) are separated in the eager mask"
+    if mask is not None and mask.dim() != 4:
+        return f"the model passed a {mask.dim()}-d attention mask"
+    return None
+
+
+def online_observed_attention(module, scorer, observer, query, key, value, mask, scaling, sink, kwargs):
+    """:func:`~ssacli.attention.observing.observed_attention`'s output, with the call's statistics
+    handed to ``observer.record_rows`` instead of its weights to ``observer.record``. key/value are
+    already repeated for GQA; ``sink``: the learned sink logits or None."""
+    b, h, q_total, _ = query.shape
+    k_len = key.shape[-2]
+    transform_key = getattr(observer, "transform_key", None)
+    if transform_key is not None:
+        key = transform_key(key, module)
+    positions = torch.arange(k_len - q_total, k_len, device=query.device)
+    compute = torch.promote_types(query.dtype, torch.float32)
+    softcap, bias = kwargs.get("softcap"), kwargs.get("position_bias")
+    hidden_bias = None
+    if mask is not None:
+        mask = mask[..., :k_len]
+        if mask.dtype != torch.bool:  # a float additive mask: its fill is hidden, the rest a bias
+            hidden_bias = mask
+            mask = mask > torch.finfo(mask.dtype).min / 2
+        count = mask.sum(-1)  # [b|1, h|1, q|1]
+        if count.shape[-1] != q_total:
+            count = count.expand(*count.shape[:-1], q_total)
+    causal = mask is None and causal_when_unmasked(module, kwargs.get("is_causal")) and q_total > 1
+    window = kwargs.get("sliding_window") if causal else None
+    if mask is None:
+        count = torch.full((1, 1, q_total), k_len, device=query.device)
+        if causal:
+            count = (positions + 1).clamp_max(k_len if window is None else window).reshape(1, 1, -1)
+
+    def rows_of(t: torch.Tensor, rows: slice) -> torch.Tensor:
+        return t[..., rows, :] if t.shape[-2] == q_total else t
+
+    def logits(rows: slice, cols: slice) -> torch.Tensor:
+        # key[:, :, cols].transpose: the eager path's matmul layout, bit-identical per block (bf16 too)
+        x = torch.matmul(query[:, :, rows], key[:, :, cols].transpose(-1, -2)) * scaling
+        if softcap is not None:
+            x = torch.tanh(x / softcap) * softcap
+        if bias is not None:
+            x = x + rows_of(bias, rows)[..., cols]
+        x = observer.transform_block(x, module, cols)
+        if hidden_bias is not None:
+            part = rows_of(hidden_bias, rows)[..., cols]
+            x = x + torch.where(rows_of(mask, rows)[..., cols], part, 0).to(x.dtype)
+        return x
+
+    def visible(rows: slice, cols: slice) -> torch.Tensor | None:
+        if mask is not None:
+            return rows_of(mask, rows)[..., cols]
+        if not causal:
+            return None
+        pos = positions[rows].unsqueeze(1)
+        keys = torch.arange(cols.start, cols.stop, device=query.device).unsqueeze(0)
+        shown = keys <= pos
+        if window is not None:
+            shown = shown & (pos - keys < window)
+        return shown[None, None]
+
+    def key_span(rows: slice) -> tuple[int, int]:
+        if not causal:
+            return 0, k_len
+        hi = min(k_len, int(positions[rows.stop - 1]) + 1)
+        lo = 0 if window is None else max(0, int(positions[rows.start]) - window + 1)
+        return lo, hi
+
+    # What the scorer counts: the keys, plus the learned sink's column where there is one.
+    scorer_count = (count + (0 if sink is None else 1)).to(compute).unsqueeze(-1)
+
+    def transform(x: torch.Tensor, rows: slice) -> torch.Tensor:
+        return scorer.transformed_logits(x, rows_of(scorer_count, rows))
+
+    probe = torch.zeros(1, h, 1, 1, dtype=compute, device=query.device)
+    keyless = scorer.keyless_logit(probe)
+    sink_t = extra = None
+    if sink is not None:
+        column = sink.to(compute).expand(b, h, q_total, 1)
+        sink_t = scorer.transformed_logits(column, scorer_count).squeeze(-1)
+        extra = sink_t
+    if keyless is not None:
+        keyless = keyless.to(compute).expand(1, h, 1, 1).reshape(1, h, 1)
+        extra = keyless if extra is None else torch.logaddexp(extra, keyless)
+    target = getattr(observer, "target", None)
+    if target is not None and target.shape[0] != b:
+        target = None
+    out, stats = softmax_statistics(
+        value, q_total, logits=logits, visible=visible, transform=transform, count=count,
+        key_span=key_span, extra=extra, target=target, top_k=int(getattr(observer, "top_k", 5)),
+        block_rows=max(1, int(observer.block_size)), block_keys=STATS_BLOCK_KEYS,
+    )  # fmt: skip
+    observer.record_rows(module, stats, positions, sink=sink_t)
+    return out.transpose(1, 2).contiguous(), None
+
+
+__all__ = ["STATS_MODES", "online_observed_attention", "online_reason"]

@@ -1,0 +1,172 @@
+"""Attention output and per-row saturation statistics in one blocked pass, for softmax-of-a-transform
+scorers, without a [rows, keys] weight tile.
+
+FlashAttention's online softmax (../shared/notes/online-statistics.md) with a few more running sums
+per query row, over query blocks × key blocks:
+
+* m, the running max of the transformed logit t over visible keys;
+* l = Σ e^(t − m);
+* spread = Σ e^(t − m)·(m − t), kept relative to the running max. The entropy of the row's weights is
+  then H = log l + spread / l, a sum of two non-negative terms: the textbook m + log l − u / l with
+  u = Σ e^(t − m)·t cancels catastrophically when a row collapses (m ≈ 320 under logits × 32,
+  H ≈ 1e-9), this form does not. When the max grows by δ the old terms become
+  e^(−δ)·(spread + δ·l);
+* the running top-k of t, t at key 0 and at each sample's target key;
+* for the layer's logit scale: Σ x² and the count of the visible, finite logits x, and x at the target.
+
+Block math runs in float32, or the model's dtype if wider (as the eager scorer computes its weights);
+the running sums are float64.
+What a block is — its logits as the scorer sees them, which keys are visible, the transform — comes in
+as callables, so this module knows no model, scorer or probe (ssacli.attention.online supplies them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# Key columns per block: with the default 256 query rows, one [b, h, 256, 1024] fp32 tile per
+# temporary (8 MB on an 8-head model, whatever the sequence length).
+STATS_BLOCK_KEYS = 1024
+
+
+@dataclass
+class RowStatistics:
+    """Per query row of one attention call, [b, h, q] float64 unless said otherwise.
+
+    t is the transformed logit; rows with no visible key have ``max`` −inf and ``total`` 0."""
+
+    max: torch.Tensor  # m: the largest t over visible keys
+    total: torch.Tensor  # l = Σ e^(t − m) over visible keys
+    spread: torch.Tensor  # Σ e^(t − m)·(m − t) ≥ 0, so H = log l + spread / l
+    top: torch.Tensor  # [b, h, q, k] the k largest t (−inf where the row sees fewer keys)
+    first: torch.Tensor  # t at key 0 (−inf where hidden)
+    target: torch.Tensor | None  # t at each sample's target key (−inf where hidden); None without one
+    visible: torch.Tensor  # [b, h|1, q] keys each row sees
+    extra: torch.Tensor | None  # [b, h, q] t of the denominator's keyless terms, log-summed; None: none
+    logit_sq: torch.Tensor  # Σ x² over the visible, finite logits x (before the transform)
+    logit_n: torch.Tensor  # how many such logits
+    target_logit: torch.Tensor | None  # x at the target key (NaN where hidden or not finite)
+    finite_logits: bool  # every computed logit was finite
+    finite_output: bool  # every output and running sum was finite
+    keys: int  # the call's key length
+
+
+def softmax_statistics(
+    value: torch.Tensor,
+    q_len: int,
+    *,
+    logits: Callable[[slice, slice], torch.Tensor],
+    visible: Callable[[slice, slice], torch.Tensor | None],
+    transform: Callable[[torch.Tensor, slice], torch.Tensor],
+    count: torch.Tensor,
+    key_span: Callable[[slice], tuple[int, int]],
+    extra: torch.Tensor | None = None,
+    target: torch.Tensor | None = None,
+    top_k: int = 5,
+    block_rows: int = 256,
+    block_keys: int = STATS_BLOCK_KEYS,
+) -> tuple[torch.Tensor, RowStatistics]:
+    """(output [b, h, q, d] in value's dtype, :class:`RowStatistics`) of softmax(t) attention.
+
+    ``logits(rows, cols)``: the logits x [b, h, r, c] as the scorer sees them; ``visible(rows, cols)``:
+    bool broadcastable to them, or None (all visible); ``transform(x, rows)``: t from float32 x
+    (hidden entries are 0 there and −inf after); ``count`` [b|1, h|1, q]: visible keys per row;
+    ``key_span(rows)``: the key range [lo, hi) the rows can see at all (blocks outside it are never
+    formed); ``extra`` [b|1, h|1, q|1]: t of keyless denominator terms (a learned sink, a sink
+    scorer's s; their value is zero), log-summed; ``target`` [b]: key index per sample.
+    """
+    b, h, k_len, d = value.shape
+    dev = value.device
+    f64 = dict(dtype=torch.float64, device=dev)
+    row_max = torch.full((b, h, q_len), -math.inf, **f64)
+    total = torch.zeros((b, h, q_len), **f64)
+    spread = torch.zeros((b, h, q_len), **f64)
+    logit_sq = torch.zeros((b, h, q_len), **f64)
+    logit_n = torch.zeros((b, h, q_len), **f64)
+    first = torch.full((b, h, q_len), -math.inf, **f64)
+    k_top = max(1, min(top_k, k_len))
+    top = torch.full((b, h, q_len, k_top), -math.inf, **f64)
+    t_target = x_target = None
+    if target is not None:
+        target = target.to(dev).long()
+        t_target = torch.full((b, h, q_len), -math.inf, **f64)
+        x_target = torch.full((b, h, q_len), math.nan, **f64)
+    compute = torch.promote_types(value.dtype, torch.float32)  # the eager scorer's dtype
+    out = torch.zeros((b, h, q_len, d), dtype=compute, device=dev)
+    finite_logits = True
+    v32 = value.to(compute)
+    for r0 in range(0, q_len, max(1, block_rows)):
+        rows = slice(r0, min(r0 + max(1, block_rows), q_len))
+        lo, hi = key_span(rows)
+        acc = m = l_ = s_ = None
+        for c0 in range(lo, hi, max(1, block_keys)):
+            cols = slice(c0, min(c0 + max(1, block_keys), hi))
+            vis = visible(rows, cols)
+            if vis is not None and not bool(vis.any()):
+                continue  # nothing visible in this block (padding, the causal future)
+            x = logits(rows, cols)
+            finite_logits = finite_logits and bool(torch.isfinite(x).all())
+            shown = torch.ones_like(x, dtype=torch.bool) if vis is None else vis.expand_as(x)
+            xd = x.double()
+            counted = shown & torch.isfinite(xd)
+            logit_sq[:, :, rows] += torch.where(counted, xd * xd, 0.0).sum(-1)
+            logit_n[:, :, rows] += counted.sum(-1)
+            t = transform(torch.where(shown, x.to(compute), 0.0), rows)
+            t = torch.where(shown, t, -math.inf)
+            block_max = t.amax(-1).double()
+            new_max = block_max if m is None else torch.maximum(m, block_max)
+            ref = torch.where(new_max == -math.inf, 0.0, new_max)
+            p = torch.exp(t - ref.unsqueeze(-1).to(compute))
+            gap = torch.where(shown, ref.unsqueeze(-1).to(compute) - t, 0.0)  # m − t ≥ 0 (hidden: p = 0)
+            block_total = p.sum(-1).double()
+            block_spread = (p * gap).sum(-1).double()
+            pv = torch.matmul(p, v32[:, :, cols])
+            if m is None:
+                acc, m, l_, s_ = pv, new_max, block_total, block_spread
+            else:
+                old = torch.where(m == -math.inf, 0.0, m)
+                delta = ref - old  # ≥ 0 where the row had keys before
+                shrink = torch.where(m == -math.inf, 0.0, torch.exp(-delta))
+                s_ = shrink * (s_ + torch.where(m == -math.inf, 0.0, delta) * l_) + block_spread
+                l_ = shrink * l_ + block_total
+                acc = acc * shrink.unsqueeze(-1).to(compute) + pv
+                m = new_max
+            block_top = t.topk(min(k_top, t.shape[-1]), dim=-1).values.double()
+            top[:, :, rows] = torch.cat([top[:, :, rows], block_top], dim=-1).topk(k_top, dim=-1).values
+            if c0 == 0:
+                first[:, :, rows] = t[..., 0].double()
+            if target is not None:
+                inside = (target >= c0) & (target < cols.stop)
+                if bool(inside.any()):
+                    where = (target - c0).clamp(0, t.shape[-1] - 1).reshape(b, 1, 1, 1)
+                    where = where.expand(b, h, t.shape[2], 1)
+                    sel = inside.reshape(b, 1, 1)
+                    t_at = t.gather(-1, where).squeeze(-1).double()
+                    x_at = torch.where(counted, xd, math.nan).gather(-1, where).squeeze(-1)
+                    t_target[:, :, rows] = torch.where(sel, t_at, t_target[:, :, rows])
+                    x_target[:, :, rows] = torch.where(sel, x_at, x_target[:, :, rows])
+        if m is None:
+            continue  # no block visible: the rows keep max −inf, total 0, output 0
+        denominator = l_
+        if extra is not None:
+            e = extra.expand(b, h, q_len)[:, :, rows].double()
+            ref = torch.where(m == -math.inf, 0.0, m)
+            denominator = l_ + torch.exp(e - ref)
+        out[:, :, rows] = acc / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1).to(compute)
+        row_max[:, :, rows], total[:, :, rows], spread[:, :, rows] = m, l_, s_
+    finite_output = bool(torch.isfinite(out).all()) and bool(torch.isfinite(total).all())
+    stats = RowStatistics(
+        max=row_max, total=total, spread=spread, top=top, first=first, target=t_target,
+        visible=count.double(),
+        extra=None if extra is None else extra.expand(b, h, q_len).double(),
+        logit_sq=logit_sq, logit_n=logit_n, target_logit=x_target,
+        finite_logits=finite_logits, finite_output=finite_output, keys=k_len,
+    )  # fmt: skip
+    return out.to(value.dtype), stats
+
+
+__all__ = ["STATS_BLOCK_KEYS", "RowStatistics", "softmax_statistics"]
