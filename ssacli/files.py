@@ -84,13 +84,18 @@ def publish(tmp: str | Path, path: str | Path, *, directory: bool = False) -> No
 
 def write_text(text: str, path: str | Path) -> None:
     """Write ``text`` to ``path`` whole or not at all (an OutputError says why not)."""
+    write_bytes(text.encode("utf-8"), path)
+
+
+def write_bytes(data: bytes, path: str | Path) -> None:
+    """Write ``data`` to ``path`` whole or not at all (an OutputError says why not)."""
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         publish(tmp, path)
     except OSError as err:
         raise output_error(path, err) from err
