@@ -9,9 +9,11 @@ linear the uncapped rank correlation and the coefficient σ):
 
 * a table of mean ± std over seeds per arm;
 * a paired table: each arm minus the reference arm (the plan's ``reference``, default the first),
-  per-seed differences summarized as mean Δ [95 % bootstrap CI], sign-test p, and how many seeds
-  the arm is better / worse on; a verdict follows the interval (better / worse when it excludes 0,
-  otherwise inconclusive);
+  per-seed differences summarized as mean Δ [95 % bootstrap CI], the exact sign-flip permutation p
+  (``p``) and the paired t-test p (``t``), and how many seeds the arm is better / worse on; the
+  verdict (ssacli.stats.verdict) needs the interval to exclude 0 and the permutation p <= 0.05; a
+  line under the table states its multiplicity: how many of its comparisons reach p <= 0.05, how
+  many chance alone would give, and which survive Holm's adjustment over the table;
 * for linear, the read-out cap: max |prediction| against max |y| per σ.
 
 ``--per-seed FILE`` writes every arm's value for every seed and cell; ``--figures DIR`` draws the
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from ssacli.icl.plots import plot_sweep, sweep_views
 from ssacli.icl.sweep import aggregate, cell_key, paired
-from ssacli.stats import verdict
+from ssacli.stats import ALPHA, holm, verdict
 
 PERCENT_METRICS = ("error", "after_outlier", "at_outlier", "sign_error")
 TITLES = {
@@ -86,21 +88,46 @@ def mean_table(rows, task, labels, column, values, metric) -> list[str]:
     )
 
 
+def p_text(p: float | None) -> str:
+    return "–" if p is None else f"{p:.2g}"
+
+
 def paired_table(pairs, task, labels, column, values, metric) -> list[str]:
     def cell(r) -> str:
         lower = not r["higher_is_better"]
         better, worse = (r["b_lower"], r["b_higher"]) if lower else (r["b_higher"], r["b_lower"])
-        p = "–" if r["sign_test_p"] is None else f"{r['sign_test_p']:.2g}"
         return (
             f"{number(r['mean_difference'], task, metric, True)} "
             f"[{number(r['ci_low'], task, metric, True)}, {number(r['ci_high'], task, metric, True)}] "
-            f"p={p} {better}/{worse} **{verdict(r, lower_is_better=lower)}**"
+            f"p={p_text(r['permutation_p'])} t={p_text(r['t_test_p'])} {better}/{worse} "
+            f"**{verdict(r, lower_is_better=lower)}**"
         )
 
-    return grid_table(
+    lines = grid_table(
         pairs, "arm − reference", labels, column, values, cell,
         lambda label, r: f"{label} − {r['reference']}",
     )  # fmt: skip
+    return [*lines, "", multiplicity_line(pairs, task, metric, column)]
+
+
+def multiplicity_line(pairs, task, metric, column) -> str:
+    """The table as a family: its size, how many comparisons reach p <= ALPHA, the number chance
+    alone would give if no arm differed, and those that survive Holm's adjustment over the table."""
+    tested = [r for r in pairs if r["permutation_p"] is not None]
+    if not tested:
+        return "*Family: every comparison ties (nothing to test).*"
+    passing = [r for r in tested if r["permutation_p"] <= ALPHA]
+    adjusted = holm([r["permutation_p"] for r in tested])
+    survivors = [
+        f"{r['label']} at {COLUMN_NAMES[column]} = {r[column]:g} (Holm p = {p:.2g})"
+        for r, p in zip(tested, adjusted)
+        if p <= ALPHA
+    ]
+    return (
+        f"*Family: {len(tested)} comparisons; {len(passing)} with permutation p ≤ {ALPHA:g} "
+        f"({len(tested) * ALPHA:.1f} expected by chance if no arm differed); after Holm over this "
+        f"table: {', '.join(survivors) if survivors else 'none'}.*"
+    )
 
 
 def cap_table(runs, task, arch, labels, trained) -> list[str]:
