@@ -11,7 +11,9 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   weight matrix, forward and backward.
 * :func:`diagnose` -> :class:`DiagnoseResult`: probe a model with magnitude shifts and measure
   per-layer, per-head saturation; :func:`load_model` resolves MODEL references;
-  :func:`compare_results` puts two results side by side (``ssacli diagnose``).
+  :func:`compare_results` puts two results side by side (``ssacli diagnose``); :func:`load_saved`
+  reads a saved result back, :func:`render` / :func:`render_html` draw it again and
+  ``DiagnoseResult.to_frame`` / ``to_csv`` / ``to_parquet`` export it as a table (``ssacli render``).
 * :func:`run_check` -> :class:`CheckReport`: gate a model on requirements; :func:`check_settings`
   merges an ``ssacli.toml`` with explicit options first, :func:`write_check_config` writes one
   measured on a model (``ssacli check``, ``check --init``).
@@ -20,7 +22,8 @@ The public API (the CLI is a thin layer over it: every command is one of these c
 * :func:`finetune` with a :class:`FinetuneConfig` (:func:`finetune_config` fills it from the run
   recorded in a folder): fine-tune, or continue a run (``ssacli finetune``);
   :func:`train_from_scratch`: a fresh language model and tokenizer, then the same loop
-  (``ssacli train``).
+  (``ssacli train``); :class:`SaturationCallback` logs per-layer saturation inside a
+  ``transformers.Trainer`` every N steps, :class:`SaturationMonitor` is the same for any loop.
 * :func:`compare_models`: the before/after quality report (``ssacli report``).
 * :func:`train_icl` with an :class:`ICLTrainConfig`, :func:`evaluate_icl`, :func:`run_icl_sweep`
   with an :class:`ICLSweepPlan`: the in-context-learning experiments (``ssacli icl``).
@@ -62,6 +65,9 @@ _LAZY = {
     "DiagnoseResult": "diagnosis.result",
     "ProbeResult": "diagnosis.result",
     "compare_results": "diagnosis.comparison",
+    "load_saved": "report.saved",
+    "render": "report.saved",
+    "render_html": "report.saved",
     "parse_probe": "diagnosis.probes",
     "run_check": "check.requirements",
     "parse_requirement": "check.requirements",
@@ -74,6 +80,8 @@ _LAZY = {
     "minimal_pairs": "quality.measures",
     "icl_error_by_sigma": "quality.measures",
     "finetune": "train.finetune",
+    "SaturationCallback": "train.trainer_callback",
+    "SaturationMonitor": "train.monitor",
     "FinetuneConfig": "train.finetune",
     "finetune_config": "train.runs",
     "convert_and_finetune": "train.runs",
@@ -112,6 +120,7 @@ if TYPE_CHECKING:
     from .models.loading import load, load_model
     from .quality.compare import compare_models
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
+    from .report.saved import load_saved, render, render_html
     from .scorers import (
         SCORERS,
         Scorer,
@@ -122,6 +131,8 @@ if TYPE_CHECKING:
         scorer_table,
     )
     from .train.finetune import FinetuneConfig, finetune
+    from .train.monitor import SaturationMonitor
+    from .train.trainer_callback import SaturationCallback
     from .train.runs import convert_and_finetune, finetune_config, train_from_scratch
 
 
@@ -146,6 +157,8 @@ __all__ = [
     "ICLTrainConfig",
     "ProbeResult",
     "SCORERS",
+    "SaturationCallback",
+    "SaturationMonitor",
     "Scorer",
     "SpecError",
     "SsacliError",
@@ -168,12 +181,15 @@ __all__ = [
     "language_model_loss",
     "load",
     "load_model",
+    "load_saved",
     "make_scorer",
     "minimal_pairs",
     "parse_probe",
     "parse_requirement",
     "parse_spec",
     "register_scorer",
+    "render",
+    "render_html",
     "restore",
     "run_check",
     "run_icl_sweep",

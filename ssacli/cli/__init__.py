@@ -18,7 +18,7 @@ import typer
 
 from ..errors import InterruptError, exit_code
 from ..version import __version__
-from . import check, convert, diagnose, icl, report, train
+from . import check, convert, diagnose, icl, render, report, train
 from .options import HelpCommand, HelpGroup, ModelCommand, debugging, print_error, set_debug
 
 
@@ -75,6 +75,7 @@ def _root(
 
 app.command("scorers", cls=HelpCommand)(diagnose.scorers_command)
 app.command("diagnose", cls=ModelCommand)(diagnose.diagnose_command)
+app.command("render", cls=HelpCommand)(render.render_command)
 app.command("check", cls=HelpCommand)(check.check_command)
 app.command("convert", cls=ModelCommand)(convert.convert_command)
 app.command("finetune", cls=HelpCommand)(convert.finetune_command)

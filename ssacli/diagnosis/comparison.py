@@ -17,6 +17,8 @@ from .findings import MAX_FINDINGS, baseline_probe, level_text
 from .probe_result import ProbeResult, json_ready
 from .result import DiagnoseResult
 
+COMPARISON_SCHEMA = "ssacli-diagnose-comparison"  # what compare_results writes (diagnose --compare --json)
+
 
 def common_levels(a: ProbeResult, b: ProbeResult) -> list[tuple[float, int, int]]:
     """(level, index in a, index in b) for each level both probes swept, in a's order. Levels are
@@ -51,7 +53,7 @@ def compare_results(a: DiagnoseResult, b: DiagnoseResult) -> dict[str, Any]:
         deltas[pa.name] = entry
         points[pa.name] = {"a": pa.collapse_point(), "b": pb.collapse_point()}
     return {
-        "schema": "ssacli-diagnose-comparison",
+        "schema": COMPARISON_SCHEMA,
         "schema_version": 2,
         "findings": comparison_findings(a, b),
         "a": a.to_dict(),

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from . import frames
 from .findings import baseline_probe, findings
 
 # METRICS, ProbeResult, COLLAPSE_SHARE and json_ready are importable from here too (older callers).
@@ -30,6 +31,7 @@ from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
 SCHEMA = "ssacli-diagnose"
 SCHEMA_VERSION = 3  # 2: layer_metrics, overflow, insensitive, reach, baseline-relative collapse, findings
 # 3: output quality per level (extras output_kl, summary quality), verdicts, degenerate, unaudited
+SCHEMA_FILE = Path(__file__).with_name("diagnose.schema.json")  # JSON Schema (2020-12) of to_dict()
 
 
 @dataclass
@@ -188,21 +190,55 @@ class DiagnoseResult:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
+    # ---- tables: one row per probe, metric, level, layer, head (ssacli.diagnosis.frames) ----------
+    def to_records(self) -> list[dict[str, Any]]:
+        """The per-head metrics in long format as dicts (model, probe, level, layer, head, metric,
+        value; undefined values None). Needs nothing beyond the standard library."""
+        return frames.records(self)
+
+    def to_frame(self):
+        """The same rows as a pandas DataFrame (NaN where undefined): ``pip install "ssacli[frame]"``."""
+        return frames.to_frame(self)
+
+    def to_csv(self) -> str:
+        """The same rows as CSV text (a header line; undefined values empty)."""
+        return frames.frame_csv(self)
+
+    def to_parquet(self) -> bytes:
+        """The same rows as the bytes of a Parquet file (undefined values null; needs pyarrow)."""
+        return frames.frame_parquet(self)
+
     @classmethod
     def load(cls, path: str | Path) -> DiagnoseResult:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputError(
-                f"result file '{path}' does not exist; write one with `ssacli diagnose --json`"
-            ) from None
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise InputError(f"cannot read result file '{path}' ({err}); give a `--json` output") from None
+        """A result file written by ``ssacli diagnose --json``; every problem is one InputError line."""
+        return cls.from_saved(read_json_file(path), path)
+
+    @classmethod
+    def from_saved(cls, data: dict[str, Any], path: str | Path) -> DiagnoseResult:
+        """:meth:`from_dict` of a document read from ``path``: a malformed one is an InputError naming it."""
         try:
             return cls.from_dict(data)
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise InputError(f"result file '{path}' is malformed ({err!r}); re-create it") from None
+
+
+def read_json_file(path: str | Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or an InputError saying in one line why there is none."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(
+            f"result file '{path}' does not exist; write one with `ssacli diagnose --json`"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"cannot read result file '{path}' ({err}); give a `--json` output") from None
+    if not isinstance(data, dict):
+        raise InputError(
+            f"result file '{path}' holds a JSON {type(data).__name__}, not a diagnose result; "
+            "give a file written by `ssacli diagnose --json`"
+        )
+    return data
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

@@ -79,11 +79,16 @@ class Section:
         return "\n".join([*parts, *self.body])
 
 
+# How every page ssacli writes begins (its titles start with "ssacli"): how `render` tells a page
+# it may replace from a file it did not write (ssacli.report.saved.check_replaceable).
+PAGE_HEAD = '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+
+
 def page(title: str, sections: Sequence[Section]) -> str:
     """A complete self-contained page: ``title`` in the tab, the sections one after the other."""
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n"
+        PAGE_HEAD
+        + f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n"
         + "\n".join(section.html() for section in sections)
         + "\n</body></html>\n"
     )
