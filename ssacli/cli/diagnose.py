@@ -98,6 +98,11 @@ def diagnose_command(
     block_size: int = typer.Option(
         defaults.BLOCK_ROWS, min=1, help="Query rows scored at a time (memory O(block × keys))."
     ),
+    stats: str = typer.Option(
+        "auto", metavar="auto|eager|fused",
+        help="Metrics from blocks of weights (eager) or from running row statistics of one fused pass "
+        "(fused: softmax, temperature, ssa, ssmax, sink, softmax1); auto: fused where it applies.",
+    ),
     device: Device = "auto",
     dtype: Dtype = "auto",
     allow_download: AllowDownload = False,
@@ -137,7 +142,7 @@ def diagnose_command(
     settings = dict(
         probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
-        block_size=block_size, device=device, dtype=dtype, allow_download=allow_download,
+        block_size=block_size, stats=stats, device=device, dtype=dtype, allow_download=allow_download,
         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, strict=strict,
     )  # fmt: skip
     console = Console()

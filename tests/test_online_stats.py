@@ -1,0 +1,288 @@
+"""diagnose's fused statistics (--stats fused) against the eager observed path and a naive formula.
+
+Three levels:
+* the kernel (ssacli.kernels.online_stats) against every metric computed by hand in float64 from the
+  full weight matrix, on rows driven to collapse, with the max moving across many small key blocks;
+* every attention call of real tiny models (families of the audit: GQA, sliding windows, softcap,
+  position bias, learned sinks, encoders, cross-attention), padded batches, probes, scorers and
+  dtypes: both paths see the very same q, k, v (the forward continues with the eager output), and
+  every per-head metric and logit-scale sum must agree within 1e-6;
+* whole diagnose runs, eager vs fused, float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import ssacli.attention.interface as interface
+from ssacli import diagnose
+from ssacli.attention.interface import apply_scorer, attention_modules, observing
+from ssacli.attention.online import online_observed_attention
+from ssacli.attention.tiny_models import build_tiny
+from ssacli.diagnosis.forward import ProbeObserver, Recorder
+from ssacli.diagnosis.metrics import METRICS
+from ssacli.diagnosis.probes import PROBES
+from ssacli.errors import UsageError
+from ssacli.kernels.online_stats import softmax_statistics
+
+ABS = 1e-6
+
+
+# ---- the kernel against a naive float64 formula --------------------------------------------------
+
+
+def _naive(t: torch.Tensor, visible: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    """Every row metric from the full weight matrix, float64: p = softmax(t) over visible keys."""
+    t = torch.where(visible, t.double(), -math.inf)
+    p = torch.softmax(t, dim=-1)
+    logp = torch.where(p > 0, p.log(), 0.0)
+    entropy = -(p * logp).sum(-1)
+    return {
+        "entropy": entropy,
+        "max_weight": p.amax(-1),
+        "topk_mass": p.topk(min(k, p.shape[-1]), dim=-1).values.sum(-1),
+        "sink_mass": p[..., 0],
+    }
+
+
+@pytest.mark.parametrize("scale", [1.0, 32.0, 300.0])
+def test_kernel_matches_the_naive_formula_on_collapsing_rows(scale):
+    torch.manual_seed(0)
+    b, h, q, k, d = 2, 3, 13, 29, 4
+    t = torch.randn(b, h, q, k) * scale
+    t[0, 0, :, 17] += 40 * scale  # a dominant key in a late block: the max moves after earlier blocks
+    visible = torch.rand(b, 1, q, k) > 0.3
+    visible[..., 0] = True
+    value = torch.randn(b, h, k, d)
+    out, stats = softmax_statistics(
+        value, q, logits=lambda r, c: t[:, :, r, c], visible=lambda r, c: visible[:, :, r, c],
+        transform=lambda x, r: x, count=visible.sum(-1), key_span=lambda r: (0, k), top_k=5,
+        block_rows=4, block_keys=3,
+    )  # fmt: skip
+    ref = _naive(t, visible, 5)
+    l_, m = stats.total, stats.max
+    entropy = torch.log(l_) + stats.spread / l_
+    got = {
+        "entropy": entropy,
+        "max_weight": 1 / l_,
+        "topk_mass": torch.exp(stats.top - m.unsqueeze(-1)).sum(-1) / l_,
+        "sink_mass": torch.exp(stats.first - m) / l_,
+    }
+    for name in ref:
+        assert torch.allclose(got[name], ref[name], rtol=0, atol=ABS), name
+    # Collapsed rows (H ~ 1e-9) within float32's resolution of l ≈ 1, where the textbook
+    # m + log l − u/l in float32 cancels to noise of the size of ulp(m) (m ≈ 40·scale there).
+    assert (entropy - ref["entropy"]).abs().max() < 2e-7
+    if scale >= 32:
+        assert ref["entropy"][0, 0].min() < 1e-6  # the dominated rows did collapse
+        t32 = torch.where(visible, t, -math.inf)
+        m32 = t32.amax(-1, keepdim=True)
+        e = torch.exp(t32 - m32)
+        textbook = m32.squeeze(-1) + e.sum(-1).log() - (e * torch.where(visible, t, 0)).sum(-1) / e.sum(-1)
+        assert (textbook.double() - ref["entropy"]).abs().max() > 1e-6  # what this form avoids
+    weights = torch.softmax(torch.where(visible, t.double(), -math.inf), -1)
+    assert torch.allclose(out.double(), weights @ value.double(), rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_rows_without_keys_are_empty_not_zero_entropy():
+    b, h, q, k = 1, 1, 3, 5
+    visible = torch.ones(b, 1, q, k, dtype=torch.bool)
+    visible[..., 1, :] = False
+    out, stats = softmax_statistics(
+        torch.ones(b, h, k, 2), q, logits=lambda r, c: torch.zeros(b, h, r.stop - r.start, c.stop - c.start),
+        visible=lambda r, c: visible[:, :, r, c], transform=lambda x, r: x, count=visible.sum(-1),
+        key_span=lambda r: (0, k), block_rows=1,
+    )  # fmt: skip
+    assert stats.max[0, 0, 1] == -math.inf and stats.total[0, 0, 1] == 0
+    assert torch.equal(out[0, 0, 1], torch.zeros(2))
+
+
+# ---- every attention call of real models: both paths on the same inputs ---------------------------
+
+
+class _Pair:
+    """The observer the model sees: hands each call to both recorders (fused and eager)."""
+
+    def __init__(self, fused, eager):
+        self.fused, self.eager = fused, eager
+        self.block_size = eager.block_size
+
+
+def _dual_forward(model, ids, mask, probe=None, level=None, target=None, block=5):
+    """One forward in which every attention call runs the fused statistics and the eager observed
+    path on the same q, k, v; the model continues with the eager output. Returns both recorders and
+    the largest relative difference of the two outputs."""
+    layers = [m for _, m in attention_modules(model)]
+    layer_of = {id(m): i for i, m in enumerate(layers)}
+    recorders = [
+        Recorder(layer_of, tau=0.9, top_k=5, block_size=block, causal=True, stats=mode)
+        for mode in ("fused", "eager")
+    ]
+    for rec in recorders:
+        rec.valid, rec.target = mask.bool(), target
+    observers = recorders
+    if probe is not None:
+        observers = [ProbeObserver(rec, PROBES[probe], level, target) for rec in recorders]
+    eager_call = interface.observed_attention
+    worst = [0.0]
+
+    def both(module, scorer, observer, query, key, value, attention_mask, scaling, sink, kwargs):
+        args = (query, key, value, attention_mask, scaling, sink, kwargs)
+        fused_out, _ = online_observed_attention(module, scorer, observer.fused, *args)
+        out, weights = eager_call(module, scorer, observer.eager, *args)
+        scale = out.abs().amax().float().clamp_min(1e-30)
+        worst[0] = max(worst[0], float((fused_out.float() - out.float()).abs().amax() / scale))
+        return out, weights
+
+    interface.observed_attention = both
+    try:
+        with torch.inference_mode(), observing(_Pair(*observers)):
+            kwargs = {"input_ids": ids, "attention_mask": mask}
+            if model.config.is_encoder_decoder:
+                kwargs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
+            model(**kwargs)
+    finally:
+        interface.observed_attention = eager_call
+    return recorders, worst[0]
+
+
+def _assert_same(fused: Recorder, eager: Recorder):
+    assert fused.stats.keys() == eager.stats.keys() and eager.stats
+    for layer in eager.stats:
+        a, b = fused.stats[layer].means(), eager.stats[layer].means()
+        for name in METRICS:
+            x, y = a[name], b[name]
+            assert np.array_equal(np.isnan(x), np.isnan(y)), (layer, name, x, y)
+            tol = ABS * max(1.0, float(np.nanmax(np.abs(y), initial=0)) if name == "effective_tokens" else 1.0)
+            assert np.nanmax(np.abs(x - y), initial=0) <= tol, (layer, name, x, y)
+        la, lb = fused.layers[layer].means(), eager.layers[layer].means()
+        for name in ("logit_rms", "target_logit_rms", "target_logit_mean"):
+            x, y = la[name], lb[name]
+            assert (math.isnan(x) and math.isnan(y)) or abs(x - y) <= ABS * max(1.0, abs(y)), (layer, name, x, y)
+        assert fused.stats[layer].rows == eager.stats[layer].rows
+
+
+def _padded(batch=3, length=19, vocab=128, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, length), generator=gen)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1, :4] = 0  # left padding
+    mask[2, 13:] = 0  # right padding
+    return ids, mask, torch.tensor([5, 9, 7])
+
+
+FAMILIES = [
+    ("llama", "causal"),  # GQA (4 heads over 2 KV heads)
+    ("mistral", "causal"),  # sliding window
+    ("gemma2", "causal"),  # softcap, sliding window
+    ("gpt_oss", "causal"),  # learned sinks
+    ("qwen2", "causal"),
+    ("gpt2", "causal"),
+    ("bert", "masked"),  # bidirectional, padding mask
+    ("t5", "seq2seq"),  # position bias, cross-attention
+]
+
+
+@pytest.mark.parametrize("family,kind", FAMILIES)
+@pytest.mark.parametrize("probe,level", [(None, None), ("logit-scale", 32.0), ("dominant-key", 32.0)])
+def test_every_call_matches_the_eager_path(family, kind, probe, level):
+    model = build_tiny(family, kind)
+    apply_scorer(model, "softmax")
+    ids, mask, target = _padded()
+    (fused, eager), out_gap = _dual_forward(model, ids, mask, probe, level, target)
+    _assert_same(fused, eager)
+    assert out_gap < 1e-5
+
+
+@pytest.mark.parametrize(
+    "spec", ["temperature:t=0.5", "ssa", "ssa:init=faithful", "ssmax:s=0.7", "sink:s=1", "softmax1"]
+)
+@pytest.mark.parametrize("family", ["llama", "gpt_oss"])
+def test_every_softmax_family_scorer(spec, family):
+    model = build_tiny(family, "causal")
+    apply_scorer(model, spec)
+    ids, mask, target = _padded()
+    (fused, eager), out_gap = _dual_forward(model, ids, mask, "logit-scale", 32.0, target)
+    _assert_same(fused, eager)
+    assert out_gap < 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_oss", "mistral"])
+@pytest.mark.parametrize("probe,level", [("logit-scale", 32.0), ("dominant-key", 32.0), ("key-scale", 8.0)])
+def test_bfloat16_calls(family, probe, level):
+    """bf16 logits are formed exactly as the eager path forms them (bit for bit per block), so the
+    statistics of the same bf16 q, k, v agree within 1e-6 like float32's."""
+    model = build_tiny(family, "causal", dtype=torch.bfloat16)
+    apply_scorer(model, "softmax")
+    ids, mask, target = _padded()
+    (fused, eager), out_gap = _dual_forward(model, ids, mask, probe, level, target)
+    _assert_same(fused, eager)
+    assert out_gap < 2e-2  # the eager output rounds bf16 weights before its matmul, the fused one not
+
+
+def test_many_key_blocks_and_causal_skipping(monkeypatch):
+    """Key blocks far smaller than the sequence: online rescaling across blocks and skipped causal
+    blocks, on a collapse-level probe."""
+    import ssacli.attention.online as online
+
+    monkeypatch.setattr(online, "STATS_BLOCK_KEYS", 4)
+    model = build_tiny("llama", "causal")
+    apply_scorer(model, "ssa")
+    ids, mask, target = _padded(length=37)
+    (fused, eager), _ = _dual_forward(model, ids, mask, "dominant-key", 32.0, target, block=6)
+    _assert_same(fused, eager)
+    ones = torch.ones_like(mask)  # no padding: the causal mask is not materialized, blocks are skipped
+    (fused, eager), _ = _dual_forward(model, ids, ones, "logit-scale", 32.0, target, block=6)
+    _assert_same(fused, eager)
+
+
+# ---- whole diagnose runs ----------------------------------------------------------------------------
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(3, 120, (n,), generator=gen).tolist() for n in (31, 24, 17)]
+
+
+def test_diagnose_fused_equals_eager_float32():
+    model = build_tiny("llama", "causal")
+    probes = ["logit-scale:1,32", "dominant-key:0,32", "key-scale:1,8"]
+    a = diagnose(model, probes, inputs=_inputs(), batch_size=3, stats="eager")
+    b = diagnose(model, probes, inputs=_inputs(), batch_size=3, stats="fused")
+    for pa, pb in zip(a.probes, b.probes, strict=True):
+        for name in METRICS:
+            x, y = np.asarray(pa.metrics[name]), np.asarray(pb.metrics[name])
+            assert np.array_equal(np.isnan(x), np.isnan(y)), name
+            scale = np.maximum(1.0, np.abs(x)) if name == "effective_tokens" else 1.0
+            assert np.nanmax(np.abs(x - y) / scale, initial=0) <= ABS, (pa.name, name)
+        assert np.array_equal(pa.rows, pb.rows)
+
+
+def test_auto_falls_back_and_fused_refuses_other_scorers():
+    model = build_tiny("llama", "causal")
+    calls = {"rows": 0, "weights": 0}
+    record, record_rows = Recorder.record, Recorder.record_rows
+
+    def counting(name, method):
+        def wrapper(self, *args, **kwargs):
+            calls[name] += 1
+            return method(self, *args, **kwargs)
+
+        return wrapper
+
+    Recorder.record, Recorder.record_rows = counting("weights", record), counting("rows", record_rows)
+    try:
+        diagnose(model, ["logit-scale:1"], inputs=_inputs(), scorer="sigmoid")  # auto: eager weights
+        assert calls == {"rows": 0, "weights": 2}
+        diagnose(model, ["logit-scale:1"], inputs=_inputs())  # auto, softmax: the fused statistics
+        assert calls == {"rows": 2, "weights": 2}
+    finally:
+        Recorder.record, Recorder.record_rows = record, record_rows
+    with pytest.raises(UsageError, match="sigmoid"):
+        diagnose(model, ["logit-scale:1"], inputs=_inputs(), scorer="sigmoid", stats="fused")
+    with pytest.raises(UsageError, match="--stats"):
+        diagnose(model, ["logit-scale:1"], inputs=_inputs(), stats="online")
