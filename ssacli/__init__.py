@@ -132,8 +132,8 @@ if TYPE_CHECKING:
     )
     from .train.finetune import FinetuneConfig, finetune
     from .train.monitor import SaturationMonitor
-    from .train.trainer_callback import SaturationCallback
     from .train.runs import convert_and_finetune, finetune_config, train_from_scratch
+    from .train.trainer_callback import SaturationCallback
 
 
 def __getattr__(name: str):
