@@ -52,6 +52,7 @@ __all__ = [  # this module's own names and, re-exported, the public names of the
     "ARGUMENTS", "ATTENTION_NAME", "BACKENDS", "CONFIG_SPEC_ATTR", "EAGER_MASK_FAMILIES", "ORIGINAL_ATTR",
     "REFUSED_ARGUMENTS", "SCORER_ATTR", "TESTED_FAMILIES", "Observer", "apply_scorer", "attention_backend",
     "attention_call_arguments", "attention_modules", "check_arguments", "check_backend", "eager_reason",
+    "execution_device",
     "num_heads", "observing", "passed_arguments", "register", "restore", "score_with_sink",
     "scorers_of", "scores_and_sink", "sink_logits", "ssacli_attention_forward", "ssacli_mask", "supports",
     "unsupported_reason", "visibility", "with_sink_key",
@@ -155,6 +156,25 @@ def attention_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, module
 
 
+def execution_device(model: nn.Module, name: str = "") -> torch.device | None:
+    """Where submodule ``name`` of ``model`` computes: the execution device of the nearest
+    accelerate hook on it or above it (a model loaded with a device map: offloaded weights sit on
+    'meta' and are brought in per forward), else the device of its first parameter that is not on
+    'meta'; None when it has none. The hook is found as transformers' own save_pretrained finds it
+    for offloaded weights (``_hf_hook``, innermost first)."""
+    parts = name.split(".") if name else []
+    for depth in range(len(parts), -1, -1):
+        hook = getattr(model.get_submodule(".".join(parts[:depth])), "_hf_hook", None)
+        for one in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):  # SequentialHook
+            device = getattr(one, "execution_device", None)
+            if device is not None:
+                return torch.device(device)
+    for param in model.get_submodule(name).parameters():
+        if param.device.type != "meta":
+            return param.device
+    return None
+
+
 def _unrouted_attention(model: nn.Module) -> list[str]:
     """Names of attention-looking modules that neither route nor contain a module that does."""
     found = []
@@ -242,10 +262,10 @@ def apply_scorer(model: nn.Module, spec: str) -> nn.Module:
     modules = list(attention_modules(model))
     # Build every scorer first, so a bad spec leaves the model untouched.
     scorers = [make_scorer(spec, num_heads=num_heads(m, model)) for _, m in modules]
-    for (_, module), scorer in zip(modules, scorers, strict=True):
-        reference = next(module.parameters(), None)
-        if reference is not None:
-            scorer.to(device=reference.device)
+    for (name, module), scorer in zip(modules, scorers, strict=True):
+        device = execution_device(model, name)  # with a device map, where accelerate runs the layer
+        if device is not None:
+            scorer.to(device=device)
         setattr(module, SCORER_ATTR, scorer)
     if not hasattr(model, ORIGINAL_ATTR):
         setattr(model, ORIGINAL_ATTR, model.config._attn_implementation)

@@ -43,6 +43,7 @@ import re
 import shutil
 import socket
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,6 +57,7 @@ from torch import nn
 from ..attention.interface import SCORER_ATTR, apply_scorer
 from ..errors import InputError, UsageError
 from ..files import output_error, replace_folder
+from .device_map import save_options
 
 META_FILE = "ssacli.json"
 MODEL_FORMAT = "ssacli-model"
@@ -296,8 +298,10 @@ def write_model_folder(
         state = model.state_dict()
         plain = {k: v for k, v in state.items() if SCORER_KEY not in k}
         params = {k: v for k, v in state.items() if SCORER_KEY in k}
-        with quiet_progress():
-            model.save_pretrained(tmp, state_dict=plain, safe_serialization=True)
+        with quiet_progress(), warnings.catch_warnings():
+            # "saving a model with offloaded modules": save_options keeps its shards small
+            warnings.filterwarnings("ignore", message=".*offloaded modules", category=UserWarning)
+            model.save_pretrained(tmp, state_dict=plain, safe_serialization=True, **save_options(model))
         if params:
             _save_tensors(params, tmp / SCORER_FILE, metadata={"format": MODEL_FORMAT})
         if trainer:

@@ -25,6 +25,7 @@ from torch import nn
 from ..defaults import DEFAULT_MODEL
 from ..errors import InputError, UnsupportedModelError, UsageError
 from .checkpoint import META_FILE, attach_saved_scorer, quiet_progress, saved_config
+from .device_map import MaxMemory, compute_device, from_pretrained_placed, placement
 from .kinds import BUILTIN_PREFIX, ICL_FAMILY, is_local_reference, kind_of, max_positions
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
@@ -117,7 +118,11 @@ class LoadedModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go: the model's execution device (with a device map its first parameters
+        may be offloaded to 'meta'; accelerate's hooks move inputs on from there)."""
+        from ..attention.interface import execution_device
+
+        return execution_device(self.model) or torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -126,13 +131,18 @@ class LoadOptions:
     API functions and the CLI pass along.
 
     ``trust_remote_code`` runs the Python code a checkpoint ships (transformers' option of that
-    name); only for checkpoints whose code you have read."""
+    name); only for checkpoints whose code you have read. ``device_map`` (one of
+    :data:`~ssacli.models.device_map.DEVICE_MAPS`) and ``max_memory`` (``"cpu=200MB"``, a list of
+    such, or ``{device: size}``) load through accelerate across GPUs, the CPU and the disk
+    (:mod:`ssacli.models.device_map`), instead of onto one ``device``."""
 
     device: str = "auto"
     dtype: str = "auto"
     allow_download: bool = False
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    device_map: str | None = None
+    max_memory: MaxMemory = None
 
     def load(self, ref: str = DEFAULT_MODEL) -> LoadedModel:
         return load_model(ref, **asdict(self))
@@ -146,14 +156,21 @@ def load_model(
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    device_map: str | None = None,
+    max_memory: MaxMemory = None,
 ) -> LoadedModel:
     """Load MODEL for probing (eval mode, eager attention until a scorer is applied).
 
     Keyword arguments as :class:`LoadOptions` (``trust_remote_code`` runs the Python code a
     checkpoint ships; only for checkpoints whose code you have read)."""
-    dev = resolve_device(device)
+    if device_map is None and max_memory is not None:
+        raise UsageError("--max-memory limits a --device-map placement; give --device-map auto with it")
+    placed = placement(device_map, max_memory, device) if device_map is not None else None
+    dev = compute_device(device_map) if placed is not None else resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     gguf = gguf_file(ref)
+    if gguf is not None and placed is not None:
+        raise UsageError("--device-map does not apply to GGUF files (read whole, then dequantized); drop it")
     if gguf is not None:
         return load_gguf(ref, gguf, dev, torch_dtype)
     if is_local_reference(ref):
@@ -161,6 +178,8 @@ def load_model(
         from .icl import is_icl_checkpoint, load_icl
 
         if is_icl_checkpoint(path):
+            if placed is not None:
+                raise UsageError(f"'{ref}' is an ssacli ICL model, loaded whole; drop --device-map")
             try:
                 model = load_icl(path, dev)
             except (OSError, SafetensorError) as err:
@@ -180,7 +199,7 @@ def load_model(
     else:
         path, source = None, ref
     options = {"allow_download": allow_download, "allow_pickle": allow_pickle, "trust": trust_remote_code}
-    loaded = _load_transformers(ref, source, path, dev, torch_dtype, **options)
+    loaded = _load_transformers(ref, source, path, dev, torch_dtype, placed=placed, **options)
     if not _has_attention(loaded.model):
         raise UnsupportedModelError(
             f"'{ref}' (model family '{loaded.family}') has no attention layers (num_hidden_layers = 0?), "
@@ -273,7 +292,8 @@ def _has_attention(model: nn.Module) -> bool:
 
 
 def _load_transformers(
-    ref, source, path, device, torch_dtype, *, allow_download: bool, allow_pickle: bool, trust: bool
+    ref, source, path, device, torch_dtype, *, allow_download: bool, allow_pickle: bool, trust: bool,
+    placed: dict[str, Any] | None = None,
 ) -> LoadedModel:
     import transformers
     from transformers import AutoConfig, AutoModel
@@ -326,7 +346,7 @@ def _load_transformers(
         kwargs["use_safetensors"] = True
     try:
         with quiet_progress():
-            model = cls.from_pretrained(source, **kwargs)
+            model = from_pretrained_placed(cls, source, kwargs, placed)
     except SafetensorError as err:  # a corrupt or truncated .safetensors file
         raise InputError(
             f"cannot load the weights of '{ref}': {_first_line(err)}; the file is corrupt or truncated, "
@@ -338,7 +358,7 @@ def _load_transformers(
             f"cannot load the weights of '{ref}': {_first_line(err)}{hint}; check that the checkpoint is "
             "complete"
         ) from None
-    model = model.to(device).eval()
+    model = model.eval() if placed is not None else model.to(device).eval()  # placed: never moved
     spec = getattr(config, "ssacli_scorer", None)
     if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
         attach_saved_scorer(model, path, spec)
