@@ -24,7 +24,9 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   :func:`train_from_scratch`: a fresh language model and tokenizer, then the same loop
   (``ssacli train``); :class:`SaturationCallback` logs per-layer saturation inside a
   ``transformers.Trainer`` every N steps, :class:`SaturationMonitor` is the same for any loop.
-* :func:`compare_models`: the before/after quality report (``ssacli report``).
+* :func:`compare_models`: the before/after quality report (``ssacli report``); :func:`lm_eval`
+  runs lm-evaluation-harness tasks on a model with its scorer (``report --lm-eval``, with an
+  :class:`LMEvalPlan`; the optional extra ``ssacli[eval]``).
 * :func:`train_icl` with an :class:`ICLTrainConfig`, :func:`evaluate_icl`, :func:`run_icl_sweep`
   with an :class:`ICLSweepPlan`: the in-context-learning experiments (``ssacli icl``).
 
@@ -76,6 +78,8 @@ _LAZY = {
     "CheckSettings": "check.settings",
     "write_check_config": "check.config",
     "compare_models": "quality.compare",
+    "lm_eval": "quality.harness",
+    "LMEvalPlan": "quality.harness",
     "language_model_loss": "quality.measures",
     "minimal_pairs": "quality.measures",
     "icl_error_by_sigma": "quality.measures",
@@ -119,6 +123,7 @@ if TYPE_CHECKING:
     from .kernels.fused import ssa_attention
     from .models.loading import load, load_model
     from .quality.compare import compare_models
+    from .quality.harness import LMEvalPlan, lm_eval
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
     from .report.saved import load_saved, render, render_html
     from .scorers import (
@@ -155,6 +160,7 @@ __all__ = [
     "ICLEvaluation",
     "ICLSweepPlan",
     "ICLTrainConfig",
+    "LMEvalPlan",
     "ProbeResult",
     "SCORERS",
     "SaturationCallback",
@@ -179,6 +185,7 @@ __all__ = [
     "finetune_config",
     "icl_error_by_sigma",
     "language_model_loss",
+    "lm_eval",
     "load",
     "load_model",
     "load_saved",
