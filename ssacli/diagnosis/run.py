@@ -92,6 +92,8 @@ def diagnose(
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    device_map: str | None = None,
+    max_memory: Any = None,
     strict: bool = False,
     progress: Progress | None = None,
 ) -> DiagnoseResult:
@@ -102,10 +104,11 @@ def diagnose(
     ``scorer``: re-score the model's attention with this spec first (e.g. ``"ssa:init=faithful"``).
     Inputs: the built-in texts, ``text`` (a string), ``random_ids``, or ``inputs`` (token-id lists of
     any lengths; batches are padded and padding is excluded from every metric).
-    ``device`` … ``trust_remote_code`` say how a MODEL reference is loaded
-    (:class:`~ssacli.models.loading.LoadOptions`). A family the all-family audit does not cover is
-    measured and marked (``DiagnoseResult.unaudited``); with ``strict`` it is refused instead
-    (UnsupportedModelError). ``stats``: how each attention call's weights become metrics —
+    ``device`` … ``max_memory`` say how a MODEL reference is loaded
+    (:class:`~ssacli.models.loading.LoadOptions`; ``device_map``: across devices and the disk).
+    A family the all-family audit does not cover is measured and marked
+    (``DiagnoseResult.unaudited``); with ``strict`` it is refused instead (UnsupportedModelError).
+    ``stats``: how each attention call's weights become metrics —
     ``"eager"`` reduces blocks of weights, ``"fused"`` reads per-row running statistics of one blocked
     pass (softmax-of-a-transform scorers: softmax, temperature, SSA, SSMax, sink, softmax1; no
     [rows, keys] tile) and refuses calls it cannot serve, ``"auto"`` takes fused wherever it can.
@@ -134,7 +137,8 @@ def diagnose(
         "stats": stats,
     }  # fmt: skip
     load = {"device": device, "dtype": dtype, "allow_download": allow_download, "allow_pickle": allow_pickle}
-    loaded = _as_loaded(model, tokenizer, {**load, "trust_remote_code": trust_remote_code})
+    placed = {"device_map": device_map, "max_memory": max_memory}
+    loaded = _as_loaded(model, tokenizer, {**load, "trust_remote_code": trust_remote_code, **placed})
     root = loaded.attention_root
     route = "ssacli" if supports(root) else "eager-fallback"
     if route == "eager-fallback" and scorer is not None:
@@ -334,11 +338,18 @@ def _run(
             "inputs": _describe_inputs(loaded, source, opts),
             "vocab_size": _vocab_size(root) if loaded.kind == "causal" else None,  # uniform loss: log V
             "device": str(loaded.device),
+            **_placement(loaded.model),
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         },
         versions=software_versions(),
         elapsed_s=time.perf_counter() - started,
     )
+
+
+def _placement(model: nn.Module) -> dict[str, Any]:
+    """``device_map``: where accelerate put each block, for a model loaded with a device map."""
+    placed = getattr(model, "hf_device_map", None)
+    return {"device_map": dict(placed)} if placed else {}
 
 
 def _vocab_size(root: nn.Module) -> int | None:
