@@ -42,10 +42,12 @@ def compare_models(
     sigmas: Sequence[float] = DEFAULT_SIGMAS, outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS,
     icl_length: int = 41, prompts: int = 500, device: str = "auto", dtype: str = "auto",
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
+    device_map: str | None = None, max_memory: Any = None,
     progress: Callable[[str], None] | None = None, before_report: dict[str, Any] | None = None,
     builtin: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
+    MODEL references load with ``device`` … ``max_memory`` (:class:`~ssacli.models.loading.LoadOptions`).
 
     ``text_id`` / ``text_ood``: texts (strings) for LM loss in and out of distribution; ``pairs``: a
     BLiMP-style file, folder or records; ICL models get their error by σ and with outliers. With
@@ -66,7 +68,7 @@ def compare_models(
     groups = read_pairs(pairs, pairs_limit) if isinstance(pairs, str | Path) else pairs
     load = dict(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
     )  # fmt: skip
     models = []
     for side, ref in (("before", before), ("after", after)):
