@@ -21,6 +21,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
+from ..models.device_map import DEVICE_MAPS
 from ..train import DATA_FORMS
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
@@ -37,6 +38,16 @@ Dtype = Annotated[str, typer.Option(help="auto (float32 on CPU), float32, bfloat
 AllowDownload = Annotated[bool, typer.Option("--allow-download", help="Fetch a Hub id not in the cache.")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load .bin weights (weights_only=True).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_HELP)]
+DEVICE_MAP_HELP = (
+    f"Place MODEL over GPUs, CPU and disk with accelerate: {', '.join(DEVICE_MAPS)} (cpu: the CPU, "
+    'then the disk). Needs pip install "ssacli[big]".'
+)
+DeviceMap = Annotated[str, typer.Option("--device-map", help=DEVICE_MAP_HELP)]
+MAX_MEMORY_HELP = (
+    "With --device-map: DEVICE=SIZE (cpu=200MB, 0=10GiB), repeated or comma-separated; what fits "
+    "nowhere goes to a temporary folder on disk."
+)
+MaxMemory = Annotated[list[str], typer.Option("--max-memory", help=MAX_MEMORY_HELP)]
 STRICT_HELP = "Refuse a family the all-family audit did not cover (docs/models.md)."
 Strict = Annotated[bool, typer.Option("--strict", help=STRICT_HELP)]
 
