@@ -19,3 +19,9 @@ MAX_KL_PER_TOKEN = 1e-3  # nats per token (language models, ICL sign models: per
 MAX_RELATIVE_ERROR = 1e-2  # ‖after − before‖ / ‖before‖ of the output (encoders without an LM head)
 CALIBRATION_SAMPLES = 8  # sequences of the calibration text that m=auto and fidelity are measured on
 CALIBRATION_LENGTH = 64  # tokens per sequence
+
+# training: the learning rate of scorer parameters (their own AdamW group, no weight decay), in
+# every loop (finetune, train, icl train). Adam moves a parameter by ~lr per step, so this sets how
+# far SSA's n can travel: ~0.55 × steps × lr over a cosine run (ssacli/models/optim.py; the choice
+# is measured in docs/convert.md).
+SCORER_LR = 1e-2

@@ -36,6 +36,7 @@ from .options import (
     Model,
     QuietTraining,
     Schedule,
+    ScorerLr,
     SeqLen,
     Strict,
     TrainSeed,
@@ -72,6 +73,7 @@ def convert_command(
     data: str = typer.Option(None, help=DATA_HELP),
     steps: int = typer.Option(None, min=1, help="Optimizer steps (default 1000)."),
     lr: Lr = None,
+    scorer_lr: ScorerLr = None,
     batch_size: BatchSize = None,
     seq_len: SeqLen = None,
     grad_accum: GradAccum = None,
@@ -112,9 +114,10 @@ def convert_command(
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
     options = given(
-        data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
-        warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed, train=train,
-        anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every, attention=attention,
+        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, seq_len=seq_len,
+        grad_accum=grad_accum, warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed,
+        train=train, anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
+        attention=attention,
     )  # fmt: skip
     if options and not do_finetune:
         raise UsageError(f"--{next(iter(options)).replace('_', '-')} only applies with --finetune")
@@ -165,6 +168,7 @@ def finetune_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists (ssacli's only)."),
     steps: int = typer.Option(None, min=1, help="Total optimizer steps of the run (default 1000)."),
     lr: Lr = None,
+    scorer_lr: ScorerLr = None,
     batch_size: BatchSize = None,
     seq_len: SeqLen = None,
     grad_accum: GradAccum = None,
@@ -201,9 +205,10 @@ def finetune_command(
     if out is not None:
         check_writable_folder(out, "--out")  # before anything heavy is imported
     options = given(
-        data=data, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum,
-        warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed, train=train,
-        anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every, attention=attention,
+        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, seq_len=seq_len,
+        grad_accum=grad_accum, warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed,
+        train=train, anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
+        attention=attention,
     )  # fmt: skip
     from .. import finetune, finetune_config
 

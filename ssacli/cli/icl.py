@@ -8,9 +8,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from ..defaults import SCORER_LR
 from ..errors import UsageError
 from ..files import check_writable_folder, write_json
-from .options import bar_columns, check_outputs, floats, progress
+from .options import SCORER_LR_HELP, bar_columns, check_outputs, floats, progress
 
 
 def icl_train(
@@ -20,6 +21,7 @@ def icl_train(
     steps: int = typer.Option(4000, min=1, help="Training steps."),
     batch_size: int = typer.Option(64, min=1, help="Prompts per step."),
     lr: float = typer.Option(1e-4, help="Adam learning rate."),
+    scorer_lr: float = typer.Option(SCORER_LR, help=SCORER_LR_HELP),
     seed: int = typer.Option(0, help="Seed for weights and data."),
     preset: str = typer.Option("cpu", help="Model size: cpu (3x4x32), small (4x4x64), paper (12x8x256)."),
     arch: str = typer.Option(
@@ -53,6 +55,7 @@ def icl_train(
         steps=steps,
         batch_size=batch_size,
         lr=lr,
+        scorer_lr=scorer_lr,
         seed=seed,
         preset=preset,
         layers=layers,

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from ..defaults import SCORER_LR
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
 from ..models.device_map import DEVICE_MAPS
@@ -61,6 +62,11 @@ QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress 
 # ---- fine-tuning (convert --finetune, finetune): None = not given ------------------------------------
 
 Lr = Annotated[float, typer.Option(help="Peak AdamW learning rate (default 1e-4).")]
+SCORER_LR_HELP = (
+    f"Learning rate of the scorer's parameters (b, n, ...): their own AdamW group, no weight decay "
+    f"(default {SCORER_LR:g}; why: docs/convert.md)."
+)
+ScorerLr = Annotated[float, typer.Option(help=SCORER_LR_HELP)]
 BatchSize = Annotated[int, typer.Option(min=1, help="Sequences per micro-batch, ICL: prompts (default 8).")]
 SeqLen = Annotated[int, typer.Option(min=2, help="Tokens per training window, text data only (default 128).")]
 GradAccum = Annotated[int, typer.Option(min=1, help="Micro-batches per step (default 1).")]

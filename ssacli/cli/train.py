@@ -13,9 +13,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from ..defaults import SCORER_LR
 from ..files import check_writable_folder
 from .convert import print_trained, training_display
-from .options import Device
+from .options import SCORER_LR_HELP, Device
 
 
 def train_command(
@@ -30,6 +31,7 @@ def train_command(
     scorer: str = typer.Option("softmax", help="Scorer spec, e.g. ssa or ssa:init=paper,learn=n."),
     steps: int = typer.Option(1000, min=1, help="Optimizer steps."),
     lr: float = typer.Option(1e-3, help="Peak AdamW learning rate (from scratch: higher than fine-tuning)."),
+    scorer_lr: float = typer.Option(SCORER_LR, help=SCORER_LR_HELP),
     batch_size: int = typer.Option(16, min=1, help="Sequences per micro-batch."),
     seq_len: int = typer.Option(None, min=2, help="Tokens per sequence = model positions (default: size's)."),
     grad_accum: int = typer.Option(1, min=1, help="Micro-batches per optimizer step."),
@@ -72,7 +74,7 @@ def train_command(
             Console(stderr=True).print(describe(model), highlight=False, soft_wrap=True)
 
     loop = dict(
-        steps=steps, lr=lr, batch_size=batch_size, grad_accum=grad_accum, warmup=warmup,
+        steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, grad_accum=grad_accum, warmup=warmup,
         weight_decay=weight_decay, checkpoint_every=checkpoint_every, attention=attention,
     )  # fmt: skip
     with training_display(steps, FinetuneConfig.log_every, quiet) as on_step:

@@ -1,5 +1,6 @@
-"""Training an ICL model from scratch: Adam, a curriculum on the number of points, checkpoints
-that resume exactly (weights, optimizer moments and the data generator's state, all safetensors)."""
+"""Training an ICL model from scratch: Adam (the scorer in its own group: ssacli.models.optim), a
+curriculum on the number of points, checkpoints that resume exactly (weights, optimizer moments
+and the data generator's state, all safetensors)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import torch
 from torch.nn import functional as F
 
 from ..attention.interface import attention_backend, check_backend
+from ..defaults import SCORER_LR
 from ..errors import JobFailedError, UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
 from ..models.loading import resolve_device
+from ..models.optim import learned_names, learned_scorer, make_optimizer, scorer_values, window_start
 from ..scorers import make_scorer
 from .tasks import CLASSIFICATION, check_task, sample_batch
 
@@ -29,6 +32,7 @@ class TrainConfig:
     steps: int = 4000
     batch_size: int = 64
     lr: float = 1e-4
+    scorer_lr: float = SCORER_LR  # the scorer's own Adam group (ssacli.models.optim)
     seed: int = 0
     preset: str = "cpu"
     layers: int | None = None
@@ -48,6 +52,10 @@ class TrainConfig:
         check_arch(self.arch)
         check_backend(self.attention)
         make_scorer(self.scorer)
+        for name in ("lr", "scorer_lr"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                flag, value = name.replace("_", "-"), getattr(self, name)
+                raise UsageError(f"--{flag} must be finite and > 0, got {value}")
 
     def curriculum_every(self) -> int:
         if self.points_every is not None:
@@ -113,6 +121,12 @@ def train(
                 f"{out} holds a run of {'/'.join(found)}; resume it with the same --task, "
                 "--scorer and --arch, or pick a new --out"
             )
+        if recorded.get("scorer_lr") != config.scorer_lr:  # absent: a run of one Adam group
+            raise UsageError(
+                f"{out} holds a run with --scorer-lr {recorded.get('scorer_lr')}; resume it with "
+                "the same --scorer-lr, or pick a new --out (runs before 0.x had no scorer group)"
+            )
+        window = model.spec.training.get("scorer_at_window")
     else:
         spec = spec_from_preset(
             config.task,
@@ -125,14 +139,17 @@ def train(
             max_points=max(200, config.points_end),
         )
         model = ICLModel(spec).to(dev).train()
-        start, history = 0, []
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr)
+        start, history, window = 0, [], None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(model, trainable, lr=config.lr, scorer_lr=config.scorer_lr)
     if resume and exists:
         start, _ = restore_trainer_state(out, optimizer, generator=generator)
     previous_seconds = model.spec.training.get("seconds", 0.0) if start else 0.0
     began = time.perf_counter()
     with attention_backend(config.attention):  # fused kernels unless asked otherwise
         for step in range(start, config.steps):
+            if step == window_start(config.steps):  # the start of the convergence window
+                window = scorer_values(model.backbone)
             points = config.points_at(step)
             batch = sample_batch(config.task, config.batch_size, points, generator=generator, device=dev)
             loss = loss_fn(config.task, model(batch.tokens), batch.ys)
@@ -155,6 +172,8 @@ def train(
                     "step": step + 1,
                     "seconds": round(previous_seconds + time.perf_counter() - began, 1),
                     "history": history,
+                    "scorer_at_window": window,
+                    "scorer": learned_scorer(model.backbone, window, learned_names(model.backbone)),
                 }
                 save_icl(model, out, trainer_state_tensors(optimizer, step + 1, generator=generator))
     return model.eval()

@@ -4,9 +4,13 @@ This module is the run: :class:`FinetuneConfig`, :func:`finetune`, the step loop
 What the loop sets up around itself (the process group, SIGINT/SIGTERM, n annealing) is in
 :mod:`ssacli.train.runtime`.
 
-* AdamW (weight decay on matrices only: decaying a scorer's raw b or n, a bias or a norm pulls it to
-  an arbitrary value, not to "simpler"), linear warmup then cosine decay to 10 % of ``lr`` (or
-  ``schedule="constant"``), gradient accumulation, gradient clipping at 1.0, bf16 autocast on CUDA.
+* AdamW over :func:`ssacli.models.optim.make_optimizer`'s groups: weight decay on matrices only
+  (decaying a bias or a norm pulls it to an arbitrary value, not to "simpler"), and the scorer's
+  parameters in their own group at ``scorer_lr`` without decay (why: that module's docstring);
+  linear warmup then cosine decay to 10 % of each group's rate (or ``schedule="constant"``),
+  gradient accumulation, gradient clipping at 1.0, bf16 autocast on CUDA. The record's ``scorer``
+  holds the learned values per layer at the end and whether each converged (moved < 1 % over the
+  last 10 % of steps).
 * ``train="scorer"`` updates only parameters under ``.ssacli_scorer.`` (every other tensor stays
   bit-identical); ``train="all"`` everything trainable.
 * ``anneal_n=T`` (SSA only) moves n linearly from its start value to T over the run and, unless b
@@ -48,6 +52,7 @@ from torch import nn
 
 from ..attention.interface import attention_backend, check_backend
 from ..conversion import save_model
+from ..defaults import SCORER_LR
 from ..errors import InterruptedJobError, JobFailedError, UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import (
@@ -59,6 +64,7 @@ from ..models.checkpoint import (
     training_record,
 )
 from ..models.loading import LoadedModel, load_model, resolve_device
+from ..models.optim import learned_names, learned_scorer, make_optimizer, scorer_values, set_lr, window_start
 from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
 from .folders import plan_output, training_folder
@@ -77,6 +83,7 @@ class FinetuneConfig:
     data: str
     steps: int = 1000
     lr: float = 1e-4
+    scorer_lr: float = SCORER_LR  # the scorer's own AdamW group (ssacli.models.optim)
     batch_size: int = 8
     seq_len: int = 128  # text only; ICL prompts have the length of their data spec (41 points)
     grad_accum: int = 1
@@ -95,8 +102,12 @@ class FinetuneConfig:
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "log_every"):
             if getattr(self, name) < (2 if name == "seq_len" else 1):
                 raise UsageError(f"--{name.replace('_', '-')} must be >= {2 if name == 'seq_len' else 1}")
-        if not (math.isfinite(self.lr) and self.lr > 0) or self.weight_decay < 0:
-            raise UsageError(f"--lr must be finite and > 0 (got {self.lr}); --weight-decay >= 0")
+        for name in ("lr", "scorer_lr"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                flag, value = name.replace("_", "-"), getattr(self, name)
+                raise UsageError(f"--{flag} must be finite and > 0, got {value}")
+        if self.weight_decay < 0:
+            raise UsageError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.warmup is not None and self.warmup < 0:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
         if self.train not in ("all", "scorer"):
@@ -216,12 +227,21 @@ class _Run:
 
     def _run(self, resumed: bool) -> LoadedModel:
         config, ddp = self.config, self.ddp
-        scorer_ids = {id(p) for n, p in self.model.named_parameters() if SCORER_KEY in f".{n}"}
-        decay = [p for p in self.params if p.dim() >= 2 and id(p) not in scorer_ids]
-        rest = [p for p in self.params if p.dim() < 2 or id(p) in scorer_ids]
-        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0}]
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr)
-        fresh = {"step": 0, "history": [], "heldout": [], "tokens": 0, "seconds": 0.0}
+        optimizer = make_optimizer(
+            self.model,
+            self.params,
+            lr=config.lr,
+            scorer_lr=config.scorer_lr,
+            weight_decay=config.weight_decay,
+        )
+        fresh = {
+            "step": 0,
+            "history": [],
+            "heldout": [],
+            "tokens": 0,
+            "seconds": 0.0,
+            "scorer_at_window": None,
+        }
         state = self._restore(optimizer) if resumed else fresh
         if state["step"] > config.steps:
             raise UsageError(f"the run in {self.out} is at step {state['step']}, past --steps {config.steps}")
@@ -257,9 +277,10 @@ class _Run:
         began, tokens_here = time.perf_counter(), 0
         recent = deque([began], maxlen=RATE_WINDOW + 1)  # step end times: the bar shows the current rate
         for step in range(state["step"], config.steps):
+            if step == window_start(config.steps):  # the start of the convergence window
+                state["scorer_at_window"] = scorer_values(self.loaded.attention_root)
             lr = config.lr_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            set_lr(optimizer, lr / config.lr)
             data_seed, torch_seed = step_seeds(config.seed, ddp.rank, step)
             generator = torch.Generator().manual_seed(data_seed)
             total = 0.0
@@ -315,6 +336,7 @@ class _Run:
 
     def _checkpoint(self, optimizer, state, tokens_per_s) -> None:
         if self.ddp.rank == 0:
+            root = self.loaded.attention_root
             if not all(bool(torch.isfinite(p).all()) for p in self.params):
                 raise JobFailedError(
                     f"parameters became non-finite by step {state['step']}; {self.out} keeps "
@@ -332,6 +354,8 @@ class _Run:
                 "seconds": round(state["seconds"], 1),
                 "tokens_per_s": round(tokens_per_s, 1),
                 "world_size": self.ddp.world,
+                "scorer_at_window": state.get("scorer_at_window"),
+                "scorer": learned_scorer(root, state.get("scorer_at_window"), learned_names(root)),
             }
             best = self._best(record, state["heldout"])
             extra = {"world_size": torch.tensor(self.ddp.world)}
@@ -390,6 +414,7 @@ class _Run:
             "step": step,
             "tokens": record.get("tokens", 0),
             "seconds": record.get("seconds", 0.0),
+            "scorer_at_window": record.get("scorer_at_window"),
         }
 
     def _finish(self) -> LoadedModel:

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..attention.interface import scorers_of
 from ..errors import SsacliError
 from ..files import write_text
 from ..models.loading import LoadedModel, load_model
+from ..models.optim import scorer_values
 
 TRAJECTORY_FILE = "trajectory.jsonl"
 FIDELITY_WINDOWS = 4  # held-out windows the fidelity to the source model is measured on
@@ -92,19 +92,6 @@ def _log_probs(model: nn.Module, inputs: torch.Tensor, device: torch.device, kin
         logits = model(input_ids=row.to(device), **kwargs).logits.double().cpu()
         out.append(F.log_softmax(logits, -1))
     return torch.cat(out)
-
-
-def scorer_values(root: nn.Module) -> dict[str, Any]:
-    """Per layer (in attention-module order) the mean of each scorer parameter over heads, and the
-    per-head values (``<name>_heads``) where a layer has more than one."""
-    values: dict[str, Any] = {}
-    for scorer in scorers_of(root).values():
-        for name, tensor in scorer.parameter_values().items():
-            flat = tensor.detach().float().cpu().flatten()
-            values.setdefault(name, []).append(round(float(flat.mean()), 6))
-            if flat.numel() > 1:
-                values.setdefault(f"{name}_heads", []).append([round(float(v), 6) for v in flat])
-    return values
 
 
 def write_trajectory(out: str | Path, records: list[dict[str, Any]]) -> None:
