@@ -17,9 +17,13 @@ Per arm (scorer) and seed, in OUT/runs/{label}-s{seed}/:
    diagnose` of the model (diagnose.json; its collapse summary per probe). Skipped when eval.json is
    there.
 3. aggregate (results.json): every metric per run, mean ± std per arm, and each arm against the
-   plan's `reference` paired by seed (per-seed differences, bootstrap 95 % CI, sign test).
+   plan's `reference` paired by seed (per-seed differences, bootstrap 95 % CI, sign-flip
+   permutation test, paired t-test, sign test; ssacli.stats).
 
-`--report DIR` also writes DIR/tables.md and the figures (after the runs; finished ones are skipped).
+`--report DIR` also writes DIR/tables.md and the figures (after the runs; finished ones are skipped);
+`--report DIR --from-results FILE` renders a results.json already written, without running
+anything (its pairs are recomputed from its runs, so files written before a test existed render
+with it).
 Paths in the plan are relative to the current directory (the repository root for the committed
 plan, which reads ../shared/data).
 """
@@ -38,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ssacli.stats import paired_summary, verdict
+from ssacli.stats import ALPHA, holm, paired_summary, verdict
 
 LOWER_IS_BETTER_PREFIXES = ("ppl", "nll", "collapse")
 
@@ -200,17 +204,27 @@ def run_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
 
 
 def aggregate(plan: dict[str, Any], out: Path, wall_seconds: float | None) -> dict[str, Any]:
-    per_run, by_metric = [], {}
+    per_run = []
     for arm, seed in runs(plan):
         folder = out / "runs" / run_name(arm["label"], seed)
         evaluation = json.loads((folder / "eval.json").read_text())
         training = json.loads((folder / "ssacli.json").read_text()).get("training", {})
-        metrics = run_metrics(evaluation)
-        per_run.append({"label": arm["label"], "spec": arm["spec"], "seed": seed, "metrics": metrics,
-                        "train_seconds": training.get("seconds"),
+        per_run.append({"label": arm["label"], "spec": arm["spec"], "seed": seed,
+                        "metrics": run_metrics(evaluation), "train_seconds": training.get("seconds"),
                         "eval_seconds": evaluation["eval_seconds"]})  # fmt: skip
-        for name, value in metrics.items():
-            by_metric.setdefault(name, {}).setdefault(arm["label"], {})[seed] = value
+    summary_rows, paired_rows = summarize(plan, per_run)
+    results = {"plan": plan, "wall_seconds": wall_seconds, "runs": per_run, "aggregate": summary_rows,
+               "paired": paired_rows}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def summarize(plan: dict[str, Any], per_run: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    """Mean ± std per metric and arm, and every arm against the plan's reference paired by seed."""
+    by_metric: dict[str, dict[str, dict[int, float]]] = {}
+    for run in per_run:
+        for name, value in run["metrics"].items():
+            by_metric.setdefault(name, {}).setdefault(run["label"], {})[run["seed"]] = value
     summary_rows, paired_rows = [], []
     reference = plan["reference"]
     for name, arms in by_metric.items():
@@ -225,10 +239,7 @@ def aggregate(plan: dict[str, Any], out: Path, wall_seconds: float | None) -> di
                 word = verdict(paired, lower_is_better=lower)
                 paired_rows.append({"metric": name, "label": label, "reference": reference,
                                     "lower_is_better": lower, "verdict": word, **paired})  # fmt: skip
-    results = {"plan": plan, "wall_seconds": wall_seconds, "runs": per_run, "aggregate": summary_rows,
-               "paired": paired_rows}  # fmt: skip
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    return results
+    return summary_rows, paired_rows
 
 
 def run_study(plan_path: Path, out: Path, *, jobs: int, device: str) -> dict[str, Any]:
@@ -264,8 +275,44 @@ def fmt(value: float | None, name: str, signed: bool = False) -> str:
     return f"{value:+.2f}" if signed else f"{value:.2f}"
 
 
+def p_text(p: float | None) -> str:
+    return "–" if p is None else f"{p:.2g}"
+
+
+def multiplicity_lines(paired_rows: list[dict[str, Any]]) -> list[str]:
+    """Each metric family (ppl, blimp, collapse) as a family of tests: its size, how many reach
+    p <= ALPHA by the permutation test and by the t-test, how many chance alone would give, and
+    which survive Holm's adjustment within the family."""
+    lines = []
+    for group in dict.fromkeys(r["metric"].split()[0] for r in paired_rows):
+        mine = [r for r in paired_rows if r["metric"].split()[0] == group]
+        tested = [r for r in mine if r["permutation_p"] is not None]
+        if not tested:
+            continue
+        seeds = max(len(r["differences"]) for r in tested)
+        counts = []
+        for key, name in (("permutation_p", "permutation"), ("t_test_p", "t-test")):
+            ps = [r[key] for r in tested]
+            survivors = [
+                f"{r['metric']} ({r['label']})"
+                for r, p in zip(tested, holm(ps))
+                if p is not None and p <= ALPHA
+            ]
+            passing = sum(1 for p in ps if p is not None and p <= ALPHA)
+            counts.append(f"{name} p ≤ {ALPHA:g}: {passing}, after Holm: {', '.join(survivors) or 'none'}")
+        lines.append(
+            f"*{group}: {len(tested)} comparisons ({len(tested) * ALPHA:.1f} below {ALPHA:g} by chance; "
+            f"the smallest permutation p {seeds} seeds allow is {2 / 2**seeds:.2g}); "
+            + "; ".join(counts)
+            + ".*"
+        )
+    return lines
+
+
 def report(results: dict[str, Any], folder: Path) -> Path:
     plan = results["plan"]
+    results = {**results}
+    results["aggregate"], results["paired"] = summarize(plan, results["runs"])  # with today's tests
     labels = [a["label"] for a in plan["arms"]]
     metrics = list(dict.fromkeys(r["metric"] for r in results["aggregate"]))
     seeds = sorted({r["seed"] for r in results["runs"]})
@@ -279,16 +326,17 @@ def report(results: dict[str, Any], folder: Path) -> Path:
             std = "" if r is None or r["std"] is None else f" ± {fmt(r['std'], name)}"
             cells.append("–" if r is None else fmt(r["mean"], name) + std)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "| metric | arm − reference | per seed | mean Δ [95 % CI] | sign test p | verdict |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| metric | arm − reference | per seed | mean Δ [95 % CI] | permutation p | t-test p | "
+              "verdict |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results["paired"]:
         per_seed = ", ".join(fmt(d, r["metric"], True) for d in r["differences"])
-        p = "–" if r["sign_test_p"] is None else f"{r['sign_test_p']:.2g}"
         lines.append(
             f"| {r['metric']} | {r['label']} − {r['reference']} | {per_seed} | "
             f"{fmt(r['mean_difference'], r['metric'], True)} [{fmt(r['ci_low'], r['metric'], True)}, "
-            f"{fmt(r['ci_high'], r['metric'], True)}] | {p} | {r['verdict']} |"
+            f"{fmt(r['ci_high'], r['metric'], True)}] | {p_text(r['permutation_p'])} | "
+            f"{p_text(r['t_test_p'])} | {r['verdict']} |"
         )
+    lines += ["", *multiplicity_lines(results["paired"])]
     lines += ["", "| run | " + " | ".join(f"s{s}" for s in seeds) + " |", "|" + "---|" * (len(seeds) + 1)]
     for label in labels:
         for name in metrics:
@@ -380,18 +428,28 @@ def plot_context(results: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--plan", type=Path)
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--report", type=Path, help="write tables.md and figures here from results.json")
+    parser.add_argument(
+        "--from-results", type=Path, help="with --report: render this results.json, run nothing"
+    )
     parser.add_argument("--eval-run", help=argparse.SUPPRESS)  # internal: evaluate one run
     args = parser.parse_args(argv)
+    if not args.from_results and (args.plan is None or args.out is None):
+        raise SystemExit("--plan and --out are needed (unless --report DIR --from-results FILE)")
     if args.eval_run:
         plan = load_plan(args.plan)
         folder = args.out / "runs" / args.eval_run
         result = evaluate_folder(plan, folder, args.device)
         (folder / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
+        return
+    if args.from_results:
+        if not args.report:
+            raise SystemExit("--from-results needs --report DIR")
+        print(f"wrote {report(json.loads(args.from_results.read_text()), args.report)}")
         return
     results = run_study(args.plan, args.out, jobs=args.jobs, device=args.device)  # finished runs: skipped
     if args.report:
