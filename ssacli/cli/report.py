@@ -45,6 +45,14 @@ def report_command(
     no_builtin: bool = typer.Option(
         False, "--no-builtin", help="Skip the built-in texts and pairs measured where no data is given."
     ),
+    lm_eval: str = typer.Option(
+        None, "--lm-eval", metavar="TASKS",
+        help="lm-evaluation-harness tasks (names or task YAML files, comma-separated) on both; "
+        'needs pip install "ssacli[eval]", and cached data unless --allow-download.',
+    ),  # fmt: skip
+    lm_eval_fewshot: int = typer.Option(None, min=0, help="--lm-eval: few-shot examples (task default)."),
+    lm_eval_limit: int = typer.Option(None, min=1, help="--lm-eval: the first N items per task (all)."),
+    lm_eval_include: Path = typer.Option(None, help="--lm-eval: a folder of task YAML files to add."),
     probe: list[str] = typer.Option(None, help="Diagnose probe NAME[:L1,L2,…] (repeatable; default all)."),
     seed: int = typer.Option(0, help="One seed for both models: masking, ICL prompts, probe inputs."),
     samples: int = typer.Option(8, min=1, help="Sequences per probe level."),
@@ -74,6 +82,9 @@ def report_command(
 
     ICL models: error by input σ and with planted outliers.
 
+    Causal LMs, with --lm-eval: lm-evaluation-harness tasks, each model with its own scorer,
+    scores ± SE and Δ ± the per-item paired SE.
+
     Both: the diagnose probes, run with the same seed. Δ is AFTER − BEFORE.
 
     Examples:
@@ -85,6 +96,9 @@ def report_command(
 
       ssacli report ./bert ./bert-ssa --pairs blimp/passive_1.jsonl \
           --pairs-limit 0 --json r.json
+
+      ssacli report ./gpt2 ./gpt2-ssa --lm-eval arc_easy,hellaswag \
+          --lm-eval-limit 500 --allow-download
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     from .. import compare_models, parse_probe
@@ -111,11 +125,21 @@ def report_command(
         texts["text_id"] = heldout_text(heldout_of)
         text_id = Path(f"heldout:{heldout_of}")
     records = read_pairs(pairs, pairs_limit or None) if pairs is not None else None
+    plan = None
+    if lm_eval is not None:
+        from ..quality.harness import LMEvalPlan, parse_tasks, require_harness
+
+        require_harness()  # before any model loads
+        include = None if lm_eval_include is None else str(lm_eval_include)
+        plan = LMEvalPlan(parse_tasks(lm_eval), lm_eval_fewshot, lm_eval_limit, include, batch_size)
+    elif lm_eval_fewshot is not None or lm_eval_limit is not None or lm_eval_include is not None:
+        raise UsageError("--lm-eval-fewshot, --lm-eval-limit and --lm-eval-include need --lm-eval TASKS")
     settings = dict(
         **texts, pairs=records, pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples,
         seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
         icl_length=icl_length, prompts=prompts, device=device, dtype=dtype, allow_download=allow_download,
         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, builtin=not no_builtin,
+        lm_eval_plan=plan,
     )  # fmt: skip
     earlier = None
     if reuse_before is not None:

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import InputError, UsageError
 from ..models.loading import LoadedModel, load_model
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
+from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
 from .inputs import read_pairs
 from .measures import (
     DEFAULT_OUTLIERS,
@@ -44,7 +45,7 @@ def compare_models(
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
     device_map: str | None = None, max_memory: Any = None,
     progress: Callable[[str], None] | None = None, before_report: dict[str, Any] | None = None,
-    builtin: bool = True,
+    builtin: bool = True, lm_eval_plan: LMEvalPlan | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
     MODEL references load with ``device`` … ``max_memory`` (:class:`~ssacli.models.loading.LoadOptions`).
@@ -57,6 +58,9 @@ def compare_models(
     on both models with the same ``seed``; ``report["diagnose"]`` is :func:`compare_results` of them.
     ``before_report``: an earlier report of the same BEFORE with the same settings, whose BEFORE
     measurements and probes are reused instead of measured again (a UsageError if anything differs).
+    ``lm_eval_plan``: lm-evaluation-harness tasks run on both models with their scorers
+    (:mod:`ssacli.quality.harness`; tasks and their data checked before a model loads), with
+    ``report["lm_eval"]["rows"]`` their scores and paired differences (:func:`paired_rows`).
     """
     from ..diagnosis.comparison import compare_results
     from ..diagnosis.probes import parse_probe
@@ -66,6 +70,10 @@ def compare_models(
     say = progress or (lambda message: None)
     parsed = [parse_probe(p) for p in probes] if probes else None  # bad specs fail before loading
     groups = read_pairs(pairs, pairs_limit) if isinstance(pairs, str | Path) else pairs
+    if lm_eval_plan is not None:
+        say(f"lm-eval: checking {', '.join(lm_eval_plan.tasks)}")
+        check_tasks(lm_eval_plan, allow_download=allow_download)
+    lm_eval_settings = lm_eval_plan.as_dict() if lm_eval_plan is not None else None
     load = dict(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
@@ -75,6 +83,9 @@ def compare_models(
         say(f"loading {side}: {ref}")
         models.append(ref if isinstance(ref, LoadedModel) else load_model(str(ref), **load))
     _check_compatible(*models, text=text_id is not None or text_ood is not None, pairs=groups is not None)
+    if lm_eval_plan is not None:
+        for loaded in models:
+            check_harness_kind(loaded)
     defaults, notes = {}, []
     if builtin:
         defaults, notes = _builtin_defaults(models, text_id is None and text_ood is None, groups is None)
@@ -89,7 +100,8 @@ def compare_models(
 
             probe_names = [str(p) for p in parsed] if parsed else "default"
             settings = dict(seed=seed, samples=samples, seq_len=seq_len, max_tokens=max_tokens,
-                            pairs_limit=pairs_limit, probes=probe_names, builtin=defaults)  # fmt: skip
+                            pairs_limit=pairs_limit, probes=probe_names, builtin=defaults,
+                            lm_eval=lm_eval_settings)  # fmt: skip
             check_reusable(before_report, loaded.name, settings, text_id, text_ood, groups, text_builtin)
             measured["before"] = before_report["measurements"]["before"]
             diagnosed.append(DiagnoseResult.from_dict(before_report["diagnose"]["a"]))
@@ -111,12 +123,15 @@ def compare_models(
             out["pairs"] = minimal_pairs(loaded, groups, limit=pairs_limit, batch_size=4 * batch_size)
             if "pairs" in defaults:
                 out["pairs"]["source"] = BUILTIN_PAIRS_NAME
+        if lm_eval_plan is not None:
+            say(f"{side}: lm-eval {', '.join(lm_eval_plan.tasks)}")
+            out["lm_eval"] = run_plan(loaded, lm_eval_plan, seed=seed, allow_download=allow_download)
         say(f"{side}: attention probes")
         diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples))
     if text_id is not None or text_ood is not None or text_builtin is not None or groups is not None:
         if not _same_vocab(*models):
             notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
-    return {
+    report = {
         "schema": REPORT_SCHEMA,
         "schema_version": REPORT_VERSION,
         "before": _describe(models[0], diagnosed[0]),
@@ -133,6 +148,7 @@ def compare_models(
             icl_length=icl_length,
             icl_prompts=prompts,
             builtin=defaults,
+            lm_eval=lm_eval_settings,
         ),  # fmt: skip
         "quality": quality_rows(measured["before"], measured["after"]),
         "measurements": measured,
@@ -142,6 +158,10 @@ def compare_models(
         "versions": software_versions(),
         "elapsed_s": round(time.perf_counter() - started, 3),
     }
+    if lm_eval_plan is not None:
+        rows = paired_rows(measured["before"]["lm_eval"], measured["after"]["lm_eval"])
+        report["lm_eval"] = {"settings": lm_eval_settings, "rows": rows}
+    return report
 
 
 def check_reusable(

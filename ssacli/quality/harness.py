@@ -24,6 +24,7 @@ import io
 import logging
 import math
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib.util import find_spec
@@ -74,6 +75,16 @@ def _is_yaml_path(task: str) -> bool:
     return task.endswith((".yaml", ".yml")) and Path(task).expanduser().is_file()
 
 
+def task_label(task: str) -> str:
+    """How errors name a task: ``'name'``, or for a YAML path ``'name' (path)`` with the name from
+    its ``task:`` line (read as text: lm-eval YAMLs may hold tags a plain YAML reader refuses)."""
+    if not _is_yaml_path(task):
+        return f"'{task}'"
+    text = Path(task).expanduser().read_text(errors="replace")
+    found = re.search(r"^task:\s*['\"]?([^'\"\s#]+)", text, re.M)
+    return f"'{found.group(1)}' ({task})" if found else f"'{task}'"
+
+
 def _task_manager(plan: LMEvalPlan):
     from lm_eval.tasks import TaskManager
 
@@ -94,19 +105,17 @@ def check_tasks(plan: LMEvalPlan, *, allow_download: bool = False, verbose: bool
                 manager.load([task])
             except KeyError:
                 raise UsageError(
-                    f"unknown lm-eval task '{task}': not a registered task, group or tag, nor a task YAML "
-                    "file; list them with `lm-eval ls tasks`"
+                    f"unknown lm-eval task {task_label(task)}: not a registered task, group or tag, nor a "
+                    "task YAML file; list them with `lm-eval ls tasks`"
                 ) from None
             except Exception as err:  # datasets raises ConnectionError, FileNotFoundError, …
-                how = (
-                    "could not be loaded" if allow_download
-                    else "cannot be had offline (nothing is downloaded without --allow-download)"
-                )  # fmt: skip
                 reason = " ".join(str(err).split()) or type(err).__name__
-                raise InputError(
-                    f"lm-eval task '{task}': its data {how}: {reason}; cache it once with --allow-download "
-                    "(network) or give a task YAML over local files"
-                ) from None
+                fix = (
+                    "could not be loaded: {}; check its dataset_path and data_files" if allow_download
+                    else "cannot be had offline: {}; cache it once with --allow-download (network), or give "
+                    "a task YAML over local files"
+                )  # fmt: skip
+                raise InputError(f"lm-eval task {task_label(task)}: its data {fix.format(reason)}") from None
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..diagnosis.result import DiagnoseResult
+from .benchmarks import benchmark_section, benchmark_table
 from .html import Section, comparison_sections, facts_table, html_table, page
 from .terminal import facts_panel, render_comparison
 
@@ -236,13 +237,17 @@ def no_quality_note(report: dict[str, Any]) -> str:
 
 
 def render_report(report: dict[str, Any], console: Console) -> None:
-    """Header, the quality table (BEFORE, AFTER, Δ per measure), then the probe comparison."""
+    """Header, the quality table (BEFORE, AFTER, Δ per measure), the lm-eval benchmarks (when run),
+    then the probe comparison."""
     console.print(facts_panel(header_facts(report), "ssacli report: before → after"))
     table = quality_table(report)
     if table is None:
         console.print(Text(no_quality_note(report), style="dim"))
     else:
         console.print(table)
+    benchmarks = benchmark_table(report)
+    if benchmarks is not None:
+        console.print(benchmarks)
     trajectory = trajectory_table(trajectory_of(report))
     if trajectory is not None:
         console.print(trajectory)
@@ -264,6 +269,9 @@ def report_html(report: dict[str, Any]) -> str:
     else:
         note = f'<p class="note">{escape_html(no_quality_note(report))}</p>'
         sections.append(Section(None, [note]))
+    benchmarks = benchmark_section(report)
+    if benchmarks is not None:
+        sections.append(benchmarks)
     records = trajectory_of(report)
     if records:
         header = [name.replace("\n", " ") for name in TRAJECTORY_HEADER]
