@@ -16,7 +16,9 @@ from .options import (
     AllowDownload,
     AllowPickle,
     Device,
+    DeviceMap,
     Dtype,
+    MaxMemory,
     OptionalModel,
     QuietOutput,
     Strict,
@@ -108,6 +110,8 @@ def diagnose_command(
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     strict: Strict = False,
     compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
     json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
@@ -143,7 +147,8 @@ def diagnose_command(
         probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
         block_size=block_size, stats=stats, device=device, dtype=dtype, allow_download=allow_download,
-        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, strict=strict,
+        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, device_map=device_map,
+        max_memory=max_memory or None, strict=strict,
     )  # fmt: skip
     console = Console()
     result = _diagnose(model_ref, settings, quiet)
