@@ -48,10 +48,14 @@ def report_command(
     lm_eval: str = typer.Option(
         None, "--lm-eval", metavar="TASKS",
         help="lm-evaluation-harness tasks (names or task YAML files, comma-separated) on both; "
-        'needs pip install "ssacli[eval]", and cached data unless --allow-download.',
+        'needs pip install "ssacli\\[eval]", and cached data unless --allow-download.',
     ),  # fmt: skip
-    lm_eval_fewshot: int = typer.Option(None, min=0, help="--lm-eval: few-shot examples (task default)."),
-    lm_eval_limit: int = typer.Option(None, min=1, help="--lm-eval: the first N items per task (all)."),
+    lm_eval_fewshot: int = typer.Option(
+        None, min=0, help="--lm-eval: few-shot examples (default: each task's own)."
+    ),
+    lm_eval_limit: int = typer.Option(
+        None, min=1, help="--lm-eval: the first N items of each task (default: all)."
+    ),
     lm_eval_include: Path = typer.Option(None, help="--lm-eval: a folder of task YAML files to add."),
     probe: list[str] = typer.Option(None, help="Diagnose probe NAME[:L1,L2,…] (repeatable; default all)."),
     seed: int = typer.Option(0, help="One seed for both models: masking, ICL prompts, probe inputs."),
