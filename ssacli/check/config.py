@@ -24,7 +24,7 @@ CONFIG_FILE = "ssacli.toml"  # what check reads from the working folder when no 
 CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "model": (str,), "requires": (list,), "baseline": (str,), "max_regression": (int, float),
     "samples": (int,), "seed": (int,), "length": (int,), "tau": (int, float), "scorer": (str,),
-    "device": (str,), "dtype": (str,),
+    "device": (str,), "dtype": (str,), "device_map": (str,), "max_memory": (str, list),
 }  # fmt: skip
 
 

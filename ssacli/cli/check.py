@@ -26,7 +26,9 @@ from .options import (
     AllowDownload,
     AllowPickle,
     Device,
+    DeviceMap,
     Dtype,
+    MaxMemory,
     Strict,
     TrustRemoteCode,
     check_outputs,
@@ -65,6 +67,8 @@ def check_command(
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     strict: Strict = False,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures, errors and written files."),
     init: bool = typer.Option(False, "--init", help=f"Write {CONFIG_FILE} with defaults for MODEL, exit."),
@@ -87,7 +91,10 @@ def check_command(
       ssacli check --baseline main.json --max-regression 0.05 \
           --junit junit.xml --json check.json
     """
-    load = dict(allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    load = dict(
+        allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+        device_map=device_map, max_memory=max_memory or None,
+    )  # fmt: skip
     try:
         if init:
             code = _init(model_ref, config, given(device=device, dtype=dtype) | load)
