@@ -71,3 +71,27 @@ def unwritable(tmp_path: Path) -> Path:
     folder.mkdir()
     folder.chmod(0o555)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def written_results_follow_the_schema(monkeypatch):
+    """Every diagnose result ssacli writes during a test (a ``.json`` file through ssacli.files, the
+    one writer: diagnose, compare, check and report JSON) is validated against the shipped JSON
+    Schema (tests/result_schema.py); a violation fails the test that wrote it, naming the field."""
+    from result_schema import written_file_errors
+
+    from ssacli import files
+
+    errors: list[str] = []
+    publish = files.publish
+
+    def validating_publish(tmp, path, *, directory: bool = False) -> None:
+        if not directory and str(path).endswith(".json"):
+            errors.extend(written_file_errors(tmp, path))
+        publish(tmp, path, directory=directory)
+
+    monkeypatch.setattr(files, "publish", validating_publish)
+    yield
+    if errors:
+        schema = "ssacli/diagnosis/diagnose.schema.json"
+        pytest.fail(f"a written diagnose result breaks {schema}:\n" + "\n".join(errors))

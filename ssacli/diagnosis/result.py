@@ -218,6 +218,8 @@ class DiagnoseResult:
         """:meth:`from_dict` of a document read from ``path``: a malformed one is an InputError naming it."""
         try:
             return cls.from_dict(data)
+        except InputError as err:  # another schema, a newer version: name the file too
+            raise InputError(f"result file '{path}': {err}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise InputError(f"result file '{path}' is malformed ({err!r}); re-create it") from None
 

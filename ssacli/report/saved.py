@@ -41,10 +41,7 @@ def load_saved(path: str | Path) -> list[DiagnoseResult]:
         return [DiagnoseResult.from_saved(side, path) for side in sides]
     if schema != SCHEMA:
         what = OTHER_SCHEMAS.get(schema, f"not a diagnose result (schema={schema!r})")
-        raise InputError(
-            f"'{path}' is {what}; "
-            "give a file written by `ssacli diagnose --json`"
-        )
+        raise InputError(f"'{path}' is {what}; give a file written by `ssacli diagnose --json`")
     return [DiagnoseResult.from_saved(data, path)]
 
 
