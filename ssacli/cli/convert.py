@@ -30,9 +30,11 @@ from .options import (
     BatchSize,
     CheckpointEvery,
     Device,
+    DeviceMap,
     GradAccum,
     LogEvery,
     Lr,
+    MaxMemory,
     Model,
     QuietTraining,
     Schedule,
@@ -91,6 +93,8 @@ def convert_command(
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     strict: Strict = False,
     quiet: QuietTraining = False,
 ) -> None:
@@ -121,6 +125,12 @@ def convert_command(
     )  # fmt: skip
     if options and not do_finetune:
         raise UsageError(f"--{next(iter(options)).replace('_', '-')} only applies with --finetune")
+    placed = given(device_map=device_map, max_memory=max_memory or None)
+    if placed and do_finetune:
+        raise UsageError(
+            f"--{next(iter(placed)).replace('_', '-')} applies to convert without --finetune (fine-tuning "
+            "trains on one device per process; use torchrun or accelerate launch for several)"
+        )
     load = dict(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, strict=strict,
@@ -138,8 +148,14 @@ def convert_command(
         from ..models.loading import local_model_path
 
         check_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
+        source: Any = model_ref
+        if placed:  # convert() takes the model accelerate placed (load_model's device_map)
+            from ..models.loading import load_model
+
+            keep = ("device", "dtype", "allow_download", "allow_pickle", "trust_remote_code")
+            source = load_model(model_ref, **{k: load[k] for k in keep}, **placed)
         _, report = convert(
-            model_ref, scorer, out, overwrite=overwrite, text=calibration, max_error=max_error, **load
+            source, scorer, out, overwrite=overwrite, text=calibration, max_error=max_error, **load
         )
         show_fidelity(report)
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
