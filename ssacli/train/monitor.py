@@ -39,7 +39,7 @@ from ..diagnosis.run import diagnose
 from ..errors import UsageError
 from ..models.kinds import max_positions
 
-DEFAULT_EVERY = 100  # steps between measurements (the cost stated in docs/train.md is at this interval)
+DEFAULT_EVERY = 100  # steps between measurements (the cost stated in docs/monitor.md is at this interval)
 DEFAULT_PROBES = ("key-scale:1,8",)  # clean and one key-scale level (module docstring: why)
 DEFAULT_METRICS = ("entropy", "max_weight", "collapse_rate", "sink_rate")
 DEFAULT_SAMPLES = 4  # probe sequences (of defaults.PROBE_LENGTH tokens): one forward per level

@@ -40,7 +40,7 @@ class SaturationCallback(TrainerCallback):
     The options are :class:`~ssacli.train.monitor.SaturationMonitor`'s (probes, metrics, the probe
     batch); the measurements are also kept in ``callback.monitor.history``. Keys:
     ``ssacli/layer{i}/{metric}@{probe}:{level}``, ``ssacli/model/{metric}@…`` (every head),
-    ``ssacli/overflow@{probe}:{level}`` and ``ssacli/monitor_seconds`` (docs/train.md).
+    ``ssacli/overflow@{probe}:{level}`` and ``ssacli/monitor_seconds`` (docs/monitor.md).
     """
 
     def __init__(
