@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib.util import find_spec
@@ -142,6 +143,7 @@ def harness_environment(*, allow_download: bool, verbose: bool) -> Iterator[None
             if not verbose:
                 logger.setLevel(logging.ERROR)
                 stack.enter_context(contextlib.redirect_stderr(io.StringIO()))  # tqdm bars
+                stack.enter_context(_quiet_stderr_descriptor())  # `git describe`'s "fatal: not a git …"
             yield
     finally:
         logger.setLevel(saved_level)
@@ -152,6 +154,21 @@ def harness_environment(*, allow_download: bool, verbose: bool) -> Iterator[None
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _quiet_stderr_descriptor() -> Iterator[None]:
+    """File descriptor 2 to the null device: lm-eval runs `git describe` for its record, whose
+    "fatal: not a git repository" outside a repository would otherwise reach the terminal."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def lm_eval(
@@ -310,6 +327,8 @@ def paired_rows(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str,
             elif len(diffs) < 2:
                 row["note"] = "one item: no paired error"
             else:
+                if not any(diffs):
+                    row["note"] = "every item has the same value on both (nothing to test)"
                 mean = sum(diffs) / len(diffs)
                 variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
                 row["paired_stderr"] = math.sqrt(variance / len(diffs))
