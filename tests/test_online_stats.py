@@ -60,7 +60,7 @@ def test_kernel_matches_the_naive_formula_on_collapsing_rows(scale):
     value = torch.randn(b, h, k, d)
     out, stats = softmax_statistics(
         value, q, logits=lambda r, c: t[:, :, r, c], visible=lambda r, c: visible[:, :, r, c],
-        transform=lambda x, r: x, count=visible.sum(-1), key_span=lambda r: (0, k), top_k=5,
+        transform=lambda x, r: x, count=visible.sum(-1), key_span=lambda r: [0, k], top_k=5,
         block_rows=4, block_keys=3,
     )  # fmt: skip
     ref = _naive(t, visible, 5)
@@ -95,7 +95,7 @@ def test_kernel_rows_without_keys_are_empty_not_zero_entropy():
     out, stats = softmax_statistics(
         torch.ones(b, h, k, 2), q, logits=lambda r, c: torch.zeros(b, h, r.stop - r.start, c.stop - c.start),
         visible=lambda r, c: visible[:, :, r, c], transform=lambda x, r: x, count=visible.sum(-1),
-        key_span=lambda r: (0, k), block_rows=1,
+        key_span=lambda r: [0, k], block_rows=1,
     )  # fmt: skip
     assert stats.max[0, 0, 1] == -math.inf and stats.total[0, 0, 1] == 0
     assert torch.equal(out[0, 0, 1], torch.zeros(2))
@@ -227,13 +227,14 @@ def test_bfloat16_calls(family, probe, level):
     assert out_gap < 2e-2  # the eager output rounds bf16 weights before its matmul, the fused one not
 
 
-def test_many_key_blocks_and_causal_skipping(monkeypatch):
-    """Key blocks far smaller than the sequence: online rescaling across blocks and skipped causal
-    blocks, on a collapse-level probe."""
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_many_key_blocks_and_causal_skipping(monkeypatch, family):
+    """Key blocks far smaller than the sequence: online rescaling across blocks, skipped causal
+    blocks and unmasked whole blocks (mistral: its window, 3 keys), on collapse-level probes."""
     import ssacli.attention.online as online
 
     monkeypatch.setattr(online, "STATS_BLOCK_KEYS", 4)
-    model = build_tiny("llama", "causal")
+    model = build_tiny(family, "causal")
     apply_scorer(model, "ssa")
     ids, mask, target = _padded(length=37)
     (fused, eager), _ = _dual_forward(model, ids, mask, "dominant-key", 32.0, target, block=6)
@@ -289,3 +290,16 @@ def test_auto_falls_back_and_fused_refuses_other_scorers():
         diagnose(model, ["logit-scale:1"], inputs=_inputs(), scorer="sigmoid", stats="fused")
     with pytest.raises(UsageError, match="--stats"):
         diagnose(model, ["logit-scale:1"], inputs=_inputs(), stats="online")
+
+
+def test_row_top_equals_topk():
+    from ssacli.kernels.online_stats import row_top
+
+    torch.manual_seed(2)
+    t = torch.randn(2, 3, 7, 1000).round(decimals=1)  # many ties
+    t[0, 0, 0, :990] = -math.inf  # a row with few finite values
+    t[1, 1, 1] = -math.inf  # a row with none
+    for k in (1, 5):
+        expected = t.topk(k, dim=-1).values
+        got = row_top(t, k).sort(dim=-1, descending=True).values
+        assert torch.equal(got, expected)

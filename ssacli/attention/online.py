@@ -81,6 +81,9 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
             return rows_of(mask, rows)[..., cols]
         if not causal:
             return None
+        first, last = int(positions[rows.start]), int(positions[rows.stop - 1])
+        if cols.stop - 1 <= first and (window is None or last - cols.start < window):
+            return None  # every row of the block sees every key of it
         pos = positions[rows].unsqueeze(1)
         keys = torch.arange(cols.start, cols.stop, device=query.device).unsqueeze(0)
         shown = keys <= pos
@@ -88,12 +91,17 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
             shown = shown & (pos - keys < window)
         return shown[None, None]
 
-    def key_span(rows: slice) -> tuple[int, int]:
+    def key_span(rows: slice) -> list[int]:
         if not causal:
-            return 0, k_len
-        hi = min(k_len, int(positions[rows.stop - 1]) + 1)
-        lo = 0 if window is None else max(0, int(positions[rows.start]) - window + 1)
-        return lo, hi
+            return [0, k_len]
+        first, last = int(positions[rows.start]), int(positions[rows.stop - 1])
+        hi = min(k_len, last + 1)
+        lo = 0 if window is None else max(0, first - window + 1)
+        # Keys every row sees (no mask needed): from the last row's window start to the first row.
+        whole_lo = lo if window is None else max(lo, last - window + 1)
+        whole_hi = min(hi, first + 1)
+        inner = [e for e in (whole_lo, whole_hi) if lo < e < hi] if whole_lo < whole_hi else []
+        return [lo, *inner, hi]
 
     # What the scorer counts: the keys, plus the learned sink's column where there is one.
     scorer_count = (count + (0 if sink is None else 1)).to(compute).unsqueeze(-1)

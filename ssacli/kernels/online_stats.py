@@ -55,6 +55,25 @@ class RowStatistics:
     keys: int  # the call's key length
 
 
+def row_top(t: torch.Tensor, k: int, group: int = 32) -> torch.Tensor:
+    """The k largest values of each row of t [..., c] (as a multiset; their order is not kept).
+
+    torch.topk over a whole block is one of the costliest steps; the top k lie in the k groups of
+    ``group`` columns with the largest maxima (a group holding one of them has a max at least the
+    k-th largest value, any other at most that), so one amax pass and two small topk calls suffice."""
+    width = t.shape[-1]
+    k = min(k, width)
+    if width <= 4 * group * k:
+        return t.topk(k, dim=-1).values
+    pad = -width % group
+    if pad:
+        t = torch.nn.functional.pad(t, (0, pad), value=-math.inf)
+    grouped = t.unflatten(-1, (-1, group))
+    best = grouped.amax(-1).topk(k, dim=-1).indices  # [..., k] groups
+    picked = grouped.gather(-2, best.unsqueeze(-1).expand(*best.shape, group))
+    return picked.flatten(-2).topk(k, dim=-1).values
+
+
 def softmax_statistics(
     value: torch.Tensor,
     q_len: int,
@@ -63,7 +82,7 @@ def softmax_statistics(
     visible: Callable[[slice, slice], torch.Tensor | None],
     transform: Callable[[torch.Tensor, slice], torch.Tensor],
     count: torch.Tensor,
-    key_span: Callable[[slice], tuple[int, int]],
+    key_span: Callable[[slice], list[int]],
     extra: torch.Tensor | None = None,
     target: torch.Tensor | None = None,
     top_k: int = 5,
@@ -75,8 +94,10 @@ def softmax_statistics(
     ``logits(rows, cols)``: the logits x [b, h, r, c] as the scorer sees them; ``visible(rows, cols)``:
     bool broadcastable to them, or None (all visible); ``transform(x, rows)``: t from float32 x
     (hidden entries are 0 there and −inf after); ``count`` [b|1, h|1, q]: visible keys per row;
-    ``key_span(rows)``: the key range [lo, hi) the rows can see at all (blocks outside it are never
-    formed); ``extra`` [b|1, h|1, q|1]: t of keyless denominator terms (a learned sink, a sink
+    ``key_span(rows)``: the sorted edges [lo, …, hi] of the key range the rows can see at all (blocks
+    outside it are never formed; blocks never straddle an edge, so a caller can cut off the part that
+    every row sees whole and answer None for its visibility);
+    ``extra`` [b|1, h|1, q|1]: t of keyless denominator terms (a learned sink, a sink
     scorer's s; their value is zero), log-summed; ``target`` [b]: key index per sample.
     """
     b, h, k_len, d = value.shape
@@ -101,27 +122,43 @@ def softmax_statistics(
     v32 = value.to(compute)
     for r0 in range(0, q_len, max(1, block_rows)):
         rows = slice(r0, min(r0 + max(1, block_rows), q_len))
-        lo, hi = key_span(rows)
+        edges = key_span(rows)
+        spans = [
+            slice(c0, min(c0 + max(1, block_keys), hi))
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+            for c0 in range(lo, hi, max(1, block_keys))
+        ]
         acc = m = l_ = s_ = None
-        for c0 in range(lo, hi, max(1, block_keys)):
-            cols = slice(c0, min(c0 + max(1, block_keys), hi))
+        for cols in spans:
+            c0 = cols.start
             vis = visible(rows, cols)
             if vis is not None and not bool(vis.any()):
                 continue  # nothing visible in this block (padding, the causal future)
             x = logits(rows, cols)
-            finite_logits = finite_logits and bool(torch.isfinite(x).all())
-            shown = torch.ones_like(x, dtype=torch.bool) if vis is None else vis.expand_as(x)
-            xd = x.double()
-            counted = shown & torch.isfinite(xd)
-            logit_sq[:, :, rows] += torch.where(counted, xd * xd, 0.0).sum(-1)
-            logit_n[:, :, rows] += counted.sum(-1)
-            t = transform(torch.where(shown, x.to(compute), 0.0), rows)
-            t = torch.where(shown, t, -math.inf)
+            finite = torch.isfinite(x)
+            all_finite = bool(finite.all())
+            finite_logits = finite_logits and all_finite
+            raw = x.to(compute)
+            counted = None if all_finite else finite  # the logits the layer's logit scale counts
+            if vis is not None:
+                counted = vis.expand_as(x) if counted is None else vis & counted
+            square = raw * raw
+            if counted is None:
+                logit_sq[:, :, rows] += square.sum(-1, dtype=torch.float64)
+                logit_n[:, :, rows] += x.shape[-1]
+            else:
+                logit_sq[:, :, rows] += torch.where(counted, square, 0.0).sum(-1, dtype=torch.float64)
+                logit_n[:, :, rows] += counted.sum(-1)
+            t = transform(raw if vis is None else torch.where(vis, raw, 0.0), rows)
+            if vis is not None:
+                t = torch.where(vis, t, -math.inf)
             block_max = t.amax(-1).double()
             new_max = block_max if m is None else torch.maximum(m, block_max)
             ref = torch.where(new_max == -math.inf, 0.0, new_max)
             p = torch.exp(t - ref.unsqueeze(-1).to(compute))
-            gap = torch.where(shown, ref.unsqueeze(-1).to(compute) - t, 0.0)  # m − t ≥ 0 (hidden: p = 0)
+            gap = ref.unsqueeze(-1).to(compute) - t  # m − t ≥ 0
+            if vis is not None:
+                gap = torch.where(vis, gap, 0.0)  # hidden: p = 0 and m − t = inf
             block_total = p.sum(-1).double()
             block_spread = (p * gap).sum(-1).double()
             pv = torch.matmul(p, v32[:, :, cols])
@@ -135,7 +172,7 @@ def softmax_statistics(
                 l_ = shrink * l_ + block_total
                 acc = acc * shrink.unsqueeze(-1).to(compute) + pv
                 m = new_max
-            block_top = t.topk(min(k_top, t.shape[-1]), dim=-1).values.double()
+            block_top = row_top(t, k_top).double()
             top[:, :, rows] = torch.cat([top[:, :, rows], block_top], dim=-1).topk(k_top, dim=-1).values
             if c0 == 0:
                 first[:, :, rows] = t[..., 0].double()
@@ -146,7 +183,9 @@ def softmax_statistics(
                     where = where.expand(b, h, t.shape[2], 1)
                     sel = inside.reshape(b, 1, 1)
                     t_at = t.gather(-1, where).squeeze(-1).double()
-                    x_at = torch.where(counted, xd, math.nan).gather(-1, where).squeeze(-1)
+                    x_at = raw.gather(-1, where).squeeze(-1).double()
+                    if counted is not None:
+                        x_at = torch.where(counted.gather(-1, where).squeeze(-1), x_at, math.nan)
                     t_target[:, :, rows] = torch.where(sel, t_at, t_target[:, :, rows])
                     x_target[:, :, rows] = torch.where(sel, x_at, x_target[:, :, rows])
         if m is None:
@@ -169,4 +208,4 @@ def softmax_statistics(
     return out.to(value.dtype), stats
 
 
-__all__ = ["STATS_BLOCK_KEYS", "RowStatistics", "softmax_statistics"]
+__all__ = ["STATS_BLOCK_KEYS", "RowStatistics", "row_top", "softmax_statistics"]

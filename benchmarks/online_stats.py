@@ -1,0 +1,137 @@
+"""diagnose's fused statistics (``stats="fused"``) against its eager statistics and an SDPA forward of
+the same batch, in time and peak memory, measured side by side in one run (issue 24). Not a test.
+
+    python benchmarks/online_stats.py [--lengths 1024,4096] [--repeats 3] [--memory-lengths 1024,4096]
+
+Model: the benchmark Llama of benchmarks/diagnose.py (4 layers, 8 heads × 32, hidden 256, random
+init, fp32, CPU). One probe level (``embed-scale:1``) over one sequence of random tokens (batch 1),
+each candidate once per round, rounds interleaved; best of the rounds and × the SDPA forward of the
+round's best. Peak memory: each (mode, length) in a fresh process (benchmarks/_common.py), MB above
+the loaded model. The machine and its load are printed; on a shared machine read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+
+import torch
+from _common import interleaved_best, measure_peak, run_child
+from diagnose import build_model
+
+PROBE = "embed-scale:1"
+GOAL_TIME = 1.5  # fused diagnose of one probe level <= 1.5 × the SDPA forward at 4,096 tokens
+GOAL_MEMORY = 2.0  # peak over the loaded model <= 2 × the SDPA forward's at 8,192 tokens
+
+
+def diagnose_call(model, length: int, stats: str, block_size: int):
+    import ssacli
+
+    return ssacli.diagnose(
+        model, probes=[PROBE], random_ids=True, samples=1, length=length, batch_size=1,
+        block_size=block_size, stats=stats,
+    )  # fmt: skip
+
+
+def forward_call(model, length: int):
+    ids = torch.randint(3, 1000, (1, length), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+
+
+def candidates(model, length: int, block_size: int) -> dict:
+    return {
+        "sdpa forward": lambda: forward_call(model, length),
+        "diagnose, eager stats": lambda: diagnose_call(model, length, "eager", block_size),
+        "diagnose, fused stats": lambda: diagnose_call(model, length, "fused", block_size),
+    }
+
+
+def time_section(args) -> None:
+    model = build_model(args.heads, args.layers, "sdpa")
+    print("| tokens | sdpa ms | eager stats ms | fused stats ms | eager × sdpa | **fused × sdpa** "
+          "| eager / fused |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for length in [int(x) for x in args.lengths.split(",")]:
+        best = interleaved_best(candidates(model, length, args.block_size), args.repeats)
+        sdpa, eager, fused = (best[k] * 1e3 for k in best)
+        print(
+            f"| {length} | {sdpa:.0f} | {eager:.0f} | {fused:.0f} | {eager / sdpa:.2f} | "
+            f"**{fused / sdpa:.2f}** | {eager / fused:.2f} |",
+            flush=True,
+        )
+    print(f"goal: fused ≤ {GOAL_TIME:g}× sdpa at 4096 tokens (see the 4096 row)")
+
+
+def child(args) -> None:
+    model = build_model(args.heads, args.layers, "sdpa", max_positions=max(8192, args.length))
+    calls = {
+        "sdpa": lambda t: forward_call(model, t),
+        "eager": lambda t: diagnose_call(model, t, "eager", args.block_size),
+        "fused": lambda t: diagnose_call(model, t, "fused", args.block_size),
+    }
+    call = calls[args.child]
+    call(16)  # warm-up: library set-up at a negligible footprint
+    gc.collect()
+    print(json.dumps(measure_peak(lambda: call(args.length))))
+
+
+def memory_section(args) -> None:
+    print("| tokens | sdpa MB | eager stats MB | fused stats MB | fused s | **fused / sdpa** "
+          "| fused MB per 1k tokens |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for length in [int(x) for x in args.memory_lengths.split(",")]:
+        got = {}
+        for mode in ("sdpa", "eager", "fused"):
+            if mode == "eager" and length > args.eager_max:
+                got[mode] = None
+                continue
+            arguments = ["--child", mode, "--length", str(length), "--heads", str(args.heads),
+                         "--layers", str(args.layers), "--block-size", str(args.block_size)]  # fmt: skip
+            got[mode] = run_child(arguments, __file__, timeout=args.timeout)
+        peak = {m: got[m]["peak_mb"] if got[m] else float("nan") for m in got}
+        sdpa, eager, fused = peak["sdpa"], peak["eager"], peak["fused"]
+        seconds = got["fused"]["seconds"] if got["fused"] else float("nan")
+        eager_text = "skipped" if got["eager"] is None else f"{eager:.1f}"
+        print(
+            f"| {length} | {sdpa:.1f} | {eager_text} | {fused:.1f} | {seconds:.1f} | "
+            f"**{fused / sdpa:.2f}** | {fused / length * 1000:.1f} |",
+            flush=True,
+        )
+    print(f"goal: fused ≤ {GOAL_MEMORY:g}× sdpa's peak at 8192 tokens")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="time,memory")
+    parser.add_argument("--lengths", default="1024,4096")
+    parser.add_argument("--memory-lengths", default="1024,4096")
+    parser.add_argument("--eager-max", type=int, default=8192, help="longest length eager stats run at")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--child", default=None)
+    parser.add_argument("--length", type=int, default=0)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    load = os.getloadavg()
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} torch threads, load average {load[0]:.1f}; torch {torch.__version__}"
+    )
+    sections = args.sections.split(",")
+    if "time" in sections:
+        time_section(args)
+    if "memory" in sections:
+        memory_section(args)
+
+
+if __name__ == "__main__":
+    main()
