@@ -19,7 +19,9 @@ from .options import (
     AllowDownload,
     AllowPickle,
     Device,
+    DeviceMap,
     Dtype,
+    MaxMemory,
     QuietOutput,
     TrustRemoteCode,
     check_outputs,
@@ -78,6 +80,8 @@ def report_command(
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
 ) -> None:
     r"""Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
 
@@ -143,6 +147,7 @@ def report_command(
         seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
         icl_length=icl_length, prompts=prompts, device=device, dtype=dtype, allow_download=allow_download,
         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, builtin=not no_builtin,
+        device_map=device_map, max_memory=max_memory or None,
         lm_eval_plan=plan,
     )  # fmt: skip
     earlier = None
