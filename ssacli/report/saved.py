@@ -93,7 +93,8 @@ def check_replaceable(path: str | Path | None, option: str) -> None:
         return
     kind = option.lstrip("-")
     if not written_by_ssacli(path, kind):
+        what = {"html": "an HTML page", "csv": "a table CSV", "parquet": "a Parquet table"}[kind]
         raise UsageError(
-            f"{option} '{path}' exists and is not a {kind} file ssacli wrote; ssacli replaces only its "
-            "own outputs: choose another name or remove it"
+            f"{option} '{path}' exists and is not {what} ssacli wrote; ssacli replaces only its own "
+            "outputs: choose another name or remove it"
         )
