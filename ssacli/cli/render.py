@@ -25,7 +25,7 @@ def render_command(
     html_out: Path = typer.Option(None, "--html", help="Write the self-contained HTML page to this file."),
     csv_out: Path = typer.Option(None, "--csv", help="Write the per-head metrics, long format, as CSV."),
     parquet_out: Path = typer.Option(
-        None, "--parquet", help='The same table as Parquet (pip install "ssacli[frame]").'
+        None, "--parquet", help=r'The same table as Parquet (pip install "ssacli\[frame]").'
     ),
     heatmap: str = typer.Option("max_weight", help=r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."),
     quiet: QuietOutput = False,
