@@ -38,6 +38,8 @@ TUNE = ["--finetune", "--data", "icl:every"]
 CASES = {
     "diagnose --json": ["diagnose", "--json", "{ro}/r.json"],
     "diagnose --html": ["diagnose", MODEL, "--html", "{ro}/r.html"],
+    "render --html": ["render", "r.json", "--html", "{ro}/r.html"],
+    "render --parquet": ["render", "r.json", "--parquet", "{ro}/r.parquet"],
     "check --json": ["check", *REQUIRE, "--json", "{ro}/c.json"],
     "check --junit": ["check", MODEL, *REQUIRE, "--junit", "{ro}/j.xml"],
     "convert --out": ["convert", MODEL, "--scorer", "ssa", "--out", "{ro}/out"],
