@@ -101,9 +101,9 @@ def diagnose_command(
         defaults.BLOCK_ROWS, min=1, help="Query rows scored at a time (memory O(block × keys))."
     ),
     stats: str = typer.Option(
-        "auto", metavar="auto|eager|fused",
-        help="Metrics from blocks of weights (eager) or from running row statistics of one fused pass "
-        "(fused: softmax, temperature, ssa, ssmax, sink, softmax1); auto: fused where it applies.",
+        "auto", metavar="MODE",
+        help="eager: metrics from blocks of weights; fused: from running row statistics of one "
+        "blocked pass (softmax, temperature, ssa, ssmax, sink, softmax1); auto: fused where it applies.",
     ),
     device: Device = "auto",
     dtype: Dtype = "auto",
