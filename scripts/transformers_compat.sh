@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# transformers compatibility: run the suite on the oldest and the newest transformers release that
+# pyproject.toml accepts (transformers>=5.0,<6), each in a fresh venv of its own, since ssacli
+# depends on transformers' attention interface. The README's test command pins 5.24.0, the release
+# the all-family audit (docs/models.md) was generated on; on any other release the two tests that
+# compare that table with the installed families fail by design (README, "drift"), so they are
+# deselected here and everything else must pass.
+#
+#   scripts/transformers_compat.sh                 # 5.0.0 and the newest 5.x, the whole suite
+#   scripts/transformers_compat.sh --quick         # the same releases, the attention-facing subset
+#   scripts/transformers_compat.sh --quick 5.0.0   # one release
+#
+# Venvs and logs go to $SSACLI_COMPAT_DIR (default: $TMPDIR/ssacli-compat); torch is installed as
+# $TORCH_SPEC (default torch==2.13.0) from $TORCH_INDEX (default: PyTorch's CPU wheels). Exits 1
+# when any release fails; prints one summary line per release.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+quick=0
+if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
+versions=("$@")
+[ ${#versions[@]} -eq 0 ] && versions=(5.0.0 newest)
+dir=${SSACLI_COMPAT_DIR:-${TMPDIR:-/tmp}/ssacli-compat}
+torch_spec=${TORCH_SPEC:-torch==2.13.0}
+torch_index=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+# The subset: every test of the attention interface and of what rides on it (diagnose, convert's
+# checkpoints, big-model loading), without the slower training and report tests.
+subset=(tests/test_attention.py tests/test_learned_sinks.py tests/test_families.py tests/test_diagnose.py
+        tests/test_checkpoint.py tests/test_device_map.py tests/test_scorers.py)
+drift=(--deselect tests/test_families.py::test_models_md_is_the_audit_table
+       --deselect tests/test_families.py::test_the_audited_set_is_the_audit)
+mkdir -p "$dir"
+failed=0
+summary=()
+for version in "${versions[@]}"; do
+  spec="transformers==$version"
+  [ "$version" = newest ] && spec="transformers>=5.0,<6"
+  env="$dir/tf-$version"
+  log="$dir/tf-$version.log"
+  echo "== $spec: venv $env, log $log"
+  if [ $quick = 1 ]; then extras=("$spec" -e "$repo" pytest hypothesis jsonschema "accelerate>=1.1")
+  else extras=("$spec" -e "$repo[dev]"); fi
+  # (errexit does not apply inside a `||` list, so the steps are chained with &&)
+  if ! { python3 -m venv "$env" && "$env/bin/pip" install -q --upgrade pip \
+         && "$env/bin/pip" install -q "$torch_spec" --index-url "$torch_index" \
+         && "$env/bin/pip" install -q "${extras[@]}"; } >"$log" 2>&1; then
+    summary+=("$spec: install failed (see $log)"); failed=1; continue
+  fi
+  installed=$("$env/bin/python" -c "import transformers; print(transformers.__version__)")
+  tests=()
+  [ $quick = 1 ] && tests=("${subset[@]}")
+  echo "   transformers $installed: pytest ${tests[*]:-(the suite)}"
+  if OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$env/bin/python" -m pytest -q -p no:cacheprovider "${drift[@]}" \
+      "${tests[@]}" >>"$log" 2>&1; then
+    summary+=("transformers $installed: passed ($(tail -1 "$log"))")
+  else
+    summary+=("transformers $installed: FAILED ($(tail -1 "$log"); see $log)")
+    failed=1
+  fi
+done
+printf '%s\n' "${summary[@]}"
+exit $failed
