@@ -89,6 +89,8 @@ _LAZY = {
     "FinetuneConfig": "train.finetune",
     "finetune_config": "train.runs",
     "convert_and_finetune": "train.runs",
+    "convert_with_recipe": "train.recipe",
+    "RecipeConfig": "train.recipe",
     "train_from_scratch": "train.runs",
     "train_icl": "icl.train:train",
     "ICLTrainConfig": "icl.train:TrainConfig",
@@ -137,6 +139,7 @@ if TYPE_CHECKING:
     )
     from .train.finetune import FinetuneConfig, finetune
     from .train.monitor import SaturationMonitor
+    from .train.recipe import RecipeConfig, convert_with_recipe
     from .train.runs import convert_and_finetune, finetune_config, train_from_scratch
     from .train.trainer_callback import SaturationCallback
 
@@ -178,6 +181,8 @@ __all__ = [
     "compare_results",
     "convert",
     "convert_and_finetune",
+    "convert_with_recipe",
+    "RecipeConfig",
     "describe_scorer",
     "diagnose",
     "evaluate_icl",

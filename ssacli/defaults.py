@@ -25,3 +25,11 @@ CALIBRATION_LENGTH = 64  # tokens per sequence
 # far SSA's n can travel: ~0.55 × steps × lr over a cosine run (ssacli/models/optim.py; the choice
 # is measured in docs/convert.md).
 SCORER_LR = 1e-2
+
+# convert --finetune with an SSA scorer: the conversion recipe (ssacli/train/recipe.py)
+RECIPE_TARGET_N = 4.0  # SSA's range ends near here; the paper's n is 1.5
+RECIPE_MAX_KL = 0.05  # nats/token: the KL budget the result must meet (~ at most 5 % perplexity)
+RECIPE_TRANSFER_STEPS = 200
+RECIPE_DISTILL_STEPS = 400
+RECIPE_LORA_RANK = 8
+RECIPE_LR = 5e-4  # LoRA's learning rate (the adapters start at zero)

@@ -47,6 +47,7 @@ from .backend import BACKENDS, attention_backend, check_backend, eager_reason, f
 from .observing import Observer, current_observer, observed_attention, observing
 from .scorer_inputs import EAGER_MASK_FAMILIES, scaled_logits, ssacli_mask, visibility
 from .sinks import score_with_sink, scores_and_sink, sink_logits, with_sink_key
+from .teacher import SOFTMAX, teacher_mode
 
 __all__ = [  # this module's own names and, re-exported, the public names of the modules it joins
     "ARGUMENTS", "ATTENTION_NAME", "BACKENDS", "CONFIG_SPEC_ATTR", "EAGER_MASK_FAMILIES", "ORIGINAL_ATTR",
@@ -71,6 +72,8 @@ TESTED_FAMILIES = (
 
 
 # ---- the registered attention function ------------------------------------------------------------
+
+SOFTMAX_SCORER = make_scorer("softmax")  # the original's scorer, for .teacher's modes
 
 
 def ssacli_attention_forward(
@@ -106,6 +109,22 @@ def ssacli_attention_forward(
             f"position where its scorer holds {per_head} per-head parameters (attention that is not over "
             "heads); use the scorer's share=layer option"
         )
+    mode = teacher_mode()
+    if mode is not None:  # the softmax original inside the converted model (.teacher)
+        if mode == SOFTMAX:
+            return _attend(
+                module, SOFTMAX_SCORER, query, key, value, attention_mask, scaling, dropout, sink, kwargs
+            )
+        output, _ = _attend(module, scorer, query, key, value, attention_mask, scaling, dropout, sink, kwargs)
+        with torch.no_grad():
+            target, _ = _attend(
+                module, SOFTMAX_SCORER, query, key, value, attention_mask, scaling, dropout, sink, kwargs
+            )
+        return mode(module, output, target), None
+    return _attend(module, scorer, query, key, value, attention_mask, scaling, dropout, sink, kwargs)
+
+
+def _attend(module, scorer, query, key, value, attention_mask, scaling, dropout, sink, kwargs):
     observer = current_observer()
     if observer is None:
         # Before repeating K/V: the fused kernels handle grouped-query attention themselves.

@@ -50,6 +50,19 @@ from .options import (
     given,
     progress,
 )
+from .recipe import (
+    DistillSteps,
+    LmWeight,
+    LoraRank,
+    MaxKl,
+    RecipeB,
+    Stages,
+    TargetN,
+    TransferSteps,
+    recipe_config,
+    run_recipe,
+    wants_recipe,
+)
 
 
 def convert_command(
@@ -60,6 +73,14 @@ def convert_command(
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out (ssacli's or empty only)."),
     do_finetune: bool = typer.Option(False, "--finetune", help="Fine-tune after converting (needs --data)."),
+    stages: Stages = None,
+    target_n: TargetN = None,
+    recipe_b: RecipeB = None,
+    transfer_steps: TransferSteps = None,
+    distill_steps: DistillSteps = None,
+    lora_rank: LoraRank = None,
+    lm_weight: LmWeight = None,
+    max_kl: MaxKl = None,
     text: Path = typer.Option(
         None,
         "--text",
@@ -123,8 +144,17 @@ def convert_command(
         train=train, anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
         attention=attention,
     )  # fmt: skip
-    if options and not do_finetune:
-        raise UsageError(f"--{next(iter(options)).replace('_', '-')} only applies with --finetune")
+    recipe = given(
+        target_n=target_n, b=recipe_b, transfer_steps=transfer_steps, distill_steps=distill_steps,
+        lora_rank=lora_rank, lm_weight=lm_weight, max_kl=max_kl,
+    )  # fmt: skip
+    flags = {**options, **recipe, **given(stages=stages)}
+    if flags and not do_finetune:
+        raise UsageError(f"--{next(iter(flags)).replace('_', '-')} only applies with --finetune")
+    use_recipe = do_finetune and wants_recipe(stages, scorer, data)
+    if recipe and not use_recipe:
+        name = "recipe-b" if next(iter(recipe)) == "b" else next(iter(recipe)).replace("_", "-")
+        raise UsageError(f"--{name} applies to the conversion recipe (--stages auto or transfer,distill)")
     placed = given(device_map=device_map, max_memory=max_memory or None)
     if placed and do_finetune:
         raise UsageError(
@@ -159,6 +189,11 @@ def convert_command(
         )
         show_fidelity(report)
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
+        return
+    if use_recipe:
+        config = recipe_config(stages, scorer, options, recipe)  # bad values fail before loading
+        run_recipe(model_ref, out, config, overwrite=overwrite, text=calibration, quiet=quiet,
+                   show_fidelity=show_fidelity, load=load)  # fmt: skip
         return
     from .. import convert_and_finetune, finetune_config
 

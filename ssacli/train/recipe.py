@@ -1,0 +1,363 @@
+"""Converting a pretrained causal LM to real SSA and keeping its quality: the conversion recipe.
+
+A faithful start (``ssa:init=faithful``: n = m = 128-256, b = 1/m) is exact but is softmax in
+disguise; SSA's range is n of a few units. Moving n there in one fine-tune breaks the model
+(docs/results/convert-smollm2.md). The recipe follows LoLCATs (Zhang et al., ICLR 2025), which
+swaps a pretrained LLM's softmax for another attention in two cheap stages:
+
+1. **transfer** (attention transfer). n moves geometrically from each layer's faithful m to the
+   target, step by step, while the scorer's b (one per head) is trained so that every layer's SSA
+   output matches softmax's on the same query, key and value (normalized MSE, teacher forcing:
+   :func:`ssacli.attention.teacher.transferring`). ``b="tied"`` keeps b = 1/n instead (nothing is
+   trained; the stage is then a pure schedule), ``b="learned"`` rescales b with n (b·n kept) and
+   lets the gradient correct it.
+2. **distill** (distillation). n stays at the target; low-rank adapters (LoRA through ``peft``, on
+   ``lora_targets``) and b are trained to minimise KL(original ‖ model) per token on the training
+   text, optionally mixed with the LM loss (``lm_weight``). The original is the same model with the
+   adapters disabled and scored with softmax (:func:`~ssacli.attention.teacher.scoring_as_softmax`):
+   no copy. At the end the adapters are merged, so the result is a plain ssacli folder.
+
+Every ``eval_every`` steps and at each stage's end the run records, on the held-out tenth of the
+text: n and b per layer, KL to the original per token and the held-out loss (perplexity = e^loss).
+The record (``recipe`` in ssacli.json) says whether the final KL met ``max_kl`` (the budget);
+a model whose KL ended above it is reported as missing its target, never as converted. The model
+after transfer is saved too (``OUT/stages/transfer``), so ``ssacli report`` and ``diagnose`` can
+measure every stage.
+
+Randomness: batches come from (seed, step) as in :mod:`ssacli.train.finetune`. Stages are not
+resumable mid-way (a stopped run keeps nothing of its unfinished stage); one process only.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..attention.interface import scorers_of
+from ..attention.teacher import AttentionTransfer, scoring_as_softmax, transferring
+from ..conversion import check_out, convert, save_model
+from ..defaults import (
+    RECIPE_DISTILL_STEPS,
+    RECIPE_LORA_RANK,
+    RECIPE_LR,
+    RECIPE_MAX_KL,
+    RECIPE_TARGET_N,
+    RECIPE_TRANSFER_STEPS,
+    SCORER_LR,
+)
+from ..errors import JobFailedError, UsageError
+from ..models.loading import LoadedModel, local_model_path
+from ..models.optim import make_optimizer, scorer_values, set_lr
+from ..scorers.base import positive_raw
+from .data import make_objective, seeded_rng, step_seeds
+from .finetune import CLIP_NORM, FinetuneConfig
+
+RECIPE_START = "ssa:init=faithful,learn=b+n"  # m=auto per layer: the exact start
+STAGES = ("transfer", "distill")
+STAGE_DIR = "stages"
+EVAL_WINDOWS = 8  # held-out windows the KL and loss are measured on
+
+
+@dataclass
+class RecipeConfig:
+    data: str
+    target_n: float = RECIPE_TARGET_N
+    b: str = "learned"  # learned (rescaled with n, then trained) or tied (b = 1/n)
+    stages: tuple[str, ...] = STAGES
+    transfer_steps: int = RECIPE_TRANSFER_STEPS
+    distill_steps: int = RECIPE_DISTILL_STEPS
+    lr: float = RECIPE_LR  # LoRA's (adapters start at zero: higher than a full fine-tune's)
+    scorer_lr: float = SCORER_LR
+    lora_rank: int = RECIPE_LORA_RANK
+    lora_targets: str = "all-linear"  # peft's target_modules: all-linear, or a comma list of names
+    lm_weight: float = 0.0  # distill loss = KL + lm_weight · cross-entropy on the text
+    max_kl: float = RECIPE_MAX_KL
+    batch_size: int = 8
+    seq_len: int = 128
+    seed: int = 0
+    eval_every: int = 50
+
+    def validate(self) -> None:
+        if not self.stages or any(s not in STAGES for s in self.stages):
+            raise UsageError(
+                f"--stages takes a comma list of {', '.join(STAGES)}, got {','.join(self.stages)}"
+            )
+        positive_raw(self.target_n, "ssa", "--target-n")
+        if self.b not in ("learned", "tied"):
+            raise UsageError(f"--recipe-b takes learned or tied, got {self.b!r}")
+        for name in ("transfer_steps", "distill_steps", "lora_rank", "batch_size", "eval_every"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len < 2:
+            raise UsageError(f"--seq-len must be >= 2, got {self.seq_len}")
+        for name in ("lr", "scorer_lr", "max_kl"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise UsageError(f"--{name.replace('_', '-')} must be finite and > 0, got {value}")
+        if not (math.isfinite(self.lm_weight) and self.lm_weight >= 0):
+            raise UsageError(f"--lm-weight must be >= 0, got {self.lm_weight}")
+
+
+OnStep = Callable[[str, int, int, float], None]  # (stage, step, steps, loss)
+
+
+def convert_with_recipe(
+    model: str | LoadedModel,
+    out: str | Path,
+    config: RecipeConfig,
+    *,
+    overwrite: bool = False,
+    text: str | None = None,
+    device: str = "auto",
+    on_step: OnStep | None = None,
+    on_eval: Callable[[dict[str, Any]], None] | None = None,
+    **load: Any,
+) -> tuple[LoadedModel, dict[str, Any]]:
+    """Convert MODEL (a softmax causal LM) to SSA with n = ``config.target_n`` by the recipe and
+    write it to ``out``; return the model and the recipe record (also in ``out``'s ssacli.json)."""
+    config.validate()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("the conversion recipe runs in one process; launch it without torchrun")
+    out = Path(out).expanduser()
+    check_out(out, model.path if isinstance(model, LoadedModel) else local_model_path(model), overwrite)
+    from .runs import calibration_text
+
+    calibration = text if text is not None else calibration_text(config.data)
+    loaded, fidelity = convert(
+        model, RECIPE_START, None, text=calibration, device=device, dtype="float32", **load
+    )
+    if loaded.kind != "causal":
+        raise UsageError(
+            f"the conversion recipe distils causal LMs; '{loaded.name}' is a {loaded.kind} model"
+        )
+    objective = make_objective(loaded, config.data, "causal", config.seq_len)
+    run = _Recipe(loaded, objective, config, on_step, on_eval)
+    began = time.perf_counter()
+    snapshots: dict[str, dict[str, torch.Tensor]] = {}
+    run.evaluate("start", 0)
+    if "transfer" in config.stages:
+        run.transfer()
+        snapshots["transfer"] = {k: v.detach().clone() for k, v in loaded.model.state_dict().items()}
+    else:
+        run.anneal(1.0)  # straight to the target n (the "no transfer" arm)
+        run.evaluate("transfer-skipped", 0)
+    if "distill" in config.stages:
+        run.distill()
+    record = run.record(fidelity, time.perf_counter() - began)
+    meta = {"source": str(loaded.path or loaded.name), "fidelity": fidelity, "recipe": record}
+    final = replace(loaded, path=None)
+    save_model(final, out, meta=meta, overwrite=overwrite)
+    for stage, state in snapshots.items():  # after the final write, which replaces the folder
+        stage_model = copy.deepcopy(loaded.model).cpu()
+        stage_model.load_state_dict(state)
+        meta_stage = {**meta, "recipe": {**record, "snapshot": stage}}
+        save_model(replace(loaded, model=stage_model, path=None), out / STAGE_DIR / stage, meta=meta_stage)
+    return replace(loaded, path=out, name=str(out)), record
+
+
+class _Recipe:
+    def __init__(self, loaded, objective, config: RecipeConfig, on_step, on_eval) -> None:
+        self.loaded, self.objective, self.config = loaded, objective, config
+        self.on_step, self.on_eval = on_step, on_eval
+        self.model: nn.Module = loaded.model
+        self.device = next(self.model.parameters()).device
+        self.scorers = list(scorers_of(loaded.attention_root).values())
+        self.n0 = [s.n.detach().double().cpu() for s in self.scorers]
+        self.evaluations: list[dict[str, Any]] = []
+        self.stage_seconds: dict[str, float] = {}
+        self.peft_model = None
+        heldout = objective.heldout()
+        self.heldout = heldout[0]["input_ids"][:EVAL_WINDOWS] if heldout else None
+        self.teacher = self._teacher_log_probs() if self.heldout is not None else None
+
+    # ---- n and b -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def anneal(self, progress: float) -> None:
+        """n = n0·(target/n0)^progress per layer (geometric: each step the same ratio); b = 1/n
+        (tied) or b·(n_old/n_new) (learned: the product b·n is kept, the gradient corrects b)."""
+        target = self.config.target_n
+        for scorer, n0 in zip(self.scorers, self.n0):
+            n_old = scorer.n.detach().double().cpu()
+            n = n0 * (target / n0) ** min(progress, 1.0) if progress < 1 else torch.full_like(n0, target)
+            scorer.n_raw.copy_(_raw(n))
+            if self.config.b == "tied":
+                scorer.b_raw.copy_(_raw(1.0 / n))
+            else:
+                b = scorer.b.detach().double().cpu() * n_old / n
+                scorer.b_raw.copy_(_raw(b))
+
+    def _scorer_params(self) -> list[nn.Parameter]:
+        for scorer in self.scorers:
+            scorer.n_raw.requires_grad_(False)  # n is set by the schedule, never learned here
+            scorer.b_raw.requires_grad_(self.config.b == "learned")
+        return [s.b_raw for s in self.scorers if s.b_raw.requires_grad]
+
+    # ---- the stages --------------------------------------------------------------------------------
+
+    def transfer(self) -> None:
+        config = self.config
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        params = self._scorer_params()
+        collector = AttentionTransfer()
+
+        def loss(batch) -> torch.Tensor:
+            with transferring(collector):
+                self.model(input_ids=batch["input_ids"].to(self.device), use_cache=False)
+            return collector.loss()
+
+        self._train("transfer", params, loss, config.transfer_steps, anneal=True)
+
+    def distill(self) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        config = self.config
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        targets = (
+            config.lora_targets if config.lora_targets == "all-linear" else config.lora_targets.split(",")
+        )
+        lora = LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, target_modules=targets,
+                          lora_dropout=0.0, bias="none")  # fmt: skip
+        self.peft_model = get_peft_model(self.model, lora)
+        params = [p for p in self.model.parameters() if p.requires_grad]  # the adapters
+        params += self._scorer_params()
+
+        def loss(batch) -> torch.Tensor:
+            ids = batch["input_ids"].to(self.device)
+            with torch.no_grad():
+                teacher = self._logits(ids, teacher=True).log_softmax(-1)
+            logits = self.model(input_ids=ids, use_cache=False).logits.float()
+            student = logits.log_softmax(-1)
+            kl = (teacher.exp() * (teacher - student)).sum(-1).mean()
+            if not config.lm_weight:
+                return kl
+            ce = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+            return kl + config.lm_weight * ce
+
+        try:
+            self._train("distill", params, loss, config.distill_steps, anneal=False)
+        finally:
+            self.peft_model.merge_and_unload()  # the adapters into the weights: a plain model again
+            self.peft_model = None
+        self.evaluate("distill-merged", config.distill_steps)
+
+    def _train(self, stage: str, params, loss_fn, steps: int, *, anneal: bool) -> None:
+        config = self.config
+        if not params:
+            if anneal:  # tied b: the transfer stage is the schedule alone
+                for step in range(steps):
+                    self.anneal((step + 1) / steps)
+                self.evaluate(stage, steps)
+                return
+            raise UsageError(f"the {stage} stage has nothing to train")
+        began = time.perf_counter()
+        schedule = FinetuneConfig(data=config.data, steps=steps, lr=config.lr)
+        optimizer = make_optimizer(self.model, params, lr=config.lr, scorer_lr=config.scorer_lr)
+        self.model.train()
+        for step in range(steps):
+            if anneal:
+                self.anneal((step + 1) / steps)
+            set_lr(optimizer, schedule.lr_at(step) / config.lr)
+            data_seed, torch_seed = step_seeds(config.seed + STAGES.index(stage), 0, step)
+            batch = self.objective.sample(config.batch_size, torch.Generator().manual_seed(data_seed))
+            with seeded_rng(self.device, torch_seed):
+                loss = loss_fn(batch)
+                loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+            value = float(loss.detach())
+            if not (math.isfinite(value) and torch.isfinite(norm)):
+                raise JobFailedError(
+                    f"the {stage} stage's loss became {value} at step {step + 1}; nothing was written. "
+                    "Lower --lr or --scorer-lr, or raise --target-n"
+                )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if self.on_step is not None:
+                self.on_step(stage, step + 1, steps, value)
+            if (step + 1) % config.eval_every == 0 or step + 1 == steps:
+                self.evaluate(stage, step + 1, train_loss=value)
+        self.model.eval()
+        self.stage_seconds[stage] = round(time.perf_counter() - began, 1)
+
+    # ---- measuring -----------------------------------------------------------------------------------
+
+    def _logits(self, ids: torch.Tensor, *, teacher: bool) -> torch.Tensor:
+        if not teacher:
+            return self.model(input_ids=ids, use_cache=False).logits.float()
+        with scoring_as_softmax():
+            if self.peft_model is None:
+                return self.model(input_ids=ids, use_cache=False).logits.float()
+            with self.peft_model.disable_adapter():
+                return self.model(input_ids=ids, use_cache=False).logits.float()
+
+    @torch.no_grad()
+    def _teacher_log_probs(self) -> torch.Tensor:
+        rows = [self._logits(row.to(self.device), teacher=True).double().log_softmax(-1).cpu()
+                for row in self.heldout.split(1)]  # fmt: skip
+        return torch.cat(rows)
+
+    @torch.no_grad()
+    def evaluate(self, stage: str, step: int, train_loss: float | None = None) -> dict[str, Any]:
+        entry: dict[str, Any] = {"stage": stage, "step": step, "train_loss": train_loss}
+        if self.heldout is not None:
+            was = self.model.training
+            self.model.eval()
+            rows = [self._logits(r.to(self.device), teacher=False).double().log_softmax(-1).cpu()
+                    for r in self.heldout.split(1)]  # fmt: skip
+            log_q, log_p = torch.cat(rows), self.teacher
+            kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+            ids = self.heldout[:, 1:]
+            loss = float(-log_q[:, :-1].gather(-1, ids.unsqueeze(-1)).mean())
+            loss_teacher = float(-log_p[:, :-1].gather(-1, ids.unsqueeze(-1)).mean())
+            collector = AttentionTransfer()
+            with transferring(collector):
+                self.model(input_ids=self.heldout.to(self.device), use_cache=False)
+            entry["transfer_error"] = float(collector.loss())  # the transfer stage's loss, held out
+            self.model.train(was)
+            entry.update(kl=max(kl, 0.0), heldout_loss=loss, heldout_ppl=math.exp(loss),
+                         original_ppl=math.exp(loss_teacher))  # fmt: skip
+        values = scorer_values(self.loaded.attention_root)
+        entry["n"], entry["b"] = values.get("n"), values.get("b")
+        entry["b_heads"] = values.get("b_heads")
+        self.evaluations.append(entry)
+        if self.on_eval is not None:
+            self.on_eval(entry)
+        return entry
+
+    def record(self, fidelity: dict[str, Any], seconds: float) -> dict[str, Any]:
+        last = self.evaluations[-1]
+        n_final = last["n"] or []
+        kl = last.get("kl")
+        return {
+            "config": {**asdict(self.config), "stages": list(self.config.stages)},
+            "evaluations": self.evaluations,
+            "seconds": {**self.stage_seconds, "total": round(seconds, 1)},
+            "final": {
+                "n_max": max(n_final) if n_final else None,
+                "kl": kl,
+                "heldout_ppl": last.get("heldout_ppl"),
+                "original_ppl": last.get("original_ppl"),
+                "ppl_ratio": None if kl is None else last["heldout_ppl"] / last["original_ppl"],
+                "met_max_kl": None if kl is None else kl <= self.config.max_kl,
+                "at_target_n": bool(n_final) and max(n_final) <= self.config.target_n * (1 + 1e-5),
+            },
+        }
+
+
+def _raw(values: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([positive_raw(float(v), "ssa", "n or b") for v in values], dtype=torch.float32)
+
+
+__all__ = ["STAGES", "RecipeConfig", "convert_with_recipe"]
