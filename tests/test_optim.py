@@ -140,3 +140,20 @@ def test_icl_train_puts_the_scorer_in_its_own_group(tmp_path):
     slope = torch.sigmoid(torch.log(torch.expm1(torch.tensor(start))))
     torch.testing.assert_close(moved, torch.full_like(moved, float(0.05 * slope)), rtol=0.05, atol=0)
     assert model.spec.training["scorer"]["learned"] == ["n"]
+
+
+def test_finetune_monitor_every_records_saturation_that_diagnose_reproduces(tmp_path, corpus):
+    from ssacli.train.monitor import SaturationMonitor
+
+    config = FinetuneConfig(
+        data=corpus, steps=4, batch_size=2, seq_len=16, checkpoint_every=4, monitor_every=2
+    )
+    trained = finetune("builtin:wikitext-softmax", config, tmp_path / "out")
+    monitor = training_record(tmp_path / "out")["monitor"]
+    assert [m["step"] for m in monitor] == [0, 2, 4]
+    # the last measurement is the saved model's: measuring the folder again gives the same numbers
+    again = SaturationMonitor(2).measure(
+        load_model(str(trained.path), dtype="float32").model, trained.tokenizer
+    )
+    key = next(k for k in again if k.startswith("ssacli/layer") and "max_weight" in k)
+    assert monitor[-1][key] == pytest.approx(again[key], rel=1e-6, abs=1e-6)

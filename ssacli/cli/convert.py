@@ -36,6 +36,7 @@ from .options import (
     Lr,
     MaxMemory,
     Model,
+    MonitorEvery,
     QuietTraining,
     Schedule,
     ScorerLr,
@@ -97,6 +98,7 @@ def convert_command(
     steps: int = typer.Option(None, min=1, help="Optimizer steps (default 1000)."),
     lr: Lr = None,
     scorer_lr: ScorerLr = None,
+    monitor_every: MonitorEvery = None,
     batch_size: BatchSize = None,
     seq_len: SeqLen = None,
     grad_accum: GradAccum = None,
@@ -139,7 +141,8 @@ def convert_command(
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
     options = given(
-        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, seq_len=seq_len,
+        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
+        batch_size=batch_size, seq_len=seq_len,
         grad_accum=grad_accum, warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed,
         train=train, anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
         attention=attention,
@@ -220,6 +223,7 @@ def finetune_command(
     steps: int = typer.Option(None, min=1, help="Total optimizer steps of the run (default 1000)."),
     lr: Lr = None,
     scorer_lr: ScorerLr = None,
+    monitor_every: MonitorEvery = None,
     batch_size: BatchSize = None,
     seq_len: SeqLen = None,
     grad_accum: GradAccum = None,
@@ -256,7 +260,8 @@ def finetune_command(
     if out is not None:
         check_writable_folder(out, "--out")  # before anything heavy is imported
     options = given(
-        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, seq_len=seq_len,
+        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
+        batch_size=batch_size, seq_len=seq_len,
         grad_accum=grad_accum, warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed,
         train=train, anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
         attention=attention,

@@ -67,6 +67,8 @@ SCORER_LR_HELP = (
     f"(default {SCORER_LR:g}; why: docs/convert.md)."
 )
 ScorerLr = Annotated[float, typer.Option(help=SCORER_LR_HELP)]
+MONITOR_HELP = "Measure attention saturation every N steps into the run's record (0: off)."
+MonitorEvery = Annotated[int, typer.Option(min=0, help=MONITOR_HELP)]
 BatchSize = Annotated[int, typer.Option(min=1, help="Sequences per micro-batch, ICL: prompts (default 8).")]
 SeqLen = Annotated[int, typer.Option(min=2, help="Tokens per training window, text data only (default 128).")]
 GradAccum = Annotated[int, typer.Option(min=1, help="Micro-batches per step (default 1).")]

@@ -56,8 +56,8 @@ def recipe_config(stages: str | None, scorer: str, options: dict[str, Any], reci
     from ..scorers import make_scorer
     from ..train.recipe import RecipeConfig
 
-    plain_only = ("steps", "grad_accum", "warmup", "schedule", "weight_decay", "train", "anneal_n",
-                  "checkpoint_every", "log_every", "attention")  # fmt: skip
+    plain_only = ("steps", "monitor_every", "grad_accum", "warmup", "schedule", "weight_decay", "train",
+                  "anneal_n", "checkpoint_every", "log_every", "attention")  # fmt: skip
     for name in plain_only:
         if name in options:
             raise UsageError(

@@ -68,6 +68,7 @@ from ..models.optim import learned_names, learned_scorer, make_optimizer, scorer
 from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
 from .folders import plan_output, training_folder
+from .monitor import SaturationMonitor
 from .runtime import AnnealN, Distributed, StopSignals
 from .trajectory import Trajectory, write_trajectory
 
@@ -75,7 +76,7 @@ MIN_LR_RATIO = 0.1  # the cosine schedule ends at 10 % of the peak learning rate
 CLIP_NORM = 1.0
 RATE_WINDOW = 20  # steps over which on_step's tokens/s is measured
 # Settings a resumed run may change; every other one must match the recorded run.
-_FREE = ("steps", "checkpoint_every", "log_every", "attention")
+_FREE = ("steps", "checkpoint_every", "log_every", "attention", "monitor_every")
 
 
 @dataclass
@@ -97,6 +98,7 @@ class FinetuneConfig:
     schedule: str = "cosine"  # or "constant"
     objective: str = "auto"  # auto: causal LM, masked LM or the ICL loss, from the model's kind
     attention: str = "auto"  # attention backend: auto (fused kernels), eager or fused
+    monitor_every: int = 0  # saturation measured every N steps into the record's "monitor" (0: off)
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "log_every"):
@@ -193,6 +195,7 @@ class _Run:
         self.flags = {p: p.requires_grad for p in self.model.parameters()}  # restored at the end
         self.trajectory: list[dict[str, Any]] = []  # one record per held-out evaluation
         self.tracker: Trajectory | None = None
+        self.monitor = SaturationMonitor(config.monitor_every) if config.monitor_every else None
 
     def _trainable(self) -> list[nn.Parameter]:
         if self.anneal is not None:
@@ -241,8 +244,11 @@ class _Run:
             "tokens": 0,
             "seconds": 0.0,
             "scorer_at_window": None,
+            "monitor": [],
         }
         state = self._restore(optimizer) if resumed else fresh
+        if self.monitor is not None:
+            self.monitor.history = state["monitor"]  # the same list: checkpoints write it
         if state["step"] > config.steps:
             raise UsageError(f"the run in {self.out} is at step {state['step']}, past --steps {config.steps}")
         if state["step"] == config.steps:
@@ -267,6 +273,8 @@ class _Run:
                 # The start is a checkpoint too: it may stay the best one (best/), and a run
                 # stopped before its first checkpoint resumes from it. A Ctrl-C while it is written
                 # stops after the first step, like any other.
+                if self.monitor is not None:
+                    self.monitor.log(0, self.model, self.loaded.tokenizer)  # every rank
                 self._checkpoint(optimizer, state, 0.0)
             self._loop(net, optimizer, state, signals)
         return self._finish()
@@ -310,6 +318,8 @@ class _Run:
             done = step + 1
             tokens_here += per_step
             state["tokens"] += per_step
+            if self.monitor is not None:  # every rank, at the same steps (all or none run the probe)
+                self.monitor.log(done, self.model, self.loaded.tokenizer)
             recent.append(time.perf_counter())
             tokens_per_s = per_step * (len(recent) - 1) / max(recent[-1] - recent[0], 1e-9)
             if done == 1 or done % config.log_every == 0 or done == config.steps:
@@ -354,6 +364,7 @@ class _Run:
                 "seconds": round(state["seconds"], 1),
                 "tokens_per_s": round(tokens_per_s, 1),
                 "world_size": self.ddp.world,
+                "monitor": state.get("monitor", []),
                 "scorer_at_window": state.get("scorer_at_window"),
                 "scorer": learned_scorer(root, state.get("scorer_at_window"), learned_names(root)),
             }
@@ -415,6 +426,7 @@ class _Run:
             "tokens": record.get("tokens", 0),
             "seconds": record.get("seconds", 0.0),
             "scorer_at_window": record.get("scorer_at_window"),
+            "monitor": list(record.get("monitor") or []),
         }
 
     def _finish(self) -> LoadedModel:
