@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ssacli.defaults import SCORER_LR
+
 ROOT = Path(__file__).resolve().parents[1]
 SSA_GPT2 = "ssa:b=2.718282,n=1.491825,share=layer"  # e and e^0.4, per layer, learned (learn=all)
 ICL_ARMS = [{"label": "softmax", "spec": "softmax"}, {"label": "ssa-gpt2", "spec": SSA_GPT2}]
@@ -46,13 +48,12 @@ TINY_LM_MODEL = {**LM_MODEL, "num_hidden_layers": 1, "num_attention_heads": 2, "
 
 
 def icl_plan(args: argparse.Namespace, steps: int) -> dict[str, Any]:
-    # TODO(issue 22): a "scorer_lr" key once SweepPlan passes TrainConfig.scorer_lr through (the
-    # lead's scorer optimizer group); until then every run uses TrainConfig's default scorer_lr.
     return {
         "_comment": "scripts/gpu_study.sh (issue 22, item 6): ICL, paper size, softmax vs SSA (GPT-2)",
         "tasks": ["every", "linear"], "archs": ["gpt2"],
         "scorers": [{**arm, "seeds": args.seeds} for arm in ICL_ARMS], "reference": "softmax",
-        "steps": steps, "lr": args.icl_lr, "batch_size": 64, "preset": "cpu" if args.tiny else "paper",
+        "steps": steps, "lr": args.icl_lr, "scorer_lr": SCORER_LR, "batch_size": 64,
+        "preset": "cpu" if args.tiny else "paper",
         "points_start": 11, "points_end": 41, "outlier_position": 3, "prompts": 200,
         "sigmas": [1, 2, 4, 8, 16, 32], "lengths": [21, 41, 81, 161], "outliers": [10, 100, 1000],
         "coef_sigmas": [1, 2, 4, 8],

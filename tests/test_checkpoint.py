@@ -24,6 +24,7 @@ from ssacli.models.checkpoint import (
     restore_trainer_state,
     training_record,
 )
+from ssacli.models.optim import legacy_order, make_optimizer
 from ssacli.train.finetune import FinetuneConfig, finetune
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "previous-release"
@@ -115,6 +116,26 @@ def test_previous_release_trainer_state_restores_into_an_optimizer():
     for index, values in restored.items():
         for key in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(values[key], saved[f"adam.{index}.{key}"], rtol=0, atol=0)
+
+
+def test_previous_release_moments_land_on_their_parameters_in_the_grouped_layout():
+    # The file indexes Adam's moments in the old one-group order; the optimizer now groups the
+    # scorer apart (ssacli.models.optim), so every moment must move to its parameter's new index.
+    model = ssacli.load_model(str(ICL), device="cpu").model
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(model, params, lr=1e-3, scorer_lr=None)
+    assert [g["name"] for g in optimizer.param_groups][-1] == "scorer"  # the order did change
+    restore_trainer_state(ICL, optimizer, saved_order=legacy_order(model, params, grouped=False))
+    saved = load_file(ICL / "trainer.safetensors")
+    moved = 0
+    for old_index, param in enumerate(params):
+        if f"adam.{old_index}.exp_avg" in saved:
+            restored = optimizer.state[param]
+            expected_moment = saved[f"adam.{old_index}.exp_avg"]
+            torch.testing.assert_close(restored["exp_avg"], expected_moment, rtol=0, atol=0)
+            moved += 1
+    assert moved > 0
+    assert {g["base_lr"] for g in optimizer.param_groups} == {1e-3}  # the scorer at the model's rate
 
 
 def test_a_previous_release_icl_run_resumes(tmp_path):

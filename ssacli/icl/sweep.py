@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..defaults import SCORER_LR
 from ..errors import InputError, UsageError
 from ..files import check_writable_folder, write_json
 from ..models.checkpoint import ICL_FORMAT, read_meta
@@ -51,6 +52,7 @@ class SweepPlan:
     scorers: list[ScorerEntry]
     steps: int = 3000
     lr: float = 1e-4
+    scorer_lr: float = SCORER_LR  # the scorer's own optimizer group (ssacli.models.optim)
     batch_size: int = 64
     preset: str = "cpu"
     points_start: int = 11
@@ -141,6 +143,7 @@ def _one_run(args: tuple[dict, str, str, dict, int, str, str]) -> dict:
         steps=plan.steps,
         batch_size=plan.batch_size,
         lr=plan.lr,
+        scorer_lr=plan.scorer_lr,
         seed=seed,
         preset=plan.preset,
         points_start=plan.points_start,

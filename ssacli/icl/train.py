@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -20,7 +20,14 @@ from ..files import check_writable_folder
 from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
 from ..models.loading import resolve_device
-from ..models.optim import learned_names, learned_scorer, make_optimizer, scorer_values, window_start
+from ..models.optim import (
+    learned_names,
+    learned_scorer,
+    legacy_order,
+    make_optimizer,
+    scorer_values,
+    window_start,
+)
 from ..scorers import make_scorer
 from .tasks import CLASSIFICATION, check_task, sample_batch
 
@@ -32,7 +39,7 @@ class TrainConfig:
     steps: int = 4000
     batch_size: int = 64
     lr: float = 1e-4
-    scorer_lr: float = SCORER_LR  # the scorer's own Adam group (ssacli.models.optim)
+    scorer_lr: float | None = SCORER_LR  # own Adam group (ssacli.models.optim); None: at lr (older runs)
     seed: int = 0
     preset: str = "cpu"
     layers: int | None = None
@@ -53,6 +60,8 @@ class TrainConfig:
         check_backend(self.attention)
         make_scorer(self.scorer)
         for name in ("lr", "scorer_lr"):
+            if name == "scorer_lr" and self.scorer_lr is None:
+                continue
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 flag, value = name.replace("_", "-"), getattr(self, name)
                 raise UsageError(f"--{flag} must be finite and > 0, got {value}")
@@ -121,10 +130,12 @@ def train(
                 f"{out} holds a run of {'/'.join(found)}; resume it with the same --task, "
                 "--scorer and --arch, or pick a new --out"
             )
-        if recorded.get("scorer_lr") != config.scorer_lr:  # absent: a run of one Adam group
+        if recorded.get("scorer_lr") is None:  # a run from before the scorer group: its rates
+            config = replace(config, scorer_lr=None)
+        elif recorded["scorer_lr"] != config.scorer_lr:
             raise UsageError(
-                f"{out} holds a run with --scorer-lr {recorded.get('scorer_lr')}; resume it with "
-                "the same --scorer-lr, or pick a new --out (runs before 0.x had no scorer group)"
+                f"{out} holds a run with --scorer-lr {recorded['scorer_lr']}; resume it with "
+                "the same --scorer-lr, or pick a new --out"
             )
         window = model.spec.training.get("scorer_at_window")
     else:
@@ -143,7 +154,8 @@ def train(
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(model, trainable, lr=config.lr, scorer_lr=config.scorer_lr)
     if resume and exists:
-        start, _ = restore_trainer_state(out, optimizer, generator=generator)
+        order = legacy_order(model, trainable, grouped=False) if config.scorer_lr is None else None
+        start, _ = restore_trainer_state(out, optimizer, generator=generator, saved_order=order)
     previous_seconds = model.spec.training.get("seconds", 0.0) if start else 0.0
     began = time.perf_counter()
     with attention_backend(config.attention):  # fused kernels unless asked otherwise

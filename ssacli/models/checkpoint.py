@@ -443,11 +443,30 @@ def trainer_state_tensors(
     return tensors
 
 
+def _index(saved: int, optimizer: torch.optim.Optimizer, order: list | None, file: Path) -> int:
+    """The optimizer's index of the parameter the file's index ``saved`` names."""
+    if order is None:
+        return saved
+    if saved >= len(order):
+        raise InputError(f"{file} does not match the model's trainable parameters")
+    flat = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    try:
+        return flat.index(id(order[saved]))
+    except ValueError:
+        raise InputError(f"{file} does not match the model's trainable parameters") from None
+
+
 def restore_trainer_state(
-    path: str | Path, optimizer: torch.optim.Optimizer, *, generator: torch.Generator | None = None
+    path: str | Path,
+    optimizer: torch.optim.Optimizer,
+    *,
+    generator: torch.Generator | None = None,
+    saved_order: list[torch.Tensor] | None = None,
 ) -> tuple[int, dict[str, torch.Tensor]]:
     """Load a folder's TRAINER_FILE into ``optimizer`` (and ``generator``); returns the step and the
-    run-specific tensors. A missing, corrupt or mismatched file is an InputError."""
+    run-specific tensors. A missing, corrupt or mismatched file is an InputError. ``saved_order``:
+    the parameters in the order the file indexes them, where that differs from ``optimizer``'s (a
+    run written by an older layout of groups); the moments are moved to the optimizer's indices."""
     path = Path(path)
     file = path / TRAINER_FILE
     if not file.is_file():
@@ -461,7 +480,7 @@ def restore_trainer_state(
     for name, value in tensors.items():
         if name.startswith(OPTIMIZER_PREFIX):
             index, _, key = name[len(OPTIMIZER_PREFIX) :].partition(".")
-            state_dict["state"].setdefault(int(index), {})[key] = value
+            state_dict["state"].setdefault(_index(int(index), optimizer, saved_order, file), {})[key] = value
         elif name not in ("step", "generator"):
             extra[name] = value
     # Parameters that never get a gradient (an ICL model's unused token embedding) have no state.

@@ -17,6 +17,11 @@ Parametrization: every positive scorer parameter (SSA's b and n, ...) is ``softp
 Groups: ``decay`` (non-scorer matrices: ``weight_decay``), ``no_decay`` (non-scorer vectors: biases,
 norms, embeddings' 1-D parts) and ``scorer``. Each keeps its peak rate in ``base_lr``;
 :func:`set_lr` scales all of them by the schedule's factor, so warmup and cosine apply to both rates.
+
+``scorer_lr=None`` is the layout of runs written before the scorer group (their records hold no
+``scorer_lr``): the scorer keeps its own group, at the model's rate, so such a run resumes with the
+rates and decay it was trained with. Their trainer files index Adam's moments in that older order;
+:func:`legacy_order` gives it, and :func:`ssacli.models.checkpoint.restore_trainer_state` remaps.
 """
 
 from __future__ import annotations
@@ -41,18 +46,25 @@ def scorer_parameter_ids(model: nn.Module) -> set[int]:
 
 
 def param_groups(
-    model: nn.Module, params: Iterable[nn.Parameter], *, lr: float, scorer_lr: float, weight_decay: float
+    model: nn.Module,
+    params: Iterable[nn.Parameter],
+    *,
+    lr: float,
+    scorer_lr: float | None,
+    weight_decay: float,
 ) -> list[dict[str, Any]]:
     """``params`` (the trainable ones) split into the decay, no_decay and scorer groups (empty
-    groups dropped), each with its ``base_lr``, ``lr`` and ``weight_decay``."""
+    groups dropped), each with its ``base_lr``, ``lr`` and ``weight_decay``; ``scorer_lr=None``:
+    the scorer at ``lr`` (a run from before the scorer group)."""
     scorer_ids = scorer_parameter_ids(model)
+    scorer_rate = lr if scorer_lr is None else scorer_lr
     decay, no_decay, scorer = [], [], []
     for p in params:
         (scorer if id(p) in scorer_ids else decay if p.dim() >= 2 else no_decay).append(p)
     groups = [
         {"name": "decay", "params": decay, "base_lr": lr, "weight_decay": weight_decay},
         {"name": "no_decay", "params": no_decay, "base_lr": lr, "weight_decay": 0.0},
-        {"name": "scorer", "params": scorer, "base_lr": scorer_lr, "weight_decay": 0.0},
+        {"name": "scorer", "params": scorer, "base_lr": scorer_rate, "weight_decay": 0.0},
     ]
     return [{**g, "lr": g["base_lr"]} for g in groups if g["params"]]
 
@@ -62,13 +74,26 @@ def make_optimizer(
     params: Iterable[nn.Parameter],
     *,
     lr: float,
-    scorer_lr: float,
+    scorer_lr: float | None,
     weight_decay: float = 0.0,
 ) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups` (with ``weight_decay=0`` it is exactly Adam)."""
     return torch.optim.AdamW(
         param_groups(model, params, lr=lr, scorer_lr=scorer_lr, weight_decay=weight_decay)
     )
+
+
+def legacy_order(model: nn.Module, params: Iterable[nn.Parameter], *, grouped: bool) -> list[nn.Parameter]:
+    """The order in which a run from before the scorer group indexed Adam's moments: ``params`` as
+    they are (``icl train``: one group), or, ``grouped`` (``finetune``), non-scorer matrices first,
+    then everything else (vectors and the scorer) in model order."""
+    params = list(params)
+    if not grouped:
+        return params
+    scorer_ids = scorer_parameter_ids(model)
+    matrices = [p for p in params if p.dim() >= 2 and id(p) not in scorer_ids]
+    taken = {id(p) for p in matrices}
+    return matrices + [p for p in params if id(p) not in taken]
 
 
 def set_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
@@ -129,6 +154,7 @@ def learned_names(root: nn.Module) -> set[str]:
 __all__ = [
     "CONVERGED_TOLERANCE",
     "learned_names",
+    "legacy_order",
     "learned_scorer",
     "make_optimizer",
     "param_groups",

@@ -64,7 +64,15 @@ from ..models.checkpoint import (
     training_record,
 )
 from ..models.loading import LoadedModel, load_model, resolve_device
-from ..models.optim import learned_names, learned_scorer, make_optimizer, scorer_values, set_lr, window_start
+from ..models.optim import (
+    learned_names,
+    learned_scorer,
+    legacy_order,
+    make_optimizer,
+    scorer_values,
+    set_lr,
+    window_start,
+)
 from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
 from .folders import plan_output, training_folder
@@ -84,7 +92,9 @@ class FinetuneConfig:
     data: str
     steps: int = 1000
     lr: float = 1e-4
-    scorer_lr: float = SCORER_LR  # the scorer's own AdamW group (ssacli.models.optim)
+    # The scorer's own AdamW group (ssacli.models.optim); None: at ``lr``, the layout of runs written
+    # before that group, which resume with it.
+    scorer_lr: float | None = SCORER_LR
     batch_size: int = 8
     seq_len: int = 128  # text only; ICL prompts have the length of their data spec (41 points)
     grad_accum: int = 1
@@ -105,6 +115,8 @@ class FinetuneConfig:
             if getattr(self, name) < (2 if name == "seq_len" else 1):
                 raise UsageError(f"--{name.replace('_', '-')} must be >= {2 if name == 'seq_len' else 1}")
         for name in ("lr", "scorer_lr"):
+            if name == "scorer_lr" and self.scorer_lr is None:
+                continue
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 flag, value = name.replace("_", "-"), getattr(self, name)
                 raise UsageError(f"--{flag} must be finite and > 0, got {value}")
@@ -229,6 +241,9 @@ class _Run:
                 p.requires_grad_(flag)
 
     def _run(self, resumed: bool) -> LoadedModel:
+        legacy = resumed and (training_record(self.out) or {}).get("config", {}).get("scorer_lr") is None
+        if legacy:  # a run from before the scorer group continues with the rates it was trained at
+            self.config = replace(self.config, scorer_lr=None)
         config, ddp = self.config, self.ddp
         optimizer = make_optimizer(
             self.model,
@@ -410,7 +425,9 @@ class _Run:
                 f"{self.out} holds a run with other settings ({diffs}); resume with the same "
                 "settings or pick a new --out"
             )
-        step, tensors = restore_trainer_state(self.out, optimizer)
+        legacy = self.config.scorer_lr is None
+        order = legacy_order(self.model, self.params, grouped=True) if legacy else None
+        step, tensors = restore_trainer_state(self.out, optimizer, saved_order=order)
         if int(tensors.get("world_size", torch.tensor(1))) != self.ddp.world:
             raise UsageError(
                 f"{self.out} was trained on {int(tensors['world_size'])} processes; resume with "
