@@ -89,7 +89,7 @@ def render(table_or_tables, width: int = WIDTH) -> str:
 def test_trajectory_table_reads_at_80_columns():
     """The widest cells a run writes (5-digit steps, a KL in scientific notation, n with its
     min–max over layers) fit 80 columns, whole: it read `st…`, `held-out lo…`, `4.9…`."""
-    from ssacli.report.before_after import trajectory_rows, trajectory_table
+    from ssacli.report.before_after import trajectory_columns, trajectory_table
 
     scorer = {"n": [4.12345, 3.98765, 12.5], "b": [0.243112, 0.25, 0.08]}
     records = [{"step": step, "loss": 4.91234, "heldout_loss": 4.98765, "kl_to_source": 1.23456e-05,
@@ -98,7 +98,7 @@ def test_trajectory_table_reads_at_80_columns():
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= WIDTH and "…" not in text
     assert lines[0].startswith("fine-tuning trajectory (AFTER)")
-    for cell in trajectory_rows(records)[-1]:
+    for cell in trajectory_columns(records)[1][-1]:
         assert cell in text, cell  # every cell whole: "20000", "4.912", "1.23e-05", "6.87 (3.99–12.5)"
     for word in ("step", "held-out", "loss", "KL to", "source", "top-1", "n mean", "(min–max)"):
         assert word in text

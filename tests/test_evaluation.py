@@ -449,7 +449,7 @@ def test_report_errors_are_one_line_with_their_code_and_leave_no_file(tmp_path, 
 
 def test_report_shows_the_conversion_and_the_fine_tuning_trajectory(tmp_path):
     from ssacli.conversion import convert
-    from ssacli.report.before_after import render_report, report_html, trajectory_rows
+    from ssacli.report.before_after import render_report, report_html, trajectory_columns
     from ssacli.train.finetune import FinetuneConfig, finetune
     from ssacli.train.trajectory import read_trajectory
 
@@ -464,8 +464,9 @@ def test_report_shows_the_conversion_and_the_fine_tuning_trajectory(tmp_path):
     assert report["conversion"]["before"] == {}  # a plain transformers folder
     assert after["trajectory"] == read_trajectory(tmp_path / "ft") and len(after["trajectory"]) == 3
     assert [row["m"] for row in after["fidelity"]["layers"]]  # m=auto's choice travels along
-    rows = trajectory_rows(after["trajectory"])
-    assert [r[0] for r in rows] == ["0", "1", "2"] and rows[-1][5].startswith("2 ")  # n annealed to 2
+    header, rows = trajectory_columns(after["trajectory"])
+    n_column = header.index("n mean\n(min–max)")
+    assert [r[0] for r in rows] == ["0", "1", "2"] and rows[-1][n_column].startswith("2 ")  # n annealed to 2
     page = report_html(report)
     assert "fine-tuning trajectory" in page and 'alt="fine-tuning trajectory"' in page
     assert "m per layer (m=auto)" in page

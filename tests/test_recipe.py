@@ -91,7 +91,7 @@ def test_the_written_folder_is_the_merged_model_at_the_target_n(learned, ids):
     trained, record = learned
     reloaded = load_model(str(trained.path), dtype="float32")
     assert not any("lora" in k for k in reloaded.model.state_dict())
-    n = [float(s.n.max()) for s in ssacli.scorers_of(reloaded.model).values()]
+    n = [float(s.n.detach().max()) for s in ssacli.scorers_of(reloaded.model).values()]
     assert n == pytest.approx([4.0] * len(n), rel=1e-5)
     assert json.loads((trained.path / "ssacli.json").read_text())["recipe"]["final"] == record["final"]
     with torch.no_grad():  # the saved model computes what the run measured: KL to the original again
@@ -100,6 +100,33 @@ def test_the_written_folder_is_the_merged_model_at_the_target_n(learned, ids):
         q = reloaded.model(input_ids=ids, use_cache=False).logits.double().log_softmax(-1)
     assert 0 < float((p.exp() * (p - q)).sum(-1).mean()) < 1.0
     assert (trained.path / "stages" / "transfer" / "ssacli.json").is_file()
+
+
+def test_the_report_shows_every_stage_and_the_budget(learned):
+    from rich.console import Console
+
+    from ssacli.quality.compare import compare_models
+    from ssacli.report.before_after import report_html, trajectory_columns
+
+    trained, record = learned
+    for after, snapshot in ((trained.path, None), (trained.path / "stages" / "transfer", "transfer")):
+        report = compare_models(MODEL, str(after), probes=["key-scale:1,8"], samples=2, builtin=False)
+        conversion = report["conversion"]["after"]
+        assert conversion["recipe"]["snapshot"] == snapshot
+        header, rows = trajectory_columns(conversion["trajectory"])
+        stages = [row[0] for row in rows]
+        assert stages[0] == "start" and "transfer" in stages
+        assert ("distill" in stages) == (snapshot is None)  # the transfer snapshot ends at transfer
+        steps = [int(row[header.index("step")]) for row in rows]
+        assert steps == sorted(steps) and "top-1" not in header  # one step axis; no empty column
+        console = Console(record=True, width=80)
+        from ssacli.report.before_after import render_report
+
+        render_report(report, console)
+        text = console.export_text()
+        assert "recipe" in text and "…" not in text.split("fine-tuning trajectory")[1].split("verdict")[0]
+        assert ("budget 0.05: met" in text) == record["final"]["met_max_kl"] or snapshot is not None
+        assert 'alt="fine-tuning trajectory"' in report_html(report)
 
 
 def test_cli_runs_the_recipe_by_default_for_ssa_on_text(text, tmp_path):

@@ -193,6 +193,12 @@ def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
         return {}
     training = meta.get("training") or {}
     record = {"source": meta.get("source"), "fidelity": meta.get("fidelity")}
+    recipe = meta.get("recipe")
+    if recipe:  # a recipe conversion (ssacli.train.recipe): its stages are the trajectory
+        from ..train.recipe import recipe_trajectory
+
+        record["trajectory"] = recipe_trajectory(recipe)
+        record["recipe"] = {k: recipe.get(k) for k in ("config", "final", "seconds", "snapshot")}
     if training:
         record["trajectory"] = training.get("trajectory") or []
         keys = ("step", "steps", "seconds", "tokens", "tokens_per_s")

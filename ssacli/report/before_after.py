@@ -104,11 +104,35 @@ def conversion_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
                       f"top-1 agreement {fidelity['top1_agreement']:.2%}"))  # fmt: skip
     elif "relative_error" in fidelity:
         facts.append(("fidelity at conversion", f"relative error {fidelity['relative_error']:.3g}"))
+    facts += recipe_facts(after.get("recipe"))
     layers = fidelity.get("layers") or []
     if layers:
         ms = ", ".join(f"{row['m']:g}" for row in layers)
         facts.append(("m per layer (m=auto)", f"{ms}: larger m = SSA's polynomial regime starts later "
                       "(closer to softmax)"))  # fmt: skip
+    return facts
+
+
+def recipe_facts(recipe: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A recipe conversion's outcome: the final n against its target, the held-out KL against its
+    budget and perplexity against the original's; a missed budget or target is a WARNING."""
+    if not recipe or not recipe.get("final"):
+        return []
+    final, config = recipe["final"], recipe.get("config") or {}
+    stages = " → ".join(config.get("stages") or [])
+    facts = [("recipe", f"{stages}; n target {config.get('target_n'):g}, reached max n "
+              f"{final['n_max']:g}; {recipe.get('seconds', {}).get('total', '?')} s")]  # fmt: skip
+    if final.get("kl") is not None:
+        met = final["met_max_kl"]
+        text = f"held-out KL {final['kl']:.3g} nats/token (budget {config.get('max_kl'):g}"
+        text += ": met); " if met else ": MISSED); "
+        text += f"held-out ppl {final['heldout_ppl']:.4g} vs the original's {final['original_ppl']:.4g} "
+        text += f"(×{final['ppl_ratio']:.3f})"
+        facts.append(("recipe result" if met else "WARNING", text))
+    if not final.get("at_target_n"):
+        facts.append(("WARNING", f"the recipe stopped before n reached {config.get('target_n'):g}"))
+    if recipe.get("snapshot"):
+        facts.append(("stage", f"this folder is the recipe's {recipe['snapshot']} snapshot"))
     return facts
 
 
@@ -127,26 +151,33 @@ def trajectory_table(records: list[dict[str, Any]]) -> Table | None:
     if not records:
         return None
     table = Table(title="fine-tuning trajectory (AFTER)", title_justify="left", box=box.SIMPLE_HEAD)
-    for name in TRAJECTORY_HEADER:
+    header, rows = trajectory_columns(records)
+    for name in header:
         table.add_column(name, justify="right", no_wrap=True)
-    for row in trajectory_rows(records):
+    for row in rows:
         table.add_row(*row)
     return table
 
 
-def trajectory_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+def trajectory_columns(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The trajectory's header and rows: a recipe conversion's records name their stage first, and
+    a column no record fills (a recipe has no top-1 agreement) is left out, so that 80 columns
+    hold the rest uncut."""
+    staged = any(r.get("stage") for r in records)
+    header = (["stage"] if staged else []) + list(TRAJECTORY_HEADER)
     rows = []
     for r in records:
         n, b = r.get("scorer", {}).get("n"), r.get("scorer", {}).get("b")
         n_text = f"{_mean(n):.4g} ({min(n):.3g}–{max(n):.3g})" if n else "–"
         kl = r.get("kl_to_source")
-        rows.append([
+        rows.append(([r.get("stage") or ""] if staged else []) + [
             str(r["step"]), fmt_value(r.get("loss")), fmt_value(r.get("heldout_loss")),
             "–" if kl is None else f"{kl:.3g}",
             "–" if r.get("top1_agreement") is None else f"{r['top1_agreement']:.1%}",
             n_text, fmt_value(_mean(b)),
         ])  # fmt: skip
-    return rows
+    keep = [i for i, name in enumerate(header) if name == "step" or any(row[i] != "–" for row in rows)]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 def trajectory_figure(records: list[dict[str, Any]]):
@@ -274,10 +305,11 @@ def report_html(report: dict[str, Any]) -> str:
         sections.append(benchmarks)
     records = trajectory_of(report)
     if records:
-        header = [name.replace("\n", " ") for name in TRAJECTORY_HEADER]
+        header, rows = trajectory_columns(records)
+        header = [name.replace("\n", " ") for name in header]
         figure = figure_html(trajectory_figure(records), "fine-tuning trajectory")
         notes = [f'<p class="note">{escape_html(note)}</p>' for note in trajectory_notes(records)]
-        body = [figure, *notes, html_table(header, trajectory_rows(records))]
+        body = [figure, *notes, html_table(header, rows)]
         sections.append(Section("fine-tuning trajectory (AFTER)", body))
     sections.append(Section("attention probes (A = BEFORE, B = AFTER)"))
     sections += comparison_sections(*report_results(report), head_level=3)

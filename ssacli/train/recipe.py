@@ -143,11 +143,13 @@ def convert_with_recipe(
     objective = make_objective(loaded, config.data, "causal", config.seq_len)
     run = _Recipe(loaded, objective, config, on_step, on_eval)
     began = time.perf_counter()
-    snapshots: dict[str, dict[str, torch.Tensor]] = {}
+    snapshots: dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
     run.evaluate("start", 0)
     if "transfer" in config.stages:
         run.transfer()
-        snapshots["transfer"] = {k: v.detach().clone() for k, v in loaded.model.state_dict().items()}
+        state = {k: v.detach().clone() for k, v in loaded.model.state_dict().items()}
+        at_transfer = run.record(fidelity, time.perf_counter() - began)  # the stage's own record
+        snapshots["transfer"] = state, {**at_transfer, "evaluations": list(at_transfer["evaluations"])}
     else:
         run.anneal(1.0)  # straight to the target n (the "no transfer" arm)
         run.evaluate("transfer-skipped", 0)
@@ -157,10 +159,10 @@ def convert_with_recipe(
     meta = {"source": str(loaded.path or loaded.name), "fidelity": fidelity, "recipe": record}
     final = replace(loaded, path=None)
     save_model(final, out, meta=meta, overwrite=overwrite)
-    for stage, state in snapshots.items():  # after the final write, which replaces the folder
+    for stage, (state, stage_record) in snapshots.items():  # after the final write (it replaces out)
         stage_model = copy.deepcopy(loaded.model).cpu()
         stage_model.load_state_dict(state)
-        meta_stage = {**meta, "recipe": {**record, "snapshot": stage}}
+        meta_stage = {**meta, "recipe": {**stage_record, "snapshot": stage}}
         save_model(replace(loaded, model=stage_model, path=None), out / STAGE_DIR / stage, meta=meta_stage)
     return replace(loaded, path=out, name=str(out)), record
 
@@ -356,8 +358,29 @@ class _Recipe:
         }
 
 
+def recipe_trajectory(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A recipe record's evaluations as fine-tuning trajectory records (what ``ssacli report``
+    draws): one step axis (distillation's steps after transfer's), the stage named, held-out loss,
+    KL to the original and n, b per layer. The merged model's evaluation (the same numbers as the
+    last distillation step, up to merging's rounding) is left out."""
+    config = record.get("config", {})
+    offset = config.get("transfer_steps", 0) if "transfer" in config.get("stages", ()) else 0
+    rows = []
+    for entry in record.get("evaluations", []):
+        if entry["stage"] == "distill-merged":
+            continue
+        step = entry["step"] + (offset if entry["stage"] == "distill" else 0)
+        rows.append({
+            "step": step, "stage": entry["stage"], "loss": entry.get("train_loss"),
+            "heldout_loss": entry.get("heldout_loss"), "kl_to_source": entry.get("kl"),
+            "heldout_ppl": entry.get("heldout_ppl"),
+            "scorer": {k: entry[k] for k in ("n", "b") if entry.get(k) is not None},
+        })  # fmt: skip
+    return rows
+
+
 def _raw(values: torch.Tensor) -> torch.Tensor:
     return torch.tensor([positive_raw(float(v), "ssa", "n or b") for v in values], dtype=torch.float32)
 
 
-__all__ = ["STAGES", "RecipeConfig", "convert_with_recipe"]
+__all__ = ["STAGES", "RecipeConfig", "convert_with_recipe", "recipe_trajectory"]
