@@ -35,7 +35,9 @@ DATA_HELP = f"Training data: {DATA_FORMS}."
 Model = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]
 OptionalModel = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]  # usage adds the [ ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-Dtype = Annotated[str, typer.Option(help="auto (float32 on CPU), float32, bfloat16 or float16.")]
+Dtype = Annotated[
+    str, typer.Option(help="auto (float32 on CPU), float32, bfloat16, float16 or float64 (reference).")
+]
 AllowDownload = Annotated[bool, typer.Option("--allow-download", help="Fetch a Hub id not in the cache.")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load .bin weights (weights_only=True).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_HELP)]

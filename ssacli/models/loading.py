@@ -29,7 +29,13 @@ from .device_map import MaxMemory, compute_device, from_pretrained_placed, place
 from .kinds import BUILTIN_PREFIX, ICL_FAMILY, is_local_reference, kind_of, max_positions
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# float64: reference measurements (a float32 sum over a long text is exact only to ~1 ulp of its size)
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
 
 
@@ -292,7 +298,15 @@ def _has_attention(model: nn.Module) -> bool:
 
 
 def _load_transformers(
-    ref, source, path, device, torch_dtype, *, allow_download: bool, allow_pickle: bool, trust: bool,
+    ref,
+    source,
+    path,
+    device,
+    torch_dtype,
+    *,
+    allow_download: bool,
+    allow_pickle: bool,
+    trust: bool,
     placed: dict[str, Any] | None = None,
 ) -> LoadedModel:
     import transformers
