@@ -267,25 +267,15 @@ def test_diagnose_fused_equals_eager_float32():
 
 
 def test_auto_falls_back_and_fused_refuses_other_scorers():
+    """The result says which path measured each attention call (settings' stats_calls: one call
+    per layer and batch here, 2 layers, one batch)."""
     model = build_tiny("llama", "causal")
-    calls = {"rows": 0, "weights": 0}
-    record, record_rows = Recorder.record, Recorder.record_rows
-
-    def counting(name, method):
-        def wrapper(self, *args, **kwargs):
-            calls[name] += 1
-            return method(self, *args, **kwargs)
-
-        return wrapper
-
-    Recorder.record, Recorder.record_rows = counting("weights", record), counting("rows", record_rows)
-    try:
-        diagnose(model, ["logit-scale:1"], inputs=_inputs(), scorer="sigmoid")  # auto: eager weights
-        assert calls == {"rows": 0, "weights": 2}
-        diagnose(model, ["logit-scale:1"], inputs=_inputs())  # auto, softmax: the fused statistics
-        assert calls == {"rows": 2, "weights": 2}
-    finally:
-        Recorder.record, Recorder.record_rows = record, record_rows
+    other = diagnose(model, ["logit-scale:1"], inputs=_inputs(), scorer="sigmoid")  # auto: eager weights
+    assert (other.settings["stats"], other.settings["stats_calls"]) == ("auto", {"fused": 0, "eager": 2})
+    softmax = diagnose(model, ["logit-scale:1"], inputs=_inputs())  # auto, softmax: the fused statistics
+    assert softmax.settings["stats_calls"] == {"fused": 2, "eager": 0}
+    forced = diagnose(model, ["logit-scale:1"], inputs=_inputs(), stats="eager")
+    assert (forced.settings["stats"], forced.settings["stats_calls"]) == ("eager", {"fused": 0, "eager": 2})
     with pytest.raises(UsageError, match="sigmoid"):
         diagnose(model, ["logit-scale:1"], inputs=_inputs(), scorer="sigmoid", stats="fused")
     with pytest.raises(UsageError, match="--stats"):

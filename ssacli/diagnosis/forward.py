@@ -62,6 +62,7 @@ class Recorder:
         # "eager": reduce blocks of weights (row_sums); "fused": per-row statistics of one blocked pass
         # (ssacli.attention.online), refused where a call cannot; "auto": fused where a call can.
         self.stats_mode = stats
+        self.calls = {"fused": 0, "eager": 0}  # which path measured each attention call
         self.stats: dict[int, HeadStats] = {}
         self.layers: dict[int, LayerStats] = {}  # logits' scale, hidden states
         self.overflow = Overflow()
@@ -98,6 +99,7 @@ class Recorder:
         if layer not in self.norms_before:
             self.norms_before[layer] = self.norms_seen
         self.norms_seen = []
+        self.calls["eager"] += 1
         if not torch.isfinite(weights).all():
             self.overflow.note(layer, "attention weights")
         k = weights.shape[-1]
@@ -129,6 +131,7 @@ class Recorder:
         if layer not in self.norms_before:
             self.norms_before[layer] = self.norms_seen
         self.norms_seen = []
+        self.calls["fused"] += 1
         if not stats.finite_logits:
             self.overflow.note(layer, "attention logits")
         if not stats.finite_output:

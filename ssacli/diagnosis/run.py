@@ -253,6 +253,7 @@ def _run(
     total = sum(len(batches) for _, plan in plans for batches, _ in plan.values() if batches)
     done = 0
     results = []
+    calls = {"fused": 0, "eager": 0}  # attention calls measured by each path, over every probe
     norms_before: dict[int, list[str]] = {}  # per layer: the norms that ran before it (structural)
     for probe, plan in plans:
         metrics = {name: np.full((len(probe.levels), len(layers), max(heads)), np.nan) for name in METRICS}
@@ -295,6 +296,8 @@ def _run(
                 done += 1
                 if progress is not None:
                     progress(f"{probe.name} {level:g}", done, total)
+            for path, count in recorder.calls.items():
+                calls[path] += count
             norms_before = norms_before or recorder.norms_before
             if recorder.overflow.first is not None:  # no finite-looking numbers from an overflowed forward
                 where = dict(recorder.overflow.first)
@@ -340,6 +343,10 @@ def _run(
             "device": str(loaded.device),
             **_placement(loaded.model),
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
+            # --stats as asked, and how many attention calls each path measured (auto: fused where
+            # the call allows it)
+            "stats": opts["stats"],
+            "stats_calls": calls,
         },
         versions=software_versions(),
         elapsed_s=time.perf_counter() - started,
