@@ -162,7 +162,14 @@ def test_training_is_deterministic_and_resume_is_exact(tmp_path):
     resumed = train(
         TrainConfig(steps=20, checkpoint_every=100, **base), tmp_path / "split", resume=True, device="cpu"
     )
-    for a, b in [(full, again), (full, resumed)]:
+    # stop_at: the 20-step run stopped after step 7 (its checkpoint written), then resumed
+    stopped = train(TrainConfig(steps=20, checkpoint_every=100, **base), tmp_path / "stop", device="cpu",
+                    stop_at=7)  # fmt: skip
+    assert stopped.spec.training["step"] == 7
+    continued = train(
+        TrainConfig(steps=20, checkpoint_every=100, **base), tmp_path / "stop", resume=True, device="cpu"
+    )
+    for a, b in [(full, again), (full, resumed), (full, continued)]:
         for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(p, q), name
     assert [h[1] for h in resumed.spec.training["history"]] == [h[1] for h in full.spec.training["history"]]

@@ -104,8 +104,12 @@ def train(
     overwrite: bool = False,
     device: str = "auto",
     on_step: Callable[[int, float, int], None] | None = None,
+    stop_at: int | None = None,
 ) -> ICLModel:
     """Train and write checkpoints to ``out`` (every ``checkpoint_every`` steps and at the end).
+
+    ``stop_at``: stop (with a checkpoint) after that step of the run's ``config.steps`` schedule,
+    so a resumed run continues it; learning curves measure one run this way (scripts/icl_curve.py).
 
     ``resume`` continues the run saved in ``out`` (a fresh start if there is none); without it an
     existing checkpoint in ``out`` is only replaced when ``overwrite`` is set.
@@ -159,7 +163,8 @@ def train(
     previous_seconds = model.spec.training.get("seconds", 0.0) if start else 0.0
     began = time.perf_counter()
     with attention_backend(config.attention):  # fused kernels unless asked otherwise
-        for step in range(start, config.steps):
+        stop = config.steps if stop_at is None else min(config.steps, stop_at)
+        for step in range(start, stop):
             if step == window_start(config.steps):  # the start of the convergence window
                 window = scorer_values(model.backbone)
             points = config.points_at(step)
@@ -178,7 +183,7 @@ def train(
                 history.append([step + 1, round(value, 6), points])
             if on_step is not None:
                 on_step(step + 1, value, points)
-            if done or (step + 1) % config.checkpoint_every == 0:
+            if done or step + 1 == stop or (step + 1) % config.checkpoint_every == 0:
                 model.spec.training = {
                     "config": asdict(config),
                     "step": step + 1,
