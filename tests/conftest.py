@@ -17,6 +17,13 @@ FAMILIES = {k: v for k, v in json.loads((FIXTURES / "families.json").read_text()
 VOCAB = 128
 SPECIAL = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
 
+# Under pytest-xdist each worker gets its share of the cores, so workers do not oversubscribe them
+# (subprocesses the tests start inherit OMP_NUM_THREADS).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+    torch.set_num_threads(_share)
+
 _AUTO = {"causal": AutoModelForCausalLM, "encoder": AutoModel, "seq2seq": AutoModelForSeq2SeqLM}
 
 

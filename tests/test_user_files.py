@@ -202,8 +202,10 @@ def test_a_run_whose_heldout_loss_worsens_says_so_records_it_and_keeps_the_best(
 
 def test_report_says_when_after_worsened(worsened, text):
     model, out, _ = worsened
-    result = cli("report", model, out, "--text-id", text, "--probe", "logit-scale:1,4", "--samples", "1",
-                 "--no-builtin")  # fmt: skip
+    args = ["report", model, out, "--text-id", text, "--probe", "logit-scale:1,4", "--samples", "1"]
+    args.append("--no-builtin")
+    # wide enough that the folder's path (long under pytest-xdist) is not wrapped inside the panel
+    result = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     assert "worsened" in result.output.lower() and str(out / "best") in result.output
 
