@@ -11,7 +11,8 @@
 #   scripts/transformers_compat.sh --quick 5.0.0   # one release
 #
 # Venvs and logs go to $SSACLI_COMPAT_DIR (default: $TMPDIR/ssacli-compat); torch is installed as
-# $TORCH_SPEC (default torch==2.13.0) from $TORCH_INDEX (default: PyTorch's CPU wheels). Exits 1
+# $TORCH_SPEC (default torch==2.13.0) from $TORCH_INDEX (default: PyTorch's CPU wheels; set it
+# empty to use pip's own configuration, e.g. a local wheel folder). Exits 1
 # when any release fails; prints one summary line per release.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ versions=("$@")
 [ ${#versions[@]} -eq 0 ] && versions=(5.0.0 newest)
 dir=${SSACLI_COMPAT_DIR:-${TMPDIR:-/tmp}/ssacli-compat}
 torch_spec=${TORCH_SPEC:-torch==2.13.0}
-torch_index=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+torch_index=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}  # TORCH_INDEX= : pip's own config
 # The subset: every test of the attention interface and of what rides on it (diagnose, convert's
 # checkpoints, big-model loading), without the slower training and report tests.
 subset=(tests/test_attention.py tests/test_learned_sinks.py tests/test_families.py tests/test_diagnose.py
@@ -38,11 +39,11 @@ for version in "${versions[@]}"; do
   env="$dir/tf-$version"
   log="$dir/tf-$version.log"
   echo "== $spec: venv $env, log $log"
-  if [ $quick = 1 ]; then extras=("$spec" -e "$repo" pytest hypothesis jsonschema "accelerate>=1.1")
+  if [ $quick = 1 ]; then extras=("$spec" -e "$repo" pytest pytest-xdist hypothesis jsonschema "accelerate>=1.1")
   else extras=("$spec" -e "$repo[dev]"); fi
   # (errexit does not apply inside a `||` list, so the steps are chained with &&)
   if ! { python3 -m venv "$env" && "$env/bin/pip" install -q --upgrade pip \
-         && "$env/bin/pip" install -q "$torch_spec" --index-url "$torch_index" \
+         && "$env/bin/pip" install -q "$torch_spec" ${torch_index:+--index-url "$torch_index"} \
          && "$env/bin/pip" install -q "${extras[@]}"; } >"$log" 2>&1; then
     summary+=("$spec: install failed (see $log)"); failed=1; continue
   fi
