@@ -157,3 +157,29 @@ def test_finetune_monitor_every_records_saturation_that_diagnose_reproduces(tmp_
     )
     key = next(k for k in again if k.startswith("ssacli/layer") and "max_weight" in k)
     assert monitor[-1][key] == pytest.approx(again[key], rel=1e-6, abs=1e-6)
+
+
+def test_report_draws_the_saturation_measured_during_fine_tuning(tmp_path, corpus):
+    from rich.console import Console
+
+    from ssacli.quality.compare import compare_models
+    from ssacli.report.before_after import render_report, report_html
+    from ssacli.report.monitor import monitor_columns
+
+    config = FinetuneConfig(
+        data=corpus, steps=2, batch_size=2, seq_len=16, checkpoint_every=2, monitor_every=1
+    )
+    finetune("builtin:wikitext-softmax", config, tmp_path / "out")
+    history = training_record(tmp_path / "out")["monitor"]
+    report = compare_models("builtin:wikitext-softmax", str(tmp_path / "out"), probes=["key-scale:1"],
+                            samples=1, builtin=False)  # fmt: skip
+    assert report["conversion"]["after"]["monitor"] == history
+    header, rows = monitor_columns(history)
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    column = header.index("maxw\nkey-scale:8")  # the monitor's default levels: key-scale 1 and 8
+    for row, entry in zip(rows, history):
+        assert row[column] == f"{entry['ssacli/model/max_weight@key-scale:8']:.3f}"  # the logged value
+    console = Console(record=True, width=80)
+    render_report(report, console)
+    assert "saturation during fine-tuning" in console.export_text()
+    assert 'alt="saturation during fine-tuning"' in report_html(report)

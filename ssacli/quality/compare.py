@@ -205,6 +205,8 @@ def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
         keys += ("heldout_start", "heldout_end", "worsened")  # worsened: held-out loss ended above its start
         record["training"] = {k: training.get(k) for k in keys}
         record["training"]["config"] = training.get("config")
+        if training.get("monitor"):  # --monitor-every: saturation measured during the run
+            record["monitor"] = training["monitor"]
         best = training.get("best")
         if best:  # where the run kept its best evaluated checkpoint (a fine-tune that worsened)
             record["training"]["best"] = {**best, "path": str(Path(loaded.path) / best["folder"])}

@@ -19,6 +19,7 @@ from rich.text import Text
 from ..diagnosis.result import DiagnoseResult
 from .benchmarks import benchmark_section, benchmark_table
 from .html import Section, comparison_sections, facts_table, html_table, page
+from .monitor import monitor_section, monitor_table
 from .terminal import facts_panel, render_comparison
 
 
@@ -282,6 +283,9 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     trajectory = trajectory_table(trajectory_of(report))
     if trajectory is not None:
         console.print(trajectory)
+    monitored = monitor_table(report)
+    if monitored is not None:
+        console.print(monitored)
     render_comparison(*report_results(report), console)
 
 
@@ -311,6 +315,9 @@ def report_html(report: dict[str, Any]) -> str:
         notes = [f'<p class="note">{escape_html(note)}</p>' for note in trajectory_notes(records)]
         body = [figure, *notes, html_table(header, rows)]
         sections.append(Section("fine-tuning trajectory (AFTER)", body))
+    monitored = monitor_section(report)
+    if monitored is not None:
+        sections.append(monitored)
     sections.append(Section("attention probes (A = BEFORE, B = AFTER)"))
     sections += comparison_sections(*report_results(report), head_level=3)
     return page(f"ssacli report: {report['before']['model']} → {report['after']['model']}", sections)

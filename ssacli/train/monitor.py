@@ -53,6 +53,21 @@ def log_key(metric: str, probe: str, level: float, layer: int | None = None) -> 
     return f"{PREFIX}/{where}/{metric}@{probe}:{level:g}"
 
 
+def model_series(history: Sequence[dict[str, Any]]) -> dict[tuple[str, str, float], list[tuple[int, float]]]:
+    """A monitor history (the record's ``monitor``) as {(metric, probe, level): [(step, model
+    mean)]}: the model-level keys of :func:`log_key` read back, in step order, None values left out."""
+    series: dict[tuple[str, str, float], list[tuple[int, float]]] = {}
+    head = f"{PREFIX}/model/"
+    for entry in history:
+        for key, value in entry.items():
+            if not key.startswith(head) or value is None:
+                continue
+            metric, _, rest = key[len(head) :].partition("@")
+            probe, _, level = rest.rpartition(":")
+            series.setdefault((metric, probe, float(level)), []).append((int(entry["step"]), float(value)))
+    return series
+
+
 def overflow_key(probe: str, level: float) -> str:
     """1.0 where the level's forward overflowed (its metrics are then NaN, as in diagnose), else 0.0."""
     return f"{PREFIX}/overflow@{probe}:{level:g}"
@@ -172,5 +187,5 @@ def _is_icl(model: nn.Module) -> bool:
 
 __all__ = [
     "DEFAULT_EVERY", "DEFAULT_METRICS", "DEFAULT_PROBES", "DEFAULT_SAMPLES", "SECONDS_KEY",
-    "SaturationMonitor", "all_ranks_agree", "log_key", "overflow_key",
+    "SaturationMonitor", "all_ranks_agree", "log_key", "model_series", "overflow_key",
 ]  # fmt: skip
