@@ -75,10 +75,20 @@ def test_cosformer_under_logit_probes_is_na_and_its_numbers_indeed_do_not_move()
     assert any(f["kind"] == "insensitive" for f in data["findings"])
 
 
-def test_ssa_logit_scale_is_marked_scale_invariant_not_robust():
+def test_ssa_responds_to_logit_scale_and_is_measured():
+    """SSA is not scale invariant: (1+b·α|x|)^(±n) moves mass from negative to positive logits as α
+    grows (towards weights ∝ x^n over the positive ones), so logit-scale is measured, never n/a."""
+    import torch
+
+    from ssacli.scorers import make_scorer
+
+    scorer = make_scorer("ssa:b=0.4,n=4")
+    logits = torch.tensor([[[[1.0, 0.5, -0.5, -1.0]]]])
+    weights = [scorer(alpha * logits, None)[0, 0, 0] for alpha in (1.0, 8.0)]
+    assert weights[1][0] > weights[0][0] + 0.05 and weights[1][3] < weights[0][3]  # it responds
     result = diagnose("builtin:every-ssa", ["logit-scale:1,8"], samples=2)
     probe = result.probe("logit-scale")
-    assert "invariant" in probe.insensitive and probe.collapse_status() == "n/a"
+    assert probe.insensitive is None and probe.collapse_status() != "n/a"
 
 
 # ---- where probes act ----------------------------------------------------------------------------

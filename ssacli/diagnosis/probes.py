@@ -150,11 +150,9 @@ def scorer_insensitivity(kind: ProbeKind, scorers: list) -> str | None:
     if all(getattr(s, "uses_qk", False) for s in scorers):
         names = sorted({s.name for s in scorers})
         return f"{'/'.join(names)} scores q and k directly and ignores the attention logits"
-    if kind.effect is scale and all(getattr(s, "name", "") == "ssa" for s in scorers):
-        return (
-            "SSA is asymptotically invariant to the logit scale ((1+b·α·x)^n → (b·α)^n·x^n, the factor "
-            "cancels): a flat curve is SSA's property, not a measurement of robustness"
-        )
+    # Not SSA under logit-scale: (1+b·α|x|)^(±n) tends, as α grows, to weights ∝ x^n over the
+    # positive logits with the negative ones' mass going to 0, so SSA's weights move (and may
+    # concentrate) until b·α·|x| >> 1 and then settle: a bounded response, measured, not an n/a.
     return None
 
 
