@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # transformers compatibility: run the suite on the oldest and the newest transformers release that
-# pyproject.toml accepts (transformers>=5.0,<6), each in a fresh venv of its own, since ssacli
+# pyproject.toml accepts (transformers>=5.24,<6), each in a fresh venv of its own, since ssacli
 # depends on transformers' attention interface. The README's test command pins 5.24.0, the release
 # the all-family audit (docs/models.md) was generated on; on any other release the two tests that
 # compare that table with the installed families fail by design (README, "drift"), so they are
 # deselected here and everything else must pass.
 #
-#   scripts/transformers_compat.sh                 # 5.0.0 and the newest 5.x, the whole suite
+#   scripts/transformers_compat.sh                 # 5.24.0 and the newest 5.x, the whole suite
 #   scripts/transformers_compat.sh --quick         # the same releases, the attention-facing subset
-#   scripts/transformers_compat.sh --quick 5.0.0   # one release
+#   scripts/transformers_compat.sh --quick 5.23.0  # one release
 #
 # Venvs and logs go to $SSACLI_COMPAT_DIR (default: $TMPDIR/ssacli-compat); torch is installed as
 # $TORCH_SPEC (default torch==2.13.0) from $TORCH_INDEX (default: PyTorch's CPU wheels; set it
@@ -20,7 +20,7 @@ repo=$(pwd)
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 versions=("$@")
-[ ${#versions[@]} -eq 0 ] && versions=(5.0.0 newest)
+[ ${#versions[@]} -eq 0 ] && versions=(5.24.0 newest)
 dir=${SSACLI_COMPAT_DIR:-${TMPDIR:-/tmp}/ssacli-compat}
 torch_spec=${TORCH_SPEC:-torch==2.13.0}
 torch_index=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}  # TORCH_INDEX= : pip's own config
@@ -35,7 +35,7 @@ failed=0
 summary=()
 for version in "${versions[@]}"; do
   spec="transformers==$version"
-  [ "$version" = newest ] && spec="transformers>=5.0,<6"
+  [ "$version" = newest ] && spec="transformers>=5.24,<6"
   env="$dir/tf-$version"
   log="$dir/tf-$version.log"
   echo "== $spec: venv $env, log $log"
