@@ -3,8 +3,8 @@
 # pyproject.toml accepts (transformers>=5.24,<6), each in a fresh venv of its own, since ssacli
 # depends on transformers' attention interface. The README's test command pins 5.24.0, the release
 # the all-family audit (docs/models.md) was generated on; on any other release the two tests that
-# compare that table with the installed families fail by design (README, "drift"), so they are
-# deselected here and everything else must pass.
+# compare that table with the installed families fail by design (README, "drift"), and so may the
+# fallback tripwire below, so they are deselected here and everything else must pass.
 #
 #   scripts/transformers_compat.sh                 # 5.24.0 and the newest 5.x, the whole suite
 #   scripts/transformers_compat.sh --quick         # the same releases, the attention-facing subset
@@ -28,8 +28,11 @@ torch_index=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}  # TORCH_INDEX= 
 # checkpoints, big-model loading), without the slower training and report tests.
 subset=(tests/test_attention.py tests/test_learned_sinks.py tests/test_families.py tests/test_diagnose.py
         tests/test_checkpoint.py tests/test_device_map.py tests/test_scorers.py)
+# ... and the fallback list's tripwire: it fails by name when a release moves a fallback family onto
+# the AttentionInterface (5.25.0 moved falcon), so the list is updated with the pin.
 drift=(--deselect tests/test_families.py::test_models_md_is_the_audit_table
-       --deselect tests/test_families.py::test_the_audited_set_is_the_audit)
+       --deselect tests/test_families.py::test_the_audited_set_is_the_audit
+       --deselect "tests/test_fallback.py::test_fallback_metrics_equal_the_eager_weights[falcon]")
 mkdir -p "$dir"
 failed=0
 summary=()
