@@ -22,13 +22,14 @@ PRIMARY = {"task": "every", "label": "ssa-gpt2", "sigma": 8, "length": 41, "outl
 
 
 def cell_name(row: dict) -> str:
+    metric = "" if row["metric"] == "error" else f" ({row['metric']})"
     if row["outlier"] is not None:
-        return f"outlier {row['outlier']:g} ({row['metric']})"
+        return f"outlier {row['outlier']:g}{metric}"
     if row.get("coef_sigma", 1) not in (None, 1, 1.0):
-        return f"coef σ={row['coef_sigma']:g}"
+        return f"coef σ={row['coef_sigma']:g}{metric}"
     if row["length"] != 41:
-        return f"length {row['length']}"
-    return f"σ={row['sigma']:g}"
+        return f"length {row['length']}{metric}"
+    return f"σ={row['sigma']:g}{metric}"
 
 
 def is_primary(row: dict) -> bool:
