@@ -21,6 +21,7 @@ from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_st
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
 from ..models.loading import resolve_device
 from ..models.optim import (
+    check_rates,
     learned_names,
     learned_scorer,
     legacy_order,
@@ -59,12 +60,7 @@ class TrainConfig:
         check_arch(self.arch)
         check_backend(self.attention)
         make_scorer(self.scorer)
-        for name in ("lr", "scorer_lr"):
-            if name == "scorer_lr" and self.scorer_lr is None:
-                continue
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                flag, value = name.replace("_", "-"), getattr(self, name)
-                raise UsageError(f"--{flag} must be finite and > 0, got {value}")
+        check_rates(lr=self.lr, scorer_lr=self.scorer_lr)
 
     def curriculum_every(self) -> int:
         if self.points_every is not None:

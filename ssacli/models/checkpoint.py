@@ -443,17 +443,12 @@ def trainer_state_tensors(
     return tensors
 
 
-def _index(saved: int, optimizer: torch.optim.Optimizer, order: list | None, file: Path) -> int:
-    """The optimizer's index of the parameter the file's index ``saved`` names."""
-    if order is None:
-        return saved
-    if saved >= len(order):
+def _index_map(optimizer: torch.optim.Optimizer, order: list, file: Path) -> dict[int, int]:
+    """The file's index of each parameter (its place in ``order``) → the optimizer's index of it."""
+    flat = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    if any(id(p) not in flat for p in order):
         raise InputError(f"{file} does not match the model's trainable parameters")
-    flat = [id(p) for group in optimizer.param_groups for p in group["params"]]
-    try:
-        return flat.index(id(order[saved]))
-    except ValueError:
-        raise InputError(f"{file} does not match the model's trainable parameters") from None
+    return {saved: flat[id(p)] for saved, p in enumerate(order)}
 
 
 def restore_trainer_state(
@@ -476,11 +471,17 @@ def restore_trainer_state(
     except (OSError, SafetensorError) as err:
         raise InputError(f"cannot read {file} ({err}); the file is corrupt or truncated") from None
     state_dict = optimizer.state_dict()
+    remap = None if saved_order is None else _index_map(optimizer, saved_order, file)
     extra = {}
     for name, value in tensors.items():
         if name.startswith(OPTIMIZER_PREFIX):
             index, _, key = name[len(OPTIMIZER_PREFIX) :].partition(".")
-            state_dict["state"].setdefault(_index(int(index), optimizer, saved_order, file), {})[key] = value
+            index = int(index)
+            if remap is not None:
+                if index not in remap:
+                    raise InputError(f"{file} does not match the model's trainable parameters")
+                index = remap[index]
+            state_dict["state"].setdefault(index, {})[key] = value
         elif name not in ("step", "generator"):
             extra[name] = value
     # Parameters that never get a gradient (an ICL model's unused token embedding) have no state.

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..attention.interface import scorers_of
+from ..errors import UsageError
 from ..scorers.base import Scorer
 
 CONVERGED_TOLERANCE = 0.01  # a learned value converged: it moved < 1 % over the last 10 % of steps
@@ -67,6 +68,14 @@ def param_groups(
         {"name": "scorer", "params": scorer, "base_lr": scorer_rate, "weight_decay": 0.0},
     ]
     return [{**g, "lr": g["base_lr"]} for g in groups if g["params"]]
+
+
+def check_rates(*, lr: float, scorer_lr: float | None) -> None:
+    """``--lr`` and ``--scorer-lr`` finite and > 0 (``scorer_lr=None``: a run from before the scorer
+    group, at ``lr``); a UsageError naming the flag otherwise."""
+    for flag, value in (("--lr", lr), ("--scorer-lr", scorer_lr)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{flag} must be finite and > 0, got {value}")
 
 
 def make_optimizer(
@@ -153,6 +162,7 @@ def learned_names(root: nn.Module) -> set[str]:
 
 __all__ = [
     "CONVERGED_TOLERANCE",
+    "check_rates",
     "learned_names",
     "legacy_order",
     "learned_scorer",

@@ -65,6 +65,7 @@ from ..models.checkpoint import (
 )
 from ..models.loading import LoadedModel, load_model, resolve_device
 from ..models.optim import (
+    check_rates,
     learned_names,
     learned_scorer,
     legacy_order,
@@ -114,12 +115,7 @@ class FinetuneConfig:
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "log_every"):
             if getattr(self, name) < (2 if name == "seq_len" else 1):
                 raise UsageError(f"--{name.replace('_', '-')} must be >= {2 if name == 'seq_len' else 1}")
-        for name in ("lr", "scorer_lr"):
-            if name == "scorer_lr" and self.scorer_lr is None:
-                continue
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                flag, value = name.replace("_", "-"), getattr(self, name)
-                raise UsageError(f"--{flag} must be finite and > 0, got {value}")
+        check_rates(lr=self.lr, scorer_lr=self.scorer_lr)
         if self.weight_decay < 0:
             raise UsageError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.warmup is not None and self.warmup < 0:
