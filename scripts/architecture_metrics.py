@@ -4,8 +4,16 @@
 
 Prints one line per measure: top-level modules, import cycles (strongly connected groups of
 ssacli modules, counting imports inside functions too), cross-module imports of `_private` names,
-how many modules define each owned fact, and the longest function. Run it on an older checkout
-(e.g. a `git worktree`) to compare.
+how many modules define each owned fact, and the longest function; then the restructure's table
+(issue 23): eager attention implementations (places that multiply attention weights by values
+outside the fused kernels), places that define each default or fact, string comparisons of model
+kinds and routes, CLI options whose default is a literal, public names, re-exports (names in a
+module's ``__all__`` it only imports; the lazy public API of ``ssacli/__init__.py`` aside),
+``duplicates`` pairs, and (``--trace``) the files the diagnose tensor crosses: every ssacli file
+(scorers aside: the plug-in being measured) with a function that receives a 4-d tensor between the
+attention function's entry and ``row_sums``, plus the files on the call stack when ``row_sums`` runs,
+measured with ``sys.setprofile`` on a tiny Llama (one reference level and one logit-scale level,
+eager statistics). Run it on an older checkout (e.g. a `git worktree`) to compare.
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+ROOT = Path(ARGS[0]).resolve() if ARGS else Path(__file__).resolve().parents[1]
 PKG = ROOT / "ssacli"
 
 # Each owned fact, as the definitions that state it (a file counts once per fact).
@@ -89,6 +98,139 @@ def main() -> None:
     for fact, mods in facts.items():
         print(f"modules defining {fact}: {len(mods)} ({', '.join(sorted(mods))})")
     print(f"longest function: {longest[1]} ({longest[0]} lines)")
+    restructure_table(files)
+    if "--trace" in sys.argv:
+        trace_diagnose_tensor()
+
+
+# ---- issue 23's table ------------------------------------------------------------------------------
+
+EAGER = re.compile(r"matmul\(\s*weights|weights(\.to\([^)]*\))?\s*@\s*value")
+DEFINITIONS = {  # a default or fact, as the lines that define or restate it
+    "ICL points": re.compile(
+        r"ICL_POINTS\s*=|\b(points|points_end|icl_length|length)\s*(:\s*int)?\s*=\s*4[01]\b"
+        r"|Option\(\s*4[01]\b|\(4[01],\)|\b4[01]\s*\]|[\"']4[01],"
+    ),
+    "model kinds": re.compile(r"\bKINDS\s*=\s*\(|class ModelKind\b"),
+    "tau": re.compile(r"\bTAU\s*=|tau\s*(:\s*float)?\s*=\s*0\.9\b|\(0\.9\)"),
+    "collapse share": re.compile(r"COLLAPSE_SHARE\s*=|>=\s*0\.5\b"),
+    "help text restating a default": re.compile(r"help=.*(\(default [0-9]|\((1e-[0-9]|0\.[0-9]+)\))"),
+}
+KIND_OR_ROUTE = re.compile(
+    r"(==|!=)\s*[\"'](icl|causal|masked|encoder|seq2seq|ssacli|eager-fallback)[\"']"
+    r"|\bin\s*[\(\[{]\s*[\"'](icl|causal|masked|encoder|seq2seq|eager-fallback)[\"']"
+    r"|\.value\s*==",
+)
+LITERAL_OPTION = re.compile(r"typer\.Option\(\s*(-?[0-9][0-9.e_-]*|[\"'][^\"']*[0-9][^\"']*[\"'])\s*[,)]")
+
+
+def restructure_table(files: list[Path]) -> None:
+    eager, defs, compares, literal, public, reexports = [], {k: [] for k in DEFINITIONS}, [], [], 0, []
+    for path in files:
+        text = path.read_text()
+        rel = path.relative_to(ROOT).as_posix()
+        in_kernels = "/kernels/" in rel
+        for number, line in enumerate(text.splitlines(), 1):
+            code = line.split("#")[0]
+            if EAGER.search(code) and not in_kernels and '"""' not in line and "``" not in line:
+                eager.append(f"{rel}:{number}")
+            for fact, pattern in DEFINITIONS.items():
+                if pattern.search(code):
+                    defs[fact].append(f"{rel}:{number}")
+            if KIND_OR_ROUTE.search(code):
+                compares.append(f"{rel}:{number}")
+            if LITERAL_OPTION.search(code):
+                literal.append(f"{rel}:{number}")
+        tree = ast.parse(text)
+        names = _all_names(tree)
+        if names is None:
+            continue
+        if path.name == "__init__.py" and path.parent == PKG:
+            public = len(names)
+            continue
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+        reexports += [f"{module_name(path)}.{n}" for n in names if n not in defined]
+    print(f"eager attention implementations: {len(eager)} ({', '.join(eager)})")
+    for fact, places in defs.items():
+        print(f"places defining {fact}: {len(places)} ({', '.join(places)})")
+    print(f"kind/route string comparisons: {len(compares)} ({', '.join(compares)})")
+    print(f"CLI options with a literal default: {len(literal)} ({', '.join(literal)})")
+    print(f"public names (ssacli.__all__): {public}")
+    print(f"re-exports: {len(reexports)}")
+    print(f"duplicates pairs (duplicates --repo ssacli): {_duplicate_pairs()}")
+
+
+def _all_names(tree: ast.AST) -> list[str] | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            try:
+                return list(ast.literal_eval(node.value))
+            except ValueError:
+                return None
+    return None
+
+
+def _duplicate_pairs() -> str:
+    import shutil
+    import subprocess
+
+    if shutil.which("duplicates") is None:
+        return "n/a (the duplicates tool is not installed)"
+    out = subprocess.run(
+        ["duplicates", "--repo", str(PKG), "--seconds", "120"], capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    first = out.strip().splitlines()[0] if out.strip() else "no output"
+    return first
+
+
+def trace_diagnose_tensor() -> None:
+    """The files the diagnose tensor crosses, measured (see the module docstring)."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import ssacli
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    pkg = str(PKG) + "/"
+    crossed: set[str] = set()
+    state = {"inside": False}
+
+    def rel(filename: str) -> str:
+        return Path(filename).resolve().relative_to(ROOT).as_posix()
+
+    def profile(frame, event, arg):
+        if event != "call" or not frame.f_code.co_filename.startswith(pkg):
+            return
+        name = frame.f_code.co_name
+        if name == "ssacli_attention_forward":
+            state["inside"] = True
+        if name == "row_sums":
+            stack = frame
+            while stack is not None:
+                if stack.f_code.co_filename.startswith(pkg):
+                    crossed.add(rel(stack.f_code.co_filename))
+                stack = stack.f_back
+            state["inside"] = False
+            return
+        if state["inside"] and "/scorers/" not in frame.f_code.co_filename:
+            if any(isinstance(v, torch.Tensor) and v.dim() == 4 for v in frame.f_locals.values()):
+                crossed.add(rel(frame.f_code.co_filename))
+
+    sys.setprofile(profile)
+    try:
+        ssacli.diagnose(model, ["logit-scale:1,8"], inputs=[list(range(3, 19))] * 2, samples=2, stats="eager")
+    finally:
+        sys.setprofile(None)
+    print(f"files the diagnose tensor crosses: {len(crossed)} ({', '.join(sorted(crossed))})")
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
