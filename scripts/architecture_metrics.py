@@ -148,9 +148,17 @@ def restructure_table(files: list[Path]) -> None:
         if path.name == "__init__.py" and path.parent == PKG:
             public = len(names)
             continue
-        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+        defined = {
+            n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+        }
         for node in tree.body:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
             defined |= {t.id for t in targets if isinstance(t, ast.Name)}
         reexports += [f"{module_name(path)}.{n}" for n in names if n not in defined]
     print(f"eager attention implementations: {len(eager)} ({', '.join(eager)})")
@@ -165,7 +173,9 @@ def restructure_table(files: list[Path]) -> None:
 
 def _all_names(tree: ast.AST) -> list[str] | None:
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
             try:
                 return list(ast.literal_eval(node.value))
             except ValueError:

@@ -41,7 +41,15 @@ def capture(out: Path) -> None:
     for name in BUILTINS:
         for run, extra in RUNS.items():
             stem = out / f"diagnose-{name}-{run}"
-            cmd = ["ssacli", "diagnose", f"builtin:{name}", "--json", f"{stem}.json", "--html", f"{stem}.html"]
+            cmd = [
+                "ssacli",
+                "diagnose",
+                f"builtin:{name}",
+                "--json",
+                f"{stem}.json",
+                "--html",
+                f"{stem}.html",
+            ]
             done = subprocess.run(cmd + extra, capture_output=True, text=True, env=env)
             Path(f"{stem}.txt").write_text(f"rc={done.returncode}\n{done.stdout}\n{done.stderr}")
             print(f"{stem.name}: rc={done.returncode}", flush=True)
@@ -52,7 +60,14 @@ def families(out: Path) -> None:
     import torch
 
     import ssacli
-    from ssacli.attention.audit import FALLBACK_FAMILIES, audit_family, build_tiny, model_kind, padded_batch, run
+    from ssacli.attention.audit import (
+        FALLBACK_FAMILIES,
+        audit_family,
+        build_tiny,
+        model_kind,
+        padded_batch,
+        run,
+    )
     from ssacli.attention.interface import TESTED_FAMILIES
     from ssacli.attention.tiny_models import families as all_families
 
@@ -94,7 +109,11 @@ def _diagnose_metrics(model, ids, stats: str):
 
     try:
         result = ssacli.diagnose(
-            model, ["logit-scale:1,32", "dominant-key:1,32"], inputs=ids[:1].tolist() * 2, stats=stats, samples=2
+            model,
+            ["logit-scale:1,32", "dominant-key:1,32"],
+            inputs=ids[:1].tolist() * 2,
+            stats=stats,
+            samples=2,
         )
     except Exception as err:  # noqa: BLE001
         return f"{type(err).__name__}: {err}"[:200]
@@ -104,7 +123,11 @@ def _diagnose_metrics(model, ids, stats: str):
 
 def _untimed(data):
     if isinstance(data, dict):
-        return {k: _untimed(v) for k, v in data.items() if "elapsed" not in k and "seconds" not in k and k != "timings"}
+        return {
+            k: _untimed(v)
+            for k, v in data.items()
+            if "elapsed" not in k and "seconds" not in k and k != "timings"
+        }
     if isinstance(data, list):
         return [_untimed(v) for v in data]
     return data
@@ -139,10 +162,14 @@ def compare(a: Path, b: Path) -> int:
             bad += 1
             continue
         if left.suffix == ".json":
-            diffs = list(_numbers(_untimed(json.loads(left.read_text())), _untimed(json.loads(right.read_text()))))
+            diffs = list(
+                _numbers(_untimed(json.loads(left.read_text())), _untimed(json.loads(right.read_text())))
+            )
             worst = max((d for _, d in diffs if d is not None), default=0.0)
             structural = [p for p, d in diffs if d is None]
-            print(f"{left.name}: {len(diffs)} differing values, max {worst:.3g}, {len(structural)} structural")
+            print(
+                f"{left.name}: {len(diffs)} differing values, max {worst:.3g}, {len(structural)} structural"
+            )
             bad += bool(structural) or worst > TOLERANCE
             for p in structural[:5]:
                 print(f"  {p}")
@@ -160,7 +187,9 @@ def compare(a: Path, b: Path) -> int:
         diffs = list(_numbers(fa[section], fb[section]))
         worst = max((d for _, d in diffs if d is not None), default=0.0)
         structural = [p for p, d in diffs if d is None]
-        print(f"families {section}: {len(fa[section])} entries, max difference {worst:.3g}, {len(structural)} structural")
+        print(
+            f"families {section}: {len(fa[section])} entries, max difference {worst:.3g}, {len(structural)} structural"
+        )
         for p in structural[:10]:
             print(f"  {p}")
         bad += bool(structural) or worst > TOLERANCE
