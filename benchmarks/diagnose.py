@@ -108,7 +108,8 @@ def interleaved(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, l
 
 
 def time_section(args) -> float:
-    from ssacli.attention.interface import apply_scorer, observing
+    from ssacli.attention.forward import observing
+    from ssacli.attention.interface import apply_scorer
 
     b, t = args.batch_size, args.time_length
     base = build_model(args.heads, args.layers, "sdpa")
@@ -181,7 +182,7 @@ def profile(scored, run_observed: Callable[[], None], args) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from ssacli.attention.interface import observing
+    from ssacli.attention.forward import observing
 
     recorder = recorder_for(scored, args.block_size, label=True)
     run_observed()
@@ -287,6 +288,9 @@ def memory_section(args) -> float | None:
         print("goal memory: not measured")
         return None
     growth = rows[last]["diagnose"]["peak_mb"] / base_diag
+    if last == first or growth <= 0:
+        print("goal memory: one length measured, no growth to fit")
+        return None
     exponent = math.log(growth) / math.log(last / first)
     verdict = "met" if exponent <= GOAL_MEMORY else "MISSED"
     maps_text = ""

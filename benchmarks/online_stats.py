@@ -52,8 +52,10 @@ def candidates(model, length: int, block_size: int) -> dict:
 
 def time_section(args) -> None:
     model = build_model(args.heads, args.layers, "sdpa")
-    print("| tokens | sdpa ms | eager stats ms | fused stats ms | eager × sdpa | **fused × sdpa** "
-          "| eager / fused |")
+    print(
+        "| tokens | sdpa ms | eager stats ms | fused stats ms | eager × sdpa | **fused × sdpa** "
+        "| eager / fused |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for length in [int(x) for x in args.lengths.split(",")]:
         best = interleaved_best(candidates(model, length, args.block_size), args.repeats)
@@ -80,8 +82,10 @@ def child(args) -> None:
 
 
 def memory_section(args) -> None:
-    print("| tokens | sdpa MB | eager stats MB | fused stats MB | fused s | **fused / sdpa** "
-          "| fused MB per 1k tokens |")
+    print(
+        "| tokens | sdpa MB | eager stats MB | fused stats MB | fused s | **fused / sdpa** "
+        "| fused MB per 1k tokens |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for length in [int(x) for x in args.memory_lengths.split(",")]:
         got = {}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ssacli.icl import TrainConfig, train
+from ssacli.icl.train import TrainConfig, train
 from ssacli.train.finetune import FinetuneConfig, finetune
 from ssacli.train.scratch import new_model, training_texts
 

@@ -50,6 +50,8 @@ def capture(out: Path) -> None:
                 "--html",
                 f"{stem}.html",
             ]
+            if name.split("-")[0] in ("every", "linear") and os.environ.get("SNAPSHOT_ICL_LENGTH"):
+                extra = [*extra, "--length", os.environ["SNAPSHOT_ICL_LENGTH"]]  # a changed default, pinned
             done = subprocess.run(cmd + extra, capture_output=True, text=True, env=env)
             Path(f"{stem}.txt").write_text(f"rc={done.returncode}\n{done.stdout}\n{done.stderr}")
             print(f"{stem.name}: rc={done.returncode}", flush=True)
@@ -60,16 +62,23 @@ def families(out: Path) -> None:
     import torch
 
     import ssacli
-    from ssacli.attention.audit import (
-        FALLBACK_FAMILIES,
-        audit_family,
-        build_tiny,
-        model_kind,
-        padded_batch,
-        run,
-    )
+
+    try:  # the layout since the restructure (issue 23)
+        from ssacli.diagnosis.routes import FALLBACK_FAMILIES
+        from ssacli.testing.audit import audit_family, padded_batch, run
+        from ssacli.testing.tiny_models import build_tiny, model_kind
+        from ssacli.testing.tiny_models import families as all_families
+    except ImportError:  # before it
+        from ssacli.attention.audit import (  # type: ignore[no-redef]
+            FALLBACK_FAMILIES,
+            audit_family,
+            build_tiny,
+            model_kind,
+            padded_batch,
+            run,
+        )
+        from ssacli.attention.tiny_models import families as all_families  # type: ignore[no-redef]
     from ssacli.attention.interface import TESTED_FAMILIES
-    from ssacli.attention.tiny_models import families as all_families
 
     verdicts, tensors, metrics = {}, {}, {}
     for family, kind in sorted(all_families().items()):
@@ -174,8 +183,8 @@ def compare(a: Path, b: Path) -> int:
             for p in structural[:5]:
                 print(f"  {p}")
         else:
-            ta = [TIMING.sub("<t>", line) for line in left.read_text().splitlines()]
-            tb = [TIMING.sub("<t>", line) for line in right.read_text().splitlines()]
+            ta = [TIMING.sub("<t>", line) for line in left.read_text().replace(str(a), "<dir>").splitlines()]
+            tb = [TIMING.sub("<t>", line) for line in right.read_text().replace(str(b), "<dir>").splitlines()]
             diff = [(i, x, y) for i, (x, y) in enumerate(zip(ta, tb)) if x != y]
             if len(ta) != len(tb) or diff:
                 bad += 1
@@ -188,7 +197,8 @@ def compare(a: Path, b: Path) -> int:
         worst = max((d for _, d in diffs if d is not None), default=0.0)
         structural = [p for p, d in diffs if d is None]
         print(
-            f"families {section}: {len(fa[section])} entries, max difference {worst:.3g}, {len(structural)} structural"
+            f"families {section}: {len(fa[section])} entries, max difference {worst:.3g}, "
+            f"{len(structural)} structural"
         )
         for p in structural[:10]:
             print(f"  {p}")

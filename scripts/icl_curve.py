@@ -18,7 +18,9 @@ import json
 import time
 from pathlib import Path
 
-from ssacli.icl import TrainConfig, evaluate, load_icl, train
+from ssacli.icl.evaluate import evaluate
+from ssacli.icl.train import TrainConfig, train
+from ssacli.models.icl import load_icl
 
 
 def main() -> None:

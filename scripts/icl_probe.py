@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from ssacli.icl import evaluate, load_icl, outlier_capture
+from ssacli.icl.evaluate import evaluate, outlier_capture
+from ssacli.models.icl import load_icl
 from ssacli.models.loading import resolve_model_path
 
 VALUES = (10.0, 100.0, 1000.0, -10.0, -100.0, -1000.0)

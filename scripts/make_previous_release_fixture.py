@@ -82,7 +82,7 @@ def run_cli(args: list[str], cwd: Path) -> None:
 @torch.inference_mode()
 def expected_outputs(out: Path) -> dict[str, torch.Tensor]:
     import ssacli
-    from ssacli.icl import sample_batch
+    from ssacli.models.icl_task import sample_batch
 
     llama = ssacli.load_model(str(out / "converted-llama-ssa"), device="cpu")
     vocab = llama.config.vocab_size
@@ -152,8 +152,12 @@ def main() -> None:
     save_file(expected_outputs(args.out), args.out / "expected_outputs.safetensors", metadata=metadata)
     (args.out / "README.md").write_text(
         README.format(
-            version=ssacli.__version__, commit=commit, torch=torch.__version__,
-            transformers=transformers.__version__, vocab=VOCAB, convert=" ".join(CONVERT),
+            version=ssacli.__version__,
+            commit=commit,
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+            vocab=VOCAB,
+            convert=" ".join(CONVERT),
             icl_train=" ".join(ICL_TRAIN),
         )  # fmt: skip
     )

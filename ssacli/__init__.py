@@ -57,7 +57,7 @@ _LAZY = {
     "supports": "attention.interface",
     "scorers_of": "attention.interface",
     "attention_modules": "attention.interface",
-    "attention_backend": "attention.interface",
+    "attention_backend": "attention.backend",
     "ssa_attention": "kernels.fused",
     "diagnose": "diagnosis.run",
     "load_model": "models.loading",
@@ -101,14 +101,8 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from .attention.interface import (
-        apply_scorer,
-        attention_backend,
-        attention_modules,
-        restore,
-        scorers_of,
-        supports,
-    )
+    from .attention.backend import attention_backend
+    from .attention.interface import apply_scorer, attention_modules, restore, scorers_of, supports
     from .check.config import write_check_config
     from .check.requirements import CheckReport, parse_requirement, run_check
     from .check.settings import CheckSettings, check_settings

@@ -8,7 +8,10 @@ SAMPLES = 8  # inputs per probe level
 SEED = 0  # of probe inputs, targets and numbers
 BATCH_SIZE = 8  # sequences per forward pass
 PROBE_LENGTH = 64  # base length in tokens
-ICL_POINTS = 40  # base length of ICL prompts, in (x, y) points
+ICL_POINTS = 41  # ICL prompts, in (x, y) points: the length the ICL models end their curriculum on,
+# and evaluate, report and diagnose use (ssacli.models.icl_task owns the other prompt facts)
+# evaluate's prompt lengths: the trained one, and twice and four times its context ((41 − 1)·k + 1)
+ICL_LENGTHS = (ICL_POINTS, 2 * ICL_POINTS - 1, 4 * ICL_POINTS - 3)
 BLOCK_ROWS = 256  # query rows scored at a time: memory O(block × keys)
 TAU = 0.9  # a row has collapsed when its largest weight is >= TAU
 TOP_K = 5  # k of the top-k mass metric

@@ -10,7 +10,8 @@ from transformers import AttentionInterface, AutoConfig, AutoModel
 from transformers.masking_utils import AttentionMaskInterface
 
 import ssacli
-from ssacli.attention.interface import ATTENTION_NAME, SCORER_ATTR, register, visibility
+from ssacli.attention.forward import SCORER_ATTR, visibility
+from ssacli.attention.interface import ATTENTION_NAME, register
 from ssacli.errors import UnsupportedModelError
 
 TOL = 1e-5

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import ssacli
-from ssacli.icl import TrainConfig, train
+from ssacli.icl.train import TrainConfig, train
 from ssacli.models.checkpoint import (
     ICL_FORMAT,
     MODEL_FORMAT,

@@ -362,7 +362,7 @@ def test_preset_authors_has_one_learned_n_per_layer_and_a_fixed_b():
 def test_m_auto_on_a_model_with_learned_sinks():
     """gpt-oss's learned sink (s_aux) is one more key: m=auto scores it like any logit and the
     converted model still meets the target, measured by hand against the model's own eager path."""
-    from ssacli.attention.audit import build_tiny
+    from ssacli.testing.tiny_models import build_tiny
 
     original = build_tiny("gpt_oss", "causal")
     loaded, report = convert(loaded_of(build_tiny("gpt_oss", "causal")), "ssa:init=faithful")

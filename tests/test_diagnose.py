@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 
 import ssacli
 from ssacli import diagnose
-from ssacli.attention.interface import SCORER_ATTR, apply_scorer, attention_modules, observing
+from ssacli.attention.forward import SCORER_ATTR, observing
+from ssacli.attention.interface import apply_scorer, attention_modules
 from ssacli.cli import app
 from ssacli.diagnosis.forward import Recorder
 from ssacli.diagnosis.metrics import METRICS
@@ -35,7 +36,6 @@ from ssacli.diagnosis.probes import (
     ActsOn,
     ProbeKind,
     icl_batches,
-    icl_tokens,
     pad_sequences,
     pick_targets,
     scale,
@@ -43,6 +43,7 @@ from ssacli.diagnosis.probes import (
 from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.diagnosis.texts import TEXTS
 from ssacli.errors import EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE, UnsupportedModelError, UsageError
+from ssacli.models.icl_task import interleave, labels
 from ssacli.models.loading import load_model
 
 TAU, TOP_K = 0.9, 5
@@ -549,7 +550,7 @@ def test_bundled_icl_models(name):
             xs = batch.xs.clone()
             xs[torch.arange(xs.shape[0]), batch.target // 2] *= level
             with torch.no_grad():
-                maps.append(icl.attention_maps(icl_tokens(icl.spec.task, xs, batch.coef)[0]))
+                maps.append(icl.attention_maps(interleave(xs, labels(icl.spec.task, xs, batch.coef))))
         full = [torch.cat(per_layer).double().numpy() for per_layer in zip(*maps)]
         check_level(result, "outlier", level, naive_metrics(full, visible, valid, target), capture=True)
 

@@ -21,7 +21,7 @@ from ssacli import diagnose
 from ssacli.cli import app
 from ssacli.diagnosis.comparison import compare_results
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE, InputError, UsageError
-from ssacli.icl import evaluate
+from ssacli.icl.evaluate import evaluate
 from ssacli.models.loading import LoadedModel, load_model
 from ssacli.quality.compare import compare_models
 from ssacli.quality.inputs import read_pairs

@@ -1,4 +1,4 @@
-"""Every family diagnose measures through its eager fallback (ssacli.attention.audit.FALLBACK_FAMILIES)
+"""Every family diagnose measures through its eager fallback (ssacli.testing.routes.FALLBACK_FAMILIES)
 is checked here: diagnose's per-layer/per-head max weight and entropy equal values computed
 independently from the model's own ``output_attentions=True`` weights on the same padded inputs.
 Families off the registry that the fallback does not measure correctly are refused by diagnose and
@@ -13,20 +13,21 @@ import pytest
 import torch
 
 import ssacli
-from ssacli.attention import audit
 from ssacli.attention.interface import supports
+from ssacli.diagnosis import routes
 from ssacli.errors import UnsupportedModelError
+from ssacli.testing import tiny_models
 
 SEQS = [[5, 9, 17, 33, 8, 12, 40, 7, 21, 3], [11, 4, 60, 25, 9, 30, 14], [50, 6, 19, 27, 10, 8]]
 TOL = 1e-6
 
 
 def build(family: str):
-    kind = audit.families()[family]
+    kind = tiny_models.families()[family]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = audit.build_tiny(family, kind)
-    return model, audit.model_kind(model, kind)
+        model = tiny_models.build_tiny(family, kind)
+    return model, tiny_models.model_kind(model, kind)
 
 
 def padded(pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +75,7 @@ def reference(weights: torch.Tensor, valid: torch.Tensor) -> dict[str, np.ndarra
     }
 
 
-@pytest.mark.parametrize("family", sorted(audit.FALLBACK_FAMILIES))
+@pytest.mark.parametrize("family", sorted(routes.FALLBACK_FAMILIES))
 def test_fallback_metrics_equal_the_eager_weights(family):
     model, kind = build(family)
     assert not supports(model), f"{family} is on the registry now: drop it from FALLBACK_FAMILIES"
@@ -101,11 +102,11 @@ def test_fallback_metrics_equal_the_eager_weights(family):
 
 
 def test_unchecked_families_are_listed_with_a_reason_and_not_claimed():
-    assert not audit.FALLBACK_FAMILIES & set(audit.FALLBACK_UNCHECKED)
-    assert all(audit.FALLBACK_UNCHECKED.values())
-    checked, refused = len(audit.FALLBACK_FAMILIES), len(audit.FALLBACK_UNCHECKED)
+    assert not routes.FALLBACK_FAMILIES & set(routes.FALLBACK_UNCHECKED)
+    assert all(routes.FALLBACK_UNCHECKED.values())
+    checked, refused = len(routes.FALLBACK_FAMILIES), len(routes.FALLBACK_UNCHECKED)
     print(f"\nfallback: {checked} families checked, {refused} refused:")
-    for family, reason in sorted(audit.FALLBACK_UNCHECKED.items()):
+    for family, reason in sorted(routes.FALLBACK_UNCHECKED.items()):
         print(f"  {family}: {reason}")
 
 

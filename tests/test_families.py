@@ -1,5 +1,5 @@
 """Never silently wrong: every model family of the installed transformers is either exact through
-ssacli or refused with a reason (ssacli.attention.audit), and docs/models.md is that audit's table.
+ssacli or refused with a reason (ssacli.testing.audit), and docs/models.md is that audit's table.
 Learned sinks (gpt-oss): the softmax path equals the model's eager path, on the eager, fused and
 observed routes, over padding, sliding layers and KV-cache generation; every scorer's sink is an
 extra, always visible key with a zero value. No attention argument is ignored."""
@@ -17,17 +17,12 @@ from torch import nn
 from transformers import GptOssConfig, GptOssForCausalLM
 
 import ssacli
-from ssacli.attention import audit
-from ssacli.attention.interface import (
-    ARGUMENTS,
-    REFUSED_ARGUMENTS,
-    SCORER_ATTR,
-    attention_call_arguments,
-    score_with_sink,
-    ssacli_attention_forward,
-    unsupported_reason,
-)
+from ssacli.attention.arguments import ARGUMENTS, REFUSED_ARGUMENTS, attention_call_arguments
+from ssacli.attention.audited import AUDITED_FAMILIES
+from ssacli.attention.forward import SCORER_ATTR, scores_and_sink, ssacli_attention_forward
+from ssacli.attention.interface import unaudited_reason, unsupported_reason
 from ssacli.errors import UnsupportedModelError
+from ssacli.testing import audit, tiny_models
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = 1e-5
@@ -56,7 +51,7 @@ def test_no_family_is_accepted_and_different(results):
     exact = {r.family for r in results if r.status == "exact"}
     # the families the hand-written exactness tests cover, and gpt-oss with its learned sinks
     assert {"llama", "mistral", "gemma2", "gpt2", "bert", "bart", "t5", "gpt_oss"} <= exact
-    assert len(results) == len(audit.families()) and len(exact) > len(results) / 2
+    assert len(results) == len(tiny_models.families()) and len(exact) > len(results) / 2
 
 
 @pytest.mark.families
@@ -88,24 +83,24 @@ def test_the_audited_set_is_the_audit(results):
     spec.loader.exec_module(module)
     committed = (ROOT / "ssacli" / "attention" / "audited.py").read_text()
     assert committed == module.render_audited(results), "audited.py differs: run scripts/models_table.py"
-    assert audit.AUDITED_FAMILIES == {r.family for r in results if r.status == "exact"}
-    assert all(audit.unaudited_reason(r.family) for r in results if r.status == "not-buildable")
+    assert AUDITED_FAMILIES == {r.family for r in results if r.status == "exact"}
+    assert all(unaudited_reason(r.family) for r in results if r.status == "not-buildable")
 
 
 def test_the_audit_catches_a_silent_difference(monkeypatch):
     """The audit is not vacuous: an attention function that ignores the sinks is caught (the bug this
     issue started from: relative difference ~1 on gpt-oss while supports() said True)."""
-    import ssacli.attention.interface as interface
+    import ssacli.attention.forward as attention_forward
 
-    monkeypatch.setattr(interface, "sink_logits", lambda kwargs: None)
+    monkeypatch.setattr(attention_forward, "sink_logits", lambda kwargs: None)
     result = audit.audit_family("gpt_oss", "causal")
     assert result.status == "different" and result.difference > 1e-2
 
 
 def test_tiny_configs_are_tiny():
-    config = audit.tiny_config("gpt_oss")
+    config = tiny_models.tiny_config("gpt_oss")
     assert config.hidden_size == 32 and config.num_attention_heads == 4 and config.num_key_value_heads == 2
-    assert config.vocab_size == audit.VOCAB and config.sliding_window == audit.WINDOW
+    assert config.vocab_size == tiny_models.VOCAB and config.sliding_window == tiny_models.WINDOW
     assert sorted(set(config.layer_types)) == ["full_attention", "sliding_attention"]
 
 
@@ -230,7 +225,7 @@ def naive_logits():
 
 def test_softmax_sink_is_the_formula():
     x, visible, sink = naive_logits()
-    got = score_with_sink(ssacli.make_scorer("softmax", num_heads=3), x, visible, sink)
+    got = scores_and_sink(ssacli.make_scorer("softmax", num_heads=3), x, visible, sink)[0]
     e = torch.where(visible, x.exp(), 0)
     assert torch.allclose(got, e / (sink.exp() + e.sum(-1, keepdim=True)), atol=1e-12)
 
@@ -245,14 +240,14 @@ def test_ssa_sink_goes_through_the_same_transform():
 
     e = torch.where(visible, t(x).exp(), 0)
     expected = e / (t(sink).exp() + e.sum(-1, keepdim=True))
-    assert torch.allclose(score_with_sink(scorer, x, visible, sink), expected, atol=1e-12)
+    assert torch.allclose(scores_and_sink(scorer, x, visible, sink)[0], expected, atol=1e-12)
 
 
 def test_a_sparse_scorer_can_give_the_sink_everything_or_nothing():
     x, visible, _ = naive_logits()
     scorer = ssacli.make_scorer("sparsemax")
-    high = score_with_sink(scorer, x, visible, torch.tensor(100.0, dtype=x.dtype).reshape(1, 1, 1, 1))
-    low = score_with_sink(scorer, x, visible, torch.tensor(-100.0, dtype=x.dtype).reshape(1, 1, 1, 1))
+    high = scores_and_sink(scorer, x, visible, torch.tensor(100.0, dtype=x.dtype).reshape(1, 1, 1, 1))[0]
+    low = scores_and_sink(scorer, x, visible, torch.tensor(-100.0, dtype=x.dtype).reshape(1, 1, 1, 1))[0]
     assert torch.all(high == 0)  # the sink took all the mass
     assert torch.allclose(low, scorer(x, visible))  # the sink is outside the support: no effect
 
@@ -292,7 +287,7 @@ def test_an_unknown_argument_is_refused():
 
 def test_supports_reads_the_arguments_a_model_passes(monkeypatch):
     """A model class whose attention call passes an argument outside ARGUMENTS is not supported."""
-    model = audit.build_tiny("llama", "causal")
+    model = tiny_models.build_tiny("llama", "causal")
     assert unsupported_reason(model) is None
     from ssacli.attention import interface
 

@@ -17,7 +17,8 @@ from conftest import FAMILIES, VOCAB, build_model, clone
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssacli
-from ssacli.attention.interface import SCORER_ATTR, eager_reason, observing
+from ssacli.attention.backend import eager_reason
+from ssacli.attention.forward import SCORER_ATTR, Observer, observing
 from ssacli.errors import UsageError
 from ssacli.kernels.blocked import compile_enabled
 from ssacli.kernels.fused import softmax_attention, ssa_attention
@@ -597,7 +598,7 @@ def test_auto_skips_the_eager_scorer_unless_weights_are_needed(padded_batch, mon
         assert calls == {"forward": 4, "fused": 2}
 
 
-class CountingObserver:
+class CountingObserver(Observer):
     block_size = 3
 
     def __init__(self):

@@ -8,19 +8,11 @@ import pytest
 import torch
 
 from ssacli.errors import InputError, UsageError
-from ssacli.icl import (
-    ICLModel,
-    ICLSpec,
-    TrainConfig,
-    evaluate,
-    every_labels,
-    load_icl,
-    parse_outlier,
-    sample_batch,
-    some_labels,
-    train,
-)
+from ssacli.icl.evaluate import evaluate, parse_outlier
 from ssacli.icl.sweep import ScorerEntry, SweepPlan, aggregate, run_sweep
+from ssacli.icl.train import TrainConfig, train
+from ssacli.models.icl import ICLModel, ICLSpec, load_icl
+from ssacli.models.icl_task import every_labels, sample_batch, some_labels
 from ssacli.models.loading import builtin_names, resolve_model_path
 
 
@@ -303,7 +295,7 @@ def test_aggregate_mean_and_std_by_hand():
 def test_outlier_capture_on_uniform_attention_by_hand():
     """With zero query/key projections every causal row is uniform: the token at index k gets
     1/(q+1) from query q, so the capture is the mean of 1/(q+1) over the later queries."""
-    from ssacli.icl import outlier_capture
+    from ssacli.icl.evaluate import outlier_capture
 
     model = ICLModel(ICLSpec(task="every", layers=2, heads=2, width=8))
     width = model.spec.width

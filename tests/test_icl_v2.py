@@ -13,9 +13,11 @@ from typer.testing import CliRunner
 
 from ssacli.cli import app
 from ssacli.errors import UsageError
-from ssacli.icl import ICLModel, ICLSpec, TrainConfig, evaluate, every_labels, load_icl, train
-from ssacli.icl.evaluate import spearman_rows
+from ssacli.icl.evaluate import evaluate, spearman_rows
 from ssacli.icl.sweep import ScorerEntry, SweepPlan, run_name, run_sweep
+from ssacli.icl.train import TrainConfig, train
+from ssacli.models.icl import ICLModel, ICLSpec, load_icl
+from ssacli.models.icl_task import every_labels
 from ssacli.stats import paired_summary
 
 ROOT = Path(__file__).resolve().parents[1]

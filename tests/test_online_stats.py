@@ -18,16 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-import ssacli.attention.interface as interface
+import ssacli.attention.forward as attention_forward
 from ssacli import diagnose
-from ssacli.attention.interface import apply_scorer, attention_modules, observing
+from ssacli.attention.forward import observing
+from ssacli.attention.interface import apply_scorer, attention_modules
 from ssacli.attention.online import online_observed_attention
-from ssacli.attention.tiny_models import build_tiny
-from ssacli.diagnosis.forward import ProbeObserver, Recorder
+from ssacli.diagnosis.forward import Recorder
 from ssacli.diagnosis.metrics import METRICS
 from ssacli.diagnosis.probes import PROBES
 from ssacli.errors import UsageError
 from ssacli.kernels.online_stats import softmax_statistics
+from ssacli.testing.tiny_models import build_tiny
 
 ABS = 1e-6
 
@@ -124,10 +125,11 @@ def _dual_forward(model, ids, mask, probe=None, level=None, target=None, block=5
     ]
     for rec in recorders:
         rec.valid, rec.target = mask.bool(), target
-    observers = recorders
     if probe is not None:
-        observers = [ProbeObserver(rec, PROBES[probe], level, target) for rec in recorders]
-    eager_call = interface.observed_attention
+        for rec in recorders:
+            rec.probe = (PROBES[probe], level)
+    observers = recorders
+    eager_call = attention_forward.observed_attention
     worst = [0.0]
 
     def both(module, scorer, observer, query, key, value, attention_mask, scaling, sink, kwargs):
@@ -138,7 +140,7 @@ def _dual_forward(model, ids, mask, probe=None, level=None, target=None, block=5
         worst[0] = max(worst[0], float((fused_out.float() - out.float()).abs().amax() / scale))
         return out, weights
 
-    interface.observed_attention = both
+    attention_forward.observed_attention = both
     try:
         with torch.inference_mode(), observing(_Pair(*observers)):
             kwargs = {"input_ids": ids, "attention_mask": mask}
@@ -146,7 +148,7 @@ def _dual_forward(model, ids, mask, probe=None, level=None, target=None, block=5
                 kwargs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
             model(**kwargs)
     finally:
-        interface.observed_attention = eager_call
+        attention_forward.observed_attention = eager_call
     return recorders, worst[0]
 
 

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from ssacli import diagnose
 from ssacli.cli import app
+from ssacli.defaults import ICL_POINTS
 from ssacli.diagnosis.probe_result import REACH_SHARE
 from ssacli.diagnosis.probes import icl_batches, pad_sequences, pick_targets
 from ssacli.diagnosis.result import DiagnoseResult
@@ -120,7 +121,7 @@ def test_target_logits_match_the_eager_projections_on_the_attention_only_icl_bac
     model = _icl_model()
     result = diagnose(model, [OUTLIER], samples=8)
     probe = result.probe("outlier")
-    batches = icl_batches("every", 8, 40, 8, 0)  # the run's inputs (default length 40 points, seed 0)
+    batches = icl_batches("every", 8, ICL_POINTS, 8, 0)  # the run's inputs (the default length, seed 0)
     pick_targets(batches, 0)
     (batch,) = batches
     for index, sigma in ((0, 1.0), (3, 1000.0)):

@@ -25,7 +25,7 @@ import ssacli
 from ssacli.cli import app
 from ssacli.conversion import convert
 from ssacli.errors import InputError, InterruptedJobError, JobFailedError, UsageError
-from ssacli.icl.tasks import sample_batch
+from ssacli.models.icl_task import sample_batch
 from ssacli.models.loading import load_model
 from ssacli.train.data import ICL_POINTS, TextData, mask_tokens, read_documents, split_heldout
 from ssacli.train.finetune import FinetuneConfig, finetune, training_record
@@ -511,7 +511,7 @@ def test_finetune_on_the_fused_path_matches_the_eager_scorer(tmp_path, monkeypat
 
 
 def test_icl_training_on_the_fused_path_matches_the_eager_scorer(tmp_path, monkeypatch):
-    from ssacli.icl import TrainConfig, train
+    from ssacli.icl.train import TrainConfig, train
 
     calls = count_fused_calls(monkeypatch)
     models = {}

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from typer.testing import CliRunner
 
 import ssacli
-from ssacli.attention import audit
+from ssacli.attention import interface
 from ssacli.cli import app
 from ssacli.diagnosis.outputs import NEAR_UNIFORM_ENTROPY, OUTPUT_KL_HELD
 from ssacli.models.icl import save_icl
@@ -111,7 +111,6 @@ def test_a_level_whose_outputs_broke_does_not_read_robust():
     assert verdict["verdict"] == "outputs broke" and verdict["level"] == 16.0
     assert all("robust" not in f["text"] or "not robust" in f["text"] for f in broke.findings())
     assert _result([0.0, 0.05, 0.05], entropy=0.99).verdicts()["embed-scale"]["verdict"] == "degenerate"
-
 
 
 def test_a_probe_that_collapses_46_percent_of_the_rows_is_not_robust():
@@ -214,13 +213,13 @@ def test_quality_metrics_are_addressable_and_take_no_selector():
 
 
 def test_an_unaudited_family_is_marked_everywhere_and_strict_refuses_it(tmp_path, monkeypatch, capsys):
-    """The audited set is audit.AUDITED_FAMILIES (generated with docs/models.md): take gpt2 out of
+    """The audited set is AUDITED_FAMILIES (generated with docs/models.md): take gpt2 out of
     it and a gpt2 folder reads unaudited in diagnose's terminal line, JSON and HTML, check's warnings
     and convert's output; --strict refuses it with UnsupportedModelError's exit code (check: 3)."""
     folder = tmp_path / "gpt2"
     build_model("gpt2", n_layer=1, n_head=2, n_embd=16).save_pretrained(folder)
-    assert audit.unaudited_reason("gpt2") is None
-    monkeypatch.setattr(audit, "AUDITED_FAMILIES", audit.AUDITED_FAMILIES - {"gpt2"})
+    assert interface.unaudited_reason("gpt2") is None
+    monkeypatch.setattr(interface, "AUDITED_FAMILIES", interface.AUDITED_FAMILIES - {"gpt2"})
     probe = ["--probe", "logit-scale:1,2", "--samples", "2", "--random"]
     out = runner.invoke(app, ["diagnose", str(folder), *probe, "--json", str(tmp_path / "d.json"),
                               "--html", str(tmp_path / "d.html")])  # fmt: skip

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import UsageError
 from ..scorers import Scorer
-from .scorer_inputs import causal_rows, causal_when_unmasked
+from .masks import causal_rows, causal_when_unmasked
 from .sinks import with_sink_key
 
 BACKENDS = ("auto", "eager", "fused")

@@ -2,24 +2,22 @@
 
 ssacli registers one attention function and one mask function, both under the name ``"ssacli"``:
 
-* ``AttentionInterface``: :func:`ssacli_attention_forward` computes the model's logits exactly as its
-  eager path does (scaling, Gemma-2 softcap before the mask, T5 position bias, learned sinks,
-  un-repeated GQA keys) and hands them to the scorer attached to that attention module. Every
-  keyword argument a model passes is in :data:`ARGUMENTS` (understood) or makes the call raise
+* ``AttentionInterface``: :func:`~ssacli.attention.forward.ssacli_attention_forward` computes the
+  model's logits exactly as its eager path does (scaling, Gemma-2 softcap before the mask, T5
+  position bias, learned sinks, un-repeated GQA keys) and hands them to the scorer attached to that
+  attention module. Every keyword argument a model passes is in
+  :data:`~ssacli.attention.arguments.ARGUMENTS` (understood) or makes the call raise
   :class:`~ssacli.errors.UnsupportedModelError` naming it and the family: none is ignored.
-* ``AttentionMaskInterface``: :func:`ssacli_mask` builds the boolean mask (True = visible). Without
-  it transformers would pass ``attention_mask=None`` and a causal model would silently lose
-  causality and padding (tests/test_attention.py::test_mask_registration_is_load_bearing).
+* ``AttentionMaskInterface``: :func:`~ssacli.attention.masks.ssacli_mask` builds the boolean mask
+  (True = visible). Without it transformers would pass ``attention_mask=None`` and a causal model
+  would silently lose causality and padding (tests/test_attention.py::test_mask_registration_is_load_bearing).
 
 :func:`apply_scorer` attaches one scorer instance per attention module as the submodule
 ``ssacli_scorer`` (so ``state_dict()`` and optimizers see its parameters) and switches the model's
 implementation with ``set_attn_implementation``; :func:`restore` undoes both. Nothing in
 transformers is monkey-patched.
 
-The attention function's parts, in the order a call uses them: :mod:`.arguments` (the keywords
-understood or refused), :mod:`.scorer_inputs` (logits and visibility), :mod:`.sinks` (learned
-sinks), :mod:`.backend` (fused kernel or eager scorer), :mod:`.observing` (diagnose's blocked,
-observed path). Their public names are importable from here too.
+The attention function itself, and the one eager attention it runs, are :mod:`.forward`.
 """
 
 from __future__ import annotations
@@ -35,32 +33,12 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from ..errors import UnsupportedModelError
 from ..scorers import Scorer, make_scorer
-from .arguments import (
-    ARGUMENTS,
-    REFUSED_ARGUMENTS,
-    attention_call_arguments,
-    check_arguments,
-    family_name,
-    passed_arguments,
-)
-from .backend import BACKENDS, attention_backend, check_backend, eager_reason, fused_output
-from .observing import Observer, current_observer, observed_attention, observing
-from .scorer_inputs import EAGER_MASK_FAMILIES, scaled_logits, ssacli_mask, visibility
-from .sinks import score_with_sink, scores_and_sink, sink_logits, with_sink_key
-from .teacher import SOFTMAX, teacher_mode
-
-__all__ = [  # this module's own names and, re-exported, the public names of the modules it joins
-    "ARGUMENTS", "ATTENTION_NAME", "BACKENDS", "CONFIG_SPEC_ATTR", "EAGER_MASK_FAMILIES", "ORIGINAL_ATTR",
-    "REFUSED_ARGUMENTS", "SCORER_ATTR", "TESTED_FAMILIES", "Observer", "apply_scorer", "attention_backend",
-    "attention_call_arguments", "attention_modules", "check_arguments", "check_backend", "eager_reason",
-    "execution_device",
-    "num_heads", "observing", "passed_arguments", "register", "restore", "score_with_sink",
-    "scorers_of", "scores_and_sink", "sink_logits", "ssacli_attention_forward", "ssacli_mask", "supports",
-    "unsupported_reason", "visibility", "with_sink_key",
-]  # fmt: skip
+from .arguments import ARGUMENTS, REFUSED_ARGUMENTS, family_name, passed_arguments
+from .audited import AUDITED_FAMILIES
+from .forward import SCORER_ATTR, ssacli_attention_forward
+from .masks import ssacli_mask
 
 ATTENTION_NAME = "ssacli"
-SCORER_ATTR = "ssacli_scorer"
 ORIGINAL_ATTR = "_ssacli_original_attn_implementation"
 CONFIG_SPEC_ATTR = "ssacli_scorer"  # survives save_pretrained, unlike _attn_implementation
 
@@ -71,82 +49,7 @@ TESTED_FAMILIES = (
 )  # fmt: skip
 
 
-# ---- the registered attention function ------------------------------------------------------------
-
-SOFTMAX_SCORER = make_scorer("softmax")  # the original's scorer, for .teacher's modes
-
-
-def ssacli_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """AttentionInterface function: query [b, h, q, d], key/value [b, h_kv, k, d] (not repeated)."""
-    scorer = getattr(module, SCORER_ATTR, None)
-    if scorer is None:
-        raise RuntimeError(
-            f"{type(module).__name__} has no ssacli scorer: use ssacli.apply_scorer(model, spec) "
-            "instead of setting attn_implementation='ssacli' by hand"
-        )
-    check_arguments(module, kwargs)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    sink = sink_logits(kwargs)  # read once here, handed to whichever path runs
-    if sink is not None and scorer.uses_qk:
-        raise UnsupportedModelError(
-            f"model family '{family_name(module)}' has learned attention sinks; scorer '{scorer.name}' "
-            "scores q and k directly and has no logit scale to place a sink on (docs/scorers.md#sinks)"
-        )
-    per_head = max((p.numel() for p in scorer.parameters()), default=1)
-    if per_head > 1 and per_head != query.shape[1]:
-        raise UnsupportedModelError(
-            f"{type(module).__name__} ({family_name(module)}) attends with {query.shape[1]} query rows per "
-            f"position where its scorer holds {per_head} per-head parameters (attention that is not over "
-            "heads); use the scorer's share=layer option"
-        )
-    mode = teacher_mode()
-    if mode is not None:  # the softmax original inside the converted model (.teacher)
-        if mode == SOFTMAX:
-            return _attend(
-                module, SOFTMAX_SCORER, query, key, value, attention_mask, scaling, dropout, sink, kwargs
-            )
-        output, _ = _attend(module, scorer, query, key, value, attention_mask, scaling, dropout, sink, kwargs)
-        with torch.no_grad():
-            target, _ = _attend(
-                module, SOFTMAX_SCORER, query, key, value, attention_mask, scaling, dropout, sink, kwargs
-            )
-        return mode(module, output, target), None
-    return _attend(module, scorer, query, key, value, attention_mask, scaling, dropout, sink, kwargs)
-
-
-def _attend(module, scorer, query, key, value, attention_mask, scaling, dropout, sink, kwargs):
-    observer = current_observer()
-    if observer is None:
-        # Before repeating K/V: the fused kernels handle grouped-query attention themselves.
-        output = fused_output(
-            module, scorer, query, key, value, attention_mask, scaling, dropout, sink, kwargs
-        )
-        if output is not None:
-            return output.transpose(1, 2).contiguous(), None
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    if observer is not None:
-        return observed_attention(
-            module, scorer, observer, query, key, value, attention_mask, scaling, sink, kwargs
-        )
-    logits = scaled_logits(query, key, scaling, kwargs, slice(None))
-    logits, visible = visibility(logits, attention_mask, module, kwargs)
-    weights = score_with_sink(scorer, logits, visible, sink, query=query, key=key)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights.to(value.dtype), value).transpose(1, 2).contiguous()
-    return output, weights
+# ---- registration ---------------------------------------------------------------------------------
 
 
 def register() -> None:
@@ -235,6 +138,19 @@ def unsupported_reason(model: nn.Module) -> str | None:
                 "logits or the mask in ssacli.attention.interface (docs/models.md)"
             )
     return None
+
+
+def unaudited_reason(family: str) -> str | None:
+    """Why a model of ``family`` (its attention module's ``model_type``) is not covered by the
+    all-family audit, or None when it is (:data:`~ssacli.attention.audited.AUDITED_FAMILIES`, the one
+    list, generated with docs/models.md). Every other family that :func:`supports` accepts is accepted
+    on structure alone: every output marks it unaudited, and ``--strict`` refuses it."""
+    if family in AUDITED_FAMILIES:
+        return None
+    return (
+        f"family '{family}' is not among the families the all-family audit found exact "
+        "(docs/models.md): accepted on structure alone, its exactness is untested"
+    )
 
 
 def supports(model: nn.Module) -> bool:

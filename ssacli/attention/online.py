@@ -3,10 +3,10 @@ blocked pass (ssacli.kernels.online_stats), never forming a [rows, keys] weight 
 
 It serves scorers that are a softmax of a transformed logit (:meth:`Scorer.transformed_logits`:
 softmax, temperature, SSA, SSMax, sink, softmax1) and computes every block's logits exactly as
-:func:`~ssacli.attention.observing.observed_attention` does (the same matmul layout, scaling, softcap,
+:func:`~ssacli.attention.forward.observed_attention` does (the same matmul layout, scaling, softcap,
 position bias, float-mask bias and probe), so its statistics are those of the eager weights. An
-observer takes this path when its ``stats_mode`` is "auto" or "fused" (it then has ``record_rows``,
-``transform_block`` and ``top_k``); :func:`online_reason` says why a call cannot (the observer then
+observer (:class:`~ssacli.attention.forward.Observer`) takes this path when its ``stats_mode`` is
+"auto" or "fused"; :func:`online_reason` says why a call cannot (the observer then
 gets the eager path under "auto", a UsageError under "fused").
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from ..kernels.online_stats import STATS_BLOCK_KEYS, softmax_statistics
 from ..scorers import Scorer
-from .scorer_inputs import causal_when_unmasked
+from .masks import causal_when_unmasked
 
 STATS_MODES = ("auto", "eager", "fused")
 
@@ -33,14 +33,12 @@ def online_reason(scorer: Scorer, mask: torch.Tensor | None, kwargs: dict) -> st
 
 
 def online_observed_attention(module, scorer, observer, query, key, value, mask, scaling, sink, kwargs):
-    """:func:`~ssacli.attention.observing.observed_attention`'s output, with the call's statistics
+    """:func:`~ssacli.attention.forward.observed_attention`'s output, with the call's statistics
     handed to ``observer.record_rows`` instead of its weights to ``observer.record``. key/value are
     already repeated for GQA; ``sink``: the learned sink logits or None."""
     b, h, q_total, _ = query.shape
     k_len = key.shape[-2]
-    transform_key = getattr(observer, "transform_key", None)
-    if transform_key is not None:
-        key = transform_key(key, module)
+    key = observer.transform_key(key, module)
     positions = torch.arange(k_len - q_total, k_len, device=query.device)
     compute = torch.promote_types(query.dtype, torch.float32)
     softcap, bias = kwargs.get("softcap"), kwargs.get("position_bias")
@@ -119,12 +117,12 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
     if keyless is not None:
         keyless = keyless.to(compute).expand(1, h, 1, 1).reshape(1, h, 1)
         extra = keyless if extra is None else torch.logaddexp(extra, keyless)
-    target = getattr(observer, "target", None)
+    target = observer.target
     if target is not None and target.shape[0] != b:
         target = None
     out, stats = softmax_statistics(
         value, q_total, logits=logits, visible=visible, transform=transform, count=count,
-        key_span=key_span, extra=extra, target=target, top_k=int(getattr(observer, "top_k", 5)),
+        key_span=key_span, extra=extra, target=target, top_k=int(observer.top_k),
         block_rows=max(1, int(observer.block_size)), block_keys=STATS_BLOCK_KEYS,
     )  # fmt: skip
     observer.record_rows(module, stats, positions, sink=sink_t)

@@ -1,9 +1,10 @@
 """Learned attention sinks (gpt-oss's ``s_aux``, inkling2's ``sinks``): one extra, always visible key
 whose logit is the sink and whose value is zero.
 
-:func:`sink_logits` reads the sink from an attention call; :func:`scores_and_sink` scores it with any
-scorer (the eager path and diagnose); :func:`with_sink_key` turns it into an ordinary first key for
-fused kernels that know no sinks.
+:func:`sink_logits` reads the sink from an attention call;
+:func:`~ssacli.attention.forward.scores_and_sink` scores it with any scorer (the eager path and
+diagnose); :func:`with_sink_key` turns it into an ordinary first key for fused kernels that know
+no sinks.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..scorers import Scorer
-from .scorer_inputs import causal_rows
+from .masks import causal_rows
 
 
 def sink_logits(kwargs: dict) -> torch.Tensor | None:
@@ -28,44 +28,6 @@ def sink_logits(kwargs: dict) -> torch.Tensor | None:
     if sink is None:
         return None
     return sink.reshape(1, -1, 1, 1) if sink.dim() == 1 else sink
-
-
-def score_with_sink(
-    scorer: Scorer,
-    logits: torch.Tensor,
-    visible: torch.Tensor | None,
-    sink: torch.Tensor | None,
-    **inputs,
-) -> torch.Tensor:
-    """The scorer's weights [b, h, q, k]; with a ``sink`` [b|1, h, q|1, 1], over the keys plus one
-    extra, always visible key whose logit is the sink (its weight is dropped: its value is zero).
-
-    What the sink means therefore follows from each scorer's definition on an extra key: softmax gives
-    exp(x)/(exp(s) + Σ exp(x)) (gpt-oss's eager path); SSA transforms s like any logit; sparse scorers
-    may give the sink all or none of the mass; scorers counting visible keys count it (docs/scorers.md).
-    """
-    return scores_and_sink(scorer, logits, visible, sink, **inputs)[0]
-
-
-def scores_and_sink(
-    scorer: Scorer,
-    logits: torch.Tensor,
-    visible: torch.Tensor | None,
-    sink: torch.Tensor | None,
-    **inputs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`score_with_sink`'s weights [b, h, q, k] and the weight the sink key took [b, h, q]
-    (None without a sink): what diagnose reports as the learned-sink mass."""
-    if sink is None:
-        return scorer(logits, visible, **inputs), None
-    b, h, q, k = logits.shape
-    column = sink.to(logits.dtype).expand(b, h, q, 1)
-    if visible is None:
-        visible = torch.ones(1, 1, 1, k, dtype=torch.bool, device=logits.device)
-    visible = visible.expand(b, h, q, k)
-    visible = torch.cat([visible, visible.new_ones(b, h, q, 1)], dim=-1)
-    weights = scorer(torch.cat([logits, column], dim=-1), visible, **inputs)
-    return weights[..., :k], weights[..., k]
 
 
 def with_sink_key(query, key, value, mask, causal, sink, scaling):

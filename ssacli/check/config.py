@@ -17,7 +17,7 @@ from typing import Any
 from ..defaults import DEFAULT_MODEL, SAMPLES, SEED
 from ..errors import InputError, UsageError
 from ..files import check_writable, write_text
-from ..models.kinds import KINDS, family_kind
+from ..models.kinds import KINDS, ModelKind, family_kind
 
 CONFIG_FILE = "ssacli.toml"  # what check reads from the working folder when no config is given
 
@@ -246,7 +246,7 @@ def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = 
     thresholds sit well clear of what builtin:every-softmax measures, so it passes; those for other
     models are loose starting points: tighten them, or gate on a baseline, once you have measured."""
     kind = family if family in KINDS else family_kind(family)
-    what = "an in-context-learning model" if kind == "icl" else f"a transformers model ({kind})"
+    what = "an in-context-learning model" if kind == ModelKind.ICL else f"a transformers model ({kind})"
     if requires is not None:
         what += "; thresholds measured on it (probes that do not reach its attention get no gate)"
     return _TEMPLATE.format(
@@ -254,7 +254,7 @@ def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = 
         model=json.dumps(model),
         samples=SAMPLES,
         seed=SEED,
-        requires=requires if requires is not None else _REQUIRES["icl" if kind == "icl" else "lm"],
+        requires=requires if requires is not None else _REQUIRES["icl" if kind == ModelKind.ICL else "lm"],
     )
 
 

@@ -22,6 +22,7 @@ from ..check.config import CONFIG_FILE
 from ..defaults import DEFAULT_MODEL
 from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, check_exit_code
 from ..files import write_text
+from ..models.kinds import ModelKind
 from .options import (
     AllowDownload,
     AllowPickle,
@@ -190,7 +191,7 @@ def _init(model_ref: str | None, config: Path | None, load: dict) -> int:
     model, target = model_ref or DEFAULT_MODEL, config or Path(CONFIG_FILE)
     with progress(f"measuring {model} for {target}", quiet=False):
         kind = write_check_config(model, target, **load)
-    article = "an" if kind == "icl" else "a"
+    article = "an" if kind == ModelKind.ICL else "a"
     Console().print(
         f"wrote {target} (requirements measured on {article} {kind} model; see the comments)", highlight=False
     )

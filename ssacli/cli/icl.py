@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..defaults import SCORER_LR
+from ..defaults import ICL_LENGTHS, ICL_POINTS, SCORER_LR
 from ..errors import UsageError
 from ..files import check_writable_folder, write_json
 from .options import SCORER_LR_HELP, bar_columns, check_outputs, floats, progress
@@ -31,7 +31,7 @@ def icl_train(
     heads: int = typer.Option(None, help="Override the preset's heads."),
     width: int = typer.Option(None, help="Override the preset's width."),
     points_start: int = typer.Option(11, help="Curriculum: points per prompt at the start."),
-    points_end: int = typer.Option(41, help="Curriculum: points per prompt at the end."),
+    points_end: int = typer.Option(ICL_POINTS, help="Curriculum: points per prompt at the end."),
     points_every: int = typer.Option(
         None, help="Curriculum: steps between +2 points (default: end at half-way)."
     ),
@@ -85,7 +85,9 @@ def icl_train(
 def icl_eval(
     model_ref: str = typer.Argument(..., metavar="MODEL", help="Checkpoint folder or builtin:NAME."),
     sigma: str = typer.Option("1,2,4,8,16,32", help="Comma-separated σ of the inputs."),
-    length: str = typer.Option("41,81,161", help="Comma-separated prompt lengths (points)."),
+    length: str = typer.Option(
+        ",".join(map(str, ICL_LENGTHS)), help="Comma-separated prompt lengths (points)."
+    ),
     outlier: str = typer.Option(None, help="Planted outliers VALUE@POSITION, comma-separated, e.g. 1000@3."),
     prompts: int = typer.Option(500, min=1, help="Prompts per cell."),
     coef_sigma: float = typer.Option(1.0, help="linear: σ of the coefficients a, b."),
@@ -97,7 +99,7 @@ def icl_eval(
     """Evaluate an ICL model over σ × length, and with planted outliers."""
     check_outputs(("--json", json_out), ("--plot", plot))  # before anything heavy is imported
     from .. import evaluate_icl
-    from ..icl import parse_outlier
+    from ..icl.evaluate import parse_outlier
     from ..report.icl import icl_legend, icl_tables
 
     lengths = tuple(int(v) for v in floats(length, "length"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from .. import defaults
 from ..errors import UsageError
 from ..files import write_text
 from .options import (
@@ -48,7 +49,9 @@ def report_command(
         False, "--no-builtin", help="Skip the built-in texts and pairs measured where no data is given."
     ),
     lm_eval: str = typer.Option(
-        None, "--lm-eval", metavar="TASKS",
+        None,
+        "--lm-eval",
+        metavar="TASKS",
         help="lm-evaluation-harness tasks (names or task YAML files, comma-separated) on both; "
         'needs pip install "ssacli\\[eval]", and cached data unless --allow-download.',
     ),  # fmt: skip
@@ -67,7 +70,7 @@ def report_command(
     batch_size: int = typer.Option(8, min=1, help="Windows per forward pass."),
     sigma: str = typer.Option("1,2,4,8,16,32", help="ICL models: σ of the inputs, comma-separated."),
     outlier: str = typer.Option("10@3,100@3,1000@3", help="ICL models: VALUE@POSITION outliers ('' = none)."),
-    icl_length: int = typer.Option(41, min=2, help="ICL models: points per prompt."),
+    icl_length: int = typer.Option(defaults.ICL_POINTS, min=2, help="ICL models: points per prompt."),
     prompts: int = typer.Option(500, min=1, help="ICL models: prompts per cell."),
     json_out: Path = typer.Option(None, "--json", help="Write the report (schema ssacli-report) here."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
@@ -110,7 +113,7 @@ def report_command(
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     from .. import compare_models, parse_probe
-    from ..icl import parse_outlier
+    from ..icl.evaluate import parse_outlier
     from ..quality.inputs import read_pairs, read_text_file
 
     probes = [str(parse_probe(p)) for p in probe] if probe else None

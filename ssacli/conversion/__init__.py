@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from ..attention.audit import unaudited_reason
-from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports
+from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports, unaudited_reason
 from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES
 from ..errors import OutputError, UnsupportedModelError, UsageError
 from ..models.checkpoint import SCORER_KEY, check_replaceable, write_model_folder
+from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_model, local_model_path
 from ..scorers import make_scorer
 from .calibration import calibration_inputs, fidelity, model_outputs, target_of, task_is_classification
@@ -53,7 +53,7 @@ def save_model(
     run's best/ folder (:data:`ssacli.models.checkpoint.BEST_DIR`)."""
     out = Path(out).expanduser()
     check_out(out, loaded.path, overwrite)
-    if loaded.kind == "icl":
+    if loaded.kind == ModelKind.ICL:
         from ..models.icl import save_icl  # transformers' GPT-2 is imported only for ICL models
 
         if meta:

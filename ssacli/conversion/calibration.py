@@ -14,6 +14,8 @@ import torch
 from torch.nn import functional as F
 
 from ..defaults import MAX_KL_PER_TOKEN, MAX_RELATIVE_ERROR
+from ..models.icl_task import TOKENS_PER_POINT, interleave, labels
+from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
 
 
@@ -22,18 +24,19 @@ def calibration_inputs(
 ) -> list:
     """The calibration batches: ``samples`` windows of ``length`` tokens from ``text`` (None: the
     built-in probe texts), padded into batches of 8; ICL models get ``samples`` prompts of their task."""
-    from ..diagnosis.probes import TokenSource, icl_batches, icl_tokens, pad_sequences
+    from ..diagnosis.probes import TokenSource, icl_batches, pad_sequences
 
-    if loaded.kind == "icl":
+    if loaded.kind == ModelKind.ICL:
         task = loaded.model.spec.task
+        points = length // TOKENS_PER_POINT or 1
         return [
-            icl_tokens(task, b.xs, b.coef)[0] for b in icl_batches(task, samples, length // 2 or 1, 8, seed)
+            interleave(b.xs, labels(task, b.xs, b.coef)) for b in icl_batches(task, samples, points, 8, seed)
         ]
     vocab = getattr(loaded.config, "vocab_size", None) or 2
     if loaded.max_positions:
         length = min(length, loaded.max_positions)
     source = TokenSource(loaded.tokenizer, text=text, random_ids=False, vocab_size=vocab, seed=seed)
-    return pad_sequences(source.sequences(samples, length), 0, 8)
+    return pad_sequences(source.sequences(samples, length), loaded.pad_id, 8)
 
 
 @torch.inference_mode()
@@ -42,13 +45,13 @@ def model_outputs(loaded: LoadedModel, batches: list) -> list[torch.Tensor]:
     device = loaded.device
     outs = []
     for batch in batches:
-        if loaded.kind == "icl":
+        if loaded.kind == ModelKind.ICL:
             outs.append(loaded.model(batch.to(device)).float().cpu())
             continue
         kwargs: dict[str, Any] = {"input_ids": batch.input_ids.to(device)}
-        if loaded.kind == "seq2seq":
+        if loaded.kind == ModelKind.SEQ2SEQ:
             kwargs["decoder_input_ids"] = kwargs["input_ids"]
-        if loaded.kind in ("causal", "seq2seq"):
+        if loaded.kind in (ModelKind.CAUSAL, ModelKind.SEQ2SEQ):
             kwargs["use_cache"] = False
         result = loaded.model(**kwargs)
         logits = getattr(result, "logits", None)
@@ -67,8 +70,12 @@ def fidelity(
     same for the two Bernoulli distributions per prediction, plus the relative error. Others
     (encoders' hidden states, ICL regression): the relative error ‖after − before‖ / ‖before‖.
     """
-    is_lm = kind in ("causal", "masked", "seq2seq") and before[0].dim() == 3 and before[0].shape[-1] > 1
-    if kind == "icl" and task_is_classification(batches):
+    is_lm = (
+        kind in (ModelKind.CAUSAL, ModelKind.MASKED, ModelKind.SEQ2SEQ)
+        and before[0].dim() == 3
+        and before[0].shape[-1] > 1
+    )
+    if kind == ModelKind.ICL and task_is_classification(batches):
         return {**_bernoulli_kl(before, after), **_relative_error(before, after)}
     if not is_lm:
         return _relative_error(before, after)

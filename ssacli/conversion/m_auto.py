@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..attention.forward import Observer, observing
 from ..attention.interface import attention_modules, scorers_of
-from ..attention.observing import observing
 from ..errors import JobFailedError
 from ..models.loading import LoadedModel
 from ..scorers.base import positive_raw
@@ -51,8 +51,8 @@ def _with_sink_column(x: torch.Tensor, seen: torch.Tensor, sink_weight: torch.Te
     return torch.cat([x, s], -1), torch.cat([seen, seen.new_ones(*seen.shape[:-1], 1)], -1)
 
 
-class _RowKL:
-    """An observer (ssacli.attention.observing.Observer) that, while the model runs with softmax,
+class _RowKL(Observer):
+    """An observer (ssacli.attention.forward.Observer) that, while the model runs with softmax,
     measures for every layer and every m of the grid the mean KL(softmax ‖ faithful SSA) of its
     attention rows, and the largest |logit| it sees."""
 

@@ -2,14 +2,14 @@
 that observes the attention.
 
 Where a probe acts is declared by its kind (:class:`ssacli.diagnosis.probes.ActsOn`), and this
-module dispatches on that: on the attention logits, :class:`LogitProbe` applies the kind's effect
-inside ssacli's attention function, ahead of the Recorder; on the input embeddings, a forward hook
-on the embedding module applies it (ICL models: the x values themselves); on the inputs alone
+module dispatches on that: on the keys or the attention logits, the :class:`Recorder` applies the
+kind's effect inside ssacli's attention function (:attr:`Recorder.probe`); on the input embeddings,
+a forward hook on the embedding module applies it (ICL models: the x values themselves); on the inputs alone
 (length, numeric), :mod:`ssacli.diagnosis.run` chose them and nothing happens here. Whatever the
 route, every attention map reaches :meth:`Recorder.record` and leaves as per-head sums
 (:func:`ssacli.diagnosis.metrics.row_sums`): through ssacli's attention function in query blocks,
-or, on the eager fallback, through :meth:`Recorder.fallback_hook` on each attention module, which
-drops the map once reduced.
+or, on the eager fallback, through the forward hook of :mod:`ssacli.diagnosis.fallback` on each
+attention module, which drops the map once reduced.
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..attention.interface import observing
+from ..attention.forward import Observer, observing
 from ..errors import UnsupportedModelError
 from ..kernels.online_stats import RowStatistics
+from ..models.icl_task import TOKENS_PER_POINT, interleave, labels, prediction_errors
+from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
 from .metrics import HeadStats, LayerStats, row_sums
 from .online import online_logit_sums, online_row_sums
-from .probes import ActsOn, Effect, Probe, ProbeBatch, ProbeKind, icl_tokens
+from .probes import ActsOn, Effect, Probe, ProbeBatch, ProbeKind
+from .routes import Route, fallback_hooks, forward_arguments
 
 
 def block_name(attention_name: str) -> str:
@@ -48,10 +51,11 @@ class Overflow:
             self.first = {"layer": layer, "where": where}
 
 
-class Recorder:
-    """An :class:`ssacli.attention.interface.Observer` that only observes: it reduces every block of
-    attention weights into per-layer :class:`HeadStats` and changes nothing (``transform`` is the
-    identity; a logit probe wraps it in a :class:`LogitProbe`)."""
+class Recorder(Observer):
+    """The :class:`~ssacli.attention.forward.Observer` diagnose plugs into attention: the probe's
+    ``effect`` on every call's keys (:meth:`transform_key`, before the logits are formed) or logits
+    (:meth:`transform`) when :attr:`probe` is set, and the reduction of every block of attention
+    weights (or of the fused path's row statistics) into per-layer :class:`HeadStats`."""
 
     def __init__(
         self, layer_of: dict[int, int], *, tau: float, top_k: int, block_size: int, causal: bool,
@@ -73,10 +77,37 @@ class Recorder:
         # began, and per layer those that ran before its first call (see :func:`absorber`).
         self.norms_seen: list[str] = []
         self.norms_before: dict[int, list[str]] = {}
+        # The probe that acts inside attention in the current forward: (kind, level), or None
+        # (reference levels, and probes that act on embeddings or inputs).
+        self.probe: tuple[ProbeKind, float] | None = None
+
+    def transform_key(self, key: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        if self.probe is not None and self.probe[0].acts_on is ActsOn.KEYS:
+            kind, level = self.probe
+            if self.target is not None and key.shape[0] == self.target.shape[0]:
+                return kind.effect(key, level, self.target)
+        return key
 
     def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        if self.probe is not None and self.probe[0].acts_on is ActsOn.LOGITS:
+            kind, level = self.probe
+            logits = kind.effect(logits, level, self.target)
         self.note_logits(logits, module)
         return logits
+
+    def transform_block(self, logits: torch.Tensor, module: nn.Module, cols: slice) -> torch.Tensor:
+        """:meth:`transform` of the key columns ``cols`` (the fused statistics): a target outside them
+        is sent to one spare column (dropped after), so the effect changes exactly the entries it
+        changes on whole rows."""
+        if self.probe is None or self.probe[0].acts_on is not ActsOn.LOGITS:
+            return logits
+        kind, level = self.probe
+        if self.target is None or not kind.has_target:
+            return kind.effect(logits, level, self.target)
+        width = logits.shape[-1]
+        local = self.target.to(logits.device).long() - cols.start
+        local = torch.where((local < 0) | (local >= width), width, local)
+        return kind.effect(F.pad(logits, (0, 1)), level, local)[..., :width]
 
     def note_logits(self, logits: torch.Tensor, module: nn.Module) -> None:
         """Keep the block's logits (as the scorer will see them) until :meth:`record` knows its rows."""
@@ -117,10 +148,6 @@ class Recorder:
         if layer not in self.stats:
             self.stats[layer] = HeadStats(weights.shape[1])
         self.stats[layer].add(sums)
-
-    def transform_block(self, logits: torch.Tensor, module: nn.Module, cols: slice) -> torch.Tensor:
-        """The fused path's :meth:`transform` of one key block (columns ``cols``): the identity."""
-        return logits
 
     def record_rows(self, module, stats: RowStatistics, query_positions, sink=None) -> None:
         """:meth:`record` for the fused path: one call's per-row statistics instead of its weights
@@ -202,85 +229,6 @@ class Recorder:
 
         return hook
 
-    def fallback_hook(self, module, args, output):
-        """Forward hook for eager-fallback attention modules: reduce the weights, then drop them."""
-        if not isinstance(output, tuple):
-            return None
-        for index, item in enumerate(output):
-            if isinstance(item, torch.Tensor) and item.dim() == 4 and item.is_floating_point():
-                q, k = item.shape[-2:]
-                positions = torch.arange(k - q, k, device=item.device)
-                visible = self._structural_mask(module, item, positions)
-                self.record(module, item, visible, positions)
-                return (*output[:index], None, *output[index + 1 :])
-        return None
-
-    def _structural_mask(self, module: nn.Module, weights: torch.Tensor, positions: torch.Tensor):
-        """Which keys each row may see: the module's own causal/local-window buffer when it has one
-        (GPT-Neo's ``bias``), else causal by family; and the batch's key padding."""
-        k = weights.shape[-1]
-        visible = torch.ones(1, 1, len(positions), k, dtype=torch.bool, device=weights.device)
-        buffer = getattr(module, "bias", None)
-        if isinstance(buffer, torch.Tensor) and buffer.dtype == torch.bool and buffer.dim() == 4:
-            if buffer.shape[-1] >= k:
-                visible = visible & buffer[:, :, positions, :k].to(weights.device)
-        elif self.causal:
-            visible = visible & (torch.arange(k, device=weights.device) <= positions.unsqueeze(-1))
-        if self.valid is not None and self.valid.shape[-1] == k:
-            visible = visible & self.valid.to(weights.device)[:, None, None, :]
-        return visible
-
-
-class ProbeObserver:
-    """The Observer ssacli's attention sees under a key or logit probe: the probe's ``effect`` on
-    every call's keys (``transform_key``, before the logits are formed) or logits (``transform``),
-    then the :class:`Recorder`'s reduction."""
-
-    def __init__(self, recorder: Recorder, kind: ProbeKind, level: float, target: torch.Tensor | None):
-        self.recorder, self.kind, self.level, self.target = recorder, kind, level, target
-        self.block_size = recorder.block_size
-
-    def transform_key(self, key: torch.Tensor, module: nn.Module) -> torch.Tensor:
-        if self.kind.acts_on is ActsOn.KEYS and key.shape[0] == self.target.shape[0]:
-            return self.kind.effect(key, self.level, self.target)
-        return key
-
-    def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
-        if self.kind.acts_on is ActsOn.LOGITS:
-            logits = self.kind.effect(logits, self.level, self.target)
-        self.recorder.note_logits(logits, module)
-        return logits
-
-    def record(self, module, weights, visible, query_positions, sink=None) -> None:
-        self.recorder.record(module, weights, visible, query_positions, sink)
-
-    # The fused statistics' seams (ssacli.attention.online): the same probe, one key block at a time.
-    @property
-    def stats_mode(self) -> str:
-        return self.recorder.stats_mode
-
-    @property
-    def top_k(self) -> int:
-        return self.recorder.top_k
-
-    def transform_block(self, logits: torch.Tensor, module: nn.Module, cols: slice) -> torch.Tensor:
-        """:meth:`transform` of the key columns ``cols``: a target outside them is sent to one spare
-        column (dropped after), so the effect changes exactly the entries it changes on whole rows."""
-        if self.kind.acts_on is not ActsOn.LOGITS:
-            return logits
-        if self.target is None or not self.kind.has_target:
-            return self.kind.effect(logits, self.level, self.target)
-        width = logits.shape[-1]
-        local = self.target.to(logits.device).long() - cols.start
-        local = torch.where((local < 0) | (local >= width), width, local)
-        return self.kind.effect(F.pad(logits, (0, 1)), self.level, local)[..., :width]
-
-    def record_rows(self, module, stats: RowStatistics, query_positions, sink=None) -> None:
-        self.recorder.record_rows(module, stats, query_positions, sink)
-
-
-LogitProbe = ProbeObserver  # the name before key probes existed
-
 
 def absorber(norms: list[str], attention: str) -> str | None:
     """The normalization a shift of the residual stream meets last before ``attention`` (a module
@@ -322,7 +270,7 @@ class OutputReference:
 
 
 def forward_batch(
-    loaded: LoadedModel, route: str, probe: Probe, level: float, batch: ProbeBatch, recorder: Recorder,
+    loaded: LoadedModel, route: Route, probe: Probe, level: float, batch: ProbeBatch, recorder: Recorder,
     layers: list[tuple[str, nn.Module]], reference: OutputReference | None = None, index: int = 0,
 ) -> dict[str, tuple[float, float]]:  # fmt: skip
     """Run one batch under the probe at ``level``, observed by ``recorder``; returns extras as
@@ -331,16 +279,15 @@ def forward_batch(
     kind = probe.kind
     recorder.valid = batch.valid
     recorder.target = batch.target
-    observer: Recorder | ProbeObserver = recorder
-    if kind.acts_on in (ActsOn.KEYS, ActsOn.LOGITS) and kind.changes(level):
-        observer = ProbeObserver(recorder, kind, level, batch.target)
+    inside = kind.acts_on in (ActsOn.KEYS, ActsOn.LOGITS) and kind.changes(level)
+    recorder.probe = (kind, level) if inside else None
     device = loaded.device
     hooks = _watch_hooks(loaded, recorder, layers)
-    if route == "eager-fallback":
-        hooks += [m.register_forward_hook(recorder.fallback_hook) for _, m in layers]
+    if route is Route.EAGER_FALLBACK:
+        hooks += fallback_hooks(recorder, layers)
     try:
-        with torch.inference_mode(), observing(observer):
-            if loaded.kind == "icl":
+        with torch.inference_mode(), observing(recorder):
+            if loaded.kind == ModelKind.ICL:
                 extras = _icl_forward(loaded, kind, level, batch, device, recorder)
             else:
                 if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
@@ -350,6 +297,7 @@ def forward_batch(
         for hook in hooks:
             hook.remove()
         recorder.pending.clear()
+        recorder.probe = None
     return extras
 
 
@@ -387,17 +335,16 @@ def _embedding_hook(loaded: LoadedModel, effect: Effect, level: float, target: t
 
 
 def _hf_forward(
-    loaded: LoadedModel, route: str, batch: ProbeBatch, device, recorder: Recorder,
+    loaded: LoadedModel, route: Route, batch: ProbeBatch, device, recorder: Recorder,
     reference: OutputReference | None = None, index: int = 0,
 ) -> dict[str, tuple[float, float]]:  # fmt: skip
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
-    if loaded.kind == "seq2seq":
+    if loaded.kind == ModelKind.SEQ2SEQ:
         kwargs.update(decoder_input_ids=ids, decoder_attention_mask=mask)
-    if loaded.kind in ("causal", "seq2seq"):
+    if loaded.kind in (ModelKind.CAUSAL, ModelKind.SEQ2SEQ):
         kwargs["use_cache"] = False
-    if route == "eager-fallback":
-        kwargs["output_attentions"] = True  # some eager paths only compute weights when asked
+    kwargs.update(forward_arguments(route))
     out = loaded.model(**kwargs)
     logits = getattr(out, "logits", None)
     if isinstance(logits, torch.Tensor) and not torch.isfinite(logits).all():
@@ -409,7 +356,7 @@ def _hf_forward(
         kl = reference.compare(index, logits, mask.bool())
         if kl is not None:
             extras["output_kl"] = kl
-    if loaded.kind != "causal":
+    if loaded.kind != ModelKind.CAUSAL:
         return extras
     keep = (mask[:, 1:] * mask[:, :-1]).bool()
     losses = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
@@ -423,26 +370,20 @@ def _hf_forward(
 def _icl_forward(
     loaded: LoadedModel, kind: ProbeKind, level: float, batch: ProbeBatch, device, recorder: Recorder
 ) -> dict:
-    from ..icl.evaluate import FIRST_SCORED
-
     model = loaded.model
     xs = batch.xs
     if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
-        target = None if batch.target is None else batch.target // 2  # token index -> its x value
+        target = None if batch.target is None else batch.target // TOKENS_PER_POINT  # token -> its x
         xs = kind.effect(xs, level, target)
-    tokens, ys = icl_tokens(model.spec.task, xs, batch.coef)
+    ys = labels(batch.task, xs, batch.coef)
     dtype = next(model.parameters()).dtype
-    predictions = model(tokens.to(device, dtype)).float().cpu()
+    predictions = model(interleave(xs, ys).to(device, dtype)).float().cpu()
     if not torch.isfinite(predictions).all():
         recorder.overflow.note(None, "predictions")
-    scored = slice(FIRST_SCORED - 1, None)
-    if model.spec.task == "linear":
-        errors = (predictions[:, scored] - ys[:, scored]) ** 2
-    else:
-        errors = (torch.sign(predictions[:, scored]) != ys[:, scored]).float()
+    errors = prediction_errors(batch.task, predictions, ys)
     return {"error": (float(errors.sum()), float(errors.numel()))}
 
 
 __all__ = [
-    "LogitProbe", "OutputReference", "Overflow", "ProbeObserver", "Recorder", "block_name", "forward_batch",
+    "OutputReference", "Overflow", "Recorder", "block_name", "forward_batch",
 ]  # fmt: skip

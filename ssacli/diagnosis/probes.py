@@ -29,7 +29,7 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..icl.tasks import every_labels, some_labels
+from ..models.icl_task import TOKENS_PER_POINT, check_task, x_positions
 from .texts import NUMERIC_TEMPLATES, TEXTS, numeric_number
 
 
@@ -197,12 +197,14 @@ def default_probes() -> list[Probe]:
 @dataclass
 class ProbeBatch:
     """One forward's worth of probe input. Exactly one of ``input_ids`` / ``xs`` is set.
-    (Not :class:`ssacli.icl.tasks.Batch`, the ICL training batch.)"""
+    (Not :class:`ssacli.models.icl_task.Batch`, the ICL training batch: a probe rescales ``xs`` before
+    the labels are drawn, :func:`ssacli.models.icl_task.labels`.)"""
 
     input_ids: torch.Tensor | None = None  # [b, t] token ids (transformers models)
     attention_mask: torch.Tensor | None = None  # [b, t] 1 = real token
     xs: torch.Tensor | None = None  # [b, points] ICL x values (before any probe)
     coef: torch.Tensor | None = None  # [b, 2] ICL linear task a, b
+    task: str | None = None  # the ICL task the labels follow
     target: torch.Tensor | None = None  # [b] token index of the probe's target
 
     @property
@@ -216,7 +218,7 @@ class ProbeBatch:
             return self.attention_mask.bool()
         if self.input_ids is not None:
             return torch.ones_like(self.input_ids, dtype=torch.bool)
-        return torch.ones(self.xs.shape[0], 2 * self.xs.shape[1], dtype=torch.bool)
+        return torch.ones(self.xs.shape[0], TOKENS_PER_POINT * self.xs.shape[1], dtype=torch.bool)
 
 
 def pad_sequences(
@@ -246,8 +248,8 @@ def pick_targets(batches: list[ProbeBatch], seed: int) -> None:
         targets = []
         for row in range(valid.shape[0]):
             positions = valid[row].nonzero().flatten()
-            if batch.xs is not None:  # ICL: only x tokens (even indices) carry an input value
-                positions = positions[::2]
+            if batch.xs is not None:  # ICL: only x tokens carry an input value
+                positions = positions[x_positions(len(positions))]
             half = max(2, (len(positions) + 1) // 2)
             choices = positions[1:half] if len(positions) > 1 else positions
             targets.append(choices[torch.randint(len(choices), (1,), generator=generator)].item())
@@ -299,23 +301,15 @@ def numeric_sequences(tokenizer, digits: int, samples: int, seed: int) -> list[l
 
 
 def icl_batches(task: str, samples: int, points: int, batch_size: int, seed: int) -> list[ProbeBatch]:
-    """Prompts of the ICL model's task at σ = 1 (probes rescale the x values later)."""
+    """Prompts of ``task`` at σ = 1 (probes rescale the x values later; the labels are drawn then).
+    The coefficients a, b are drawn for every task, so one seed gives the same x values whatever the
+    task (paired across tasks); only ``linear`` reads them."""
+    check_task(task)
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for start in range(0, samples, batch_size):
         n = min(batch_size, samples - start)
         xs = torch.randn(n, points, generator=generator)
         coef = torch.randn(n, 2, generator=generator)
-        batches.append(ProbeBatch(xs=xs, coef=coef))
+        batches.append(ProbeBatch(xs=xs, coef=coef, task=task))
     return batches
-
-
-def icl_tokens(task: str, xs: torch.Tensor, coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [b, 2·points], labels [b, points]) for the (possibly probed) x values."""
-    if task == "every":
-        ys = every_labels(xs)
-    elif task == "some":
-        ys = some_labels(xs)
-    else:
-        ys = coef[:, :1] * xs + coef[:, 1:]
-    return torch.stack([xs, ys], dim=-1).flatten(1), ys

@@ -7,14 +7,8 @@ looping over them and assembling the :class:`~ssacli.diagnosis.result.DiagnoseRe
 under a probe, and the :class:`~ssacli.diagnosis.forward.Recorder` that reduces its attention, are in
 :mod:`ssacli.diagnosis.forward` (``Recorder`` is importable from here too).
 
-Two routes to the weights, one reduction (ssacli.diagnosis.metrics):
-
-* ``ssacli``: models on transformers' attention registry run through ssacli's attention function
-  (softmax for an untouched model, exact to the eager path), which streams each call's weights to
-  a :class:`Recorder` in query blocks; logit probes act inside that call.
-* ``eager-fallback``: families off the registry (gpt_neo, bloom, deberta-v2, …) run their own
-  eager attention; a forward hook on each attention module reduces its weights and drops them, so
-  at most one layer's map exists at a time. Logit probes need the first route and are skipped.
+Two routes to the weights (:mod:`ssacli.diagnosis.routes`: ssacli's attention function, or a
+family's own eager attention), one reduction (:mod:`ssacli.diagnosis.metrics`).
 """
 
 from __future__ import annotations
@@ -31,21 +25,13 @@ import torch
 from torch import nn
 
 from .. import defaults
-from ..attention.audit import FALLBACK_FAMILIES, FALLBACK_UNCHECKED, unaudited_reason
-from ..attention.interface import (
-    CONFIG_SPEC_ATTR,
-    SCORER_ATTR,
-    apply_scorer,
-    attention_modules,
-    num_heads,
-    restore,
-    scorers_of,
-    supports,
-)
+from ..attention.forward import SCORER_ATTR
+from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, attention_modules, restore, scorers_of
 from ..attention.online import STATS_MODES
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
-from ..models.kinds import ICL_FAMILY, kind_of, max_positions
+from ..models.icl_task import TOKENS_PER_POINT
+from ..models.kinds import ICL_FAMILY, ModelKind, kind_of, max_positions
 from ..models.loading import LoadedModel, load_model
 from ..version import __version__
 from .forward import OutputReference, Recorder, absorber, forward_batch
@@ -66,6 +52,7 @@ from .probes import (
     scorer_insensitivity,
 )
 from .result import DiagnoseResult, ProbeResult
+from .routes import Route, attention_layers, choose_route, layer_heads, route_unaudited_reason
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -140,25 +127,13 @@ def diagnose(
     placed = {"device_map": device_map, "max_memory": max_memory}
     loaded = _as_loaded(model, tokenizer, {**load, "trust_remote_code": trust_remote_code, **placed})
     root = loaded.attention_root
-    route = "ssacli" if supports(root) else "eager-fallback"
-    if route == "eager-fallback" and scorer is not None:
-        raise UnsupportedModelError(
-            f"model family '{loaded.family}' does not route attention through transformers' "
-            "AttentionInterface, so --scorer cannot be applied; diagnose it without --scorer"
-        )
-    if route == "eager-fallback" and loaded.family not in FALLBACK_FAMILIES:
-        why = FALLBACK_UNCHECKED.get(loaded.family, "not checked against its eager weights")
-        raise UnsupportedModelError(
-            f"model family '{loaded.family}' does not route attention through transformers' "
-            f"AttentionInterface and diagnose's eager fallback is not verified for it ({why}); "
-            "verified fallback families: docs/diagnose.md"
-        )
-    unaudited = unaudited_reason(getattr(root.config, "model_type", loaded.family), route)
+    route = choose_route(root, loaded.family, scorer)
+    unaudited = route_unaudited_reason(getattr(root.config, "model_type", loaded.family), route)
     if unaudited is not None and strict:
         raise UnsupportedModelError(f"{unaudited}; --strict refuses it (drop --strict to measure it, marked)")
     training = loaded.model.training
     loaded.model.eval()
-    undo = _prepare_scorer(root, scorer) if route == "ssacli" else None
+    undo = _prepare_scorer(root, scorer) if route is Route.SSACLI else None
     try:
         result = _run(loaded, probe_list, route, opts, started, progress)
         result.unaudited = unaudited
@@ -181,7 +156,9 @@ def _as_loaded(model, tokenizer, load: dict[str, Any]) -> LoadedModel:
         raise UsageError(f"model must be a path, a model id or a torch module, got {type(model).__name__}")
     spec = getattr(model, "spec", None)
     if spec is not None and hasattr(model, "backbone"):  # an ICL model
-        return LoadedModel(model, "ICLModel", ICL_FAMILY, "icl", None, 2 * spec.max_points)
+        return LoadedModel(
+            model, "ICLModel", ICL_FAMILY, ModelKind.ICL, None, TOKENS_PER_POINT * spec.max_points
+        )
     config = getattr(model, "config", None)
     if config is None:
         raise UsageError("model must be a transformers model (with .config) or an ssacli ICL model")
@@ -211,31 +188,14 @@ def _prepare_scorer(root: nn.Module, scorer: str | None) -> Callable[[], None] |
     return undo
 
 
-def _attention_layers(root: nn.Module, route: str) -> list[tuple[str, nn.Module]]:
-    if route == "ssacli":
-        return list(attention_modules(root))
-    # Innermost modules named *Attention*: the ones that compute the weights.
-    found = []
-    for name, module in root.named_modules():
-        if "Attention" in type(module).__name__ and not any(
-            "Attention" in type(m).__name__ for m in list(module.modules())[1:]
-        ):
-            found.append((name, module))
-    if not found:
-        raise UnsupportedModelError(
-            f"found no attention layers in model family '{getattr(root.config, 'model_type', '?')}'"
-        )
-    return found
-
-
 def _run(
-    loaded: LoadedModel, probes: list[Probe], route: str, opts: dict, started: float, progress
+    loaded: LoadedModel, probes: list[Probe], route: Route, opts: dict, started: float, progress
 ) -> DiagnoseResult:
     root = loaded.attention_root
-    layers = _attention_layers(root, route)
+    layers = attention_layers(root, route)
     layer_of = {id(m): i for i, (_, m) in enumerate(layers)}
-    heads = [_layer_heads(m, root, route) for _, m in layers]
-    icl = loaded.kind == "icl"
+    heads = [layer_heads(m, root, route) for _, m in layers]
+    icl = loaded.kind == ModelKind.ICL
     length = opts["length"] or (defaults.ICL_POINTS if icl else defaults.PROBE_LENGTH)
     source = None
     if not icl and opts["inputs"] is None:
@@ -248,7 +208,7 @@ def _run(
             seed=opts["seed"],
         )
     probes = [_fit_length_levels(p, loaded, length) for p in probes]
-    scorers = list(scorers_of(root).values()) if route == "ssacli" else []
+    scorers = list(scorers_of(root).values()) if route is Route.SSACLI else []
     plans = [(p, _plan(p, loaded, route, source, length, opts)) for p in probes]
     total = sum(len(batches) for _, plan in plans for batches, _ in plan.values() if batches)
     done = 0
@@ -267,7 +227,7 @@ def _run(
         # The reference is the unshifted (neutral) level when it was asked for, else the first; it
         # runs first so that every other level can be compared with it.
         keeps_inputs = probe.kind.acts_on in (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS)
-        reference = OutputReference() if keeps_inputs and loaded.kind != "icl" else None
+        reference = OutputReference() if keeps_inputs and loaded.kind != ModelKind.ICL else None
         first = reference_index(probe.name, probe.levels)
         for li in sorted(range(len(probe.levels)), key=lambda i: i != first):
             level = probe.levels[li]
@@ -281,7 +241,7 @@ def _run(
                 extras.setdefault("tokens", [None] * len(probe.levels))[li] = float(np.mean(real))
             recorder = Recorder(
                 layer_of, tau=opts["tau"], top_k=opts["top_k"], block_size=opts["block_size"],
-                causal=loaded.kind == "causal", stats=opts["stats"],
+                causal=loaded.kind == ModelKind.CAUSAL, stats=opts["stats"],
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
             if reference is not None:
@@ -339,7 +299,9 @@ def _run(
             "length": length,
             "length_unit": "points" if icl else "tokens",
             "inputs": _describe_inputs(loaded, source, opts),
-            "vocab_size": _vocab_size(root) if loaded.kind == "causal" else None,  # uniform loss: log V
+            "vocab_size": _vocab_size(root)
+            if loaded.kind == ModelKind.CAUSAL
+            else None,  # uniform loss: log V
             "device": str(loaded.device),
             **_placement(loaded.model),
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
@@ -365,13 +327,6 @@ def _vocab_size(root: nn.Module) -> int | None:
     return size if isinstance(size, int) and size > 1 else None
 
 
-def _layer_heads(module: nn.Module, root: nn.Module, route: str) -> int:
-    try:
-        return num_heads(module, root)
-    except UnsupportedModelError:
-        return int(getattr(root.config, "num_attention_heads", 1) or 1)
-
-
 def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
     """The length probe's default levels double the base length up to the model's maximum
     positions (ICL: points): keep those that fit, and the maximum itself as the last level."""
@@ -379,8 +334,8 @@ def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
     if kind.acts_on is not ActsOn.INPUT_LENGTH or probe.levels != PROBES[probe.name].defaults:
         return probe
     cap = loaded.max_positions
-    if cap and loaded.kind == "icl":
-        cap //= 2
+    if cap and loaded.kind == ModelKind.ICL:
+        cap //= TOKENS_PER_POINT
     if not cap:
         return probe
     levels = [m for m in probe.levels if length * m <= cap]
@@ -389,25 +344,27 @@ def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
     return Probe(probe.name, tuple(levels or (1.0,)))
 
 
-def _plan(probe: Probe, loaded: LoadedModel, route: str, source, length: int, opts: dict) -> dict:
+def _plan(probe: Probe, loaded: LoadedModel, route: Route, source, length: int, opts: dict) -> dict:
     """level -> (batches or None, note): the inputs each level runs on, or why it cannot run."""
     kind = probe.kind
     skip = None
-    if kind.needs_route and route != "ssacli":
+    if kind.needs_route and route is not Route.SSACLI:
         skip = f"needs ssacli's attention function; family '{loaded.family}' runs on the eager fallback"
     elif kind.needs_tokenizer and loaded.tokenizer is None:
         skip = (
-            "needs a tokenizer (the model folder has none)" if loaded.kind != "icl" else "not for ICL models"
+            "needs a tokenizer (the model folder has none)"
+            if loaded.kind != ModelKind.ICL
+            else "not for ICL models"
         )
     elif kind.acts_on is ActsOn.INPUT_LENGTH and opts["inputs"] is not None:
         skip = "not run on explicit inputs (their lengths are given)"
     if skip:
         return {level: (None, skip) for level in probe.levels}
-    # Longest input the model's position table covers (ICL: in points, two tokens each).
+    # Longest input the model's position table covers (ICL: in points).
     cap = loaded.max_positions
-    if cap and loaded.kind == "icl":
-        cap //= 2
-    unit = "points" if loaded.kind == "icl" else "positions"
+    if cap and loaded.kind == ModelKind.ICL:
+        cap //= TOKENS_PER_POINT
+    unit = "points" if loaded.kind == ModelKind.ICL else "positions"
     plan, note = {}, None
     for level in probe.levels:
         size = int(length * level) if kind.acts_on is ActsOn.INPUT_LENGTH else length
@@ -435,9 +392,9 @@ def _inputs(
     probe: Probe, level: float, loaded: LoadedModel, source, size: int, opts: dict
 ) -> list[ProbeBatch]:
     samples, batch_size, seed = opts["samples"], opts["batch_size"], opts["seed"]
-    if loaded.kind == "icl":
+    if loaded.kind == ModelKind.ICL:
         return icl_batches(loaded.model.spec.task, samples, size, batch_size, seed)
-    pad = _pad_id(loaded)
+    pad = loaded.pad_id
     side = "right"  # one forward, no generation: real tokens keep positions 0..n-1 and key 0 (the sink)
     if probe.kind.acts_on is ActsOn.INPUT_TEXT:
         return pad_sequences(
@@ -448,16 +405,8 @@ def _inputs(
     return pad_sequences(source.sequences(samples, size), pad, batch_size, side)
 
 
-def _pad_id(loaded: LoadedModel) -> int:
-    for owner in (loaded.tokenizer, loaded.config):
-        value = getattr(owner, "pad_token_id", None)
-        if isinstance(value, int):
-            return value
-    return 0
-
-
 def _describe_inputs(loaded: LoadedModel, source, opts: dict) -> str:
-    if loaded.kind == "icl":
+    if loaded.kind == ModelKind.ICL:
         return f"icl:{loaded.model.spec.task} prompts (seed {opts['seed']})"
     if opts["inputs"] is not None:
         return f"{len(opts['inputs'])} given sequences"

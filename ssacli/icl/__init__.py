@@ -1,31 +1,4 @@
-"""The paper's controlled in-context-learning experiments: tasks, model, training, evaluation."""
-
-from ..models.icl import ARCHS, ICLModel, ICLSpec, check_arch, is_icl_checkpoint, load_icl, save_icl
-from .evaluate import Cell, cells_to_json, evaluate, outlier_capture, parse_outlier
-from .tasks import TASKS, Batch, check_task, every_labels, sample_batch, some_labels
-from .train import PRESETS, TrainConfig, resolve_device, train
-
-__all__ = [
-    "ARCHS",
-    "PRESETS",
-    "TASKS",
-    "Batch",
-    "Cell",
-    "ICLModel",
-    "ICLSpec",
-    "TrainConfig",
-    "cells_to_json",
-    "check_arch",
-    "check_task",
-    "evaluate",
-    "every_labels",
-    "is_icl_checkpoint",
-    "load_icl",
-    "outlier_capture",
-    "parse_outlier",
-    "resolve_device",
-    "sample_batch",
-    "save_icl",
-    "some_labels",
-    "train",
-]
+"""The paper's controlled in-context-learning experiments, a stage beside training: :mod:`.train`
+(the ICL training loop and its presets), :mod:`.evaluate` (error under magnitude, length and outlier
+shifts), :mod:`.sweep` (the paired study runner) and :mod:`.plots`. The prompts and the model are core
+(:mod:`ssacli.models.icl_task`, :mod:`ssacli.models.icl`), so diagnose reads them without this stage."""

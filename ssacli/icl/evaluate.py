@@ -23,14 +23,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..defaults import ICL_POINTS
 from ..errors import InputError
 from ..models.checkpoint import ICL_FORMAT, folder_format
 from ..models.icl import ICLModel, load_icl
+from ..models.icl_task import CLASSIFICATION, FIRST_SCORED, sample_batch
 from ..models.kinds import kind_from_config
 from ..models.loading import resolve_device, resolve_model_path
-from .tasks import CLASSIFICATION, sample_batch
-
-FIRST_SCORED = 3  # 1-based: positions 1 and 2 have too little context to be judged
 
 
 @dataclass
@@ -70,7 +69,7 @@ def evaluate(
     model: ICLModel,
     *,
     sigmas: tuple[float, ...] = (1.0,),
-    lengths: tuple[int, ...] = (41,),
+    lengths: tuple[int, ...] = (ICL_POINTS,),
     outliers: tuple[tuple[float, int] | None, ...] = (None,),
     prompts: int = 1000,
     batch_size: int | None = None,
@@ -194,7 +193,7 @@ def outlier_capture(
     value: float | None,
     *,
     position: int = FIRST_SCORED,
-    points: int = 41,
+    points: int = ICL_POINTS,
     prompts: int = 200,
     seed: int = 0,
 ) -> list[dict[str, float]]:

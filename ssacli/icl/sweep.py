@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 
-from ..defaults import SCORER_LR
+from ..defaults import ICL_LENGTHS, ICL_POINTS, SCORER_LR
 from ..errors import InputError, UsageError
 from ..files import check_writable_folder, write_json
 from ..models.checkpoint import ICL_FORMAT, read_meta
 from ..models.icl import check_arch, load_icl
+from ..models.icl_task import check_task
 from ..stats import paired_summary
 from .evaluate import cells_to_json, evaluate
-from .tasks import check_task
 from .train import TrainConfig, train
 
 
@@ -56,9 +56,9 @@ class SweepPlan:
     batch_size: int = 64
     preset: str = "cpu"
     points_start: int = 11
-    points_end: int = 41
+    points_end: int = ICL_POINTS
     sigmas: list[float] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
-    lengths: list[int] = field(default_factory=lambda: [21, 41, 81, 161])
+    lengths: list[int] = field(default_factory=lambda: [ICL_POINTS // 2 + 1, *ICL_LENGTHS])
     outliers: list[float] = field(default_factory=lambda: [10, 100, 1000])
     outlier_position: int = 3
     prompts: int = 500

@@ -11,14 +11,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
-from ..attention.interface import attention_backend, check_backend
-from ..defaults import SCORER_LR
+from ..attention.backend import attention_backend, check_backend
+from ..defaults import ICL_POINTS, SCORER_LR
 from ..errors import JobFailedError, UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
+from ..models.icl_task import check_task, sample_batch, task_loss
 from ..models.loading import resolve_device
 from ..models.optim import (
     check_rates,
@@ -30,7 +30,6 @@ from ..models.optim import (
     window_start,
 )
 from ..scorers import make_scorer
-from .tasks import CLASSIFICATION, check_task, sample_batch
 
 
 @dataclass
@@ -47,7 +46,7 @@ class TrainConfig:
     heads: int | None = None
     width: int | None = None
     points_start: int = 11
-    points_end: int = 41
+    points_end: int = ICL_POINTS
     points_every: int | None = None  # steps between +2 points; None: reach the end at half-way
     checkpoint_every: int = 1000
     log_every: int = 50
@@ -84,12 +83,6 @@ def spec_from_preset(task: str, scorer: str, preset: str = "cpu", arch: str = "g
     sizes = {"layers": layers, "heads": heads, "width": width}
     sizes.update({k: v for k, v in overrides.items() if v is not None})
     return ICLSpec(task=check_task(task), scorer=scorer, arch=check_arch(arch), **sizes)
-
-
-def loss_fn(task: str, predictions: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-    if task in CLASSIFICATION:
-        return F.binary_cross_entropy_with_logits(predictions, (ys > 0).to(predictions.dtype))
-    return F.mse_loss(predictions, ys)
 
 
 def train(
@@ -165,7 +158,7 @@ def train(
                 window = scorer_values(model.backbone)
             points = config.points_at(step)
             batch = sample_batch(config.task, config.batch_size, points, generator=generator, device=dev)
-            loss = loss_fn(config.task, model(batch.tokens), batch.ys)
+            loss = task_loss(config.task, model(batch.tokens), batch.ys)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -54,7 +54,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..attention.interface import SCORER_ATTR, apply_scorer
+from ..attention.forward import SCORER_ATTR
+from ..attention.interface import apply_scorer
 from ..errors import InputError, UsageError
 from ..files import output_error, replace_folder
 from .device_map import save_options

@@ -42,6 +42,7 @@ from .checkpoint import (
     read_icl_weights,
     write_icl_folder,
 )
+from .icl_task import TOKENS_PER_POINT
 
 
 @dataclass
@@ -90,7 +91,7 @@ class ICLModel(nn.Module):
         check_arch(spec.arch)
         config = GPT2Config(
             vocab_size=1,  # inputs are scalars fed through read_in, never token ids
-            n_positions=2 * spec.max_points,
+            n_positions=TOKENS_PER_POINT * spec.max_points,
             n_embd=spec.width,
             n_layer=spec.layers,
             n_head=spec.heads,
@@ -109,9 +110,9 @@ class ICLModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [batch, 2·points] (x_1, y_1, …) -> predictions for y_i at each x_i, [batch, points]."""
-        if tokens.shape[1] > 2 * self.spec.max_points:
+        if tokens.shape[1] > TOKENS_PER_POINT * self.spec.max_points:
             raise UsageError(
-                f"prompt of {tokens.shape[1] // 2} points is longer than this model's "
+                f"prompt of {tokens.shape[1] // TOKENS_PER_POINT} points is longer than this model's "
                 f"{self.spec.max_points}; use shorter --length values"
             )
         hidden = self.backbone(inputs_embeds=self.read_in(tokens.unsqueeze(-1))).last_hidden_state

@@ -1,6 +1,6 @@
 """What kind of model this is: the one answer, for a loaded model, a config, a model_type or a reference.
 
-A kind is one of :data:`KINDS`:
+A kind is a :class:`ModelKind` (a ``str`` enum: results and configs write its value):
 
 * ``icl``: ssacli's in-context-learning model (a GPT-2 backbone between scalar read-in and read-out);
 * ``causal``: a decoder-only language model (causal attention);
@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
 
-KINDS = ("icl", "causal", "masked", "encoder", "seq2seq")
+
+class ModelKind(StrEnum):
+    ICL = "icl"
+    CAUSAL = "causal"
+    MASKED = "masked"
+    ENCODER = "encoder"
+    SEQ2SEQ = "seq2seq"
+
+
+KINDS = tuple(ModelKind)  # every kind, in the order above (config validation, help text)
 ICL_FAMILY = "icl-gpt2"  # the model_type ssacli reports for its ICL models
 BUILTIN_PREFIX = "builtin:"  # MODEL references to the checkpoints bundled with ssacli
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "name" or "owner/name" on the Hugging Face Hub
@@ -47,7 +57,7 @@ def is_causal_family(model_type: str) -> bool:
     return model_type in causal and model_type not in masked
 
 
-def language_model_kind(model_type: str | None) -> str | None:
+def language_model_kind(model_type: str | None) -> ModelKind | None:
     """``masked`` or ``causal``: the LM head a family is trained with (encoders such as bert also have
     a causal head, but are pretrained as MLMs), or None when transformers has no LM head for it."""
     from transformers.models.auto.modeling_auto import (
@@ -56,27 +66,27 @@ def language_model_kind(model_type: str | None) -> str | None:
     )
 
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        return "masked"
+        return ModelKind.MASKED
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return "causal"
+        return ModelKind.CAUSAL
     return None
 
 
-def family_kind(model_type: str) -> str:
+def family_kind(model_type: str) -> ModelKind:
     """The kind when nothing but the family (``model_type``) is known: icl, causal or encoder."""
     if model_type.startswith("icl"):
-        return "icl"
-    return "causal" if is_causal_family(model_type) else "encoder"
+        return ModelKind.ICL
+    return ModelKind.CAUSAL if is_causal_family(model_type) else ModelKind.ENCODER
 
 
-def kind_of(model: Any) -> str:
+def kind_of(model: Any) -> ModelKind:
     """The kind of a loaded model (ssacli's ICL model, or a transformers model), from its class."""
     if hasattr(model, "spec") and hasattr(model, "backbone"):
-        return "icl"
+        return ModelKind.ICL
     return _decide(model.config, (type(model).__name__,))
 
 
-def kind_from_config(source: Any, *, name: str | None = None) -> str:
+def kind_from_config(source: Any, *, name: str | None = None) -> ModelKind:
     """The kind read from a config alone (no weights are loaded, so it is instant for any size).
 
     ``source``: a transformers config, or a folder (an ssacli ICL checkpoint or a save_pretrained
@@ -86,7 +96,7 @@ def kind_from_config(source: Any, *, name: str | None = None) -> str:
         from .checkpoint import ICL_FORMAT, folder_format, saved_config
 
         if Path(source).is_dir() and folder_format(source) == ICL_FORMAT:
-            return "icl"
+            return ModelKind.ICL
         from transformers import AutoConfig
 
         try:
@@ -109,12 +119,12 @@ def max_positions(config: Any) -> int | None:
     return None
 
 
-def _decide(config: Any, class_names: Iterable[str]) -> str:
+def _decide(config: Any, class_names: Iterable[str]) -> ModelKind:
     if getattr(config, "is_encoder_decoder", False):
-        return "seq2seq"
+        return ModelKind.SEQ2SEQ
     names = tuple(class_names)
     if any(n.endswith(_CAUSAL_SUFFIXES) for n in names):
-        return "causal"
+        return ModelKind.CAUSAL
     if any(n.endswith(_MASKED_SUFFIX) for n in names):
-        return "masked"
-    return "causal" if is_causal_family(config.model_type) else "encoder"
+        return ModelKind.MASKED
+    return ModelKind.CAUSAL if is_causal_family(config.model_type) else ModelKind.ENCODER

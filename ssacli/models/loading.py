@@ -26,7 +26,8 @@ from ..defaults import DEFAULT_MODEL
 from ..errors import InputError, UnsupportedModelError, UsageError
 from .checkpoint import META_FILE, attach_saved_scorer, quiet_progress, saved_config
 from .device_map import MaxMemory, compute_device, from_pretrained_placed, placement
-from .kinds import BUILTIN_PREFIX, ICL_FAMILY, is_local_reference, kind_of, max_positions
+from .icl_task import TOKENS_PER_POINT
+from .kinds import BUILTIN_PREFIX, ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
 # float64: reference measurements (a float32 sum over a long text is exact only to ~1 ulp of its size)
@@ -108,10 +109,22 @@ class LoadedModel:
     model: nn.Module
     name: str  # what the user gave
     family: str  # config.model_type ("icl-gpt2" for ssacli's ICL models)
-    kind: str  # icl, causal, masked, seq2seq or encoder
+    kind: ModelKind
     tokenizer: Any | None = None
     max_positions: int | None = None
     path: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = ModelKind(self.kind)  # a plain "causal" from a caller becomes the enum member
+
+    @property
+    def pad_id(self) -> int:
+        """The id inputs are padded with: the tokenizer's pad token, else the config's, else 0."""
+        for owner in (self.tokenizer, self.config):
+            value = getattr(owner, "pad_token_id", None)
+            if isinstance(value, int):
+                return value
+        return 0
 
     @property
     def config(self) -> Any:
@@ -195,7 +208,9 @@ def load_model(
                 ) from None
             if isinstance(torch_dtype, torch.dtype):
                 model = model.to(torch_dtype)
-            return LoadedModel(model, ref, ICL_FAMILY, "icl", None, 2 * model.spec.max_points, path)
+            return LoadedModel(
+                model, ref, ICL_FAMILY, ModelKind.ICL, None, TOKENS_PER_POINT * model.spec.max_points, path
+            )
         if not (path / "config.json").is_file():
             raise InputError(
                 f"'{ref}' has no config.json; give a folder written by save_pretrained (or builtin:NAME)"

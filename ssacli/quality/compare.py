@@ -14,7 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..defaults import ICL_POINTS
 from ..errors import InputError, UsageError
+from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_model
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
@@ -41,7 +43,7 @@ def compare_models(
     probes: Sequence[str] | None = None, seed: int = 0, samples: int = 8,
     seq_len: int = 128, max_tokens: int = MAX_TOKENS, batch_size: int = 8,
     sigmas: Sequence[float] = DEFAULT_SIGMAS, outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS,
-    icl_length: int = 41, prompts: int = 500, device: str = "auto", dtype: str = "auto",
+    icl_length: int = ICL_POINTS, prompts: int = 500, device: str = "auto", dtype: str = "auto",
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
     device_map: str | None = None, max_memory: Any = None,
     progress: Callable[[str], None] | None = None, before_report: dict[str, Any] | None = None,
@@ -108,7 +110,7 @@ def compare_models(
             say(f"before: reused from an earlier report of {loaded.name}")
             continue
         out = measured[side]
-        if loaded.kind == "icl":
+        if loaded.kind == ModelKind.ICL:
             say(f"{side}: ICL error by σ and outlier")
             out["icl"] = icl_error_by_sigma(
                 loaded, sigmas=sigmas, outliers=outliers, length=icl_length, prompts=prompts, seed=seed
@@ -188,7 +190,7 @@ def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
     loss, held-out loss, KL to the source model, b and n per layer). Empty for other models."""
     from ..models.checkpoint import read_meta
 
-    meta = read_meta(loaded.path) if loaded.path is not None and loaded.kind != "icl" else None
+    meta = read_meta(loaded.path) if loaded.path is not None and loaded.kind != ModelKind.ICL else None
     if not meta:
         return {}
     training = meta.get("training") or {}
@@ -234,7 +236,9 @@ def _builtin_defaults(
         return {}, []
 
     def scores_text(m: LoadedModel) -> bool:
-        return m.tokenizer is not None and (m.kind != "masked" or m.tokenizer.mask_token_id is not None)
+        return m.tokenizer is not None and (
+            m.kind != ModelKind.MASKED or m.tokenizer.mask_token_id is not None
+        )
 
     unable = [m.name for m in models if not scores_text(m)]
     if unable:

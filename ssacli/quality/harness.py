@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UsageError
+from ..models.kinds import ModelKind
 from ..stats import ALPHA, paired_differences, paired_t_test
 
 EXTRA = 'pip install "ssacli[eval]"'
@@ -214,9 +215,10 @@ def run_plan(loaded, plan: LMEvalPlan, *, seed: int = 0, allow_download: bool = 
 
         model = loaded.model
         # a copy: HFLM may give the tokenizer a pad token, and ssacli's own measures use the original
+        backend = "seq2seq" if loaded.kind == ModelKind.SEQ2SEQ else "causal"
         wrapped = HFLM(
             pretrained=model, tokenizer=copy.deepcopy(loaded.tokenizer), batch_size=plan.batch_size,
-            max_length=loaded.max_positions, backend="seq2seq" if loaded.kind == "seq2seq" else "causal",
+            max_length=loaded.max_positions, backend=backend,
         )  # fmt: skip
         implementation = model.config._attn_implementation  # what transformers dispatches to, at run time
         results = harness.simple_evaluate(
@@ -343,7 +345,7 @@ def _is_mean(value: float, items: dict[Any, float]) -> bool:
 
 
 def row_verdict(row: dict[str, Any]) -> str:
-    """"better" / "worse" for AFTER when the paired test's p <= ALPHA, else ""."""
+    """ "better" / "worse" for AFTER when the paired test's p <= ALPHA, else ""."""
     p, delta = row.get("p"), row.get("delta")
     if p is None or p > ALPHA or not delta:
         return ""

@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from ..defaults import ICL_POINTS
 from ..errors import InputError, UsageError
+from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
 from .inputs import check_pair_record, read_pairs, read_text_file
 
@@ -54,7 +56,7 @@ def language_model_loss(
     if not 0 < mask_prob <= 1:
         raise UsageError(f"mask-prob must be in (0, 1], got {mask_prob}")
     ids, truncated = _tokenize_prefix(tokenizer, text, max_tokens)
-    masked = loaded.kind == "masked"
+    masked = loaded.kind == ModelKind.MASKED
     prefix, suffix = _wrap_ids(tokenizer, masked)
     body = min(seq_len, loaded.max_positions or seq_len) - len(prefix) - len(suffix)
     shortest = 1 if masked or prefix else 2  # a window must hold a token to score
@@ -96,7 +98,7 @@ def _lm_tokenizer(loaded: LoadedModel, what: str):
         raise UsageError(f"{what} needs a causal or masked language model; '{loaded.name}' is {loaded.kind}")
     if loaded.tokenizer is None:
         raise InputError(f"{what} needs a tokenizer, and '{loaded.name}' has none; save one in the folder")
-    if loaded.kind == "masked" and loaded.tokenizer.mask_token_id is None:
+    if loaded.kind == ModelKind.MASKED and loaded.tokenizer.mask_token_id is None:
         raise InputError(f"'{loaded.name}' is a masked LM but its tokenizer has no mask token")
     return loaded.tokenizer
 
@@ -150,7 +152,7 @@ def _log_probs(loaded: LoadedModel, ids: torch.Tensor, mask: torch.Tensor) -> to
     """float32 log-softmax of the model's logits. The mask is always passed, even when all ones:
     without it transformers warns whenever a real token (e.g. BOS) shares the pad id."""
     kwargs: dict[str, Any] = {"input_ids": ids.to(loaded.device), "attention_mask": mask.to(loaded.device)}
-    if loaded.kind == "causal":
+    if loaded.kind == ModelKind.CAUSAL:
         kwargs["use_cache"] = False
     with torch.inference_mode():
         logits = loaded.model(**kwargs).logits
@@ -190,7 +192,7 @@ def minimal_pairs(
         correct_all += correct
         total_all += len(pairs)
     return {
-        "method": "pseudo-log-likelihood" if loaded.kind == "masked" else "sum of token log-probs",
+        "method": "pseudo-log-likelihood" if loaded.kind == ModelKind.MASKED else "sum of token log-probs",
         "files": files,
         "pairs": total_all,
         "correct": correct_all,
@@ -205,7 +207,7 @@ def sentence_log_likelihoods(
 ) -> list[float]:
     """log P(sentence) for causal LMs (after BOS), pseudo-log-likelihood for masked LMs."""
     tokenizer = tokenizer or _lm_tokenizer(loaded, "sentence scoring")
-    masked = loaded.kind == "masked"
+    masked = loaded.kind == ModelKind.MASKED
     prefix, suffix = _wrap_ids(tokenizer, masked)
     rows, targets = [], []  # one row per forward; targets: (sentence, position, true id)
     for index, sentence in enumerate(sentences):
@@ -237,13 +239,13 @@ def sentence_log_likelihoods(
 
 def icl_error_by_sigma(
     loaded: LoadedModel | Any, *, sigmas: Sequence[float] = DEFAULT_SIGMAS,
-    outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS, length: int = 41, prompts: int = 500,
+    outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS, length: int = ICL_POINTS, prompts: int = 500,
     seed: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """ICL error in distribution (σ = 1), under σ shift, and with one planted outlier (at σ = 1),
     at one prompt ``length`` (points), via :func:`ssacli.icl.evaluate`."""
     from ..icl.evaluate import evaluate
-    from ..icl.tasks import CLASSIFICATION
+    from ..models.icl_task import CLASSIFICATION
 
     model = loaded.model if isinstance(loaded, LoadedModel) else loaded
     if not hasattr(model, "spec"):

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..diagnosis.result import DiagnoseResult
+from ..models.kinds import ModelKind
 from .benchmarks import benchmark_section, benchmark_table
 from .html import Section, comparison_sections, facts_table, html_table, page
 from .monitor import monitor_section, monitor_table
@@ -257,7 +258,7 @@ def figure_html(fig, alt: str) -> str:
 def no_quality_note(report: dict[str, Any]) -> str:
     """Why a report has no quality table: which models get which measures, and what these are."""
     kind = report.get("before", {}).get("kind", "?")
-    if kind in ("causal", "masked"):
+    if kind in (ModelKind.CAUSAL, ModelKind.MASKED):
         why = "--no-builtin and no --text-id / --text-ood / --pairs"
         if report.get("notes"):
             why = "; ".join(report["notes"])

@@ -31,10 +31,12 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from ..defaults import ICL_POINTS
 from ..errors import InputError, UsageError
+from ..models.icl_task import task_loss
+from ..models.kinds import ModelKind
 
 HELDOUT_FRACTION = 0.1
-ICL_POINTS = 41  # the prompt length the ICL models end their curriculum on
 MASK_PROB = 0.15  # BERT's masking: 15 % of tokens, of which 80 % [MASK], 10 % random, 10 % kept
 EVAL_WINDOWS = 8  # held-out windows (text) per evaluation
 EVAL_PROMPTS = 256  # held-out prompts (ICL) per evaluation
@@ -172,7 +174,7 @@ class ICLData:
 
 
 def parse_icl(spec: str, model_task: str, max_points: int) -> ICLData:
-    from ..icl.tasks import check_task
+    from ..models.icl_task import check_task
 
     _, _, rest = spec.partition(":")
     task, _, options = rest.partition(":")
@@ -210,12 +212,12 @@ class Objective:
 
     def sample(self, count: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         if isinstance(self.data, ICLData):
-            from ..icl.tasks import sample_batch
+            from ..models.icl_task import sample_batch
 
             batch = sample_batch(self.data.task, count, self.data.points, generator=generator)
             return {"tokens": batch.tokens, "ys": batch.ys}
         ids = self.data.windows(count, self.seq_len, generator)
-        return self._masked(ids, generator) if self.name == "masked" else {"input_ids": ids}
+        return self._masked(ids, generator) if self.name == ModelKind.MASKED else {"input_ids": ids}
 
     def _masked(self, ids: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         inputs, labels = mask_tokens(
@@ -231,7 +233,7 @@ class Objective:
         ids = self.data.heldout_windows(self.seq_len)
         if ids is None:
             return []
-        return [self._masked(ids, generator) if self.name == "masked" else {"input_ids": ids}]
+        return [self._masked(ids, generator) if self.name == ModelKind.MASKED else {"input_ids": ids}]
 
     def loss(
         self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
@@ -240,13 +242,11 @@ class Objective:
         batch = {k: v.to(device) for k, v in batch.items()}
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
         with autocast:
-            if self.name == "icl":
-                from ..icl.train import loss_fn
-
-                return loss_fn(self.data.task, model(batch["tokens"]).float(), batch["ys"])
-            kwargs = {"use_cache": False} if self.name == "causal" else {}
+            if self.name == ModelKind.ICL:
+                return task_loss(self.data.task, model(batch["tokens"]).float(), batch["ys"])
+            kwargs = {"use_cache": False} if self.name == ModelKind.CAUSAL else {}
             logits = model(input_ids=batch["input_ids"], **kwargs).logits.float()
-        if self.name == "causal":
+        if self.name == ModelKind.CAUSAL:
             return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["input_ids"][:, 1:].flatten())
         return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
 
@@ -298,7 +298,7 @@ def make_objective(loaded: Any, data_spec: str, objective: str, seq_len: int) ->
         )
     if objective not in ("auto", name):
         raise UsageError(f"objective '{objective}' does not fit a {loaded.kind} model; use auto ({name})")
-    if name == "icl":
+    if name == ModelKind.ICL:
         if not data_spec.startswith("icl:"):
             raise UsageError(f"ICL models train on synthetic prompts: --data icl:{loaded.model.spec.task}")
         spec = loaded.model.spec
@@ -309,7 +309,7 @@ def make_objective(loaded: Any, data_spec: str, objective: str, seq_len: int) ->
         )
     if loaded.tokenizer is None:
         raise UsageError(f"'{loaded.name}' has no tokenizer to read --data with; save one into its folder")
-    if name == "masked" and getattr(loaded.tokenizer, "mask_token_id", None) is None:
+    if name == ModelKind.MASKED and getattr(loaded.tokenizer, "mask_token_id", None) is None:
         raise UsageError(
             f"the tokenizer of '{loaded.name}' has no mask token, which masked-LM training needs"
         )

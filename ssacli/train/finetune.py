@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.interface import attention_backend, check_backend
+from ..attention.backend import attention_backend, check_backend
 from ..conversion import save_model
 from ..defaults import SCORER_LR
 from ..errors import InterruptedJobError, JobFailedError, UsageError
@@ -63,6 +63,7 @@ from ..models.checkpoint import (
     trainer_state_tensors,
     training_record,
 )
+from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_model, resolve_device
 from ..models.optim import (
     check_rates,
@@ -195,7 +196,9 @@ class _Run:
         self.objective = make_objective(loaded, config.data, config.objective, config.seq_len)
         # Records already in the folder's ssacli.json (source, fidelity) stay; ICL folders keep theirs
         # in the model's spec, which save_model merges into.
-        existing = read_meta(loaded.path) if loaded.path is not None and loaded.kind != "icl" else None
+        existing = (
+            read_meta(loaded.path) if loaded.path is not None and loaded.kind != ModelKind.ICL else None
+        )
         drop = ("format", "format_version", "scorer", "training")
         self.carry = {k: v for k, v in (existing or {}).items() if k not in drop} | (meta or {})
         target = config.anneal_n

@@ -56,6 +56,7 @@ from ..defaults import (
     SCORER_LR,
 )
 from ..errors import JobFailedError, UsageError
+from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, local_model_path
 from ..models.optim import make_optimizer, scorer_values, set_lr
 from ..scorers.base import positive_raw
@@ -136,7 +137,7 @@ def convert_with_recipe(
     loaded, fidelity = convert(
         model, RECIPE_START, None, text=calibration, device=device, dtype="float32", **load
     )
-    if loaded.kind != "causal":
+    if loaded.kind != ModelKind.CAUSAL:
         raise UsageError(
             f"the conversion recipe distils causal LMs; '{loaded.name}' is a {loaded.kind} model"
         )

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, UsageError
-from ..models.kinds import language_model_kind
+from ..models.kinds import ModelKind, language_model_kind
 from ..models.loading import LoadedModel
 
 ARCHS = ("gpt2", "llama", "roberta")
@@ -106,7 +106,7 @@ def new_model(
         corpus = list(TEXTS)
     if not any(t.strip() for t in corpus):
         raise InputError("no text to train the tokenizer on; give files with some text")
-    tokenizer = train_tokenizer(corpus, vocab_size, masked=kind == "masked", max_length=seq_len)
+    tokenizer = train_tokenizer(corpus, vocab_size, masked=kind == ModelKind.MASKED, max_length=seq_len)
     config = _config(config_dict, arch, shape, len(tokenizer), seq_len)
     model = _build(config, kind, seed)
     from ..attention.interface import apply_scorer
@@ -258,7 +258,7 @@ def _build(config, kind: str, seed: int):
     """Seeded random init; the global RNG is restored so callers' randomness does not shift."""
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-    auto = AutoModelForMaskedLM if kind == "masked" else AutoModelForCausalLM
+    auto = AutoModelForMaskedLM if kind == ModelKind.MASKED else AutoModelForCausalLM
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)

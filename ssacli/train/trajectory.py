@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 from ..errors import SsacliError
 from ..files import write_text
+from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_model
 from ..models.optim import scorer_values
 
@@ -42,7 +43,7 @@ class Trajectory:
         cls, loaded: LoadedModel, objective: Any, source: str | None, device: torch.device
     ) -> Trajectory:
         """Load the source model once and keep its log-probabilities on the held-out windows."""
-        if objective.name not in ("causal", "masked"):
+        if objective.name not in (ModelKind.CAUSAL, ModelKind.MASKED):
             return cls(loaded, None, None, "no fidelity: not a text objective")
         batches = objective.heldout()
         if not batches or source is None:
@@ -70,7 +71,7 @@ class Trajectory:
             model.eval()
             try:
                 device = next(model.parameters()).device
-                kind = "causal" if self.loaded.kind == "causal" else "masked"
+                kind = "causal" if self.loaded.kind == ModelKind.CAUSAL else "masked"
                 log_q = _log_probs(model, self.inputs, device, kind)
             finally:
                 model.train(was_training)
@@ -84,7 +85,7 @@ class Trajectory:
 
 
 def _log_probs(model: nn.Module, inputs: torch.Tensor, device: torch.device, kind: str) -> torch.Tensor:
-    kwargs = {"use_cache": False} if kind == "causal" else {}
+    kwargs = {"use_cache": False} if kind == ModelKind.CAUSAL else {}
     out = []
     for row in inputs.split(1):
         # float64 normalization: in float32, log_softmax's own rounding (~eps·|log p|) enters the KL

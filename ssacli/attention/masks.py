@@ -1,10 +1,9 @@
-"""What a scorer is given: the logits as the model's eager path computes them, and which keys each
-query sees.
+"""Which keys each query sees.
 
 :func:`ssacli_mask` is the mask function ssacli registers with transformers (a boolean mask, True =
-visible); :func:`scaled_logits` reproduces the eager logits (scaling, Gemma-2 softcap, T5 position
-bias); :func:`visibility` turns whatever mask the model passed (none, boolean, float additive, packed
-sequences) into the boolean visibility the scorer gets.
+visible); :func:`causal_rows` and :func:`packed_visibility` build the visibility of a call that
+passed no mask or packed sequences (the attention function, :mod:`.forward`, joins them with the
+mask the model passed in :func:`~ssacli.attention.forward.visibility`).
 """
 
 from __future__ import annotations
@@ -42,70 +41,7 @@ def ssacli_mask(*args, **kwargs) -> torch.Tensor | None:
     return sdpa_mask(*args, **kwargs)
 
 
-def scaled_logits(
-    query: torch.Tensor, key: torch.Tensor, scaling: float, kwargs: dict, rows: slice
-) -> torch.Tensor:
-    """Scaled q·k logits of query rows ``rows``, as the model's eager path computes them."""
-    logits = torch.matmul(query[:, :, rows], key.transpose(-1, -2)) * scaling
-    softcap = kwargs.get("softcap")
-    if softcap is not None:  # Gemma-2: cap first, then mask, as its eager path does
-        logits = torch.tanh(logits / softcap) * softcap
-    position_bias = kwargs.get("position_bias")
-    if position_bias is not None:  # T5 relative position bias, [b|1, h, q|1, k]
-        if position_bias.shape[-2] == query.shape[-2]:
-            position_bias = position_bias[:, :, rows]
-        logits = logits + position_bias
-    return logits
-
-
-def visibility(
-    logits: torch.Tensor,
-    mask: torch.Tensor | None,
-    module: nn.Module,
-    kwargs: dict,
-    rows: slice = slice(None),
-    q_total: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logits, visible): the boolean visibility (True = visible) the scorer gets, from whatever mask
-    the model passed, and the logits with any real bias of a float mask added.
-
-    * no mask: causal (bottom-right aligned, ``sliding_window`` applied) if the call's ``is_causal``
-      or else the module's ``is_causal`` says so, otherwise None (everything visible);
-    * a bool mask: used as it is; a float additive mask: its large negative fill is "hidden" and
-      any other value is a bias added to the logits;
-    * ``cu_seq_lens_q``/``cu_seq_lens_k`` (packed sequences): keys of another sequence are hidden.
-
-    ``rows`` selects a block of query rows out of ``q_total`` (the observed, blocked path).
-    """
-    k_len = logits.shape[-1]
-    q_total = logits.shape[-2] if q_total is None else q_total
-    if mask is None:
-        visible = None
-        if causal_when_unmasked(module, kwargs.get("is_causal")) and q_total > 1:
-            # Bottom-right aligned: with a KV cache the last query sits at the last key. [1, 1, q, k]
-            # like the masks transformers builds, so observers can read it the same way.
-            window = kwargs.get("sliding_window")
-            visible = causal_rows(rows, q_total, k_len, logits.device, window)[None, None]
-    else:
-        if mask.dim() == 4:
-            mask = mask[..., :k_len]
-            if mask.shape[-2] == q_total:
-                mask = mask[..., rows, :]
-        if mask.dtype == torch.bool:
-            visible = mask
-        else:
-            # A float additive mask (a user's custom 4D mask): keep any real bias it carries, and read
-            # the large negative fill as "masked".
-            visible = mask > torch.finfo(mask.dtype).min / 2
-            logits = logits + torch.where(visible, mask, 0).to(logits.dtype)
-    packed = _packed_visibility(kwargs, q_total, k_len, logits.device)
-    if packed is not None:
-        packed = packed[rows][None, None]
-        visible = packed if visible is None else visible & packed
-    return logits, visible
-
-
-def _packed_visibility(kwargs: dict, q_len: int, k_len: int, device) -> torch.Tensor | None:
+def packed_visibility(kwargs: dict, q_len: int, k_len: int, device) -> torch.Tensor | None:
     """[q, k] True where query and key belong to the same packed sequence (cu_seq_lens_*), or None."""
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None and cu_k is None:

@@ -1,8 +1,8 @@
 """The all-family audit: every model family of the installed transformers, built tiny, is either exact
 through ssacli or refused with a reason.
 
-:func:`audit_family` builds one family tiny on the CPU (:mod:`ssacli.attention.tiny_models`, whose
-public names are importable from here too) and returns a :class:`FamilyResult`:
+:func:`audit_family` builds one family tiny on the CPU (:mod:`ssacli.testing.tiny_models`) and returns
+a :class:`FamilyResult`:
 
 * ``exact``: :func:`~ssacli.attention.interface.supports` is True and ``apply_scorer(model, "softmax")``
   reproduces the model's own eager path on a padded batch (left padding for decoders, right for
@@ -25,75 +25,17 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UnsupportedModelError
-from .audited import AUDITED_FAMILIES
-from .tiny_models import KINDS, VOCAB, WINDOW, build_tiny, families, model_kind, tiny_config
+from ..models.kinds import ModelKind
+from .tiny_models import VOCAB, build_tiny, families, model_kind
 
-__all__ = [  # this module's own names and, re-exported, those of tiny_models
-    "AUDITED_FAMILIES", "FALLBACK_FAMILIES", "FALLBACK_UNCHECKED", "KINDS", "SEQ", "STATUSES", "TOLERANCE",
-    "VOCAB", "WINDOW", "FamilyResult", "audit", "audit_family", "build_tiny", "families", "model_kind",
-    "padded_batch", "relative_difference", "run", "summary", "tiny_config", "unaudited_reason",
+__all__ = [
+    "SEQ", "STATUSES", "TOLERANCE", "FamilyResult", "audit", "audit_family", "padded_batch",
+    "relative_difference", "run", "summary",
 ]  # fmt: skip
 
 TOLERANCE = 1e-5  # relative difference (max |ssacli - eager| / max |eager|) on valid positions
 SEQ = 7  # the audit's sequence length; windows are shorter so sliding layers matter
 STATUSES = ("exact", "refused", "different", "not-buildable")
-
-# Refused families whose eager attention ``ssacli diagnose`` measures (route "eager-fallback"): each is
-# checked by tests/test_fallback.py, diagnose's per-layer/per-head metrics against the model's own
-# ``output_attentions`` weights. Diagnose refuses every other family off the registry.
-FALLBACK_FAMILIES = frozenset({
-    "bloom", "convbert", "deberta", "deberta-v2", "falcon", "git", "got_ocr2", "gpt_neo", "gpt_neox_japanese",
-    "luke", "megatron-bert", "modernvbert", "mpt", "mvp", "nystromformer", "olmo_hybrid", "phi4_multimodal",
-    "rembert", "roformer", "tapas", "trocr", "xglm",
-})  # fmt: skip
-# Refused families the fallback does not measure correctly, and why (tests/test_fallback.py lists them).
-FALLBACK_UNCHECKED = {
-    "flaubert": "max weight off by 0.18: its attention module's output is not its weights over the keys",
-    "xlm": "max weight off by 0.18 (flaubert's attention)",
-    "fsmt": "the decoder's causal self-attention is measured as bidirectional (entropy off)",
-    "pegasus_x": "decoder self-attention measured as bidirectional; global tokens",
-    "granite_speech": "sliding/causal structure unknown to the fallback (entropy off by 0.37)",
-    "granite_speech_plus": "granite_speech's attention",
-    "gemma3": "sliding-window layers: the fallback's N_i ignores the window (entropy off by 0.25)",
-    "hy_v4": "sparse top-k key indices chosen outside attention: N_i wrong (entropy off by 0.14)",
-    "minimax_m3_vl_text": "block-sparse key indices chosen outside attention (hy_v4 at longer inputs)",
-    "t5gemma2": "layers do not correspond to the eager weights returned",
-    "prophetnet": "n-gram streams: reports 16 heads for 4",
-    "ibert": "its attention module returns no weights: nothing recorded",
-    "openai-gpt": "its attention module returns no weights: nothing recorded",
-    "squeezebert": "its attention module returns no weights: nothing recorded",
-    "big_bird": "output_attentions returns no weights to check against",
-    "mra": "output_attentions returns no weights to check against",
-    "rwkv": "no softmax attention (the 4-D tensor recorded is its state)",
-    "yoso": "hashing attention: no weight map (the tensor recorded is not attention)",
-    "funnel": "pooling changes the query length between layers",
-    "minimax": "linear-attention layers return maps of another length",
-    "cpmant": "the forward fails under diagnose",
-    "led": "the forward fails under diagnose (sliding-chunk attention)",
-    "longformer": "the forward fails under diagnose (sliding-chunk attention)",
-    "longt5": "the forward fails under diagnose (local/transient-global attention)",
-    "falcon_mamba": "no attention layers",
-    "fnet": "no attention layers (Fourier mixing)",
-    "mamba": "no attention layers",
-}
-
-
-def unaudited_reason(family: str, route: str = "ssacli") -> str | None:
-    """Why a model of ``family`` (its attention module's ``model_type``) is not covered by the audit,
-    or None when it is: on ssacli's route, a family the audit found exact (:data:`AUDITED_FAMILIES`,
-    the one list, generated with docs/models.md); on the eager fallback, a verified fallback family.
-    Every other family that :func:`~ssacli.attention.interface.supports` accepts is accepted on
-    structure alone: every output marks it unaudited, and ``--strict`` refuses it."""
-    if route == "eager-fallback":
-        if family in FALLBACK_FAMILIES:
-            return None
-        return f"family '{family}' runs on the eager fallback, which is not verified for it"
-    if family in AUDITED_FAMILIES:
-        return None
-    return (
-        f"family '{family}' is not among the families the all-family audit found exact "
-        "(docs/models.md): accepted on structure alone, its exactness is untested"
-    )
 
 
 @dataclass(frozen=True)
@@ -112,7 +54,7 @@ def padded_batch(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, VOCAB - 16, (2, SEQ), generator=gen)
     mask = torch.ones(2, SEQ, dtype=torch.long)
-    if kind == "causal":
+    if kind == ModelKind.CAUSAL:
         mask[1, :2] = 0
     else:
         mask[1, -2:] = 0
@@ -123,7 +65,7 @@ def padded_batch(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
 def run(model, kind: str, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, valid positions) of one forward; seq2seq decodes 4 tokens from decoder_start."""
     with torch.no_grad():
-        if kind == "seq2seq":
+        if kind == ModelKind.SEQ2SEQ:
             start = getattr(model.config, "decoder_start_token_id", None)
             if not isinstance(start, int):
                 start = 1
@@ -180,14 +122,14 @@ def audit_family(family: str, kind: str) -> FamilyResult:
 
 
 def _audit_in(family: str, kind: str, dtype: torch.dtype) -> FamilyResult:
-    from .interface import apply_scorer, unsupported_reason
+    from ..attention.interface import apply_scorer, unsupported_reason
 
     try:
         model = build_tiny(family, kind, dtype=dtype)
         kind = model_kind(model, kind)
         ids, mask = padded_batch(kind)
         ref, valid = run(model, kind, ids, mask)
-        causal = kind == "causal" and _causal_ok(model, kind)
+        causal = kind == ModelKind.CAUSAL and _causal_ok(model, kind)
     except Exception as err:  # noqa: BLE001 - whatever stops a tiny build is the reason it is listed
         return FamilyResult(family, kind, "not-buildable", _reason(err))
     reason = unsupported_reason(model)

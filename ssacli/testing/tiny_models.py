@@ -3,7 +3,7 @@
 :func:`families` lists the families of transformers' causal-LM, masked-LM and seq2seq auto mappings;
 :func:`tiny_config` shrinks a family's own default config (every size field small, a representative
 subset of its layer types); :func:`build_tiny` builds the model from it. The all-family audit
-(:mod:`ssacli.attention.audit`) and the eager-fallback tests build their models here.
+(:mod:`ssacli.testing.audit`) and the eager-fallback tests build their models here.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
+from ..models.kinds import ModelKind
+
 VOCAB = 128
 WINDOW = 3  # sliding windows, shorter than the audit's sequences so sliding layers matter
-KINDS = ("causal", "masked", "seq2seq")
+BUILT_KINDS = (ModelKind.CAUSAL, ModelKind.MASKED, ModelKind.SEQ2SEQ)  # the heads the audit builds
 
 _HIDDEN = {
     "hidden_size", "d_model", "n_embd", "embed_dim", "word_embed_proj_dim", "dim", "model_dim", "d_embed",
@@ -62,9 +64,9 @@ def families() -> dict[str, str]:
 
     found: dict[str, str] = {}
     for kind, mapping in (
-        ("causal", auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-        ("seq2seq", auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
-        ("masked", auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+        (ModelKind.CAUSAL, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        (ModelKind.SEQ2SEQ, auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+        (ModelKind.MASKED, auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
     ):
         for family in mapping:
             found.setdefault(family, kind)
@@ -183,7 +185,7 @@ def tiny_config(family: str, kind: str = "causal"):
         ):  # fmt: skip
             if sub is not None and isinstance(getattr(sub, name, None), float):
                 setattr(sub, name, 0.0)
-    if kind == "causal" and hasattr(config, "is_decoder"):
+    if kind == ModelKind.CAUSAL and hasattr(config, "is_decoder"):
         config.is_decoder = True  # BERT-like families are causal LMs only as decoders
     return config
 
@@ -209,6 +211,6 @@ def build_tiny(
 def model_kind(model, kind: str) -> str:
     """``kind`` as the built model really is: a seq2seq-mapped family without an encoder-decoder
     config (speech and audio LMs over token ids) runs as a causal decoder."""
-    if kind == "seq2seq" and not getattr(model.config, "is_encoder_decoder", False):
+    if kind == ModelKind.SEQ2SEQ and not getattr(model.config, "is_encoder_decoder", False):
         return "causal"
     return kind

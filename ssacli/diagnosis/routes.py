@@ -1,0 +1,179 @@
+"""The two routes diagnose reads attention weights by, and everything about the second.
+
+* :attr:`Route.SSACLI`: models on transformers' attention registry run through ssacli's attention
+  function (softmax for an untouched model, exact to the eager path), which streams each call's
+  weights to the :class:`~ssacli.diagnosis.forward.Recorder` in query blocks; probes on keys and
+  logits act inside that call.
+* :attr:`Route.EAGER_FALLBACK`: families off the registry (gpt_neo, bloom, deberta-v2, …) run their
+  own eager attention with ``output_attentions``; a forward hook on each attention module
+  (:func:`fallback_hooks`) reduces its weights and drops them, so at most one layer's map exists at
+  a time. Probes that need ssacli's attention function are skipped, and only the families in
+  :data:`FALLBACK_FAMILIES` (checked by tests/test_fallback.py) are measured.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import torch
+from torch import nn
+
+from ..attention.interface import attention_modules, num_heads, supports, unaudited_reason
+from ..errors import UnsupportedModelError
+
+
+class Route(StrEnum):
+    """How diagnose reaches the weights (written as its value in results: "ssacli", "eager-fallback")."""
+
+    SSACLI = "ssacli"
+    EAGER_FALLBACK = "eager-fallback"
+
+
+# Refused families whose eager attention ``ssacli diagnose`` measures (Route.EAGER_FALLBACK): each is
+# checked by tests/test_fallback.py, diagnose's per-layer/per-head metrics against the model's own
+# ``output_attentions`` weights. Diagnose refuses every other family off the registry.
+FALLBACK_FAMILIES = frozenset({
+    "bloom", "convbert", "deberta", "deberta-v2", "falcon", "git", "got_ocr2", "gpt_neo", "gpt_neox_japanese",
+    "luke", "megatron-bert", "modernvbert", "mpt", "mvp", "nystromformer", "olmo_hybrid", "phi4_multimodal",
+    "rembert", "roformer", "tapas", "trocr", "xglm",
+})  # fmt: skip
+# Refused families the fallback does not measure correctly, and why (tests/test_fallback.py lists them).
+FALLBACK_UNCHECKED = {
+    "flaubert": "max weight off by 0.18: its attention module's output is not its weights over the keys",
+    "xlm": "max weight off by 0.18 (flaubert's attention)",
+    "fsmt": "the decoder's causal self-attention is measured as bidirectional (entropy off)",
+    "pegasus_x": "decoder self-attention measured as bidirectional; global tokens",
+    "granite_speech": "sliding/causal structure unknown to the fallback (entropy off by 0.37)",
+    "granite_speech_plus": "granite_speech's attention",
+    "gemma3": "sliding-window layers: the fallback's N_i ignores the window (entropy off by 0.25)",
+    "hy_v4": "sparse top-k key indices chosen outside attention: N_i wrong (entropy off by 0.14)",
+    "minimax_m3_vl_text": "block-sparse key indices chosen outside attention (hy_v4 at longer inputs)",
+    "t5gemma2": "layers do not correspond to the eager weights returned",
+    "prophetnet": "n-gram streams: reports 16 heads for 4",
+    "ibert": "its attention module returns no weights: nothing recorded",
+    "openai-gpt": "its attention module returns no weights: nothing recorded",
+    "squeezebert": "its attention module returns no weights: nothing recorded",
+    "big_bird": "output_attentions returns no weights to check against",
+    "mra": "output_attentions returns no weights to check against",
+    "rwkv": "no softmax attention (the 4-D tensor recorded is its state)",
+    "yoso": "hashing attention: no weight map (the tensor recorded is not attention)",
+    "funnel": "pooling changes the query length between layers",
+    "minimax": "linear-attention layers return maps of another length",
+    "cpmant": "the forward fails under diagnose",
+    "led": "the forward fails under diagnose (sliding-chunk attention)",
+    "longformer": "the forward fails under diagnose (sliding-chunk attention)",
+    "longt5": "the forward fails under diagnose (local/transient-global attention)",
+    "falcon_mamba": "no attention layers",
+    "fnet": "no attention layers (Fourier mixing)",
+    "mamba": "no attention layers",
+}
+
+
+def choose_route(root: nn.Module, family: str, scorer: str | None) -> Route:
+    """ssacli's route where every attention layer can be scored exactly; else the eager fallback,
+    for a verified fallback family without ``--scorer`` (UnsupportedModelError otherwise)."""
+    if supports(root):
+        return Route.SSACLI
+    if scorer is not None:
+        raise UnsupportedModelError(
+            f"model family '{family}' does not route attention through transformers' "
+            "AttentionInterface, so --scorer cannot be applied; diagnose it without --scorer"
+        )
+    if family not in FALLBACK_FAMILIES:
+        why = FALLBACK_UNCHECKED.get(family, "not checked against its eager weights")
+        raise UnsupportedModelError(
+            f"model family '{family}' does not route attention through transformers' "
+            f"AttentionInterface and diagnose's eager fallback is not verified for it ({why}); "
+            "verified fallback families: docs/diagnose.md"
+        )
+    return Route.EAGER_FALLBACK
+
+
+def route_unaudited_reason(family: str, route: Route) -> str | None:
+    """Why a model of ``family`` on ``route`` is not covered by a check, or None when it is: on ssacli's
+    route the all-family audit (:func:`~ssacli.attention.interface.unaudited_reason`); on the fallback,
+    the fallback test (every family :func:`choose_route` lets through is verified)."""
+    if route is Route.EAGER_FALLBACK:
+        if family in FALLBACK_FAMILIES:
+            return None
+        return f"family '{family}' runs on the eager fallback, which is not verified for it"
+    return unaudited_reason(family)
+
+
+def attention_layers(root: nn.Module, route: Route) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every attention layer diagnose measures on ``route``."""
+    if route is Route.SSACLI:
+        return list(attention_modules(root))
+    # Off the registry there is no seam to find attention by: the innermost modules whose class is
+    # named *Attention* are the ones that compute the weights (tests/test_fallback.py checks each
+    # verified family's layers against its own output_attentions).
+    found = []
+    for name, module in root.named_modules():
+        if "Attention" in type(module).__name__ and not any(
+            "Attention" in type(m).__name__ for m in list(module.modules())[1:]
+        ):
+            found.append((name, module))
+    if not found:
+        raise UnsupportedModelError(
+            f"found no attention layers in model family '{getattr(root.config, 'model_type', '?')}'"
+        )
+    return found
+
+
+def layer_heads(module: nn.Module, root: nn.Module, route: Route) -> int:
+    """Heads of one measured layer. On ssacli's route the attention module says (as for per-head
+    scorer parameters; a module that cannot is refused); a fallback module may keep its head count
+    under another name, so there the config's ``num_attention_heads`` answers."""
+    if route is Route.SSACLI:
+        return num_heads(module, root)
+    try:
+        return num_heads(module, root)
+    except UnsupportedModelError:
+        return int(getattr(root.config, "num_attention_heads", 1) or 1)
+
+
+def forward_arguments(route: Route) -> dict:
+    """Extra keyword arguments of the model's forward on ``route``: some eager paths compute the
+    weights only when asked."""
+    return {"output_attentions": True} if route is Route.EAGER_FALLBACK else {}
+
+
+def fallback_hooks(recorder, layers: list[tuple[str, nn.Module]]) -> list:
+    """Forward hooks on the fallback's attention modules: each reduces the weights its module returns
+    (:meth:`Recorder.record`, with the module's structural mask) and drops them from the output."""
+
+    def hook(module, args, output):
+        if not isinstance(output, tuple):
+            return None
+        for index, item in enumerate(output):
+            if isinstance(item, torch.Tensor) and item.dim() == 4 and item.is_floating_point():
+                q, k = item.shape[-2:]
+                positions = torch.arange(k - q, k, device=item.device)
+                visible = structural_mask(module, item, positions, recorder.causal, recorder.valid)
+                recorder.record(module, item, visible, positions)
+                return (*output[:index], None, *output[index + 1 :])
+        return None
+
+    return [module.register_forward_hook(hook) for _, module in layers]
+
+
+def structural_mask(module: nn.Module, weights: torch.Tensor, positions: torch.Tensor, causal: bool, valid):
+    """Which keys each row may see: the module's own causal/local-window buffer when it has one
+    (GPT-Neo's ``bias``), else causal by family; and the batch's key padding (``valid`` [b, k])."""
+    k = weights.shape[-1]
+    visible = torch.ones(1, 1, len(positions), k, dtype=torch.bool, device=weights.device)
+    buffer = getattr(module, "bias", None)
+    if isinstance(buffer, torch.Tensor) and buffer.dtype == torch.bool and buffer.dim() == 4:
+        if buffer.shape[-1] >= k:
+            visible = visible & buffer[:, :, positions, :k].to(weights.device)
+    elif causal:
+        visible = visible & (torch.arange(k, device=weights.device) <= positions.unsqueeze(-1))
+    if valid is not None and valid.shape[-1] == k:
+        visible = visible & valid.to(weights.device)[:, None, None, :]
+    return visible
+
+
+__all__ = [
+    "FALLBACK_FAMILIES", "FALLBACK_UNCHECKED", "Route", "attention_layers", "choose_route", "fallback_hooks",
+    "forward_arguments", "layer_heads", "route_unaudited_reason", "structural_mask",
+]  # fmt: skip
