@@ -111,7 +111,7 @@ step_finetune() {
         --steps "$(steps 200)" --device "$DEVICE" --out "$WORK/b"
     "$PYTHON" - "$WORK/b" "$(steps 200)" <<'EOF'
 import math, sys
-from ssacli.train import training_record
+from ssacli.models.checkpoint import training_record
 rec = training_record(sys.argv[1])
 assert rec is not None, f"{sys.argv[1]} has no training record"
 assert rec["step"] == int(sys.argv[2]), f"stopped at step {rec['step']} of {sys.argv[2]}"
@@ -145,7 +145,7 @@ EOF
     done
     "$PYTHON" - "$WORK/c-softmax" "$WORK/c-ssa" <<'EOF'
 import math, sys
-from ssacli.train import training_record
+from ssacli.models.checkpoint import training_record
 records = [training_record(path) for path in sys.argv[1:]]
 for name, rec in zip(("softmax", "ssa"), records):
     held = rec["heldout"]

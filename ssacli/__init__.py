@@ -108,8 +108,9 @@ if TYPE_CHECKING:
     from .check.settings import CheckSettings, check_settings
     from .conversion import convert, save_model
     from .diagnosis.comparison import compare_results
+    from .diagnosis.probe_result import ProbeResult
     from .diagnosis.probes import parse_probe
-    from .diagnosis.result import DiagnoseResult, ProbeResult
+    from .diagnosis.result import DiagnoseResult
     from .diagnosis.run import diagnose
     from .icl.evaluate import ICLEvaluation, evaluate_icl
     from .icl.sweep import SweepPlan as ICLSweepPlan

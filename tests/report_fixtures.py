@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ssacli.diagnosis.result import DiagnoseResult, ProbeResult
+from ssacli.diagnosis.probe_result import ProbeResult
+from ssacli.diagnosis.result import DiagnoseResult
 
 NAN = float("nan")
 SKIP_NOTE = "no numeric tokens in this vocabulary"

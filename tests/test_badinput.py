@@ -242,7 +242,7 @@ def test_convert_refuses_a_bad_scorer_before_loading(tmp_path, monkeypatch, caps
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the spec was checked")
 
-    patch(monkeypatch, "ssacli.conversion.load_model", no_loading)
+    patch(monkeypatch, "ssacli.conversion.as_loaded", no_loading)
     for spec, words in (("nope", "unknown scorer"), ("ssa:init", "key=value")):
         args = ["convert", "builtin:every-softmax", "--scorer", spec, "--out", str(tmp_path / "out")]
         code, _, stderr = run_main(args, monkeypatch, capsys)
@@ -456,7 +456,7 @@ def test_sigterm_while_convert_writes_ends_like_ctrl_c(models, tmp_path, monkeyp
 def test_sigint_during_finetune_checkpoints_and_resumes(tmp_path):
     """A real Ctrl-C to a real process: exit 130, one line, and `finetune --resume` continues.
     (tests/test_train.py checks that the resumed run equals an uninterrupted one.)"""
-    from ssacli.train.finetune import training_record
+    from ssacli.models.checkpoint import training_record
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "ssacli", "convert", "builtin:every-softmax", "--scorer", "ssa"]

@@ -19,17 +19,12 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from typer.testing import CliRunner
 
 import ssacli
-from ssacli.check.requirements import (
-    init_config,
-    load_baseline,
-    load_config,
-    parse_requirement,
-    required_probes,
-    run_check,
-)
+from ssacli.check.config import init_config, load_config
+from ssacli.check.requirements import load_baseline, parse_requirement, required_probes, run_check
 from ssacli.cli import app
 from ssacli.diagnosis import run as diagnosis
-from ssacli.diagnosis.result import DiagnoseResult, ProbeResult
+from ssacli.diagnosis.probe_result import ProbeResult
+from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.errors import InputError, UnsupportedModelError, UsageError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "ci.md"

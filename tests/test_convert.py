@@ -12,7 +12,8 @@ from torch.nn import functional as F
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import ssacli
-from ssacli.conversion import convert, fidelity, save_model
+from ssacli.conversion import convert, save_model
+from ssacli.conversion.calibration import fidelity
 from ssacli.errors import InputError, UnsupportedModelError, UsageError
 from ssacli.models.checkpoint import META_FILE, MODEL_FORMAT, SCORER_FILE
 from ssacli.models.kinds import kind_of, max_positions
@@ -233,7 +234,7 @@ def test_m_auto_meets_the_default_target_on_wide_models(family):
 def test_m_auto_is_the_smallest_grid_m_it_verified():
     """Halving every chosen m misses the target (measured independently): the choice is not wasteful
     by a whole grid step everywhere at once."""
-    from ssacli.conversion import set_faithful_m
+    from ssacli.conversion.m_auto import set_faithful_m
 
     loaded, report = convert(loaded_of(wide_extra("llama")), "ssa:init=faithful")
     ms = [row["m"] for row in report["layers"]]
@@ -372,3 +373,35 @@ def test_m_auto_on_a_model_with_learned_sinks():
     kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
     assert report["target"]["met"] and kl <= 1e-3
     assert len(report["layers"]) == len(ssacli.scorers_of(loaded.attention_root))
+
+
+def test_attaching_m_auto_uncalibrated_is_refused_and_leaves_the_model_untouched():
+    """m=auto is chosen from the model's own logits: attaching it alone would silently use a fixed
+    placeholder m (on this wide-logit model 128 misses the documented 1e-3 KL), so it is refused."""
+    from ssacli.errors import SpecError
+
+    model = wide_extra("llama")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(SpecError, match=r"ssacli\.convert\(model, spec\).*m=128"):
+        ssacli.apply_scorer(model, "ssa:init=faithful")
+    assert ssacli.scorers_of(model) == {} and model.state_dict().keys() == state.keys()
+    # an explicit m is a complete start: attached as asked
+    ssacli.apply_scorer(model, "ssa:init=faithful,m=128")
+    ns = [float(s.n.detach().min()) for s in ssacli.scorers_of(model).values()]
+    assert ns and ns == pytest.approx([128.0] * len(ns), rel=1e-6)
+
+
+def test_convert_calibrates_a_model_in_memory_in_place():
+    """ssacli.convert takes the transformers model itself (what the refusal above points to): m is
+    chosen per layer and the model, converted in place, meets the target against its own eager path."""
+    original, model = wide_extra("llama"), wide_extra("llama")
+    loaded, report = convert(model, "ssa:init=faithful")
+    assert loaded.model is model and ssacli.scorers_of(model)
+    ids = calibration_inputs()
+    log_p = F.log_softmax(eager_outputs(original, ids), -1)
+    log_q = F.log_softmax(eager_outputs(model, ids), -1)
+    kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+    assert report["target"]["met"] and kl <= 1e-3
+    assert [row["m"] for row in report["layers"]] == [
+        float(s.n.detach().mean()) for s in ssacli.scorers_of(model).values()
+    ]

@@ -204,7 +204,7 @@ def test_every_call_matches_the_eager_path(family, kind, probe, level):
 
 
 @pytest.mark.parametrize(
-    "spec", ["temperature:t=0.5", "ssa", "ssa:init=faithful", "ssmax:s=0.7", "sink:s=1", "softmax1"]
+    "spec", ["temperature:t=0.5", "ssa", "ssa:init=faithful,m=128", "ssmax:s=0.7", "sink:s=1", "softmax1"]
 )
 @pytest.mark.parametrize("family", ["llama", "gpt_oss"])
 def test_every_softmax_family_scorer(spec, family):

@@ -10,10 +10,11 @@ from torch.nn import functional as F
 
 import ssacli
 from ssacli.defaults import SCORER_LR
+from ssacli.models.checkpoint import training_record
 from ssacli.models.loading import load_model
 from ssacli.models.optim import make_optimizer, scorer_values, set_lr
 from ssacli.scorers import make_scorer
-from ssacli.train.finetune import FinetuneConfig, finetune, training_record
+from ssacli.train.finetune import FinetuneConfig, finetune
 
 WORDS = "the a cat dog sees likes river old small bright quiet child teacher finds".split()
 

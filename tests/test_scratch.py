@@ -43,7 +43,7 @@ def texts() -> list[str]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_arch_builds_a_scored_lm_with_its_head(arch, texts):
-    loaded = new_model(arch, "tiny", "ssa:init=faithful", texts=texts, vocab_size=300, seed=0)
+    loaded = new_model(arch, "tiny", "ssa:init=faithful,m=128", texts=texts, vocab_size=300, seed=0)
     assert loaded.name == f"new:{arch}-tiny"
     assert loaded.family == arch
     assert loaded.kind == ("masked" if arch == "roberta" else "causal")
@@ -306,3 +306,12 @@ def test_train_usage_errors_write_nothing(args, match, data_file, tmp_path):
     else:
         assert isinstance(result.exception, UsageError) and match in str(result.exception)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_faithful_start_without_m_is_refused_from_scratch(texts):
+    """m=auto measures the model's own attention; a model built from scratch has none worth keeping,
+    and a silent placeholder m is what the refusal exists to prevent."""
+    from ssacli.errors import SpecError
+
+    with pytest.raises(SpecError, match="m=auto"):
+        new_model("gpt2", "tiny", "ssa:init=faithful", texts=texts, vocab_size=300, seed=0)

@@ -25,10 +25,11 @@ import ssacli
 from ssacli.cli import app
 from ssacli.conversion import convert
 from ssacli.errors import InputError, InterruptedJobError, JobFailedError, UsageError
+from ssacli.models.checkpoint import training_record
 from ssacli.models.icl_task import sample_batch
 from ssacli.models.loading import load_model
 from ssacli.train.data import ICL_POINTS, TextData, mask_tokens, read_documents, split_heldout
-from ssacli.train.finetune import FinetuneConfig, finetune, training_record
+from ssacli.train.finetune import FinetuneConfig, finetune
 
 WORDS = {
     "det": ["the", "a", "every", "some"],

@@ -89,7 +89,8 @@ def _result(kl, entropy=0.5, collapse=(0.0, 0.0, 0.0)):
     from σ = 1."""
     import numpy as np
 
-    from ssacli.diagnosis.result import DiagnoseResult, ProbeResult
+    from ssacli.diagnosis.probe_result import ProbeResult
+    from ssacli.diagnosis.result import DiagnoseResult
 
     grid = lambda v: np.full((3, 1, 2), v)  # noqa: E731
     rates = np.array(collapse, dtype=float).reshape(3, 1, 1).repeat(2, axis=2)

@@ -31,7 +31,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..errors import UnsupportedModelError
+from ..errors import SpecError, UnsupportedModelError
 from ..scorers import Scorer, make_scorer
 from .arguments import ARGUMENTS, REFUSED_ARGUMENTS, family_name, passed_arguments
 from .audited import AUDITED_FAMILIES
@@ -185,18 +185,30 @@ def num_heads(module: nn.Module, model: nn.Module) -> int:
 # ---- the public switch ----------------------------------------------------------------------------
 
 
-def apply_scorer(model: nn.Module, spec: str) -> nn.Module:
+def apply_scorer(model: nn.Module, spec: str, *, parameters_follow: bool = False) -> nn.Module:
     """Score every attention layer of ``model`` with its own instance of scorer ``spec``.
 
     Parameters of the scorers become submodules (``<attention module>.ssacli_scorer``), so they are
     in ``model.state_dict()`` and ``model.parameters()``. Applying again replaces the scorers.
     Returns the model (changed in place).
+
+    A spec whose start is measured on the model (``ssa:init=faithful`` with m=auto,
+    :attr:`~ssacli.scorers.Scorer.needs_calibration`) is refused with a SpecError naming what
+    calibrates it (:func:`ssacli.convert`, which takes a model in memory too), unless
+    ``parameters_follow``: the caller sets the scorers' parameters next (a checkpoint's saved values,
+    or m=auto's own calibration), so the placeholder start is never used.
     """
     _check_supported(model)
+    # Build every scorer first, so a bad spec leaves the model untouched.
+    scorers = [make_scorer(spec, num_heads=num_heads(m, model)) for _, m in attention_modules(model)]
+    if scorers and scorers[0].needs_calibration and not parameters_follow:
+        raise SpecError(
+            f"scorer '{spec}': m=auto chooses m per layer from this model's own attention logits, which "
+            "attaching a scorer does not measure; use ssacli.convert(model, spec) (or `ssacli convert`), "
+            f"which calibrates m and reports the fidelity, or give m, e.g. {spec},m=128"
+        )
     register()
     modules = list(attention_modules(model))
-    # Build every scorer first, so a bad spec leaves the model untouched.
-    scorers = [make_scorer(spec, num_heads=num_heads(m, model)) for _, m in modules]
     for (name, module), scorer in zip(modules, scorers, strict=True):
         device = execution_device(model, name)  # with a device map, where accelerate runs the layer
         if device is not None:

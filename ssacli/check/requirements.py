@@ -26,12 +26,10 @@ import numpy as np
 
 from ..diagnosis.metrics import METRICS, QUALITY_METRICS, metric_spec
 from ..diagnosis.outputs import quality_values
+from ..diagnosis.probe_result import json_ready
 from ..diagnosis.probes import PROBES, parse_probe
-from ..diagnosis.result import DiagnoseResult, json_ready
+from ..diagnosis.result import DiagnoseResult
 from ..errors import InputError, UsageError
-
-# Config files and `--init` templates live in check_config.py; re-exported for the API.
-from .config import CONFIG_KEYS, KINDS, init_config, load_config  # noqa: F401
 
 SCHEMA = "ssacli-check"
 SCHEMA_VERSION = 1

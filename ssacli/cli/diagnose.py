@@ -132,7 +132,7 @@ def diagnose_command(
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     from .. import make_scorer, parse_probe
-    from ..diagnosis.result import METRICS
+    from ..diagnosis.metrics import METRICS
     from ..quality.inputs import read_text_file
 
     probes = [parse_probe(p) for p in probe] if probe else None  # bad specs fail before loading

@@ -19,21 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports, unaudited_reason
 from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES
 from ..errors import OutputError, UnsupportedModelError, UsageError
 from ..models.checkpoint import SCORER_KEY, check_replaceable, write_model_folder
 from ..models.kinds import ModelKind
-from ..models.loading import LoadedModel, load_model, local_model_path
+from ..models.loading import LoadedModel, as_loaded, local_model_path
 from ..scorers import make_scorer
-from .calibration import calibration_inputs, fidelity, model_outputs, target_of, task_is_classification
-from .m_auto import M_GRID, attention_row_kl, choose_m, faithful_transform, set_faithful_m, wants_m_auto
+from .calibration import calibration_inputs, fidelity, model_outputs, target_of
+from .m_auto import attention_row_kl, choose_m, wants_m_auto
 
-__all__ = [  # this module's own names and, re-exported, the public names it had before m_auto's split
-    "M_GRID", "attention_row_kl", "check_out", "choose_m", "convert", "faithful_transform", "fidelity",
-    "save_model", "set_faithful_m", "target_of", "task_is_classification",
-]  # fmt: skip
+__all__ = ["check_out", "convert", "save_model"]
 
 # ---- saving --------------------------------------------------------------------------------------------
 
@@ -101,7 +99,7 @@ def _spec_of(loaded: LoadedModel) -> str:
 
 
 def convert(
-    model: str | LoadedModel,
+    model: str | Path | nn.Module | LoadedModel,
     scorer: str,
     out: str | Path | None = None,
     *,
@@ -110,6 +108,7 @@ def convert(
     length: int = CALIBRATION_LENGTH,
     seed: int = 0,
     text: str | None = None,
+    tokenizer: Any = None,
     max_error: float | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -122,11 +121,14 @@ def convert(
 
     Fidelity compares the model's outputs before and after the swap on the same inputs
     (:func:`fidelity`): ``samples`` windows of ``length`` tokens from ``text`` (the calibration
-    text; None: the built-in probe texts). ``max_error`` is the target (None: 1e-3 nats/token for
-    models with a vocabulary, 1e-2 relative error otherwise, :func:`target_of`). With
-    ``ssa:init=faithful`` and ``m=auto`` (its default) m is chosen per layer so the measured error
-    meets the target (:func:`choose_m`); if no m on the grid does, JobFailedError (exit 5) and
-    nothing is written. With ``out``, the converted model is saved there (never over the input).
+    text; None: the built-in probe texts), tokenized by the model's tokenizer (``tokenizer`` for an
+    in-memory model; without one, random token ids). ``model`` may be a reference, a
+    :class:`LoadedModel` or a transformers / ICL model in memory (converted in place).
+    ``max_error`` is the target (None: 1e-3 nats/token for models with a vocabulary, 1e-2 relative
+    error otherwise, :func:`target_of`). With ``ssa:init=faithful`` and ``m=auto`` (its default) m is
+    chosen per layer so the measured error meets the target (:func:`choose_m`); if no m on the grid
+    does, JobFailedError (exit 5) and nothing is written. With ``out``, the converted model is saved
+    there (never over the input).
     A MODEL reference is loaded with ``device`` … ``trust_remote_code``
     (:class:`~ssacli.models.loading.LoadOptions`). A family the all-family audit does not cover is
     converted with ``report["unaudited"]`` saying why; with ``strict`` it is refused
@@ -136,11 +138,12 @@ def convert(
         raise UsageError(f"--max-error must be a positive number, got {max_error}")
     auto = wants_m_auto(make_scorer(scorer))  # a bad spec fails before loading
     if out is not None:  # cheap checks before loading anything
-        source = local_model_path(model) if isinstance(model, str) else model.path
+        reference = isinstance(model, str | Path)
+        source = local_model_path(str(model)) if reference else getattr(model, "path", None)
         check_out(Path(out).expanduser(), source, overwrite)
-    loaded = model if isinstance(model, LoadedModel) else load_model(
-        model, device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code,
+    loaded = as_loaded(
+        model, tokenizer, device=device, dtype=dtype, allow_download=allow_download,
+        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
     )  # fmt: skip
     root = loaded.attention_root
     if not supports(root):
@@ -160,7 +163,7 @@ def convert(
         apply_scorer(root, "softmax")  # measure "before" through the same attention function
     before = model_outputs(loaded, batches)
     grid = attention_row_kl(loaded, batches) if auto else None
-    apply_scorer(root, scorer)
+    apply_scorer(root, scorer, parameters_follow=grid is not None)  # choose_m sets m next
     if grid is not None:
         after, report = choose_m(loaded, batches, before, grid, max_error)
     else:

@@ -25,14 +25,9 @@ M_GRID = tuple(2.0**k for k in range(21))
 
 
 def wants_m_auto(scorer) -> bool:
-    """``ssa:init=faithful`` with m=auto (its default) and no explicit b or n."""
-    given = scorer.given
-    return (
-        scorer.name == "ssa"
-        and scorer.opts["init"] == "faithful"
-        and given.get("m", "auto") == "auto"
-        and not {"b", "n"} & set(given)
-    )
+    """``ssa:init=faithful`` with m=auto (its default) and no explicit b or n
+    (:attr:`~ssacli.scorers.Scorer.needs_calibration`)."""
+    return scorer.needs_calibration
 
 
 def faithful_transform(x: torch.Tensor, m: float) -> torch.Tensor:

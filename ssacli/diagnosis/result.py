@@ -22,8 +22,6 @@ import numpy as np
 from ..errors import InputError
 from . import frames
 from .findings import baseline_probe, findings
-
-# METRICS, ProbeResult, COLLAPSE_SHARE and json_ready are importable from here too (older callers).
 from .metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
 from .outputs import OUTPUT_KL_HELD, degenerate, outputs_held, quality_values, reference_index
 from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready

@@ -5,7 +5,7 @@
 It holds the run: checking the options, routing the model, planning each probe level's inputs,
 looping over them and assembling the :class:`~ssacli.diagnosis.result.DiagnoseResult`. One forward pass
 under a probe, and the :class:`~ssacli.diagnosis.forward.Recorder` that reduces its attention, are in
-:mod:`ssacli.diagnosis.forward` (``Recorder`` is importable from here too).
+:mod:`ssacli.diagnosis.forward`.
 
 Two routes to the weights (:mod:`ssacli.diagnosis.routes`: ssacli's attention function, or a
 family's own eager attention), one reduction (:mod:`ssacli.diagnosis.metrics`).
@@ -31,12 +31,13 @@ from ..attention.online import STATS_MODES
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.icl_task import TOKENS_PER_POINT
-from ..models.kinds import ICL_FAMILY, ModelKind, kind_of, max_positions
-from ..models.loading import LoadedModel, load_model
+from ..models.kinds import ModelKind
+from ..models.loading import LoadedModel, as_loaded
 from ..version import __version__
 from .forward import OutputReference, Recorder, absorber, forward_batch
 from .metrics import LAYER_METRICS, METRICS
 from .outputs import reference_index
+from .probe_result import ProbeResult
 from .probes import (
     PROBES,
     ActsOn,
@@ -51,7 +52,7 @@ from .probes import (
     pick_targets,
     scorer_insensitivity,
 )
-from .result import DiagnoseResult, ProbeResult
+from .result import DiagnoseResult
 from .routes import Route, attention_layers, choose_route, layer_heads, route_unaudited_reason
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -125,7 +126,7 @@ def diagnose(
     }  # fmt: skip
     load = {"device": device, "dtype": dtype, "allow_download": allow_download, "allow_pickle": allow_pickle}
     placed = {"device_map": device_map, "max_memory": max_memory}
-    loaded = _as_loaded(model, tokenizer, {**load, "trust_remote_code": trust_remote_code, **placed})
+    loaded = as_loaded(model, tokenizer, **load, trust_remote_code=trust_remote_code, **placed)
     root = loaded.attention_root
     route = choose_route(root, loaded.family, scorer)
     unaudited = route_unaudited_reason(getattr(root.config, "model_type", loaded.family), route)
@@ -142,30 +143,6 @@ def diagnose(
         if undo is not None:
             undo()
         loaded.model.train(training)
-
-
-def _as_loaded(model, tokenizer, load: dict[str, Any]) -> LoadedModel:
-    if isinstance(model, LoadedModel):
-        return model
-    if isinstance(model, str | Path):
-        loaded = load_model(str(model), **load)
-        if tokenizer is not None:
-            loaded.tokenizer = tokenizer
-        return loaded
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"model must be a path, a model id or a torch module, got {type(model).__name__}")
-    spec = getattr(model, "spec", None)
-    if spec is not None and hasattr(model, "backbone"):  # an ICL model
-        return LoadedModel(
-            model, "ICLModel", ICL_FAMILY, ModelKind.ICL, None, TOKENS_PER_POINT * spec.max_points
-        )
-    config = getattr(model, "config", None)
-    if config is None:
-        raise UsageError("model must be a transformers model (with .config) or an ssacli ICL model")
-    return LoadedModel(
-        model, getattr(config, "name_or_path", "") or type(model).__name__, config.model_type,
-        kind_of(model), tokenizer, max_positions(config),
-    )  # fmt: skip
 
 
 def _prepare_scorer(root: nn.Module, scorer: str | None) -> Callable[[], None] | None:

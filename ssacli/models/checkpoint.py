@@ -402,7 +402,7 @@ def read_icl_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 def attach_saved_scorer(model: nn.Module, path: str | Path, spec: str) -> None:
     """Apply ``spec`` to a freshly loaded transformers model and load its saved parameters."""
-    apply_scorer(model, spec)
+    apply_scorer(model, spec, parameters_follow=True)
     file = Path(path) / SCORER_FILE
     expected = {k for k in model.state_dict() if SCORER_KEY in k}
     if not expected:

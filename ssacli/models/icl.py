@@ -85,7 +85,9 @@ def strip_to_attention(backbone: GPT2Model) -> None:
 
 
 class ICLModel(nn.Module):
-    def __init__(self, spec: ICLSpec) -> None:
+    def __init__(self, spec: ICLSpec, *, parameters_follow: bool = False) -> None:
+        """A fresh model of ``spec`` (``parameters_follow``: its weights, scorer included, are loaded
+        next, so a scorer start that needs calibration is accepted, see ``apply_scorer``)."""
         super().__init__()
         self.spec = spec
         check_arch(spec.arch)
@@ -106,7 +108,7 @@ class ICLModel(nn.Module):
         if spec.arch == "attn-only":
             strip_to_attention(self.backbone)
         self.read_out = nn.Linear(spec.width, 1)
-        apply_scorer(self.backbone, spec.scorer)
+        apply_scorer(self.backbone, spec.scorer, parameters_follow=parameters_follow)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [batch, 2·points] (x_1, y_1, …) -> predictions for y_i at each x_i, [batch, points]."""
@@ -152,7 +154,7 @@ def load_icl(directory: str | Path, device: torch.device | str = "cpu") -> ICLMo
     directory = Path(directory)
     meta = read_icl_meta(directory)
     fields = {k: meta[k] for k in ICLSpec.__dataclass_fields__ if k in meta}
-    model = ICLModel(ICLSpec(**fields))
+    model = ICLModel(ICLSpec(**fields), parameters_follow=True)
     missing, unexpected = model.load_state_dict(read_icl_weights(directory), strict=False)
     if missing or unexpected:
         raise InputError(

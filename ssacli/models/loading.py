@@ -229,6 +229,34 @@ def load_model(
     return loaded
 
 
+def as_loaded(model: str | Path | nn.Module | LoadedModel, tokenizer: Any = None, **load: Any) -> LoadedModel:
+    """What every API function takes as MODEL, as a :class:`LoadedModel`: a reference (path,
+    ``builtin:NAME``, Hub id) is loaded with ``load`` (:class:`LoadOptions`' keywords); a transformers
+    model (with ``.config``) or an ssacli ICL model is wrapped as it is, in memory. ``tokenizer``
+    replaces the loaded one, or goes with a module."""
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, str | Path):
+        loaded = load_model(str(model), **load)
+        if tokenizer is not None:
+            loaded.tokenizer = tokenizer
+        return loaded
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"model must be a path, a model id or a torch module, got {type(model).__name__}")
+    spec = getattr(model, "spec", None)
+    if spec is not None and hasattr(model, "backbone"):  # an ICL model
+        return LoadedModel(
+            model, "ICLModel", ICL_FAMILY, ModelKind.ICL, None, TOKENS_PER_POINT * spec.max_points
+        )
+    config = getattr(model, "config", None)
+    if config is None:
+        raise UsageError("model must be a transformers model (with .config) or an ssacli ICL model")
+    return LoadedModel(
+        model, getattr(config, "name_or_path", "") or type(model).__name__, config.model_type,
+        kind_of(model), tokenizer, max_positions(config),
+    )  # fmt: skip
+
+
 # ---- GGUF checkpoints (optional extra: pip install "ssacli[gguf]") -----------------------------------
 
 

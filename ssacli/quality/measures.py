@@ -33,7 +33,7 @@ from ..defaults import ICL_POINTS
 from ..errors import InputError, UsageError
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
-from .inputs import check_pair_record, read_pairs, read_text_file
+from .inputs import check_pair_record, read_pairs
 
 DEFAULT_SIGMAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 DEFAULT_OUTLIERS = ((10.0, 3), (100.0, 3), (1000.0, 3))
@@ -283,7 +283,5 @@ __all__ = [
     "icl_error_by_sigma",
     "language_model_loss",
     "minimal_pairs",
-    "read_pairs",
-    "read_text_file",
     "sentence_log_likelihoods",
 ]

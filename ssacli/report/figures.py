@@ -22,7 +22,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, ScalarFormatter
 
 from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
-from ..diagnosis.result import COLLAPSE_SHARE, DiagnoseResult, ProbeResult
+from ..diagnosis.probe_result import COLLAPSE_SHARE, ProbeResult
+from ..diagnosis.result import DiagnoseResult
 from .summary import collapse_point_grid, fmt_level, heatmap_index, table_columns
 
 DPI = 100

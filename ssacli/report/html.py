@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..diagnosis.comparison import common_levels, comparison_findings
-from ..diagnosis.result import DiagnoseResult, ProbeResult
+from ..diagnosis.probe_result import ProbeResult
+from ..diagnosis.result import DiagnoseResult
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .figures import compare_figure, heatmap_figure, line_figure, overview_figure, png_img
 from .summary import (

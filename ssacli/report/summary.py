@@ -16,7 +16,8 @@ import numpy as np
 
 from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
-from ..diagnosis.result import DiagnoseResult, ProbeResult
+from ..diagnosis.probe_result import ProbeResult
+from ..diagnosis.result import DiagnoseResult
 from ..errors import UsageError
 
 

@@ -21,7 +21,8 @@ from rich.text import Text
 from ..diagnosis.comparison import common_levels, comparison_findings
 from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
-from ..diagnosis.result import DiagnoseResult, ProbeResult
+from ..diagnosis.probe_result import ProbeResult
+from ..diagnosis.result import DiagnoseResult
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .summary import (
     collapse_cell,

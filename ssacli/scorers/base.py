@@ -102,6 +102,13 @@ class Scorer(nn.Module):
         self.opts = {k: options.get(k, opt.default) for k, opt in self.options.items()}
         self.learn = self._learn_set()
 
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether this scorer's start is to be measured on a model's own logits before it is used
+        (SSA's ``init=faithful`` with ``m=auto``): a scorer alone takes a placeholder start, and
+        :func:`ssacli.attention.interface.apply_scorer` refuses to attach it uncalibrated."""
+        return False
+
     # -- spec round-trip ------------------------------------------------------------------------
     @property
     def spec(self) -> str:

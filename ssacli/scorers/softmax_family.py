@@ -121,7 +121,8 @@ class SSA(Scorer):
             "auto",
             faithful_m,
             "init=faithful only: auto (convert picks per layer the smallest power of 2 meeting "
-            f"--max-error; {FAITHFUL_M:g} without calibration) or a number; larger m is closer to softmax",
+            f"--max-error; {FAITHFUL_M:g} for a scorer built alone, never attached uncalibrated) "
+            "or a number; larger m is closer to softmax",
         ),
         "b": Option(None, float, "initial b (> 0); overrides the preset"),
         "n": Option(None, float, "initial n (> 0); overrides the preset"),
@@ -155,6 +156,17 @@ class SSA(Scorer):
         n = self.opts["n"] if self.opts["n"] is not None else n
         self._add_param("b", positive_raw(b, self.name, "b"))
         self._add_param("n", positive_raw(n, self.name, "n"))
+
+    @property
+    def needs_calibration(self) -> bool:
+        """``init=faithful`` with m=auto (its default) and no explicit b or n: m is chosen per layer
+        from the model's attention rows (ssacli.convert, ssacli.apply_scorer with inputs); FAITHFUL_M
+        is only the placeholder of a scorer built alone."""
+        return (
+            self.opts["init"] == "faithful"
+            and self.given.get("m", "auto") == "auto"
+            and not ({"b", "n"} & set(self.given))
+        )
 
     def applied_options(self) -> dict[str, Any]:
         """init says where b and n start: "given (b, n)" when the spec sets both (init=authors still

@@ -20,12 +20,12 @@ from typing import Any
 from ..conversion import check_out, convert
 from ..errors import UsageError
 from ..files import check_writable_folder
-from ..models.checkpoint import check_replaceable, read_meta
+from ..models.checkpoint import check_replaceable, read_meta, training_record
 from ..models.loading import LoadedModel, local_model_path
 from ..scorers import make_scorer
 from . import DATA_FORMS
 from .data import read_documents
-from .finetune import FinetuneConfig, finetune, training_record
+from .finetune import FinetuneConfig, finetune
 from .folders import training_folder
 from .scratch import SIZES, new_model, training_texts
 
