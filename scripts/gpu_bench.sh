@@ -10,6 +10,9 @@
 #       the blocked kernel) against the eager scorer, outputs and the gradients of q, k, v, b, n on
 #       causal, padded, GQA and q_len < kv_len shapes (flex's learnable captured tensors have had
 #       bugs: pytorch#145208; this is where they would show);
+#   (b2) python benchmarks/gpu_stats.py --device cuda: diagnose's fused statistics against its eager
+#       statistics (every metric, float32 and bfloat16, collapse-driven probes, 32,768 tokens through
+#       SmolLM2-135M's configuration) and their time and peak memory against an SDPA forward;
 #   (c) python benchmarks/attention.py --device cuda: B in {1, 8}, H 8, D 64, T in {256, 1024, 4096},
 #       causal and not, fwd and fwd+bwd, bf16, ratios to SDPA; goals <= 1.3x fwd, <= 1.5x fwd+bwd at
 #       T = 1024; peak memory from torch.cuda.max_memory_allocated.
@@ -52,6 +55,8 @@ if ((failed)); then
     echo "FAIL: no usable GPU; nothing else was run"
     exit 1
 fi
+step "diagnose's fused statistics on the GPU (exactness, time, memory, 32k tokens)" \
+    "$PYTHON" benchmarks/gpu_stats.py --device cuda
 step "fused vs eager on the GPU (outputs, gradients)" "$PYTHON" benchmarks/attention.py --check --device cuda
 step "timing table" "$PYTHON" benchmarks/attention.py --device cuda --repeats 10 --eager-max-gb 8
 printf '\n%s\n' "$([[ $failed == 0 ]] && echo 'ALL PASSED' || echo "$failed step(s) FAILED")"

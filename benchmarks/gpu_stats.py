@@ -1,0 +1,251 @@
+"""diagnose's fused statistics on a GPU (issue 24 item 4), measured side by side in one run. Not a test.
+
+    python benchmarks/gpu_stats.py --device cuda            # scripts/gpu_bench.sh runs this
+    python benchmarks/gpu_stats.py --device cpu --quick     # the same code at a tiny size
+
+Three sections, each printing a table:
+
+* ``exact``: every metric of ``diagnose(stats="fused")`` against ``diagnose(stats="eager")`` (the
+  reference path that reduces blocks of weights) on the same inputs, on the device, for tiny
+  random-init models of several families (GQA, sliding windows, softcapping, learned sinks,
+  absolute positions), float32 and bfloat16, with the probes that drive rows to collapse
+  (``logit-scale:32``, ``dominant-key:32``, where the textbook entropy m + log l − u/l cancels) and
+  padded inputs of unequal lengths. The largest absolute difference per metric, against 1e-6
+  (relative for effective tokens, which count keys).
+* ``long``: the same comparison on one sequence of ``--long-length`` tokens (32,768) through a
+  model of SmolLM2-135M's configuration (30 layers, 9 heads over 3 KV heads, hidden 576; random
+  init: the real weights are 90 MB and cannot travel to a GPU machine here), float32 and bfloat16.
+* ``time``: one probe level (``embed-scale:1``) over one sequence, diagnose with fused and with
+  eager statistics against a plain SDPA forward of the same tokens, on the benchmark Llama of
+  benchmarks/diagnose.py (4 layers × 8 heads × 32); best of ``--repeats`` interleaved rounds, device
+  synchronized; peak memory over the loaded model from ``torch.cuda.max_memory_allocated`` (on the
+  CPU: not measured here, see benchmarks/online_stats.py). Goals (issue 24): fused ≤ 1.5× SDPA at
+  4,096 tokens; peak ≤ 2× SDPA's at 8,192.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/diagnose.py's model
+from diagnose import build_model  # noqa: E402
+
+ABS = 1e-6  # the exactness goal of issue 24, on every metric
+EXACT_FAMILIES = [("llama", "causal"), ("mistral", "causal"), ("gemma2", "causal"), ("gpt_oss", "causal"),
+                  ("qwen2", "causal"), ("gpt2", "causal"), ("bert", "masked")]  # fmt: skip
+EXACT_PROBES = ["logit-scale:1,32", "dominant-key:0,32", "key-scale:1,8"]
+LONG_PROBES = ["logit-scale:1,32", "dominant-key:0,32"]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def worst_differences(a, b) -> dict[str, float]:
+    """Per metric, the largest |fused − eager| over probes, levels, layers and heads (effective tokens
+    relative to max(1, value)); NaN placement must agree (a mismatch reads inf)."""
+    from ssacli.diagnosis.metrics import METRICS
+
+    worst: dict[str, float] = {}
+    for pa, pb in zip(a.probes, b.probes, strict=True):
+        if not np.array_equal(pa.rows, pb.rows):
+            worst["rows"] = math.inf
+        for name in METRICS:
+            x, y = np.asarray(pa.metrics[name], float), np.asarray(pb.metrics[name], float)
+            if not np.array_equal(np.isnan(x), np.isnan(y)):
+                worst[name] = math.inf
+                continue
+            scale = np.maximum(1.0, np.abs(y)) if name == "effective_tokens" else 1.0
+            worst[name] = max(worst.get(name, 0.0), float(np.nanmax(np.abs(x - y) / scale, initial=0)))
+    return worst
+
+
+def compare(model, probes, device, **inputs) -> tuple[dict[str, float], float, float, dict]:
+    import ssacli
+
+    times = {}
+    results = {}
+    for mode in ("eager", "fused"):
+        sync(device)
+        start = time.perf_counter()
+        results[mode] = ssacli.diagnose(model, probes, stats=mode, **inputs)
+        sync(device)
+        times[mode] = time.perf_counter() - start
+    calls = results["fused"].settings.get("stats_calls")
+    return worst_differences(results["fused"], results["eager"]), times["eager"], times["fused"], calls
+
+
+def exact_section(args, device: torch.device) -> int:
+    from ssacli.testing.tiny_models import build_tiny
+
+    gen = torch.Generator().manual_seed(3)
+    inputs = [torch.randint(3, 120, (n,), generator=gen).tolist() for n in (args.exact_length, 24, 17)]
+    print("\n## exact: fused vs eager statistics, tiny models, padded batch of 3")
+    print("| family | dtype | worst metric | max abs diff | fused calls | within 1e-6 |")
+    print("|---|---|---|---:|---:|---|")
+    failed = 0
+    for family, kind in EXACT_FAMILIES[: 2 if args.quick else None]:
+        for dtype_name in args.dtypes.split(","):
+            model = build_tiny(family, kind, dtype=DTYPES[dtype_name]).to(device)
+            worst, _, _, calls = compare(model, EXACT_PROBES, device, inputs=inputs, batch_size=3)
+            name, value = max(worst.items(), key=lambda kv: kv[1])
+            ok = value <= ABS and calls and calls.get("eager", 0) == 0
+            failed += not ok
+            verdict = "yes" if ok else "NO"
+            print(f"| {family} | {dtype_name} | {name} | {value:.2e} | {calls} | {verdict} |", flush=True)
+    return failed
+
+
+def smollm2_model(layers: int, positions: int, dtype: torch.dtype, device: torch.device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(  # SmolLM2-135M's config.json (HuggingFaceTB/SmolLM2-135M), more positions
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+        num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, rope_theta=100000.0,
+        max_position_embeddings=positions, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to(dtype=dtype, device=device).eval()
+
+
+def long_section(args, device: torch.device) -> int:
+    print(
+        f"\n## long: fused vs eager statistics, one sequence of {args.long_length:,} tokens, "
+        f"SmolLM2-135M's config ({args.long_layers} layers, random init)"
+    )
+    print("| dtype | worst metric | max abs diff | eager s | fused s | eager / fused | within 1e-6 |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    failed = 0
+    for dtype_name in args.dtypes.split(","):
+        model = smollm2_model(args.long_layers, args.long_length, DTYPES[dtype_name], device)
+        warm = {"random_ids": True, "samples": 1, "length": 64, "batch_size": 1}
+        compare(model, LONG_PROBES[:1], device, **warm)  # warm-up: kernels and allocator
+        worst, eager_s, fused_s, calls = compare(
+            model, LONG_PROBES, device, random_ids=True, samples=1, length=args.long_length, batch_size=1
+        )
+        name, value = max(worst.items(), key=lambda kv: kv[1])
+        ok = value <= ABS
+        failed += not ok
+        print(
+            f"| {dtype_name} | {name} | {value:.2e} | {eager_s:.1f} | {fused_s:.1f} "
+            f"| {eager_s / fused_s:.2f} | {'yes' if ok else 'NO'} |",
+            flush=True,
+        )
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return failed
+
+
+def timed(call, device: torch.device) -> tuple[float, float]:
+    """Seconds and peak MB over what was allocated before (CUDA; NaN elsewhere)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    start = time.perf_counter()
+    kept = call()  # noqa: F841  (alive until the peak is read)
+    sync(device)
+    seconds = time.perf_counter() - start
+    peak = (torch.cuda.max_memory_allocated(device) - before) / 2**20 if device.type == "cuda" else math.nan
+    return seconds, peak
+
+
+def time_one(model, length: int, args, device: torch.device) -> str:
+    """One table row: best of the interleaved rounds per candidate, and its peak memory."""
+    import ssacli
+
+    ids = torch.randint(3, 1000, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def sdpa():
+        with torch.inference_mode():
+            return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+
+    def diag(mode):
+        return lambda: ssacli.diagnose(
+            model, ["embed-scale:1"], random_ids=True, samples=1, length=length, batch_size=1, stats=mode
+        )
+
+    calls = {"sdpa": sdpa, "fused": diag("fused")}
+    if length <= args.eager_max:
+        calls["eager"] = diag("eager")
+    best = dict.fromkeys(calls, (math.inf, math.nan))
+    for fn in calls.values():
+        fn()  # warm-up (kernels, allocator)
+    for _ in range(args.repeats):
+        for k, fn in calls.items():
+            seconds, mb = timed(fn, device)
+            best[k] = (min(best[k][0], seconds), mb)
+    (sdpa_s, sdpa_mb), (fused_s, fused_mb) = best["sdpa"], best["fused"]
+    eager_s = best.get("eager", (math.nan, math.nan))[0]
+    return (
+        f"| {length} | {sdpa_s * 1e3:.1f} | {fused_s * 1e3:.1f} | {eager_s * 1e3:.1f} "
+        f"| **{fused_s / sdpa_s:.2f}** | {eager_s / sdpa_s:.2f} | {sdpa_mb:.1f} | {fused_mb:.1f} "
+        f"| **{fused_mb / sdpa_mb:.2f}** |"
+    )
+
+
+def time_section(args, device: torch.device) -> None:
+    print("\n## time: one probe level (embed-scale:1), one sequence, the benchmark Llama (4 × 8 heads × 32)")
+    print("| dtype | tokens | sdpa ms | fused ms | eager ms | **fused × sdpa** | eager × sdpa "
+          "| sdpa MB | fused MB | **fused / sdpa MB** |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lengths = [int(x) for x in args.lengths.split(",")]
+    for dtype_name in args.dtypes.split(","):
+        model = build_model(8, 4, "sdpa", max_positions=max(8192, *lengths))
+        model = model.to(DTYPES[dtype_name]).to(device)
+        for length in lengths:
+            print(f"| {dtype_name} " + time_one(model, length, args, device), flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print("goals: fused ≤ 1.5× sdpa at 4096 tokens; fused peak ≤ 2× sdpa's at 8192")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--sections", default="exact,time,long")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--exact-length", type=int, default=300, help="the longest of the 3 exact inputs")
+    parser.add_argument("--long-length", type=int, default=32768)
+    parser.add_argument("--long-layers", type=int, default=30)
+    parser.add_argument("--lengths", default="1024,4096,8192,32768")
+    parser.add_argument("--eager-max", type=int, default=8192, help="longest length eager stats are timed at")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: the code path, not the numbers")
+    args = parser.parse_args()
+    if args.quick:
+        args.exact_length, args.long_length, args.long_layers = 40, 96, 2
+        args.lengths, args.repeats, args.dtypes = "64", 1, "float32"
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device (for the CPU: --device cpu)")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    print(f"device: {name}; torch {torch.__version__}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
+    failed = 0
+    sections = args.sections.split(",")
+    if "exact" in sections:
+        failed += exact_section(args, device)
+    if "time" in sections:
+        time_section(args, device)
+    if "long" in sections:
+        failed += long_section(args, device)
+    summary = "every comparison within 1e-6" if not failed else f"{failed} comparison(s) OVER 1e-6"
+    print(f"\nexactness: {summary}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
