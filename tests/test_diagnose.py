@@ -15,6 +15,7 @@ import subprocess
 import sys
 import warnings
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from typer.testing import CliRunner
 import ssacli
 from ssacli import diagnose
 from ssacli.attention.forward import SCORER_ATTR, observing
-from ssacli.attention.interface import apply_scorer, attention_modules
+from ssacli.attention.interface import apply_scorer, attention_modules, scorers_of
 from ssacli.cli import app
 from ssacli.diagnosis.forward import Recorder
 from ssacli.diagnosis.metrics import METRICS
@@ -507,6 +508,46 @@ def test_every_family_diagnoses_and_is_restored(family, padded_batch):
         after = model(input_ids=ids, attention_mask=mask, **extra)
     field = "logits" if kind != "encoder" else "last_hidden_state"
     assert torch.equal(getattr(before, field), getattr(after, field))
+
+
+def attention_state(model) -> tuple:
+    """What diagnose may touch: each module's scorer (the object and its values), the configured
+    implementation and the config's spec (ABSENT when it has none)."""
+    scorers = {
+        n: (s, {k: v.clone() for k, v in s.state_dict().items()}) for n, s in scorers_of(model).items()
+    }
+    return scorers, model.config._attn_implementation, getattr(model.config, "ssacli_scorer", ABSENT)
+
+
+ABSENT = object()
+CONVERTED_LLAMA = Path(__file__).resolve().parents[1] / "fixtures/previous-release/converted-llama-ssa"
+
+
+@pytest.mark.parametrize("start", ["plain", "folder-config", "applied", "converted"])
+def test_diagnose_with_a_scorer_puts_back_the_attention_state_it_found(start, padded_batch):
+    """A model with scorers keeps those very objects and values; a plain one goes back to eager; a
+    model whose config names a spec (loaded from a converted folder by transformers) keeps the spec."""
+    if start == "folder-config":
+        model = AutoModelForCausalLM.from_pretrained(CONVERTED_LLAMA, attn_implementation="eager").eval()
+    else:
+        model = build_model("llama", initializer_range=0.2)
+    if start == "applied":
+        apply_scorer(model, "ssmax:s=2")
+    elif start == "converted":
+        ssacli.convert(model, "ssa:init=faithful,m=64", samples=2, length=8)
+    ids, mask = padded_batch
+    ids = ids % model.config.vocab_size
+    before, logits = attention_state(model), outputs(model, ids, mask)
+    assert bool(before[0]) == (start in ("applied", "converted"))
+    diagnose(model, ["embed-scale:1,4"], scorer="ssa:init=paper", samples=2, length=8)
+    scorers, implementation, spec = attention_state(model)
+    assert (implementation, spec) == before[1:]
+    assert scorers.keys() == before[0].keys()
+    for name, (scorer, values) in scorers.items():
+        assert scorer is before[0][name][0]
+        assert values.keys() == before[0][name][1].keys()
+        assert all(torch.equal(values[k], before[0][name][1][k]) for k in values)
+    assert torch.equal(outputs(model, ids, mask), logits)
 
 
 # ---- bundled ICL models --------------------------------------------------------------------------------

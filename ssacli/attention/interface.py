@@ -14,7 +14,8 @@ ssacli registers one attention function and one mask function, both under the na
 
 :func:`apply_scorer` attaches one scorer instance per attention module as the submodule
 ``ssacli_scorer`` (so ``state_dict()`` and optimizers see its parameters) and switches the model's
-implementation with ``set_attn_implementation``; :func:`restore` undoes both. Nothing in
+implementation with ``set_attn_implementation``; :func:`restore` undoes both, and :func:`reattach`
+undoes a temporary re-scoring of a model that already had scorers. Nothing in
 transformers is monkey-patched.
 
 The attention function itself, and the one eager attention it runs, are :mod:`.forward`.
@@ -232,6 +233,24 @@ def restore(model: nn.Module) -> nn.Module:
     model.set_attn_implementation(original)
     delattr(model, ORIGINAL_ATTR)
     if hasattr(model.config, CONFIG_SPEC_ATTR):
+        delattr(model.config, CONFIG_SPEC_ATTR)
+    return model
+
+
+def reattach(model: nn.Module, scorers: dict[str, Scorer], spec: str | None) -> nn.Module:
+    """Undo a temporary :func:`apply_scorer`: put back what :func:`scorers_of` returned before it
+    (``scorers``; empty for a model that had none, which is :func:`restore`) and the config's spec
+    before it (``spec``; None for none). The old scorer objects themselves go back, not copies, so
+    a caller holding them (an optimizer, a converted model's saved parameters) still holds the model's."""
+    if not scorers:
+        restore(model)
+    else:
+        modules = dict(attention_modules(model))
+        for name, scorer in scorers.items():
+            setattr(modules[name], SCORER_ATTR, scorer)
+    if spec is not None:
+        setattr(model.config, CONFIG_SPEC_ATTR, spec)
+    elif hasattr(model.config, CONFIG_SPEC_ATTR):
         delattr(model.config, CONFIG_SPEC_ATTR)
     return model
 

@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 from .. import defaults
-from ..attention.forward import SCORER_ATTR
-from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, attention_modules, restore, scorers_of
+from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, reattach, scorers_of
 from ..attention.online import STATS_MODES
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
@@ -152,17 +151,7 @@ def _prepare_scorer(root: nn.Module, scorer: str | None) -> Callable[[], None] |
         return None  # already scored (an ICL or converted model): measure it as it is
     spec_before = getattr(root.config, CONFIG_SPEC_ATTR, None)
     apply_scorer(root, scorer or spec_before or "softmax")
-
-    def undo() -> None:
-        if not before:
-            restore(root)
-            return
-        modules = dict(attention_modules(root))
-        for name, old in before.items():
-            setattr(modules[name], SCORER_ATTR, old)
-        setattr(root.config, CONFIG_SPEC_ATTR, spec_before)
-
-    return undo
+    return lambda: reattach(root, before, spec_before)
 
 
 def _run(
