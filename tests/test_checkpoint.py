@@ -14,10 +14,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import ssacli
+from ssacli.errors import InputError
 from ssacli.icl.train import TrainConfig, train
+from ssacli.models import checkpoint
 from ssacli.models.checkpoint import (
     ICL_FORMAT,
     MODEL_FORMAT,
+    SCORER_FILE,
     folder_format,
     read_icl_meta,
     read_meta,
@@ -146,3 +149,37 @@ def test_a_previous_release_icl_run_resumes(tmp_path):
     assert model.spec.training["step"] == 6
     assert model.spec.training["history"][: len(old["history"])] == old["history"]
     assert int(load_file(out / "trainer.safetensors")["step"]) == 6
+
+
+# ---- a saved scorer file that cannot be read ------------------------------------------------------------
+
+
+@pytest.fixture
+def converted_copy(tmp_path) -> Path:
+    folder = tmp_path / "converted"
+    shutil.copytree(CONVERTED, folder)
+    return folder
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_truncated_or_garbage_scorer_file_is_an_input_error(converted_copy, damage):
+    file = converted_copy / SCORER_FILE
+    whole = file.read_bytes()
+    file.write_bytes(
+        {"truncated": whole[: len(whole) // 2], "garbage": b"\xff" * len(whole), "empty": b""}[damage]
+    )
+    with pytest.raises(InputError, match="corrupt or truncated"):
+        ssacli.load_model(str(converted_copy), device="cpu")
+
+
+@pytest.mark.parametrize("bug", [RuntimeError, TypeError, KeyError])
+def test_a_bug_while_reading_the_scorer_file_is_not_blamed_on_the_file(converted_copy, monkeypatch, bug):
+    """Only what safetensors and the OS raise for a bad file is an input error (exit 4); an error of
+    ours propagates as itself (exit 1, a bug)."""
+
+    def broken(*args, **kwargs):
+        raise bug("a bug in the reader")
+
+    monkeypatch.setattr(checkpoint, "load_file", broken)
+    with pytest.raises(bug, match="a bug in the reader"):
+        ssacli.load_model(str(converted_copy), device="cpu")

@@ -409,9 +409,12 @@ def attach_saved_scorer(model: nn.Module, path: str | Path, spec: str) -> None:
         return  # a scorer without parameters (softmax, sparsemax, ...)
     if not file.is_file():
         raise InputError(f"{path} has no {SCORER_FILE} for scorer '{spec}'; the folder is incomplete")
+    # safetensors raises SafetensorError for a truncated or garbage file ("header too small/large",
+    # "incomplete metadata"), the OS an OSError for an unreadable one; anything else is a bug of ours
+    # and must not read as the user's corrupt file.
     try:
         saved = load_file(file)
-    except Exception as err:  # safetensors raises its own error types for corrupt files
+    except (OSError, SafetensorError) as err:
         raise InputError(f"cannot read {file} ({err}); the file is corrupt or truncated") from None
     if set(saved) != expected:
         missing, extra = sorted(expected - set(saved)), sorted(set(saved) - expected)
