@@ -22,7 +22,7 @@ from result_schema import VALIDATOR, diagnose_results, schema_errors, written_fi
 
 import ssacli
 from ssacli.diagnosis.frames import FRAME_COLUMNS
-from ssacli.errors import EXIT_INPUT, EXIT_USAGE
+from ssacli.errors import EXIT_INPUT, EXIT_USAGE, InputError
 
 # Two probes with two levels each and the length probe (it has its own extras and fading summary).
 PROBES = ["--probe", "outlier:1,10", "--probe", "logit-scale:1,4", "--probe", "length"]
@@ -269,6 +269,21 @@ def test_bad_result_files(saved, tmp_path, monkeypatch, capsys):
         code, _, stderr = run_main(["render", str(path), "--html", str(html)], monkeypatch, capsys)
         assert_one_line(stderr, code, EXIT_INPUT, words, name)
         assert not html.exists(), name
+
+
+def test_a_metric_array_of_the_wrong_shape_is_an_input_error(saved, tmp_path, monkeypatch, capsys):
+    """A result whose metric array misses a layer (edited, cut short) is the user's input: an
+    InputError through the API, one line and the input exit code through `ssacli render`."""
+    document = json.loads(saved["llama"].read_text())
+    probe = document["probes"][0]
+    probe["metrics"]["entropy"] = [level[:-1] for level in probe["metrics"]["entropy"]]
+    with pytest.raises(InputError, match=f"probe {probe['name']}: metric entropy has shape"):
+        ssacli.DiagnoseResult.from_dict(document)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    code, _, stderr = run_main(["render", str(bad)], monkeypatch, capsys)
+    assert_one_line(stderr, code, EXIT_INPUT, str(bad), "metric entropy has shape", "re-create it")
+    assert "ValueError" not in stderr  # the problem in words, not an exception's repr
 
 
 def test_bad_options(saved, tmp_path, monkeypatch, capsys):

@@ -167,9 +167,10 @@ class DiagnoseResult:
         for probe in probes:
             for name, values in probe.metrics.items():
                 if values.shape != (len(probe.levels), *shape):
-                    raise ValueError(
-                        f"probe {probe.name}: metric {name} has shape {values.shape}, expected "
-                        f"{(len(probe.levels), *shape)} (levels, layers, heads)"
+                    raise InputError(
+                        f"probe {probe.name}: metric {name} has shape {values.shape}, not the "
+                        f"{(len(probe.levels), *shape)} (levels, layers, heads) the result lists; it was "
+                        "edited or cut short: re-create it with `ssacli diagnose --json`"
                     )
         return cls(
             model=data["model"],
