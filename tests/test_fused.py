@@ -707,3 +707,35 @@ def test_blocked_memory_grows_linearly_in_length():
     assert large < 6 * small, f"largest tensor grew {large / small:.1f}× for 4× the length"
     assert large * 16 <= 2 * 2048 * 2048  # far below one [H, T, T] weight matrix
     assert largest_tensor(512, fused=False) >= 2 * 512 * 512  # the measurement sees a [T, T] matrix
+
+
+def test_compiled_flex_calls_never_fall_back_to_uncompiled_within_its_variant_budget():
+    """torch's default recompile limit (8) made compiled flex_attention fall back to the uncompiled
+    one, which materializes every score, after 8 (shape, grad mode) variants: 2,000× slower on a GPU.
+    flex's calls raise the limit for the call alone. Checked with dynamo's cheapest backend on a
+    stand-in function (compiling flex itself takes seconds per shape)."""
+    import torch._dynamo
+
+    from ssacli.kernels.fused import FLEX_VARIANTS, compiled_call
+
+    torch._dynamo.reset()
+    frames = []
+
+    def backend(graph, example_inputs):
+        frames.append(graph)
+        return graph.forward
+
+    fn = torch.compile(lambda x: (x * 2).sum(-1), backend=backend, dynamic=False)
+    limit = torch._dynamo.config.recompile_limit
+    shapes = range(1, 2 * limit + 3)  # well past the default limit, within FLEX_VARIANTS
+    assert len(shapes) < FLEX_VARIANTS
+    for width in shapes:
+        x = torch.ones(2, width)
+        assert torch.equal(compiled_call(fn, x), torch.full((2,), 2.0 * width))
+    assert len(frames) == len(shapes)  # every shape compiled; none ran uncompiled
+    assert torch._dynamo.config.recompile_limit == limit  # the process's setting is untouched
+    frames.clear()
+    for width in shapes:  # the plain call, for contrast: past the limit dynamo stops compiling
+        fn(torch.ones(3, width))
+    assert len(frames) <= limit
+    torch._dynamo.reset()
