@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ssacli.diagnosis.metrics import METRICS, HeadStats, row_sums
+from ssacli.diagnosis.metrics import METRICS, HeadStats, LayerStats, Moments, row_sums
 
 J = 0.7  # junk written where a key is not visible: the metrics must ignore it
 
@@ -227,3 +227,59 @@ def test_the_metric_table_says_what_the_metrics_do():
             assert after == pytest.approx(before), name
         else:
             assert (after > before) == spec.higher_is_saturated and after != before, name
+
+
+# ---- the kurtosis of a layer's output, accumulated over batches ------------------------------------
+
+
+def _two_pass_kurtosis(x: np.ndarray) -> float:
+    """Pearson's kurtosis of all values at once in float64, about their own mean."""
+    d = x - x.mean()
+    return float((d**4).mean() / (d**2).mean() ** 2)
+
+
+def _raw_sum_kurtosis(x: np.ndarray) -> float:
+    """The same kurtosis from the raw sums Σx..Σx⁴ (how the batches used to be accumulated)."""
+    n, (s1, s2, s3, s4) = len(x), [float((x**p).sum()) for p in (1, 2, 3, 4)]
+    mu = s1 / n
+    return (s4 / n - 4 * mu * s3 / n + 6 * mu * mu * s2 / n - 3 * mu**4) / (s2 / n - mu * mu) ** 2
+
+
+@pytest.mark.parametrize("mean", [0.0, 1e4, -3e5])
+def test_kurtosis_over_batches_is_the_two_pass_value_even_for_a_massive_mean(mean):
+    """A layer output with mean ≫ std (a massive activation, what the metric is for) as float32
+    values over uneven batches (one of a single value): its kurtosis is the two-pass float64 one
+    (and scipy's, where installed). Raw power sums lose every digit of it at mean 1e4."""
+    gen = np.random.default_rng(0)
+    values = (mean + gen.standard_t(5, size=20_000)).astype(np.float32)
+    stats = LayerStats()
+    for chunk in np.array_split(values, [7, 5000, 5001, 12_000]):
+        stats.add_hidden(torch.from_numpy(chunk))
+    x = values.astype(np.float64)
+    expected = _two_pass_kurtosis(x)
+    assert stats.means()["kurtosis"] == pytest.approx(expected, rel=1e-6)
+    try:
+        from scipy.stats import kurtosis
+    except ImportError:
+        pass
+    else:
+        assert expected == pytest.approx(kurtosis(x, fisher=False), rel=1e-9)
+    if mean:  # the failure the accumulation avoids is real: the raw sums are far off here
+        assert not _raw_sum_kurtosis(x) == pytest.approx(expected, rel=0.1)
+
+
+def test_moments_merge_is_the_moments_of_all_values_and_a_constant_has_no_kurtosis():
+    gen = np.random.default_rng(1)
+    parts = [gen.gamma(2.0, size=n) + 50 * i for i, n in enumerate((1, 300, 2, 4000))]  # skewed, apart
+    merged = Moments()
+    for part in [np.empty(0), *parts]:
+        merged.merge(Moments.of(torch.from_numpy(part)))
+    x = np.concatenate(parts)
+    d = x - x.mean()
+    assert merged.n == len(x) and merged.mean == pytest.approx(x.mean(), rel=1e-12)
+    for got, power in ((merged.m2, 2), (merged.m3, 3), (merged.m4, 4)):
+        assert got == pytest.approx(float((d**power).sum()), rel=1e-9), power
+    constant = LayerStats()
+    for _ in range(3):
+        constant.add_hidden(torch.full((5,), 10_000.1, dtype=torch.float32))
+    assert math.isnan(constant.means()["kurtosis"])

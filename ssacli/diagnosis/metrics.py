@@ -268,12 +268,13 @@ def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:
 
 class LayerStats:
     """Running per-layer sums: the logits' sum of squares (all and at the target key) and the
-    layer output's top-3 |h|, per-batch medians and raw moments (for the kurtosis)."""
+    layer output's top-3 |h|, per-batch medians and central moments (for the kurtosis)."""
 
     def __init__(self) -> None:
         self.sums = dict.fromkeys(("logit_sq", "logit_n", "target_sum", "target_sq", "target_n",
-                                   "median_sum", "median_n", "s1", "s2", "s3", "s4", "n"), 0.0)  # fmt: skip
+                                   "median_sum", "median_n"), 0.0)  # fmt: skip
         self.top: torch.Tensor | None = None
+        self.moments = Moments()
 
     def add_logits(self, logits: torch.Tensor, rows: torch.Tensor, at_target: torch.Tensor | None) -> None:
         """logits [b, h, q, k]; rows: bool broadcastable to it (the entries that count); at_target:
@@ -301,9 +302,7 @@ class LayerStats:
         self.top = top
         self.sums["median_sum"] += float(magnitude.median())
         self.sums["median_n"] += 1
-        for power in (1, 2, 3, 4):
-            self.sums[f"s{power}"] += float((x**power).sum())
-        self.sums["n"] += x.numel()
+        self.moments.merge(Moments.of(x))
 
     def means(self) -> dict[str, float]:
         s = self.sums
@@ -319,14 +318,61 @@ class LayerStats:
             out["hidden_median"] = s["median_sum"] / s["median_n"]
             if out["hidden_median"] > 0:
                 out["massive_ratio"] = out["massive_top1"] / out["hidden_median"]
-        if s["n"]:
-            out["kurtosis"] = kurtosis_from_moments(s["n"], s["s1"], s["s2"], s["s3"], s["s4"])
+        if self.moments.n:
+            out["kurtosis"] = self.moments.kurtosis()
         return out
 
 
-def kurtosis_from_moments(n: float, s1: float, s2: float, s3: float, s4: float) -> float:
-    """Pearson's kurtosis m4 / m2² from the raw sums Σx, Σx², Σx³, Σx⁴ of n values (Gaussian: 3)."""
-    mu = s1 / n
-    m2 = s2 / n - mu * mu
-    m4 = s4 / n - 4 * mu * s3 / n + 6 * mu * mu * s2 / n - 3 * mu**4
-    return m4 / (m2 * m2) if m2 > 0 else math.nan
+@dataclass
+class Moments:
+    """Count, mean and the central sums M2, M3, M4 (Σ(x - mean)^p) of the values seen, in float64.
+
+    Raw power sums Σx..Σx⁴ would lose every digit of the kurtosis exactly where it matters: a layer
+    output with a massive mean (|mean| ≫ std) makes Σx⁴ and its correction terms agree in all their
+    ~16 digits. So each batch is reduced about its own mean, and batches are combined with the exact
+    pairwise update (Chan, Golub & LeVeque 1979; Pébay 2008), which never forms a raw sum."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    m3: float = 0.0
+    m4: float = 0.0
+
+    @classmethod
+    def of(cls, values: torch.Tensor) -> Moments:
+        """The moments of one batch of values (any shape), two-pass about the batch's own mean."""
+        x = values.double().flatten()
+        if x.numel() == 0:
+            return cls()
+        # A constant batch has no spread at all; its float64 mean can miss the value by an ulp,
+        # which would make a spread of rounding error (and a kurtosis of 1) out of nothing.
+        mean = torch.where((x == x[0]).all(), x[0], x.mean())
+        d = x - mean
+        d2 = d * d
+        values = torch.stack([mean, d2.sum(), (d2 * d).sum(), (d2 * d2).sum()]).tolist()  # one sync
+        return cls(x.numel(), *values)
+
+    def merge(self, other: Moments) -> None:
+        """Add ``other``'s values to these (in place): the moments of both sets together."""
+        a, b = self, other
+        if b.n == 0:
+            return
+        if a.n == 0:
+            self.n, self.mean, self.m2, self.m3, self.m4 = b.n, b.mean, b.m2, b.m3, b.m4
+            return
+        na, nb = float(a.n), float(b.n)
+        n = na + nb
+        delta = b.mean - a.mean
+        m2 = a.m2 + b.m2 + delta**2 * na * nb / n
+        m3 = a.m3 + b.m3 + delta**3 * na * nb * (na - nb) / n**2 + 3 * delta * (na * b.m2 - nb * a.m2) / n
+        m4 = (
+            a.m4 + b.m4
+            + delta**4 * na * nb * (na * na - na * nb + nb * nb) / n**3
+            + 6 * delta**2 * (na * na * b.m2 + nb * nb * a.m2) / n**2
+            + 4 * delta * (na * b.m3 - nb * a.m3) / n
+        )  # fmt: skip
+        self.n, self.mean, self.m2, self.m3, self.m4 = a.n + b.n, a.mean + delta * nb / n, m2, m3, m4
+
+    def kurtosis(self) -> float:
+        """Pearson's kurtosis (M4/n) / (M2/n)² (Gaussian: 3); NaN for no spread or non-finite values."""
+        return self.n * self.m4 / (self.m2 * self.m2) if self.m2 > 0 else math.nan
