@@ -15,6 +15,7 @@ ICL_LENGTHS = (ICL_POINTS, 2 * ICL_POINTS - 1, 4 * ICL_POINTS - 3)
 BLOCK_ROWS = 256  # query rows scored at a time: memory O(block × keys)
 TAU = 0.9  # a row has collapsed when its largest weight is >= TAU
 TOP_K = 5  # k of the top-k mass metric
+STATS = "auto"  # how attention weights become metrics: fused statistics where a call allows them
 SINK_EPS = 0.3  # a head is an attention sink when its mean weight on the first token exceeds this (Gu et al.)
 
 # convert: the fidelity target of ssa:init=faithful,m=auto (--max-error; docs/convert.md)

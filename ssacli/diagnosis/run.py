@@ -17,6 +17,7 @@ import math
 import platform
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ from torch import nn
 
 from .. import defaults
 from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, reattach, scorers_of
-from ..attention.online import STATS_MODES
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.icl_task import TOKENS_PER_POINT
@@ -53,6 +53,7 @@ from .probes import (
 )
 from .result import DiagnoseResult
 from .routes import Route, attention_layers, choose_route, layer_heads, route_unaudited_reason
+from .settings import DiagnoseSettings
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -73,7 +74,7 @@ def diagnose(
     tau: float = defaults.TAU,
     top_k: int = defaults.TOP_K,
     block_size: int = defaults.BLOCK_ROWS,
-    stats: str = "auto",
+    stats: str = defaults.STATS,
     device: str = "auto",
     dtype: str = "auto",
     allow_download: bool = False,
@@ -101,28 +102,14 @@ def diagnose(
     [rows, keys] tile) and refuses calls it cannot serve, ``"auto"`` takes fused wherever it can.
     """
     started = time.perf_counter()
-    for name, value, low in (
-        ("samples", samples, 1),
-        ("batch_size", batch_size, 1),
-        ("block_size", block_size, 1),
-    ):
-        if value < low:
-            raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
-    if stats not in STATS_MODES:
-        raise UsageError(f"--stats takes {', '.join(STATS_MODES)}, got {stats!r}")
-    if not 0 < tau <= 1:
-        raise UsageError(f"tau must be in (0, 1], got {tau}")
-    if top_k < 1:
-        raise UsageError(f"top-k must be >= 1, got {top_k}")
+    settings = DiagnoseSettings(
+        text=text, random_ids=random_ids, inputs=inputs, samples=samples, length=length,
+        batch_size=batch_size, seed=seed, tau=tau, top_k=top_k, block_size=block_size, stats=stats,
+    )  # fmt: skip
     probe_list = [p if isinstance(p, Probe) else parse_probe(p) for p in (probes or default_probes())]
     names = [p.name for p in probe_list]
     if len(set(names)) != len(names):
         raise UsageError("each probe may be given once; put all its levels in one --probe NAME:L1,L2")
-    opts = {
-        "text": text, "random_ids": random_ids, "inputs": inputs, "samples": samples, "length": length,
-        "batch_size": batch_size, "seed": seed, "tau": tau, "top_k": top_k, "block_size": block_size,
-        "stats": stats,
-    }  # fmt: skip
     load = {"device": device, "dtype": dtype, "allow_download": allow_download, "allow_pickle": allow_pickle}
     placed = {"device_map": device_map, "max_memory": max_memory}
     loaded = as_loaded(model, tokenizer, **load, trust_remote_code=trust_remote_code, **placed)
@@ -135,7 +122,7 @@ def diagnose(
     loaded.model.eval()
     undo = _prepare_scorer(root, scorer) if route is Route.SSACLI else None
     try:
-        result = _run(loaded, probe_list, route, opts, started, progress)
+        result = _run(loaded, probe_list, route, settings, started, progress)
         result.unaudited = unaudited
         return result
     finally:
@@ -155,27 +142,32 @@ def _prepare_scorer(root: nn.Module, scorer: str | None) -> Callable[[], None] |
 
 
 def _run(
-    loaded: LoadedModel, probes: list[Probe], route: Route, opts: dict, started: float, progress
+    loaded: LoadedModel,
+    probes: list[Probe],
+    route: Route,
+    settings: DiagnoseSettings,
+    started: float,
+    progress,
 ) -> DiagnoseResult:
     root = loaded.attention_root
     layers = attention_layers(root, route)
     layer_of = {id(m): i for i, (_, m) in enumerate(layers)}
     heads = [layer_heads(m, root, route) for _, m in layers]
     icl = loaded.kind == ModelKind.ICL
-    length = opts["length"] or (defaults.ICL_POINTS if icl else defaults.PROBE_LENGTH)
+    length = settings.base_length(icl)
     source = None
-    if not icl and opts["inputs"] is None:
+    if not icl and settings.inputs is None:
         vocab = getattr(root.config, "vocab_size", None) or 2
         source = TokenSource(
             loaded.tokenizer,
-            text=opts["text"],
-            random_ids=opts["random_ids"],
+            text=settings.text,
+            random_ids=settings.random_ids,
             vocab_size=vocab,
-            seed=opts["seed"],
+            seed=settings.seed,
         )
     probes = [_fit_length_levels(p, loaded, length) for p in probes]
     scorers = list(scorers_of(root).values()) if route is Route.SSACLI else []
-    plans = [(p, _plan(p, loaded, route, source, length, opts)) for p in probes]
+    plans = [(p, _plan(p, loaded, route, source, length, settings)) for p in probes]
     total = sum(len(batches) for _, plan in plans for batches, _ in plan.values() if batches)
     done = 0
     results = []
@@ -206,8 +198,8 @@ def _run(
                 real = [float(b.valid.sum(1).float().mean()) for b in batches]
                 extras.setdefault("tokens", [None] * len(probe.levels))[li] = float(np.mean(real))
             recorder = Recorder(
-                layer_of, tau=opts["tau"], top_k=opts["top_k"], block_size=opts["block_size"],
-                causal=loaded.kind == ModelKind.CAUSAL, stats=opts["stats"],
+                layer_of, tau=settings.tau, top_k=settings.top_k, block_size=settings.block_size,
+                causal=loaded.kind == ModelKind.CAUSAL, stats=settings.stats,
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
             if reference is not None:
@@ -261,10 +253,10 @@ def _run(
         heads=heads,
         probes=results,
         settings={
-            **{k: opts[k] for k in ("seed", "tau", "top_k", "samples", "batch_size", "block_size")},
+            **settings.recorded(),
             "length": length,
             "length_unit": "points" if icl else "tokens",
-            "inputs": _describe_inputs(loaded, source, opts),
+            "inputs": _describe_inputs(loaded, source, settings),
             "vocab_size": _vocab_size(root)
             if loaded.kind == ModelKind.CAUSAL
             else None,  # uniform loss: log V
@@ -273,7 +265,7 @@ def _run(
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
             # --stats as asked, and how many attention calls each path measured (auto: fused where
             # the call allows it)
-            "stats": opts["stats"],
+            "stats": settings.stats,
             "stats_calls": calls,
         },
         versions=software_versions(),
@@ -310,7 +302,9 @@ def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
     return Probe(probe.name, tuple(levels or (1.0,)))
 
 
-def _plan(probe: Probe, loaded: LoadedModel, route: Route, source, length: int, opts: dict) -> dict:
+def _plan(
+    probe: Probe, loaded: LoadedModel, route: Route, source, length: int, settings: DiagnoseSettings
+) -> dict:
     """level -> (batches or None, note): the inputs each level runs on, or why it cannot run."""
     kind = probe.kind
     skip = None
@@ -322,7 +316,7 @@ def _plan(probe: Probe, loaded: LoadedModel, route: Route, source, length: int, 
             if loaded.kind != ModelKind.ICL
             else "not for ICL models"
         )
-    elif kind.acts_on is ActsOn.INPUT_LENGTH and opts["inputs"] is not None:
+    elif kind.acts_on is ActsOn.INPUT_LENGTH and settings.inputs is not None:
         skip = "not run on explicit inputs (their lengths are given)"
     if skip:
         return {level: (None, skip) for level in probe.levels}
@@ -336,15 +330,15 @@ def _plan(probe: Probe, loaded: LoadedModel, route: Route, source, length: int, 
         size = int(length * level) if kind.acts_on is ActsOn.INPUT_LENGTH else length
         if cap and size > cap:
             size, note = cap, f"inputs capped at the model's {cap} {unit}"
-        level_opts = opts
+        level_settings = settings
         if kind.acts_on is ActsOn.INPUT_LENGTH and size > length:  # about the same tokens per level
-            level_opts = {**opts, "samples": max(1, math.ceil(opts["samples"] * length / size))}
-        batches = _inputs(probe, level, loaded, source, size, level_opts)
+            level_settings = replace(settings, samples=max(1, math.ceil(settings.samples * length / size)))
+        batches = _inputs(probe, level, loaded, source, size, level_settings)
         if cap and any(b.input_ids is not None and b.input_ids.shape[1] > cap for b in batches):
             batches = [_truncate(b, cap) for b in batches]
             note = f"inputs truncated to the model's {cap} {unit}"
         if kind.has_target:
-            pick_targets(batches, opts["seed"])
+            pick_targets(batches, settings.seed)
         plan[level] = (batches, note)
     return plan
 
@@ -355,9 +349,9 @@ def _truncate(batch: ProbeBatch, cap: int) -> ProbeBatch:
 
 
 def _inputs(
-    probe: Probe, level: float, loaded: LoadedModel, source, size: int, opts: dict
+    probe: Probe, level: float, loaded: LoadedModel, source, size: int, settings: DiagnoseSettings
 ) -> list[ProbeBatch]:
-    samples, batch_size, seed = opts["samples"], opts["batch_size"], opts["seed"]
+    samples, batch_size, seed = settings.samples, settings.batch_size, settings.seed
     if loaded.kind == ModelKind.ICL:
         return icl_batches(loaded.model.spec.task, samples, size, batch_size, seed)
     pad = loaded.pad_id
@@ -366,16 +360,16 @@ def _inputs(
         return pad_sequences(
             numeric_sequences(loaded.tokenizer, int(level), samples, seed), pad, batch_size, side
         )
-    if opts["inputs"] is not None:
-        return pad_sequences([list(s) for s in opts["inputs"]], pad, batch_size, side)
+    if settings.inputs is not None:
+        return pad_sequences([list(s) for s in settings.inputs], pad, batch_size, side)
     return pad_sequences(source.sequences(samples, size), pad, batch_size, side)
 
 
-def _describe_inputs(loaded: LoadedModel, source, opts: dict) -> str:
+def _describe_inputs(loaded: LoadedModel, source, settings: DiagnoseSettings) -> str:
     if loaded.kind == ModelKind.ICL:
-        return f"icl:{loaded.model.spec.task} prompts (seed {opts['seed']})"
-    if opts["inputs"] is not None:
-        return f"{len(opts['inputs'])} given sequences"
+        return f"icl:{loaded.model.spec.task} prompts (seed {settings.seed})"
+    if settings.inputs is not None:
+        return f"{len(settings.inputs)} given sequences"
     return source.description
 
 

@@ -1,0 +1,55 @@
+"""The settings of one :func:`ssacli.diagnose` run: what it probes with and how it reduces each
+attention row, as one frozen value checked in one place (:class:`DiagnoseSettings`). How the model
+is loaded is :class:`~ssacli.models.options.LoadOptions`'; which probes run, the scorer and
+``strict`` stay arguments of the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import defaults
+from ..attention.online import STATS_MODES
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class DiagnoseSettings:
+    """Inputs (the built-in texts, ``text``, ``random_ids``, or token-id lists ``inputs``), how many
+    and how long (``samples`` sequences per probe level of ``length`` tokens, ICL: points; None: the
+    model kind's default), and the reduction (``tau``, ``top_k``, ``block_size``, ``stats``): as
+    :func:`ssacli.diagnose`'s keywords of those names. A bad value is a UsageError here, before any
+    model loads."""
+
+    text: str | None = None
+    random_ids: bool = False
+    inputs: Sequence[Sequence[int]] | None = None
+    samples: int = defaults.SAMPLES
+    length: int | None = None
+    batch_size: int = defaults.BATCH_SIZE
+    seed: int = defaults.SEED
+    tau: float = defaults.TAU
+    top_k: int = defaults.TOP_K
+    block_size: int = defaults.BLOCK_ROWS
+    stats: str = defaults.STATS
+
+    def __post_init__(self) -> None:
+        for name, low in (("samples", 1), ("batch_size", 1), ("block_size", 1)):
+            value = getattr(self, name)
+            if value < low:
+                raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
+        if self.stats not in STATS_MODES:
+            raise UsageError(f"--stats takes {', '.join(STATS_MODES)}, got {self.stats!r}")
+        if not 0 < self.tau <= 1:
+            raise UsageError(f"tau must be in (0, 1], got {self.tau}")
+        if self.top_k < 1:
+            raise UsageError(f"top-k must be >= 1, got {self.top_k}")
+
+    def base_length(self, icl: bool) -> int:
+        """``length``, or the default for the model's kind: ICL prompts in points, else tokens."""
+        return self.length or (defaults.ICL_POINTS if icl else defaults.PROBE_LENGTH)
+
+    def recorded(self) -> dict[str, Any]:
+        """The settings a result records first (``DiagnoseResult.settings``), in its order."""
+        return {k: getattr(self, k) for k in ("seed", "tau", "top_k", "samples", "batch_size", "block_size")}

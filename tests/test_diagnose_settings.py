@@ -1,0 +1,56 @@
+"""DiagnoseSettings: diagnose's settings as one frozen value, checked in one place (issue 23)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from ssacli import defaults
+from ssacli.diagnosis.run import diagnose
+from ssacli.diagnosis.settings import DiagnoseSettings
+from ssacli.errors import UsageError
+
+
+def test_diagnose_and_its_settings_share_every_default():
+    signature = inspect.signature(diagnose).parameters
+    for field in dataclasses.fields(DiagnoseSettings):
+        assert signature[field.name].default == field.default, field.name
+    assert DiagnoseSettings().samples == defaults.SAMPLES and DiagnoseSettings().stats == defaults.STATS
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"samples": 0}, "samples must be >= 1, got 0"),
+        ({"batch_size": 0}, "batch-size must be >= 1, got 0"),
+        ({"block_size": -1}, "block-size must be >= 1, got -1"),
+        ({"stats": "fast"}, "--stats takes auto, eager, fused, got 'fast'"),
+        ({"tau": 1.5}, "tau must be in (0, 1], got 1.5"),
+        ({"tau": 0}, "tau must be in (0, 1], got 0"),
+        ({"top_k": 0}, "top-k must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_setting_is_one_usage_error_before_any_model_loads(bad, words):
+    with pytest.raises(UsageError) as caught:
+        DiagnoseSettings(**bad)
+    assert str(caught.value) == words
+    with pytest.raises(UsageError) as caught:  # diagnose checks them first: a model that is not there
+        diagnose("/nonexistent/model", **bad)
+    assert str(caught.value) == words
+
+
+def test_settings_are_frozen_and_a_changed_copy_is_checked_again():
+    settings = DiagnoseSettings(samples=4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.samples = 2  # type: ignore[misc]
+    assert dataclasses.replace(settings, samples=2).samples == 2
+    with pytest.raises(UsageError, match="samples must be >= 1"):
+        dataclasses.replace(settings, samples=0)
+
+
+def test_the_base_length_is_the_given_one_or_the_kinds_default():
+    assert DiagnoseSettings().base_length(icl=True) == defaults.ICL_POINTS
+    assert DiagnoseSettings().base_length(icl=False) == defaults.PROBE_LENGTH
+    assert DiagnoseSettings(length=12).base_length(icl=True) == 12
