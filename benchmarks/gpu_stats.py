@@ -52,9 +52,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def worst_differences(a, b) -> dict[str, float]:
-    """Per metric, the largest |fused − eager| over probes, levels, layers and heads (effective tokens
-    relative to max(1, value)); NaN placement must agree (a mismatch reads inf)."""
+def worst_differences(a, b, layers: slice = slice(None)) -> dict[str, float]:
+    """Per metric, the largest |fused − eager| over probes, levels, the given layers and heads
+    (effective tokens relative to max(1, value)); NaN placement must agree (a mismatch reads inf).
+    Layer 0 sees the same inputs in both runs; later layers see what the previous layer's attention
+    output made of them, so in bfloat16 (where the eager output rounds its weights to bf16 before
+    the value matmul and the fused one does not) they measure the forward's divergence too."""
     from ssacli.diagnosis.metrics import METRICS
 
     worst: dict[str, float] = {}
@@ -62,7 +65,8 @@ def worst_differences(a, b) -> dict[str, float]:
         if not np.array_equal(pa.rows, pb.rows):
             worst["rows"] = math.inf
         for name in METRICS:
-            x, y = np.asarray(pa.metrics[name], float), np.asarray(pb.metrics[name], float)
+            x = np.asarray(pa.metrics[name], float)[:, layers]
+            y = np.asarray(pb.metrics[name], float)[:, layers]
             if not np.array_equal(np.isnan(x), np.isnan(y)):
                 worst[name] = math.inf
                 continue
@@ -71,7 +75,13 @@ def worst_differences(a, b) -> dict[str, float]:
     return worst
 
 
-def compare(model, probes, device, **inputs) -> tuple[dict[str, float], float, float, dict]:
+def worst_of(worst: dict[str, float]) -> tuple[str, float]:
+    return max(worst.items(), key=lambda kv: kv[1])
+
+
+def compare(model, probes, device, **inputs):
+    """diagnose with eager and with fused statistics on the same inputs: (worst difference at layer 0,
+    over all layers, eager seconds, fused seconds, the fused run's stats_calls)."""
     import ssacli
 
     times = {}
@@ -82,8 +92,10 @@ def compare(model, probes, device, **inputs) -> tuple[dict[str, float], float, f
         results[mode] = ssacli.diagnose(model, probes, stats=mode, **inputs)
         sync(device)
         times[mode] = time.perf_counter() - start
-    calls = results["fused"].settings.get("stats_calls")
-    return worst_differences(results["fused"], results["eager"]), times["eager"], times["fused"], calls
+    fused, eager = results["fused"], results["eager"]
+    first = worst_differences(fused, eager, slice(0, 1))
+    every = worst_differences(fused, eager)
+    return first, every, times["eager"], times["fused"], fused.settings["stats_calls"]
 
 
 def exact_section(args, device: torch.device) -> int:
@@ -91,19 +103,24 @@ def exact_section(args, device: torch.device) -> int:
 
     gen = torch.Generator().manual_seed(3)
     inputs = [torch.randint(3, 120, (n,), generator=gen).tolist() for n in (args.exact_length, 24, 17)]
-    print("\n## exact: fused vs eager statistics, tiny models, padded batch of 3")
-    print("| family | dtype | worst metric | max abs diff | fused calls | within 1e-6 |")
-    print("|---|---|---|---:|---:|---|")
+    print(f"\n## exact: fused vs eager statistics, tiny models, padded batch of 3, {', '.join(EXACT_PROBES)}")
+    print("| family | dtype | layer 0: worst metric | diff | all layers: worst metric | diff | fused calls "
+          "| layer 0 within 1e-6 |")  # fmt: skip
+    print("|---|---|---|---:|---|---:|---:|---|")
     failed = 0
-    for family, kind in EXACT_FAMILIES[: 2 if args.quick else None]:
+    families = [f for f in EXACT_FAMILIES if f[0] in args.exact_families.split(",")]
+    for family, kind in families[: 2 if args.quick else None]:
         for dtype_name in args.dtypes.split(","):
             model = build_tiny(family, kind, dtype=DTYPES[dtype_name]).to(device)
-            worst, _, _, calls = compare(model, EXACT_PROBES, device, inputs=inputs, batch_size=3)
-            name, value = max(worst.items(), key=lambda kv: kv[1])
-            ok = value <= ABS and calls and calls.get("eager", 0) == 0
+            first, every, _, _, calls = compare(model, EXACT_PROBES, device, inputs=inputs, batch_size=3)
+            (name0, value0), (name, value) = worst_of(first), worst_of(every)
+            ok = value0 <= ABS and calls.get("eager", 0) == 0
             failed += not ok
-            verdict = "yes" if ok else "NO"
-            print(f"| {family} | {dtype_name} | {name} | {value:.2e} | {calls} | {verdict} |", flush=True)
+            print(
+                f"| {family} | {dtype_name} | {name0} | {value0:.2e} | {name} | {value:.2e} | {calls} "
+                f"| {'yes' if ok else 'NO'} |",
+                flush=True,
+            )
     return failed
 
 
@@ -120,26 +137,27 @@ def smollm2_model(layers: int, positions: int, dtype: torch.dtype, device: torch
 
 
 def long_section(args, device: torch.device) -> int:
+    probes = args.long_probes.split(";")
     print(
         f"\n## long: fused vs eager statistics, one sequence of {args.long_length:,} tokens, "
-        f"SmolLM2-135M's config ({args.long_layers} layers, random init)"
+        f"SmolLM2-135M's config ({args.long_layers} layers, random init), {', '.join(probes)}"
     )
-    print("| dtype | worst metric | max abs diff | eager s | fused s | eager / fused | within 1e-6 |")
-    print("|---|---|---:|---:|---:|---:|---|")
+    print("| dtype | layer 0: worst metric | diff | all layers: worst metric | diff | eager s | fused s "
+          "| layer 0 within 1e-6 |")  # fmt: skip
+    print("|---|---|---:|---|---:|---:|---:|---|")
     failed = 0
     for dtype_name in args.dtypes.split(","):
         model = smollm2_model(args.long_layers, args.long_length, DTYPES[dtype_name], device)
         warm = {"random_ids": True, "samples": 1, "length": 64, "batch_size": 1}
-        compare(model, LONG_PROBES[:1], device, **warm)  # warm-up: kernels and allocator
-        worst, eager_s, fused_s, calls = compare(
-            model, LONG_PROBES, device, random_ids=True, samples=1, length=args.long_length, batch_size=1
-        )
-        name, value = max(worst.items(), key=lambda kv: kv[1])
-        ok = value <= ABS
+        compare(model, probes[:1], device, **warm)  # warm-up: kernels and allocator
+        inputs = {"random_ids": True, "samples": 1, "length": args.long_length, "batch_size": 1}
+        first, every, eager_s, fused_s, _ = compare(model, probes, device, **inputs)
+        (name0, value0), (name, value) = worst_of(first), worst_of(every)
+        ok = value0 <= ABS
         failed += not ok
         print(
-            f"| {dtype_name} | {name} | {value:.2e} | {eager_s:.1f} | {fused_s:.1f} "
-            f"| {eager_s / fused_s:.2f} | {'yes' if ok else 'NO'} |",
+            f"| {dtype_name} | {name0} | {value0:.2e} | {name} | {value:.2e} | {eager_s:.1f} | {fused_s:.1f} "
+            f"| {'yes' if ok else 'NO'} |",
             flush=True,
         )
         del model
@@ -221,6 +239,8 @@ def main() -> None:
     parser.add_argument("--exact-length", type=int, default=300, help="the longest of the 3 exact inputs")
     parser.add_argument("--long-length", type=int, default=32768)
     parser.add_argument("--long-layers", type=int, default=30)
+    parser.add_argument("--long-probes", default=";".join(LONG_PROBES), help="probe specs, ';'-separated")
+    parser.add_argument("--exact-families", default=",".join(f for f, _ in EXACT_FAMILIES))
     parser.add_argument("--lengths", default="1024,4096,8192,32768")
     parser.add_argument("--eager-max", type=int, default=8192, help="longest length eager stats are timed at")
     parser.add_argument("--repeats", type=int, default=3)
