@@ -24,7 +24,6 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,15 +32,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lm_study import finished_steps, load_plan  # noqa: E402  (a sibling script, not a package)
-
-import ssacli  # noqa: E402
-from ssacli.defaults import TAU  # noqa: E402
-from ssacli.files import replace_folder  # noqa: E402
-from ssacli.models.checkpoint import META_FILE, ORIGINAL_TYPE_KEY, SCORER_FILE, WEIGHTS_FILE  # noqa: E402
-from ssacli.models.loading import BUILTIN_DIR  # noqa: E402
-from ssacli.quality.measures import language_model_loss  # noqa: E402
+import ssacli
+from ssacli.defaults import TAU
+from ssacli.files import replace_folder
+from ssacli.models.checkpoint import META_FILE, ORIGINAL_TYPE_KEY, SCORER_FILE, WEIGHTS_FILE
+from ssacli.models.loading import BUILTIN_DIR
+from ssacli.quality.lm_study import finished_steps, load_plan
+from ssacli.quality.measures import language_model_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", META_FILE, SCORER_FILE)

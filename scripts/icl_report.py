@@ -28,8 +28,8 @@ import json
 import sys
 from pathlib import Path
 
-from ssacli.icl.plots import plot_sweep, sweep_views
 from ssacli.icl.sweep import aggregate, cell_key, paired
+from ssacli.report.plots import plot_sweep, sweep_views
 from ssacli.stats import ALPHA, holm, verdict
 
 PERCENT_METRICS = ("error", "after_outlier", "at_outlier", "sign_error")

@@ -142,6 +142,7 @@ def test_icl_sweep_says_its_plan_first_and_a_line_per_finished_run(tmp_path):
     assert lines[1].startswith("[1/2] every-softmax-s0: final loss ")
     assert lines[2].startswith("[2/2] every-ssa-s0: final loss ")
     assert lines[3].startswith("wrote ") and len(lines) == 4
+    assert (tmp_path / "figures" / "every-sigma-paired.png").stat().st_size > 1000  # drawn by the command
     assert not any("\x1b" in line or "\r" in line for line in lines)  # plain lines, no live display
 
 

@@ -14,6 +14,7 @@ from ssacli.icl.train import TrainConfig, train
 from ssacli.models.icl import ICLModel, ICLSpec, load_icl
 from ssacli.models.icl_task import every_labels, sample_batch, some_labels
 from ssacli.models.loading import builtin_names, resolve_model_path
+from ssacli.report.plots import plot_sweep
 
 
 def t(*values):
@@ -271,6 +272,7 @@ def test_tiny_sweep_writes_results_and_figures(tmp_path):
     cells = {(r["sigma"], r["length"], r["outlier"]) for r in summary["aggregate"]}
     assert cells == {(1, 5, None), (4, 5, None), (1, 7, None), (1, 5, 100)}
     assert all(r["seeds"] == 2 for r in summary["aggregate"])
+    plot_sweep(summary, tmp_path / "figures")  # the report layer draws what `icl sweep` writes
     for view in ("sigma", "length", "outlier"):
         assert (tmp_path / "figures" / f"every-{view}.png").stat().st_size > 1000
     # a second call finds the finished runs and does not train again

@@ -18,6 +18,7 @@ from ssacli.icl.sweep import ScorerEntry, SweepPlan, run_name, run_sweep
 from ssacli.icl.train import TrainConfig, train
 from ssacli.models.icl import ICLModel, ICLSpec, load_icl
 from ssacli.models.icl_task import every_labels
+from ssacli.report.plots import plot_sweep
 from ssacli.stats import paired_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,6 +247,7 @@ def test_tiny_paired_sweep_over_two_backbones(tmp_path):
     assert rows[0]["ci_low"] == pytest.approx(expected["ci_low"])
     metrics = {(r["metric"], r["coef_sigma"], r["outlier"]) for r in summary["paired"]}
     assert {("after_outlier", 1.0, 100), ("at_outlier", 1.0, 100), ("error", 4, None)} <= metrics
+    plot_sweep(summary, tmp_path / "figures")
     for stem in ("linear-attn-only-sigma", "linear-gpt2-coef-rank", "linear-gpt2-outlier-paired"):
         assert (tmp_path / "figures" / f"{stem}.png").stat().st_size > 1000
 

@@ -1,24 +1,22 @@
-"""scripts/lm_study.py on a tiny budget: two arms × two seeds of a tiny Llama trained by `ssacli train`
-on text this test writes, evaluated (ID/OOD perplexity at 1× and 2× the context, minimal pairs,
-diagnose), paired, reported, and resumed without training again."""
+"""The language-model study (ssacli.quality.lm_study) on a tiny budget: two arms × two seeds of a
+tiny Llama trained by `ssacli train` on text this test writes, evaluated (ID/OOD perplexity at 1× and
+2× the context, minimal pairs, diagnose), paired, reported (ssacli.report.lm_study, and again through
+scripts/lm_study.py --from-results), and resumed without training again."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from ssacli.quality import lm_study
+from ssacli.report.lm_study import write_report
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("lm_study", ROOT / "scripts" / "lm_study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def words(seed: int, count: int, vocabulary: list[str]) -> str:
@@ -64,12 +62,11 @@ def tiny_plan(tmp_path):
 
 
 def test_tiny_lm_study_trains_evaluates_pairs_and_resumes(tmp_path, tiny_plan):
-    study = load_script()
     out = tmp_path / "study"
-    study.main(
-        ["--plan", str(tiny_plan), "--out", str(out), "--jobs", "2", "--report", str(tmp_path / "doc")]
-    )
+    returned = lm_study.run_study(tiny_plan, out, jobs=2)
+    write_report(returned, tmp_path / "doc")
     results = json.loads((out / "results.json").read_text())
+    assert results == returned
     assert len(results["runs"]) == 4
     metrics = results["runs"][0]["metrics"]
     for key in ("ppl id@1x", "ppl id@2x", "ppl ood@1x", "ppl ood@2x", "blimp mean", "blimp agreement"):
@@ -91,17 +88,21 @@ def test_tiny_lm_study_trains_evaluates_pairs_and_resumes(tmp_path, tiny_plan):
     assert "ssa − softmax" in tables and "ppl id@2x" in tables
     assert (tmp_path / "doc" / "lm-context.png").stat().st_size > 1000
     assert (tmp_path / "doc" / "lm-paired.png").stat().st_size > 1000
+    # the command line renders the same tables from the results.json
+    script = [sys.executable, str(ROOT / "scripts" / "lm_study.py"), "--report", str(tmp_path / "cli"),
+              "--from-results", str(out / "results.json")]  # fmt: skip
+    subprocess.run(script, check=True, capture_output=True)
+    assert (tmp_path / "cli" / "tables.md").read_text() == tables
     # resumable: a second call trains nothing and evaluates nothing
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval.json")}
     weights = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.safetensors")}
-    study.main(["--plan", str(tiny_plan), "--out", str(out)])
+    assert lm_study.run_study(tiny_plan, out)["runs"] == results["runs"]
     assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval.json")}
     assert weights == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.safetensors")}
 
 
 def test_the_committed_lm_plan_is_paired():
-    study = load_script()
-    plan = study.load_plan(ROOT / "docs" / "results" / "lm-plan.json")
+    plan = lm_study.load_plan(ROOT / "docs" / "results" / "lm-plan.json")
     specs = [a["spec"] for a in plan["arms"]]
     assert specs[0] == "softmax" and "ssa:preset=authors" in specs and len(specs) >= 3
     assert plan["seeds"] >= 3 and plan["reference"] == "softmax"

@@ -255,7 +255,7 @@ def test_pages_are_built_from_sections_in_order():
 def test_importing_the_plotting_modules_selects_no_matplotlib_backend():
     """No import-time side effects: the renderers draw on Figure objects, never through pyplot."""
     code = (
-        "import sys, matplotlib, ssacli.report.html, ssacli.report.before_after, ssacli.icl.plots\n"
+        "import sys, matplotlib, ssacli.report.html, ssacli.report.before_after, ssacli.report.plots\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"
         "print(matplotlib.get_backend())\n"
     )

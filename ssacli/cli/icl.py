@@ -121,7 +121,7 @@ def icl_eval(
         write_json(result.to_dict(), json_out)
         console.print(f"wrote {json_out}")
     if plot is not None:
-        from ..icl.plots import plot_eval
+        from ..report.plots import plot_eval
 
         metric = "sequence error rate" if model.spec.task != "linear" else "MSE / Var(y)"
         plot_eval(cells, f"{model_ref}: {model.spec.task}, {model.spec.scorer}", metric, plot)
@@ -176,4 +176,7 @@ def icl_sweep(
         )
 
     summary = run_icl_sweep(plan, out, jobs=jobs, device=device, on_result=on_result)
+    from ..report.plots import plot_sweep  # the rendering layer, above the sweep
+
+    plot_sweep(summary, out / "figures")
     typer.echo(f"wrote {out / 'results.json'} and {out / 'figures'} ({summary['wall_seconds']} s)")

@@ -1,25 +1,26 @@
-"""A grid of ICL runs (tasks × scorers × seeds): train, evaluate, aggregate, plot.
+"""A grid of ICL runs (tasks × backbones × scorers × seeds): train, evaluate, aggregate, pair.
 
-A sweep is described by a plan (JSON, or built from command-line flags). Every run lives in its
-own checkpoint folder under ``OUT/runs/``; a finished run is skipped and an interrupted one resumes,
-so a sweep can be stopped and started again. Results go to ``OUT/results.json`` and figures to
-``OUT/figures/``.
+A sweep is described by a plan (JSON, or built from command-line flags). It runs on the study engine
+(:mod:`ssacli.study`): every run lives in its own checkpoint folder under ``OUT/runs/``; a finished
+run is skipped and an interrupted one resumes, so a sweep can be stopped and started again. Results
+go to ``OUT/results.json``; the figures (``OUT/figures/`` for ``ssacli icl sweep``) are drawn by
+:func:`ssacli.report.plots.plot_sweep`, a layer above this one.
 
 Runs of the same seed share initialization, training data and evaluation prompts across arms
 (scorers), so results.json holds, besides the per-seed runs and the mean ± std ``aggregate``, a
 ``paired`` list: for every task, backbone, cell, metric and arm, the per-seed differences against
 the plan's ``reference`` arm with a bootstrap CI and a sign test (:mod:`ssacli.stats`).
 
-Metrics per cell (:func:`cell_metrics`): ``error`` (the headline: the prompt error rate, or
-MSE/Var(y) for ``linear``), and where they apply ``after_outlier``, ``at_outlier``, ``rank_corr``
-(higher is better) and ``sign_error`` (see :mod:`ssacli.icl.evaluate`).
+What is the ICL's own here: the plan's tasks, backbones and evaluation grid, training and evaluating
+one run, and the cells (:func:`cell_metrics`, :func:`cell_key`). Metrics per cell: ``error`` (the
+headline: the prompt error rate, or MSE/Var(y) for ``linear``), and where they apply
+``after_outlier``, ``at_outlier``, ``rank_corr`` (higher is better) and ``sign_error`` (see
+:mod:`ssacli.icl.evaluate`).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import multiprocessing
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,12 +30,12 @@ from typing import Any
 import torch
 
 from ..defaults import ICL_LENGTHS, ICL_POINTS, SCORER_LR
-from ..errors import InputError, UsageError
-from ..files import check_writable_folder, write_json
+from ..errors import InputError
+from ..files import check_writable_folder
 from ..models.checkpoint import ICL_FORMAT, read_meta
 from ..models.icl import check_arch, load_icl
 from ..models.icl_task import check_task
-from ..stats import paired_summary
+from ..study import StudyRun, by_seed, check_arms, execute, summarize, write_results
 from .evaluate import cells_to_json, evaluate
 from .train import TrainConfig, train
 
@@ -96,11 +97,7 @@ class SweepPlan:
             check_task(task)
         for arch in self.archs:
             check_arch(arch)
-        labels = [s.label for s in self.scorers]
-        if len(set(labels)) != len(labels):
-            raise UsageError(f"scorer labels must be unique, got {labels}")
-        if self.reference is not None and self.reference not in labels:
-            raise UsageError(f"reference '{self.reference}' is not one of the scorer labels {labels}")
+        check_arms([s.label for s in self.scorers], self.reference)
         from ..scorers import make_scorer
 
         for entry in self.scorers:
@@ -131,12 +128,18 @@ def run_name(task: str, label: str, seed: int, arch: str = "gpt2") -> str:
     return f"{task}-{label}-s{seed}" if arch == "gpt2" else f"{task}-{arch}-{label}-s{seed}"
 
 
-def _one_run(args: tuple[dict, str, str, dict, int, str, str]) -> dict:
-    """Train (or resume, or skip) and evaluate one run; executed in a worker process."""
-    plan_dict, task, arch, entry_dict, seed, out, device = args
+def _trained(run: StudyRun, folder: Path) -> bool:
+    """Whether the run's checkpoint holds its whole training (the plan's steps)."""
+    meta = read_meta(folder, ICL_FORMAT)
+    return meta is not None and meta.get("training", {}).get("step") == run.job[0]["steps"]
+
+
+def _work(run: StudyRun, folder: Path) -> dict:
+    """Train (or resume, or load the trained) model of one run and evaluate it; in a worker process
+    when the sweep runs jobs in parallel."""
+    plan_dict, task, arch, entry_dict, device = run.job
     plan = SweepPlan(**{**plan_dict, "scorers": []})
     entry = ScorerEntry(**entry_dict)
-    folder = Path(out) / "runs" / run_name(task, entry.label, seed, arch)
     config = TrainConfig(
         task=task,
         scorer=entry.spec,
@@ -144,18 +147,14 @@ def _one_run(args: tuple[dict, str, str, dict, int, str, str]) -> dict:
         batch_size=plan.batch_size,
         lr=plan.lr,
         scorer_lr=plan.scorer_lr,
-        seed=seed,
+        seed=run.seed,
         preset=plan.preset,
         points_start=plan.points_start,
         points_end=plan.points_end,
         checkpoint_every=max(1, plan.steps // 4),
         arch=arch,
     )
-    eval_file = folder / "eval.json"
-    meta = read_meta(folder, ICL_FORMAT)
-    done = meta is not None and meta.get("training", {}).get("step") == plan.steps
-    if done and eval_file.is_file():
-        return json.loads(eval_file.read_text())
+    done = _trained(run, folder)
     model = load_icl(folder, device) if done else train(config, folder, resume=True, device=device)
     began = time.perf_counter()
     # σ at the trained length, length at σ = 1, outliers at the trained length and σ = 1,
@@ -170,23 +169,17 @@ def _one_run(args: tuple[dict, str, str, dict, int, str, str]) -> dict:
         for coef in plan.coef_sigmas:
             if coef != 1:
                 cells += evaluate(model, lengths=trained, coef_sigma=coef, prompts=plan.prompts)
-    result = {
+    return {
         "task": task,
         "arch": arch,
         "label": entry.label,
         "spec": entry.spec,
-        "seed": seed,
+        "seed": run.seed,
         "train_seconds": model.spec.training.get("seconds"),
         "final_loss": model.spec.training["history"][-1][1],
         "eval_seconds": round(time.perf_counter() - began, 1),
         **cells_to_json(model, cells),
     }
-    write_json(result, eval_file)
-    return result
-
-
-def _worker_init() -> None:
-    torch.set_num_threads(1)  # workers share the cores; one thread each avoids oversubscription
 
 
 def run_sweep(
@@ -197,7 +190,8 @@ def run_sweep(
     device: str = "cpu",
     on_result: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Run every (task, arch, scorer, seed) of the plan, then aggregate, pair and plot.
+    """Run every (task, arch, scorer, seed) of the plan (finished runs are read back, interrupted
+    ones resumed), then aggregate and pair; the summary is also ``OUT/results.json``.
 
     ``device`` (cpu, cuda, auto) is where each run trains and is evaluated; the results do not
     depend on it beyond floating-point noise (the data generators are CPU generators)."""
@@ -206,36 +200,18 @@ def run_sweep(
     check_writable_folder(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     plan_dict = {k: v for k, v in asdict(plan).items() if k != "scorers"}
-    work = [(plan_dict, t, a, asdict(s), seed, str(out), device) for t, a, s, seed in plan.runs()]
+    runs = [
+        StudyRun(run_name(t, s.label, seed, a), s.label, seed, (plan_dict, t, a, asdict(s), device))
+        for t, a, s, seed in plan.runs()
+    ]
     began = time.perf_counter()
-    results = []
-    if jobs <= 1:
-        for item in work:
-            results.append(_one_run(item))
-            if on_result:
-                on_result(results[-1])
-    else:
-        with multiprocessing.get_context("spawn").Pool(jobs, initializer=_worker_init) as pool:
-            for result in pool.imap_unordered(_one_run, work):
-                results.append(result)
-                if on_result:
-                    on_result(result)
-    order = {run_name(t, s.label, seed, a): i for i, (t, a, s, seed) in enumerate(plan.runs())}
-    results.sort(key=lambda r: order[run_name(r["task"], r["label"], r["seed"], r.get("arch", "gpt2"))])
-    summary = {
-        "plan": asdict(plan),
-        "wall_seconds": round(time.perf_counter() - began, 1),
-        "device": device,
-        "torch": torch.__version__,
-        "runs": results,
-        "aggregate": aggregate(results),
-        "paired": paired(results, plan.reference_label),
-    }
-    write_json(summary, out / "results.json")
-    from .plots import plot_sweep
-
-    plot_sweep(summary, out / "figures")
-    return summary
+    report = (lambda run, result: on_result(result)) if on_result else None
+    results = execute(runs, out, _work, finished=_trained, jobs=jobs, on_result=report)
+    wall_seconds = round(time.perf_counter() - began, 1)
+    return write_results(
+        out, asdict(plan), results, aggregate(results), paired(results, plan.reference_label),
+        wall_seconds=wall_seconds, device=device, torch=torch.__version__,
+    )  # fmt: skip
 
 
 HIGHER_IS_BETTER = ("rank_corr",)
@@ -262,13 +238,12 @@ def cell_key(run: dict, cell: dict) -> tuple:
 
 def _by_cell(results: list[dict]) -> dict[tuple, dict[str, dict[int, float]]]:
     """{(cell key..., metric): {label: {seed: value}}}"""
-    groups: dict[tuple, dict[str, dict[int, float]]] = {}
-    for run in results:
-        for cell in run["cells"]:
-            for metric, value in cell_metrics(cell).items():
-                key = (*cell_key(run, cell), metric)
-                groups.setdefault(key, {}).setdefault(run["label"], {})[run["seed"]] = value
-    return groups
+    return by_seed(
+        ((*cell_key(run, cell), metric), run["label"], run["seed"], value)
+        for run in results
+        for cell in run["cells"]
+        for metric, value in cell_metrics(cell).items()
+    )
 
 
 def _row(key: tuple) -> dict[str, Any]:
@@ -279,53 +254,17 @@ def _row(key: tuple) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _judge(key: tuple, summary: dict) -> dict[str, Any]:
+    return {"higher_is_better": key[-1] in HIGHER_IS_BETTER}
+
+
 def aggregate(results: list[dict]) -> list[dict[str, Any]]:
     """Mean and (sample) std over seeds of every cell and metric, per task, backbone and arm."""
-    rows = []
-    for key, arms in _by_cell(results).items():
-        for label, by_seed in arms.items():
-            values = list(by_seed.values())
-            mean = sum(values) / len(values)
-            std = (
-                math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-                if len(values) > 1
-                else None
-            )
-            rows.append(
-                {
-                    **_row(key),
-                    "label": label,
-                    "mean": mean,
-                    "std": std,
-                    "seeds": len(values),
-                    "values": values,
-                    "seed_ids": list(by_seed),
-                }
-            )
-    return rows
+    return summarize(_by_cell(results), "", fields=_row)[0]
 
 
 def paired(results: list[dict], reference: str) -> list[dict[str, Any]]:
     """Every arm against ``reference`` on the seeds both ran, per cell and metric: the differences
     arm - reference with a bootstrap CI and a sign test (:func:`ssacli.stats.paired_summary`).
     ``higher_is_better`` says how to read the sign."""
-    rows = []
-    for key, arms in _by_cell(results).items():
-        if reference not in arms:
-            continue
-        for label, by_seed in arms.items():
-            if label == reference:
-                continue
-            summary = paired_summary(arms[reference], by_seed)
-            if not summary["seeds"]:
-                continue
-            rows.append(
-                {
-                    **_row(key),
-                    "label": label,
-                    "reference": reference,
-                    "higher_is_better": key[-1] in HIGHER_IS_BETTER,
-                    **summary,
-                }
-            )
-    return rows
+    return summarize(_by_cell(results), reference, fields=_row, judge=_judge)[1]

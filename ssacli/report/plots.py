@@ -1,4 +1,6 @@
-"""Figures for ICL evaluations (matplotlib, headless). Files are written to a temp name first,
+"""Figures of the studies, as files: an ICL evaluation (``ssacli icl eval --plot``), an ICL sweep
+(:func:`plot_sweep`, ``ssacli icl sweep``) and the language-model study (:func:`plot_lm_context`,
+:func:`plot_lm_paired`, ``scripts/lm_study.py --report``). Files are written to a temp name first,
 then renamed, so a crash never leaves half a figure. Figures are :class:`matplotlib.figure.Figure`
 objects drawn directly (no pyplot, no backend to select), so importing this changes nothing."""
 
@@ -14,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from ..files import publish
-from .evaluate import Cell
+from ..icl.evaluate import Cell
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 2^0 or 1.0
 
@@ -196,3 +198,70 @@ def _finish(ax, column: str, ylabel: str, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+
+
+# ---- the language-model study (ssacli.quality.lm_study) -------------------------------------------
+
+
+def plot_lm_paired(results: dict[str, Any], path: Path) -> None:
+    """Every paired difference (arm − reference): a dot per seed and the mean with its bootstrap 95 %
+    CI, one panel per metric family (perplexities, BLiMP, diagnose), one colour per arm."""
+    groups = list(dict.fromkeys(r["metric"].split()[0] for r in results["paired"]))
+    fig = Figure(
+        figsize=(
+            5 * len(groups),
+            0.5
+            + 0.45 * max(sum(1 for r in results["paired"] if r["metric"].split()[0] == g) for g in groups),
+        )
+    )
+    axes = fig.subplots(1, len(groups), squeeze=False)[0]
+    arms = list(dict.fromkeys(r["label"] for r in results["paired"]))
+    for ax, group in zip(axes, groups):
+        rows = [r for r in results["paired"] if r["metric"].split()[0] == group]
+        names = list(dict.fromkeys(r["metric"] for r in rows))
+        for r in rows:
+            k = arms.index(r["label"])
+            y = names.index(r["metric"]) + (k - (len(arms) - 1) / 2) * 0.25
+            color = f"C{k}"
+            ax.scatter(r["differences"], [y] * len(r["differences"]), s=10, color=color, alpha=0.5)
+            if r["ci_low"] is not None:
+                ax.plot([r["ci_low"], r["ci_high"]], [y, y], color=color, lw=2)
+            ax.scatter(
+                [r["mean_difference"]],
+                [y],
+                marker="D",
+                s=25,
+                color=color,
+                label=f"{r['label']} − {r['reference']}" if r["metric"] == names[0] else None,
+            )
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"{group}: paired difference (dots: seeds; bar: 95 % CI)")
+        ax.grid(alpha=0.3, axis="x")
+    axes[0].legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def plot_lm_context(results: dict[str, Any], path: Path) -> None:
+    """Perplexity against the evaluation context (× the trained one), ID and OOD: a thin line per
+    seed, a thick one for the mean, one colour per arm."""
+    plan = results["plan"]
+    fig = Figure(figsize=(10, 3.8))
+    axes = fig.subplots(1, 2)
+    for ax, key in zip(axes, ("id", "ood")):
+        for arm in plan["arms"]:
+            mine = [r for r in results["runs"] if r["label"] == arm["label"]]
+            xs = plan["contexts"]
+            series = [[r["metrics"].get(f"ppl {key}@{f}x", float("nan")) for f in xs] for r in mine]
+            mean = [sum(col) / len(col) for col in zip(*series)]
+            line = ax.plot(xs, mean, marker="o", lw=2, label=arm["label"])[0]
+            for s in series:
+                ax.plot(xs, s, color=line.get_color(), lw=0.6, alpha=0.4)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("evaluation context (× trained)")
+        ax.set_ylabel(f"perplexity ({key})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
