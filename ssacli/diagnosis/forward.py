@@ -8,7 +8,7 @@ a forward hook on the embedding module applies it (ICL models: the x values them
 (length, numeric), :mod:`ssacli.diagnosis.run` chose them and nothing happens here. Whatever the
 route, every attention map reaches :meth:`Recorder.record` and leaves as per-head sums
 (:func:`ssacli.diagnosis.metrics.row_sums`): through ssacli's attention function in query blocks,
-or, on the eager fallback, through the forward hook of :mod:`ssacli.diagnosis.fallback` on each
+or, on the eager fallback, through the forward hook of :mod:`ssacli.diagnosis.routes` on each
 attention module, which drops the map once reduced.
 """
 
@@ -28,8 +28,48 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
 from .metrics import HeadStats, LayerStats, row_sums
 from .online import online_logit_sums, online_row_sums
-from .probes import ActsOn, Effect, Probe, ProbeBatch, ProbeKind
+from .probes import ActsOn, Probe, ProbeBatch, ProbeKind, Shift
 from .routes import Route, fallback_hooks, forward_arguments
+
+# ---- the probes' shifts ------------------------------------------------------------------------------
+# Each takes (values, level, target) -> values. Embeddings: [b, tokens, ...] (ICL: x values [b, points]);
+# keys: [b, h, k, d]; logits: [b, h, q, k]; target [b] indexes the probed token (probes.Shift).
+
+
+def scale(values: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
+    return values * level
+
+
+def scale_target(values: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
+    values = values.clone()  # a copy: the module's own output is left as it was
+    rows = torch.arange(values.shape[0], device=values.device)
+    values[rows, target.to(values.device)] *= level
+    return values
+
+
+def scale_target_key(keys: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
+    factor = torch.ones(keys.shape[0], 1, keys.shape[2], 1, dtype=keys.dtype, device=keys.device)
+    factor[torch.arange(keys.shape[0], device=keys.device), 0, target.to(keys.device), 0] = level
+    return keys * factor
+
+
+def raise_target_key(logits: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
+    k = logits.shape[-1]
+    bump = F.one_hot(target.to(logits.device), k).to(logits.dtype) * level
+    return logits + bump.reshape(-1, 1, 1, k)
+
+
+SHIFTS = {
+    Shift.SCALE: scale,
+    Shift.SCALE_TARGET: scale_target,
+    Shift.SCALE_TARGET_KEY: scale_target_key,
+    Shift.RAISE_TARGET_KEY: raise_target_key,
+}
+
+
+def shifted(kind: ProbeKind, values: torch.Tensor, level: float, target: torch.Tensor | None) -> torch.Tensor:
+    """``values`` under probe ``kind`` at ``level``."""
+    return SHIFTS[kind.effect](values, level, target)
 
 
 def block_name(attention_name: str) -> str:
@@ -85,13 +125,13 @@ class Recorder(Observer):
         if self.probe is not None and self.probe[0].acts_on is ActsOn.KEYS:
             kind, level = self.probe
             if self.target is not None and key.shape[0] == self.target.shape[0]:
-                return kind.effect(key, level, self.target)
+                return shifted(kind, key, level, self.target)
         return key
 
     def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
         if self.probe is not None and self.probe[0].acts_on is ActsOn.LOGITS:
             kind, level = self.probe
-            logits = kind.effect(logits, level, self.target)
+            logits = shifted(kind, logits, level, self.target)
         self.note_logits(logits, module)
         return logits
 
@@ -103,11 +143,11 @@ class Recorder(Observer):
             return logits
         kind, level = self.probe
         if self.target is None or not kind.has_target:
-            return kind.effect(logits, level, self.target)
+            return shifted(kind, logits, level, self.target)
         width = logits.shape[-1]
         local = self.target.to(logits.device).long() - cols.start
         local = torch.where((local < 0) | (local >= width), width, local)
-        return kind.effect(F.pad(logits, (0, 1)), level, local)[..., :width]
+        return shifted(kind, F.pad(logits, (0, 1)), level, local)[..., :width]
 
     def note_logits(self, logits: torch.Tensor, module: nn.Module) -> None:
         """Keep the block's logits (as the scorer will see them) until :meth:`record` knows its rows."""
@@ -291,7 +331,7 @@ def forward_batch(
                 extras = _icl_forward(loaded, kind, level, batch, device, recorder)
             else:
                 if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
-                    hooks.append(_embedding_hook(loaded, kind.effect, level, batch.target))
+                    hooks.append(_embedding_hook(loaded, kind, level, batch.target))
                 extras = _hf_forward(loaded, route, batch, device, recorder, reference, index)
     finally:
         for hook in hooks:
@@ -320,7 +360,7 @@ def _watch_hooks(loaded: LoadedModel, recorder: Recorder, layers: list[tuple[str
     return hooks
 
 
-def _embedding_hook(loaded: LoadedModel, effect: Effect, level: float, target: torch.Tensor | None):
+def _embedding_hook(loaded: LoadedModel, kind: ProbeKind, level: float, target: torch.Tensor | None):
     try:
         embedding = loaded.attention_root.get_input_embeddings()
     except (NotImplementedError, AttributeError):
@@ -329,7 +369,7 @@ def _embedding_hook(loaded: LoadedModel, effect: Effect, level: float, target: t
         raise UnsupportedModelError(f"model family '{loaded.family}' exposes no input embeddings to scale")
 
     def apply(module, args, output):
-        return effect(output, level, target)
+        return shifted(kind, output, level, target)
 
     return embedding.register_forward_hook(apply)
 
@@ -374,7 +414,7 @@ def _icl_forward(
     xs = batch.xs
     if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
         target = None if batch.target is None else batch.target // TOKENS_PER_POINT  # token -> its x
-        xs = kind.effect(xs, level, target)
+        xs = shifted(kind, xs, level, target)
     ys = labels(batch.task, xs, batch.coef)
     dtype = next(model.parameters()).dtype
     predictions = model(interleave(xs, ys).to(device, dtype)).float().cpu()

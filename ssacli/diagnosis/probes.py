@@ -1,7 +1,8 @@
 """Magnitude-shift probes: what each one changes, its levels, and the inputs it runs on.
 
 A probe is a name and ascending levels (``embed-scale:1,4,16``); higher levels are harsher. Each
-kind declares where it acts (:class:`ActsOn`) and, for embeddings and logits, its ``effect``; the
+kind declares where it acts (:class:`ActsOn`) and, for embeddings, keys and logits, its ``effect``
+(:class:`Shift`); the
 forward pass (:mod:`ssacli.diagnosis.forward`) and the input plan (:mod:`ssacli.diagnosis.run`)
 dispatch on those, never on a probe's name.
 
@@ -21,12 +22,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
 import torch
-from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..models.icl_task import TOKENS_PER_POINT, check_task, x_positions
@@ -43,38 +42,16 @@ class ActsOn(Enum):
     LOGITS = "attention logits"  # every attention call's logits go through ``effect`` (ssacli's function)
 
 
-# effect(values, level, target) -> values. Embeddings: values [b, tokens, ...] (ICL: x values
-# [b, points]); keys: [b, h, k, d]; logits: [b, h, q, k]. target [b]: the index, along dim 1 of the
-# embeddings, dim 2 of the keys or the last dim of the logits, of each sample's target token (None
-# for kinds without one).
-Effect = Callable[[torch.Tensor, float, torch.Tensor | None], torch.Tensor]
+class Shift(Enum):
+    """What a magnitude probe does to the tensor it acts on (``ActsOn`` says which tensor);
+    :mod:`ssacli.diagnosis.forward`, which runs every forward under a probe, applies it. A target is
+    each sample's target token: along dim 1 of the embeddings, dim 2 of the keys, the last dim of the
+    logits."""
 
-
-def scale(values: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
-    """Everything times ``level`` (embed-scale σ, logit-scale α)."""
-    return values * level
-
-
-def scale_target(values: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
-    """Each sample's target entry (along dim 1) times ``level``; a copy (outlier σ)."""
-    values = values.clone()
-    rows = torch.arange(values.shape[0], device=values.device)
-    values[rows, target.to(values.device)] *= level
-    return values
-
-
-def scale_target_key(keys: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
-    """Each sample's target key vector (dim 2 of [b, h, k, d]) times ``level`` in every head (key-scale σ)."""
-    factor = torch.ones(keys.shape[0], 1, keys.shape[2], 1, dtype=keys.dtype, device=keys.device)
-    factor[torch.arange(keys.shape[0], device=keys.device), 0, target.to(keys.device), 0] = level
-    return keys * factor
-
-
-def raise_target_key(logits: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
-    """``level`` added to the target key's logit for every query and head (dominant-key M)."""
-    k = logits.shape[-1]
-    bump = F.one_hot(target.to(logits.device), k).to(logits.dtype) * level
-    return logits + bump.reshape(-1, 1, 1, k)
+    SCALE = "× level"  # everything (embed-scale σ, logit-scale α)
+    SCALE_TARGET = "target entry × level"  # each sample's target embedding (outlier σ)
+    SCALE_TARGET_KEY = "target key vector × level"  # in every head (key-scale σ)
+    RAISE_TARGET_KEY = "target key's logit + level"  # for every query and head (dominant-key M)
 
 
 @dataclass(frozen=True)
@@ -84,7 +61,7 @@ class ProbeKind:
     symbol: str  # how a level is written in tables: σ=4, α=8, M=16, ×2, 5 digits
     help: str
     acts_on: ActsOn
-    effect: Effect | None = None  # what it does to the embeddings or logits (acts_on says which)
+    effect: Shift | None = None  # what it does to the embeddings, keys or logits (acts_on says which)
     neutral: float | None = None  # the level that changes nothing (its effect is skipped there)
     integer: bool = False
     allow_zero: bool = False
@@ -108,17 +85,17 @@ PROBES: dict[str, ProbeKind] = {
     k.name: k
     for k in (
         ProbeKind("embed-scale", (1, 2, 4, 8, 16, 32), "σ", "input embeddings × σ", ActsOn.EMBEDDINGS,
-                  scale, neutral=1, magnitude=True, axis="σ (input embeddings × σ)"),
+                  Shift.SCALE, neutral=1, magnitude=True, axis="σ (input embeddings × σ)"),
         ProbeKind("outlier", (1, 10, 100, 1000), "σ", "one token's embedding × σ", ActsOn.EMBEDDINGS,
-                  scale_target, neutral=1, has_target=True, magnitude=True,
+                  Shift.SCALE_TARGET, neutral=1, has_target=True, magnitude=True,
                   axis="σ (one token's embedding × σ)"),
         ProbeKind("key-scale", (1, 2, 4, 8, 16, 32), "σ", "one token's keys × σ", ActsOn.KEYS,
-                  scale_target_key, neutral=1, has_target=True, magnitude=True,
+                  Shift.SCALE_TARGET_KEY, neutral=1, has_target=True, magnitude=True,
                   axis="σ (one token's keys × σ)"),
         ProbeKind("logit-scale", (1, 2, 4, 8, 16, 32), "α", "attention logits × α", ActsOn.LOGITS,
-                  scale, neutral=1, magnitude=True, axis="α (attention logits × α)"),
+                  Shift.SCALE, neutral=1, magnitude=True, axis="α (attention logits × α)"),
         ProbeKind("dominant-key", (0, 2, 4, 8, 16, 32), "M", "one key's logit + M", ActsOn.LOGITS,
-                  raise_target_key, neutral=0, allow_zero=True, has_target=True, magnitude=True,
+                  Shift.RAISE_TARGET_KEY, neutral=0, allow_zero=True, has_target=True, magnitude=True,
                   additive=True, axis="M (added to one key's logit)"),
         ProbeKind("length", (1, 2, 4, 8, 16, 32, 64, 128), "×", "inputs × m longer, up to the model's "
                   "maximum positions", ActsOn.INPUT_LENGTH, integer=True,
