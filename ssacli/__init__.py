@@ -28,7 +28,8 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   runs lm-evaluation-harness tasks on a model with its scorer (``report --lm-eval``, with an
   :class:`LMEvalPlan`; the optional extra ``ssacli[eval]``).
 * :func:`train_icl` with an :class:`ICLTrainConfig`, :func:`evaluate_icl`, :func:`run_icl_sweep`
-  with an :class:`ICLSweepPlan`: the in-context-learning experiments (``ssacli icl``).
+  with an :class:`ICLSweepPlan`: the in-context-learning experiments (``ssacli icl``);
+  :func:`plot_icl_sweep` draws a sweep's figures from its summary, as ``ssacli icl sweep`` does.
 
 Every name but the errors and ``__version__`` is loaded on first use (PEP 562): ``import ssacli``
 imports neither torch nor transformers, so the CLI can refuse bad options in well under a second.
@@ -98,6 +99,7 @@ _LAZY = {
     "ICLEvaluation": "icl.evaluate",
     "run_icl_sweep": "icl.sweep:run_sweep",
     "ICLSweepPlan": "icl.sweep:SweepPlan",
+    "plot_icl_sweep": "report.plots:plot_sweep",
 }
 
 if TYPE_CHECKING:
@@ -122,6 +124,7 @@ if TYPE_CHECKING:
     from .quality.compare import compare_models
     from .quality.harness import LMEvalPlan, lm_eval
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
+    from .report.plots import plot_sweep as plot_icl_sweep
     from .report.saved import load_saved, render, render_html
     from .scorers import (
         SCORERS,
@@ -194,6 +197,7 @@ __all__ = [
     "parse_probe",
     "parse_requirement",
     "parse_spec",
+    "plot_icl_sweep",
     "register_scorer",
     "render",
     "render_html",

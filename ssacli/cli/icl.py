@@ -156,7 +156,7 @@ def icl_sweep(
 ) -> None:
     """Train and evaluate a grid of scorers × tasks × seeds; write results.json and figures."""
     check_writable_folder(out, "--out")  # before anything heavy is imported
-    from .. import ICLSweepPlan, run_icl_sweep
+    from .. import ICLSweepPlan, plot_icl_sweep, run_icl_sweep
 
     if plan_file is not None:
         plan = ICLSweepPlan.from_json(plan_file)
@@ -176,7 +176,5 @@ def icl_sweep(
         )
 
     summary = run_icl_sweep(plan, out, jobs=jobs, device=device, on_result=on_result)
-    from ..report.plots import plot_sweep  # the rendering layer, above the sweep
-
-    plot_sweep(summary, out / "figures")
+    plot_icl_sweep(summary, out / "figures")
     typer.echo(f"wrote {out / 'results.json'} and {out / 'figures'} ({summary['wall_seconds']} s)")
