@@ -2,6 +2,8 @@
 torch), so the CLI can show them in --help without loading the model stack."""
 
 DEFAULT_MODEL = "builtin:every-softmax"  # what `ssacli diagnose` (and friends) run on without MODEL
+DEVICE = "auto"  # where a model loads: CUDA when visible, else the CPU
+DTYPE = "auto"  # float32 on the CPU (large probes are not rounded away), the checkpoint's own on a GPU
 
 # diagnose / check
 SAMPLES = 8  # inputs per probe level

@@ -157,6 +157,16 @@ def test_convert_of_an_offloaded_model_writes_the_same_checkpoint(tiny_dir, tmp_
             assert tb[key].device.type == "cpu" and torch.equal(ta[key], tb[key]), (name, key)
     for name in ("config.json", "ssacli.json"):
         assert json.loads((a / name).read_text()) == json.loads((b / name).read_text())
+    # convert places a MODEL reference itself, as diagnose does (LoadOptions' device_map, max_memory)
+    c = tmp_path / "placed-by-convert"
+    budget = f"cpu={cpu_budget(tiny_dir)}"
+    converted, report_c = ssacli.convert(
+        str(tiny_dir), "ssa:init=faithful", c, device_map="auto", max_memory=budget
+    )
+    assert "disk" in layer_places(converted).values() and report_c == report_a
+    for name in weights:
+        ta, tc = load_file(a / name), load_file(c / name)
+        assert ta.keys() == tc.keys() and all(torch.equal(ta[k], tc[k]) for k in ta), name
 
 
 def test_cli_diagnose_and_convert_take_the_options(tiny_dir, tmp_path, monkeypatch, capsys):

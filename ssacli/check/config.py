@@ -265,7 +265,7 @@ def write_check_config(model: str | None = None, path: str | Path | None = None,
     """Write a commented ssacli.toml to ``path`` (None: ./ssacli.toml; never over an existing file)
     with requirements measured on ``model`` (None: the default model) at :data:`INIT_SEEDS`
     (:func:`measured_requires`), so the model passes as it is, at those seeds and others; return the
-    model's kind. ``load_options``: how MODEL is loaded (:class:`~ssacli.models.loading.LoadOptions`,
+    model's kind. ``load_options``: how MODEL is loaded (:class:`~ssacli.models.options.LoadOptions`,
     ``trust_remote_code`` included)."""
     from ..diagnosis.run import diagnose
     from ..models.loading import load_model

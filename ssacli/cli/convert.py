@@ -49,6 +49,7 @@ from .options import (
     WeightDecay,
     bar_columns,
     given,
+    load_options,
     progress,
 )
 from .recipe import (
@@ -158,16 +159,15 @@ def convert_command(
     if recipe and not use_recipe:
         name = "recipe-b" if next(iter(recipe)) == "b" else next(iter(recipe)).replace("_", "-")
         raise UsageError(f"--{name} applies to the conversion recipe (--stages auto or transfer,distill)")
-    placed = given(device_map=device_map, max_memory=max_memory or None)
+    load = load_options(
+        device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
+    )
+    placed = given(device_map=load.device_map, max_memory=load.max_memory)
     if placed and do_finetune:
         raise UsageError(
             f"--{next(iter(placed)).replace('_', '-')} applies to convert without --finetune (fine-tuning "
             "trains on one device per process; use torchrun or accelerate launch for several)"
         )
-    load = dict(
-        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, strict=strict,
-    )  # fmt: skip
     calibration = _read_text(text) if text is not None else None  # an unreadable file is exit 4
     console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
 
@@ -181,30 +181,27 @@ def convert_command(
         from ..models.loading import local_model_path
 
         check_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
-        source: Any = model_ref
-        if placed:  # convert() takes the model accelerate placed (load_model's device_map)
-            from ..models.loading import load_model
-
-            keep = ("device", "dtype", "allow_download", "allow_pickle", "trust_remote_code")
-            source = load_model(model_ref, **{k: load[k] for k in keep}, **placed)
         _, report = convert(
-            source, scorer, out, overwrite=overwrite, text=calibration, max_error=max_error, **load
-        )
+            model_ref, scorer, out, overwrite=overwrite, text=calibration, max_error=max_error, strict=strict,
+            **load.keywords(),
+        )  # fmt: skip
         show_fidelity(report)
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
         return
     if use_recipe:
         config = recipe_config(stages, scorer, options, recipe)  # bad values fail before loading
         run_recipe(model_ref, out, config, overwrite=overwrite, text=calibration, quiet=quiet,
-                   show_fidelity=show_fidelity, load=load)  # fmt: skip
+                   show_fidelity=show_fidelity, load=load, strict=strict)  # fmt: skip
         return
     from .. import convert_and_finetune, finetune_config
 
     config = finetune_config(**options)  # bad values fail before loading
+    # one device per process: --device-map and --max-memory were refused with --finetune above
+    unplaced = {k: v for k, v in load.keywords().items() if k not in ("device_map", "max_memory")}
     with training_display(config.steps, config.log_every, quiet) as on_step:
         trained, _ = convert_and_finetune(
             model_ref, scorer, out, config, overwrite=overwrite, text=calibration, max_error=max_error,
-            on_converted=show_fidelity, on_step=on_step, **load,
+            strict=strict, on_converted=show_fidelity, on_step=on_step, **unplaced,
         )  # fmt: skip
     print_trained(out, trained.path)
 

@@ -25,6 +25,7 @@ from .options import (
     TrustRemoteCode,
     bar_columns,
     check_outputs,
+    load_options,
     progress,
 )
 
@@ -146,9 +147,10 @@ def diagnose_command(
     settings = dict(
         probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
-        block_size=block_size, stats=stats, device=device, dtype=dtype, allow_download=allow_download,
-        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, device_map=device_map,
-        max_memory=max_memory or None, strict=strict,
+        block_size=block_size, stats=stats, strict=strict,
+        **load_options(
+            device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
+        ).keywords(),
     )  # fmt: skip
     console = Console()
     result = _diagnose(model_ref, settings, quiet)

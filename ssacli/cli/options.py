@@ -23,6 +23,7 @@ from ..defaults import SCORER_LR
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
 from ..models.device_map import DEVICE_MAPS
+from ..models.options import LoadOptions
 from ..train import DATA_FORMS
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
@@ -178,6 +179,23 @@ class ModelCommand(HelpCommand):
             if param.help is not None and "{builtins}" in param.help:
                 param.help = param.help.format(builtins=", ".join(builtin_names()))
         super().format_help(ctx, formatter)
+
+
+def load_options(
+    device: str,
+    dtype: str,
+    allow_download: bool,
+    allow_pickle: bool,
+    trust_remote_code: bool,
+    device_map: str | None = None,
+    max_memory: list[str] | None = None,
+) -> LoadOptions:
+    """The flags that say how MODEL loads (:data:`Device` … :data:`MaxMemory`) as the one value the
+    API takes them as (no --max-memory: typer's empty list is none)."""
+    return LoadOptions(
+        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory or None,
+    )  # fmt: skip
 
 
 def given(**options: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from .. import defaults as D
 from ..errors import UsageError
+from ..models.options import LoadOptions
 
 STAGE_CHOICES = "auto, lm, or a comma list of transfer, distill"
 Stages = Annotated[
@@ -82,7 +83,7 @@ def recipe_config(stages: str | None, scorer: str, options: dict[str, Any], reci
 
 
 def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, text: str | None, quiet: bool,
-               show_fidelity, load: dict[str, Any]) -> None:  # fmt: skip
+               show_fidelity, load: LoadOptions, strict: bool = False) -> None:  # fmt: skip
     from ..train.recipe import convert_with_recipe
 
     stderr = Console(stderr=True, quiet=quiet)
@@ -94,12 +95,11 @@ def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, text: str 
         measured = "" if kl is None else f" · KL {kl:.4f} · ppl {ppl:.2f} (original {original:.2f})"
         stderr.print(f"{entry['stage']} step {entry['step']}: n max {max(n):.3g}{measured}", highlight=False)
 
-    load = dict(load)
-    if load.pop("dtype", "auto") not in ("auto", "float32"):
+    if load.dtype not in ("auto", "float32"):
         raise UsageError("the recipe trains in float32; leave --dtype at auto")
+    keywords = {k: v for k, v in load.keywords().items() if k != "dtype"}  # the recipe's own: float32
     _, record = convert_with_recipe(
-        model_ref, out, config, overwrite=overwrite, text=text, device=load.pop("device", "auto"),
-        on_eval=on_eval, **load,
+        model_ref, out, config, overwrite=overwrite, text=text, on_eval=on_eval, strict=strict, **keywords
     )  # fmt: skip
     final = record["final"]
     console = Console()

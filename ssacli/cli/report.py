@@ -27,6 +27,7 @@ from .options import (
     TrustRemoteCode,
     check_outputs,
     floats,
+    load_options,
     progress,
 )
 
@@ -148,10 +149,10 @@ def report_command(
     settings = dict(
         **texts, pairs=records, pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples,
         seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
-        icl_length=icl_length, prompts=prompts, device=device, dtype=dtype, allow_download=allow_download,
-        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, builtin=not no_builtin,
-        device_map=device_map, max_memory=max_memory or None,
-        lm_eval_plan=plan,
+        icl_length=icl_length, prompts=prompts, builtin=not no_builtin, lm_eval_plan=plan,
+        **load_options(
+            device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
+        ).keywords(),
     )  # fmt: skip
     earlier = None
     if reuse_before is not None:

@@ -22,11 +22,13 @@ import torch
 from torch import nn
 
 from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports, unaudited_reason
-from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES
+from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES, DEVICE, DTYPE
 from ..errors import OutputError, UnsupportedModelError, UsageError
 from ..models.checkpoint import SCORER_KEY, check_replaceable, write_model_folder
+from ..models.device_map import MaxMemory
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded, local_model_path
+from ..models.options import LoadOptions
 from ..scorers import make_scorer
 from .calibration import calibration_inputs, fidelity, model_outputs, target_of
 from .m_auto import attention_row_kl, choose_m, wants_m_auto
@@ -110,11 +112,13 @@ def convert(
     text: str | None = None,
     tokenizer: Any = None,
     max_error: float | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
+    device: str = DEVICE,
+    dtype: str = DTYPE,
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    device_map: str | None = None,
+    max_memory: MaxMemory = None,
     strict: bool = False,
 ) -> tuple[LoadedModel, dict[str, Any]]:
     """Swap every attention layer's scorer for ``scorer``; return the model and its fidelity.
@@ -129,10 +133,10 @@ def convert(
     chosen per layer so the measured error meets the target (:func:`choose_m`); if no m on the grid
     does, JobFailedError (exit 5) and nothing is written. With ``out``, the converted model is saved
     there (never over the input).
-    A MODEL reference is loaded with ``device`` … ``trust_remote_code``
-    (:class:`~ssacli.models.loading.LoadOptions`). A family the all-family audit does not cover is
-    converted with ``report["unaudited"]`` saying why; with ``strict`` it is refused
-    (UnsupportedModelError) before anything is measured or written.
+    A MODEL reference is loaded with ``device`` … ``max_memory``
+    (:class:`~ssacli.models.options.LoadOptions`; ``device_map``: across devices and the disk). A
+    family the all-family audit does not cover is converted with ``report["unaudited"]`` saying why;
+    with ``strict`` it is refused (UnsupportedModelError) before anything is measured or written.
     """
     if max_error is not None and not (0 < max_error < float("inf")):
         raise UsageError(f"--max-error must be a positive number, got {max_error}")
@@ -141,10 +145,11 @@ def convert(
         reference = isinstance(model, str | Path)
         source = local_model_path(str(model)) if reference else getattr(model, "path", None)
         check_out(Path(out).expanduser(), source, overwrite)
-    loaded = as_loaded(
-        model, tokenizer, device=device, dtype=dtype, allow_download=allow_download,
-        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+    load = LoadOptions(
+        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
     )  # fmt: skip
+    loaded = as_loaded(model, tokenizer, load)
     root = loaded.attention_root
     if not supports(root):
         raise UnsupportedModelError(

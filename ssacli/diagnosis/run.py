@@ -29,9 +29,11 @@ from .. import defaults
 from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, reattach, scorers_of
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
+from ..models.device_map import MaxMemory
 from ..models.icl_task import TOKENS_PER_POINT
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
+from ..models.options import LoadOptions
 from ..version import __version__
 from .forward import OutputReference, Recorder, absorber, forward_batch
 from .metrics import LAYER_METRICS, METRICS
@@ -75,13 +77,13 @@ def diagnose(
     top_k: int = defaults.TOP_K,
     block_size: int = defaults.BLOCK_ROWS,
     stats: str = defaults.STATS,
-    device: str = "auto",
-    dtype: str = "auto",
+    device: str = defaults.DEVICE,
+    dtype: str = defaults.DTYPE,
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     device_map: str | None = None,
-    max_memory: Any = None,
+    max_memory: MaxMemory = None,
     strict: bool = False,
     progress: Progress | None = None,
 ) -> DiagnoseResult:
@@ -93,7 +95,7 @@ def diagnose(
     Inputs: the built-in texts, ``text`` (a string), ``random_ids``, or ``inputs`` (token-id lists of
     any lengths; batches are padded and padding is excluded from every metric).
     ``device`` … ``max_memory`` say how a MODEL reference is loaded
-    (:class:`~ssacli.models.loading.LoadOptions`; ``device_map``: across devices and the disk).
+    (:class:`~ssacli.models.options.LoadOptions`; ``device_map``: across devices and the disk).
     A family the all-family audit does not cover is measured and marked
     (``DiagnoseResult.unaudited``); with ``strict`` it is refused instead (UnsupportedModelError).
     ``stats``: how each attention call's weights become metrics —
@@ -110,9 +112,11 @@ def diagnose(
     names = [p.name for p in probe_list]
     if len(set(names)) != len(names):
         raise UsageError("each probe may be given once; put all its levels in one --probe NAME:L1,L2")
-    load = {"device": device, "dtype": dtype, "allow_download": allow_download, "allow_pickle": allow_pickle}
-    placed = {"device_map": device_map, "max_memory": max_memory}
-    loaded = as_loaded(model, tokenizer, **load, trust_remote_code=trust_remote_code, **placed)
+    load = LoadOptions(
+        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+    )  # fmt: skip
+    loaded = as_loaded(model, tokenizer, load)
     root = loaded.attention_root
     route = choose_route(root, loaded.family, scorer)
     unaudited = route_unaudited_reason(getattr(root.config, "model_type", loaded.family), route)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,13 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from ..defaults import DEFAULT_MODEL
+from ..defaults import DEFAULT_MODEL, DEVICE, DTYPE
 from ..errors import InputError, UnsupportedModelError, UsageError
 from .checkpoint import META_FILE, attach_saved_scorer, quiet_progress, saved_config
 from .device_map import MaxMemory, compute_device, from_pretrained_placed, placement
 from .icl_task import TOKENS_PER_POINT
 from .kinds import BUILTIN_PREFIX, ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
+from .options import LoadOptions
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
 # float64: reference measurements (a float32 sum over a long text is exact only to ~1 ulp of its size)
@@ -144,34 +145,11 @@ class LoadedModel:
         return execution_device(self.model) or torch.device("cpu")
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    """How a MODEL reference is loaded: the keywords of :func:`load_model`, as one value that the
-    API functions and the CLI pass along.
-
-    ``trust_remote_code`` runs the Python code a checkpoint ships (transformers' option of that
-    name); only for checkpoints whose code you have read. ``device_map`` (one of
-    :data:`~ssacli.models.device_map.DEVICE_MAPS`) and ``max_memory`` (``"cpu=200MB"``, a list of
-    such, or ``{device: size}``) load through accelerate across GPUs, the CPU and the disk
-    (:mod:`ssacli.models.device_map`), instead of onto one ``device``."""
-
-    device: str = "auto"
-    dtype: str = "auto"
-    allow_download: bool = False
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    device_map: str | None = None
-    max_memory: MaxMemory = None
-
-    def load(self, ref: str = DEFAULT_MODEL) -> LoadedModel:
-        return load_model(ref, **asdict(self))
-
-
 def load_model(
     ref: str = DEFAULT_MODEL,
     *,
-    device: str = "auto",
-    dtype: str = "auto",
+    device: str = DEVICE,
+    dtype: str = DTYPE,
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
@@ -180,13 +158,23 @@ def load_model(
 ) -> LoadedModel:
     """Load MODEL for probing (eval mode, eager attention until a scorer is applied).
 
-    Keyword arguments as :class:`LoadOptions` (``trust_remote_code`` runs the Python code a
-    checkpoint ships; only for checkpoints whose code you have read)."""
+    Keyword arguments as :class:`~ssacli.models.options.LoadOptions` (``trust_remote_code`` runs the
+    Python code a checkpoint ships; only for checkpoints whose code you have read)."""
+    options = LoadOptions(
+        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+    )  # fmt: skip
+    return load_with(ref, options)
+
+
+def load_with(ref: str, options: LoadOptions) -> LoadedModel:
+    """:func:`load_model` of ``ref``, its options as one value (``options.load(ref)``)."""
+    device_map, max_memory = options.device_map, options.max_memory
     if device_map is None and max_memory is not None:
         raise UsageError("--max-memory limits a --device-map placement; give --device-map auto with it")
-    placed = placement(device_map, max_memory, device) if device_map is not None else None
-    dev = compute_device(device_map) if placed is not None else resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
+    placed = placement(device_map, max_memory, options.device) if device_map is not None else None
+    dev = compute_device(device_map) if placed is not None else resolve_device(options.device)
+    torch_dtype = resolve_dtype(options.dtype, dev)
     gguf = gguf_file(ref)
     if gguf is not None and placed is not None:
         raise UsageError("--device-map does not apply to GGUF files (read whole, then dequantized); drop it")
@@ -215,12 +203,11 @@ def load_model(
             raise InputError(
                 f"'{ref}' has no config.json; give a folder written by save_pretrained (or builtin:NAME)"
             )
-        _check_weights(path, allow_pickle)
+        _check_weights(path, options.allow_pickle)
         source: str | Path = path
     else:
         path, source = None, ref
-    options = {"allow_download": allow_download, "allow_pickle": allow_pickle, "trust": trust_remote_code}
-    loaded = _load_transformers(ref, source, path, dev, torch_dtype, placed=placed, **options)
+    loaded = _load_transformers(ref, source, path, dev, torch_dtype, options, placed)
     if not _has_attention(loaded.model):
         raise UnsupportedModelError(
             f"'{ref}' (model family '{loaded.family}') has no attention layers (num_hidden_layers = 0?), "
@@ -229,15 +216,17 @@ def load_model(
     return loaded
 
 
-def as_loaded(model: str | Path | nn.Module | LoadedModel, tokenizer: Any = None, **load: Any) -> LoadedModel:
+def as_loaded(
+    model: str | Path | nn.Module | LoadedModel, tokenizer: Any = None, options: LoadOptions = LoadOptions()
+) -> LoadedModel:
     """What every API function takes as MODEL, as a :class:`LoadedModel`: a reference (path,
-    ``builtin:NAME``, Hub id) is loaded with ``load`` (:class:`LoadOptions`' keywords); a transformers
-    model (with ``.config``) or an ssacli ICL model is wrapped as it is, in memory. ``tokenizer``
-    replaces the loaded one, or goes with a module."""
+    ``builtin:NAME``, Hub id) is loaded with ``options``; a transformers model (with ``.config``) or
+    an ssacli ICL model is wrapped as it is, in memory. ``tokenizer`` replaces the loaded one, or
+    goes with a module."""
     if isinstance(model, LoadedModel):
         return model
     if isinstance(model, str | Path):
-        loaded = load_model(str(model), **load)
+        loaded = load_with(str(model), options)
         if tokenizer is not None:
             loaded.tokenizer = tokenizer
         return loaded
@@ -341,21 +330,12 @@ def _has_attention(model: nn.Module) -> bool:
 
 
 def _load_transformers(
-    ref,
-    source,
-    path,
-    device,
-    torch_dtype,
-    *,
-    allow_download: bool,
-    allow_pickle: bool,
-    trust: bool,
-    placed: dict[str, Any] | None = None,
+    ref, source, path, device, torch_dtype, options: LoadOptions, placed: dict[str, Any] | None
 ) -> LoadedModel:
     import transformers
     from transformers import AutoConfig, AutoModel
 
-    offline = not allow_download
+    offline, trust, allow_pickle = not options.allow_download, options.trust_remote_code, options.allow_pickle
     # A folder ssacli guarded against plain transformers (its scorer is not softmax) names its real
     # model type only for ssacli; the model is then built from that config, not from config.json.
     guarded = saved_config(path) if path is not None else None

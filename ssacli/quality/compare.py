@@ -14,10 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..defaults import ICL_POINTS
+from ..defaults import DEVICE, DTYPE, ICL_POINTS
 from ..errors import InputError, UsageError
+from ..models.device_map import MaxMemory
 from ..models.kinds import ModelKind
-from ..models.loading import LoadedModel, load_model
+from ..models.loading import LoadedModel
+from ..models.options import LoadOptions
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
 from .inputs import read_pairs
@@ -43,14 +45,14 @@ def compare_models(
     probes: Sequence[str] | None = None, seed: int = 0, samples: int = 8,
     seq_len: int = 128, max_tokens: int = MAX_TOKENS, batch_size: int = 8,
     sigmas: Sequence[float] = DEFAULT_SIGMAS, outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS,
-    icl_length: int = ICL_POINTS, prompts: int = 500, device: str = "auto", dtype: str = "auto",
+    icl_length: int = ICL_POINTS, prompts: int = 500, device: str = DEVICE, dtype: str = DTYPE,
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
-    device_map: str | None = None, max_memory: Any = None,
+    device_map: str | None = None, max_memory: MaxMemory = None,
     progress: Callable[[str], None] | None = None, before_report: dict[str, Any] | None = None,
     builtin: bool = True, lm_eval_plan: LMEvalPlan | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
-    MODEL references load with ``device`` … ``max_memory`` (:class:`~ssacli.models.loading.LoadOptions`).
+    MODEL references load with ``device`` … ``max_memory`` (:class:`~ssacli.models.options.LoadOptions`).
 
     ``text_id`` / ``text_ood``: texts (strings) for LM loss in and out of distribution; ``pairs``: a
     BLiMP-style file, folder or records; ICL models get their error by σ and with outliers. With
@@ -72,18 +74,18 @@ def compare_models(
     say = progress or (lambda message: None)
     parsed = [parse_probe(p) for p in probes] if probes else None  # bad specs fail before loading
     groups = read_pairs(pairs, pairs_limit) if isinstance(pairs, str | Path) else pairs
-    if lm_eval_plan is not None:
-        say(f"lm-eval: checking {', '.join(lm_eval_plan.tasks)}")
-        check_tasks(lm_eval_plan, allow_download=allow_download)
-    lm_eval_settings = lm_eval_plan.as_dict() if lm_eval_plan is not None else None
-    load = dict(
+    load = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
     )  # fmt: skip
+    if lm_eval_plan is not None:
+        say(f"lm-eval: checking {', '.join(lm_eval_plan.tasks)}")
+        check_tasks(lm_eval_plan, allow_download=load.allow_download)
+    lm_eval_settings = lm_eval_plan.as_dict() if lm_eval_plan is not None else None
     models = []
     for side, ref in (("before", before), ("after", after)):
         say(f"loading {side}: {ref}")
-        models.append(ref if isinstance(ref, LoadedModel) else load_model(str(ref), **load))
+        models.append(ref if isinstance(ref, LoadedModel) else load.load(str(ref)))
     _check_compatible(*models, text=text_id is not None or text_ood is not None, pairs=groups is not None)
     if lm_eval_plan is not None:
         for loaded in models:
@@ -127,7 +129,7 @@ def compare_models(
                 out["pairs"]["source"] = BUILTIN_PAIRS_NAME
         if lm_eval_plan is not None:
             say(f"{side}: lm-eval {', '.join(lm_eval_plan.tasks)}")
-            out["lm_eval"] = run_plan(loaded, lm_eval_plan, seed=seed, allow_download=allow_download)
+            out["lm_eval"] = run_plan(loaded, lm_eval_plan, seed=seed, allow_download=load.allow_download)
         say(f"{side}: attention probes")
         diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples))
     if text_id is not None or text_ood is not None or text_builtin is not None or groups is not None:

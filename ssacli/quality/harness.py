@@ -32,6 +32,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from ..defaults import DEVICE, DTYPE
 from ..errors import InputError, UsageError
 from ..models.kinds import ModelKind
 from ..stats import ALPHA, paired_differences, paired_t_test
@@ -175,7 +176,7 @@ def _quiet_stderr_descriptor() -> Iterator[None]:
 def lm_eval(
     model, tasks: str | Sequence[str], *, num_fewshot: int | None = None, limit: int | None = None,
     include_path: str | Path | None = None, batch_size: int = 8, seed: int = 0,
-    allow_download: bool = False, verbose: bool = False, device: str = "auto", dtype: str = "auto",
+    allow_download: bool = False, verbose: bool = False, device: str = DEVICE, dtype: str = DTYPE,
     allow_pickle: bool = False, trust_remote_code: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Run lm-evaluation-harness ``tasks`` on ``model`` (a MODEL reference or a LoadedModel) with
@@ -184,14 +185,16 @@ def lm_eval(
 
     The tasks are checked (and their data loaded, offline unless ``allow_download``) before the
     model loads. ``seed`` seeds lm-eval's random, numpy, torch and few-shot generators."""
-    from ..models.loading import LoadedModel, load_model
+    from ..models.loading import LoadedModel
+    from ..models.options import LoadOptions
 
     plan = LMEvalPlan(parse_tasks(tasks), num_fewshot, limit,
                       None if include_path is None else str(include_path), batch_size)  # fmt: skip
     check_tasks(plan, allow_download=allow_download, verbose=verbose)
     if not isinstance(model, LoadedModel):
-        model = load_model(str(model), device=device, dtype=dtype, allow_download=allow_download,
+        load = LoadOptions(device=device, dtype=dtype, allow_download=allow_download,
                            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)  # fmt: skip
+        model = load.load(str(model))
     return run_plan(model, plan, seed=seed, allow_download=allow_download, verbose=verbose)
 
 

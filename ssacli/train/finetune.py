@@ -52,7 +52,7 @@ from torch import nn
 
 from ..attention.backend import attention_backend, check_backend
 from ..conversion import save_model
-from ..defaults import SCORER_LR
+from ..defaults import DEVICE, SCORER_LR
 from ..errors import InterruptedJobError, JobFailedError, UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import (
@@ -64,7 +64,7 @@ from ..models.checkpoint import (
     training_record,
 )
 from ..models.kinds import ModelKind
-from ..models.loading import LoadedModel, load_model, resolve_device
+from ..models.loading import LoadedModel, resolve_device
 from ..models.optim import (
     check_rates,
     learned_names,
@@ -75,6 +75,7 @@ from ..models.optim import (
     set_lr,
     window_start,
 )
+from ..models.options import LoadOptions
 from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
 from .folders import plan_output, training_folder
@@ -151,7 +152,7 @@ def finetune(
     resume: bool = False,
     in_place: bool = False,
     overwrite: bool = False,
-    device: str = "auto",
+    device: str = DEVICE,
     on_step: Callable[[int, float, float, float], None] | None = None,
     meta: dict[str, Any] | None = None,
     trust_remote_code: bool = False,
@@ -167,7 +168,7 @@ def finetune(
     loss in ``best/``; the record says whether the held-out loss ended worse than it started
     (``worsened``). ``on_step(step, loss, lr, tokens_per_s)`` is called after every step (rank 0).
     ``meta`` adds records to ssacli.json. ``trust_remote_code`` is for loading a MODEL reference
-    (:class:`~ssacli.models.loading.LoadOptions`).
+    (:class:`~ssacli.models.options.LoadOptions`).
     """
     config.validate()
     out, resume, in_place = training_folder(loaded, out, resume, in_place)
@@ -178,11 +179,11 @@ def finetune(
         dev = dev or resolve_device(device)
         path = loaded.path if isinstance(loaded, LoadedModel) else Path(loaded).expanduser()
         plan = ddp.decide(lambda: plan_output(out, path, resume, overwrite, in_place))
-        trust = {"trust_remote_code": trust_remote_code}
+        load = LoadOptions(device=str(dev), trust_remote_code=trust_remote_code)
         if plan == "resume":
-            loaded = load_model(str(out), device=str(dev), **trust)
+            loaded = load.load(str(out))
         elif isinstance(loaded, str):
-            loaded = load_model(loaded, device=str(dev), dtype="float32", **trust)
+            loaded = replace(load, dtype="float32").load(loaded)
         return _Run(loaded, config, out, dev, ddp, on_step, meta).run(plan == "resume")
     finally:
         ddp.close()

@@ -22,6 +22,7 @@ from ..errors import UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import check_replaceable, read_meta, training_record
 from ..models.loading import LoadedModel, local_model_path
+from ..models.options import LoadOptions
 from ..scorers import make_scorer
 from . import DATA_FORMS
 from .data import read_documents
@@ -105,18 +106,23 @@ def convert_and_finetune(
     config.validate()
     out = Path(out).expanduser()
     check_out(out, model.path if isinstance(model, LoadedModel) else local_model_path(model), overwrite)
-    if dtype == "auto":
-        dtype = "float32"  # AdamW on bf16/fp16 weights loses small updates; autocast covers speed
+    load = LoadOptions(
+        device=device,
+        # "auto" is float32 here: AdamW on bf16/fp16 weights loses small updates; autocast covers speed
+        dtype="float32" if dtype == "auto" else dtype,
+        allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+    )  # fmt: skip
     calibration = text if text is not None else calibration_text(config.data)
     loaded, report = convert(
-        model, scorer, None, overwrite=overwrite, text=calibration, max_error=max_error, device=device,
-        dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, strict=strict,
+        model, scorer, None, overwrite=overwrite, text=calibration, max_error=max_error, strict=strict,
+        **load.keywords(),
     )  # fmt: skip
     if on_converted is not None:
         on_converted(report)
     meta = {"source": str(loaded.path or loaded.name), "fidelity": report}
-    trained = finetune(loaded, config, out, overwrite=overwrite, device=device, meta=meta, on_step=on_step)
+    trained = finetune(
+        loaded, config, out, overwrite=overwrite, device=load.device, meta=meta, on_step=on_step
+    )
     return trained, report
 
 

@@ -1,0 +1,51 @@
+"""How a MODEL reference is loaded, as one value: :class:`LoadOptions`, the one way these options
+travel from the CLI's flags or an API function's keywords to :func:`ssacli.models.loading.load_model`.
+
+Cheap to import (no torch): the CLI builds one from its flags before the model stack is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from .. import defaults
+from .device_map import MaxMemory
+
+if TYPE_CHECKING:
+    from .loading import LoadedModel
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a MODEL reference is loaded: the keywords of :func:`~ssacli.models.loading.load_model`
+    (and of every API function that loads a MODEL), as one value.
+
+    ``device``: auto, cpu, cuda or cuda:N; ``dtype``: auto (float32 on CPU, the checkpoint's own on
+    a GPU) or a torch dtype's name. ``allow_download`` fetches a Hub id that is not cached;
+    ``allow_pickle`` reads pickle-only weights (with ``weights_only=True``). ``trust_remote_code``
+    runs the Python code a checkpoint ships (transformers' option of that name); only for
+    checkpoints whose code you have read. ``device_map`` (one of
+    :data:`~ssacli.models.device_map.DEVICE_MAPS`) and ``max_memory`` (``"cpu=200MB"``, a list of
+    such, or ``{device: size}``) load through accelerate across GPUs, the CPU and the disk
+    (:mod:`ssacli.models.device_map`), instead of onto one ``device``. The values are checked when
+    a model loads."""
+
+    device: str = defaults.DEVICE
+    dtype: str = defaults.DTYPE
+    allow_download: bool = False
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    device_map: str | None = None
+    max_memory: MaxMemory = None
+
+    def keywords(self) -> dict[str, Any]:
+        """These options as the keyword arguments of an API function that loads a MODEL
+        (``ssacli.diagnose(model, **options.keywords())``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def load(self, ref: str = defaults.DEFAULT_MODEL) -> LoadedModel:
+        """:func:`~ssacli.models.loading.load_model` of ``ref`` with these options."""
+        from .loading import load_with
+
+        return load_with(ref, self)
