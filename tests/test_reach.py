@@ -17,17 +17,19 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import VOCAB, build_model
+from conftest import FAMILIES, VOCAB, build_model
 from typer.testing import CliRunner
 
 from ssacli import diagnose
 from ssacli.cli import app
 from ssacli.defaults import ICL_POINTS
+from ssacli.diagnosis.forward import is_norm
 from ssacli.diagnosis.probe_result import REACH_SHARE
 from ssacli.diagnosis.probes import icl_batches, pad_sequences, pick_targets
 from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.diagnosis.verdicts import SEVERITY, probe_verdicts
 from ssacli.models.icl import ICLModel, ICLSpec, save_icl
+from ssacli.testing import tiny_models
 
 OUTLIER = "outlier:1,10,100,1000"
 ABSORBED = "absorbed by model.layers.0.input_layernorm — this probe cannot test this model; use key-scale"
@@ -318,3 +320,58 @@ def test_reached_needs_half_the_asked_shift_in_log_space_in_every_layer():
     assert probe.reach_share()[1] == pytest.approx([7.5 / 16, 9 / 16]) and probe.reached() is False
     assert probe.absorbed_by() == "layer 0's inputs"  # no norm recorded (a result from before the rule)
     assert "use key-scale" not in probe_verdicts([probe])[0].line  # it acts on the logits themselves
+
+
+# ---- what counts as a normalization (the absorbers), by behaviour -------------------------------------
+
+
+def _norms_by_behaviour(model, kind: str) -> tuple[set[str], set[str]]:
+    """(leaves that ran on a float input, those among them that normalize): a module whose output is
+    shaped as its input, changes with it, and is the same for the input scaled by 100 and by 400 (a
+    LayerNorm or RMSNorm, whose epsilon is negligible at that size; a linear map, an activation or
+    an affine is not)."""
+    leaves = {n: m for n, m in model.named_modules() if not list(m.children())}
+    calls: dict[str, tuple] = {}
+
+    def capture(name):
+        def hook(module, args, kwargs):
+            if name not in calls and args and torch.is_tensor(args[0]) and args[0].is_floating_point():
+                calls[name] = (args, kwargs)
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(capture(n), with_kwargs=True) for n, m in leaves.items()]
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    extra = {"decoder_input_ids": ids} if kind == "seq2seq" else {}
+    with torch.no_grad():
+        model(input_ids=ids, **extra)
+        for handle in handles:
+            handle.remove()
+        found = set()
+        for name, (args, kwargs) in calls.items():
+            x, rest = args[0], args[1:]
+            out = leaves[name](x, *rest, **kwargs)
+            if not torch.is_tensor(out) or out.shape != x.shape:
+                continue
+            moved = leaves[name](
+                x + torch.randn(x.shape, generator=torch.Generator().manual_seed(1)), *rest, **kwargs
+            )
+            small, large = (leaves[name](c * x, *rest, **kwargs) for c in (100.0, 400.0))
+            if not torch.allclose(moved, out) and torch.allclose(small, large, rtol=1e-4, atol=1e-6):
+                found.add(name)
+    return set(calls), found
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "mobilebert", "olmo", "deepseek_v4"])
+def test_the_norms_diagnose_watches_are_the_modules_that_normalize(family):
+    """diagnose tells a norm by what it is (forward.is_norm), every conftest family and three that a
+    class name misleads or a weight-and-epsilon rule would miss: MobileBERT's NoNorm (an affine, no
+    normalization), OLMo's LayerNorm without parameters, DeepSeek-V4's RMSNorms without a weight."""
+    if family in FAMILIES:
+        model, kind = build_model(family), FAMILIES[family]["kind"]
+    else:
+        kind = tiny_models.families()[family]
+        model = tiny_models.build_tiny(family, kind)
+    ran, normalizing = _norms_by_behaviour(model, kind)
+    modules = dict(model.named_modules())
+    assert normalizing and {name for name in ran if is_norm(modules[name])} == normalizing

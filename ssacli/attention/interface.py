@@ -98,11 +98,26 @@ def execution_device(model: nn.Module, name: str = "") -> torch.device | None:
     return None
 
 
+def named_attention(module: nn.Module) -> bool:
+    """Whether ``module``'s class is named ``*Attention*``: the one place ssacli finds attention by a
+    name, for modules off the registry (which have no seam to be found by).
+
+    It stays a name on purpose. Over the 222 families the installed transformers builds tiny, the
+    structural alternative (a module holding q/k/v projections, or a torch MultiheadAttention) makes
+    the same accept/refuse decision for every family, but names another module in 28 refusals
+    (docs/models.md is those reasons); it still tells projections by their attribute names (and
+    counting DeBERTa's fused ``in_proj`` would refuse jamba, lfm3 and nemotron_h, whose mixers hold
+    one); it would let xLSTM checkpoints load; and it would change the eager fallback's layers (the
+    layer axis of results) for olmo_hybrid (linear-attention layers) and phi4_multimodal (an audio
+    relative-attention bias)."""
+    return "Attention" in type(module).__name__
+
+
 def _unrouted_attention(model: nn.Module) -> list[str]:
     """Names of attention-looking modules that neither route nor contain a module that does."""
     found = []
     for name, module in model.named_modules():
-        if "Attention" not in type(module).__name__ or _routes_through_interface(type(module)):
+        if not named_attention(module) or _routes_through_interface(type(module)):
             continue
         if not any(_routes_through_interface(type(m)) for m in module.modules()):
             found.append(name)

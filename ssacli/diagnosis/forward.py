@@ -354,10 +354,30 @@ def _watch_hooks(loaded: LoadedModel, recorder: Recorder, layers: list[tuple[str
             blocks[block] = index
             hooks.append(modules[block].register_forward_hook(recorder.hidden_hook(index)))
     for name, module in modules.items():
-        if "norm" in type(module).__name__.lower() and not list(module.children()):
+        if is_norm(module):
             layer = next((i for b, i in blocks.items() if name.startswith(b + ".")), None)
             hooks.append(module.register_forward_pre_hook(recorder.norm_hook(layer, name)))
     return hooks
+
+
+NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+EPSILON_ATTRS = ("eps", "variance_epsilon")  # torch's norms; transformers' *RMSNorm and T5LayerNorm
+
+
+def is_norm(module: nn.Module) -> bool:
+    """Whether ``module`` normalizes its input (what a shift of the residual stream is absorbed by),
+    told by what it is, not by its class's name: a torch norm; or a leaf that holds a float epsilon
+    (how transformers builds its own RMSNorm classes, with or without a weight) or a
+    ``normalized_shape`` (OLMo's LayerNorm without parameters, which passes its epsilon as a literal).
+    MobileBERT's ``NoNorm`` (an elementwise affine standing where LayerNorm would) is not one: it
+    normalizes nothing, so nothing is absorbed there (tests/test_reach.py lists norms by behaviour)."""
+    if list(module.children()):
+        return False
+    if isinstance(module, NORMS):
+        return True
+    return any(isinstance(getattr(module, a, None), float) for a in EPSILON_ATTRS) or hasattr(
+        module, "normalized_shape"
+    )
 
 
 def _embedding_hook(loaded: LoadedModel, kind: ProbeKind, level: float, target: torch.Tensor | None):
@@ -425,5 +445,5 @@ def _icl_forward(
 
 
 __all__ = [
-    "OutputReference", "Overflow", "Recorder", "block_name", "forward_batch",
+    "OutputReference", "Overflow", "Recorder", "block_name", "forward_batch", "is_norm",
 ]  # fmt: skip

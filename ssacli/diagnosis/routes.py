@@ -18,7 +18,7 @@ from enum import StrEnum
 import torch
 from torch import nn
 
-from ..attention.interface import attention_modules, num_heads, supports, unaudited_reason
+from ..attention.interface import attention_modules, named_attention, num_heads, supports, unaudited_reason
 from ..errors import UnsupportedModelError
 
 
@@ -105,13 +105,11 @@ def attention_layers(root: nn.Module, route: Route) -> list[tuple[str, nn.Module
     if route is Route.SSACLI:
         return list(attention_modules(root))
     # Off the registry there is no seam to find attention by: the innermost modules whose class is
-    # named *Attention* are the ones that compute the weights (tests/test_fallback.py checks each
-    # verified family's layers against its own output_attentions).
+    # named *Attention* are the ones that compute the weights (why a name: named_attention;
+    # tests/test_fallback.py checks each verified family's layers against its own output_attentions).
     found = []
     for name, module in root.named_modules():
-        if "Attention" in type(module).__name__ and not any(
-            "Attention" in type(m).__name__ for m in list(module.modules())[1:]
-        ):
+        if named_attention(module) and not any(named_attention(m) for m in list(module.modules())[1:]):
             found.append((name, module))
     if not found:
         raise UnsupportedModelError(

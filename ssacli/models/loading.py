@@ -321,12 +321,11 @@ def _check_weights(path: Path, allow_pickle: bool) -> None:
 
 
 def _has_attention(model: nn.Module) -> bool:
-    """Whether the model has a module that computes attention weights (what ssacli measures)."""
-    from ..attention.interface import attention_modules
+    """Whether the model has a module that computes attention weights (what ssacli measures): one on
+    the registry, or one named so off it (why a name: attention.interface.named_attention)."""
+    from ..attention.interface import attention_modules, named_attention
 
-    return any(True for _ in attention_modules(model)) or any(
-        "Attention" in type(m).__name__ for m in model.modules()
-    )
+    return any(True for _ in attention_modules(model)) or any(named_attention(m) for m in model.modules())
 
 
 def _load_transformers(
