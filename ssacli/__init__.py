@@ -24,9 +24,9 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   :func:`train_from_scratch`: a fresh language model and tokenizer, then the same loop
   (``ssacli train``); :class:`SaturationCallback` logs per-layer saturation inside a
   ``transformers.Trainer`` every N steps, :class:`SaturationMonitor` is the same for any loop.
-* :func:`compare_models`: the before/after quality report (``ssacli report``); :func:`lm_eval`
-  runs lm-evaluation-harness tasks on a model with its scorer (``report --lm-eval``, with an
-  :class:`LMEvalPlan`; the optional extra ``ssacli[eval]``).
+* :func:`compare_models` -> :class:`QualityReport`: the before/after report (``ssacli report``);
+  :func:`lm_eval` runs lm-evaluation-harness tasks on a model with its scorer (``report
+  --lm-eval``, with an :class:`LMEvalPlan`; the optional extra ``ssacli[eval]``).
 * :func:`train_icl` with an :class:`ICLTrainConfig`, :func:`evaluate_icl`, :func:`run_icl_sweep`
   with an :class:`ICLSweepPlan`: the in-context-learning experiments (``ssacli icl``);
   :func:`plot_icl_sweep` draws a sweep's figures from its summary, as ``ssacli icl sweep`` does.
@@ -79,6 +79,7 @@ _LAZY = {
     "CheckSettings": "check.settings",
     "write_check_config": "check.config",
     "compare_models": "quality.compare",
+    "QualityReport": "quality.result",
     "lm_eval": "quality.harness",
     "LMEvalPlan": "quality.harness",
     "language_model_loss": "quality.measures",
@@ -124,6 +125,7 @@ if TYPE_CHECKING:
     from .quality.compare import compare_models
     from .quality.harness import LMEvalPlan, lm_eval
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
+    from .quality.result import QualityReport
     from .report.plots import plot_sweep as plot_icl_sweep
     from .report.saved import load_saved, render, render_html
     from .scorers import (
@@ -163,6 +165,7 @@ __all__ = [
     "ICLTrainConfig",
     "LMEvalPlan",
     "ProbeResult",
+    "QualityReport",
     "SCORERS",
     "SaturationCallback",
     "SaturationMonitor",

@@ -460,20 +460,20 @@ def test_report_shows_the_conversion_and_the_fine_tuning_trajectory(tmp_path):
                             anneal_n=2.0, checkpoint_every=1)  # fmt: skip
     finetune(str(tmp_path / "conv"), config, tmp_path / "ft")
     report = compare_models(before, str(tmp_path / "ft"), probes=["outlier:1"], samples=2)
-    after = report["conversion"]["after"]
-    assert report["conversion"]["before"] == {}  # a plain transformers folder
+    after = report.conversion["after"]
+    assert report.conversion["before"] == {}  # a plain transformers folder
     assert after["trajectory"] == read_trajectory(tmp_path / "ft") and len(after["trajectory"]) == 3
     assert [row["m"] for row in after["fidelity"]["layers"]]  # m=auto's choice travels along
     header, rows = trajectory_columns(after["trajectory"])
     n_column = header.index("n mean\n(min–max)")
     assert [r[0] for r in rows] == ["0", "1", "2"] and rows[-1][n_column].startswith("2 ")  # n annealed to 2
-    page = report_html(report)
+    page = report_html(report.to_dict())
     assert "fine-tuning trajectory" in page and 'alt="fine-tuning trajectory"' in page
     assert "m per layer (m=auto)" in page
     from rich.console import Console
 
     console = Console(record=True, width=160)
-    render_report(report, console)
+    render_report(report.to_dict(), console)
     assert "fine-tuning trajectory" in console.export_text()
 
 
@@ -511,3 +511,62 @@ def test_reuse_before_gives_the_report_measured_in_full(tmp_path):
     ]
     result = runner.invoke(app, other)
     assert isinstance(result.exception, UsageError) and "other settings (probes)" in str(result.exception)
+
+
+def untimed(value):
+    """A report's JSON without its timings (elapsed_s, seconds), key order kept."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if "elapsed" not in k and "seconds" not in k}
+    return [untimed(v) for v in value] if isinstance(value, list) else value
+
+
+def test_compare_models_returns_the_typed_report_whose_json_the_cli_writes(tmp_path):
+    from ssacli import QualityReport
+
+    before, after = save_lm(tmp_path / "a", 0), save_lm(tmp_path / "b", 1)
+    (tmp_path / "id.txt").write_text(random_text(60))
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    out = tmp_path / "r.json"
+    common = ["--seq-len", "16", "--probe", "outlier:1", "--samples", "2"]
+    files = ["--text-id", str(tmp_path / "id.txt"), "--pairs", str(tmp_path / "pairs.jsonl")]
+    result = runner.invoke(app, ["report", before, after, *files, *common, "--quiet", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = compare_models(
+        before, after, text_id=tmp_path / "id.txt", pairs=tmp_path / "pairs.jsonl", seq_len=16,
+        probes=["outlier:1"], samples=2,
+    )  # fmt: skip
+    assert isinstance(report, QualityReport) and report.lm_eval is None
+    written = json.loads(out.read_text())
+    assert list(written) == list(report.to_dict())  # every key, in the file's order
+    assert untimed(written) == untimed(json.loads(json.dumps(report.to_dict())))
+    assert report.settings["text_id"] == str(tmp_path / "id.txt") and report.settings["text_ood"] is None
+    assert report.measurements["before"]["lm_id"]["nll"] == written["measurements"]["before"]["lm_id"]["nll"]
+
+
+def test_compare_models_owns_reuse_before(tmp_path, monkeypatch):
+    import ssacli.quality.compare as compare
+
+    before, after = save_lm(tmp_path / "a", 0), save_lm(tmp_path / "b", 1)
+    for name in ("id.txt", "other.txt"):
+        (tmp_path / name).write_text(random_text(60))
+    common = dict(seq_len=16, probes=["outlier:1"], samples=2, builtin=False)
+    full = compare_models(before, after, text_id=tmp_path / "id.txt", **common)
+    (tmp_path / "full.json").write_text(json.dumps(full.to_dict()))
+    for earlier in (full, full.to_dict(), tmp_path / "full.json"):  # the report, its JSON, its file
+        reused = compare_models(before, after, text_id=tmp_path / "id.txt", before_report=earlier, **common)
+        assert reused.measurements["before"] == full.measurements["before"]
+        assert reused.settings == full.settings
+    (tmp_path / "list.json").write_text("[1, 2]")
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before --reuse-before was checked")
+
+    monkeypatch.setattr(compare.LoadOptions, "load", no_loading)
+    cases = [
+        (tmp_path / "other.txt", tmp_path / "full.json", "the report's text_id is"),
+        (tmp_path / "id.txt", tmp_path / "missing.json", "not a readable JSON report"),
+        (tmp_path / "id.txt", tmp_path / "list.json", "not a JSON object"),
+    ]
+    for text_id, earlier, words in cases:
+        with pytest.raises(UsageError, match=words):
+            compare_models(before, after, text_id=text_id, before_report=earlier, **common)

@@ -174,13 +174,13 @@ def test_report_draws_the_saturation_measured_during_fine_tuning(tmp_path, corpu
     history = training_record(tmp_path / "out")["monitor"]
     report = compare_models("builtin:wikitext-softmax", str(tmp_path / "out"), probes=["key-scale:1"],
                             samples=1, builtin=False)  # fmt: skip
-    assert report["conversion"]["after"]["monitor"] == history
+    assert report.conversion["after"]["monitor"] == history
     header, rows = monitor_columns(history)
     assert [r[0] for r in rows] == ["0", "1", "2"]
     column = header.index("maxw\nkey-scale:8")  # the monitor's default levels: key-scale 1 and 8
     for row, entry in zip(rows, history):
         assert row[column] == f"{entry['ssacli/model/max_weight@key-scale:8']:.3f}"  # the logged value
     console = Console(record=True, width=80)
-    render_report(report, console)
+    render_report(report.to_dict(), console)
     assert "saturation during fine-tuning" in console.export_text()
-    assert 'alt="saturation during fine-tuning"' in report_html(report)
+    assert 'alt="saturation during fine-tuning"' in report_html(report.to_dict())

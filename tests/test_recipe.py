@@ -111,7 +111,7 @@ def test_the_report_shows_every_stage_and_the_budget(learned):
     trained, record = learned
     for after, snapshot in ((trained.path, None), (trained.path / "stages" / "transfer", "transfer")):
         report = compare_models(MODEL, str(after), probes=["key-scale:1,8"], samples=2, builtin=False)
-        conversion = report["conversion"]["after"]
+        conversion = report.conversion["after"]
         assert conversion["recipe"]["snapshot"] == snapshot
         header, rows = trajectory_columns(conversion["trajectory"])
         stages = [row[0] for row in rows]
@@ -122,11 +122,11 @@ def test_the_report_shows_every_stage_and_the_budget(learned):
         console = Console(record=True, width=80)
         from ssacli.report.before_after import render_report
 
-        render_report(report, console)
+        render_report(report.to_dict(), console)
         text = console.export_text()
         assert "recipe" in text and "…" not in text.split("fine-tuning trajectory")[1].split("verdict")[0]
         assert ("budget 0.05: met" in text) == record["final"]["met_max_kl"] or snapshot is not None
-        assert 'alt="fine-tuning trajectory"' in report_html(report)
+        assert 'alt="fine-tuning trajectory"' in report_html(report.to_dict())
 
 
 def test_cli_runs_the_recipe_by_default_for_ssa_on_text(text, tmp_path):

@@ -115,7 +115,6 @@ def report_command(
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     from .. import compare_models, parse_probe
     from ..icl.evaluate import parse_outlier
-    from ..quality.inputs import read_pairs, read_text_file
 
     probes = [str(parse_probe(p)) for p in probe] if probe else None
     sigmas = floats(sigma, "sigma")
@@ -125,18 +124,6 @@ def report_command(
         outliers = tuple(parse_outlier(v.strip()) for v in outlier.split(",") if v.strip())
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if heldout_of is not None and text_id is not None:
-        raise UsageError("give either --text-id or --heldout-of, not both")
-    texts = {
-        key: read_text_file(path, option) if path is not None else None
-        for key, path, option in (("text_id", text_id, "--text-id"), ("text_ood", text_ood, "--text-ood"))
-    }
-    if heldout_of is not None:
-        from ..train.data import heldout_text
-
-        texts["text_id"] = heldout_text(heldout_of)
-        text_id = Path(f"heldout:{heldout_of}")
-    records = read_pairs(pairs, pairs_limit or None) if pairs is not None else None
     plan = None
     if lm_eval is not None:
         from ..quality.harness import LMEvalPlan, parse_tasks, require_harness
@@ -146,42 +133,31 @@ def report_command(
         plan = LMEvalPlan(parse_tasks(lm_eval), lm_eval_fewshot, lm_eval_limit, include, batch_size)
     elif lm_eval_fewshot is not None or lm_eval_limit is not None or lm_eval_include is not None:
         raise UsageError("--lm-eval-fewshot, --lm-eval-limit and --lm-eval-include need --lm-eval TASKS")
+    # the files as paths: compare_models reads them (before a model loads) and names them in the report
     settings = dict(
-        **texts, pairs=records, pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples,
-        seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
+        text_id=text_id, text_ood=text_ood, heldout_of=heldout_of, pairs=pairs,
+        pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples, seq_len=seq_len,
+        max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
         icl_length=icl_length, prompts=prompts, builtin=not no_builtin, lm_eval_plan=plan,
         **load_options(
             device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
         ).keywords(),
     )  # fmt: skip
-    earlier = None
-    if reuse_before is not None:
-        try:
-            earlier = json.loads(reuse_before.read_text())
-        except (OSError, ValueError) as err:
-            raise UsageError(f"--reuse-before {reuse_before}: not a readable JSON report ({err})") from None
-        recorded = earlier.get("settings", {})
-        for key, path in (("text_id", text_id), ("text_ood", text_ood), ("pairs", pairs)):
-            if recorded.get(key) != (None if path is None else str(path)):
-                raise UsageError(f"--reuse-before: the report's {key} is {recorded.get(key)!r}, not {path}")
     with progress("ssacli report", quiet=quiet) as update:
-        report = compare_models(before, after, progress=update, before_report=earlier, **settings)
-    if records is not None:  # name the files the user gave, not the parsed records
-        report["settings"]["pairs"] = str(pairs)
-    for key, path in (("text_id", text_id), ("text_ood", text_ood)):
-        report["settings"][key] = None if path is None else str(path)
+        report = compare_models(before, after, progress=update, before_report=reuse_before, **settings)
+    data = report.to_dict()  # what is rendered and written: the JSON document
     console = Console()
     if not quiet:
         from ..report.before_after import render_report
 
-        render_report(report, console)
+        render_report(data, console)
     outputs = []
     if json_out is not None:
-        outputs.append((json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n", json_out))
+        outputs.append((json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", json_out))
     if html_out is not None:
         from ..report.before_after import report_html
 
-        outputs.append((report_html(report), html_out))
+        outputs.append((report_html(data), html_out))
     for text, path in outputs:  # every output rendered before the first is written
         write_text(text, path)
         console.print(f"wrote {path}", highlight=False)

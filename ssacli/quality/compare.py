@@ -1,6 +1,7 @@
 """BEFORE vs AFTER: :func:`compare_models` runs every quality measure that applies to two models
 (e.g. a checkpoint and its ``ssacli convert`` output) and the diagnose probes on both, into one
-JSON-ready report (schema ``ssacli-report``, version 1), with :func:`quality_rows` as its table.
+:class:`~ssacli.quality.result.QualityReport` (JSON: schema ``ssacli-report``, version 1), with
+:func:`quality_rows` as its table.
 
 The measures themselves are in :mod:`ssacli.quality.measures`; ``ssacli report`` renders the report
 (:mod:`ssacli.report.before_after`).
@@ -22,7 +23,7 @@ from ..models.loading import LoadedModel
 from ..models.options import LoadOptions
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
-from .inputs import read_pairs
+from .inputs import read_pairs, read_text_file
 from .measures import (
     DEFAULT_OUTLIERS,
     DEFAULT_SIGMAS,
@@ -32,15 +33,15 @@ from .measures import (
     language_model_loss,
     minimal_pairs,
 )
+from .result import REPORT_SCHEMA, QualityReport, read_report
 
-REPORT_SCHEMA = "ssacli-report"
-REPORT_VERSION = 1
 PAIRS_LIMIT = 200
 
 
 def compare_models(
     before: str | Path | LoadedModel, after: str | Path | LoadedModel, *,
-    text_id: str | None = None, text_ood: str | None = None,
+    text_id: str | Path | None = None, text_ood: str | Path | None = None,
+    heldout_of: str | Path | None = None,
     pairs: str | Path | Sequence[dict] | dict | None = None, pairs_limit: int | None = PAIRS_LIMIT,
     probes: Sequence[str] | None = None, seed: int = 0, samples: int = 8,
     seq_len: int = 128, max_tokens: int = MAX_TOKENS, batch_size: int = 8,
@@ -48,20 +49,25 @@ def compare_models(
     icl_length: int = ICL_POINTS, prompts: int = 500, device: str = DEVICE, dtype: str = DTYPE,
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
     device_map: str | None = None, max_memory: MaxMemory = None,
-    progress: Callable[[str], None] | None = None, before_report: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+    before_report: QualityReport | dict[str, Any] | str | Path | None = None,
     builtin: bool = True, lm_eval_plan: LMEvalPlan | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Every measure that applies to both models, and the probe comparison, as one JSON-ready report.
+) -> QualityReport:  # fmt: skip
+    """Every measure that applies to both models, and the probe comparison, as one report.
     MODEL references load with ``device`` … ``max_memory`` (:class:`~ssacli.models.options.LoadOptions`).
 
-    ``text_id`` / ``text_ood``: texts (strings) for LM loss in and out of distribution; ``pairs``: a
-    BLiMP-style file, folder or records; ICL models get their error by σ and with outliers. With
+    ``text_id`` / ``text_ood``: texts for LM loss in and out of distribution, as strings or as the
+    paths of UTF-8 files (a ``Path``: read here, and named in ``settings``); ``heldout_of``: a
+    training ``--data`` whose held-out last tenth is ``text_id``; ``pairs``: a BLiMP-style file,
+    folder (named in ``settings``) or records; ICL models get their error by σ and with outliers. With
     ``builtin`` (the default), language models that get neither text also get the perplexity of the
     built-in texts (``lm_builtin``), and without ``pairs`` the built-in minimal pairs
     (:mod:`ssacli.quality.builtin`); ``settings["builtin"]`` names what was used. Probes run
     on both models with the same ``seed``; ``report["diagnose"]`` is :func:`compare_results` of them.
-    ``before_report``: an earlier report of the same BEFORE with the same settings, whose BEFORE
-    measurements and probes are reused instead of measured again (a UsageError if anything differs).
+    ``before_report``: an earlier report (a QualityReport, its JSON document, or the path of its
+    ``--json`` file) of the same BEFORE with the same settings and input files, whose BEFORE
+    measurements and probes are reused instead of measured again (a UsageError if anything differs,
+    the inputs' names checked before a model loads).
     ``lm_eval_plan``: lm-evaluation-harness tasks run on both models with their scorers
     (:mod:`ssacli.quality.harness`; tasks and their data checked before a model loads), with
     ``report["lm_eval"]["rows"]`` their scores and paired differences (:func:`paired_rows`).
@@ -73,7 +79,8 @@ def compare_models(
     started = time.perf_counter()
     say = progress or (lambda message: None)
     parsed = [parse_probe(p) for p in probes] if probes else None  # bad specs fail before loading
-    groups = read_pairs(pairs, pairs_limit) if isinstance(pairs, str | Path) else pairs
+    text_id, text_ood, groups, names = _read_inputs(text_id, text_ood, heldout_of, pairs, pairs_limit)
+    earlier = _reusable(before_report, names)
     load = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
@@ -99,16 +106,16 @@ def compare_models(
     measured: dict[str, dict[str, Any]] = {"before": {}, "after": {}}
     diagnosed = []
     for side, loaded in zip(measured, models):
-        if side == "before" and before_report is not None:
+        if side == "before" and earlier is not None:
             from ..diagnosis.result import DiagnoseResult
 
             probe_names = [str(p) for p in parsed] if parsed else "default"
             settings = dict(seed=seed, samples=samples, seq_len=seq_len, max_tokens=max_tokens,
                             pairs_limit=pairs_limit, probes=probe_names, builtin=defaults,
                             lm_eval=lm_eval_settings)  # fmt: skip
-            check_reusable(before_report, loaded.name, settings, text_id, text_ood, groups, text_builtin)
-            measured["before"] = before_report["measurements"]["before"]
-            diagnosed.append(DiagnoseResult.from_dict(before_report["diagnose"]["a"]))
+            check_reusable(earlier, loaded.name, settings, text_id, text_ood, groups, text_builtin)
+            measured["before"] = earlier["measurements"]["before"]
+            diagnosed.append(DiagnoseResult.from_dict(earlier["diagnose"]["a"]))
             say(f"before: reused from an earlier report of {loaded.name}")
             continue
         out = measured[side]
@@ -135,36 +142,75 @@ def compare_models(
     if text_id is not None or text_ood is not None or text_builtin is not None or groups is not None:
         if not _same_vocab(*models):
             notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
-    report = {
-        "schema": REPORT_SCHEMA,
-        "schema_version": REPORT_VERSION,
-        "before": _describe(models[0], diagnosed[0]),
-        "after": _describe(models[1], diagnosed[1]),
-        "settings": dict(
-            seed=seed,
-            samples=samples,
-            seq_len=seq_len,
-            max_tokens=max_tokens,
-            pairs_limit=pairs_limit,
-            probes=[str(p) for p in parsed] if parsed else "default",
-            icl_sigmas=list(sigmas),
-            icl_outliers=[list(o) for o in outliers],
-            icl_length=icl_length,
-            icl_prompts=prompts,
-            builtin=defaults,
-            lm_eval=lm_eval_settings,
-        ),  # fmt: skip
-        "quality": quality_rows(measured["before"], measured["after"]),
-        "measurements": measured,
-        "diagnose": compare_results(*diagnosed),
-        "notes": notes,
-        "conversion": {side: conversion_record(m) for side, m in zip(("before", "after"), models)},
-        "versions": software_versions(),
-        "elapsed_s": round(time.perf_counter() - started, 3),
-    }
+    settings = dict(
+        seed=seed,
+        samples=samples,
+        seq_len=seq_len,
+        max_tokens=max_tokens,
+        pairs_limit=pairs_limit,
+        probes=[str(p) for p in parsed] if parsed else "default",
+        icl_sigmas=list(sigmas),
+        icl_outliers=[list(o) for o in outliers],
+        icl_length=icl_length,
+        icl_prompts=prompts,
+        builtin=defaults,
+        lm_eval=lm_eval_settings,
+        **names,
+    )  # fmt: skip
+    report = QualityReport(
+        before=_describe(models[0], diagnosed[0]),
+        after=_describe(models[1], diagnosed[1]),
+        settings=settings,
+        quality=quality_rows(measured["before"], measured["after"]),
+        measurements=measured,
+        diagnose=compare_results(*diagnosed),
+        notes=notes,
+        conversion={side: conversion_record(m) for side, m in zip(("before", "after"), models)},
+        versions=software_versions(),
+        elapsed_s=round(time.perf_counter() - started, 3),
+    )
     if lm_eval_plan is not None:
         rows = paired_rows(measured["before"]["lm_eval"], measured["after"]["lm_eval"])
-        report["lm_eval"] = {"settings": lm_eval_settings, "rows": rows}
+        report.lm_eval = {"settings": lm_eval_settings, "rows": rows}
+    return report
+
+
+def _read_inputs(
+    text_id, text_ood, heldout_of, pairs, pairs_limit: int | None
+) -> tuple[str | None, str | None, Any, dict[str, str | None]]:
+    """The texts and pairs to measure on (files read, every one before a model loads), and the names
+    ``settings`` records for them: ``pairs`` (given as a file or folder), then ``text_id``,
+    ``text_ood`` (a file's path, ``heldout:DATA``, or None for a text given as a string)."""
+    if heldout_of is not None and text_id is not None:
+        raise UsageError("give either --text-id or --heldout-of, not both")
+    texts, names = {}, {}
+    for key, value, option in (("text_id", text_id, "--text-id"), ("text_ood", text_ood, "--text-ood")):
+        texts[key] = read_text_file(value, option) if isinstance(value, Path) else value
+        names[key] = str(value) if isinstance(value, Path) else None
+    if heldout_of is not None:
+        from ..train.data import heldout_text
+
+        texts["text_id"], names["text_id"] = heldout_text(heldout_of), f"heldout:{heldout_of}"
+    named = isinstance(pairs, str | Path)
+    groups = read_pairs(pairs, pairs_limit) if named else pairs
+    return texts["text_id"], texts["text_ood"], groups, {**({"pairs": str(pairs)} if named else {}), **names}
+
+
+def _reusable(report: QualityReport | dict[str, Any] | str | Path | None, names: dict[str, str | None]):
+    """``before_report`` as its JSON document (read when a path), once the input files it was
+    measured on are the ones given (the rest is :func:`check_reusable`'s, once BEFORE is loaded)."""
+    if report is None:
+        return None
+    if isinstance(report, QualityReport):
+        report = report.to_dict()
+    elif isinstance(report, str | Path):
+        report = read_report(report)
+    recorded = report.get("settings", {})
+    for key in ("text_id", "text_ood", "pairs"):
+        if recorded.get(key) != names.get(key):
+            raise UsageError(
+                f"--reuse-before: the report's {key} is {recorded.get(key)!r}, not {names.get(key)}"
+            )
     return report
 
 
@@ -311,4 +357,4 @@ def _finite(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-__all__ = ["PAIRS_LIMIT", "REPORT_SCHEMA", "REPORT_VERSION", "compare_models", "quality_rows"]
+__all__ = ["PAIRS_LIMIT", "compare_models", "quality_rows"]

@@ -20,7 +20,7 @@ from ..diagnosis.comparison import COMPARISON_SCHEMA
 from ..diagnosis.frames import frame_written_by_ssacli
 from ..diagnosis.result import SCHEMA, DiagnoseResult, read_json_file
 from ..errors import InputError, UsageError
-from ..quality.compare import REPORT_SCHEMA
+from ..quality.result import REPORT_SCHEMA
 from .html import PAGE_HEAD, comparison_html, diagnose_html
 from .summary import pick_heatmap
 from .terminal import render_comparison, render_diagnose
