@@ -36,10 +36,10 @@ from ssacli.diagnosis.probes import (
     PROBES,
     ActsOn,
     ProbeKind,
+    Shift,
     icl_batches,
     pad_sequences,
     pick_targets,
-    scale,
 )
 from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.diagnosis.texts import TEXTS
@@ -349,7 +349,7 @@ def test_probes_act_where_their_kind_says_not_by_name(monkeypatch):
     logit-scale: the forward pass and the input plan read the declaration, never the name."""
     seqs = sequences()
     model = build_model("llama")
-    twin = ProbeKind("logit-twin", (1, 4), "α", "attention logits × α", ActsOn.LOGITS, scale, neutral=1)
+    twin = ProbeKind("logit-twin", (1, 4), "α", "attention logits × α", ActsOn.LOGITS, Shift.SCALE, neutral=1)
     monkeypatch.setitem(PROBES, twin.name, twin)
     a = diagnose(model, ["logit-scale:1,4"], inputs=seqs).probe("logit-scale")
     b = diagnose(model, ["logit-twin:1,4"], inputs=seqs).probe("logit-twin")
