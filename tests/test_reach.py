@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 from ssacli import diagnose
 from ssacli.cli import app
 from ssacli.defaults import ICL_POINTS
-from ssacli.diagnosis.forward import is_norm
 from ssacli.diagnosis.probe_result import REACH_SHARE
 from ssacli.diagnosis.probes import icl_batches, pad_sequences, pick_targets
 from ssacli.diagnosis.result import DiagnoseResult
+from ssacli.diagnosis.routes import is_norm
 from ssacli.diagnosis.verdicts import SEVERITY, probe_verdicts
 from ssacli.models.icl import ICLModel, ICLSpec, save_icl
 from ssacli.testing import tiny_models
@@ -364,7 +364,7 @@ def _norms_by_behaviour(model, kind: str) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize("family", [*FAMILIES, "mobilebert", "olmo", "deepseek_v4"])
 def test_the_norms_diagnose_watches_are_the_modules_that_normalize(family):
-    """diagnose tells a norm by what it is (forward.is_norm), every conftest family and three that a
+    """diagnose tells a norm by what it is (routes.is_norm), every conftest family and three that a
     class name misleads or a weight-and-epsilon rule would miss: MobileBERT's NoNorm (an affine, no
     normalization), OLMo's LayerNorm without parameters, DeepSeek-V4's RMSNorms without a weight."""
     if family in FAMILIES:

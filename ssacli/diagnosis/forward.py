@@ -29,7 +29,7 @@ from ..models.loading import LoadedModel
 from .metrics import HeadStats, LayerStats, row_sums
 from .online import online_logit_sums, online_row_sums
 from .probes import ActsOn, Probe, ProbeBatch, ProbeKind, Shift
-from .routes import Route, fallback_hooks, forward_arguments
+from .routes import Route, fallback_hooks, forward_arguments, is_norm
 
 # ---- the probes' shifts ------------------------------------------------------------------------------
 # Each takes (values, level, target) -> values. Embeddings: [b, tokens, ...] (ICL: x values [b, points]);
@@ -270,17 +270,6 @@ class Recorder(Observer):
         return hook
 
 
-def absorber(norms: list[str], attention: str) -> str | None:
-    """The normalization a shift of the residual stream meets last before ``attention`` (a module
-    name), from the norms that ran since the previous attention layer (:attr:`Recorder.norms_before`):
-    the last one outside the attention module (a pre-norm block's input norm, a post-norm block's
-    output norm, the embeddings' norm before layer 0), since q/k norms inside it act only after
-    that; a norm inside it where no other ran; None where none ran (nothing normalizes the stream)."""
-    outside = [name for name in norms if not name.startswith(attention + ".")]
-    chosen = outside or norms
-    return chosen[-1] if chosen else None
-
-
 class OutputReference:
     """The reference level's output logits of one probe, per batch, so that every other level (the
     same inputs: the probe changes embeddings, keys or logits, not the tokens) reports
@@ -358,26 +347,6 @@ def _watch_hooks(loaded: LoadedModel, recorder: Recorder, layers: list[tuple[str
             layer = next((i for b, i in blocks.items() if name.startswith(b + ".")), None)
             hooks.append(module.register_forward_pre_hook(recorder.norm_hook(layer, name)))
     return hooks
-
-
-NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
-EPSILON_ATTRS = ("eps", "variance_epsilon")  # torch's norms; transformers' *RMSNorm and T5LayerNorm
-
-
-def is_norm(module: nn.Module) -> bool:
-    """Whether ``module`` normalizes its input (what a shift of the residual stream is absorbed by),
-    told by what it is, not by its class's name: a torch norm; or a leaf that holds a float epsilon
-    (how transformers builds its own RMSNorm classes, with or without a weight) or a
-    ``normalized_shape`` (OLMo's LayerNorm without parameters, which passes its epsilon as a literal).
-    MobileBERT's ``NoNorm`` (an elementwise affine standing where LayerNorm would) is not one: it
-    normalizes nothing, so nothing is absorbed there (tests/test_reach.py lists norms by behaviour)."""
-    if list(module.children()):
-        return False
-    if isinstance(module, NORMS):
-        return True
-    return any(isinstance(getattr(module, a, None), float) for a in EPSILON_ATTRS) or hasattr(
-        module, "normalized_shape"
-    )
 
 
 def _embedding_hook(loaded: LoadedModel, kind: ProbeKind, level: float, target: torch.Tensor | None):

@@ -9,6 +9,9 @@
   (:func:`fallback_hooks`) reduces its weights and drops them, so at most one layer's map exists at
   a time. Probes that need ssacli's attention function are skipped, and only the families in
   :data:`FALLBACK_FAMILIES` (checked by tests/test_fallback.py) are measured.
+
+On either route, which normalization a shift of the residual stream meets before each layer
+(:func:`is_norm`, :func:`absorber`) says whether a magnitude probe could reach attention at all.
 """
 
 from __future__ import annotations
@@ -175,3 +178,36 @@ __all__ = [
     "FALLBACK_FAMILIES", "FALLBACK_UNCHECKED", "Route", "attention_layers", "choose_route", "fallback_hooks",
     "forward_arguments", "layer_heads", "route_unaudited_reason", "structural_mask",
 ]  # fmt: skip
+
+
+# ---- where a shift of the residual stream is normalized away ---------------------------------------
+
+NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+EPSILON_ATTRS = ("eps", "variance_epsilon")  # torch's norms; transformers' *RMSNorm and T5LayerNorm
+
+
+def is_norm(module: nn.Module) -> bool:
+    """Whether ``module`` normalizes its input (what a shift of the residual stream is absorbed by),
+    told by what it is, not by its class's name: a torch norm; or a leaf that holds a float epsilon
+    (how transformers builds its own RMSNorm classes, with or without a weight) or a
+    ``normalized_shape`` (OLMo's LayerNorm without parameters, which passes its epsilon as a literal).
+    MobileBERT's ``NoNorm`` (an elementwise affine standing where LayerNorm would) is not one: it
+    normalizes nothing, so nothing is absorbed there (tests/test_reach.py lists norms by behaviour)."""
+    if list(module.children()):
+        return False
+    if isinstance(module, NORMS):
+        return True
+    return any(isinstance(getattr(module, a, None), float) for a in EPSILON_ATTRS) or hasattr(
+        module, "normalized_shape"
+    )
+
+
+def absorber(norms: list[str], attention: str) -> str | None:
+    """The normalization a shift of the residual stream meets last before ``attention`` (a module
+    name), from the norms that ran since the previous attention layer (:attr:`Recorder.norms_before`):
+    the last one outside the attention module (a pre-norm block's input norm, a post-norm block's
+    output norm, the embeddings' norm before layer 0), since q/k norms inside it act only after
+    that; a norm inside it where no other ran; None where none ran (nothing normalizes the stream)."""
+    outside = [name for name in norms if not name.startswith(attention + ".")]
+    chosen = outside or norms
+    return chosen[-1] if chosen else None

@@ -35,7 +35,7 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
 from ..version import __version__
-from .forward import OutputReference, Recorder, absorber, forward_batch
+from .forward import OutputReference, Recorder, forward_batch
 from .metrics import LAYER_METRICS, METRICS
 from .outputs import reference_index
 from .probe_result import ProbeResult
@@ -54,7 +54,7 @@ from .probes import (
     scorer_insensitivity,
 )
 from .result import DiagnoseResult
-from .routes import Route, attention_layers, choose_route, layer_heads, route_unaudited_reason
+from .routes import Route, absorber, attention_layers, choose_route, layer_heads, route_unaudited_reason
 from .settings import DiagnoseSettings
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
