@@ -783,3 +783,19 @@ def test_inputs_longer_than_the_model_are_capped_not_crashing():
     explicit = diagnose(model, ["embed-scale:1"], inputs=[list(range(3, 30))])
     assert explicit.probes[0].note == "inputs truncated to the model's 16 positions"
     assert explicit.probes[0].rows[0, 0] == 15
+
+
+def test_a_converted_folder_loaded_by_plain_transformers_is_refused_with_the_fix(tmp_path):
+    """Its config names ssa:init=faithful (m chosen per layer), which plain transformers does not
+    load: diagnose says to diagnose the folder, instead of measuring a placeholder m."""
+    from transformers import AutoModelForCausalLM
+
+    from ssacli.conversion import convert
+
+    out = tmp_path / "faithful"
+    convert(build_model("llama"), "ssa:init=faithful", out)
+    plain = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    with pytest.raises(UsageError, match="diagnose the folder itself"):
+        diagnose(plain, ["logit-scale:1"], inputs=[list(range(3, 19))])
+    folder = diagnose(str(out), ["logit-scale:1"], inputs=[list(range(3, 19))])  # the fix it names
+    assert folder.scorer.startswith("ssa:init=faithful")

@@ -34,6 +34,7 @@ from ..models.icl_task import TOKENS_PER_POINT
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
+from ..scorers import make_scorer
 from ..version import __version__
 from .forward import OutputReference, Recorder, forward_batch
 from .metrics import LAYER_METRICS, METRICS
@@ -141,6 +142,14 @@ def _prepare_scorer(root: nn.Module, scorer: str | None) -> Callable[[], None] |
     if before and scorer is None:
         return None  # already scored (an ICL or converted model): measure it as it is
     spec_before = getattr(root.config, CONFIG_SPEC_ATTR, None)
+    if scorer is None and spec_before and make_scorer(spec_before).needs_calibration:
+        # A converted folder loaded by plain transformers: its config names the scorer, but the m
+        # chosen per layer lives in the folder's scorer file, which that load does not read.
+        raise UsageError(
+            f"this model's config names scorer '{spec_before}', whose values per layer were saved in "
+            "its folder; diagnose the folder itself (ssacli diagnose DIR, or ssacli.load(DIR)) so they "
+            "load, or pass scorer= to measure another"
+        )
     apply_scorer(root, scorer or spec_before or "softmax")
     return lambda: reattach(root, before, spec_before)
 
