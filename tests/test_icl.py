@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 import torch
 
-from ssacli.errors import InputError, UsageError
+from ssacli.errors import InputError, InterruptedJobError, JobFailedError, UsageError
 from ssacli.icl.evaluate import evaluate, parse_outlier
 from ssacli.icl.sweep import ScorerEntry, SweepPlan, aggregate, run_sweep
 from ssacli.icl.train import TrainConfig, train
@@ -166,6 +168,62 @@ def test_training_is_deterministic_and_resume_is_exact(tmp_path):
         for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(p, q), name
     assert [h[1] for h in resumed.spec.training["history"]] == [h[1] for h in full.spec.training["history"]]
+
+
+TINY = dict(task="linear", scorer="ssa", batch_size=8, layers=1, heads=2, width=8, points_start=3,
+            points_end=7, points_every=5, log_every=1, checkpoint_every=100)  # fmt: skip
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_checkpoints_the_step_and_resuming_finishes_like_the_uninterrupted_run(tmp_path, sig):
+    full = train(TrainConfig(steps=12, **TINY), tmp_path / "full", device="cpu")
+
+    def interrupt(step, loss, points):
+        if step == 5:
+            os.kill(os.getpid(), sig)
+
+    def unhandled(signum, frame):  # what reaches the test's own handler was not caught by the run
+        raise AssertionError(f"signal {signum} was not turned into a checkpoint")
+
+    previous = signal.signal(sig, unhandled)
+    try:
+        with pytest.raises(InterruptedJobError, match="interrupted at step 5; .*--resume") as err:
+            train(TrainConfig(steps=12, **TINY), tmp_path / "run", device="cpu", on_step=interrupt)
+        assert signal.getsignal(sig) is unhandled  # the run's handlers are gone
+    finally:
+        signal.signal(sig, previous)
+    assert err.value.exit_code == 130
+    assert load_icl(tmp_path / "run").spec.training["step"] == 5  # only the interruption wrote one
+    resumed = train(TrainConfig(steps=12, **TINY), tmp_path / "run", resume=True, device="cpu")
+    for (name, p), q in zip(full.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert resumed.spec.training["history"] == full.spec.training["history"]
+
+
+def test_a_nan_loss_stops_before_the_update_and_keeps_the_last_checkpoint(tmp_path):
+    poisoned = {}
+
+    def poison(module, inputs, output):  # from the 4th step on (on_step counts the steps done)
+        poisoned["module"] = module
+        return output * float("nan") if poisoned.setdefault("calls", 0) >= 3 else output
+
+    def count(step, loss, points):
+        poisoned["calls"] = step
+
+    real = ICLModel.__init__
+
+    def hooked(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.read_out.register_forward_hook(poison)
+
+    config = TrainConfig(steps=10, **{**TINY, "checkpoint_every": 2})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ICLModel, "__init__", hooked)
+        with pytest.raises(JobFailedError, match="loss became nan at step 4; lower --lr") as err:
+            train(config, tmp_path / "run", device="cpu", on_step=count)
+    assert err.value.exit_code == 5
+    assert all(torch.isfinite(p).all() for p in poisoned["module"].parameters())  # no NaN update
+    assert load_icl(tmp_path / "run").spec.training["step"] == 2
 
 
 def test_existing_checkpoint_is_not_overwritten_by_accident(tmp_path):

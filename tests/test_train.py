@@ -30,6 +30,7 @@ from ssacli.models.icl_task import sample_batch
 from ssacli.models.loading import load_model
 from ssacli.train.data import ICL_POINTS, TextData, mask_tokens, read_documents, split_heldout
 from ssacli.train.finetune import FinetuneConfig, finetune
+from ssacli.train.runtime import StopSignals
 
 WORDS = {
     "det": ["the", "a", "every", "some"],
@@ -274,6 +275,33 @@ def test_a_signal_checkpoints_the_step_and_resuming_finishes_like_the_uninterrup
     result = finetune(str(out), config, out, resume=True)  # the model comes from the checkpoint
     assert_same_state(state(result.model), uninterrupted[0])
     assert training_record(out)["history"] == uninterrupted[1]["history"]
+
+
+def _handlers_changed(answer) -> None:
+    """Put whether StopSignals replaced this process's SIGINT and SIGTERM handlers."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    before = [signal.getsignal(s) for s in signals]
+    with StopSignals():
+        answer.put([signal.getsignal(s) is not b for s, b in zip(signals, before)])
+
+
+def test_stop_signals_leave_a_multiprocessing_worker_its_default_handling():
+    """A pool worker that only noted SIGTERM would never end, and its pool waits for it (a parallel
+    study's Ctrl-C hung); the main process still turns a signal into a checkpoint."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("fork")  # the test's function needs no import in the child
+    answer = ctx.Queue()
+    child = ctx.Process(target=_handlers_changed, args=(answer,))
+    child.start()
+    try:
+        assert answer.get(timeout=60) == [False, False]
+    finally:
+        child.join(timeout=60)
+    here: queue.SimpleQueue = queue.SimpleQueue()
+    _handlers_changed(here)
+    assert here.get() == [True, True]
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, lm):

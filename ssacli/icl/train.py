@@ -1,11 +1,11 @@
 """Training an ICL model from scratch: Adam (the scorer in its own group: ssacli.models.optim), a
 curriculum on the number of points, checkpoints that resume exactly (weights, optimizer moments
-and the data generator's state, all safetensors)."""
+and the data generator's state, all safetensors). The steps themselves (and when a checkpoint is
+written, a Ctrl-C included) are :class:`ssacli.train.loop.StepLoop`'s, fine-tuning's loop too."""
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -14,7 +14,7 @@ import torch
 
 from ..attention.backend import attention_backend, check_backend
 from ..defaults import ICL_POINTS, SCORER_LR
-from ..errors import JobFailedError, UsageError
+from ..errors import UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
@@ -26,10 +26,9 @@ from ..models.optim import (
     learned_scorer,
     legacy_order,
     make_optimizer,
-    scorer_values,
-    window_start,
 )
 from ..scorers import make_scorer
+from ..train.loop import StepLoop
 
 
 @dataclass
@@ -101,7 +100,9 @@ def train(
     so a resumed run continues it; learning curves measure one run this way (scripts/icl_curve.py).
 
     ``resume`` continues the run saved in ``out`` (a fresh start if there is none); without it an
-    existing checkpoint in ``out`` is only replaced when ``overwrite`` is set.
+    existing checkpoint in ``out`` is only replaced when ``overwrite`` is set. SIGINT/SIGTERM
+    finish the step, write a checkpoint and raise InterruptedJobError; the steps run in
+    :class:`ssacli.train.loop.StepLoop`.
     """
     out = Path(out)
     config.validate()
@@ -150,36 +151,42 @@ def train(
         order = legacy_order(model, trainable, grouped=False) if config.scorer_lr is None else None
         start, _ = restore_trainer_state(out, optimizer, generator=generator, saved_order=order)
     previous_seconds = model.spec.training.get("seconds", 0.0) if start else 0.0
-    began = time.perf_counter()
+
+    def batches(step: int):  # one batch a step, from the run's generator (saved with each checkpoint)
+        points = config.points_at(step)
+        yield sample_batch(config.task, config.batch_size, points, generator=generator, device=dev)
+
+    def report(step: int, loss: float) -> None:
+        on_step(step, loss, config.points_at(step - 1))
+
+    def checkpoint(step: int, loss: float) -> None:
+        model.spec.training = {
+            "config": asdict(config),
+            "step": step,
+            "seconds": round(previous_seconds + loop.elapsed(), 1),
+            "history": loop.history,
+            "scorer_at_window": loop.window,
+            "scorer": learned_scorer(model.backbone, loop.window, learned_names(model.backbone)),
+        }
+        save_icl(model, out, trainer_state_tensors(optimizer, step, generator=generator))
+
+    loop = StepLoop(
+        optimizer=optimizer,
+        steps=config.steps,
+        batches=batches,
+        loss=lambda batch: task_loss(config.task, model(batch.tokens), batch.ys),
+        checkpoint=checkpoint,
+        tag=config.points_at,
+        scorer_root=model.backbone,
+        folder=out,
+        advice="lower --lr or check the scorer spec",
+        resume="the same command with --resume",
+        checkpoint_every=config.checkpoint_every,
+        log_every=config.log_every,
+        history=history,
+        window=window,
+        on_step=None if on_step is None else report,
+    )
     with attention_backend(config.attention):  # fused kernels unless asked otherwise
-        stop = config.steps if stop_at is None else min(config.steps, stop_at)
-        for step in range(start, stop):
-            if step == window_start(config.steps):  # the start of the convergence window
-                window = scorer_values(model.backbone)
-            points = config.points_at(step)
-            batch = sample_batch(config.task, config.batch_size, points, generator=generator, device=dev)
-            loss = task_loss(config.task, model(batch.tokens), batch.ys)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            value = loss.item()
-            if not math.isfinite(value):
-                raise JobFailedError(
-                    f"loss became {value} at step {step + 1}; lower --lr or check the scorer spec"
-                )
-            done = step + 1 == config.steps
-            if (step + 1) % config.log_every == 0 or step == 0 or done:
-                history.append([step + 1, round(value, 6), points])
-            if on_step is not None:
-                on_step(step + 1, value, points)
-            if done or step + 1 == stop or (step + 1) % config.checkpoint_every == 0:
-                model.spec.training = {
-                    "config": asdict(config),
-                    "step": step + 1,
-                    "seconds": round(previous_seconds + time.perf_counter() - began, 1),
-                    "history": history,
-                    "scorer_at_window": window,
-                    "scorer": learned_scorer(model.backbone, window, learned_names(model.backbone)),
-                }
-                save_icl(model, out, trainer_state_tensors(optimizer, step + 1, generator=generator))
+        loop.run(start, stop=stop_at)
     return model.eval()

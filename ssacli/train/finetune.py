@@ -1,8 +1,10 @@
 """Fine-tuning a (converted) model: causal-LM, masked-LM or ICL objective, resumable checkpoints.
 
-This module is the run: :class:`FinetuneConfig`, :func:`finetune`, the step loop and its checkpoints.
-What the loop sets up around itself (the process group, SIGINT/SIGTERM, n annealing) is in
-:mod:`ssacli.train.runtime`.
+This module is the run: :class:`FinetuneConfig`, :func:`finetune` and its checkpoints. The steps
+are :class:`ssacli.train.loop.StepLoop`'s (ICL training's too): a non-finite loss or gradient stops
+with JobFailedError (exit 5) before the bad update, SIGINT/SIGTERM with a checkpoint and
+InterruptedJobError (exit 130). What the run sets up around the loop (the process group, n
+annealing) is in :mod:`ssacli.train.runtime`.
 
 * AdamW over :func:`ssacli.models.optim.make_optimizer`'s groups: weight decay on matrices only
   (decaying a bias or a norm pulls it to an arbitrary value, not to "simpler"), and the scorer's
@@ -26,10 +28,6 @@ What the loop sets up around itself (the process group, SIGINT/SIGTERM, n anneal
   format is :mod:`ssacli.models.checkpoint`'s). ``best/`` keeps the checkpoint with the lowest
   held-out loss (step 0 included); the record's ``worsened`` says the held-out loss ended above
   its start (``heldout_start``, ``heldout_end``, ``best``).
-* SIGINT/SIGTERM finish the current step, write a checkpoint and raise InterruptedJobError
-  (exit 130); a second Ctrl-C stops at once (:class:`~ssacli.train.runtime.StopSignals`). A
-  non-finite loss or gradient stops with JobFailedError (exit 5) before the bad update, and nothing
-  bad is written.
 * With ``WORLD_SIZE`` > 1 (torchrun, accelerate launch) the process group is started (gloo on CPU,
   nccl on CUDA; :class:`~ssacli.train.runtime.Distributed`), the model wrapped in
   DistributedDataParallel, the logged loss averaged over ranks; only rank 0 writes. Resuming needs
@@ -53,7 +51,7 @@ from torch import nn
 from ..attention.backend import attention_backend, check_backend
 from ..conversion import save_model
 from ..defaults import DEVICE, SCORER_LR
-from ..errors import InterruptedJobError, JobFailedError, UsageError
+from ..errors import JobFailedError, UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import (
     BEST_DIR,
@@ -71,14 +69,12 @@ from ..models.optim import (
     learned_scorer,
     legacy_order,
     make_optimizer,
-    scorer_values,
-    set_lr,
-    window_start,
 )
 from ..models.options import LoadOptions
 from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
 from .folders import plan_output, training_folder
+from .loop import StepLoop
 from .monitor import SaturationMonitor
 from .runtime import AnnealN, Distributed, StopSignals
 from .trajectory import Trajectory, write_trajectory
@@ -295,63 +291,68 @@ class _Run:
         return self._finish()
 
     def _loop(self, net, optimizer, state, signals) -> None:
+        """The steps (:class:`~ssacli.train.loop.StepLoop`'s) with what is fine-tuning's own: batches
+        from (seed, rank, step), DDP, the lr schedule, n annealing, tokens counted, the monitor and a
+        held-out evaluation at each checkpoint."""
         config, ddp, objective = self.config, self.ddp, self.objective
         per_step = config.batch_size * config.grad_accum * objective.tokens_per_sample() * ddp.world
-        began, tokens_here = time.perf_counter(), 0
-        recent = deque([began], maxlen=RATE_WINDOW + 1)  # step end times: the bar shows the current rate
-        for step in range(state["step"], config.steps):
-            if step == window_start(config.steps):  # the start of the convergence window
-                state["scorer_at_window"] = scorer_values(self.loaded.attention_root)
-            lr = config.lr_at(step)
-            set_lr(optimizer, lr / config.lr)
+        session = {"tokens": 0}  # this session's: the record's tokens/s is their average
+        recent = deque([time.perf_counter()], maxlen=RATE_WINDOW + 1)  # step ends: the bar's current rate
+
+        def batches(step: int):  # the loop runs each batch's forward and backward inside these contexts
             data_seed, torch_seed = step_seeds(config.seed, ddp.rank, step)
             generator = torch.Generator().manual_seed(data_seed)
-            total = 0.0
             with seeded_rng(self.dev, torch_seed):
                 for micro in range(config.grad_accum):
                     batch = objective.sample(config.batch_size, generator)
                     last = micro == config.grad_accum - 1
                     with nullcontext() if last or ddp.world == 1 else net.no_sync():
-                        loss = objective.loss(net, batch, self.dev)
-                        (loss / config.grad_accum).backward()
-                    total += float(loss.detach())
-            norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM)
-            stats = ddp.sum(torch.tensor([total / config.grad_accum, float(not torch.isfinite(norm))]))
-            value = float(stats[0]) / ddp.world
-            if not math.isfinite(value) or stats[1] > 0:
-                what = (
-                    f"loss became {value}" if not math.isfinite(value) else "the gradient became non-finite"
-                )
-                raise JobFailedError(
-                    f"{what} at step {step + 1}; stopped before updating, {self.out} keeps "
-                    "the last good checkpoint; lower --lr or check the data"
-                )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                        yield batch
+
+        def after(done: int, value: float) -> None:
             if self.anneal is not None:
-                self.anneal.apply(step + 1)
-            done = step + 1
-            tokens_here += per_step
+                self.anneal.apply(done)
+            session["tokens"] += per_step
             state["tokens"] += per_step
             if self.monitor is not None:  # every rank, at the same steps (all or none run the probe)
                 self.monitor.log(done, self.model, self.loaded.tokenizer)
             recent.append(time.perf_counter())
-            tokens_per_s = per_step * (len(recent) - 1) / max(recent[-1] - recent[0], 1e-9)
-            if done == 1 or done % config.log_every == 0 or done == config.steps:
-                state["history"].append([done, round(value, 6), lr])
             if self.on_step is not None:
-                self.on_step(done, value, lr, tokens_per_s)
-            interrupted = ddp.sum(torch.tensor([float(signals.received is not None)]))[0] > 0
-            if done == config.steps or interrupted or done % config.checkpoint_every == 0:
-                seconds = state["seconds"] + time.perf_counter() - began
-                state["heldout"] += self._heldout(done, value, seconds)
-                average = tokens_here / max(time.perf_counter() - began, 1e-9)  # the record: this session's
-                self._checkpoint(optimizer, {**state, "step": done, "seconds": seconds}, average)
-            if interrupted:
-                raise InterruptedJobError(
-                    f"interrupted at step {done}; {self.out} holds a checkpoint of it: continue with "
-                    f"`ssacli finetune {self.out} --resume`"
-                )
+                rate = per_step * (len(recent) - 1) / max(recent[-1] - recent[0], 1e-9)
+                self.on_step(done, value, config.lr_at(done - 1), rate)
+
+        def checkpoint(done: int, value: float) -> None:
+            seconds = state["seconds"] + loop.elapsed()
+            state["heldout"] += self._heldout(done, value, seconds)
+            state["scorer_at_window"] = loop.window
+            average = session["tokens"] / max(loop.elapsed(), 1e-9)
+            self._checkpoint(optimizer, {**state, "step": done, "seconds": seconds}, average)
+
+        loop = StepLoop(
+            optimizer=optimizer,
+            steps=config.steps,
+            batches=batches,
+            loss=lambda batch: objective.loss(net, batch, self.dev),
+            checkpoint=checkpoint,
+            tag=config.lr_at,
+            scorer_root=self.loaded.attention_root,
+            folder=self.out,
+            advice=f"stopped before updating, {self.out} keeps the last good checkpoint; lower --lr or "
+            "check the data",
+            resume=f"`ssacli finetune {self.out} --resume`",
+            checkpoint_every=config.checkpoint_every,
+            log_every=config.log_every,
+            history=state["history"],
+            window=state["scorer_at_window"],
+            accum=config.grad_accum,
+            schedule=lambda step: config.lr_at(step) / config.lr,
+            params=self.params,
+            clip_norm=CLIP_NORM,
+            reduce=ddp.sum,
+            world=ddp.world,
+            on_step=after,
+        )
+        loop.run(state["step"], signals=signals)
 
     def _heldout(self, step: int, train_loss: float | None, seconds: float) -> list:
         loss = self.objective.heldout_loss(self.model, self.dev) if self.ddp.rank == 0 else None

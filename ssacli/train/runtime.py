@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -80,14 +81,20 @@ class Distributed:
 
 
 class StopSignals:
-    """SIGINT/SIGTERM set a flag the loop checks after each step; a second Ctrl-C stops at once."""
+    """SIGINT/SIGTERM set a flag the loop checks after each step; a second Ctrl-C stops at once.
+
+    Not in a multiprocessing worker (a parallel study's runs): its pool ends it with SIGTERM and
+    then waits, so a worker that only noted the signal would finish its step and then wait for
+    work forever; there the signals keep their default effect and the run resumes from its last
+    checkpoint."""
 
     def __init__(self) -> None:
         self.received: int | None = None
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
+        worker = multiprocessing.parent_process() is not None
+        if threading.current_thread() is threading.main_thread() and not worker:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self.previous[sig] = signal.signal(sig, self._handle)
         return self
