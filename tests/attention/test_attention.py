@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, build_model, clone
 from transformers import AttentionInterface, AutoConfig, AutoModel
 from transformers.masking_utils import AttentionMaskInterface
 
@@ -13,6 +12,7 @@ import ssacli
 from ssacli.attention.forward import SCORER_ATTR, visibility
 from ssacli.attention.interface import ATTENTION_NAME, register
 from ssacli.errors import UnsupportedModelError
+from tests.helpers.models import FAMILIES, VOCAB, build_model, clone
 
 TOL = 1e-5
 CAUSAL = [f for f, s in FAMILIES.items() if s["kind"] == "causal"]

@@ -27,7 +27,7 @@ from ssacli.diagnosis.probe_result import ProbeResult
 from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.errors import InputError, UnsupportedModelError, UsageError
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "ci.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "ci.md"
 runner = CliRunner()
 NAN = math.nan
 # [layer][head] at the harsh level of each synthetic probe; 3 layers x 2 heads, one undefined head.

@@ -9,13 +9,13 @@ import json
 import re
 
 import pytest
-from conftest import run_main
 from typer.testing import CliRunner
 
 from ssacli.cli import app
 from ssacli.cli.convert import fidelity_lines
 from ssacli.defaults import MAX_KL_PER_TOKEN
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE
+from tests.helpers.cli import run_main
 
 runner = CliRunner()
 

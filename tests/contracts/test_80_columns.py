@@ -107,9 +107,8 @@ def test_trajectory_table_reads_at_80_columns():
 def test_diagnose_tables_are_titled_and_legends_wrap_at_the_terminal():
     """A table that splits at 80 columns titles its second part; a legend wraps at 80, not at a
     narrow table's edge (the most-saturated title broke at 52 columns)."""
-    from report_fixtures import wide_result
-
     from ssacli.report.terminal import render_diagnose
+    from tests.helpers.report_fixtures import wide_result
 
     console = Console(record=True, width=WIDTH, color_system=None, file=io.StringIO())
     render_diagnose(wide_result(), console)

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import build_model, run_main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import SafetensorError
@@ -39,6 +38,8 @@ from ssacli.errors import (
 )
 from ssacli.scorers import SCORERS
 from ssacli.scorers.base import Scorer
+from tests.helpers.cli import run_main
+from tests.helpers.models import build_model
 
 pytestmark = pytest.mark.badinput
 
@@ -455,7 +456,7 @@ def test_sigterm_while_convert_writes_ends_like_ctrl_c(models, tmp_path, monkeyp
 
 def test_sigint_during_finetune_checkpoints_and_resumes(tmp_path):
     """A real Ctrl-C to a real process: exit 130, one line, and `finetune --resume` continues.
-    (tests/test_train.py checks that the resumed run equals an uninterrupted one.)"""
+    (tests/train/test_finetune.py checks that the resumed run equals an uninterrupted one.)"""
     from ssacli.models.checkpoint import training_record
 
     out = tmp_path / "run"
@@ -491,7 +492,8 @@ def test_sigint_during_finetune_checkpoints_and_resumes(tmp_path):
 # ---- 6. numbers ------------------------------------------------------------------------------------------
 
 PROBE_FAMILIES = ["embed-scale", "outlier", "logit-scale", "dominant-key"]
-UNIT_METRICS = [name for name, spec in METRICS.items() if spec.bounded]  # tests/test_metrics.py checks them
+# tests/diagnosis/test_metrics.py checks them
+UNIT_METRICS = [name for name, spec in METRICS.items() if spec.bounded]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from ssacli.attention.interface import unaudited_reason, unsupported_reason
 from ssacli.errors import UnsupportedModelError
 from ssacli.testing import audit, tiny_models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-5
 
 

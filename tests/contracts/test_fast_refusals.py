@@ -17,10 +17,10 @@ import sys
 import time
 
 import pytest
-from conftest import unwritable
 
 import ssacli
 from ssacli.errors import EXIT_INPUT
+from tests.helpers.cli import unwritable
 
 LIMIT_S = 2.0  # issue 14: a read-only --json fails in < 2 s
 # `python -m ssacli ARGS…`, then, at exit, "torch" on stdout if torch was imported on the way

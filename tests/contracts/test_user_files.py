@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_main
 from typer.testing import CliRunner
 
 import ssacli
@@ -29,6 +28,7 @@ from ssacli.cli import app
 from ssacli.errors import EXIT_USAGE
 from ssacli.models.checkpoint import training_record
 from ssacli.train.data import make_objective
+from tests.helpers.cli import run_main
 
 runner = CliRunner()
 ICL = ["--data", "icl:every", "--batch-size", "4", "-q"]

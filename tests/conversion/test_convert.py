@@ -6,8 +6,6 @@ import json
 
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, build_model
-from naive import float32_kl_resolution
 from torch.nn import functional as F
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
@@ -18,6 +16,8 @@ from ssacli.errors import InputError, UnsupportedModelError, UsageError
 from ssacli.models.checkpoint import META_FILE, MODEL_FORMAT, SCORER_FILE
 from ssacli.models.kinds import kind_of, max_positions
 from ssacli.models.loading import LoadedModel
+from tests.helpers.models import FAMILIES, VOCAB, build_model
+from tests.helpers.naive import float32_kl_resolution
 
 AUTO = {"causal": AutoModelForCausalLM, "encoder": AutoModel, "seq2seq": AutoModelForSeq2SeqLM}
 KL_LIMIT = 1e-3  # nats per token, the bar for init=faithful

@@ -18,7 +18,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import VOCAB, build_model
 from rich.console import Console
 
 from ssacli import diagnose
@@ -26,6 +25,7 @@ from ssacli.defaults import SINK_EPS, TAU
 from ssacli.diagnosis.comparison import compare_results, comparison_findings
 from ssacli.report.html import comparison_html, diagnose_html
 from ssacli.report.terminal import render_comparison, render_diagnose
+from tests.helpers.models import VOCAB, build_model
 
 D, HEADS, HEAD_DIM = 32, 4, 8
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]

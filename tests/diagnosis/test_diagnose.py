@@ -19,8 +19,6 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, build_model, run_main
-from naive import float32_kl_bound
 from transformers import AutoConfig, AutoModelForCausalLM
 from typer.testing import CliRunner
 
@@ -45,6 +43,9 @@ from ssacli.diagnosis.texts import TEXTS
 from ssacli.errors import EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE, UnsupportedModelError, UsageError
 from ssacli.models.icl_task import interleave, labels
 from ssacli.models.loading import load_model
+from tests.helpers.cli import run_main
+from tests.helpers.models import FAMILIES, VOCAB, build_model
+from tests.helpers.naive import float32_kl_bound
 
 TAU, TOP_K = 0.9, 5
 LENGTHS = (9, 6, 4)  # one padded batch of three: right padding 0, 3 and 5

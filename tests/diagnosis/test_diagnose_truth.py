@@ -10,12 +10,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import VOCAB, build_model, unwritable
 
 from ssacli import diagnose
 from ssacli.check.requirements import parse_requirement, run_check
 from ssacli.diagnosis.metrics import LayerStats, kurtosis_from_moments, sink_indicator
 from ssacli.diagnosis.result import SCHEMA_VERSION, DiagnoseResult
+from tests.helpers.cli import unwritable
+from tests.helpers.models import VOCAB, build_model
 
 
 def _ids(samples=4, length=24, seed=0):

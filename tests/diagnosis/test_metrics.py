@@ -182,7 +182,7 @@ def test_blocks_with_query_positions_add_up_to_the_whole_map():
     blocked = stats.means()
     assert stats.rows == 7
     for name in METRICS:
-        if name == "learned_sink":  # NaN without a learned sink: tests/test_learned_sinks.py
+        if name == "learned_sink":  # NaN without a learned sink: tests/diagnosis/test_learned_sinks.py
             assert np.isnan(blocked[name][0]) and np.isnan(whole[name][0])
             continue
         assert blocked[name][0] == pytest.approx(whole[name][0], abs=1e-12), name

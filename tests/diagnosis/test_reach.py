@@ -17,7 +17,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import VOCAB, build_model
 from typer.testing import CliRunner
 
 from ssacli import diagnose
@@ -28,6 +27,7 @@ from ssacli.diagnosis.probes import icl_batches, pad_sequences, pick_targets
 from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.diagnosis.verdicts import SEVERITY, probe_verdicts
 from ssacli.models.icl import ICLModel, ICLSpec, save_icl
+from tests.helpers.models import VOCAB, build_model
 
 OUTLIER = "outlier:1,10,100,1000"
 ABSORBED = "absorbed by model.layers.0.input_layernorm — this probe cannot test this model; use key-scale"
@@ -252,12 +252,12 @@ def test_a_comparison_opens_with_both_verdicts_per_probe():
     side is most severe first; each line is that model's own probe_verdicts line."""
     import io
 
-    from report_fixtures import result_a, result_b
     from rich.console import Console
 
     from ssacli.diagnosis.verdicts import probe_verdicts
     from ssacli.report.html import comparison_html
     from ssacli.report.terminal import render_comparison
+    from tests.helpers.report_fixtures import result_a, result_b
 
     a, b = result_a(), result_b()
     lines_a = {v.probe: v.line for v in probe_verdicts(a)}
@@ -285,7 +285,7 @@ def test_a_comparison_opens_with_both_verdicts_per_probe():
 
 
 def _hand_probe(name, levels, measure, values, absorbers=()):
-    from report_fixtures import probe_result
+    from tests.helpers.report_fixtures import probe_result
 
     zeros = np.zeros((len(levels), 2, 3))
     probe = probe_result(name, levels, zeros, zeros + 0.2)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_model, run_main
 from torch.nn import functional as F
 from typer.testing import CliRunner
 
@@ -20,6 +19,8 @@ from ssacli.attention import interface
 from ssacli.cli import app
 from ssacli.diagnosis.outputs import NEAR_UNIFORM_ENTROPY, OUTPUT_KL_HELD
 from ssacli.models.icl import save_icl
+from tests.helpers.cli import run_main
+from tests.helpers.models import build_model
 
 runner = CliRunner()
 

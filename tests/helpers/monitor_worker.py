@@ -1,4 +1,4 @@
-"""The worker of tests/test_monitor.py's two-process test, in a module of its own so that the spawned
+"""The worker of tests/train/test_monitor.py's two-process test, in a module of its own so that the spawned
 children import only what it needs (not transformers' Trainer)."""
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def reference(
 ) -> np.ndarray:
     """Weights for logits ``x[b, h, q, k]`` (float64) and a bool ``visible`` of the same shape."""
     if name not in REFERENCES:
-        raise KeyError(f"tests/naive.py has no reference formula for scorer {name!r}")
+        raise KeyError(f"tests/helpers/naive.py has no reference formula for scorer {name!r}")
     x = np.asarray(x, dtype=np.float64)
     visible = np.broadcast_to(np.asarray(visible, dtype=bool), x.shape)
     assert x.ndim == 4, "reference expects [b, h, q, k]"

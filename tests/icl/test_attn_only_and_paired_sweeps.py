@@ -20,7 +20,7 @@ from ssacli.models.icl import ICLModel, ICLSpec, load_icl
 from ssacli.models.icl_task import every_labels
 from ssacli.stats import paired_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(batch_size=4, layers=1, heads=2, width=8, points_start=3, points_end=5)
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import FAMILIES, VOCAB, build_model, clone
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssacli
@@ -22,6 +21,7 @@ from ssacli.attention.forward import SCORER_ATTR, Observer, observing
 from ssacli.errors import UsageError
 from ssacli.kernels.blocked import compile_enabled
 from ssacli.kernels.fused import softmax_attention, ssa_attention
+from tests.helpers.models import FAMILIES, VOCAB, build_model, clone
 
 OUT_TOL = 1e-4  # acceptance: fp32 outputs
 GRAD_TOL = 1e-3  # acceptance: fp32 gradients

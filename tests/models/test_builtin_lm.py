@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_main
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
@@ -22,8 +21,9 @@ from ssacli import make_scorer
 from ssacli.errors import UsageError
 from ssacli.models.checkpoint import SCORER_FILE, WEIGHTS_FILE
 from ssacli.models.loading import builtin_names, load_model, resolve_model_path
+from tests.helpers.cli import run_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LMS = {"wikitext-softmax": "softmax", "wikitext-ssa": "ssa:preset=authors"}
 # Wikipedia-style English, like the models' training text (the models never saw this paragraph).
 TEXT = (

@@ -27,7 +27,7 @@ from ssacli.models.checkpoint import (
 from ssacli.models.optim import legacy_order, make_optimizer
 from ssacli.train.finetune import FinetuneConfig, finetune
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "previous-release"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "previous-release"
 CONVERTED, ICL = FIXTURE / "converted-llama-ssa", FIXTURE / "icl-every-ssa"
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)  # the same computation; only thread counts may differ
 

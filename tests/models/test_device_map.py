@@ -12,7 +12,6 @@ import tempfile
 
 import pytest
 import torch
-from conftest import build_model, run_main
 from safetensors.torch import load_file
 
 import ssacli
@@ -20,6 +19,8 @@ from ssacli.attention.interface import execution_device, scorers_of
 from ssacli.errors import UsageError
 from ssacli.models.device_map import OFFLOAD_PREFIX, parse_max_memory
 from ssacli.models.loading import load_model
+from tests.helpers.cli import run_main
+from tests.helpers.models import build_model
 
 pytest.importorskip("accelerate")
 

@@ -14,7 +14,6 @@ import math
 
 import pytest
 import torch
-from conftest import run_main
 from typer.testing import CliRunner
 
 from ssacli import diagnose
@@ -26,6 +25,7 @@ from ssacli.models.loading import LoadedModel, load_model
 from ssacli.quality.compare import compare_models
 from ssacli.quality.inputs import read_pairs
 from ssacli.quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
+from tests.helpers.cli import run_main
 
 WORDS = "the a cat dog man sat ran saw big small red old here there".split()
 SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[CLS]", "[SEP]", "[MASK]"]

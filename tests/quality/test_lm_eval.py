@@ -18,7 +18,6 @@ import statistics
 import sys
 
 import pytest
-from conftest import run_main
 from typer.testing import CliRunner
 
 import ssacli
@@ -27,6 +26,7 @@ from ssacli.errors import InputError, UsageError
 from ssacli.models.loading import load_model
 from ssacli.quality.builtin import BUILTIN_PAIRS
 from ssacli.quality.harness import paired_rows
+from tests.helpers.cli import run_main
 
 pytest.importorskip("lm_eval")  # in the dev extra; the missing-extra error is tested by hiding it
 

@@ -10,13 +10,13 @@ import io
 
 import numpy as np
 import pytest
-from report_fixtures import probe_result, result_a, result_b
 
 from ssacli.diagnosis.metrics import METRICS
 from ssacli.diagnosis.probes import PROBES
 from ssacli.report.before_after import trajectory_figure, trajectory_notes
 from ssacli.report.figures import compare_figure, heatmap_figure, line_figure, overview_figure
 from ssacli.report.summary import heatmap_level_text
+from tests.helpers.report_fixtures import probe_result, result_a, result_b
 
 
 def drawn(fig):

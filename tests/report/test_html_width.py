@@ -1,6 +1,7 @@
 """The HTML pages fit a 1280-px browser window, measured in headless Chromium by
 scripts/check_html_width.py. Marked ``slow`` and skipped without a Chromium binary (CI has none):
-``apt-get install chromium-headless-shell``, then ``python -m pytest -m slow tests/test_html_width.py``.
+``apt-get install chromium-headless-shell``, then
+``python -m pytest -m slow tests/report/test_html_width.py``.
 
 The checker is first held to pages whose geometry is known by hand; then the real page builders
 render the committed SmolLM2 result with every metric set to the longest number ``fmt`` writes,
@@ -21,7 +22,7 @@ from ssacli.report.html import comparison_html, diagnose_html
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHECKER = ROOT / "scripts" / "check_html_width.py"
 SMOLLM2 = ROOT / "docs" / "examples" / "smollm2-diagnose.json"
 sys.path.insert(0, str(CHECKER.parent))

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import build_model, run_main, unwritable
-from result_schema import VALIDATOR, diagnose_results, schema_errors, written_file_errors
 
 import ssacli
 from ssacli.diagnosis.frames import FRAME_COLUMNS
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE
+from tests.helpers.cli import run_main, unwritable
+from tests.helpers.models import build_model
+from tests.helpers.result_schema import VALIDATOR, diagnose_results, schema_errors, written_file_errors
 
 # Two probes with two levels each and the length probe (it has its own extras and fading summary).
 PROBES = ["--probe", "outlier:1,10", "--probe", "logit-scale:1,4", "--probe", "length"]

@@ -1,6 +1,6 @@
 """Reports of a diagnose result: terminal text, the HTML page, the comparison dict, the JSON schema.
 
-The results are built from small hand-written arrays (tests/report_fixtures.py: 2 layers × 3
+The results are built from small hand-written arrays (tests/helpers/report_fixtures.py: 2 layers × 3
 heads), so every expected number below (model means, collapse points, B − A deltas) is worked out
 from those arrays, not read back from the code under test.
 """
@@ -18,7 +18,6 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-from report_fixtures import NAN, SKIP_NOTE, diagnose_result, probe_result, result_a, result_b, wide_result
 from rich.console import Console
 
 from ssacli.diagnosis.comparison import compare_results
@@ -27,6 +26,15 @@ from ssacli.errors import UsageError
 from ssacli.report.html import Section, comparison_html, diagnose_html, page
 from ssacli.report.summary import pick_heatmap
 from ssacli.report.terminal import heat_cell, render_comparison, render_diagnose
+from tests.helpers.report_fixtures import (
+    NAN,
+    SKIP_NOTE,
+    diagnose_result,
+    probe_result,
+    result_a,
+    result_b,
+    wide_result,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,15 +1,15 @@
-"""Scorer test-suite: every registered scorer against an independent float64 reference (tests/naive.py),
-gradients, extreme values in low precision, masking, properties, SSA specifics, specs and traits.
+"""Scorer test-suite: every registered scorer against an independent float64 reference
+(tests/helpers/naive.py), gradients, extreme values in low precision, masking, properties, SSA
+specifics, specs and traits.
 
 Everything is parametrized over ``ssacli.scorers.SCORERS``, so a newly registered scorer is covered
-automatically (and fails ``test_every_scorer_has_a_reference`` until tests/naive.py knows it).
+automatically (and fails ``test_every_scorer_has_a_reference`` until tests/helpers/naive.py knows it).
 """
 
 from __future__ import annotations
 
 import zlib
 
-import naive
 import numpy as np
 import pytest
 import torch
@@ -20,6 +20,7 @@ from torch.func import functional_call
 
 from ssacli.errors import SpecError
 from ssacli.scorers import SCORERS, make_scorer, parse_spec, scorer_table
+from tests.helpers import naive
 
 F64 = torch.float64
 HEADS = 3
@@ -125,7 +126,7 @@ def away_from_zero(shape, gen, lo=0.2, hi=2.0, dtype=F64):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_scorer_has_a_reference(name):
-    assert name in naive.REFERENCES, f"tests/naive.py has no reference formula for scorer {name!r}"
+    assert name in naive.REFERENCES, f"tests/helpers/naive.py has no reference formula for scorer {name!r}"
     for public in SCORERS[name].trainable:
         assert public in naive.PHYSICAL.get(name, {}), f"naive.PHYSICAL lacks {name}.{public}"
 

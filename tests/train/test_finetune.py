@@ -15,7 +15,6 @@ import socket
 
 import pytest
 import torch
-from naive import float32_kl_resolution
 from safetensors.torch import load_file
 from torch.nn import functional as F
 from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
@@ -30,6 +29,7 @@ from ssacli.models.icl_task import sample_batch
 from ssacli.models.loading import load_model
 from ssacli.train.data import ICL_POINTS, TextData, mask_tokens, read_documents, split_heldout
 from ssacli.train.finetune import FinetuneConfig, finetune
+from tests.helpers.naive import float32_kl_resolution
 
 WORDS = {
     "det": ["the", "a", "every", "some"],
@@ -545,7 +545,7 @@ def test_icl_training_on_the_fused_path_matches_the_eager_scorer(tmp_path, monke
     ],  # fmt: skip
 )
 def test_an_unknown_attention_backend_is_a_one_line_usage_error(args, tmp_path, monkeypatch, capsys):
-    from conftest import run_main
+    from tests.helpers.cli import run_main
 
     code, out, err = run_main([*args, "--out", str(tmp_path / "out")], monkeypatch, capsys)
     assert code == 2 and "--attention" in err and "bogus" in err

@@ -14,13 +14,15 @@ import socket
 import numpy as np
 import pytest
 import torch
-from monitor_worker import two_rank_worker  # its own module: the children need not import Trainer
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import ssacli
 from ssacli.diagnosis.texts import TEXTS
 from ssacli.errors import UsageError
 from ssacli.train.monitor import SaturationMonitor
+from tests.helpers.monitor_worker import (
+    two_rank_worker,  # its own module: the children need not import Trainer
+)
 
 PROBE = "key-scale"
 LEVELS = (1.0, 8.0)

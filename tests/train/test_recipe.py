@@ -9,7 +9,6 @@ import random
 
 import pytest
 import torch
-from conftest import run_main
 from typer.testing import CliRunner
 
 import ssacli
@@ -18,6 +17,7 @@ from ssacli.cli import app
 from ssacli.errors import UsageError
 from ssacli.models.loading import load_model
 from ssacli.train.recipe import RecipeConfig, convert_with_recipe
+from tests.helpers.cli import run_main
 
 MODEL = "builtin:wikitext-softmax"
 WORDS = "the of and in a to was is for on as by with his at from that it an are were which this".split()
