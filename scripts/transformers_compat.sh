@@ -26,7 +26,8 @@ torch_spec=${TORCH_SPEC:-torch==2.13.0}
 torch_index=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}  # TORCH_INDEX= : pip's own config
 # The subset: every test of the attention interface and of what rides on it (diagnose, convert's
 # checkpoints, big-model loading), without the slower training and report tests.
-subset=(tests/attention/test_attention.py tests/diagnosis/test_learned_sinks.py tests/contracts/test_families.py tests/diagnosis/test_diagnose.py
+subset=(tests/attention/test_attention.py tests/diagnosis/test_learned_sinks.py
+        tests/contracts/test_families.py tests/diagnosis/test_diagnose.py
         tests/models/test_checkpoint.py tests/models/test_device_map.py tests/scorers/test_scorers.py)
 # ... and the fallback list's tripwire: it fails by name when a release moves a fallback family onto
 # the AttentionInterface (5.25.0 moved falcon), so the list is updated with the pin.
