@@ -14,7 +14,7 @@ The cost per step at interval N is measure / (N × step). The step here is the b
 ``Trainer`` step also logs, schedules and moves data, so its step is longer and the share smaller.
 
 Models: the bundled ``builtin:wikitext-softmax`` (Llama, 4 layers × 4 heads × 128, 1,024 tokens of
-vocabulary) and the tiny Llama of tests/test_monitor.py (2 layers × 4 heads, width 32).
+vocabulary) and the tiny Llama of tests/train/test_monitor.py (2 layers × 4 heads, width 32).
 """
 
 from __future__ import annotations

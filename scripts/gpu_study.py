@@ -75,7 +75,8 @@ def lm_plan(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         "seq_len": seq_len, "steps": steps, "lr": 1e-3, "batch_size": batch, "seeds": args.seeds,
         "arms": LM_ARMS, "reference": "softmax", "contexts": [1, 2, 4],
         "max_tokens": 256 if args.tiny else 16384, "blimp_limit": 3 if args.tiny else 200,
-        "diagnose": not args.tiny,  # tiny: two fewer processes a run (tests/test_lm_study.py covers it)
+        # tiny: two fewer processes a run (tests/scripts/test_lm_study.py covers it)
+        "diagnose": not args.tiny,
         "diagnose_args": ["--samples", "4"],
     }  # fmt: skip
     sizing = {"estimated_train_tokens": estimated, "tokens_per_run": steps * seq_len * batch,

@@ -4,7 +4,7 @@
         --lr 1e-3 --out runs/icl-curve --results docs/results/icl-v3/curves.json
 
 One run per (task, scorer, seed), trained in segments of --every steps with ``ssacli.icl.train``
-(``resume=True``: a resumed run is the same run, tests/test_icl.py), each segment's checkpoint
+(``resume=True``: a resumed run is the same run, tests/icl/test_icl.py), each segment's checkpoint
 evaluated in distribution (σ = 1, the trained length, --prompts fresh prompts from a fixed seed) by
 ``ssacli.icl.evaluate``. ``linear`` reports MSE / Var(y) (0.5 is what predicting the prompt's
 running mean scores; the issue's floor is <= 0.1), the quantification tasks the error rate.

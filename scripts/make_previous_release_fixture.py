@@ -1,5 +1,5 @@
 """Write fixtures/previous-release/: checkpoint folders made by the PREVIOUS release of ssacli, and
-the outputs that release computes from them, so tests/test_checkpoint.py can check that the current
+the outputs that release computes from them, so tests/models/test_checkpoint.py can check that the current
 code still loads them and computes the same.
 
 Run it with the previous release first on the path (a git worktree of that commit), e.g.
@@ -104,7 +104,7 @@ README = """\
 
 Made by `scripts/make_previous_release_fixture.py` with ssacli {version} at commit {commit}
 (`PYTHONPATH=<a worktree of that commit> python scripts/make_previous_release_fixture.py`),
-torch {torch}, transformers {transformers}. tests/test_checkpoint.py loads every folder with the
+torch {torch}, transformers {transformers}. tests/models/test_checkpoint.py loads every folder with the
 current code and checks that it computes `expected_outputs.safetensors` (what that release computed
 from the same folders) and reads the same ssacli.json. Do not regenerate these with a newer ssacli:
 they stand for what users already have on disk.

@@ -26,13 +26,14 @@ torch_spec=${TORCH_SPEC:-torch==2.13.0}
 torch_index=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}  # TORCH_INDEX= : pip's own config
 # The subset: every test of the attention interface and of what rides on it (diagnose, convert's
 # checkpoints, big-model loading), without the slower training and report tests.
-subset=(tests/test_attention.py tests/test_learned_sinks.py tests/test_families.py tests/test_diagnose.py
-        tests/test_checkpoint.py tests/test_device_map.py tests/test_scorers.py)
+subset=(tests/attention/test_attention.py tests/diagnosis/test_learned_sinks.py
+        tests/contracts/test_families.py tests/diagnosis/test_diagnose.py
+        tests/models/test_checkpoint.py tests/models/test_device_map.py tests/scorers/test_scorers.py)
 # ... and the fallback list's tripwire: it fails by name when a release moves a fallback family onto
 # the AttentionInterface (5.25.0 moved falcon), so the list is updated with the pin.
-drift=(--deselect tests/test_families.py::test_models_md_is_the_audit_table
-       --deselect tests/test_families.py::test_the_audited_set_is_the_audit
-       --deselect "tests/test_fallback.py::test_fallback_metrics_equal_the_eager_weights[falcon]")
+drift=(--deselect tests/contracts/test_families.py::test_models_md_is_the_audit_table
+       --deselect tests/contracts/test_families.py::test_the_audited_set_is_the_audit
+       --deselect "tests/diagnosis/test_fallback.py::test_fallback_metrics_equal_the_eager_weights[falcon]")
 mkdir -p "$dir"
 failed=0
 summary=()

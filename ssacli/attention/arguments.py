@@ -18,7 +18,7 @@ from ..errors import UnsupportedModelError
 
 # Every keyword argument that transformers' modeling code (5.x) passes to an attention function, and
 # what ssacli does with it. A keyword not listed here with a value other than None raises
-# UnsupportedModelError (tests/test_attention.py::test_an_unknown_argument_is_refused).
+# UnsupportedModelError (tests/contracts/test_families.py::test_an_unknown_argument_is_refused).
 ARGUMENTS: dict[str, str] = {
     "scaling": "multiplies q·k (None: head_dim^-0.5; OPT and T5 pass 1.0)",
     "dropout": "dropout on the weights while training",

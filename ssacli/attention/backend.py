@@ -58,7 +58,7 @@ def _weights_requested() -> bool:
 
 def eager_reason(scorer: Scorer, mask: torch.Tensor | None, kwargs: dict) -> str | None:
     """Why this call must compute the weight matrix, or None if a fused kernel may run (the auto
-    backend's routing rule; tests/test_fused.py checks it)."""
+    backend's routing rule; tests/kernels/test_fused.py checks it)."""
     if _weights_requested():
         return "the attention weights were requested (output_attentions)"
     if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:

@@ -10,7 +10,8 @@ ssacli registers one attention function and one mask function, both under the na
   :class:`~ssacli.errors.UnsupportedModelError` naming it and the family: none is ignored.
 * ``AttentionMaskInterface``: :func:`~ssacli.attention.masks.ssacli_mask` builds the boolean mask
   (True = visible). Without it transformers would pass ``attention_mask=None`` and a causal model
-  would silently lose causality and padding (tests/test_attention.py::test_mask_registration_is_load_bearing).
+  would silently lose causality and padding
+  (tests/attention/test_attention.py::test_mask_registration_is_load_bearing).
 
 :func:`apply_scorer` attaches one scorer instance per attention module as the submodule
 ``ssacli_scorer`` (so ``state_dict()`` and optimizers see its parameters) and switches the model's
@@ -43,7 +44,7 @@ ATTENTION_NAME = "ssacli"
 ORIGINAL_ATTR = "_ssacli_original_attn_implementation"
 CONFIG_SPEC_ATTR = "ssacli_scorer"  # survives save_pretrained, unlike _attn_implementation
 
-# Families with an exactness test against the model's own eager path (tests/test_attention.py).
+# Families with an exactness test against the model's own eager path (tests/attention/test_attention.py).
 TESTED_FAMILIES = (
     "llama", "mistral", "qwen2", "gemma2", "phi3", "gpt2", "gpt_neox", "opt",
     "bert", "roberta", "distilbert", "bart", "t5",
@@ -127,7 +128,7 @@ def _unrouted_attention(model: nn.Module) -> list[str]:
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why ``model``'s scorer cannot be swapped exactly (a sentence naming the family and what it
     would take), or None when :func:`apply_scorer` can: every attention module routes through the
-    AttentionInterface and passes only arguments in :data:`ARGUMENTS` (tests/test_families.py checks
+    AttentionInterface and passes only arguments in :data:`ARGUMENTS` (tests/contracts/test_families.py checks
     this answer against the model's own eager path for every family of the installed transformers).
     """
     family = family_name(model)

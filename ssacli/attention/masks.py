@@ -17,7 +17,7 @@ from ..errors import UnsupportedModelError
 # Families whose own code reads or edits the attention mask outside the attention function assuming
 # eager's float convention (0 = visible, a large negative number = hidden). ssacli hands them that
 # float mask (the eager scorer path reads it exactly; the fused kernels need a boolean one), and the
-# all-family audit (tests/test_families.py) fails for them with the boolean mask.
+# all-family audit (tests/contracts/test_families.py) fails for them with the boolean mask.
 EAGER_MASK_FAMILIES: dict[str, str] = {
     "nllb-moe": "its router reads the padding from the mask as additive (0 = visible)",
     "deepseek_v4": "it extends the mask for compressed keys by padding with 0.0 (visible in eager)",

@@ -8,7 +8,7 @@
   own eager attention with ``output_attentions``; a forward hook on each attention module
   (:func:`fallback_hooks`) reduces its weights and drops them, so at most one layer's map exists at
   a time. Probes that need ssacli's attention function are skipped, and only the families in
-  :data:`FALLBACK_FAMILIES` (checked by tests/test_fallback.py) are measured.
+  :data:`FALLBACK_FAMILIES` (checked by tests/diagnosis/test_fallback.py) are measured.
 
 On either route, which normalization a shift of the residual stream meets before each layer
 (:func:`is_norm`, :func:`absorber`) says whether a magnitude probe could reach attention at all.
@@ -33,14 +33,15 @@ class Route(StrEnum):
 
 
 # Refused families whose eager attention ``ssacli diagnose`` measures (Route.EAGER_FALLBACK): each is
-# checked by tests/test_fallback.py, diagnose's per-layer/per-head metrics against the model's own
+# checked by tests/diagnosis/test_fallback.py, diagnose's per-layer/per-head metrics against the model's own
 # ``output_attentions`` weights. Diagnose refuses every other family off the registry.
 FALLBACK_FAMILIES = frozenset({
     "bloom", "convbert", "deberta", "deberta-v2", "falcon", "git", "got_ocr2", "gpt_neo", "gpt_neox_japanese",
     "luke", "megatron-bert", "modernvbert", "mpt", "mvp", "nystromformer", "olmo_hybrid", "phi4_multimodal",
     "rembert", "roformer", "tapas", "trocr", "xglm",
 })  # fmt: skip
-# Refused families the fallback does not measure correctly, and why (tests/test_fallback.py lists them).
+# Refused families the fallback does not measure correctly, and why
+# (tests/diagnosis/test_fallback.py lists them).
 FALLBACK_UNCHECKED = {
     "flaubert": "max weight off by 0.18: its attention module's output is not its weights over the keys",
     "xlm": "max weight off by 0.18 (flaubert's attention)",
@@ -109,7 +110,7 @@ def attention_layers(root: nn.Module, route: Route) -> list[tuple[str, nn.Module
         return list(attention_modules(root))
     # Off the registry there is no seam to find attention by: the innermost modules whose class is
     # named *Attention* are the ones that compute the weights (why a name: named_attention;
-    # tests/test_fallback.py checks each verified family's layers against its own output_attentions).
+    # tests/diagnosis/test_fallback.py checks each verified family's layers against its own output_attentions).
     found = []
     for name, module in root.named_modules():
         if named_attention(module) and not any(named_attention(m) for m in list(module.modules())[1:]):
@@ -192,7 +193,7 @@ def is_norm(module: nn.Module) -> bool:
     (how transformers builds its own RMSNorm classes, with or without a weight) or a
     ``normalized_shape`` (OLMo's LayerNorm without parameters, which passes its epsilon as a literal).
     MobileBERT's ``NoNorm`` (an elementwise affine standing where LayerNorm would) is not one: it
-    normalizes nothing, so nothing is absorbed there (tests/test_reach.py lists norms by behaviour)."""
+    normalizes nothing, so nothing is absorbed there (tests/diagnosis/test_reach.py lists norms by behaviour)."""
     if list(module.children()):
         return False
     if isinstance(module, NORMS):

@@ -3,7 +3,7 @@
 SSA is a softmax of a pointwise transform of the logit, so it has the same online-normalized
 structure as FlashAttention: scan key blocks, keep a running max and sum per query row, and never
 store more than one block of logits. Two implementations, both checked against the eager scorer
-(tests/test_fused.py):
+(tests/kernels/test_fused.py):
 
 * :class:`~ssacli.kernels.blocked.BlockedSSA` (ssacli/blocked.py), plain PyTorch on any device: forward and
   backward over query blocks × key blocks with the log-sum-exp saved for the backward

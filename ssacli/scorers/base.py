@@ -221,7 +221,7 @@ class Scorer(nn.Module):
 
         key/value are [b, h_kv, k, d] (not repeated for GQA); ``mask`` is bool [b|1, 1|h, q, k]
         (True = visible) and ``causal`` bottom-right aligned. Must equal ``forward`` followed by
-        ``weights @ value`` (tests/test_fused.py checks outputs and gradients).
+        ``weights @ value`` (tests/kernels/test_fused.py checks outputs and gradients).
         """
         return None
 

@@ -31,7 +31,7 @@ from .registry import register_scorer
 
 # SSA with b = 1/m, n = m tends to softmax as m grows. 128 is the smallest power of two whose mean
 # KL(softmax || ssa) on N(0, 1) logits over 64 keys is below 1e-4 (measured 3.8e-5; m = 64 gives
-# 1.5e-4). tests/test_scorers.py measures it again.
+# 1.5e-4). tests/scorers/test_scorers.py measures it again.
 FAITHFUL_M = 128.0
 PAPER_B, PAPER_N = 0.8, 1.5
 # The authors' production kernel (omyokun/SSA, Nemotron3-114M/train/SSA): one n per layer, trainable,

@@ -10,10 +10,11 @@ a :class:`FamilyResult`:
   causal family causal;
 * ``refused``: ``supports`` is False or ``apply_scorer`` / the forward raises UnsupportedModelError,
   with its reason;
-* ``different``: accepted but not exact (or not causal): a bug, which tests/test_families.py forbids;
+* ``different``: accepted but not exact (or not causal): a bug, which
+  tests/contracts/test_families.py forbids;
 * ``not-buildable``: the family cannot be built tiny or run on token ids alone on the CPU (reason).
 
-tests/test_families.py runs the audit over every family and scripts/models_table.py writes
+tests/contracts/test_families.py runs the audit over every family and scripts/models_table.py writes
 docs/models.md from it (a test checks the committed table matches).
 """
 

@@ -1,0 +1,58 @@
+"""Every benchmark script runs, at a tiny size, against the current package: a move or a renamed
+function cannot break one unseen (benchmarks/attention.py once did: `from ssacli import fused`).
+Each runs in a fresh interpreter as a user runs it (`python benchmarks/NAME.py …`), with options
+that shrink the work to seconds; the numbers it prints are not checked (benchmarks time, tests do
+not), only that it ran to the end and printed its table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+
+# name -> (arguments that make it tiny, a string its output must contain)
+TINY = {
+    "attention": (["--quick", "--lengths", "64,128", "--repeats", "1"], "goals at T="),
+    "diagnose": (
+        [
+            "--layers", "1", "--heads", "2", "--samples", "1", "--batch-size", "1", "--time-length", "32",
+            "--block-size", "16", "--repeats", "1", "--lengths", "64,128", "--full-maps-max", "64",
+            "--length-models", "llama", "--length-longest", "128", "--length-layers", "1",
+            "--max-positions", "128", "--child-timeout", "120",
+        ],
+        "Llama",
+    ),
+    "gpu_stats": (["--device", "cpu", "--quick"], "exactness: every comparison within 1e-6"),
+    "monitor": (["--rounds", "1", "--every", "2", "--batch", "1", "--seq", "16"], "measure/step"),
+    "online_stats": (
+        ["--lengths", "64", "--memory-lengths", "64", "--repeats", "1", "--heads", "2", "--layers", "1",
+         "--block-size", "16", "--timeout", "120"],
+        "goal",
+    ),
+    "scorer_lr": (["--steps", "20"], "scorer lr"),
+    "scorers": (["--heads", "1", "--length", "32", "--dim", "8", "--repeats", "1"], "ssa"),
+    "training": (["--steps", "3", "--warmup", "1", "--rounds", "1", "--data", "{text}"], "speed-up"),
+}  # fmt: skip
+
+
+def test_every_benchmark_has_a_tiny_run():
+    assert set(SCRIPTS) == set(TINY), "give each benchmark a tiny configuration in TINY"
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_benchmark_runs_at_a_tiny_size(name, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    args, expected = TINY[name]
+    args = [a.replace("{text}", str(text)) for a in args]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), *args],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert expected in done.stdout, done.stdout[-2000:]
