@@ -11,6 +11,10 @@ from identical starting weights and seeds (so both compute the same steps):
 * Fine-tuning (``ssacli train`` / ``ssacli finetune``, same loop): a from-scratch tiny GPT-2 with SSA
   (2 layers, 4 heads, width 64, 256 positions) on --data, batch 8 x 256 tokens.
 
+``--crossover 32,64,128,256,512``: instead, fine-tuning rates of the LM study's model (Llama 4 layers
+× 4 heads × 128, batch 16, SSA, trained on --data) at each sequence length, eager against fused:
+where ``--attention auto`` should switch from the eager scorer to the blocked kernel when training.
+
 The first --warmup steps of each run are left out of the rate (compilation of the block kernels on
 first use). Rates are steps/s (ICL) and tokens/s (fine-tuning); the best round of each.
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -44,11 +50,11 @@ def icl_rate(backend: str, steps: int, warmup: int) -> float:
     return (len(marks) - 1 - warmup) / (marks[-1] - marks[warmup])
 
 
-def finetune_rate(loaded, data: str, backend: str, steps: int, warmup: int) -> float:
+def finetune_rate(loaded, data: str, backend: str, steps: int, warmup: int, batch_size: int = 8) -> float:
     """Tokens per second of fine-tuning after ``warmup`` steps."""
     marks = []
     config = FinetuneConfig(
-        data=data, steps=steps, batch_size=8, seq_len=loaded.max_positions, lr=1e-3,
+        data=data, steps=steps, batch_size=batch_size, seq_len=loaded.max_positions, lr=1e-3,
         checkpoint_every=10**9, attention=backend,
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,6 +64,30 @@ def finetune_rate(loaded, data: str, backend: str, steps: int, warmup: int) -> f
         )  # fmt: skip
     tokens_per_step = config.batch_size * config.seq_len
     return tokens_per_step * (len(marks) - 1 - warmup) / (marks[-1] - marks[warmup])
+
+
+def crossover(lengths: list[int], data: str, args) -> None:
+    """Tokens/s of fine-tuning the LM study's model at each length, eager vs fused, interleaved."""
+    print("| seq_len | batch | eager tokens/s | fused tokens/s | **fused / eager** |")
+    print("|---:|---:|---:|---:|---:|")
+    texts = training_texts(data)
+    folder = Path(tempfile.mkdtemp())
+    study_model = {  # docs/results/lm-plan.json's model
+        "model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "hidden_size": 128, "intermediate_size": 256, "tie_word_embeddings": True,
+    }  # fmt: skip
+    for length in lengths:
+        config = folder / "config.json"
+        config.write_text(json.dumps({**study_model, "max_position_embeddings": length}))
+        loaded = new_model(None, str(config), "ssa", texts=texts, vocab_size=1024, seq_len=length, seed=0)
+        rates = {b: [] for b in BACKENDS}
+        for _ in range(args.rounds):
+            for backend in BACKENDS:
+                rate = finetune_rate(loaded, data, backend, args.steps, args.warmup, args.batch_size)
+                rates[backend].append(rate)
+        eager, fused = max(rates["eager"]), max(rates["auto"])
+        row = f"| {length} | {args.batch_size} | {eager:,.0f} | {fused:,.0f} | **{fused / eager:.2f}** |"
+        print(row, flush=True)
 
 
 def report(title: str, unit: str, rates: dict[str, list[float]]) -> None:
@@ -73,9 +103,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     default_data = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
     parser.add_argument("--data", default=str(default_data))
+    parser.add_argument("--crossover", default=None, help="comma-separated sequence lengths")
+    parser.add_argument("--batch-size", type=int, default=16, help="with --crossover")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, load {os.getloadavg()[0]:.1f}")
+    if args.crossover:
+        crossover([int(x) for x in args.crossover.split(",")], args.data, args)
+        return
     icl = {b: [] for b in BACKENDS}
     for _ in range(args.rounds):
         for backend in BACKENDS:

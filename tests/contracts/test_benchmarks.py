@@ -56,3 +56,17 @@ def test_benchmark_runs_at_a_tiny_size(name, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert expected in done.stdout, done.stdout[-2000:]
+
+
+def test_training_crossover_runs_at_a_tiny_size(tmp_path):
+    """benchmarks/training.py --crossover (the table behind --attention auto when training)."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    args = ["--crossover", "16", "--steps", "3", "--warmup", "1", "--rounds", "1", "--batch-size", "2",
+            "--data", str(text)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "training.py"), *args],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "| 16 | 2 |" in done.stdout, done.stdout[-2000:]
