@@ -2,18 +2,19 @@
 
     python scripts/architecture_metrics.py [SRC_ROOT]      # default: the checkout this script is in
 
-Prints one line per measure: top-level modules, import cycles (strongly connected groups of
-ssacli modules, counting imports inside functions too), cross-module imports of `_private` names,
-how many modules define each owned fact, and the longest function; then the restructure's table
-(issue 23): eager attention implementations (places that multiply attention weights by values
-outside the fused kernels), places that define each default or fact, string comparisons of model
-kinds and routes, CLI options whose default is a literal, public names, re-exports (names in a
-module's ``__all__`` it only imports; the lazy public API of ``ssacli/__init__.py`` aside),
-``duplicates`` pairs, and (``--trace``) the files the diagnose tensor crosses: every ssacli file
-(scorers aside: the plug-in being measured) with a function that receives a 4-d tensor between the
-attention function's entry and ``row_sums``, plus the files on the call stack when ``row_sums`` runs,
-measured with ``sys.setprofile`` on a tiny Llama (one reference level and one logit-scale level,
-eager statistics). Run it on an older checkout (e.g. a `git worktree`) to compare.
+Prints one line per measure: top-level modules, import cycles (strongly connected groups of ssacli
+modules, counting imports inside functions too), cross-module imports of `_private` names, how many
+modules define each owned fact, and the longest function; then the restructure's table (issue 23):
+eager attention implementations (places that multiply attention weights by values outside the fused
+kernels), places that define each default or fact (help texts that restate one:
+:data:`RESTATED_DEFAULT`), string comparisons of model kinds and routes, CLI options whose default
+is a literal (:func:`_literal_defaults`), public names, re-exports (names in a module's ``__all__``
+it only imports; the lazy public API of ``ssacli/__init__.py`` aside), ``duplicates`` pairs, and
+(``--trace``) the files the diagnose tensor crosses: every ssacli file (scorers aside: the plug-in
+being measured) with a function that receives a 4-d tensor between the attention function's entry
+and ``row_sums``, plus the files on the call stack when ``row_sums`` runs, measured with
+``sys.setprofile`` on a tiny Llama (one reference level and one logit-scale level, eager
+statistics). Run it on an older checkout (e.g. a `git worktree`) to compare.
 """
 
 from __future__ import annotations
@@ -113,19 +114,27 @@ DEFINITIONS = {  # a default or fact, as the lines that define or restate it
     ),
     "model kinds": re.compile(r"\bKINDS\s*=\s*\(|class ModelKind\b"),
     "tau": re.compile(r"\bTAU\s*=|tau\s*(:\s*float)?\s*=\s*0\.9\b|\(0\.9\)"),
-    "collapse share": re.compile(r"COLLAPSE_SHARE\s*=|>=\s*0\.5\b"),
-    "help text restating a default": re.compile(r"help=.*(\(default [0-9]|\((1e-[0-9]|0\.[0-9]+)\))"),
+    # (an entropy requirement's ">= 0.5" is another threshold)
+    "collapse share": re.compile(r"COLLAPSE_SHARE\s*=|^(?!.*entropy@).*>=\s*0\.5\b"),
 }
+# A help text that states a default as a literal, rather than formatting it from the constant: "(default
+# 8)", "(default cosine)", "(0.9)", "default 5% of …", "tiny (default)", "[1024 tiny, 4096 small, …]".
+# "default: …" describing what None means ("default: the config's") states no value. Read from every
+# ``help=`` argument and every ``*_HELP`` constant of the CLI, strings that span lines included, with
+# each f-string placeholder as "{}" (a formatted default is no restatement).
+RESTATED_DEFAULT = re.compile(
+    r"\(default\s+[^\s{}(),;:]+\)|\bdefault:?\s+\d|\((1e-\d|0\.\d+)\)|\w \(default\)|\[\d+ \w+, \d+"
+)
 KIND_OR_ROUTE = re.compile(
     r"(==|!=)\s*[\"'](icl|causal|masked|encoder|seq2seq|ssacli|eager-fallback)[\"']"
     r"|\bin\s*[\(\[{]\s*[\"'](icl|causal|masked|encoder|seq2seq|eager-fallback)[\"']"
     r"|\.value\s*==",
 )
-LITERAL_OPTION = re.compile(r"typer\.Option\(\s*(-?[0-9][0-9.e_-]*|[\"'][^\"']*[0-9][^\"']*[\"'])\s*[,)]")
 
 
 def restructure_table(files: list[Path]) -> None:
-    eager, defs, compares, literal, public, reexports = [], {k: [] for k in DEFINITIONS}, [], [], 0, []
+    defs: dict[str, list[str]] = {k: [] for k in [*DEFINITIONS, "help text restating a default"]}
+    eager, compares, literal, public, reexports = [], [], [], 0, []
     for path in files:
         text = path.read_text()
         rel = path.relative_to(ROOT).as_posix()
@@ -139,9 +148,10 @@ def restructure_table(files: list[Path]) -> None:
                     defs[fact].append(f"{rel}:{number}")
             if KIND_OR_ROUTE.search(code):
                 compares.append(f"{rel}:{number}")
-            if LITERAL_OPTION.search(code):
-                literal.append(f"{rel}:{number}")
         tree = ast.parse(text)
+        if "/cli/" in rel:
+            literal += [f"{rel}:{n}" for n in _literal_defaults(tree)]
+            defs["help text restating a default"] += [f"{rel}:{n}" for n in _restated_defaults(tree)]
         names = _all_names(tree)
         if names is None:
             continue
@@ -169,6 +179,71 @@ def restructure_table(files: list[Path]) -> None:
     print(f"public names (ssacli.__all__): {public}")
     print(f"re-exports: {len(reexports)}")
     print(f"duplicates pairs (duplicates --repo ssacli): {_duplicate_pairs()}")
+
+
+TYPER_PARAMETERS = ("typer.Option", "typer.Argument")
+
+
+def _literal(node: ast.AST) -> bool:
+    """A value written out: a number or string (None, a flag's True/False and ``...`` are no default
+    value), or a list or tuple of them."""
+    if isinstance(node, ast.Constant):
+        return node.value is not None and not isinstance(node.value, bool) and node.value is not Ellipsis
+    if isinstance(node, ast.UnaryOp):
+        return _literal(node.operand)
+    if isinstance(node, ast.List | ast.Tuple):
+        return bool(node.elts) and all(_literal(e) for e in node.elts)
+    return False
+
+
+def _literal_defaults(tree: ast.AST) -> list[int]:
+    """Lines of CLI parameters whose default is a literal: ``typer.Option(4000, …)`` (or Argument),
+    and ``device: Device = "auto"`` (an option type from cli/options.py, its default in the signature)."""
+    lines = []
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef):
+            continue
+        args = func.args.args + func.args.kwonlyargs
+        defaults = [None] * (len(func.args.args) - len(func.args.defaults)) + func.args.defaults
+        for arg, default in zip(args, defaults + func.args.kw_defaults):
+            if default is None:
+                continue
+            if isinstance(default, ast.Call) and ast.unparse(default.func) in TYPER_PARAMETERS:
+                if default.args and _literal(default.args[0]):
+                    lines.append(default.lineno)
+            elif arg.annotation is not None and _literal(default):
+                lines.append(default.lineno)
+    return lines
+
+
+def _restated_defaults(tree: ast.AST) -> list[int]:
+    """Lines of CLI help texts that restate a default (:data:`RESTATED_DEFAULT`)."""
+    lines = []
+    for node in ast.walk(tree):
+        values = []
+        if isinstance(node, ast.keyword) and node.arg == "help":
+            values.append(node.value)
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id.endswith("HELP") for t in node.targets
+        ):
+            values.append(node.value)
+        for value in values:
+            text = "".join(_literal_text(value))
+            if RESTATED_DEFAULT.search(text):
+                lines.append(value.lineno)
+    return lines
+
+
+def _literal_text(node: ast.AST) -> list[str]:
+    """The written parts of a help expression: strings, f-strings with "{}" for each placeholder,
+    ``+`` of them; anything else (a name, a call) as "{}"."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return [v.value if isinstance(v, ast.Constant) else "{}" for v in node.values]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _literal_text(node.left) + _literal_text(node.right)
+    return ["{}"]
 
 
 def _all_names(tree: ast.AST) -> list[str] | None:

@@ -7,7 +7,7 @@ DTYPE = "auto"  # float32 on the CPU (large probes are not rounded away), the ch
 
 # diagnose / check
 SAMPLES = 8  # inputs per probe level
-SEED = 0  # of probe inputs, targets and numbers
+SEED = 0  # every seed's: probe inputs, targets and numbers, training weights and batches, ICL prompts
 BATCH_SIZE = 8  # sequences per forward pass
 PROBE_LENGTH = 64  # base length in tokens
 ICL_POINTS = 41  # ICL prompts, in (x, y) points: the length the ICL models end their curriculum on,
@@ -18,7 +18,17 @@ BLOCK_ROWS = 256  # query rows scored at a time: memory O(block × keys)
 TAU = 0.9  # a row has collapsed when its largest weight is >= TAU
 TOP_K = 5  # k of the top-k mass metric
 STATS = "auto"  # how attention weights become metrics: fused statistics where a call allows them
+HEATMAP = "max_weight"  # the metric diagnose's and render's heatmap shows
 SINK_EPS = 0.3  # a head is an attention sink when its mean weight on the first token exceeds this (Gu et al.)
+
+# report: BEFORE vs AFTER (ssacli.quality)
+LM_SEQ_LEN = 128  # tokens per LM-loss window (capped at the model's positions), and per training window
+LM_MAX_TOKENS = 16384  # LM loss reads at most this many tokens of a text
+PAIRS_LIMIT = 200  # minimal pairs per file: its first N
+ICL_SIGMAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # σ of the ICL inputs measured (report, icl eval)
+ICL_OUTLIERS = ((10.0, 3), (100.0, 3), (1000.0, 3))  # planted outliers (value, position)
+ICL_PROMPTS = 500  # ICL prompts per evaluated cell (report, icl eval, icl sweep)
+ICL_COEF_SIGMA = 1.0  # the linear task: σ of its coefficients a, b
 
 # convert: the fidelity target of ssa:init=faithful,m=auto (--max-error; docs/convert.md)
 MAX_KL_PER_TOKEN = 1e-3  # nats per token (language models, ICL sign models: per prediction)
@@ -31,6 +41,43 @@ CALIBRATION_LENGTH = 64  # tokens per sequence
 # far SSA's n can travel: ~0.55 × steps × lr over a cosine run (ssacli/models/optim.py; the choice
 # is measured in docs/convert.md).
 SCORER_LR = 1e-2
+SCORER = "softmax"  # the scorer a model is trained with unless told (train, icl train)
+ATTENTION = "auto"  # attention kernels while training: fused where no weights are needed
+
+# finetune, convert --finetune: FinetuneConfig's (ssacli/train/finetune.py); train uses its loop
+FINETUNE_STEPS = 1000
+FINETUNE_LR = 1e-4  # peak AdamW learning rate
+MIN_LR_RATIO = 0.1  # the cosine schedule ends at this share of the peak learning rate
+SCHEDULE = "cosine"  # after warmup: cosine (to MIN_LR_RATIO of the peak) or constant
+TRAIN_BATCH_SIZE = 8  # sequences per micro-batch (ICL data: prompts)
+GRAD_ACCUM = 1  # micro-batches per optimizer step
+WARMUP_DIVISOR = 20  # warmup when not given: steps // WARMUP_DIVISOR (5 %), at most WARMUP_MAX
+WARMUP_MAX = 100
+WEIGHT_DECAY = 0.0  # AdamW's, on matrices only
+TRAIN_WHAT = "all"  # the parameters trained: all, or only the scorer's
+CHECKPOINT_EVERY = 500  # steps between checkpoints
+LOG_EVERY = 10  # steps between recorded losses
+
+# train: a language model from scratch (what `ssacli train` passes to that loop)
+SCRATCH_SIZE = "tiny"  # the model size (ssacli/train/scratch.py)
+SCRATCH_LR = 1e-3  # higher than fine-tuning's: the weights start random
+SCRATCH_BATCH_SIZE = 16
+SCRATCH_WEIGHT_DECAY = 0.1
+
+# icl train and icl sweep: an ICL model from scratch (ssacli.icl.train.TrainConfig, icl.sweep.SweepPlan)
+ICL_STEPS = 4000
+ICL_SWEEP_STEPS = 3000  # per run of a sweep
+ICL_LR = 1e-4  # Adam's
+ICL_BATCH_SIZE = 64  # prompts per step
+ICL_PRESET = "cpu"  # model size (ssacli.models.icl's presets)
+ICL_ARCH = "gpt2"  # backbone: pre-LayerNorm blocks with MLP
+ICL_POINTS_START = 11  # curriculum: points per prompt at the start (it ends at ICL_POINTS)
+ICL_CHECKPOINT_EVERY = 1000
+ICL_SWEEP_TASKS = ("every", "linear")
+ICL_SWEEP_SCORERS = ("softmax", "ssa")
+ICL_SWEEP_SEEDS = 3  # seeds per scorer
+ICL_SWEEP_DEVICE = "cpu"  # where every run of a sweep trains and is evaluated
+SWEEP_JOBS = 1  # runs in parallel
 
 # convert --finetune with an SSA scorer: the conversion recipe (ssacli/train/recipe.py)
 RECIPE_TARGET_N = 4.0  # SSA's range ends near here; the paper's n is 1.5
@@ -39,3 +86,5 @@ RECIPE_TRANSFER_STEPS = 200
 RECIPE_DISTILL_STEPS = 400
 RECIPE_LORA_RANK = 8
 RECIPE_LR = 5e-4  # LoRA's learning rate (the adapters start at zero)
+RECIPE_B = "learned"  # SSA's b: learned (rescaled with n, then trained) or tied (b = 1/n)
+RECIPE_LM_WEIGHT = 0.0  # distillation loss = KL + this · the text's cross-entropy

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .. import defaults
 from ..check.config import CONFIG_FILE
 from ..defaults import DEFAULT_MODEL
 from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, check_exit_code
@@ -58,10 +59,12 @@ def check_command(
     ),
     junit: Path = typer.Option(None, help="Write a JUnit XML report (one testcase per requirement)."),
     json_out: Path = typer.Option(None, "--json", help="Write the check (and its result) as JSON."),
-    samples: int = typer.Option(None, min=1, help="Inputs per probe level (default 8)."),
-    seed: int = typer.Option(None, help="Seed of the probe inputs (default 0)."),
+    samples: int = typer.Option(None, min=1, help=f"Inputs per probe level (default {defaults.SAMPLES})."),
+    seed: int = typer.Option(None, help=f"Seed of the probe inputs (default {defaults.SEED})."),
     length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points)."),
-    tau: float = typer.Option(None, help="A row has collapsed when its largest weight is >= tau (0.9)."),
+    tau: float = typer.Option(
+        None, help=f"A row has collapsed when its largest weight is >= tau (default {defaults.TAU:g})."
+    ),
     scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa."),
     device: Device = None,
     dtype: Dtype = None,

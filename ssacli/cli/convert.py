@@ -18,11 +18,12 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from ..defaults import MAX_KL_PER_TOKEN
+from ..defaults import DEVICE, DTYPE, FINETUNE_STEPS, MAX_KL_PER_TOKEN, MAX_RELATIVE_ERROR
 from ..errors import UsageError
 from ..files import check_writable_folder
 from .options import (
     DATA_HELP,
+    STEPS_HELP,
     AllowDownload,
     AllowPickle,
     AnnealN,
@@ -92,11 +93,12 @@ def convert_command(
     max_error: float = typer.Option(
         None,
         "--max-error",
-        help="Fidelity target: KL nats/token for models with a vocabulary (default 1e-3), relative "
-        "error of the output otherwise (default 1e-2). m=auto meets it or exits 5.",
+        help=f"Fidelity target: KL nats/token for models with a vocabulary (default "
+        f"{MAX_KL_PER_TOKEN:g}), relative error of the output otherwise (default "
+        f"{MAX_RELATIVE_ERROR:g}). m=auto meets it or exits 5.",
     ),
     data: str = typer.Option(None, help=DATA_HELP),
-    steps: int = typer.Option(None, min=1, help="Optimizer steps (default 1000)."),
+    steps: int = typer.Option(None, min=1, help=STEPS_HELP),
     lr: Lr = None,
     scorer_lr: ScorerLr = None,
     monitor_every: MonitorEvery = None,
@@ -112,8 +114,8 @@ def convert_command(
     checkpoint_every: CheckpointEvery = None,
     log_every: LogEvery = None,
     attention: Attention = None,
-    device: Device = "auto",
-    dtype: str = typer.Option("auto", help="auto (float32 on CPU and when fine-tuning), float32, bfloat16."),
+    device: Device = DEVICE,
+    dtype: str = typer.Option(DTYPE, help="auto (float32 on CPU and when fine-tuning), float32, bfloat16."),
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
@@ -217,7 +219,9 @@ def finetune_command(
         False, "--resume", help="Continue the run recorded in --out (without --out: in DIR)."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists (ssacli's only)."),
-    steps: int = typer.Option(None, min=1, help="Total optimizer steps of the run (default 1000)."),
+    steps: int = typer.Option(
+        None, min=1, help=f"Total optimizer steps of the run (default {FINETUNE_STEPS})."
+    ),
     lr: Lr = None,
     scorer_lr: ScorerLr = None,
     monitor_every: MonitorEvery = None,
@@ -233,7 +237,7 @@ def finetune_command(
     checkpoint_every: CheckpointEvery = None,
     log_every: LogEvery = None,
     attention: Attention = None,
-    device: Device = "auto",
+    device: Device = DEVICE,
     trust_remote_code: TrustRemoteCode = False,
     quiet: QuietTraining = False,
 ) -> None:

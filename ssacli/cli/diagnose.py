@@ -13,6 +13,7 @@ from .. import defaults
 from ..errors import UsageError
 from ..files import write_json
 from .options import (
+    HEATMAP_HELP,
     AllowDownload,
     AllowPickle,
     Device,
@@ -102,12 +103,13 @@ def diagnose_command(
         defaults.BLOCK_ROWS, min=1, help="Query rows scored at a time (memory O(block × keys))."
     ),
     stats: str = typer.Option(
-        "auto", metavar="MODE",
+        defaults.STATS,
+        metavar="MODE",
         help="eager: metrics from blocks of weights; fused: from running row statistics of one "
         "blocked pass (softmax, temperature, ssa, ssmax, sink, softmax1); auto: fused where it applies.",
     ),
-    device: Device = "auto",
-    dtype: Dtype = "auto",
+    device: Device = defaults.DEVICE,
+    dtype: Dtype = defaults.DTYPE,
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
@@ -117,7 +119,7 @@ def diagnose_command(
     compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
     json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
-    heatmap: str = typer.Option("max_weight", help=r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."),
+    heatmap: str = typer.Option(defaults.HEATMAP, help=HEATMAP_HELP),
     quiet: QuietOutput = False,
 ) -> None:
     r"""Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.

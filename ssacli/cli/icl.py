@@ -8,40 +8,50 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..defaults import ICL_LENGTHS, ICL_POINTS, SCORER_LR
+from .. import defaults as D
 from ..errors import UsageError
 from ..files import check_writable_folder, write_json
-from .options import SCORER_LR_HELP, bar_columns, check_outputs, floats, progress
+from .options import (
+    ATTENTION_HELP,
+    ICL_SIGMAS_TEXT,
+    SCORER_LR_HELP,
+    bar_columns,
+    check_outputs,
+    floats,
+    progress,
+)
 
 
 def icl_train(
     task: str = typer.Option(..., help="every, some or linear."),
     out: Path = typer.Option(..., help="Checkpoint folder to write."),
-    scorer: str = typer.Option("softmax", help="Scorer spec, e.g. ssa or ssa:init=paper,learn=none."),
-    steps: int = typer.Option(4000, min=1, help="Training steps."),
-    batch_size: int = typer.Option(64, min=1, help="Prompts per step."),
-    lr: float = typer.Option(1e-4, help="Adam learning rate."),
-    scorer_lr: float = typer.Option(SCORER_LR, help=SCORER_LR_HELP),
-    seed: int = typer.Option(0, help="Seed for weights and data."),
-    preset: str = typer.Option("cpu", help="Model size: cpu (3x4x32), small (4x4x64), paper (12x8x256)."),
+    scorer: str = typer.Option(D.SCORER, help="Scorer spec, e.g. ssa or ssa:init=paper,learn=none."),
+    steps: int = typer.Option(D.ICL_STEPS, min=1, help="Training steps."),
+    batch_size: int = typer.Option(D.ICL_BATCH_SIZE, min=1, help="Prompts per step."),
+    lr: float = typer.Option(D.ICL_LR, help="Adam learning rate."),
+    scorer_lr: float = typer.Option(D.SCORER_LR, help=SCORER_LR_HELP),
+    seed: int = typer.Option(D.SEED, help="Seed for weights and data."),
+    preset: str = typer.Option(
+        D.ICL_PRESET, help="Model size: cpu (3x4x32), small (4x4x64), paper (12x8x256)."
+    ),
     arch: str = typer.Option(
-        "gpt2", help="Backbone: gpt2 (pre-LayerNorm blocks with MLP) or attn-only (no MLP, no LayerNorm)."
+        D.ICL_ARCH, help="Backbone: gpt2 (pre-LayerNorm blocks with MLP) or attn-only (no MLP, no LayerNorm)."
     ),
     layers: int = typer.Option(None, help="Override the preset's layers."),
     heads: int = typer.Option(None, help="Override the preset's heads."),
     width: int = typer.Option(None, help="Override the preset's width."),
-    points_start: int = typer.Option(11, help="Curriculum: points per prompt at the start."),
-    points_end: int = typer.Option(ICL_POINTS, help="Curriculum: points per prompt at the end."),
+    points_start: int = typer.Option(D.ICL_POINTS_START, help="Curriculum: points per prompt at the start."),
+    points_end: int = typer.Option(D.ICL_POINTS, help="Curriculum: points per prompt at the end."),
     points_every: int = typer.Option(
         None, help="Curriculum: steps between +2 points (default: end at half-way)."
     ),
-    checkpoint_every: int = typer.Option(1000, min=1, help="Write a checkpoint every K steps."),
-    attention: str = typer.Option(
-        "auto", help="Attention kernels: auto (fused where no weights are needed), eager or fused."
+    checkpoint_every: int = typer.Option(
+        D.ICL_CHECKPOINT_EVERY, min=1, help="Write a checkpoint every K steps."
     ),
+    attention: str = typer.Option(D.ATTENTION, help=f"{ATTENTION_HELP}."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a checkpoint already in --out."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
 ) -> None:
     """Train an ICL model from scratch with any scorer."""
     check_writable_folder(out, "--out")  # before anything heavy is imported
@@ -84,17 +94,17 @@ def icl_train(
 
 def icl_eval(
     model_ref: str = typer.Argument(..., metavar="MODEL", help="Checkpoint folder or builtin:NAME."),
-    sigma: str = typer.Option("1,2,4,8,16,32", help="Comma-separated σ of the inputs."),
+    sigma: str = typer.Option(ICL_SIGMAS_TEXT, help="Comma-separated σ of the inputs."),
     length: str = typer.Option(
-        ",".join(map(str, ICL_LENGTHS)), help="Comma-separated prompt lengths (points)."
+        ",".join(map(str, D.ICL_LENGTHS)), help="Comma-separated prompt lengths (points)."
     ),
     outlier: str = typer.Option(None, help="Planted outliers VALUE@POSITION, comma-separated, e.g. 1000@3."),
-    prompts: int = typer.Option(500, min=1, help="Prompts per cell."),
-    coef_sigma: float = typer.Option(1.0, help="linear: σ of the coefficients a, b."),
-    seed: int = typer.Option(0, help="Seed of the evaluation prompts."),
+    prompts: int = typer.Option(D.ICL_PROMPTS, min=1, help="Prompts per cell."),
+    coef_sigma: float = typer.Option(D.ICL_COEF_SIGMA, help="linear: σ of the coefficients a, b."),
+    seed: int = typer.Option(D.SEED, help="Seed of the evaluation prompts."),
     json_out: Path = typer.Option(None, "--json", help="Write the results as JSON to this file."),
     plot: Path = typer.Option(None, help="Write a figure (png, pdf, svg) to this file."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
 ) -> None:
     """Evaluate an ICL model over σ × length, and with planted outliers."""
     check_outputs(("--json", json_out), ("--plot", plot))  # before anything heavy is imported
@@ -145,14 +155,18 @@ def plan_size(plan, total: int) -> str:
 def icl_sweep(
     out: Path = typer.Option(..., help="Folder for runs/, results.json and figures/."),
     plan_file: Path = typer.Option(None, "--plan", help="A JSON plan (see docs/results/icl-plan.json)."),
-    task: list[str] = typer.Option(["every", "linear"], help="Task (repeat the flag for several)."),
-    scorer: list[str] = typer.Option(["softmax", "ssa"], help="Scorer spec (repeat the flag for several)."),
-    seeds: int = typer.Option(3, min=1, help="Seeds per scorer."),
-    steps: int = typer.Option(3000, min=1, help="Training steps per run."),
-    lr: float = typer.Option(1e-4, help="Adam learning rate."),
-    prompts: int = typer.Option(500, min=1, help="Evaluation prompts per cell."),
-    jobs: int = typer.Option(1, min=1, help="Runs in parallel (one CPU thread each)."),
-    device: str = typer.Option("cpu", help="cpu, cuda or auto: where every run trains and is evaluated."),
+    task: list[str] = typer.Option(list(D.ICL_SWEEP_TASKS), help="Task (repeat the flag for several)."),
+    scorer: list[str] = typer.Option(
+        list(D.ICL_SWEEP_SCORERS), help="Scorer spec (repeat the flag for several)."
+    ),
+    seeds: int = typer.Option(D.ICL_SWEEP_SEEDS, min=1, help="Seeds per scorer."),
+    steps: int = typer.Option(D.ICL_SWEEP_STEPS, min=1, help="Training steps per run."),
+    lr: float = typer.Option(D.ICL_LR, help="Adam learning rate."),
+    prompts: int = typer.Option(D.ICL_PROMPTS, min=1, help="Evaluation prompts per cell."),
+    jobs: int = typer.Option(D.SWEEP_JOBS, min=1, help="Runs in parallel (one CPU thread each)."),
+    device: str = typer.Option(
+        D.ICL_SWEEP_DEVICE, help="cpu, cuda or auto: where every run trains and is evaluated."
+    ),
 ) -> None:
     """Train and evaluate a grid of scorers × tasks × seeds; write results.json and figures."""
     check_writable_folder(out, "--out")  # before anything heavy is imported

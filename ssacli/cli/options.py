@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from ..defaults import SCORER_LR
+from .. import defaults as D
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
 from ..models.device_map import DEVICE_MAPS
@@ -55,6 +55,11 @@ MaxMemory = Annotated[list[str], typer.Option("--max-memory", help=MAX_MEMORY_HE
 STRICT_HELP = "Refuse a family the all-family audit did not cover (docs/models.md)."
 Strict = Annotated[bool, typer.Option("--strict", help=STRICT_HELP)]
 
+# ICL evaluation's grid as the options take it (report, icl eval): comma-separated
+ICL_SIGMAS_TEXT = ",".join(f"{s:g}" for s in D.ICL_SIGMAS)
+ICL_OUTLIERS_TEXT = ",".join(f"{value:g}@{position}" for value, position in D.ICL_OUTLIERS)
+HEATMAP_HELP = r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."  # diagnose, render
+
 # ---- output -------------------------------------------------------------------------------------
 
 QuietOutput = Annotated[
@@ -64,33 +69,38 @@ QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress 
 
 # ---- fine-tuning (convert --finetune, finetune): None = not given ------------------------------------
 
-Lr = Annotated[float, typer.Option(help="Peak AdamW learning rate (default 1e-4).")]
+Lr = Annotated[float, typer.Option(help=f"Peak AdamW learning rate (default {D.FINETUNE_LR:g}).")]
 SCORER_LR_HELP = (
     f"Learning rate of the scorer's parameters (b, n, ...): their own AdamW group, no weight decay "
-    f"(default {SCORER_LR:g}; why: docs/convert.md)."
+    f"(default {D.SCORER_LR:g}; why: docs/convert.md)."
 )
 ScorerLr = Annotated[float, typer.Option(help=SCORER_LR_HELP)]
 MONITOR_HELP = "Measure attention saturation every N steps into the run's record (0: off)."
 MonitorEvery = Annotated[int, typer.Option(min=0, help=MONITOR_HELP)]
-BatchSize = Annotated[int, typer.Option(min=1, help="Sequences per micro-batch, ICL: prompts (default 8).")]
-SeqLen = Annotated[int, typer.Option(min=2, help="Tokens per training window, text data only (default 128).")]
-GradAccum = Annotated[int, typer.Option(min=1, help="Micro-batches per step (default 1).")]
-Warmup = Annotated[int, typer.Option(min=0, help="Linear warmup steps (default 5% of --steps, at most 100).")]
-Schedule = Annotated[
-    str, typer.Option(help="After warmup: cosine (to 10% of --lr) or constant (default cosine).")
-]
-WeightDecay = Annotated[float, typer.Option(min=0, help="AdamW weight decay, on matrices only (default 0).")]
-TrainSeed = Annotated[int, typer.Option(help="Seed of the batches and dropout (default 0).")]
-TrainWhat = Annotated[str, typer.Option(help="all, or scorer: only the scorer's parameters (default all).")]
+BATCH_HELP = f"Sequences per micro-batch, ICL: prompts (default {D.TRAIN_BATCH_SIZE})."
+BatchSize = Annotated[int, typer.Option(min=1, help=BATCH_HELP)]
+SEQ_LEN_HELP = f"Tokens per training window, text data only (default {D.LM_SEQ_LEN})."
+SeqLen = Annotated[int, typer.Option(min=2, help=SEQ_LEN_HELP)]
+GradAccum = Annotated[int, typer.Option(min=1, help=f"Micro-batches per step (default {D.GRAD_ACCUM}).")]
+# the warmup FinetuneConfig.warmup_steps takes when none is given
+WARMUP_RULE = f"{100 / D.WARMUP_DIVISOR:g}% of --steps, at most {D.WARMUP_MAX}"
+Warmup = Annotated[int, typer.Option(min=0, help=f"Linear warmup steps (default {WARMUP_RULE}).")]
+SCHEDULE_HELP = (
+    f"After warmup: cosine (to {100 * D.MIN_LR_RATIO:g}% of --lr) or constant (default {D.SCHEDULE})."
+)
+Schedule = Annotated[str, typer.Option(help=SCHEDULE_HELP)]
+WEIGHT_DECAY_HELP = f"AdamW weight decay, on matrices only (default {D.WEIGHT_DECAY:g})."
+WeightDecay = Annotated[float, typer.Option(min=0, help=WEIGHT_DECAY_HELP)]
+TrainSeed = Annotated[int, typer.Option(help=f"Seed of the batches and dropout (default {D.SEED}).")]
+TRAIN_WHAT_HELP = f"all, or scorer: only the scorer's parameters (default {D.TRAIN_WHAT})."
+TrainWhat = Annotated[str, typer.Option(help=TRAIN_WHAT_HELP)]
 AnnealN = Annotated[float, typer.Option(help="SSA: move n linearly to this value over the run (b = 1/n).")]
-CheckpointEvery = Annotated[int, typer.Option(min=1, help="Write a checkpoint every K steps (default 500).")]
-LogEvery = Annotated[int, typer.Option(min=1, help="Record the loss every K steps (default 10).")]
-Attention = Annotated[
-    str,
-    typer.Option(
-        help="Attention kernels: auto (fused where no weights are needed), eager, fused (default auto)."
-    ),
-]
+CHECKPOINT_HELP = f"Write a checkpoint every K steps (default {D.CHECKPOINT_EVERY})."
+CheckpointEvery = Annotated[int, typer.Option(min=1, help=CHECKPOINT_HELP)]
+LogEvery = Annotated[int, typer.Option(min=1, help=f"Record the loss every K steps (default {D.LOG_EVERY}).")]
+ATTENTION_HELP = "Attention kernels: auto (fused where no weights are needed), eager, fused"
+Attention = Annotated[str, typer.Option(help=f"{ATTENTION_HELP} (default {D.ATTENTION}).")]
+STEPS_HELP = f"Optimizer steps (default {D.FINETUNE_STEPS})."
 
 
 # ---- help pages that read at 80 columns --------------------------------------------------------------

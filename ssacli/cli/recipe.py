@@ -13,12 +13,13 @@ from .. import defaults as D
 from ..errors import UsageError
 from ..models.options import LoadOptions
 
-STAGE_CHOICES = "auto, lm, or a comma list of transfer, distill"
+AUTO = "auto"  # --stages not given: the recipe for SSA on a causal LM's text, else one fine-tune
+STAGE_CHOICES = f"{AUTO}, lm, or a comma list of transfer, distill"
 Stages = Annotated[
     str,
     typer.Option(
-        help=f"With --finetune: {STAGE_CHOICES}. auto: the recipe (transfer,distill) for SSA on a causal "
-        "LM's text, else lm (one fine-tune) (default auto).",
+        help=f"With --finetune: {STAGE_CHOICES}. {AUTO}: the recipe (transfer,distill) for SSA on a causal "
+        f"LM's text, else lm (one fine-tune) (default {AUTO}).",
     ),
 ]
 TargetN = Annotated[
@@ -26,7 +27,9 @@ TargetN = Annotated[
 ]
 RecipeB = Annotated[
     str,
-    typer.Option(help="Recipe: b learned (rescaled with n, then trained) or tied (1/n) (default learned)."),
+    typer.Option(
+        help=f"Recipe: b learned (rescaled with n, then trained) or tied (1/n) (default {D.RECIPE_B})."
+    ),
 ]
 TransferSteps = Annotated[
     int, typer.Option(min=1, help=f"Recipe: attention-transfer steps (default {D.RECIPE_TRANSFER_STEPS}).")
@@ -37,7 +40,9 @@ DistillSteps = Annotated[
 LoraRank = Annotated[
     int, typer.Option(min=1, help=f"Recipe: LoRA rank of the distillation (default {D.RECIPE_LORA_RANK}).")
 ]
-LmWeight = Annotated[float, typer.Option(help="Recipe: weight of the LM loss beside the KL (default 0).")]
+LmWeight = Annotated[
+    float, typer.Option(help=f"Recipe: weight of the LM loss beside the KL (default {D.RECIPE_LM_WEIGHT:g}).")
+]
 MaxKl = Annotated[
     float, typer.Option(help=f"Recipe: the KL budget (nats/token) to meet (default {D.RECIPE_MAX_KL:g}).")
 ]
@@ -45,7 +50,7 @@ MaxKl = Annotated[
 
 def wants_recipe(stages: str | None, scorer: str, data: str | None) -> bool:
     """Whether ``--stages`` (None: auto) asks for the recipe rather than one fine-tune."""
-    if stages in (None, "auto"):
+    if stages in (None, AUTO):
         from ..scorers import make_scorer
 
         return make_scorer(scorer).name == "ssa" and bool(data) and not data.startswith("icl:")
@@ -73,7 +78,7 @@ def recipe_config(stages: str | None, scorer: str, options: dict[str, Any], reci
         )
     if "n" in spec.given:
         recipe.setdefault("target_n", spec.opts["n"])
-    if stages not in (None, "auto"):
+    if stages not in (None, AUTO):
         recipe["stages"] = tuple(s.strip() for s in stages.split(",") if s.strip())
     shared = ("data", "lr", "scorer_lr", "batch_size", "seq_len", "seed")
     settings = {k: options[k] for k in shared if k in options}

@@ -13,8 +13,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from ..defaults import HEATMAP
 from ..errors import UsageError
-from .options import QuietOutput, check_outputs
+from .options import HEATMAP_HELP, QuietOutput, check_outputs
 
 
 def render_command(
@@ -27,7 +28,7 @@ def render_command(
     parquet_out: Path = typer.Option(
         None, "--parquet", help=r'The same table as Parquet (pip install "ssacli\[frame]").'
     ),
-    heatmap: str = typer.Option("max_weight", help=r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."),
+    heatmap: str = typer.Option(HEATMAP, help=HEATMAP_HELP),
     quiet: QuietOutput = False,
 ) -> None:
     r"""Render a saved `ssacli diagnose --json` RESULT as diagnose did, or export it as a table.

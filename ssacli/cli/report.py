@@ -17,6 +17,8 @@ from .. import defaults
 from ..errors import UsageError
 from ..files import write_text
 from .options import (
+    ICL_OUTLIERS_TEXT,
+    ICL_SIGMAS_TEXT,
     AllowDownload,
     AllowPickle,
     Device,
@@ -45,7 +47,9 @@ def report_command(
         None, help="Training --data: its held-out last tenth is the in-distribution text (or --text-id)."
     ),
     pairs: Path = typer.Option(None, help="BLiMP-style .jsonl (sentence_good, sentence_bad) or a folder."),
-    pairs_limit: int = typer.Option(200, min=0, help="Pairs per file (its first N; 0 = all)."),
+    pairs_limit: int = typer.Option(
+        defaults.PAIRS_LIMIT, min=0, help="Pairs per file (its first N; 0 = all)."
+    ),
     no_builtin: bool = typer.Option(
         False, "--no-builtin", help="Skip the built-in texts and pairs measured where no data is given."
     ),
@@ -64,23 +68,29 @@ def report_command(
     ),
     lm_eval_include: Path = typer.Option(None, help="--lm-eval: a folder of task YAML files to add."),
     probe: list[str] = typer.Option(None, help="Diagnose probe NAME[:L1,L2,…] (repeatable; default all)."),
-    seed: int = typer.Option(0, help="One seed for both models: masking, ICL prompts, probe inputs."),
-    samples: int = typer.Option(8, min=1, help="Sequences per probe level."),
-    seq_len: int = typer.Option(128, min=2, help="LM loss window in tokens (capped at the model's)."),
-    max_tokens: int = typer.Option(16384, min=2, help="LM loss reads at most this many tokens per text."),
-    batch_size: int = typer.Option(8, min=1, help="Windows per forward pass."),
-    sigma: str = typer.Option("1,2,4,8,16,32", help="ICL models: σ of the inputs, comma-separated."),
-    outlier: str = typer.Option("10@3,100@3,1000@3", help="ICL models: VALUE@POSITION outliers ('' = none)."),
+    seed: int = typer.Option(
+        defaults.SEED, help="One seed for both models: masking, ICL prompts, probe inputs."
+    ),
+    samples: int = typer.Option(defaults.SAMPLES, min=1, help="Sequences per probe level."),
+    seq_len: int = typer.Option(
+        defaults.LM_SEQ_LEN, min=2, help="LM loss window in tokens (capped at the model's)."
+    ),
+    max_tokens: int = typer.Option(
+        defaults.LM_MAX_TOKENS, min=2, help="LM loss reads at most this many tokens per text."
+    ),
+    batch_size: int = typer.Option(defaults.BATCH_SIZE, min=1, help="Windows per forward pass."),
+    sigma: str = typer.Option(ICL_SIGMAS_TEXT, help="ICL models: σ of the inputs, comma-separated."),
+    outlier: str = typer.Option(ICL_OUTLIERS_TEXT, help="ICL models: VALUE@POSITION outliers ('' = none)."),
     icl_length: int = typer.Option(defaults.ICL_POINTS, min=2, help="ICL models: points per prompt."),
-    prompts: int = typer.Option(500, min=1, help="ICL models: prompts per cell."),
+    prompts: int = typer.Option(defaults.ICL_PROMPTS, min=1, help="ICL models: prompts per cell."),
     json_out: Path = typer.Option(None, "--json", help="Write the report (schema ssacli-report) here."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
     reuse_before: Path = typer.Option(
         None, help="An earlier --json report of the same BEFORE and settings: reuse its BEFORE side."
     ),
     quiet: QuietOutput = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
+    device: Device = defaults.DEVICE,
+    dtype: Dtype = defaults.DTYPE,
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,

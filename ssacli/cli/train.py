@@ -13,10 +13,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..defaults import SCORER_LR
+from .. import defaults as D
 from ..files import check_writable_folder
 from .convert import print_trained, training_display
-from .options import SCORER_LR_HELP, Device
+from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device
 
 
 def train_command(
@@ -26,26 +26,30 @@ def train_command(
         None, help="gpt2 or llama (causal LM), roberta (masked LM); needed unless --size is a config."
     ),
     size: str = typer.Option(
-        None, help="tiny (default), small, or a config.json (its model_type: the arch)."
+        None, help=f"{D.SCRATCH_SIZE} (default), small, or a config.json (its model_type: the arch)."
     ),
-    scorer: str = typer.Option("softmax", help="Scorer spec, e.g. ssa or ssa:init=paper,learn=n."),
-    steps: int = typer.Option(1000, min=1, help="Optimizer steps."),
-    lr: float = typer.Option(1e-3, help="Peak AdamW learning rate (from scratch: higher than fine-tuning)."),
-    scorer_lr: float = typer.Option(SCORER_LR, help=SCORER_LR_HELP),
-    batch_size: int = typer.Option(16, min=1, help="Sequences per micro-batch."),
+    scorer: str = typer.Option(D.SCORER, help="Scorer spec, e.g. ssa or ssa:init=paper,learn=n."),
+    steps: int = typer.Option(D.FINETUNE_STEPS, min=1, help="Optimizer steps."),
+    lr: float = typer.Option(
+        D.SCRATCH_LR, help="Peak AdamW learning rate (from scratch: higher than fine-tuning)."
+    ),
+    scorer_lr: float = typer.Option(D.SCORER_LR, help=SCORER_LR_HELP),
+    batch_size: int = typer.Option(D.SCRATCH_BATCH_SIZE, min=1, help="Sequences per micro-batch."),
     seq_len: int = typer.Option(None, min=2, help="Tokens per sequence = model positions (default: size's)."),
-    grad_accum: int = typer.Option(1, min=1, help="Micro-batches per optimizer step."),
-    warmup: int = typer.Option(None, min=0, help="Linear warm-up steps (default: 5 % of steps, <= 100)."),
-    weight_decay: float = typer.Option(0.1, min=0, help="AdamW weight decay of the weight matrices."),
+    grad_accum: int = typer.Option(D.GRAD_ACCUM, min=1, help="Micro-batches per optimizer step."),
+    warmup: int = typer.Option(None, min=0, help=f"Linear warm-up steps (default {WARMUP_RULE})."),
+    weight_decay: float = typer.Option(
+        D.SCRATCH_WEIGHT_DECAY, min=0, help="AdamW weight decay of the weight matrices."
+    ),
     vocab_size: int = typer.Option(
-        None, min=261, help="Most BPE tokens [1024 tiny, 4096 small, 8192 roberta small]."
+        None,
+        min=261,
+        help="Most BPE tokens (default: the size's vocabulary, printed when the model is built).",
     ),
-    seed: int = typer.Option(0, help="Seed of the weights and of the batches."),
-    device: Device = "auto",
-    checkpoint_every: int = typer.Option(500, min=1, help="Write a checkpoint every K steps."),
-    attention: str = typer.Option(
-        "auto", help="Attention kernels: auto (fused where no weights are needed), eager or fused."
-    ),
+    seed: int = typer.Option(D.SEED, help="Seed of the weights and of the batches."),
+    device: Device = D.DEVICE,
+    checkpoint_every: int = typer.Option(D.CHECKPOINT_EVERY, min=1, help="Write a checkpoint every K steps."),
+    attention: str = typer.Option(D.ATTENTION, help=f"{ATTENTION_HELP}."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out (same options, --steps may grow)."
     ),

@@ -31,7 +31,7 @@ from .outputs import (
     reference_index,
     robust_index,
 )
-from .probe_result import ProbeResult
+from .probe_result import COLLAPSE_SHARE, ProbeResult
 from .probes import ActsOn
 
 MAX_FINDINGS = 8
@@ -155,7 +155,8 @@ def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) ->
         rates[:, probe.baseline_collapsed()] = np.nan
         with np.errstate(invalid="ignore"):
             layer_rates = np.nanmean(rates, axis=2) if rates.size else rates
-        first_layers = [int(i) for i in np.nonzero(np.nan_to_num(layer_rates[index]) >= 0.5)[0]]
+        # the layers that collapse there: their own rate reaches the share that marks the point
+        first_layers = [int(i) for i in np.nonzero(np.nan_to_num(layer_rates[index]) >= COLLAPSE_SHARE)[0]]
         if not first_layers:
             first_layers = [int(np.nanargmax(np.nan_to_num(layer_rates[index], nan=-1)))]
         reach = _reach_text(probe, index)

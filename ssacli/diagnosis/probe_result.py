@@ -169,7 +169,7 @@ class ProbeResult:
 
     # ---- baseline-relative collapse ---------------------------------------------------------------
     def baseline_collapsed(self) -> np.ndarray:
-        """[layer, head] bool: heads whose collapse rate is already >= 0.5 at the first level."""
+        """[layer, head] bool: heads whose collapse rate already reaches COLLAPSE_SHARE at the first level."""
         if "collapse_rate" not in self.metrics:
             return np.zeros(self.rows.shape[1:2] + (0,), dtype=bool)
         first = self.metrics["collapse_rate"][0]

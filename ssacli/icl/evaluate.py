@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..defaults import ICL_POINTS
+from ..defaults import ICL_COEF_SIGMA, ICL_POINTS
 from ..errors import InputError
 from ..models.checkpoint import ICL_FORMAT, folder_format
 from ..models.icl import ICLModel, load_icl
@@ -43,7 +43,7 @@ class Cell:
     normalized_error: float | None = None  # linear: MSE / Var(y)
     position_error: float | None = None  # quantification: share of wrong signs, positions >= 3
     per_position: list[float] = field(default_factory=list)  # error rate or MSE at positions 1..L
-    coef_sigma: float = 1.0  # linear: σ of the coefficients a, b
+    coef_sigma: float = ICL_COEF_SIGMA  # linear: σ of the coefficients a, b
     # With an outlier at position p: the error on positions > p only (quantification: share of prompts
     # with a wrong sign there; linear: MSE / Var(y) there), and at p alone (error rate; MSE / Var(y)).
     after_outlier: float | None = None
@@ -73,7 +73,7 @@ def evaluate(
     outliers: tuple[tuple[float, int] | None, ...] = (None,),
     prompts: int = 1000,
     batch_size: int | None = None,
-    coef_sigma: float = 1.0,
+    coef_sigma: float = ICL_COEF_SIGMA,
     seed: int = 0,
 ) -> list[Cell]:
     """One :class:`Cell` per (outlier, σ, length), on fresh prompts drawn from ``seed``."""
@@ -261,7 +261,7 @@ def evaluate_icl(
     lengths: tuple[int, ...],
     outliers: tuple[tuple[float, int], ...] = (),
     prompts: int = 1000,
-    coef_sigma: float = 1.0,
+    coef_sigma: float = ICL_COEF_SIGMA,
     seed: int = 0,
     device: str = "auto",
 ) -> ICLEvaluation:

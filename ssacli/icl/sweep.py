@@ -29,7 +29,18 @@ from typing import Any
 
 import torch
 
-from ..defaults import ICL_LENGTHS, ICL_POINTS, SCORER_LR
+from ..defaults import (
+    ICL_BATCH_SIZE,
+    ICL_LENGTHS,
+    ICL_LR,
+    ICL_POINTS,
+    ICL_POINTS_START,
+    ICL_PRESET,
+    ICL_PROMPTS,
+    ICL_SWEEP_SEEDS,
+    ICL_SWEEP_STEPS,
+    SCORER_LR,
+)
 from ..errors import InputError
 from ..files import check_writable_folder
 from ..models.checkpoint import ICL_FORMAT, read_meta
@@ -44,25 +55,25 @@ from .train import TrainConfig, train
 class ScorerEntry:
     label: str  # short name used in file names, tables and legends
     spec: str
-    seeds: int = 3
+    seeds: int = ICL_SWEEP_SEEDS
 
 
 @dataclass
 class SweepPlan:
     tasks: list[str]
     scorers: list[ScorerEntry]
-    steps: int = 3000
-    lr: float = 1e-4
+    steps: int = ICL_SWEEP_STEPS
+    lr: float = ICL_LR
     scorer_lr: float = SCORER_LR  # the scorer's own optimizer group (ssacli.models.optim)
-    batch_size: int = 64
-    preset: str = "cpu"
-    points_start: int = 11
+    batch_size: int = ICL_BATCH_SIZE
+    preset: str = ICL_PRESET
+    points_start: int = ICL_POINTS_START
     points_end: int = ICL_POINTS
     sigmas: list[float] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     lengths: list[int] = field(default_factory=lambda: [ICL_POINTS // 2 + 1, *ICL_LENGTHS])
     outliers: list[float] = field(default_factory=lambda: [10, 100, 1000])
     outlier_position: int = 3
-    prompts: int = 500
+    prompts: int = ICL_PROMPTS
     archs: list[str] = field(default_factory=lambda: ["gpt2"])  # backbones; every arm runs on each
     coef_sigmas: list[float] = field(default_factory=list)  # linear: σ of a, b (at σ_x = 1)
     reference: str | None = None  # arm the others are paired against (default: the first)

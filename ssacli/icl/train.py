@@ -13,7 +13,20 @@ from pathlib import Path
 import torch
 
 from ..attention.backend import attention_backend, check_backend
-from ..defaults import ICL_POINTS, SCORER_LR
+from ..defaults import (
+    ATTENTION,
+    ICL_ARCH,
+    ICL_BATCH_SIZE,
+    ICL_CHECKPOINT_EVERY,
+    ICL_LR,
+    ICL_POINTS,
+    ICL_POINTS_START,
+    ICL_PRESET,
+    ICL_STEPS,
+    SCORER,
+    SCORER_LR,
+    SEED,
+)
 from ..errors import UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_state, trainer_state_tensors
@@ -34,23 +47,23 @@ from ..train.loop import StepLoop
 @dataclass
 class TrainConfig:
     task: str
-    scorer: str = "softmax"
-    steps: int = 4000
-    batch_size: int = 64
-    lr: float = 1e-4
+    scorer: str = SCORER
+    steps: int = ICL_STEPS
+    batch_size: int = ICL_BATCH_SIZE
+    lr: float = ICL_LR
     scorer_lr: float | None = SCORER_LR  # own Adam group (ssacli.models.optim); None: at lr (older runs)
-    seed: int = 0
-    preset: str = "cpu"
+    seed: int = SEED
+    preset: str = ICL_PRESET
     layers: int | None = None
     heads: int | None = None
     width: int | None = None
-    points_start: int = 11
+    points_start: int = ICL_POINTS_START
     points_end: int = ICL_POINTS
     points_every: int | None = None  # steps between +2 points; None: reach the end at half-way
-    checkpoint_every: int = 1000
+    checkpoint_every: int = ICL_CHECKPOINT_EVERY
     log_every: int = 50
-    attention: str = "auto"  # attention backend: auto (fused kernels), eager or fused
-    arch: str = "gpt2"  # backbone: gpt2 (pre-LN, MLP) or attn-only (no MLP, no LayerNorm)
+    attention: str = ATTENTION  # attention backend: auto (fused kernels), eager or fused
+    arch: str = ICL_ARCH  # backbone: gpt2 (pre-LN, MLP) or attn-only (no MLP, no LayerNorm)
 
     def validate(self) -> None:
         """Fail on a bad task, backbone, attention backend or scorer spec before any work."""

@@ -15,7 +15,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..defaults import DEVICE, DTYPE, ICL_POINTS
+from ..defaults import (
+    BATCH_SIZE,
+    DEVICE,
+    DTYPE,
+    ICL_OUTLIERS,
+    ICL_POINTS,
+    ICL_PROMPTS,
+    ICL_SIGMAS,
+    LM_MAX_TOKENS,
+    LM_SEQ_LEN,
+    PAIRS_LIMIT,
+    SAMPLES,
+    SEED,
+)
 from ..errors import InputError, UsageError
 from ..models.device_map import MaxMemory
 from ..models.kinds import ModelKind
@@ -24,18 +37,8 @@ from ..models.options import LoadOptions
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
 from .inputs import read_pairs, read_text_file
-from .measures import (
-    DEFAULT_OUTLIERS,
-    DEFAULT_SIGMAS,
-    LM_KINDS,
-    MAX_TOKENS,
-    icl_error_by_sigma,
-    language_model_loss,
-    minimal_pairs,
-)
+from .measures import LM_KINDS, icl_error_by_sigma, language_model_loss, minimal_pairs
 from .result import REPORT_SCHEMA, QualityReport, read_report
-
-PAIRS_LIMIT = 200
 
 
 def compare_models(
@@ -43,10 +46,10 @@ def compare_models(
     text_id: str | Path | None = None, text_ood: str | Path | None = None,
     heldout_of: str | Path | None = None,
     pairs: str | Path | Sequence[dict] | dict | None = None, pairs_limit: int | None = PAIRS_LIMIT,
-    probes: Sequence[str] | None = None, seed: int = 0, samples: int = 8,
-    seq_len: int = 128, max_tokens: int = MAX_TOKENS, batch_size: int = 8,
-    sigmas: Sequence[float] = DEFAULT_SIGMAS, outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS,
-    icl_length: int = ICL_POINTS, prompts: int = 500, device: str = DEVICE, dtype: str = DTYPE,
+    probes: Sequence[str] | None = None, seed: int = SEED, samples: int = SAMPLES,
+    seq_len: int = LM_SEQ_LEN, max_tokens: int = LM_MAX_TOKENS, batch_size: int = BATCH_SIZE,
+    sigmas: Sequence[float] = ICL_SIGMAS, outliers: Sequence[tuple[float, int]] = ICL_OUTLIERS,
+    icl_length: int = ICL_POINTS, prompts: int = ICL_PROMPTS, device: str = DEVICE, dtype: str = DTYPE,
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
     device_map: str | None = None, max_memory: MaxMemory = None,
     progress: Callable[[str], None] | None = None,
@@ -357,4 +360,4 @@ def _finite(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-__all__ = ["PAIRS_LIMIT", "compare_models", "quality_rows"]
+__all__ = ["compare_models", "quality_rows"]

@@ -29,15 +29,21 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ..defaults import ICL_POINTS
+from ..defaults import (
+    BATCH_SIZE,
+    ICL_OUTLIERS,
+    ICL_POINTS,
+    ICL_PROMPTS,
+    ICL_SIGMAS,
+    LM_MAX_TOKENS,
+    LM_SEQ_LEN,
+    SEED,
+)
 from ..errors import InputError, UsageError
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
 from .inputs import check_pair_record, read_pairs
 
-DEFAULT_SIGMAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-DEFAULT_OUTLIERS = ((10.0, 3), (100.0, 3), (1000.0, 3))
-MAX_TOKENS = 16384
 LM_KINDS = ("causal", "masked")
 
 
@@ -45,8 +51,8 @@ LM_KINDS = ("causal", "masked")
 
 
 def language_model_loss(
-    loaded: LoadedModel, text: str, *, seq_len: int = 128, max_tokens: int = MAX_TOKENS,
-    batch_size: int = 8, mask_prob: float = 0.15, seed: int = 0,
+    loaded: LoadedModel, text: str, *, seq_len: int = LM_SEQ_LEN, max_tokens: int = LM_MAX_TOKENS,
+    batch_size: int = BATCH_SIZE, mask_prob: float = 0.15, seed: int = SEED,
 ) -> dict[str, Any]:  # fmt: skip
     """Mean NLL per scored token and its exp (perplexity) on ``text``; see the module docstring for
     how causal and masked LMs are scored. Only the first ``max_tokens`` tokens of the text are used."""
@@ -238,9 +244,9 @@ def sentence_log_likelihoods(
 
 
 def icl_error_by_sigma(
-    loaded: LoadedModel | Any, *, sigmas: Sequence[float] = DEFAULT_SIGMAS,
-    outliers: Sequence[tuple[float, int]] = DEFAULT_OUTLIERS, length: int = ICL_POINTS, prompts: int = 500,
-    seed: int = 0,
+    loaded: LoadedModel | Any, *, sigmas: Sequence[float] = ICL_SIGMAS,
+    outliers: Sequence[tuple[float, int]] = ICL_OUTLIERS, length: int = ICL_POINTS,
+    prompts: int = ICL_PROMPTS, seed: int = SEED,
 ) -> dict[str, Any]:  # fmt: skip
     """ICL error in distribution (σ = 1), under σ shift, and with one planted outlier (at σ = 1),
     at one prompt ``length`` (points), via :func:`ssacli.icl.evaluate`."""

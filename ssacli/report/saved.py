@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..check.requirements import SCHEMA as CHECK_SCHEMA
+from ..defaults import HEATMAP
 from ..diagnosis.comparison import COMPARISON_SCHEMA
 from ..diagnosis.frames import frame_written_by_ssacli
 from ..diagnosis.result import SCHEMA, DiagnoseResult, read_json_file
@@ -50,7 +51,7 @@ def render(
     other: DiagnoseResult | None = None,
     *,
     console: Console | None = None,
-    heatmap_metric: str = "max_weight",
+    heatmap_metric: str = HEATMAP,
     heatmap_probe: str | None = None,
 ) -> None:
     """Print ``result``'s terminal report as ``ssacli diagnose`` does (verdict, facts, findings,

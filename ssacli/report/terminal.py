@@ -18,6 +18,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+from ..defaults import HEATMAP
 from ..diagnosis.comparison import common_levels, comparison_findings
 from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
@@ -92,7 +93,7 @@ def render_diagnose(
     result: DiagnoseResult,
     console: Console,
     *,
-    heatmap_metric: str = "max_weight",
+    heatmap_metric: str = HEATMAP,
     heatmap_probe: str | None = None,
     top: int = 5,
 ) -> None:

@@ -50,7 +50,25 @@ from torch import nn
 
 from ..attention.backend import attention_backend, check_backend
 from ..conversion import save_model
-from ..defaults import DEVICE, SCORER_LR
+from ..defaults import (
+    ATTENTION,
+    CHECKPOINT_EVERY,
+    DEVICE,
+    FINETUNE_LR,
+    FINETUNE_STEPS,
+    GRAD_ACCUM,
+    LM_SEQ_LEN,
+    LOG_EVERY,
+    MIN_LR_RATIO,
+    SCHEDULE,
+    SCORER_LR,
+    SEED,
+    TRAIN_BATCH_SIZE,
+    TRAIN_WHAT,
+    WARMUP_DIVISOR,
+    WARMUP_MAX,
+    WEIGHT_DECAY,
+)
 from ..errors import JobFailedError, UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import (
@@ -79,7 +97,6 @@ from .monitor import SaturationMonitor
 from .runtime import AnnealN, Distributed, StopSignals
 from .trajectory import Trajectory, write_trajectory
 
-MIN_LR_RATIO = 0.1  # the cosine schedule ends at 10 % of the peak learning rate
 CLIP_NORM = 1.0
 RATE_WINDOW = 20  # steps over which on_step's tokens/s is measured
 # Settings a resumed run may change; every other one must match the recorded run.
@@ -89,24 +106,24 @@ _FREE = ("steps", "checkpoint_every", "log_every", "attention", "monitor_every")
 @dataclass
 class FinetuneConfig:
     data: str
-    steps: int = 1000
-    lr: float = 1e-4
+    steps: int = FINETUNE_STEPS
+    lr: float = FINETUNE_LR
     # The scorer's own AdamW group (ssacli.models.optim); None: at ``lr``, the layout of runs written
     # before that group, which resume with it.
     scorer_lr: float | None = SCORER_LR
-    batch_size: int = 8
-    seq_len: int = 128  # text only; ICL prompts have the length of their data spec (41 points)
-    grad_accum: int = 1
-    warmup: int | None = None  # None: 5 % of the steps, at most 100
-    seed: int = 0
-    train: str = "all"  # "all" or "scorer"
+    batch_size: int = TRAIN_BATCH_SIZE
+    seq_len: int = LM_SEQ_LEN  # text only; ICL prompts have the length of their data spec (ICL_POINTS)
+    grad_accum: int = GRAD_ACCUM
+    warmup: int | None = None  # None: steps // WARMUP_DIVISOR, at most WARMUP_MAX (warmup_steps)
+    seed: int = SEED
+    train: str = TRAIN_WHAT  # "all" or "scorer"
     anneal_n: float | None = None
-    checkpoint_every: int = 500
-    log_every: int = 10
-    weight_decay: float = 0.0
-    schedule: str = "cosine"  # or "constant"
+    checkpoint_every: int = CHECKPOINT_EVERY
+    log_every: int = LOG_EVERY
+    weight_decay: float = WEIGHT_DECAY
+    schedule: str = SCHEDULE  # or "constant"
     objective: str = "auto"  # auto: causal LM, masked LM or the ICL loss, from the model's kind
-    attention: str = "auto"  # attention backend: auto (fused kernels), eager or fused
+    attention: str = ATTENTION  # attention backend: auto (fused kernels), eager or fused
     monitor_every: int = 0  # saturation measured every N steps into the record's "monitor" (0: off)
 
     def validate(self) -> None:
@@ -127,7 +144,7 @@ class FinetuneConfig:
         check_backend(self.attention)
 
     def warmup_steps(self) -> int:
-        return self.warmup if self.warmup is not None else min(100, self.steps // 20)
+        return self.warmup if self.warmup is not None else min(WARMUP_MAX, self.steps // WARMUP_DIVISOR)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of step ``step`` (0-based)."""

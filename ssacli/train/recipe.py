@@ -47,13 +47,18 @@ from ..attention.interface import scorers_of
 from ..attention.teacher import AttentionTransfer, scoring_as_softmax, transferring
 from ..conversion import check_out, convert, save_model
 from ..defaults import (
+    LM_SEQ_LEN,
+    RECIPE_B,
     RECIPE_DISTILL_STEPS,
+    RECIPE_LM_WEIGHT,
     RECIPE_LORA_RANK,
     RECIPE_LR,
     RECIPE_MAX_KL,
     RECIPE_TARGET_N,
     RECIPE_TRANSFER_STEPS,
     SCORER_LR,
+    SEED,
+    TRAIN_BATCH_SIZE,
 )
 from ..errors import JobFailedError, UsageError
 from ..models.kinds import ModelKind
@@ -73,7 +78,7 @@ EVAL_WINDOWS = 8  # held-out windows the KL and loss are measured on
 class RecipeConfig:
     data: str
     target_n: float = RECIPE_TARGET_N
-    b: str = "learned"  # learned (rescaled with n, then trained) or tied (b = 1/n)
+    b: str = RECIPE_B  # learned (rescaled with n, then trained) or tied (b = 1/n)
     stages: tuple[str, ...] = STAGES
     transfer_steps: int = RECIPE_TRANSFER_STEPS
     distill_steps: int = RECIPE_DISTILL_STEPS
@@ -81,11 +86,11 @@ class RecipeConfig:
     scorer_lr: float = SCORER_LR
     lora_rank: int = RECIPE_LORA_RANK
     lora_targets: str = "all-linear"  # peft's target_modules: all-linear, or a comma list of names
-    lm_weight: float = 0.0  # distill loss = KL + lm_weight · cross-entropy on the text
+    lm_weight: float = RECIPE_LM_WEIGHT  # distill loss = KL + lm_weight · cross-entropy on the text
     max_kl: float = RECIPE_MAX_KL
-    batch_size: int = 8
-    seq_len: int = 128
-    seed: int = 0
+    batch_size: int = TRAIN_BATCH_SIZE
+    seq_len: int = LM_SEQ_LEN
+    seed: int = SEED
     eval_every: int = 50
 
     def validate(self) -> None:

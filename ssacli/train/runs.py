@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..conversion import check_out, convert
+from ..defaults import DEVICE, SCORER, SEED
 from ..errors import UsageError
 from ..files import check_writable_folder
 from ..models.checkpoint import check_replaceable, read_meta, training_record
@@ -132,13 +133,13 @@ def train_from_scratch(
     *,
     arch: str | None = None,
     size: str | None = None,
-    scorer: str = "softmax",
+    scorer: str = SCORER,
     vocab_size: int | None = None,
     seq_len: int | None = None,
-    seed: int = 0,
+    seed: int = SEED,
     resume: bool = False,
     overwrite: bool = False,
-    device: str = "auto",
+    device: str = DEVICE,
     on_built: Callable[[LoadedModel], None] | None = None,
     on_step: OnStep | None = None,
     **settings: Any,
