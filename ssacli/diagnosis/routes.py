@@ -110,7 +110,8 @@ def attention_layers(root: nn.Module, route: Route) -> list[tuple[str, nn.Module
         return list(attention_modules(root))
     # Off the registry there is no seam to find attention by: the innermost modules whose class is
     # named *Attention* are the ones that compute the weights (why a name: named_attention;
-    # tests/diagnosis/test_fallback.py checks each verified family's layers against its own output_attentions).
+    # tests/diagnosis/test_fallback.py checks each verified family's layers against its own
+    # output_attentions).
     found = []
     for name, module in root.named_modules():
         if named_attention(module) and not any(named_attention(m) for m in list(module.modules())[1:]):
@@ -193,7 +194,8 @@ def is_norm(module: nn.Module) -> bool:
     (how transformers builds its own RMSNorm classes, with or without a weight) or a
     ``normalized_shape`` (OLMo's LayerNorm without parameters, which passes its epsilon as a literal).
     MobileBERT's ``NoNorm`` (an elementwise affine standing where LayerNorm would) is not one: it
-    normalizes nothing, so nothing is absorbed there (tests/diagnosis/test_reach.py lists norms by behaviour)."""
+    normalizes nothing, so nothing is absorbed there (tests/diagnosis/test_reach.py lists norms by
+    behaviour)."""
     if list(module.children()):
         return False
     if isinstance(module, NORMS):
