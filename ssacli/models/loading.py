@@ -168,7 +168,7 @@ def load_model(
 
 
 def load_with(ref: str, options: LoadOptions) -> LoadedModel:
-    """:func:`load_model` of ``ref``, its options as one value (``options.load(ref)``)."""
+    """:func:`load_model` of ``ref``, its options as one value."""
     device_map, max_memory = options.device_map, options.max_memory
     if device_map is None and max_memory is not None:
         raise UsageError("--max-memory limits a --device-map placement; give --device-map auto with it")

@@ -7,13 +7,10 @@ Cheap to import (no torch): the CLI builds one from its flags before the model s
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import defaults
 from .device_map import MaxMemory
-
-if TYPE_CHECKING:
-    from .loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -43,9 +40,3 @@ class LoadOptions:
         """These options as the keyword arguments of an API function that loads a MODEL
         (``ssacli.diagnose(model, **options.keywords())``)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def load(self, ref: str = defaults.DEFAULT_MODEL) -> LoadedModel:
-        """:func:`~ssacli.models.loading.load_model` of ``ref`` with these options."""
-        from .loading import load_with
-
-        return load_with(ref, self)

@@ -32,7 +32,7 @@ from ..defaults import (
 from ..errors import InputError, UsageError
 from ..models.device_map import MaxMemory
 from ..models.kinds import ModelKind
-from ..models.loading import LoadedModel
+from ..models.loading import LoadedModel, load_with
 from ..models.options import LoadOptions
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
@@ -95,7 +95,7 @@ def compare_models(
     models = []
     for side, ref in (("before", before), ("after", after)):
         say(f"loading {side}: {ref}")
-        models.append(ref if isinstance(ref, LoadedModel) else load.load(str(ref)))
+        models.append(ref if isinstance(ref, LoadedModel) else load_with(str(ref), load))
     _check_compatible(*models, text=text_id is not None or text_ood is not None, pairs=groups is not None)
     if lm_eval_plan is not None:
         for loaded in models:

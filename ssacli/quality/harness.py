@@ -185,7 +185,7 @@ def lm_eval(
 
     The tasks are checked (and their data loaded, offline unless ``allow_download``) before the
     model loads. ``seed`` seeds lm-eval's random, numpy, torch and few-shot generators."""
-    from ..models.loading import LoadedModel
+    from ..models.loading import LoadedModel, load_with
     from ..models.options import LoadOptions
 
     plan = LMEvalPlan(parse_tasks(tasks), num_fewshot, limit,
@@ -194,7 +194,7 @@ def lm_eval(
     if not isinstance(model, LoadedModel):
         load = LoadOptions(device=device, dtype=dtype, allow_download=allow_download,
                            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)  # fmt: skip
-        model = load.load(str(model))
+        model = load_with(str(model), load)
     return run_plan(model, plan, seed=seed, allow_download=allow_download, verbose=verbose)
 
 

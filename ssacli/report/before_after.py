@@ -19,6 +19,7 @@ from rich.text import Text
 from ..diagnosis.result import DiagnoseResult
 from ..models.kinds import ModelKind
 from .benchmarks import benchmark_section, benchmark_table
+from .figures import REPORT_DPI, png_img
 from .html import Section, comparison_sections, facts_table, html_table, page
 from .monitor import monitor_section, monitor_table
 from .terminal import facts_panel, render_comparison
@@ -245,16 +246,6 @@ def trajectory_notes(records: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def figure_html(fig, alt: str) -> str:
-    import base64
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return f'<img alt="{alt}" src="data:image/png;base64,{data}">'
-
-
 def no_quality_note(report: dict[str, Any]) -> str:
     """Why a report has no quality table: which models get which measures, and what these are."""
     kind = report.get("before", {}).get("kind", "?")
@@ -312,7 +303,7 @@ def report_html(report: dict[str, Any]) -> str:
     if records:
         header, rows = trajectory_columns(records)
         header = [name.replace("\n", " ") for name in header]
-        figure = figure_html(trajectory_figure(records), "fine-tuning trajectory")
+        figure = png_img(trajectory_figure(records), "fine-tuning trajectory", dpi=REPORT_DPI)
         notes = [f'<p class="note">{escape_html(note)}</p>' for note in trajectory_notes(records)]
         body = [figure, *notes, html_table(header, rows)]
         sections.append(Section("fine-tuning trajectory (AFTER)", body))

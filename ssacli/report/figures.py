@@ -27,6 +27,7 @@ from ..diagnosis.result import DiagnoseResult
 from .summary import collapse_point_grid, fmt_level, heatmap_index, table_columns
 
 DPI = 100
+REPORT_DPI = 110  # `ssacli report`'s figures (trajectory, monitor): a little finer than diagnose's
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 10^0
 HEAT = colormaps["YlOrRd"].with_extremes(bad="#d9d9d9")  # grey = undefined head
 ARROW = {"high": "↑ saturated", "low": "↓ saturated", "none": ""}
@@ -302,9 +303,9 @@ def _title(ax, name: str) -> None:
     ax.set_title(f"{name} ({arrow})" if arrow else name, size=9)
 
 
-def png_img(fig: Figure, alt: str) -> str:
+def png_img(fig: Figure, alt: str, dpi: int = DPI) -> str:
     """The figure as an <img> whose source is the PNG itself (a data URI): the page stays one file."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
     return f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{data}">'

@@ -10,6 +10,7 @@ from rich import box
 from rich.table import Table
 
 from ..train.monitor import model_series
+from .figures import REPORT_DPI, png_img
 from .html import Section, html_table
 
 TABLE_METRICS = ("max_weight", "collapse_rate")  # the two that say "saturated" (the figure has all)
@@ -78,12 +79,10 @@ def monitor_section(report: dict[str, Any]) -> Section | None:
     history = monitor_of(report)
     if not history:
         return None
-    from .before_after import figure_html
-
     header, rows = monitor_columns(history)
     note = ('<p class="note">model means on the monitor\'s fixed probe batch, measured during the run '
             "(docs/monitor.md); per-layer values are in the JSON</p>")  # fmt: skip
-    figure = figure_html(monitor_figure(history), "saturation during fine-tuning")
+    figure = png_img(monitor_figure(history), "saturation during fine-tuning", dpi=REPORT_DPI)
     table = html_table([h.replace("\n", " ") for h in header], rows)  # html_table escapes
     return Section("saturation during fine-tuning (AFTER)", [figure, note, table])
 

@@ -80,7 +80,7 @@ from ..models.checkpoint import (
     training_record,
 )
 from ..models.kinds import ModelKind
-from ..models.loading import LoadedModel, resolve_device
+from ..models.loading import LoadedModel, load_with, resolve_device
 from ..models.optim import (
     check_rates,
     learned_names,
@@ -194,9 +194,9 @@ def finetune(
         plan = ddp.decide(lambda: plan_output(out, path, resume, overwrite, in_place))
         load = LoadOptions(device=str(dev), trust_remote_code=trust_remote_code)
         if plan == "resume":
-            loaded = load.load(str(out))
+            loaded = load_with(str(out), load)
         elif isinstance(loaded, str):
-            loaded = replace(load, dtype="float32").load(loaded)
+            loaded = load_with(loaded, replace(load, dtype="float32"))
         return _Run(loaded, config, out, dev, ddp, on_step, meta).run(plan == "resume")
     finally:
         ddp.close()

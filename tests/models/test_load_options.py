@@ -11,6 +11,7 @@ import pytest
 
 import ssacli
 from ssacli.cli.options import load_options
+from ssacli.models.loading import load_with
 from ssacli.models.options import LoadOptions
 
 
@@ -57,4 +58,4 @@ def test_load_options_import_no_torch():
 
 def test_a_bad_option_is_refused_when_the_model_loads():
     with pytest.raises(ssacli.SsacliError, match="--max-memory limits a --device-map placement"):
-        LoadOptions(max_memory="cpu=1GB").load("builtin:every-softmax")
+        load_with("builtin:every-softmax", LoadOptions(max_memory="cpu=1GB"))
