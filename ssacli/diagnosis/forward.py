@@ -414,5 +414,5 @@ def _icl_forward(
 
 
 __all__ = [
-    "OutputReference", "Overflow", "Recorder", "block_name", "forward_batch", "is_norm",
+    "OutputReference", "Overflow", "Recorder", "block_name", "forward_batch",
 ]  # fmt: skip

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import write_json
+from ..models.checkpoint import training_record
 from ..models.loading import load_model
 from ..stats import verdict
 from ..study import StudyRun, by_seed, check_arms, execute, write_results
@@ -81,11 +82,7 @@ def child_env() -> dict[str, str]:
 
 
 def finished_steps(folder: Path) -> int | None:
-    try:
-        meta = json.loads((folder / "ssacli.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return (meta.get("training") or {}).get("step")
+    return (training_record(folder) or {}).get("step")
 
 
 def _trained(run: StudyRun, folder: Path) -> bool:
@@ -237,7 +234,7 @@ def run_study(plan_path: Path, out: Path, *, jobs: int = 1, device: str = "cpu")
     )  # fmt: skip
     per_run = []
     for run, evaluation in zip(study, evaluations):
-        training = json.loads((out / "runs" / run.name / "ssacli.json").read_text()).get("training", {})
+        training = training_record(out / "runs" / run.name) or {}
         per_run.append({"label": run.label, "spec": run.job[1]["spec"], "seed": run.seed,
                         "metrics": run_metrics(evaluation), "train_seconds": training.get("seconds"),
                         "eval_seconds": evaluation["eval_seconds"]})  # fmt: skip

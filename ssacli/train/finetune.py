@@ -469,4 +469,4 @@ class _Run:
         return replace(self.loaded, path=self.out, name=str(self.out))
 
 
-__all__ = ["FinetuneConfig", "finetune", "training_record"]  # training_record: models.checkpoint's
+__all__ = ["FinetuneConfig", "finetune"]
