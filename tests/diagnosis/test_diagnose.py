@@ -15,7 +15,6 @@ import subprocess
 import sys
 import warnings
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,7 +44,7 @@ from ssacli.errors import EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE, UnsupportedM
 from ssacli.models.icl_task import interleave, labels
 from ssacli.models.loading import load_model
 from tests.helpers.cli import run_main
-from tests.helpers.models import FAMILIES, VOCAB, build_model
+from tests.helpers.models import FAMILIES, FIXTURES, VOCAB, build_model
 from tests.helpers.naive import float32_kl_bound
 
 TAU, TOP_K = 0.9, 5
@@ -521,7 +520,7 @@ def attention_state(model) -> tuple:
 
 
 ABSENT = object()
-CONVERTED_LLAMA = Path(__file__).resolve().parents[1] / "fixtures/previous-release/converted-llama-ssa"
+CONVERTED_LLAMA = FIXTURES / "previous-release/converted-llama-ssa"
 
 
 @pytest.mark.parametrize("start", ["plain", "folder-config", "applied", "converted"])

@@ -561,7 +561,7 @@ def test_compare_models_owns_reuse_before(tmp_path, monkeypatch):
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before --reuse-before was checked")
 
-    monkeypatch.setattr(compare.LoadOptions, "load", no_loading)
+    monkeypatch.setattr(compare, "load_with", no_loading)
     cases = [
         (tmp_path / "other.txt", tmp_path / "full.json", "the report's text_id is"),
         (tmp_path / "id.txt", tmp_path / "missing.json", "not a readable JSON report"),
