@@ -5,6 +5,7 @@ the same batch, in time and peak memory, measured side by side in one run (issue
 
 Model: the benchmark Llama of benchmarks/diagnose.py (4 layers, 8 heads × 32, hidden 256, random
 init, fp32, CPU). One probe level (``embed-scale:1``) over one sequence of random tokens (batch 1),
+with the fused pass's block math compiled (the default for long calls) and not (SSACLI_COMPILE=0),
 each candidate once per round, rounds interleaved; best of the rounds and × the SDPA forward of the
 round's best. Peak memory: each (mode, length) in a fresh process (benchmarks/_common.py), MB above
 the loaded model. The machine and its load are printed; on a shared machine read the ratios.
@@ -42,10 +43,30 @@ def forward_call(model, length: int):
         return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
 
 
+def uncompiled(call):
+    """call() with the fused pass's block math in eager PyTorch (SSACLI_COMPILE=0)."""
+
+    def run():
+        before = os.environ.get("SSACLI_COMPILE")
+        os.environ["SSACLI_COMPILE"] = "0"
+        try:
+            return call()
+        finally:
+            if before is None:
+                del os.environ["SSACLI_COMPILE"]
+            else:
+                os.environ["SSACLI_COMPILE"] = before
+
+    return run
+
+
 def candidates(model, length: int, block_size: int) -> dict:
     return {
         "sdpa forward": lambda: forward_call(model, length),
         "diagnose, eager stats": lambda: diagnose_call(model, length, "eager", block_size),
+        "diagnose, fused stats, block math not compiled": uncompiled(
+            lambda: diagnose_call(model, length, "fused", block_size)
+        ),
         "diagnose, fused stats": lambda: diagnose_call(model, length, "fused", block_size),
     }
 
@@ -53,16 +74,16 @@ def candidates(model, length: int, block_size: int) -> dict:
 def time_section(args) -> None:
     model = build_model(args.heads, args.layers, "sdpa")
     print(
-        "| tokens | sdpa ms | eager stats ms | fused stats ms | eager × sdpa | **fused × sdpa** "
-        "| eager / fused |"
+        "| tokens | sdpa ms | eager stats ms | fused, not compiled ms | fused stats ms | eager × sdpa "
+        "| not compiled × sdpa | **fused × sdpa** | eager / fused |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for length in [int(x) for x in args.lengths.split(",")]:
         best = interleaved_best(candidates(model, length, args.block_size), args.repeats)
-        sdpa, eager, fused = (best[k] * 1e3 for k in best)
+        sdpa, eager, plain, fused = (best[k] * 1e3 for k in best)
         print(
-            f"| {length} | {sdpa:.0f} | {eager:.0f} | {fused:.0f} | {eager / sdpa:.2f} | "
-            f"**{fused / sdpa:.2f}** | {eager / fused:.2f} |",
+            f"| {length} | {sdpa:.0f} | {eager:.0f} | {plain:.0f} | {fused:.0f} | {eager / sdpa:.2f} | "
+            f"{plain / sdpa:.2f} | **{fused / sdpa:.2f}** | {eager / fused:.2f} |",
             flush=True,
         )
     print(f"goal: fused ≤ {GOAL_TIME:g}× sdpa at 4096 tokens (see the 4096 row)")

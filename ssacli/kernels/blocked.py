@@ -5,7 +5,7 @@ the forward scans key blocks keeping a running row max and sum and saves only th
 log-sum-exp; the backward recomputes each block's weights from them. One block of logits is alive at
 a time, so extra memory is O(block), not O(T²). The elementwise math of a block (transform, max,
 exp, sums; in the backward the softmax and transform derivatives) is one function per direction,
-compiled by torch.compile (dynamic shapes) when the caller asks for it, eager otherwise.
+registered with ssacli.kernels.compiled, which compiles it (dynamic shapes) when the caller asks.
 
 Inputs arrive prepared by :func:`ssacli.kernels.fused.ssa_attention`: the query already multiplied by
 b·scale (so y = b·x), keys and values un-repeated for GQA, n per query head, a boolean mask
@@ -15,10 +15,10 @@ expanded to full query and key axes.
 from __future__ import annotations
 
 import math
-import os
-import warnings
 
 import torch
+
+from .compiled import register_block, run_block
 
 # Query rows and key columns of one block. 64 query rows keep each q·kᵀ product [64 × keys] in cache
 # on a laptop-class CPU; 1024 keys per block means T ≤ 1024 needs no online rescaling at all.
@@ -52,57 +52,8 @@ def _backward_block(y, n, lse, dp, delta):
     return p, dy, dn
 
 
-_COMPILED: dict[str, object] = {}
-_COMPILE_FAILED: list[str] = []
-
-
-def compile_setting() -> str:
-    """The SSACLI_COMPILE environment variable, read here only: "0" never compiles the block math,
-    "1" always does, anything else (unset: "auto") leaves it to
-    :func:`ssacli.kernels.fused.should_compile` (large training calls)."""
-    setting = os.environ.get("SSACLI_COMPILE", "auto")
-    return setting if setting in ("0", "1") else "auto"
-
-
-def compile_enabled() -> bool:
-    """Whether the block math may be compiled: not switched off (SSACLI_COMPILE=0) and not failed."""
-    return compile_setting() != "0" and not _COMPILE_FAILED
-
-
-def compiled_kernels() -> frozenset[str]:
-    """The block kernels ("fwd", "bwd") compiled so far in this process."""
-    return frozenset(_COMPILED)
-
-
-def _kernels(compiled: bool):
-    if not compiled:
-        return _forward_block, _backward_block
-    if not _COMPILED:
-        # dynamic: one compilation serves every block width (causal spans differ per query block).
-        _COMPILED["fwd"] = torch.compile(_forward_block, dynamic=True)
-        _COMPILED["bwd"] = torch.compile(_backward_block, dynamic=True)
-    return _COMPILED["fwd"], _COMPILED["bwd"]
-
-
-def run_block(name: str, compiled: bool, *args):
-    """Call block kernel ``name`` ("fwd" or "bwd"), compiled if ``compiled``: the one call site of the
-    per-block math (tests observe the ``compiled`` decision here). If compiling fails (no C++
-    compiler, an unsupported platform), say so once and go on with the eager kernel, which computes
-    the same thing."""
-    index = 0 if name == "fwd" else 1
-    # A 1-row or 1-key block would be one more specialization to compile; it is cheap in eager.
-    if compiled and compile_enabled() and min(args[0].shape[-2:]) > 1:
-        try:
-            return _kernels(True)[index](*args)
-        except Exception as err:  # noqa: BLE001 - any compiler failure means "use eager"
-            _COMPILE_FAILED.append(f"{type(err).__name__}: {err}".splitlines()[0])
-            warnings.warn(
-                f"ssacli: compiling the fused SSA kernel failed ({_COMPILE_FAILED[0]}); using the "
-                "eager kernel (same results, slower). Set SSACLI_COMPILE=0 to skip the attempt.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-    return _kernels(False)[index](*args)
+register_block("fwd", _forward_block)
+register_block("bwd", _backward_block)
 
 
 # ---- the blocked kernel ---------------------------------------------------------------------------

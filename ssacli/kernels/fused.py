@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA, compile_setting
+from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
+from .compiled import compile_setting
 
 # Below this many logits per call (batch × heads × queries × keys) the block math runs uncompiled:
 # compiling saves a few ms per call at most there, against seconds of compiling (crossover measured

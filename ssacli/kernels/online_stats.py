@@ -15,7 +15,10 @@ per query row, over query blocks × key blocks:
 * for the layer's logit scale: Σ x² and the count of the visible, finite logits x, and x at the target.
 
 Block math runs in float32, or the model's dtype if wider (as the eager scorer computes its weights);
-the running sums are float64.
+the running sums are float64. The elementwise work of a block (the logit-scale sums before the
+transform; after it the max, e^(t − m), the total, the spread and each group's max for the top-k) is
+two functions registered with ssacli.kernels.compiled: compiled for long calls, so that a block is
+read a few times instead of once per PyTorch op.
 What a block is — its logits as the scorer sees them, which keys are visible, the transform — comes in
 as callables, so this module knows no model, scorer or probe (ssacli.attention.online supplies them).
 """
@@ -27,10 +30,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from .compiled import register_block, run_block, should_compile
 
 # Key columns per block: with the default 256 query rows, one [b, h, 256, 1024] fp32 tile per
 # temporary (8 MB on an 8-head model, whatever the sequence length).
 STATS_BLOCK_KEYS = 1024
+# Compile the block math from this many logits per call (batch × heads × queries × keys) up: the
+# first compilation costs seconds (less with torch's on-disk cache), one 1,024-token call of an
+# 8-head model already spends about that much in the eager block math (docs/performance.md).
+STATS_COMPILE_MIN_LOGITS = 2**23
+# Columns per group in the top-k search (row_top).
+TOP_GROUP = 32
 
 
 @dataclass
@@ -55,23 +67,61 @@ class RowStatistics:
     keys: int  # the call's key length
 
 
-def row_top(t: torch.Tensor, k: int, group: int = 32) -> torch.Tensor:
+def row_top(
+    t: torch.Tensor, k: int, group: int = TOP_GROUP, group_max: torch.Tensor | None = None
+) -> torch.Tensor:
     """The k largest values of each row of t [..., c] (as a multiset; their order is not kept).
 
-    torch.topk over a whole block is one of the costliest steps; the top k lie in the k groups of
-    ``group`` columns with the largest maxima (a group holding one of them has a max at least the
-    k-th largest value, any other at most that), so one amax pass and two small topk calls suffice."""
+    torch.topk over a whole block is one of the costliest steps (on the CPU its cost grows with the
+    width searched); the top k lie in the k groups of ``group`` columns with the largest maxima (a
+    group holding one of them has a max at least the k-th largest value, any other at most that), so
+    one amax pass and two small topk calls suffice. ``group_max`` [..., ceil(c / group)]: those
+    maxima, if the caller has them."""
     width = t.shape[-1]
     k = min(k, width)
     if width <= 4 * group * k:
         return t.topk(k, dim=-1).values
-    pad = -width % group
-    if pad:
-        t = torch.nn.functional.pad(t, (0, pad), value=-math.inf)
-    grouped = t.unflatten(-1, (-1, group))
-    best = grouped.amax(-1).topk(k, dim=-1).indices  # [..., k] groups
-    picked = grouped.gather(-2, best.unsqueeze(-1).expand(*best.shape, group))
-    return picked.flatten(-2).topk(k, dim=-1).values
+    if group_max is None:
+        group_max = _group_max(t, group)
+    best = group_max.topk(k, dim=-1).indices  # [..., k] distinct groups
+    columns = (best.unsqueeze(-1) * group + torch.arange(group, device=t.device)).flatten(-2)
+    picked = t.gather(-1, columns.clamp_max(width - 1))
+    # A ragged last group: its columns past the end are clamped onto the last one; count it once.
+    return torch.where(columns < width, picked, -math.inf).topk(k, dim=-1).values
+
+
+def _group_max(t: torch.Tensor, group: int) -> torch.Tensor:
+    return F.pad(t, (0, -t.shape[-1] % group), value=-math.inf).unflatten(-1, (-1, group)).amax(-1)
+
+
+def _scale_block(raw: torch.Tensor, vis: torch.Tensor | None):
+    """Σ x² and the count over a block's visible, finite logits, and whether every logit is finite."""
+    finite = torch.isfinite(raw)
+    counted = finite if vis is None else finite & vis
+    square = torch.where(counted, raw * raw, 0.0).sum(-1, dtype=torch.float64)
+    return square, counted.sum(-1), finite.all()
+
+
+def _softmax_block(t: torch.Tensor, vis: torch.Tensor | None, running_max: torch.Tensor):
+    """One block after the transform: t with hidden keys at −inf, the new running max (float64),
+    the stabilizer ref it used (0 where a row has seen nothing), p = e^(t − ref), the block's Σ p and
+    Σ p·(ref − t), and each group of TOP_GROUP columns' max (for row_top)."""
+    if vis is not None:
+        t = torch.where(vis, t, -math.inf)
+    new_max = torch.maximum(running_max, t.amax(-1).double())
+    ref = torch.where(new_max == -math.inf, 0.0, new_max)
+    ref_c = ref.unsqueeze(-1).to(t.dtype)
+    p = torch.exp(t - ref_c)
+    gap = ref_c - t  # ref − t ≥ 0
+    if vis is not None:
+        gap = torch.where(vis, gap, 0.0)  # hidden: p = 0 and ref − t = inf
+    total = p.sum(-1).double()
+    spread = (p * gap).sum(-1).double()
+    return t, new_max, ref, p, total, spread, _group_max(t, TOP_GROUP)
+
+
+register_block("stats_scale", _scale_block)
+register_block("stats_softmax", _softmax_block)
 
 
 def softmax_statistics(
@@ -88,6 +138,7 @@ def softmax_statistics(
     top_k: int = 5,
     block_rows: int = 256,
     block_keys: int = STATS_BLOCK_KEYS,
+    compile: bool | None = None,
 ) -> tuple[torch.Tensor, RowStatistics]:
     """(output [b, h, q, d] in value's dtype, :class:`RowStatistics`) of softmax(t) attention.
 
@@ -99,6 +150,8 @@ def softmax_statistics(
     every row sees whole and answer None for its visibility);
     ``extra`` [b|1, h|1, q|1]: t of keyless denominator terms (a learned sink, a sink
     scorer's s; their value is zero), log-summed; ``target`` [b]: key index per sample.
+    ``compile``: compile the block math (None: SSACLI_COMPILE, else calls of at least
+    STATS_COMPILE_MIN_LOGITS logits).
     """
     b, h, k_len, d = value.shape
     dev = value.device
@@ -120,6 +173,8 @@ def softmax_statistics(
     out = torch.zeros((b, h, q_len, d), dtype=compute, device=dev)
     finite_logits = True
     v32 = value.to(compute)
+    if compile is None:
+        compile = should_compile(b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
     for r0 in range(0, q_len, max(1, block_rows)):
         rows = slice(r0, min(r0 + max(1, block_rows), q_len))
         edges = key_span(rows)
@@ -135,32 +190,18 @@ def softmax_statistics(
             if vis is not None and not bool(vis.any()):
                 continue  # nothing visible in this block (padding, the causal future)
             x = logits(rows, cols)
-            finite = torch.isfinite(x)
-            all_finite = bool(finite.all())
-            finite_logits = finite_logits and all_finite
             raw = x.to(compute)
-            counted = None if all_finite else finite  # the logits the layer's logit scale counts
-            if vis is not None:
-                counted = vis.expand_as(x) if counted is None else vis & counted
-            square = raw * raw
-            if counted is None:
-                logit_sq[:, :, rows] += square.sum(-1, dtype=torch.float64)
-                logit_n[:, :, rows] += x.shape[-1]
-            else:
-                logit_sq[:, :, rows] += torch.where(counted, square, 0.0).sum(-1, dtype=torch.float64)
-                logit_n[:, :, rows] += counted.sum(-1)
+            square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
+            finite_logits = finite_logits and bool(all_finite)
+            logit_sq[:, :, rows] += square
+            logit_n[:, :, rows] += counted
             t = transform(raw if vis is None else torch.where(vis, raw, 0.0), rows)
-            if vis is not None:
-                t = torch.where(vis, t, -math.inf)
-            block_max = t.amax(-1).double()
-            new_max = block_max if m is None else torch.maximum(m, block_max)
-            ref = torch.where(new_max == -math.inf, 0.0, new_max)
-            p = torch.exp(t - ref.unsqueeze(-1).to(compute))
-            gap = ref.unsqueeze(-1).to(compute) - t  # m − t ≥ 0
-            if vis is not None:
-                gap = torch.where(vis, gap, 0.0)  # hidden: p = 0 and m − t = inf
-            block_total = p.sum(-1).double()
-            block_spread = (p * gap).sum(-1).double()
+            running = torch.full(t.shape[:-1], -math.inf, **f64) if m is None else m
+            t, new_max, ref, p, block_total, block_spread, group_max = run_block(
+                "stats_softmax", compile, t, vis, running
+            )
+            block_top = row_top(t, k_top, group_max=group_max).double()
+            top[:, :, rows] = torch.cat([top[:, :, rows], block_top], dim=-1).topk(k_top, dim=-1).values
             pv = torch.matmul(p, v32[:, :, cols])
             if m is None:
                 acc, m, l_, s_ = pv, new_max, block_total, block_spread
@@ -172,8 +213,6 @@ def softmax_statistics(
                 l_ = shrink * l_ + block_total
                 acc = acc * shrink.unsqueeze(-1).to(compute) + pv
                 m = new_max
-            block_top = row_top(t, k_top).double()
-            top[:, :, rows] = torch.cat([top[:, :, rows], block_top], dim=-1).topk(k_top, dim=-1).values
             if c0 == 0:
                 first[:, :, rows] = t[..., 0].double()
             if target is not None:
@@ -184,8 +223,10 @@ def softmax_statistics(
                     sel = inside.reshape(b, 1, 1)
                     t_at = t.gather(-1, where).squeeze(-1).double()
                     x_at = raw.gather(-1, where).squeeze(-1).double()
-                    if counted is not None:
-                        x_at = torch.where(counted.gather(-1, where).squeeze(-1), x_at, math.nan)
+                    shown = torch.isfinite(x_at)
+                    if vis is not None:
+                        shown &= vis.expand_as(raw).gather(-1, where).squeeze(-1)
+                    x_at = torch.where(shown, x_at, math.nan)
                     t_target[:, :, rows] = torch.where(sel, t_at, t_target[:, :, rows])
                     x_target[:, :, rows] = torch.where(sel, x_at, x_target[:, :, rows])
         if m is None:
@@ -208,4 +249,10 @@ def softmax_statistics(
     return out.to(value.dtype), stats
 
 
-__all__ = ["STATS_BLOCK_KEYS", "RowStatistics", "row_top", "softmax_statistics"]
+__all__ = [
+    "STATS_BLOCK_KEYS",
+    "STATS_COMPILE_MIN_LOGITS",
+    "RowStatistics",
+    "row_top",
+    "softmax_statistics",
+]

@@ -102,6 +102,43 @@ def test_kernel_rows_without_keys_are_empty_not_zero_entropy():
     assert torch.equal(out[0, 0, 1], torch.zeros(2))
 
 
+def test_compiled_block_math_equals_the_eager_block_math():
+    """compile=True: the block math through torch.compile (ssacli.kernels.compiled) gives the same
+    statistics as eager PyTorch, on blocks with and without a visibility mask, a ragged last top-k
+    group, non-finite logits, a target and a moving max; and the compiled kernels really ran."""
+    from ssacli.kernels.compiled import compile_enabled, compiled_kernels
+
+    torch.manual_seed(3)
+    b, h, q, k, d = 2, 3, 40, 300, 8
+    t = torch.randn(b, h, q, k) * 8
+    t[1, :, :, 250] += 200.0  # a dominant key in the last block: the max moves, rows collapse
+    t[0, 1, 3, 7] = math.inf  # a non-finite logit (counted out of the logit scale)
+    causal = torch.ones(q, k, dtype=torch.bool).tril(diagonal=k - q)[None, None]
+    visible = causal & (torch.rand(b, 1, q, k) > 0.2)
+    visible[..., :100] = True  # what the mask-free blocks below say
+    value = torch.randn(b, h, k, d)
+
+    def run(compiled: bool):
+        return softmax_statistics(
+            value, q, logits=lambda r, c: t[:, :, r, c],
+            # whole blocks below the diagonal of sample 0 see everything (the mask-free variant)
+            visible=lambda r, c: None if c.stop <= 100 else visible[:, :, r, c],
+            transform=lambda x, r: x * 0.5, count=visible.sum(-1), key_span=lambda r: [0, 100, k],
+            target=torch.tensor([250, 5]), top_k=5, block_rows=16, block_keys=130, compile=compiled,
+        )  # fmt: skip
+
+    eager_out, eager = run(False)
+    out, got = run(True)
+    if not compile_enabled():
+        pytest.skip("torch.compile is unavailable here")
+    assert {"stats_scale", "stats_softmax"} <= compiled_kernels()
+    assert torch.allclose(out, eager_out, rtol=1e-5, atol=1e-6, equal_nan=True)  # the inf row: NaN in both
+    for name in ("max", "total", "spread", "top", "first", "target", "logit_sq", "logit_n", "target_logit"):
+        want, have = getattr(eager, name), getattr(got, name)
+        assert torch.allclose(have, want, rtol=1e-6, atol=1e-6, equal_nan=True), name
+    assert got.finite_logits is eager.finite_logits is False
+
+
 # ---- every attention call of real models: both paths on the same inputs ---------------------------
 
 
@@ -291,6 +328,7 @@ def test_row_top_equals_topk():
     t = torch.randn(2, 3, 7, 1000).round(decimals=1)  # many ties
     t[0, 0, 0, :990] = -math.inf  # a row with few finite values
     t[1, 1, 1] = -math.inf  # a row with none
+    t[1, 2, 2, 3:] = -math.inf  # only the first group holds finite values (its index comes back)
     for k in (1, 5):
         expected = t.topk(k, dim=-1).values
         got = row_top(t, k).sort(dim=-1, descending=True).values
