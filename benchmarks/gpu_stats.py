@@ -14,7 +14,9 @@ Three sections, each printing a table:
   (relative for effective tokens, which count keys).
 * ``long``: the same comparison on one sequence of ``--long-length`` tokens (32,768) through a
   model of SmolLM2-135M's configuration (30 layers, 9 heads over 3 KV heads, hidden 576; random
-  init: the real weights are 90 MB and cannot travel to a GPU machine here), float32 and bfloat16.
+  init), float32 and bfloat16; with ``--long-weights DIR`` (made by scripts/smollm2_slice.py: the
+  real model's first layers, which fit a GPU machine's 64 MiB upload where the whole model does not)
+  on SmolLM2-135M-Instruct's real weights over real text (WikiText-2).
 * ``time``: one probe level (``embed-scale:1``) over one sequence, diagnose with fused and with
   eager statistics against a plain SDPA forward of the same tokens, on the benchmark Llama of
   benchmarks/diagnose.py (4 layers × 8 heads × 32); best of ``--repeats`` interleaved rounds, device
@@ -136,21 +138,41 @@ def smollm2_model(layers: int, positions: int, dtype: torch.dtype, device: torch
     return LlamaForCausalLM(config).to(dtype=dtype, device=device).eval()
 
 
+def smollm2_slice(folder: Path, dtype: torch.dtype, device: torch.device):
+    """SmolLM2-135M's real first layers and the renumbered ids of real text (scripts/smollm2_slice.py)."""
+    import json
+
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    return model, json.loads((folder / "ids.json").read_text())
+
+
 def long_section(args, device: torch.device) -> int:
     probes = args.long_probes.split(";")
-    print(
-        f"\n## long: fused vs eager statistics, one sequence of {args.long_length:,} tokens, "
-        f"SmolLM2-135M's config ({args.long_layers} layers, random init), {', '.join(probes)}"
-    )
+    if args.long_weights:
+        slice_note = (args.long_weights / "SLICE.md").read_text().strip()
+        what = f"SmolLM2-135M-Instruct's real weights ({slice_note})"
+    else:
+        what = f"SmolLM2-135M's config ({args.long_layers} layers, random init, random tokens)"
+    print(f"\n## long: fused vs eager statistics, one sequence of {args.long_length:,} tokens, {what}, "
+          f"{', '.join(probes)}")  # fmt: skip
     print("| dtype | layer 0: worst metric | diff | all layers: worst metric | diff | eager s | fused s "
           "| layer 0 within 1e-6 |")  # fmt: skip
     print("|---|---|---:|---|---:|---:|---:|---|")
     failed = 0
     for dtype_name in args.dtypes.split(","):
-        model = smollm2_model(args.long_layers, args.long_length, DTYPES[dtype_name], device)
-        warm = {"random_ids": True, "samples": 1, "length": 64, "batch_size": 1}
+        if args.long_weights:
+            model, ids = smollm2_slice(args.long_weights, DTYPES[dtype_name], device)
+            if len(ids) < args.long_length:
+                sys.exit(f"{args.long_weights}/ids.json: {len(ids)} tokens, fewer than {args.long_length}")
+            warm = {"inputs": [ids[:64]], "batch_size": 1}
+            inputs = {"inputs": [ids[: args.long_length]], "batch_size": 1}
+        else:
+            model = smollm2_model(args.long_layers, args.long_length, DTYPES[dtype_name], device)
+            warm = {"random_ids": True, "samples": 1, "length": 64, "batch_size": 1}
+            inputs = {"random_ids": True, "samples": 1, "length": args.long_length, "batch_size": 1}
         compare(model, probes[:1], device, **warm)  # warm-up: kernels and allocator
-        inputs = {"random_ids": True, "samples": 1, "length": args.long_length, "batch_size": 1}
         first, every, eager_s, fused_s, _ = compare(model, probes, device, **inputs)
         (name0, value0), (name, value) = worst_of(first), worst_of(every)
         ok = value0 <= ABS
@@ -240,6 +262,7 @@ def main() -> None:
     parser.add_argument("--long-length", type=int, default=32768)
     parser.add_argument("--long-layers", type=int, default=30)
     parser.add_argument("--long-probes", default=";".join(LONG_PROBES), help="probe specs, ';'-separated")
+    parser.add_argument("--long-weights", type=Path, help="scripts/smollm2_slice.py output")
     parser.add_argument("--exact-families", default=",".join(f for f, _ in EXACT_FAMILIES))
     parser.add_argument("--lengths", default="1024,4096,8192,32768")
     parser.add_argument("--eager-max", type=int, default=8192, help="longest length eager stats are timed at")

@@ -388,12 +388,30 @@ def _hf_forward(
     if loaded.kind != ModelKind.CAUSAL:
         return extras
     keep = (mask[:, 1:] * mask[:, :-1]).bool()
-    losses = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
-    losses = losses.view_as(keep)[keep]
+    losses = _next_token_losses(logits, ids)[keep]
     if not torch.isfinite(losses).all():
         recorder.overflow.note(None, "loss")
     extras["loss"] = (float(losses.sum()), float(losses.numel()))
     return extras
+
+
+# Positions per float32 piece of the LM loss: a float32 copy of all the logits would be the largest
+# tensor of a long-context diagnose (32,000 × 4 bytes per token: 16 GB at 128k tokens).
+LOSS_CHUNK = 2048
+
+
+def _next_token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[b, n − 1] cross-entropy of each next token, in float32, a few positions at a time."""
+    before = logits[:, :-1]  # a view: each position's prediction of the next token
+    pieces = [
+        F.cross_entropy(
+            before[:, start : start + LOSS_CHUNK].float().transpose(1, 2),
+            ids[:, start + 1 : start + 1 + LOSS_CHUNK],
+            reduction="none",
+        )
+        for start in range(0, ids.shape[1] - 1, LOSS_CHUNK)
+    ]
+    return torch.cat(pieces, dim=1) if pieces else logits.new_zeros(ids.shape[0], 0, dtype=torch.float32)
 
 
 def _icl_forward(

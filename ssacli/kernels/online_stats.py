@@ -171,7 +171,7 @@ def softmax_statistics(
         x_target = torch.full((b, h, q_len), math.nan, **f64)
     compute = torch.promote_types(value.dtype, torch.float32)  # the eager scorer's dtype
     out = torch.zeros((b, h, q_len, d), dtype=compute, device=dev)
-    finite_logits = True
+    finite_flags: list[torch.Tensor] = []
     v32 = value.to(compute)
     if compile is None:
         compile = should_compile(b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
@@ -192,7 +192,7 @@ def softmax_statistics(
             x = logits(rows, cols)
             raw = x.to(compute)
             square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
-            finite_logits = finite_logits and bool(all_finite)
+            finite_flags.append(all_finite)  # read once at the end: a bool() per block syncs a GPU
             logit_sq[:, :, rows] += square
             logit_n[:, :, rows] += counted
             t = transform(raw if vis is None else torch.where(vis, raw, 0.0), rows)
@@ -238,6 +238,7 @@ def softmax_statistics(
             denominator = l_ + torch.exp(e - ref)
         out[:, :, rows] = acc / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1).to(compute)
         row_max[:, :, rows], total[:, :, rows], spread[:, :, rows] = m, l_, s_
+    finite_logits = bool(torch.stack(finite_flags).all()) if finite_flags else True
     finite_output = bool(torch.isfinite(out).all()) and bool(torch.isfinite(total).all())
     stats = RowStatistics(
         max=row_max, total=total, spread=spread, top=top, first=first, target=t_target,
