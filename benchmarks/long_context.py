@@ -106,7 +106,8 @@ def main() -> None:
         if not torch.cuda.is_available():
             sys.exit("no CUDA device (for the CPU: --device cpu)")
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.budget_gb * 2**30 / total), device)
+        share = min(1.0, args.budget_gb * 2**30 / total)
+        torch.cuda.set_per_process_memory_fraction(share, device.index or 0)  # it wants an index
         name = torch.cuda.get_device_name(device)
         budget = f"held to {args.budget_gb:g} GB of {total / 2**30:.0f}"
     else:

@@ -37,9 +37,11 @@ from .compiled import register_block, run_block, should_compile
 # Key columns per block: with the default 256 query rows, one [b, h, 256, 1024] fp32 tile per
 # temporary (8 MB on an 8-head model, whatever the sequence length).
 STATS_BLOCK_KEYS = 1024
-# Compile the block math from this many logits per call (batch × heads × queries × keys) up: the
-# first compilation costs seconds (less with torch's on-disk cache), one 1,024-token call of an
-# 8-head model already spends about that much in the eager block math (docs/performance.md).
+# Compile the block math from this many logits per call (batch × heads × queries × keys) up, on the
+# CPU: the first compilation costs seconds (less with torch's on-disk cache), and one 4,096-token
+# call of an 8-head model saves about that much. Not on a GPU by default: there each block is a few
+# microseconds of work and a compiled call's guards cost more than they save (one probe level at
+# 4,096 tokens on an H200: 257 ms compiled, 193 ms eager; docs/performance.md).
 STATS_COMPILE_MIN_LOGITS = 2**23
 # Columns per group in the top-k search (row_top).
 TOP_GROUP = 32
@@ -150,7 +152,7 @@ def softmax_statistics(
     every row sees whole and answer None for its visibility);
     ``extra`` [b|1, h|1, q|1]: t of keyless denominator terms (a learned sink, a sink
     scorer's s; their value is zero), log-summed; ``target`` [b]: key index per sample.
-    ``compile``: compile the block math (None: SSACLI_COMPILE, else calls of at least
+    ``compile``: compile the block math (None: SSACLI_COMPILE, else CPU calls of at least
     STATS_COMPILE_MIN_LOGITS logits).
     """
     b, h, k_len, d = value.shape
@@ -174,7 +176,7 @@ def softmax_statistics(
     finite_flags: list[torch.Tensor] = []
     v32 = value.to(compute)
     if compile is None:
-        compile = should_compile(b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
+        compile = should_compile(dev.type == "cpu" and b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
     for r0 in range(0, q_len, max(1, block_rows)):
         rows = slice(r0, min(r0 + max(1, block_rows), q_len))
         edges = key_span(rows)
