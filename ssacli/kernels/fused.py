@@ -19,11 +19,18 @@ under their K/V head and b, n broadcast per group.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
-from .compiled import compile_setting
+from .compiled import compile_enabled, compile_setting
 
+# CPU inference calls of at least this many logits (batch × heads × queries × keys) go through
+# compiled flex_attention, smaller ones and every training call through the blocked kernel: the
+# crossover of `python benchmarks/inference.py` (docs/performance.md "Inference on the CPU").
+FLEX_CPU_MIN_LOGITS = 2**19
+_FLEX_CPU_FAILED: list[str] = []  # why compiling flex on the CPU failed in this process, if it did
 # Below this many logits per call (batch × heads × queries × keys) the block math runs uncompiled:
 # compiling saves a few ms per call at most there, against seconds of compiling (crossover measured
 # in docs/performance.md).
@@ -59,8 +66,11 @@ def ssa_attention(
     ``torch.manual_seed`` makes it reproducible (the backward regenerates it from the seed).
 
     ``backend``: ``"blocked"`` (any device, forward and backward), ``"flex"`` (torch flex_attention,
-    compiled; CUDA) or ``"auto"`` (flex on CUDA, blocked elsewhere). ``compile``: compile the blocked
-    path's per-block math (None: :func:`should_compile` decides).
+    compiled; forward and backward on CUDA, forward only on the CPU) or ``"auto"``
+    (:func:`choose_backend`: flex on CUDA; on the CPU flex for inference calls of at least
+    FLEX_CPU_MIN_LOGITS logits, blocked otherwise). ``compile``: compile the blocked path's per-block
+    math (None: :func:`should_compile` decides); on the CPU's flex path, False runs flex uncompiled
+    (it then materializes every score).
     """
     batch, heads, q_len, dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[-2]
@@ -84,15 +94,37 @@ def ssa_attention(
     dtype = torch.promote_types(query.dtype, torch.float32)
     b = _per_head(b, heads, dtype, query.device)
     n = _per_head(n, heads, dtype, query.device)
+    leaves = (query, key, value, b, n)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
     if backend == "auto":
-        backend = "flex" if query.is_cuda and dropout == 0.0 else "blocked"
+        # CPU flex only for self-attention without a window or mask tensor: a key/value cache's offset
+        # is a constant of flex's mask, so each new offset would compile again.
+        plain = mask is None and window is None and q_len == k_len
+        backend = choose_backend(query, batch * heads * q_len * k_len, training, dropout, not plain)
     if backend == "flex":
-        return flex_ssa(query, key, value, b, n, scale=scale, causal=causal, mask=mask, window=window)
+        if training and not query.is_cuda:
+            raise ValueError("backend='flex' has no backward on the CPU: use 'blocked' (or 'auto') to train")
+        # Compiled on the CPU only without a window or mask tensor: with either, torch 2.13's CPU code
+        # generation fails ("cur_kvSplitSize0 was not declared"), so such calls run flex uncompiled.
+        structured = mask is not None or window is not None
+        compiled = compile is not False and (query.is_cuda or (compile_enabled() and not structured))
+        try:
+            geometry = dict(scale=scale, causal=causal, mask=mask, window=window)
+            return flex_ssa(query, key, value, b, n, compiled=compiled, **geometry)
+        except Exception as err:  # noqa: BLE001 - a compiler failure on the CPU means "use blocked"
+            if query.is_cuda or not compiled:
+                raise
+            _FLEX_CPU_FAILED.append(f"{type(err).__name__}: {err}".splitlines()[0][:200])
+            warnings.warn(
+                f"ssacli: compiling flex_attention on the CPU failed ({_FLEX_CPU_FAILED[0]}); using the "
+                "blocked kernel (same results, slower).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            backend = "blocked"
     if backend != "blocked":
         raise ValueError(f"backend must be auto, blocked or flex, got {backend!r}")
     if compile is None:
-        leaves = (query, key, value, b, n)
-        training = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
         compile = should_compile(batch * heads * q_len * k_len, training)
     # b·scale folded into q: the kernel sees y = b·x, and autograd takes ∂/∂b through this product.
     scaled = query.to(dtype) * (b * scale).view(1, heads, 1, 1)
@@ -100,6 +132,23 @@ def ssa_attention(
     geometry = (causal, window, block_rows, block_keys, compile, dropout, seed)
     out = BlockedSSA.apply(scaled, key.to(dtype), value.to(dtype), n, mask, *geometry)
     return out.to(query.dtype)
+
+
+def choose_backend(
+    query: torch.Tensor, logits: int, training: bool, dropout: float, masked: bool = False
+) -> str:
+    """``backend="auto"``: flex_attention on CUDA; on the CPU, compiled flex for inference (no
+    gradient needed, no dropout, self-attention without a mask tensor or window) of at least
+    FLEX_CPU_MIN_LOGITS logits per call, where it measured faster than the blocked kernel and saves
+    enough per call to repay its compilation (docs/performance.md, ``python benchmarks/inference.py``);
+    else the blocked kernel: flex has no CPU backward, and torch 2.13's CPU code generation fails on
+    dynamic-shape flex with a window or a mask tensor (checked: "cur_kvSplitSize0 was not declared")."""
+    if dropout > 0.0:
+        return "blocked"
+    if query.is_cuda:
+        return "flex"
+    flex = not training and not masked and logits >= FLEX_CPU_MIN_LOGITS
+    return "flex" if flex and compile_enabled() and not _FLEX_CPU_FAILED else "blocked"
 
 
 def should_compile(logits: int, training: bool) -> bool:
@@ -171,17 +220,23 @@ def compiled_call(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def flex_ssa(query, key, value, b, n, *, scale, causal=False, mask=None, window=None) -> torch.Tensor:
+def flex_ssa(
+    query, key, value, b, n, *, scale, causal=False, mask=None, window=None, compiled=True
+) -> torch.Tensor:
     """SSA through torch's flex_attention: a ``score_mod`` over per-head [H] tensors b and n.
 
-    Compiled (the uncompiled flex_attention materializes every score). flex has no backward on CPU,
-    so training on CPU uses :class:`BlockedSSA`; tests check this path's forward on CPU against the
-    eager scorer, and scripts/gpu_bench.sh checks its gradients on a GPU before timing it.
+    ``compiled`` (the uncompiled flex_attention materializes every score): on CUDA one compilation
+    per shape; on the CPU with dynamic shapes, so one compilation (seconds) serves every length. flex
+    has no backward on the CPU, so training there uses :class:`BlockedSSA`; tests check this path's
+    forward on the CPU against the eager scorer, and scripts/gpu_bench.sh checks its gradients on a
+    GPU before timing it.
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if "fn" not in _FLEX:
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    if "cpu" not in _FLEX:
+        _FLEX["cpu"] = torch.compile(flex_attention, dynamic=True)
     if not torch.is_grad_enabled():  # flex refuses CPU inputs that require grad, even without grad
         query, key, value = query.detach(), key.detach(), value.detach()
     batch, heads, q_len, _ = query.shape
@@ -210,9 +265,10 @@ def flex_ssa(query, key, value, b, n, *, scale, causal=False, mask=None, window=
         if full is None:  # structure only: the same block mask serves every later call of this shape
             key_ = ("block_mask", causal, window, q_len, k_len, str(query.device))
             if key_ not in _FLEX:
-                if len(_FLEX) > FLEX_VARIANTS:  # many shapes (growing prompts): keep only the function
+                if len(_FLEX) > FLEX_VARIANTS:  # many shapes (growing prompts): keep only the functions
+                    kept = {name: _FLEX[name] for name in ("fn", "cpu")}
                     _FLEX.clear()
-                    _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+                    _FLEX.update(kept)
                 _FLEX[key_] = create_block_mask(mask_mod, None, None, q_len, k_len, device=query.device)
             block_mask = _FLEX[key_]
         else:
@@ -221,6 +277,8 @@ def flex_ssa(query, key, value, b, n, *, scale, causal=False, mask=None, window=
     arguments = {"score_mod": score_mod, "block_mask": block_mask, "scale": 1.0, "enable_gqa": gqa}
     if query.is_cuda:
         out = compiled_call(_FLEX["fn"], scaled, key, value, **arguments)
+    elif compiled:
+        out = compiled_call(_FLEX["cpu"], scaled, key, value, **arguments)
     else:
         out = flex_attention(scaled, key, value, **arguments)
     if mask is not None or window is not None:  # rows with nothing visible come out 0, as in eager

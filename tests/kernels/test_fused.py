@@ -709,6 +709,68 @@ def test_blocked_memory_grows_linearly_in_length():
     assert largest_tensor(512, fused=False) >= 2 * 512 * 512  # the measurement sees a [T, T] matrix
 
 
+def test_auto_runs_cpu_inference_through_flex_and_everything_else_through_the_blocked_kernel(monkeypatch):
+    """backend="auto" on the CPU: compiled flex for no-grad self-attention without a window or mask
+    tensor, from FLEX_CPU_MIN_LOGITS logits; the blocked kernel for training, masks, windows, a
+    key/value cache's offset, dropout, small calls and SSACLI_COMPILE=0. Both give the reference."""
+    import ssacli.kernels.fused as fused
+
+    seen = []
+    original = fused.flex_ssa
+
+    def spy(*args, **kwargs):  # uncompiled: this test is about the choice, not the compiler
+        seen.append(1)
+        return original(*args, **{**kwargs, "compiled": False})
+
+    monkeypatch.setattr(fused, "flex_ssa", spy)
+    monkeypatch.setattr(fused, "FLEX_CPU_MIN_LOGITS", 2 * 4 * 37 * 37)  # Case()'s logits
+    monkeypatch.delenv("SSACLI_COMPILE", raising=False)
+
+    def flex_ran(case: Case, grad=False, dropout=0.0, env=None) -> bool:
+        if env is not None:
+            monkeypatch.setenv("SSACLI_COMPILE", env)
+        (q, k, v, b, n), mask, _ = make_inputs(case)
+        geometry = dict(scale=case.dim**-0.5, causal=case.causal, window=case.window, mask=mask)
+        seen.clear()
+        with torch.set_grad_enabled(grad):
+            out = ssa_attention(q, k, v, b, n, dropout=dropout, **geometry)
+        if not grad and not dropout:
+            assert_close(out, naive_ssa(q, k, v, b, n, **geometry), OUT_TOL, "auto output")
+        monkeypatch.delenv("SSACLI_COMPILE", raising=False)
+        return bool(seen)
+
+    assert flex_ran(Case(kv_heads=2))  # GQA, causal, no grad: flex
+    assert flex_ran(Case(causal=False))
+    assert not flex_ran(Case(kv_heads=2), grad=True)  # flex has no CPU backward
+    assert not flex_ran(Case(mask="padding"))
+    assert not flex_ran(Case(window=5))
+    assert not flex_ran(Case(q_len=5, k_len=37 * 7))  # a cache offset, as many logits
+    assert not flex_ran(Case(), dropout=0.1)
+    assert not flex_ran(Case(), env="0")
+    assert not flex_ran(Case(q_len=36, k_len=36))  # below FLEX_CPU_MIN_LOGITS
+
+
+def test_compiled_flex_on_the_cpu_matches_the_reference():
+    """The compiled CPU flex path itself (dynamic shapes: one compilation serves both lengths)."""
+    if not compile_enabled():
+        pytest.skip("SSACLI_COMPILE=0")
+    for q_len in (37, 50):
+        case = Case(kv_heads=2, q_len=q_len, k_len=q_len)
+        (q, k, v, b, n), _, _ = make_inputs(case)
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = ssa_attention(q, k, v, b, n, causal=True, backend="flex")
+        if any("compiling flex_attention on the CPU failed" in str(w.message) for w in caught):
+            pytest.skip("torch.compile of flex_attention is unavailable here")
+        assert_close(out, naive_ssa(q, k, v, b, n, scale=case.dim**-0.5, causal=True), OUT_TOL, "flex output")
+
+
+def test_flex_refuses_to_train_on_the_cpu():
+    (q, k, v, b, n), _, _ = make_inputs(Case())
+    with pytest.raises(ValueError, match="no backward on the CPU"):
+        ssa_attention(q, k, v, b, n, causal=True, backend="flex")
+
+
 def test_compiled_flex_calls_never_fall_back_to_uncompiled_within_its_variant_budget():
     """torch's default recompile limit (8) made compiled flex_attention fall back to the uncompiled
     one, which materializes every score, after 8 (shape, grad mode) variants: 2,000× slower on a GPU.

@@ -1,0 +1,90 @@
+"""SSA inference on the CPU: the blocked kernel against compiled flex_attention (dynamic shapes) and
+SDPA softmax, no-grad forward, per shape: the crossover behind ``ssa_attention(backend="auto")``
+(issue 24 item 3). Not a test.
+
+    python benchmarks/inference.py [--repeats 5] [--quick]
+
+H = 8 heads of 64, fp32, random inputs; each candidate once per round, rounds interleaved, best of
+``--repeats`` (benchmarks/_common.interleaved_best); × = time / SDPA's in the same round. "blocked"
+is what ``auto`` ran for every CPU call before (its block math uncompiled at inference, as
+``should_compile`` decides); "flex" is ``backend="flex"``: one ``torch.compile`` with dynamic shapes
+serves every length (its cost is printed first). The last column is what ``auto`` picks now
+(``ssacli.kernels.fused.FLEX_CPU_MIN_LOGITS``). The machine and its load are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import interleaved_best  # noqa: E402
+
+from ssacli.kernels import fused  # noqa: E402
+
+HEADS, DIM = 8, 64
+B_SSA, N_SSA = 1.0, 1.5
+SHAPES = [(1, 64), (1, 128), (1, 256), (1, 512), (1, 1024), (1, 2048), (8, 64), (8, 128), (8, 256), (8, 512)]
+QUICK = [(1, 64), (1, 256)]
+
+
+def inputs(batch: int, length: int):
+    gen = torch.Generator().manual_seed(length)
+    return [torch.randn(batch, HEADS, length, DIM, generator=gen) for _ in range(3)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="two small shapes: the code path")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} torch threads, load average {load[0]:.1f}; torch {torch.__version__}"
+    )
+    q, k, v = inputs(1, 64)
+    start = time.perf_counter()
+    with torch.no_grad():
+        fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=True, backend="flex")
+    print(f"first flex call (compiles it, dynamic shapes; later processes reuse torch's cache): "
+          f"{time.perf_counter() - start:.1f} s\n")  # fmt: skip
+    print("| B | T | causal | logits | sdpa ms | blocked × sdpa | **flex × sdpa** | flex / blocked "
+          "| auto picks |")  # fmt: skip
+    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---|")
+    for batch, length in QUICK if args.quick else SHAPES:
+        q, k, v = inputs(batch, length)
+        logits = batch * HEADS * length * length
+        for causal in (True, False):
+
+            def ssa(backend, causal=causal, q=q, k=k, v=v):
+                return lambda: fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=causal, backend=backend)
+
+            def sdpa(causal=causal, q=q, k=k, v=v):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+            with torch.no_grad():
+                candidates = {"sdpa": sdpa, "blocked": ssa("blocked"), "flex": ssa("flex")}
+                best = interleaved_best(candidates, args.repeats)
+                picked = fused.choose_backend(q, logits, training=False, dropout=0.0)
+            base = best["sdpa"]
+            print(
+                f"| {batch} | {length} | {'yes' if causal else 'no'} | {logits:,} | {base * 1e3:.2f} "
+                f"| {best['blocked'] / base:.2f} | **{best['flex'] / base:.2f}** "
+                f"| {best['flex'] / best['blocked']:.2f} | {picked} |",
+                flush=True,
+            )
+    print(f"\nauto on the CPU: flex for inference calls of >= {fused.FLEX_CPU_MIN_LOGITS:,} logits "
+          "(FLEX_CPU_MIN_LOGITS), blocked below and for training; goal (issue 24): SSA forward <= 1.3× SDPA "
+          "at B = 1, T = 1024")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
