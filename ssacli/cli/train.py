@@ -15,6 +15,7 @@ from rich.console import Console
 
 from .. import defaults as D
 from ..files import check_writable_folder
+from ..train import MIN_VOCAB
 from .convert import print_trained, training_display
 from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device
 
@@ -43,7 +44,7 @@ def train_command(
     ),
     vocab_size: int = typer.Option(
         None,
-        min=261,
+        min=MIN_VOCAB,
         help="Most BPE tokens (default: the size's vocabulary, printed when the model is built).",
     ),
     seed: int = typer.Option(D.SEED, help="Seed of the weights and of the batches."),

@@ -42,6 +42,7 @@ import torch
 from ..errors import InputError, UsageError
 from ..models.kinds import ModelKind, language_model_kind
 from ..models.loading import LoadedModel
+from . import MIN_VOCAB
 
 ARCHS = ("gpt2", "llama", "roberta")
 SIZES = ("tiny", "small")
@@ -93,8 +94,11 @@ def new_model(
     shape = SHAPES.get((arch, size))
     if vocab_size is None:
         vocab_size = shape.vocab if shape else 4096
-    if vocab_size < 260 + len(SPECIAL_TOKENS):
-        raise UsageError(f"vocab size {vocab_size} is too small: byte-level BPE needs at least 261 entries")
+    if vocab_size < MIN_VOCAB:
+        raise UsageError(
+            f"vocab size {vocab_size} is too small: byte-level BPE with {len(SPECIAL_TOKENS)} special tokens "
+            f"needs at least {MIN_VOCAB} entries; give --vocab-size {MIN_VOCAB} or more"
+        )
     if seq_len is None:
         seq_len = shape.seq_len if shape else _config_positions(config_dict, arch) or 256
     if seq_len < 2:

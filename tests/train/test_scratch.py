@@ -158,6 +158,17 @@ def test_empty_texts_and_tiny_vocab_are_refused():
         new_model("gpt2", "tiny", "softmax", texts=["abc"], vocab_size=100)
 
 
+def test_the_smallest_vocabulary_the_cli_accepts_builds_a_model(texts):
+    """MIN_VOCAB is the line: the CLI's --vocab-size minimum, below it a UsageError naming it, at it a
+    model (the CLI once accepted 261 while the builder needed 265)."""
+    from ssacli.train import MIN_VOCAB
+
+    with pytest.raises(UsageError, match=f"at least {MIN_VOCAB}"):
+        new_model("gpt2", "tiny", "softmax", texts=texts, vocab_size=MIN_VOCAB - 1)
+    model = new_model("gpt2", "tiny", "softmax", texts=texts, vocab_size=MIN_VOCAB)
+    assert model.config.vocab_size <= MIN_VOCAB
+
+
 def test_the_tokenizer_never_sees_the_held_out_text(tmp_path):
     from ssacli.train.data import read_documents, split_heldout
 
