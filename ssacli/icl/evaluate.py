@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..defaults import ICL_COEF_SIGMA, ICL_POINTS
+from ..defaults import ICL_COEF_SIGMA, ICL_POINTS, ICL_PROMPTS, SEED
 from ..errors import InputError
 from ..models.checkpoint import ICL_FORMAT, folder_format
 from ..models.icl import ICLModel, load_icl
@@ -71,10 +71,10 @@ def evaluate(
     sigmas: tuple[float, ...] = (1.0,),
     lengths: tuple[int, ...] = (ICL_POINTS,),
     outliers: tuple[tuple[float, int] | None, ...] = (None,),
-    prompts: int = 1000,
+    prompts: int = ICL_PROMPTS,
     batch_size: int | None = None,
     coef_sigma: float = ICL_COEF_SIGMA,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> list[Cell]:
     """One :class:`Cell` per (outlier, σ, length), on fresh prompts drawn from ``seed``."""
     model.eval()
@@ -260,9 +260,9 @@ def evaluate_icl(
     sigmas: tuple[float, ...],
     lengths: tuple[int, ...],
     outliers: tuple[tuple[float, int], ...] = (),
-    prompts: int = 1000,
+    prompts: int = ICL_PROMPTS,
     coef_sigma: float = ICL_COEF_SIGMA,
-    seed: int = 0,
+    seed: int = SEED,
     device: str = "auto",
 ) -> ICLEvaluation:
     """:func:`evaluate` over ``sigmas`` × ``lengths``, then each planted outlier (VALUE, POSITION)

@@ -79,6 +79,7 @@ def test_the_cli_defaults_are_the_apis():
          ("steps", "scorer_lr", "grad_accum", "checkpoint_every", "attention")),
         (command("train"), signature(ssacli.train_from_scratch), ("scorer", "seed", "device")),
         (command("convert"), signature(ssacli.convert), ("device", "dtype")),
+        (command("icl", "eval"), signature(ssacli.evaluate_icl), ("prompts", "seed", "coef_sigma", "device")),
     ]  # fmt: skip
     for cli, api, names in cases:
         for name in names:
