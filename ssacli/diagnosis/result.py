@@ -148,6 +148,20 @@ class DiagnoseResult:
             raise InputError(
                 f"result written by a newer ssacli (schema {data['schema_version']}); upgrade ssacli"
             )
+        try:
+            return cls._parse(data)
+        except KeyError as err:
+            raise InputError(
+                f"diagnose result without its field {err.args[0]!r}: it was edited or cut short; "
+                "re-create it with `ssacli diagnose --json`"
+            ) from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise InputError(
+                f"malformed diagnose result ({err}); re-create it with `ssacli diagnose --json`"
+            ) from None
+
+    @classmethod
+    def _parse(cls, data: dict[str, Any]) -> DiagnoseResult:
         probes = [
             ProbeResult(
                 name=p["name"],

@@ -614,6 +614,24 @@ def test_bundled_icl_models(name):
 # ---- JSON ---------------------------------------------------------------------------------------------
 
 
+def test_a_result_with_a_field_missing_or_malformed_is_an_input_error_naming_it():
+    """from_dict is public: an edited or cut-short result is an InputError that names what is wrong
+    (it was a bare KeyError for a missing field)."""
+    from ssacli.errors import InputError
+
+    good = diagnose(build_model("gpt2"), ["embed-scale:1"], samples=1, length=8).to_dict()
+    missing = {k: v for k, v in good.items() if k != "layers"}
+    with pytest.raises(InputError, match="'layers'"):
+        DiagnoseResult.from_dict(missing)
+    no_levels = json.loads(json.dumps(good))
+    del no_levels["probes"][0]["levels"]
+    with pytest.raises(InputError, match="'levels'"):
+        DiagnoseResult.from_dict(no_levels)
+    wrong_type = {**good, "heads": 7}
+    with pytest.raises(InputError, match="malformed"):
+        DiagnoseResult.from_dict(wrong_type)
+
+
 def test_json_round_trip_of_a_real_result(tmp_path):
     result = diagnose(build_model("gpt2"), ["outlier:1,50", "numeric:2"], samples=2, length=8)
     assert result.probe("numeric").skipped  # NaN everywhere: written as null, read back as NaN
