@@ -24,7 +24,8 @@ import warnings
 import torch
 
 from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
-from .compiled import compile_enabled, compile_setting
+from .compiled import compile_enabled
+from .compiled import should_compile as setting_allows
 
 # CPU inference calls of at least this many logits (batch × heads × queries × keys) go through
 # compiled flex_attention, smaller ones and every training call through the blocked kernel: the
@@ -155,10 +156,7 @@ def should_compile(logits: int, training: bool) -> bool:
     """The default for ``compile=None``. SSACLI_COMPILE=0 never compiles, =1 always does; unset (or
     auto), only training calls with at least COMPILE_MIN_LOGITS logits: a training run makes enough
     such calls to repay the seconds of compiling, a one-off evaluation usually does not."""
-    setting = compile_setting()
-    if setting != "auto":
-        return setting == "1"
-    return training and logits >= COMPILE_MIN_LOGITS
+    return setting_allows(training and logits >= COMPILE_MIN_LOGITS)
 
 
 def _per_head(value: torch.Tensor | float, heads: int, dtype, device) -> torch.Tensor:
