@@ -5,9 +5,10 @@ the same batch, in time and peak memory, measured side by side in one run (issue
 
 Model: the benchmark Llama of benchmarks/diagnose.py (4 layers, 8 heads × 32, hidden 256, random
 init, fp32, CPU). One probe level (``embed-scale:1``) over one sequence of random tokens (batch 1),
-with the fused pass's block math compiled (the default for long calls) and not (SSACLI_COMPILE=0),
-each candidate once per round, rounds interleaved; best of the rounds and × the SDPA forward of the
-round's best. Peak memory: each (mode, length) in a fresh process (benchmarks/_common.py), MB above
+with the fused pass's block math in its three forms: the native row pass (ssacli.kernels.native,
+the default on the CPU), torch ops compiled (the torch path, used where the native pass is not) and
+torch ops not compiled (SSACLI_COMPILE=0), each candidate once per round, rounds interleaved;
+best of the rounds and × the SDPA forward of the round's best. Peak memory: each (mode, length) in a fresh process (benchmarks/_common.py), MB above
 the loaded model. The machine and its load are printed; on a shared machine read the ratios.
 """
 
@@ -22,6 +23,8 @@ import platform
 import torch
 from _common import interleaved_best, measure_peak, run_child
 from diagnose import build_model
+
+from ssacli.kernels import native
 
 PROBE = "embed-scale:1"
 GOAL_TIME = 1.5  # fused diagnose of one probe level <= 1.5 × the SDPA forward at 4,096 tokens
@@ -61,11 +64,24 @@ def uncompiled(call):
     return lambda: with_compile("0", call)
 
 
+def torch_path(call):
+    """call() with the fused pass's block math as torch ops (compiled for long calls), not native."""
+
+    def run():
+        with native.disabled():
+            return call()
+
+    return run
+
+
 def candidates(model, length: int, block_size: int) -> dict:
     return {
         "sdpa forward": lambda: forward_call(model, length),
         "diagnose, eager stats": lambda: diagnose_call(model, length, "eager", block_size),
         "diagnose, fused stats, block math not compiled": uncompiled(
+            lambda: diagnose_call(model, length, "fused", block_size)
+        ),
+        "diagnose, fused stats, torch block math compiled": torch_path(
             lambda: diagnose_call(model, length, "fused", block_size)
         ),
         "diagnose, fused stats": lambda: diagnose_call(model, length, "fused", block_size),
@@ -75,16 +91,18 @@ def candidates(model, length: int, block_size: int) -> dict:
 def time_section(args) -> None:
     model = build_model(args.heads, args.layers, "sdpa")
     print(
-        "| tokens | sdpa ms | eager stats ms | fused, not compiled ms | fused stats ms | eager × sdpa "
-        "| not compiled × sdpa | **fused × sdpa** | eager / fused |"
+        "| tokens | sdpa ms | eager stats ms | fused, torch ops ms | fused, torch ops compiled ms "
+        "| fused (native) ms | eager × sdpa | torch ops × sdpa | compiled × sdpa | **native × sdpa** "
+        "| eager / native |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for length in [int(x) for x in args.lengths.split(",")]:
         best = interleaved_best(candidates(model, length, args.block_size), args.repeats)
-        sdpa, eager, plain, fused = (best[k] * 1e3 for k in best)
+        sdpa, eager, plain, compiled, fused = (best[k] * 1e3 for k in best)
         print(
-            f"| {length} | {sdpa:.0f} | {eager:.0f} | {plain:.0f} | {fused:.0f} | {eager / sdpa:.2f} | "
-            f"{plain / sdpa:.2f} | **{fused / sdpa:.2f}** | {eager / fused:.2f} |",
+            f"| {length} | {sdpa:.0f} | {eager:.0f} | {plain:.0f} | {compiled:.0f} | {fused:.0f} | "
+            f"{eager / sdpa:.2f} | {plain / sdpa:.2f} | {compiled / sdpa:.2f} | **{fused / sdpa:.2f}** | "
+            f"{eager / fused:.2f} |",
             flush=True,
         )
     print(f"goal: fused ≤ {GOAL_TIME:g}× sdpa at 4096 tokens (see the 4096 row)")

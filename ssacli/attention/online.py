@@ -62,8 +62,9 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
         return t[..., rows, :] if t.shape[-2] == q_total else t
 
     def logits(rows: slice, cols: slice) -> torch.Tensor:
-        # key[:, :, cols].transpose: the eager path's matmul layout, bit-identical per block (bf16 too)
-        x = torch.matmul(query[:, :, rows], key[:, :, cols].transpose(-1, -2)) * scaling
+        # key[:, :, cols].transpose: the eager path's matmul layout, bit-identical per block (bf16 too);
+        # the scaling in place (the same rounding as the eager `* scaling`, without a second block)
+        x = torch.matmul(query[:, :, rows], key[:, :, cols].transpose(-1, -2)).mul_(scaling)
         if softcap is not None:
             x = torch.tanh(x / softcap) * softcap
         if bias is not None:

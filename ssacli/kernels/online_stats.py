@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .compiled import register_block, run_block, should_compile
+from . import native
+from .compiled import compile_setting, register_block, run_block, should_compile
 
 # Key columns per block: with the default 256 query rows, one [b, h, 256, 1024] fp32 tile per
 # temporary (8 MB on an 8-head model, whatever the sequence length).
@@ -122,6 +123,17 @@ def _softmax_block(t: torch.Tensor, vis: torch.Tensor | None, running_max: torch
     return t, new_max, ref, p, total, spread, _group_max(t, TOP_GROUP)
 
 
+def _native_state(b: int, h: int, r: int, k: int, dev: torch.device) -> dict[str, torch.Tensor]:
+    """The running per-row state the native pass updates in place, for one query block."""
+    f64 = dict(dtype=torch.float64, device=dev)
+    return {
+        "m": torch.full((b, h, r), -math.inf, **f64), "l": torch.zeros((b, h, r), **f64),
+        "spread": torch.zeros((b, h, r), **f64), "shrink": torch.zeros((b, h, r), device=dev),
+        "top": torch.full((b, h, r, k), -math.inf, **f64), "sq": torch.zeros((b, h, r), **f64),
+        "cnt": torch.zeros((b, h, r), **f64),
+    }  # fmt: skip
+
+
 register_block("stats_scale", _scale_block)
 register_block("stats_softmax", _softmax_block)
 
@@ -141,6 +153,7 @@ def softmax_statistics(
     block_rows: int = 256,
     block_keys: int = STATS_BLOCK_KEYS,
     compile: bool | None = None,
+    native_pass: bool | None = None,
 ) -> tuple[torch.Tensor, RowStatistics]:
     """(output [b, h, q, d] in value's dtype, :class:`RowStatistics`) of softmax(t) attention.
 
@@ -153,7 +166,9 @@ def softmax_statistics(
     ``extra`` [b|1, h|1, q|1]: t of keyless denominator terms (a learned sink, a sink
     scorer's s; their value is zero), log-summed; ``target`` [b]: key index per sample.
     ``compile``: compile the block math (None: SSACLI_COMPILE, else CPU calls of at least
-    STATS_COMPILE_MIN_LOGITS logits).
+    STATS_COMPILE_MIN_LOGITS logits). ``native_pass``: run each block's statistics through the native
+    row pass (ssacli.kernels.native) where it applies — float32 math on the CPU, the kernel built —
+    (None: unless SSACLI_COMPILE=0); otherwise, and on other devices and dtypes, the torch path.
     """
     b, h, k_len, d = value.shape
     dev = value.device
@@ -177,6 +192,9 @@ def softmax_statistics(
     v32 = value.to(compute)
     if compile is None:
         compile = should_compile(dev.type == "cpu" and b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
+    if native_pass is None:
+        native_pass = compile_setting() != "0"
+    use_native = native_pass and dev.type == "cpu" and compute == torch.float32 and native.available()
     for r0 in range(0, q_len, max(1, block_rows)):
         rows = slice(r0, min(r0 + max(1, block_rows), q_len))
         edges = key_span(rows)
@@ -185,7 +203,12 @@ def softmax_statistics(
             for lo, hi in zip(edges[:-1], edges[1:], strict=True)
             for c0 in range(lo, hi, max(1, block_keys))
         ]
-        acc = m = l_ = s_ = None
+        if use_native:
+            state = _native_state(b, h, rows.stop - rows.start, k_top, dev)
+            acc = torch.zeros((b, h, rows.stop - rows.start, d), dtype=compute, device=dev)
+            m = None
+        else:
+            acc = m = l_ = s_ = None
         for cols in spans:
             c0 = cols.start
             vis = visible(rows, cols)
@@ -193,28 +216,37 @@ def softmax_statistics(
                 continue  # nothing visible in this block (padding, the causal future)
             x = logits(rows, cols)
             raw = x.to(compute)
-            square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
-            finite_flags.append(all_finite)  # read once at the end: a bool() per block syncs a GPU
-            logit_sq[:, :, rows] += square
-            logit_n[:, :, rows] += counted
             t = transform(raw if vis is None else torch.where(vis, raw, 0.0), rows)
-            running = torch.full(t.shape[:-1], -math.inf, **f64) if m is None else m
-            t, new_max, ref, p, block_total, block_spread, group_max = run_block(
-                "stats_softmax", compile, t, vis, running
-            )
-            block_top = row_top(t, k_top, group_max=group_max).double()
-            top[:, :, rows] = torch.cat([top[:, :, rows], block_top], dim=-1).topk(k_top, dim=-1).values
-            pv = torch.matmul(p, v32[:, :, cols])
-            if m is None:
-                acc, m, l_, s_ = pv, new_max, block_total, block_spread
+            if use_native:
+                raw, t = raw.contiguous(), t.contiguous()
+                p = torch.empty_like(t)
+                finite_flags.append(torch.tensor(native.row_stats(t, raw, vis, p, state)))
+                acc.mul_(state["shrink"].unsqueeze(-1)).add_(torch.matmul(p, v32[:, :, cols]))
+                m = state["m"]
+                if vis is not None:  # hidden keys read −inf below, as in the torch path
+                    t = torch.where(vis, t, -math.inf)
             else:
-                old = torch.where(m == -math.inf, 0.0, m)
-                delta = ref - old  # ≥ 0 where the row had keys before
-                shrink = torch.where(m == -math.inf, 0.0, torch.exp(-delta))
-                s_ = shrink * (s_ + torch.where(m == -math.inf, 0.0, delta) * l_) + block_spread
-                l_ = shrink * l_ + block_total
-                acc = acc * shrink.unsqueeze(-1).to(compute) + pv
-                m = new_max
+                square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
+                finite_flags.append(all_finite)  # read once at the end: a bool() per block syncs a GPU
+                logit_sq[:, :, rows] += square
+                logit_n[:, :, rows] += counted
+                running = torch.full(t.shape[:-1], -math.inf, **f64) if m is None else m
+                t, new_max, ref, p, block_total, block_spread, group_max = run_block(
+                    "stats_softmax", compile, t, vis, running
+                )
+                block_top = row_top(t, k_top, group_max=group_max).double()
+                top[:, :, rows] = torch.cat([top[:, :, rows], block_top], dim=-1).topk(k_top, dim=-1).values
+                pv = torch.matmul(p, v32[:, :, cols])
+                if m is None:
+                    acc, m, l_, s_ = pv, new_max, block_total, block_spread
+                else:
+                    old = torch.where(m == -math.inf, 0.0, m)
+                    delta = ref - old  # ≥ 0 where the row had keys before
+                    shrink = torch.where(m == -math.inf, 0.0, torch.exp(-delta))
+                    s_ = shrink * (s_ + torch.where(m == -math.inf, 0.0, delta) * l_) + block_spread
+                    l_ = shrink * l_ + block_total
+                    acc = acc * shrink.unsqueeze(-1).to(compute) + pv
+                    m = new_max
             if c0 == 0:
                 first[:, :, rows] = t[..., 0].double()
             if target is not None:
@@ -231,6 +263,10 @@ def softmax_statistics(
                     x_at = torch.where(shown, x_at, math.nan)
                     t_target[:, :, rows] = torch.where(sel, t_at, t_target[:, :, rows])
                     x_target[:, :, rows] = torch.where(sel, x_at, x_target[:, :, rows])
+        if use_native:
+            logit_sq[:, :, rows], logit_n[:, :, rows] = state["sq"], state["cnt"]
+            top[:, :, rows] = state["top"]
+            m, l_, s_ = state["m"], state["l"], state["spread"]
         if m is None:
             continue  # no block visible: the rows keep max −inf, total 0, output 0
         denominator = l_

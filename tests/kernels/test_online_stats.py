@@ -102,6 +102,122 @@ def test_kernel_rows_without_keys_are_empty_not_zero_entropy():
     assert torch.equal(out[0, 0, 1], torch.zeros(2))
 
 
+def _statistics_case(seed: int = 3):
+    """A call with blocks with and without a visibility mask, a ragged last top-k group, a non-finite
+    logit, a target, a moving max and collapsing rows; run(**options) computes its statistics."""
+    torch.manual_seed(seed)
+    b, h, q, k, d = 2, 3, 40, 300, 8
+    t = torch.randn(b, h, q, k) * 8
+    t[1, :, :, 250] += 200.0  # a dominant key in the last block: the max moves, rows collapse
+    t[0, 1, 3, 7] = math.inf  # a non-finite logit (counted out of the logit scale)
+    causal = torch.ones(q, k, dtype=torch.bool).tril(diagonal=k - q)[None, None]
+    visible = causal & (torch.rand(b, 1, q, k) > 0.2)
+    visible[..., :100] = True  # what the mask-free blocks below say
+    value = torch.randn(b, h, k, d)
+
+    def run(**options):
+        return softmax_statistics(
+            value, q, logits=lambda r, c: t[:, :, r, c],
+            # whole blocks below the diagonal of sample 0 see everything (the mask-free variant)
+            visible=lambda r, c: None if c.stop <= 100 else visible[:, :, r, c],
+            transform=lambda x, r: x * 0.5, count=visible.sum(-1), key_span=lambda r: [0, 100, k],
+            target=torch.tensor([250, 5]), top_k=5, block_rows=16, block_keys=130, **options,
+        )  # fmt: skip
+
+    return run
+
+
+STAT_FIELDS = ("max", "total", "spread", "top", "first", "target", "logit_sq", "logit_n", "target_logit")
+
+
+def test_native_row_pass_equals_the_torch_path():
+    """The native row pass (ssacli.kernels.native, the CPU float32 default) against the torch path's
+    block math: the same statistics and output, the non-finite row flagged in both."""
+    from ssacli.kernels import native
+
+    run = _statistics_case()
+    want_out, want = run(compile=False, native_pass=False)
+    if not native.available():
+        pytest.skip("the native kernel could not be built here (no C compiler)")
+    out, got = run(native_pass=True)
+    assert torch.allclose(out, want_out, rtol=1e-5, atol=1e-6, equal_nan=True)
+    for name in STAT_FIELDS:
+        have, expect = getattr(got, name), getattr(want, name)
+        finite = torch.isfinite(expect) & torch.isfinite(have)
+        assert torch.equal(torch.isfinite(have), torch.isfinite(expect)), name  # same rows broke
+        assert torch.allclose(have[finite], expect[finite], rtol=1e-6, atol=1e-6), name
+    assert got.finite_logits is want.finite_logits is False
+    assert got.finite_output is want.finite_output is False
+
+
+def test_native_row_pass_on_ragged_blocks_masks_and_many_threads():
+    """Block widths that are not a multiple of the kernel's vector width, a padding mask, a top-k wider
+    than the kernel's chunk group, one thread and two: the same statistics as the torch path."""
+    from ssacli.kernels import native
+
+    if not native.available():
+        pytest.skip("the native kernel could not be built here (no C compiler)")
+    torch.manual_seed(5)
+    b, h, q, k, d = 2, 2, 21, 203, 4
+    t = torch.randn(b, h, q, k) * 6
+    visible = torch.rand(b, 1, 1, k) > 0.25  # a padding-like mask, broadcast over heads and rows
+    value = torch.randn(b, h, k, d)
+
+    def run(native_pass: bool, top_k: int):
+        return softmax_statistics(
+            value, q, logits=lambda r, c: t[:, :, r, c], visible=lambda r, c: visible[..., c],
+            transform=lambda x, r: x.tanh() * 3, count=visible.sum(-1).expand(b, 1, q),
+            key_span=lambda r: [0, k],
+            top_k=top_k, block_rows=7, block_keys=67, compile=False, native_pass=native_pass,
+        )  # fmt: skip
+
+    threads = torch.get_num_threads()
+    try:
+        for n_threads, top_k in ((1, 5), (2, 20)):
+            torch.set_num_threads(n_threads)
+            want_out, want = run(False, top_k)
+            out, got = run(True, top_k)
+            assert torch.allclose(out, want_out, rtol=1e-5, atol=1e-6)
+            for name in STAT_FIELDS:
+                have, expect = getattr(got, name), getattr(want, name)
+                if expect is not None:
+                    assert torch.allclose(have, expect, rtol=1e-6, atol=1e-6, equal_nan=True), name
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_native_build_failure_warns_once_and_keeps_the_torch_path(tmp_path):
+    """A C compiler that fails ($CC=false, an empty cache): one RuntimeWarning naming the failure, no
+    file left in the cache, and the statistics still come (from the torch path), equal to a run
+    without the native pass."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings, torch\n"
+        "from ssacli.kernels import native\n"
+        "from ssacli.kernels.online_stats import softmax_statistics\n"
+        "t = torch.randn(1, 2, 8, 40); v = torch.randn(1, 2, 40, 4)\n"
+        "def run(flag):\n"
+        "    return softmax_statistics(v, 8, logits=lambda r, c: t[:, :, r, c], visible=lambda r, c: None,\n"
+        "        transform=lambda x, r: x, count=torch.full((1, 1, 8), 40), key_span=lambda r: [0, 40],\n"
+        "        compile=False, native_pass=flag)[1].total\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    a = run(True); b = run(True)\n"
+        "print(sum('native statistics kernel failed' in str(w.message) for w in seen), native.available(),\n"
+        "      bool(torch.equal(a, run(False))))\n"
+    )
+    env = {**os.environ, "CC": "false", "SSACLI_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "False", "True"]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # nothing half-built left behind
+
+
 def test_compiled_block_math_equals_the_eager_block_math():
     """compile=True: the block math through torch.compile (ssacli.kernels.compiled) gives the same
     statistics as eager PyTorch, on blocks with and without a visibility mask, a ragged last top-k
@@ -125,6 +241,7 @@ def test_compiled_block_math_equals_the_eager_block_math():
             visible=lambda r, c: None if c.stop <= 100 else visible[:, :, r, c],
             transform=lambda x, r: x * 0.5, count=visible.sum(-1), key_span=lambda r: [0, 100, k],
             target=torch.tensor([250, 5]), top_k=5, block_rows=16, block_keys=130, compile=compiled,
+            native_pass=False,
         )  # fmt: skip
 
     eager_out, eager = run(False)

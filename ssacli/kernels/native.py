@@ -1,0 +1,185 @@
+"""The native row pass of diagnose's fused statistics (row_stats.c), built at first use and called
+through ctypes.
+
+Why native: one key block of the statistics is a dozen elementwise reductions over the same
+[rows, keys] tile plus a running top-k; as torch ops (compiled or not) each reads the tile from
+memory again, and torch.topk has a fixed cost per call that dominates narrow searches. The C pass
+reads each row twice while it sits in cache and keeps the top-k by insertion, looking only at the few
+chunks of keys that can hold one (docs/performance.md).
+
+The source is C99 with GCC/Clang vector extensions and no library but libm. It is compiled once per machine with the C
+compiler torch.compile would use (``$CC``, else cc/gcc/clang), at -O3 for the host CPU, into the
+user's cache (``$SSACLI_CACHE`` or ``$XDG_CACHE_HOME/ssacli``, default ~/.cache/ssacli), named by a
+hash of the source, the compiler and the CPU, so a new source or machine builds anew and nothing is
+ever overwritten in place (write to a temporary file, then rename). ``SSACLI_COMPILE=0`` (the one
+switch, ssacli.kernels.compiled) never builds it; a failed build is said once, as a warning, and the
+callers keep their torch path, which computes the same statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from .compiled import compile_setting
+
+SOURCE = Path(__file__).with_name("row_stats.c")
+# -fopenmp links libgomp.so.1 by its soname, which resolves to the libgomp torch has already loaded:
+# the row pass then runs on torch's own thread pool instead of competing with its spinning threads.
+_FLAG_SETS = (
+    ["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
+    ["-O3", "-march=native", "-fno-math-errno"],  # no OpenMP (Apple clang): one thread
+    ["-O3", "-fno-math-errno"],  # compilers that do not know -march=native
+)
+_LIB: list[ctypes.CDLL | None] = []  # [] not tried yet; [None] unavailable
+_LOCK = threading.Lock()
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+def cache_dir() -> Path:
+    """Where built kernels live: $SSACLI_CACHE, else $XDG_CACHE_HOME/ssacli, else ~/.cache/ssacli."""
+    if os.environ.get("SSACLI_CACHE"):
+        return Path(os.environ["SSACLI_CACHE"]) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ssacli" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the CPU's model and feature flags where Linux says them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        picked = [ln for ln in lines if ln.startswith(("model name", "flags", "Features"))]
+        return "\n".join(dict.fromkeys(picked))
+    except OSError:
+        return platform.processor()
+
+
+def _build(compiler: str) -> Path:
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(
+        b"\0".join(s.encode() if isinstance(s, str) else s for s in
+                   (source, version, platform.machine(), _cpu_signature(), repr(_FLAG_SETS)))
+    ).hexdigest()[:16]  # fmt: skip
+    target = cache_dir() / f"row_stats-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    errors = []
+    for flags in _FLAG_SETS:
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        run = subprocess.run(
+            [compiler, *flags, "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if run.returncode == 0:
+            os.replace(tmp, target)
+            return target
+        os.unlink(tmp)
+        errors.append((run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1])
+    raise RuntimeError(errors[-1])
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded row pass, built on first use; None if SSACLI_COMPILE=0 or the build failed."""
+    if compile_setting() == "0":
+        return None
+    with _LOCK:
+        if not _LIB:
+            try:
+                compiler = _compiler()
+                if compiler is None:
+                    raise RuntimeError("no C compiler found ($CC, cc, gcc or clang)")
+                lib = ctypes.CDLL(str(_build(compiler)))
+                fn = lib.ssacli_row_stats
+                fn.restype = ctypes.c_int
+                fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, *[_ptr] * 8, ctypes.c_int]
+                _LIB.append(lib)
+            except Exception as err:  # noqa: BLE001 - any failure means "use the torch path"
+                _LIB.append(None)
+                warnings.warn(
+                    f"ssacli: building the native statistics kernel failed ({err}); using the torch "
+                    "path (same results, slower). Set SSACLI_COMPILE=0 to skip the attempt.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return _LIB[0]
+
+
+_DISABLED: list[bool] = []
+
+
+def available() -> bool:
+    """Whether callers should use the native pass: built here and not switched off by :func:`disabled`."""
+    return not _DISABLED and library() is not None
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within this block callers take their torch path (benchmarks and tests compare the two)."""
+    _DISABLED.append(True)
+    try:
+        yield
+    finally:
+        _DISABLED.pop()
+
+
+def row_stats(
+    t: torch.Tensor,
+    raw: torch.Tensor,
+    vis: torch.Tensor | None,
+    p: torch.Tensor,
+    state: dict[str, torch.Tensor],
+) -> bool:
+    """One key block through the native pass: t, raw [b, h, r, c] float32 contiguous; vis bool
+    broadcastable to them or None; p [b, h, r, c] float32 written with e^(t − ref); ``state`` holds
+    the rows' running m, l, spread (float64 [b, h, r]), shrink (float32 [b, h, r], written), top
+    (float64 [b, h, r, k], descending) and the logit-scale sums sq, cnt (float64 [b, h, r]), all
+    contiguous and updated in place. Returns whether every raw logit was finite. The rows are split
+    over torch's intra-op threads where the kernel was built with OpenMP (gcc, clang on Linux), else
+    one thread runs them all."""
+    lib = library()
+    assert lib is not None
+    b, h, r, c = t.shape
+    rows = b * h * r
+    vis_ptr = off_ptr = None
+    if vis is not None:
+        vis = vis.expand(b, h, r, c)
+        if vis.stride(-1) != 1:
+            vis = vis.contiguous()
+        sb, sh, sr, _ = vis.stride()
+        offsets = (
+            torch.arange(b).mul_(sb).view(b, 1, 1)
+            + torch.arange(h).mul_(sh).view(1, h, 1)
+            + torch.arange(r).mul_(sr).view(1, 1, r)
+        ).reshape(-1)
+        state["_vis"], state["_off"] = vis, offsets  # alive until the call returns
+        vis_ptr, off_ptr = vis.data_ptr(), offsets.data_ptr()
+    k = state["top"].shape[-1]
+    args = (t.data_ptr(), raw.data_ptr(), vis_ptr, off_ptr, c)
+    names = ("m", "l", "spread", "shrink", "top", "sq", "cnt")
+    tail = (k, p.data_ptr(), *(state[name].data_ptr() for name in names))
+    threads = max(1, min(torch.get_num_threads(), rows // 64))
+    return bool(lib.ssacli_row_stats(*args, 0, rows, *tail, threads))
+
+
+__all__ = ["SOURCE", "available", "cache_dir", "disabled", "library", "row_stats"]
