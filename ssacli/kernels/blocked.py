@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from . import native
 from .compiled import register_block, run_block
 
 # Query rows and key columns of one block. 64 query rows keep each q·kᵀ product [64 × keys] in cache
@@ -96,10 +97,20 @@ class _Plan:
                 spans = [slice(c, min(c + self.k_block, hi)) for c in range(lo, hi, self.k_block)]
                 yield slice(r0, r1), spans
 
-    def hide_(self, y: torch.Tensor, rows: slice, cols: slice, mask) -> torch.Tensor:
+    def diagonal(self, rows: slice, cols: slice) -> int:
+        """For a kernel that applies the band itself: row i of the block sits at the block's column
+        this + i (causal: it sees columns up to there; a window reaches back from there)."""
+        return self.offset + rows.start - cols.start
+
+    def hide_(self, y: torch.Tensor, rows: slice, cols: slice, mask, band: bool = True) -> torch.Tensor:
         """Set hidden entries of the logits block y [B, H_kv, G, rows, cols] to −inf, in place.
 
-        Causal and window masks touch only the columns they can hide (the diagonal band)."""
+        Causal and window masks touch only the columns they can hide (the diagonal band); ``band``
+        False leaves them to the caller (the mask tensor still applies)."""
+        if not band:
+            if mask is not None:
+                y.masked_fill_(~mask[..., rows, cols], -math.inf)
+            return y
         pos = torch.arange(rows.start, rows.stop, device=y.device)[:, None] + self.offset
         if self.causal:
             first = max(self.offset + rows.start + 1, cols.start)  # row 0 sees keys < first
@@ -158,13 +169,20 @@ class BlockedSSA(torch.autograd.Function):
         out = query.new_zeros(batch, kv_heads, groups, q_len, value.shape[-1])
         lse = query.new_full((batch, kv_heads, groups, q_len, 1), math.inf)
         key_t = key.transpose(-1, -2).contiguous()  # [B, H_kv, D, K]: contiguous columns per block
+        use_native = query.device.type == "cpu" and query.dtype == torch.float32 and native.available()
+        n_heads = n.detach().to(torch.float32).contiguous() if use_native else None
         for rows, spans in plan.blocks():
             width = rows.stop - rows.start
             qb = q5[:, :, :, rows].reshape(batch, kv_heads, groups * width, dim)
             acc = row_max = row_sum = None
             for cols in spans:
                 y = torch.matmul(qb, key_t[..., cols]).view(batch, kv_heads, groups, width, -1)
-                p, m, s = run_block("fwd", compiled, plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4)
+                if use_native:  # the causal band is applied inside the native pass
+                    y = plan.hide_(y, rows, cols, mask5, band=False).flatten(1, 2)
+                    band = dict(diagonal=plan.diagonal(rows, cols), causal=plan.causal, window=plan.window)
+                    p, m, s = native.ssa_forward(y, n_heads, **band)
+                else:
+                    p, m, s = run_block("fwd", compiled, plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4)
                 p = plan.kept(p.view(batch, kv_heads, groups * width, -1), rows, cols)
                 pv = torch.matmul(p, value[..., cols, :])
                 pv = pv.view(batch, kv_heads, groups, width, -1)

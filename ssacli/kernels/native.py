@@ -7,13 +7,13 @@ memory again, and torch.topk has a fixed cost per call that dominates narrow sea
 reads each row twice while it sits in cache and keeps the top-k by insertion, looking only at the few
 chunks of keys that can hold one (docs/performance.md).
 
-The source is C99 with GCC/Clang vector extensions and no library but libm. It is compiled once per machine with the C
-compiler torch.compile would use (``$CC``, else cc/gcc/clang), at -O3 for the host CPU, into the
-user's cache (``$SSACLI_CACHE`` or ``$XDG_CACHE_HOME/ssacli``, default ~/.cache/ssacli), named by a
-hash of the source, the compiler and the CPU, so a new source or machine builds anew and nothing is
-ever overwritten in place (write to a temporary file, then rename). ``SSACLI_COMPILE=0`` (the one
-switch, ssacli.kernels.compiled) never builds it; a failed build is said once, as a warning, and the
-callers keep their torch path, which computes the same statistics.
+The source is C99 with GCC/Clang vector extensions and no library but libm. It is compiled once per
+machine with the C compiler torch.compile would use (``$CC``, else cc/gcc/clang), at -O3 for the
+host CPU, into the user's cache (``$SSACLI_CACHE`` or ``$XDG_CACHE_HOME/ssacli``, default
+~/.cache/ssacli), named by a hash of the source, the compiler and the CPU, so a new source or machine
+builds anew and nothing is ever overwritten in place (write to a temporary file, then rename).
+``SSACLI_COMPILE=0`` (the one switch, ssacli.kernels.compiled) never builds it; a failed build is
+said once, as a warning, and the callers keep their torch path, which computes the same statistics.
 """
 
 from __future__ import annotations
@@ -99,6 +99,30 @@ def _build(compiler: str) -> Path:
     raise RuntimeError(errors[-1])
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    """The C signatures (row_stats.c), so ctypes converts and checks every argument."""
+    _int = ctypes.c_int
+    # t, raw, vis, vis_off, C, r0, r1, k, p, m, l, spread, shrink, top, sq, cnt, threads
+    lib.ssacli_row_stats.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, *[_ptr] * 8, _int]
+    lib.ssacli_row_stats.restype = _int
+    # y, C, r0, r1, n_head, heads, p, m, s, width, causal, diag, window, threads
+    lib.ssacli_ssa_forward.argtypes = [
+        _ptr,
+        _i64,
+        _i64,
+        _i64,
+        _ptr,
+        _i64,
+        *[_ptr] * 3,
+        _i64,
+        _int,
+        _i64,
+        _i64,
+        _int,
+    ]
+    lib.ssacli_ssa_forward.restype = None
+
+
 def library() -> ctypes.CDLL | None:
     """The loaded row pass, built on first use; None if SSACLI_COMPILE=0 or the build failed."""
     if compile_setting() == "0":
@@ -110,9 +134,7 @@ def library() -> ctypes.CDLL | None:
                 if compiler is None:
                     raise RuntimeError("no C compiler found ($CC, cc, gcc or clang)")
                 lib = ctypes.CDLL(str(_build(compiler)))
-                fn = lib.ssacli_row_stats
-                fn.restype = ctypes.c_int
-                fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, *[_ptr] * 8, ctypes.c_int]
+                _declare(lib)
                 _LIB.append(lib)
             except Exception as err:  # noqa: BLE001 - any failure means "use the torch path"
                 _LIB.append(None)
@@ -182,4 +204,32 @@ def row_stats(
     return bool(lib.ssacli_row_stats(*args, 0, rows, *tail, threads))
 
 
-__all__ = ["SOURCE", "available", "cache_dir", "disabled", "library", "row_stats"]
+def ssa_forward(
+    y: torch.Tensor,
+    n: torch.Tensor,
+    *,
+    diagonal: int = 0,
+    causal: bool = False,
+    window: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SSA's forward block math (ssacli.kernels.blocked) through the native pass: y [b, h, r, c] float32
+    contiguous (keys hidden by a mask tensor −inf), n [h] float32 contiguous, each head's exponent.
+    With ``causal`` row i of the block sees only columns ≤ ``diagonal`` + i, with ``window`` only
+    those > ``diagonal`` + i − window (the block's band). Returns (p, m, s) as the torch block does:
+    p = e^(t − m) with t = n·sgn(y)·log1p|y| (0 where hidden) [b, h, r, c], written over y; the row
+    max m of t and s = Σp [b, h, r, 1]."""
+    lib = library()
+    assert lib is not None
+    rows, cols = y.numel() // max(1, y.shape[-1]), y.shape[-1]
+    m = torch.empty(y.shape[:-1] + (1,), dtype=y.dtype)
+    s = torch.empty_like(m)
+    threads = max(1, min(torch.get_num_threads(), rows // 64))
+    band = (int(causal), diagonal, window or 0)
+    lib.ssacli_ssa_forward(
+        y.data_ptr(), cols, 0, rows, n.data_ptr(), n.numel(), y.data_ptr(), m.data_ptr(), s.data_ptr(),
+        y.shape[-2], *band, threads,
+    )  # fmt: skip
+    return y, m, s
+
+
+__all__ = ["SOURCE", "available", "cache_dir", "disabled", "library", "row_stats", "ssa_forward"]

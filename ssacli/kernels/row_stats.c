@@ -279,3 +279,105 @@ int ssacli_row_stats(const float *restrict t, const float *restrict raw,
     (void)threads;
     return all_finite;
 }
+
+/* ---- SSA's forward block (ssacli.kernels.blocked) ------------------------------------------------ */
+
+/* log1p(z) for z >= 0, W lanes: log(u) for u = 1 + z rounded, split as 2^e · x with x in
+ * [sqrt(1/2), sqrt(2)), Cephes' degree-8 polynomial for log(x) (about an ulp). Rounding 1 + z costs at
+ * most 2^-24 in absolute terms, which is all a softmax of n·log1p sees (p changes by a relative 6e-8
+ * per unit of n); the usual correction (z - (u - 1)) / u would add a division per lane for
+ * accuracy relative to tiny z that the weights never show. z = +inf gives +inf. */
+static inline vf log1p_nonnegative(vf z) {
+    vf u = 1.0f + z;
+    vi bits = (vi)u;
+    vi e = ((bits >> 23) & 0xff) - 126;
+    vf x = (vf)((bits & 0x7fffff) | 0x3f000000); /* u's mantissa in [0.5, 1) */
+    vi small = x < 0.707106781186547524f;
+    e = e + small; /* small: e - 1 (true is -1) */
+    x = select(small, x + x - 1.0f, x - 1.0f);
+    vf x2 = x * x;
+    vf poly = splat(7.0376836292e-2f);
+    poly = poly * x - 1.1514610310e-1f;
+    poly = poly * x + 1.1676998740e-1f;
+    poly = poly * x - 1.2420140846e-1f;
+    poly = poly * x + 1.4249322787e-1f;
+    poly = poly * x - 1.6668057665e-1f;
+    poly = poly * x + 2.0000714765e-1f;
+    poly = poly * x - 2.4999993993e-1f;
+    poly = poly * x + 3.3333331174e-1f;
+    vf fe = __builtin_convertvector(e, vf);
+    vf y = poly * x * x2 + fe * -2.12194440e-4f - 0.5f * x2;
+    vf logu = x + y + fe * 0.693359375f;
+    return select(z <= 3.40282347e38f, logu, splat(INFINITY));
+}
+
+/* t = n·sgn(y)·log1p|y| for W lanes (y = -inf gives -inf). */
+static inline vf ssa_transform(vf y, vf n) {
+    vi negative = y < 0.0f;
+    vf mag = log1p_nonnegative((vf)((vi)y & 0x7fffffff));
+    return n * select(negative, -mag, mag);
+}
+
+/* One SSA forward block (blocked.py's _forward_block): for rows [r0, r1) of y [batch, heads, width, C]
+ * flattened to rows, row r in head h = (r / width) % heads with exponent n_head[h]: m = the row's max of t = n·sgn(y)·log1p|y| over visible keys (t is increasing in y, so t
+ * at the max y), p = e^(t - m) (0 for hidden keys; m = -inf when none is visible) and s = Σp. Keys
+ * that y marks -inf are hidden, and so are those outside the row's band: row r is query
+ * i = r % width of its block; with causal set it sees only columns c <= diag + i, with window > 0
+ * only those with c > diag + i - window (blocked.py's bottom-right alignment, relative to the
+ * block). p may be y itself (each vector is read before it is written). */
+void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
+                        const float *restrict n_head, int64_t heads, float *p, float *restrict m,
+                        float *restrict s, int64_t width, int causal, int64_t diag, int64_t window,
+                        int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+#endif
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i = r % width, lo = 0, hi = C - 1;
+        if (causal && diag + i < hi) hi = diag + i;
+        if (window > 0 && diag + i - window + 1 > lo) lo = diag + i - window + 1;
+        float *row_p = p + r * C;
+        if (hi < lo) { /* nothing visible */
+            memset(row_p, 0, C * sizeof(float));
+            m[r] = -INFINITY, s[r] = 0.0f;
+            continue;
+        }
+        if (lo > 0) memset(row_p, 0, lo * sizeof(float));
+        if (hi + 1 < C) memset(row_p + hi + 1, 0, (C - hi - 1) * sizeof(float));
+        const float *yr = y + r * C + lo;
+        float *pr = row_p + lo;
+        int64_t n_keys = hi + 1 - lo;
+        vf ymax_v = splat(-INFINITY);
+        int64_t c = 0;
+        for (; c + W <= n_keys; c += W) {
+            vf v = load(yr, c);
+            ymax_v = select(v > ymax_v, v, ymax_v);
+        }
+        float ymax = lanes_max(ymax_v);
+        for (int64_t j = c; j < n_keys; j++) ymax = yr[j] > ymax ? yr[j] : ymax;
+        float n = n_head[(r / width) % heads], t_max = ssa_transform(splat(ymax), splat(n))[0]; /* as each lane computes it */
+        float ref = t_max == -INFINITY ? 0.0f : t_max;
+        const vf ref_v = splat(ref), n_v = splat(n);
+        vd sum_d = {0};
+        for (c = 0; c < n_keys; c += 4 * W) { /* 4 vectors a step: float partial sums of 64 */
+            vf sum_v = {0};
+            for (int64_t cc = c; cc < c + 4 * W && cc < n_keys; cc += W) {
+                int whole = cc + W <= n_keys;
+                vf v = whole ? load(yr, cc) : load_tail(yr, cc, n_keys);
+                vf e = exp_nonpositive(ssa_transform(v, n_v) - ref_v);
+                e = select(v == -INFINITY, splat(0.0f), e);
+                if (whole) {
+                    store(pr, cc, e);
+                } else {
+                    e = select(shown_tail(NULL, cc, n_keys), e, splat(0.0f));
+                    store_tail(pr, cc, n_keys, e);
+                }
+                sum_v += e;
+            }
+            sum_d += wide(sum_v);
+        }
+        m[r] = t_max;
+        s[r] = (float)lanes_sum(&sum_d);
+    }
+    (void)threads;
+}

@@ -19,6 +19,7 @@ import ssacli
 from ssacli.attention.backend import eager_reason
 from ssacli.attention.forward import SCORER_ATTR, Observer, observing
 from ssacli.errors import UsageError
+from ssacli.kernels import native
 from ssacli.kernels.compiled import compile_enabled, compiled_kernels
 from ssacli.kernels.fused import softmax_attention, ssa_attention
 from tests.helpers.models import FAMILIES, VOCAB, build_model, clone
@@ -242,7 +243,42 @@ def test_python_float_parameters_and_the_default_scale():
     assert_close(out, naive_ssa(q, k, v, 0.8, 1.5, scale=case.dim**-0.5, causal=True), OUT_TOL, "output")
 
 
-def test_compiling_is_for_large_training_calls(monkeypatch):
+@pytest.fixture
+def torch_block_math():
+    """The blocked kernel's torch block math in the forward too (the native pass off), for tests of
+    what is compiled."""
+    with native.disabled():
+        yield
+
+
+def test_native_forward_blocks_match_the_torch_block_math():
+    """The native SSA forward block (CPU float32 default) against the torch block math: outputs and
+    gradients of causal, padded, windowed and grouped-query calls, with large logits."""
+    if not native.available():
+        pytest.skip("the native kernel could not be built here (no C compiler)")
+    cases = (
+        Case(), Case(kv_heads=2, mask="padding", blocks=(16, 16)), Case(causal=False, window=None),
+        Case(window=5), Case(magnitude=30.0),  # |y| ~ 1e3: log1p's range reduction, not small z
+    )  # fmt: skip
+    for case in cases:
+        (q, k, v, b, n), mask, upstream = make_inputs(case)
+        geometry = dict(scale=case.dim**-0.5, causal=case.causal, mask=mask, window=case.window)
+        if case.blocks is not None:
+            geometry.update(block_rows=case.blocks[0], block_keys=case.blocks[1])
+        runs = []
+        for off in (False, True):
+            leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, b, n)]
+            with native.disabled() if off else torch.enable_grad():
+                out = ssa_attention(*leaves, backend="blocked", compile=False, **geometry)
+                (out * upstream).sum().backward()
+            runs.append((out.detach(), [t.grad for t in leaves]))
+        (got, got_grads), (want, want_grads) = runs
+        assert_close(got, want, OUT_TOL, f"native forward output {case}")
+        for g, w, label in zip(got_grads, want_grads, "qkvbn", strict=True):
+            assert_close(g, w, GRAD_TOL, f"native forward grad {label} {case}")
+
+
+def test_compiling_is_for_large_training_calls(monkeypatch, torch_block_math):
     """compile=None: training calls of at least COMPILE_MIN_LOGITS logits compile; evaluation (no
     grad) and small calls do not; SSACLI_COMPILE=0/1 overrides."""
     import ssacli.kernels.blocked
@@ -302,7 +338,7 @@ def test_a_mask_broadcast_over_queries_is_accepted():
     assert_close(out, naive_ssa(q, k, v, b, n, **kwargs), OUT_TOL, "output")
 
 
-def test_compiled_kernels_match_the_reference():
+def test_compiled_kernels_match_the_reference(torch_block_math):
     """compile=True: torch.compile'd block math (one dynamic compilation serves both shapes)."""
     for case in (Case(batch=1, kv_heads=2, mask="padding", blocks=(16, 16)), Case(batch=1, causal=False)):
         (q, k, v, b, n), mask, upstream = make_inputs(case)
