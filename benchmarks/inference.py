@@ -6,10 +6,12 @@ SDPA softmax, no-grad forward, per shape: the crossover behind ``ssa_attention(b
 
 H = 8 heads of 64, fp32, random inputs; each candidate once per round, rounds interleaved, best of
 ``--repeats`` (benchmarks/_common.interleaved_best); × = time / SDPA's in the same round. "blocked"
-is what ``auto`` ran for every CPU call before (its block math uncompiled at inference, as
-``should_compile`` decides); "flex" is ``backend="flex"``: one ``torch.compile`` with dynamic shapes
-serves every length (its cost is printed first). The last column is what ``auto`` picks now
-(``ssacli.kernels.fused.FLEX_CPU_MIN_LOGITS``). The machine and its load are printed.
+is ``backend="blocked"`` with its forward block through the native pass (ssacli.kernels.native, the
+CPU float32 default); "torch blocks" the same kernel with its torch block math (uncompiled at
+inference, as ``should_compile`` decides: what runs where the native pass cannot be built); "flex"
+is ``backend="flex"``: one ``torch.compile`` with dynamic shapes serves every length (its cost is
+printed first). The last column is what ``auto`` picks (``ssacli.kernels.fused.choose_backend``).
+The machine and its load are printed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved_best  # noqa: E402
 
-from ssacli.kernels import fused  # noqa: E402
+from ssacli.kernels import fused, native  # noqa: E402
 
 HEADS, DIM = 8, 64
 B_SSA, N_SSA = 1.0, 1.5
@@ -56,9 +58,9 @@ def main() -> None:
         fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=True, backend="flex")
     print(f"first flex call (compiles it, dynamic shapes; later processes reuse torch's cache): "
           f"{time.perf_counter() - start:.1f} s\n")  # fmt: skip
-    print("| B | T | causal | logits | sdpa ms | blocked × sdpa | **flex × sdpa** | flex / blocked "
-          "| auto picks |")  # fmt: skip
-    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---|")
+    print("| B | T | causal | logits | sdpa ms | **blocked × sdpa** | torch blocks × sdpa | flex × sdpa "
+          "| flex / blocked | auto picks |")  # fmt: skip
+    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---|")
     for batch, length in QUICK if args.quick else SHAPES:
         q, k, v = inputs(batch, length)
         logits = batch * HEADS * length * length
@@ -70,20 +72,25 @@ def main() -> None:
             def sdpa(causal=causal, q=q, k=k, v=v):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
+            def torch_blocks(run=ssa("blocked")):
+                with native.disabled():
+                    return run()
+
             with torch.no_grad():
-                candidates = {"sdpa": sdpa, "blocked": ssa("blocked"), "flex": ssa("flex")}
+                candidates = {"sdpa": sdpa, "blocked": ssa("blocked"), "torch": torch_blocks}
+                candidates["flex"] = ssa("flex")
                 best = interleaved_best(candidates, args.repeats)
                 picked = fused.choose_backend(q, logits, training=False, dropout=0.0)
             base = best["sdpa"]
             print(
                 f"| {batch} | {length} | {'yes' if causal else 'no'} | {logits:,} | {base * 1e3:.2f} "
-                f"| {best['blocked'] / base:.2f} | **{best['flex'] / base:.2f}** "
-                f"| {best['flex'] / best['blocked']:.2f} | {picked} |",
+                f"| **{best['blocked'] / base:.2f}** | {best['torch'] / base:.2f} "
+                f"| {best['flex'] / base:.2f} | {best['flex'] / best['blocked']:.2f} | {picked} |",
                 flush=True,
             )
-    print(f"\nauto on the CPU: flex for inference calls of >= {fused.FLEX_CPU_MIN_LOGITS:,} logits "
-          "(FLEX_CPU_MIN_LOGITS), blocked below and for training; goal (issue 24): SSA forward <= 1.3× SDPA "
-          "at B = 1, T = 1024")  # fmt: skip
+    print(f"\nauto on the CPU: blocked where the native pass is built (here: {native.available()}); "
+          f"without it flex for inference calls of >= {fused.FLEX_CPU_MIN_LOGITS:,} logits "
+          "(FLEX_CPU_MIN_LOGITS). Goal (issue 24): SSA forward <= 1.3× SDPA at B = 1, T = 1024")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,13 +23,16 @@ import warnings
 
 import torch
 
+from . import native
 from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
 from .compiled import compile_enabled
 from .compiled import should_compile as setting_allows
 
-# CPU inference calls of at least this many logits (batch × heads × queries × keys) go through
-# compiled flex_attention, smaller ones and every training call through the blocked kernel: the
-# crossover of `python benchmarks/inference.py` (docs/performance.md "Inference on the CPU").
+# Where the native row pass cannot be built, CPU inference calls of at least this many logits
+# (batch × heads × queries × keys) go through compiled flex_attention, smaller ones and every training
+# call through the blocked kernel: the crossover of `python benchmarks/inference.py` with the blocked
+# kernel's torch block math (docs/performance.md "Inference on the CPU"). With the native pass the
+# blocked kernel is faster than flex at every shape measured, and needs no compiling.
 FLEX_CPU_MIN_LOGITS = 2**19
 _FLEX_CPU_FAILED: list[str] = []  # why compiling flex on the CPU failed in this process, if it did
 # Below this many logits per call (batch × heads × queries × keys) the block math runs uncompiled:
@@ -138,16 +141,21 @@ def ssa_attention(
 def choose_backend(
     query: torch.Tensor, logits: int, training: bool, dropout: float, masked: bool = False
 ) -> str:
-    """``backend="auto"``: flex_attention on CUDA; on the CPU, compiled flex for inference (no
-    gradient needed, no dropout, self-attention without a mask tensor or window) of at least
-    FLEX_CPU_MIN_LOGITS logits per call, where it measured faster than the blocked kernel and saves
-    enough per call to repay its compilation (docs/performance.md, ``python benchmarks/inference.py``);
-    else the blocked kernel: flex has no CPU backward, and torch 2.13's CPU code generation fails on
-    dynamic-shape flex with a window or a mask tensor (checked: "cur_kvSplitSize0 was not declared")."""
+    """``backend="auto"``: flex_attention on CUDA. On the CPU the blocked kernel, whose forward block
+    runs through the native pass (ssacli.kernels.native) in float32: faster than compiled flex at every
+    shape measured, without its seconds of compiling (docs/performance.md, ``python
+    benchmarks/inference.py``). Where that pass is not available (no C compiler, float64), compiled
+    flex for inference (no gradient needed, no dropout, self-attention without a mask tensor or
+    window) of at least FLEX_CPU_MIN_LOGITS logits per call, where it measured faster than the
+    torch block math and saves enough per call to repay its compilation; else the blocked kernel:
+    flex has no CPU backward, and torch 2.13's CPU code generation fails on dynamic-shape flex with a
+    window or a mask tensor (checked: "cur_kvSplitSize0 was not declared")."""
     if dropout > 0.0:
         return "blocked"
     if query.is_cuda:
         return "flex"
+    if torch.promote_types(query.dtype, torch.float32) == torch.float32 and native.available():
+        return "blocked"
     flex = not training and not masked and logits >= FLEX_CPU_MIN_LOGITS
     return "flex" if flex and compile_enabled() and not _FLEX_CPU_FAILED else "blocked"
 

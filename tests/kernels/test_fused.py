@@ -745,10 +745,30 @@ def test_blocked_memory_grows_linearly_in_length():
     assert largest_tensor(512, fused=False) >= 2 * 512 * 512  # the measurement sees a [T, T] matrix
 
 
-def test_auto_runs_cpu_inference_through_flex_and_everything_else_through_the_blocked_kernel(monkeypatch):
-    """backend="auto" on the CPU: compiled flex for no-grad self-attention without a window or mask
-    tensor, from FLEX_CPU_MIN_LOGITS logits; the blocked kernel for training, masks, windows, a
-    key/value cache's offset, dropout, small calls and SSACLI_COMPILE=0. Both give the reference."""
+def test_auto_keeps_the_blocked_kernel_on_the_cpu_where_the_native_pass_runs(monkeypatch):
+    """backend="auto" on the CPU with the native pass built: the blocked kernel (faster than compiled
+    flex there, docs/performance.md), for large inference calls too; it gives the reference."""
+    import ssacli.kernels.fused as fused
+
+    if not native.available():
+        pytest.skip("the native kernel could not be built here (no C compiler)")
+    seen = []
+    monkeypatch.setattr(fused, "flex_ssa", lambda *a, **k: seen.append(1))
+    monkeypatch.setattr(fused, "FLEX_CPU_MIN_LOGITS", 1)
+    (q, k, v, b, n), _, _ = make_inputs(Case(kv_heads=2))
+    with torch.no_grad():
+        out = ssa_attention(q, k, v, b, n, scale=Case.dim**-0.5, causal=True)
+    assert not seen
+    assert_close(out, naive_ssa(q, k, v, b, n, scale=Case.dim**-0.5, causal=True), OUT_TOL, "auto output")
+
+
+def test_auto_runs_cpu_inference_through_flex_and_everything_else_through_the_blocked_kernel(
+    monkeypatch, torch_block_math
+):
+    """backend="auto" on the CPU without the native pass: compiled flex for no-grad self-attention
+    without a window or mask tensor, from FLEX_CPU_MIN_LOGITS logits; the blocked kernel for training,
+    masks, windows, a key/value cache's offset, dropout, small calls and SSACLI_COMPILE=0. Both give
+    the reference."""
     import ssacli.kernels.fused as fused
 
     seen = []
