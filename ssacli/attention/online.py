@@ -125,6 +125,7 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
         value, q_total, logits=logits, visible=visible, transform=transform, count=count,
         key_span=key_span, extra=extra, target=target, top_k=int(observer.top_k),
         block_rows=max(1, int(observer.block_size)), block_keys=STATS_BLOCK_KEYS,
+        overwrite_logits=True,  # logits() above builds every block anew
     )  # fmt: skip
     observer.record_rows(module, stats, positions, sink=sink_t)
     return out.transpose(1, 2).contiguous(), None

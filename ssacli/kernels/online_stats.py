@@ -123,6 +123,29 @@ def _softmax_block(t: torch.Tensor, vis: torch.Tensor | None, running_max: torch
     return t, new_max, ref, p, total, spread, _group_max(t, TOP_GROUP)
 
 
+def _hidden_to_inf(t: torch.Tensor, vis: torch.Tensor | None) -> torch.Tensor:
+    """t as float64 with hidden entries −inf (vis broadcastable to t, None: all visible)."""
+    t = t.double()
+    return t if vis is None else torch.where(vis, t, -math.inf)
+
+
+def _record_target(t, raw, vis, target, c0: int, c1: int, t_target: torch.Tensor, x_target: torch.Tensor):
+    """For samples whose target key lies in columns [c0, c1): t there (−inf where hidden) into
+    t_target and x there (NaN where hidden or not finite) into x_target, both [b, h, r] views."""
+    inside = (target >= c0) & (target < c1)
+    if not bool(inside.any()):
+        return
+    b, h, r, c = t.shape
+    where = (target - c0).clamp(0, c - 1).reshape(b, 1, 1, 1).expand(b, h, r, 1)
+    sel = inside.reshape(b, 1, 1)
+    shown = None if vis is None else vis.expand(b, h, r, c).gather(-1, where).squeeze(-1)
+    t_at = _hidden_to_inf(t.gather(-1, where).squeeze(-1), shown)
+    x_at = raw.gather(-1, where).squeeze(-1).double()
+    x_ok = torch.isfinite(x_at) if shown is None else torch.isfinite(x_at) & shown
+    t_target.copy_(torch.where(sel, t_at, t_target))
+    x_target.copy_(torch.where(sel, torch.where(x_ok, x_at, math.nan), x_target))
+
+
 def _native_state(b: int, h: int, r: int, k: int, dev: torch.device) -> dict[str, torch.Tensor]:
     """The running per-row state the native pass updates in place, for one query block."""
     f64 = dict(dtype=torch.float64, device=dev)
@@ -154,6 +177,7 @@ def softmax_statistics(
     block_keys: int = STATS_BLOCK_KEYS,
     compile: bool | None = None,
     native_pass: bool | None = None,
+    overwrite_logits: bool = False,
 ) -> tuple[torch.Tensor, RowStatistics]:
     """(output [b, h, q, d] in value's dtype, :class:`RowStatistics`) of softmax(t) attention.
 
@@ -169,6 +193,8 @@ def softmax_statistics(
     STATS_COMPILE_MIN_LOGITS logits). ``native_pass``: run each block's statistics through the native
     row pass (ssacli.kernels.native) where it applies — float32 math on the CPU, the kernel built —
     (None: unless SSACLI_COMPILE=0); otherwise, and on other devices and dtypes, the torch path.
+    ``overwrite_logits``: each ``logits`` call returns a new tensor that this function may overwrite
+    (the native pass then writes the weights over the logits, one block of memory fewer per block).
     """
     b, h, k_len, d = value.shape
     dev = value.device
@@ -217,14 +243,17 @@ def softmax_statistics(
             x = logits(rows, cols)
             raw = x.to(compute)
             t = transform(raw if vis is None else torch.where(vis, raw, 0.0), rows)
+            if c0 == 0:
+                first[:, :, rows] = _hidden_to_inf(t[..., 0], None if vis is None else vis[..., 0])
+            if target is not None:
+                _record_target(t, raw, vis, target, c0, cols.stop, t_target[:, :, rows], x_target[:, :, rows])
             if use_native:
                 raw, t = raw.contiguous(), t.contiguous()
-                p = torch.empty_like(t)
+                # p over t when the caller's logits are ours to overwrite (first and target read above)
+                p = t if overwrite_logits else torch.empty_like(t)
                 finite_flags.append(torch.tensor(native.row_stats(t, raw, vis, p, state)))
                 acc.mul_(state["shrink"].unsqueeze(-1)).add_(torch.matmul(p, v32[:, :, cols]))
                 m = state["m"]
-                if vis is not None:  # hidden keys read −inf below, as in the torch path
-                    t = torch.where(vis, t, -math.inf)
             else:
                 square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
                 finite_flags.append(all_finite)  # read once at the end: a bool() per block syncs a GPU
@@ -247,22 +276,6 @@ def softmax_statistics(
                     l_ = shrink * l_ + block_total
                     acc = acc * shrink.unsqueeze(-1).to(compute) + pv
                     m = new_max
-            if c0 == 0:
-                first[:, :, rows] = t[..., 0].double()
-            if target is not None:
-                inside = (target >= c0) & (target < cols.stop)
-                if bool(inside.any()):
-                    where = (target - c0).clamp(0, t.shape[-1] - 1).reshape(b, 1, 1, 1)
-                    where = where.expand(b, h, t.shape[2], 1)
-                    sel = inside.reshape(b, 1, 1)
-                    t_at = t.gather(-1, where).squeeze(-1).double()
-                    x_at = raw.gather(-1, where).squeeze(-1).double()
-                    shown = torch.isfinite(x_at)
-                    if vis is not None:
-                        shown &= vis.expand_as(raw).gather(-1, where).squeeze(-1)
-                    x_at = torch.where(shown, x_at, math.nan)
-                    t_target[:, :, rows] = torch.where(sel, t_at, t_target[:, :, rows])
-                    x_target[:, :, rows] = torch.where(sel, x_at, x_target[:, :, rows])
         if use_native:
             logit_sq[:, :, rows], logit_n[:, :, rows] = state["sq"], state["cnt"]
             top[:, :, rows] = state["top"]

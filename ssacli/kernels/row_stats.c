@@ -123,7 +123,7 @@ static inline int any(vi mask) {
  * k-th largest chunk max (bound) is at most the k-th largest value: only values >= bound, in chunks
  * whose max reaches it, can enter (about k chunks of the group), and within those chunks only the
  * vectors holding such a value are looked at lane by lane. */
-static void top_group(const float *restrict tr, const uint8_t *restrict vr, int64_t c0, int64_t n,
+static void top_group(const float *tr, const uint8_t *restrict vr, int64_t c0, int64_t n,
                       const float *chunk_max, int chunks, int64_t k, double *restrict topr) {
     const vf ninf = splat(-INFINITY);
     double threshold = topr[k - 1];
@@ -182,8 +182,8 @@ static inline vf weight_step(vf t, vf ref_v, vi vis, int masked, vf *tot_v, vf *
 }
 
 /* The statistics of one row of n keys, visibility vr (NULL: all visible). */
-static int row(const float *restrict tr, const float *restrict xr, const uint8_t *restrict vr,
-               int64_t n, int64_t k, float *restrict pr, double *m, double *l, double *spread,
+static int row(const float *tr, const float *xr, const uint8_t *restrict vr,
+               int64_t n, int64_t k, float *pr, double *m, double *l, double *spread,
                float *shrink, double *restrict topr, double *sq, double *cnt) {
     const vf ninf = splat(-INFINITY);
     /* Pass 1, fast sums: Σx² and the count over visible raw, the max of visible t and the chunk
@@ -261,11 +261,11 @@ static int row(const float *restrict tr, const float *restrict xr, const uint8_t
 /* Rows [r0, r1) of a block of rows × C keys, over `threads` OpenMP threads where built with OpenMP
  * (then it is the libgomp torch has loaded, so the threads are torch's own intra-op pool). Row r's
  * visibility starts at vis + vis_off[r] (one byte per key), or every key is visible if vis is NULL.
- * State arrays are per row (top: k per row, descending). Returns 1 if every raw logit of these rows
- * is finite, else 0. */
-int ssacli_row_stats(const float *restrict t, const float *restrict raw,
+ * State arrays are per row (top: k per row, descending). p may be t (and t raw): pass 1 reads a
+ * row whole before pass 2 writes it. Returns 1 if every raw logit of these rows is finite, else 0. */
+int ssacli_row_stats(const float *t, const float *raw,
                      const uint8_t *restrict vis, const int64_t *restrict vis_off, int64_t C,
-                     int64_t r0, int64_t r1, int64_t k, float *restrict p, double *restrict m,
+                     int64_t r0, int64_t r1, int64_t k, float *p, double *restrict m,
                      double *restrict l, double *restrict spread, float *restrict shrink,
                      double *restrict top, double *restrict sq, double *restrict cnt, int threads) {
     int all_finite = 1;
