@@ -215,19 +215,26 @@ class BlockedSSA(torch.autograd.Function):
         dk, dv, dn = torch.zeros_like(key), torch.zeros_like(value), torch.zeros_like(n4)
         key_t = key.transpose(-1, -2).contiguous()
         value_t = value.transpose(-1, -2).contiguous()
+        use_native = query.device.type == "cpu" and query.dtype == torch.float32 and native.available()
+        n_heads = n.detach().to(torch.float32).contiguous() if use_native else None
         for rows, spans in plan.blocks():
             width = rows.stop - rows.start
             qb = q5[:, :, :, rows].reshape(batch, kv_heads, groups * width, dim)
             gob = go5[:, :, :, rows].reshape(batch, kv_heads, groups * width, go5.shape[-1])
+            lse_b, delta_b = lse[:, :, :, rows].flatten(1, 2), delta[:, :, :, rows].flatten(1, 2)
             dqb = None
             for cols in spans:
                 y = torch.matmul(qb, key_t[..., cols]).view(batch, kv_heads, groups, width, -1)
                 dp = plan.kept(torch.matmul(gob, value_t[..., cols]), rows, cols).view_as(y)
-                p, dy, dn_part = run_block(
-                    "bwd", compiled, plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4,
-                    lse[:, :, :, rows].flatten(1, 2), dp.flatten(1, 2), delta[:, :, :, rows].flatten(1, 2),
-                )  # fmt: skip
-                dn += dn_part
+                if use_native:  # p over y and dy over dp, the band applied inside
+                    y = plan.hide_(y, rows, cols, mask5, band=False).flatten(1, 2)
+                    band = dict(diagonal=plan.diagonal(rows, cols), causal=plan.causal, window=plan.window)
+                    p, dy, dn_rows = native.ssa_backward(y, dp.flatten(1, 2), n_heads, lse_b, delta_b, **band)
+                    dn += dn_rows.sum(dim=(0, 2)).view_as(dn).to(dn.dtype)
+                else:
+                    y = plan.hide_(y, rows, cols, mask5).flatten(1, 2)
+                    p, dy, dn_part = run_block("bwd", compiled, y, n4, lse_b, dp.flatten(1, 2), delta_b)
+                    dn += dn_part
                 flat = (batch, kv_heads, groups * width, -1)
                 p, dy = plan.kept(p.view(flat), rows, cols), dy.view(flat)
                 dv[..., cols, :] += torch.matmul(p.transpose(-1, -2), gob)

@@ -121,6 +121,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         _int,
     ]
     lib.ssacli_ssa_forward.restype = None
+    # y, dp, C, r0, r1, n_head, heads, lse, delta, dn_row, width, causal, diag, window, threads
+    lib.ssacli_ssa_backward.argtypes = [
+        _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _int, _i64, _i64, _int,
+    ]  # fmt: skip
+    lib.ssacli_ssa_backward.restype = None
 
 
 def library() -> ctypes.CDLL | None:
@@ -232,4 +237,45 @@ def ssa_forward(
     return y, m, s
 
 
-__all__ = ["SOURCE", "available", "cache_dir", "disabled", "library", "row_stats", "ssa_forward"]
+def ssa_backward(
+    y: torch.Tensor,
+    dp: torch.Tensor,
+    n: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    *,
+    diagonal: int = 0,
+    causal: bool = False,
+    window: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SSA's backward block math (ssacli.kernels.blocked) through the native pass: y and dp = dO·vᵀ
+    [b, h, r, c] float32 (keys hidden by a mask tensor −inf in y; both overwritten), n [h], the rows'
+    saved log-sum-exp lse and delta = rowsum(dO ∘ O) [b, h, r, 1]; the band as in
+    :func:`ssa_forward`. Returns (p, dy, dn_rows): p = e^(n·u − lse) with u = sgn(y)·log1p|y| written
+    over y, ∂L/∂y = p·(dp − delta)·n / (1 + |y|) written over dp, and each row's Σ p·(dp − delta)·u
+    [b, h, r] float64 (summed over b and r: ∂L/∂n per head)."""
+    lib = library()
+    assert lib is not None
+    y, dp = y.contiguous(), dp.contiguous()
+    lse, delta = lse.to(torch.float32).contiguous(), delta.to(torch.float32).contiguous()
+    rows, cols = y.numel() // max(1, y.shape[-1]), y.shape[-1]
+    dn_rows = torch.zeros(y.shape[:-1], dtype=torch.float64)
+    threads = max(1, min(torch.get_num_threads(), rows // 64))
+    band = (int(causal), diagonal, window or 0)
+    lib.ssacli_ssa_backward(
+        y.data_ptr(), dp.data_ptr(), cols, 0, rows, n.data_ptr(), n.numel(), lse.data_ptr(),
+        delta.data_ptr(), dn_rows.data_ptr(), y.shape[-2], *band, threads,
+    )  # fmt: skip
+    return y, dp, dn_rows
+
+
+__all__ = [
+    "SOURCE",
+    "available",
+    "cache_dir",
+    "disabled",
+    "library",
+    "row_stats",
+    "ssa_backward",
+    "ssa_forward",
+]

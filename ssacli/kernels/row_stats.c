@@ -381,3 +381,62 @@ void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
     }
     (void)threads;
 }
+
+/* One SSA backward block (blocked.py's _backward_block), FlashAttention-2's recomputation: for rows
+ * [r0, r1) of y [batch, heads, width, C] (as in ssacli_ssa_forward: hidden keys -inf or outside the
+ * band) with dp = dO·vᵀ of the same shape, the row's saved log-sum-exp lse[r] and delta[r] =
+ * rowsum(dO ∘ O): u = sgn(y)·log1p|y|, p = e^(n·u - lse), dt = p·(dp - delta); writes p over y and
+ * dy = dt·n / (1 + |y|) over dp (0 where hidden), and adds Σ dt·u over the row's visible keys to
+ * dn_row[r] (the caller sums rows per head: ∂L/∂n). */
+void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
+                         const float *restrict n_head, int64_t heads, const float *restrict lse,
+                         const float *restrict delta, double *restrict dn_row, int64_t width,
+                         int causal, int64_t diag, int64_t window, int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+#endif
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i = r % width, lo = 0, hi = C - 1;
+        if (causal && diag + i < hi) hi = diag + i;
+        if (window > 0 && diag + i - window + 1 > lo) lo = diag + i - window + 1;
+        float *row_y = y + r * C, *row_dp = dp + r * C;
+        if (hi < lo || !(lse[r] <= 3.40282347e38f)) { /* nothing visible */
+            memset(row_y, 0, C * sizeof(float));
+            memset(row_dp, 0, C * sizeof(float));
+            continue;
+        }
+        if (lo > 0) memset(row_y, 0, lo * sizeof(float)), memset(row_dp, 0, lo * sizeof(float));
+        if (hi + 1 < C) {
+            memset(row_y + hi + 1, 0, (C - hi - 1) * sizeof(float));
+            memset(row_dp + hi + 1, 0, (C - hi - 1) * sizeof(float));
+        }
+        float *yr = row_y + lo, *dr = row_dp + lo;
+        int64_t n_keys = hi + 1 - lo;
+        const float n = n_head[(r / width) % heads];
+        const vf n_v = splat(n), lse_v = splat(lse[r]), delta_v = splat(delta[r]), zero = {0};
+        vd dn_d = {0};
+        for (int64_t c = 0; c < n_keys; c += W) {
+            int whole = c + W <= n_keys;
+            vf v = whole ? load(yr, c) : load_tail(yr, c, n_keys);
+            vf g = whole ? load(dr, c) : load_tail(dr, c, n_keys);
+            vi shown_v = v != splat(-INFINITY);
+            if (!whole) shown_v &= shown_tail(NULL, c, n_keys);
+            vf mag = (vf)((vi)v & 0x7fffffff);
+            vf lg = log1p_nonnegative(mag);
+            vf u = select(v < 0.0f, -lg, lg);
+            vf p = select(shown_v, exp_nonpositive(n_v * u - lse_v), zero);
+            vf dt = p * (g - delta_v);
+            vf dy = select(shown_v, dt * n_v / (1.0f + mag), zero);
+            dn_d += wide(select(shown_v & (p > 0.0f), dt * u, zero));
+            if (whole) {
+                store(yr, c, p);
+                store(dr, c, dy);
+            } else {
+                store_tail(yr, c, n_keys, p);
+                store_tail(dr, c, n_keys, dy);
+            }
+        }
+        dn_row[r] += lanes_sum(&dn_d);
+    }
+    (void)threads;
+}
