@@ -1,11 +1,13 @@
-"""The native row pass of diagnose's fused statistics (row_stats.c), built at first use and called
-through ctypes.
+"""ssacli's native block math on the CPU (native.c), built at first use and called through ctypes:
+the row pass of diagnose's fused statistics, and the forward and backward blocks of the blocked SSA
+kernel, in float32.
 
 Why native: one key block of the statistics is a dozen elementwise reductions over the same
 [rows, keys] tile plus a running top-k; as torch ops (compiled or not) each reads the tile from
 memory again, and torch.topk has a fixed cost per call that dominates narrow searches. The C pass
 reads each row twice while it sits in cache and keeps the top-k by insertion, looking only at the few
-chunks of keys that can hold one (docs/performance.md).
+chunks of keys that can hold one (docs/performance.md). The SSA blocks do the same for the transform
+n·sgn(y)·log1p|y| and its softmax, with the causal band applied in the loop instead of by a mask.
 
 The source is C99 with GCC/Clang vector extensions and no library but libm. It is compiled once per
 machine with the C compiler torch.compile would use (``$CC``, else cc/gcc/clang), at -O3 for the
@@ -34,7 +36,7 @@ import torch
 
 from .compiled import compile_setting
 
-SOURCE = Path(__file__).with_name("row_stats.c")
+SOURCE = Path(__file__).with_name("native.c")
 # -fopenmp links libgomp.so.1 by its soname, which resolves to the libgomp torch has already loaded:
 # the row pass then runs on torch's own thread pool instead of competing with its spinning threads.
 _FLAG_SETS = (
@@ -79,7 +81,7 @@ def _build(compiler: str) -> Path:
         b"\0".join(s.encode() if isinstance(s, str) else s for s in
                    (source, version, platform.machine(), _cpu_signature(), repr(_FLAG_SETS)))
     ).hexdigest()[:16]  # fmt: skip
-    target = cache_dir() / f"row_stats-{key}.so"
+    target = cache_dir() / f"native-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +102,7 @@ def _build(compiler: str) -> Path:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    """The C signatures (row_stats.c), so ctypes converts and checks every argument."""
+    """The C signatures (native.c), so ctypes converts and checks every argument."""
     _int = ctypes.c_int
     # t, raw, vis, vis_off, C, r0, r1, k, p, m, l, spread, shrink, top, sq, cnt, threads
     lib.ssacli_row_stats.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, *[_ptr] * 8, _int]
@@ -144,8 +146,8 @@ def library() -> ctypes.CDLL | None:
             except Exception as err:  # noqa: BLE001 - any failure means "use the torch path"
                 _LIB.append(None)
                 warnings.warn(
-                    f"ssacli: building the native statistics kernel failed ({err}); using the torch "
-                    "path (same results, slower). Set SSACLI_COMPILE=0 to skip the attempt.",
+                    f"ssacli: building ssacli's native kernels failed ({err}); using the torch block "
+                    "math (same results, slower). Set SSACLI_COMPILE=0 to skip the attempt.",
                     RuntimeWarning,
                     stacklevel=2,
                 )

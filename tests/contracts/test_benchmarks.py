@@ -33,7 +33,7 @@ TINY = {
         "Llama",
     ),
     "gpu_stats": (["--device", "cpu", "--quick"], "exactness: every comparison within 1e-6"),
-    "inference": (["--quick", "--repeats", "1"], "auto on the CPU: flex"),
+    "inference": (["--quick", "--repeats", "1"], "auto on the CPU: blocked where"),
     "long_context": (["--device", "cpu", "--quick"], "longest length that fit: 256 tokens"),
     "monitor": (["--rounds", "1", "--every", "2", "--batch", "1", "--seq", "16"], "measure/step"),
     "online_stats": (

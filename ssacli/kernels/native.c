@@ -1,23 +1,22 @@
-/* One key block of diagnose's fused statistics (ssacli.kernels.online_stats), for float32 rows on
- * the CPU, in two passes over each row that stay in cache: what softmax_statistics' torch path does
- * in a dozen ops, each a full read (and often a write) of the [rows, keys] block.
+/* ssacli's native block math for the CPU in float32 (ssacli.kernels.native builds and loads it):
  *
- * Per row of t (the transformed logits) and raw (the logits before the transform), with the row's
- * visibility v (NULL: every key visible) and its running state (m, l, spread, top-k, Σx², count):
- *   pass 1: Σ raw² and the count over visible finite raw, whether every raw is finite, the row's max
- *           of visible t, whether a visible t is NaN or +inf, and the running top-k of visible t
- *           (a 64-key chunk is scanned only if its max beats the current k-th value);
- *   pass 2: p = e^(t - ref) with ref = max(m, block max), written out for p·v, and the block's Σp
- *           and Σp·(ref - t), merged into l and spread (relative to the running max, as the torch
- *           path does), with shrink = e^(m_old - ref) returned for the caller's output accumulator.
- * A row with a NaN or +inf visible t gets NaN sums and p, as the torch path's arithmetic would.
+ * - ssacli_row_stats: one key block of diagnose's fused statistics (ssacli.kernels.online_stats), in
+ *   two passes over each row that stay in cache, where the torch path takes a dozen ops, each a full
+ *   read (and often a write) of the [rows, keys] block. Per row of t (the transformed logits) and raw
+ *   (the logits before the transform), with the row's visibility and running state (m, l, spread,
+ *   top-k, Σx², count): pass 1 takes Σ raw² and the count over visible finite raw, the max of visible
+ *   t and each chunk's max, then the running top-k from the few chunks that can hold one; pass 2
+ *   writes p = e^(t - ref) with ref = max(m, block max) for p·v and merges Σp and Σp·(ref - t) into l
+ *   and the spread (relative to the running max, as the torch path does), returning
+ *   shrink = e^(m_old - ref) for the caller's output accumulator. A row with a NaN or +inf visible t
+ *   gets NaN sums and p, as the torch path's arithmetic would.
+ * - ssacli_ssa_forward / ssacli_ssa_backward: the blocked SSA kernel's forward and backward blocks
+ *   (ssacli.kernels.blocked), the causal band applied in the loop.
  *
  * C99 with GCC/Clang vector extensions (W = 16 floats a step, whatever the CPU's SIMD width: the
- * compiler maps them onto AVX-512, AVX, SSE or NEON registers) and no library but libm: built at first use by
- * ssacli.kernels.native with the machine's C compiler (as torch.compile needs one), and called
- * through ctypes.
+ * compiler maps them onto AVX-512, AVX, SSE or NEON registers) and no library but libm; OpenMP over
+ * rows where the compiler has it.
  */
-#include <math.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
