@@ -14,8 +14,9 @@ machine with the C compiler torch.compile would use (``$CC``, else cc/gcc/clang)
 host CPU, into the user's cache (``$SSACLI_CACHE`` or ``$XDG_CACHE_HOME/ssacli``, default
 ~/.cache/ssacli), named by a hash of the source, the compiler and the CPU, so a new source or machine
 builds anew and nothing is ever overwritten in place (write to a temporary file, then rename).
-``SSACLI_COMPILE=0`` (the one switch, ssacli.kernels.compiled) never builds it; a failed build is
-said once, as a warning, and the callers keep their torch path, which computes the same statistics.
+``SSACLI_COMPILE=0`` (the one switch, ssacli.kernels.compiled) never builds it; a cache that cannot
+be written means a private temporary build for the process; a failed build is said once, as a
+warning, and the callers keep their torch block math, which computes the same things.
 """
 
 from __future__ import annotations
@@ -84,7 +85,14 @@ def _build(compiler: str) -> Path:
     target = cache_dir() / f"native-{key}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(target.parent, os.W_OK):
+            raise PermissionError(f"{target.parent} is not writable")
+    except OSError:
+        # A read-only home: build into a private directory of this process (never a shared,
+        # predictable path another user could plant a library in); it is built again next time.
+        target = Path(tempfile.mkdtemp(prefix="ssacli-kernels-")) / target.name
     errors = []
     for flags in _FLAG_SETS:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)

@@ -218,6 +218,31 @@ def test_native_build_failure_warns_once_and_keeps_the_torch_path(tmp_path):
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # nothing half-built left behind
 
 
+def test_native_build_where_the_cache_cannot_be_written_builds_privately(tmp_path):
+    """$SSACLI_CACHE names a file (so no cache directory can be made there, whoever runs this): the
+    kernel is built in a private temporary directory of the process, with no warning, and the file
+    is left as it was."""
+    import os
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("the user's file")
+    script = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "from ssacli.kernels import native\n"
+        "print(native.available(), native.library()._name)\n"
+    )
+    env = {**os.environ, "SSACLI_CACHE": str(blocker)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    available, built = done.stdout.split()
+    assert available == "True" and "ssacli-kernels-" in built and not built.startswith(str(blocker))
+    assert blocker.read_text() == "the user's file"
+
+
 def test_compiled_block_math_equals_the_eager_block_math():
     """compile=True: the block math through torch.compile (ssacli.kernels.compiled) gives the same
     statistics as eager PyTorch, on blocks with and without a visibility mask, a ragged last top-k
