@@ -313,8 +313,8 @@ def level_reason(probe: ProbeResult, index: int) -> str:
     if probe.collapse_point() is not None:
         return "its collapse point"
     if index != len(probe.levels) - 1:
-        return "its harshest level without overflow; no collapse"
-    return "its harshest level; no collapse"
+        return "its harshest level without overflow; no model-level collapse point"
+    return "its harshest level; no model-level collapse point"
 
 
 def heatmap_level_text(probe: ProbeResult) -> str:
