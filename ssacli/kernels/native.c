@@ -58,20 +58,19 @@ static inline vi shown_tail(const uint8_t *vis, int64_t c, int64_t n) {
     memcpy(&v, vis + c, n - c);
     return inside & (__builtin_convertvector(v, vi) != 0);
 }
-static inline vf select(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+static inline vf blend(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
 static inline vf splat(float x) { return (vf){0} + x; }
 static inline double lanes_sum(const vd *v) { double s = 0; for (int i = 0; i < W; i++) s += (*v)[i]; return s; }
 static inline vd wide(vf v) { return __builtin_convertvector(v, vd); }
 static inline float lanes_max(vf v) { float m = v[0]; for (int i = 1; i < W; i++) m = v[i] > m ? v[i] : m; return m; }
-static inline int32_t lanes_count(vi mask) { int32_t n = 0; for (int i = 0; i < W; i++) n -= mask[i]; return n; }
 
-/* e^x for x <= 0, 8 lanes: Cody-Waite reduction x = n ln2 + r with n rounded by the 1.5·2^23 trick,
+/* e^x for x <= 0, W lanes: Cody-Waite reduction x = n ln2 + r with n rounded by the 1.5·2^23 trick,
  * a degree-6 polynomial for e^r on |r| <= ln2/2 (relative error ~1.5e-7, about an ulp), 2^n built in
  * the exponent bits. Below -87.3 (where e^x leaves the normal floats) it is 0; NaN lanes stay NaN. */
 static inline vf exp_nonpositive(vf x) {
     const float magic = 12582912.0f;
     vi low = x < -87.3f;
-    vf xc = select(low, splat(-87.3f), x);
+    vf xc = blend(low, splat(-87.3f), x);
     vf shifted = xc * 1.44269504088896341f + magic;
     vf n = shifted - magic;
     vi ni = (vi)shifted - (vi)splat(magic);
@@ -84,7 +83,7 @@ static inline vf exp_nonpositive(vf x) {
     poly = poly * r + 5.0000001201e-1f;
     poly = poly * r * r + r + 1.0f;
     vf scale = (vf)((ni + 127) << 23);
-    return select(low, splat(0.0f), poly * scale);
+    return blend(low, splat(0.0f), poly * scale);
 }
 
 static inline void insert_top(double *top, int64_t k, double value) {
@@ -141,8 +140,8 @@ static void top_group(const float *tr, const uint8_t *restrict vr, int64_t c0, i
         if (!(chunk_max[i] >= bound && (double)chunk_max[i] > threshold)) continue;
         int64_t lo = c0 + (int64_t)i * CHUNK, hi = lo + CHUNK < n ? lo + CHUNK : n;
         for (int64_t c = lo; c < hi; c += W) {
-            vf u = c + W <= n ? select(shown(vr, c), load(tr, c), ninf)
-                              : select(shown_tail(vr, c, n), load_tail(tr, c, n), ninf);
+            vf u = c + W <= n ? blend(shown(vr, c), load(tr, c), ninf)
+                              : blend(shown_tail(vr, c, n), load_tail(tr, c, n), ninf);
             float floor_f = (float)threshold > bound ? (float)threshold : bound;
             if (!any(u >= floor_f)) continue;
             for (int j = 0; j < W; j++) {
@@ -159,11 +158,11 @@ static void top_group(const float *tr, const uint8_t *restrict vr, int64_t c0, i
 static inline void scan_step(vf x, vf t, vi vis, vi *vis_v, vf *sq_v, vf *raw_zero, vf *t_zero, vf *cmax_v) {
     const vf zero = {0};
     *vis_v -= vis;
-    *sq_v += select(vis, x * x, zero);
+    *sq_v += blend(vis, x * x, zero);
     *raw_zero += x * 0.0f;
-    *t_zero += select(vis, t * 0.0f, zero);
-    vf u = select(vis, t, splat(-INFINITY));
-    *cmax_v = select(u > *cmax_v, u, *cmax_v);
+    *t_zero += blend(vis, t * 0.0f, zero);
+    vf u = blend(vis, t, splat(-INFINITY));
+    *cmax_v = blend(u > *cmax_v, u, *cmax_v);
 }
 
 /* Pass 2 on one vector: p = e^(t - ref) (0 for hidden keys, whose gap may be inf, when masked). */
@@ -172,8 +171,8 @@ static inline vf weight_step(vf t, vf ref_v, vi vis, int masked, vf *tot_v, vf *
     vf gap = ref_v - t;
     vf e = exp_nonpositive(-gap);
     if (masked) {
-        e = select(vis, e, zero);
-        gap = select(vis, gap, zero);
+        e = blend(vis, e, zero);
+        gap = blend(vis, gap, zero);
     }
     *tot_v += e;
     *gap_v += e * gap;
@@ -293,7 +292,7 @@ static inline vf log1p_nonnegative(vf z) {
     vf x = (vf)((bits & 0x7fffff) | 0x3f000000); /* u's mantissa in [0.5, 1) */
     vi small = x < 0.707106781186547524f;
     e = e + small; /* small: e - 1 (true is -1) */
-    x = select(small, x + x - 1.0f, x - 1.0f);
+    x = blend(small, x + x - 1.0f, x - 1.0f);
     vf x2 = x * x;
     vf poly = splat(7.0376836292e-2f);
     poly = poly * x - 1.1514610310e-1f;
@@ -307,14 +306,14 @@ static inline vf log1p_nonnegative(vf z) {
     vf fe = __builtin_convertvector(e, vf);
     vf y = poly * x * x2 + fe * -2.12194440e-4f - 0.5f * x2;
     vf logu = x + y + fe * 0.693359375f;
-    return select(z <= 3.40282347e38f, logu, splat(INFINITY));
+    return blend(z <= 3.40282347e38f, logu, splat(INFINITY));
 }
 
 /* t = n·sgn(y)·log1p|y| for W lanes (y = -inf gives -inf). */
 static inline vf ssa_transform(vf y, vf n) {
     vi negative = y < 0.0f;
     vf mag = log1p_nonnegative((vf)((vi)y & 0x7fffffff));
-    return n * select(negative, -mag, mag);
+    return n * blend(negative, -mag, mag);
 }
 
 /* One SSA forward block (blocked.py's _forward_block): for rows [r0, r1) of y [batch, heads, width, C]
@@ -350,7 +349,7 @@ void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
         int64_t c = 0;
         for (; c + W <= n_keys; c += W) {
             vf v = load(yr, c);
-            ymax_v = select(v > ymax_v, v, ymax_v);
+            ymax_v = blend(v > ymax_v, v, ymax_v);
         }
         float ymax = lanes_max(ymax_v);
         for (int64_t j = c; j < n_keys; j++) ymax = yr[j] > ymax ? yr[j] : ymax;
@@ -364,11 +363,11 @@ void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
                 int whole = cc + W <= n_keys;
                 vf v = whole ? load(yr, cc) : load_tail(yr, cc, n_keys);
                 vf e = exp_nonpositive(ssa_transform(v, n_v) - ref_v);
-                e = select(v == -INFINITY, splat(0.0f), e);
+                e = blend(v == -INFINITY, splat(0.0f), e);
                 if (whole) {
                     store(pr, cc, e);
                 } else {
-                    e = select(shown_tail(NULL, cc, n_keys), e, splat(0.0f));
+                    e = blend(shown_tail(NULL, cc, n_keys), e, splat(0.0f));
                     store_tail(pr, cc, n_keys, e);
                 }
                 sum_v += e;
@@ -422,11 +421,11 @@ void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
             if (!whole) shown_v &= shown_tail(NULL, c, n_keys);
             vf mag = (vf)((vi)v & 0x7fffffff);
             vf lg = log1p_nonnegative(mag);
-            vf u = select(v < 0.0f, -lg, lg);
-            vf p = select(shown_v, exp_nonpositive(n_v * u - lse_v), zero);
+            vf u = blend(v < 0.0f, -lg, lg);
+            vf p = blend(shown_v, exp_nonpositive(n_v * u - lse_v), zero);
             vf dt = p * (g - delta_v);
-            vf dy = select(shown_v, dt * n_v / (1.0f + mag), zero);
-            dn_d += wide(select(shown_v & (p > 0.0f), dt * u, zero));
+            vf dy = blend(shown_v, dt * n_v / (1.0f + mag), zero);
+            dn_d += wide(blend(shown_v & (p > 0.0f), dt * u, zero));
             if (whole) {
                 store(yr, c, p);
                 store(dr, c, dy);
