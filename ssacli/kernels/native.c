@@ -316,13 +316,23 @@ static inline vf ssa_transform(vf y, vf n) {
     return n * blend(negative, -mag, mag);
 }
 
+/* The columns [lo, hi] row r of a block sees under the band: it is query i = r % width of the block;
+ * with causal set it sees only columns <= diag + i, with window > 0 only those > diag + i - window
+ * (blocked.py's bottom-right alignment, relative to the block). hi < lo: none. */
+static inline void band(int64_t r, int64_t width, int64_t C, int causal, int64_t diag, int64_t window,
+                        int64_t *lo, int64_t *hi) {
+    int64_t i = r % width;
+    *lo = 0, *hi = C - 1;
+    if (causal && diag + i < *hi) *hi = diag + i;
+    if (window > 0 && diag + i - window + 1 > *lo) *lo = diag + i - window + 1;
+}
+
 /* One SSA forward block (blocked.py's _forward_block): for rows [r0, r1) of y [batch, heads, width, C]
- * flattened to rows, row r in head h = (r / width) % heads with exponent n_head[h]: m = the row's max of t = n·sgn(y)·log1p|y| over visible keys (t is increasing in y, so t
- * at the max y), p = e^(t - m) (0 for hidden keys; m = -inf when none is visible) and s = Σp. Keys
- * that y marks -inf are hidden, and so are those outside the row's band: row r is query
- * i = r % width of its block; with causal set it sees only columns c <= diag + i, with window > 0
- * only those with c > diag + i - window (blocked.py's bottom-right alignment, relative to the
- * block). p may be y itself (each vector is read before it is written). */
+ * flattened to rows, row r in head (r / width) % heads with exponent n_head of it: m = the row's max
+ * of t = n·sgn(y)·log1p|y| over visible keys (t is increasing in y, so t at the max y), p = e^(t - m)
+ * (0 for hidden keys; m = -inf when none is visible) and s = Σp. Keys that y marks -inf are hidden,
+ * and so are those outside the row's band (see band()). p may be y itself (each vector is read
+ * before it is written). */
 void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
                         const float *restrict n_head, int64_t heads, float *p, float *restrict m,
                         float *restrict s, int64_t width, int causal, int64_t diag, int64_t window,
@@ -331,9 +341,8 @@ void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
 #endif
     for (int64_t r = r0; r < r1; r++) {
-        int64_t i = r % width, lo = 0, hi = C - 1;
-        if (causal && diag + i < hi) hi = diag + i;
-        if (window > 0 && diag + i - window + 1 > lo) lo = diag + i - window + 1;
+        int64_t lo, hi;
+        band(r, width, C, causal, diag, window, &lo, &hi);
         float *row_p = p + r * C;
         if (hi < lo) { /* nothing visible */
             memset(row_p, 0, C * sizeof(float));
@@ -394,9 +403,8 @@ void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
 #endif
     for (int64_t r = r0; r < r1; r++) {
-        int64_t i = r % width, lo = 0, hi = C - 1;
-        if (causal && diag + i < hi) hi = diag + i;
-        if (window > 0 && diag + i - window + 1 > lo) lo = diag + i - window + 1;
+        int64_t lo, hi;
+        band(r, width, C, causal, diag, window, &lo, &hi);
         float *row_y = y + r * C, *row_dp = dp + r * C;
         if (hi < lo || !(lse[r] <= 3.40282347e38f)) { /* nothing visible */
             memset(row_y, 0, C * sizeof(float));

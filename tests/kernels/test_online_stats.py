@@ -249,25 +249,10 @@ def test_compiled_block_math_equals_the_eager_block_math():
     group, non-finite logits, a target and a moving max; and the compiled kernels really ran."""
     from ssacli.kernels.compiled import compile_enabled, compiled_kernels
 
-    torch.manual_seed(3)
-    b, h, q, k, d = 2, 3, 40, 300, 8
-    t = torch.randn(b, h, q, k) * 8
-    t[1, :, :, 250] += 200.0  # a dominant key in the last block: the max moves, rows collapse
-    t[0, 1, 3, 7] = math.inf  # a non-finite logit (counted out of the logit scale)
-    causal = torch.ones(q, k, dtype=torch.bool).tril(diagonal=k - q)[None, None]
-    visible = causal & (torch.rand(b, 1, q, k) > 0.2)
-    visible[..., :100] = True  # what the mask-free blocks below say
-    value = torch.randn(b, h, k, d)
+    case = _statistics_case()
 
     def run(compiled: bool):
-        return softmax_statistics(
-            value, q, logits=lambda r, c: t[:, :, r, c],
-            # whole blocks below the diagonal of sample 0 see everything (the mask-free variant)
-            visible=lambda r, c: None if c.stop <= 100 else visible[:, :, r, c],
-            transform=lambda x, r: x * 0.5, count=visible.sum(-1), key_span=lambda r: [0, 100, k],
-            target=torch.tensor([250, 5]), top_k=5, block_rows=16, block_keys=130, compile=compiled,
-            native_pass=False,
-        )  # fmt: skip
+        return case(compile=compiled, native_pass=False)
 
     eager_out, eager = run(False)
     out, got = run(True)
