@@ -8,8 +8,9 @@ init, fp32, CPU). One probe level (``embed-scale:1``) over one sequence of rando
 with the fused pass's block math in its three forms: the native row pass (ssacli.kernels.native,
 the default on the CPU), torch ops compiled (the torch path, used where the native pass is not) and
 torch ops not compiled (SSACLI_COMPILE=0), each candidate once per round, rounds interleaved;
-best of the rounds and × the SDPA forward of the round's best. Peak memory: each (mode, length) in a fresh process (benchmarks/_common.py), MB above
-the loaded model. The machine and its load are printed; on a shared machine read the ratios.
+best of the rounds and × the SDPA forward of the round's best. Peak memory: each (mode, length) in a
+fresh process (benchmarks/_common.py), MB above the loaded model. The machine and its load are
+printed; on a shared machine read the ratios.
 """
 
 from __future__ import annotations
