@@ -54,6 +54,15 @@ class Verdict:
     def text(self) -> str:
         return f"{self.probe}: {self.line}"
 
+    @property
+    def tone(self) -> str:
+        """How a report colours it: "failed" (severity 0), "untested" (severity 1), "held" (robust)
+        or "unconfirmed" (no collapse, but the outputs were not measured: attention held, nothing
+        says the model did, so it is not coloured like a pass)."""
+        if self.kind == "no collapse":
+            return "unconfirmed"
+        return {0: "failed", 1: "untested"}.get(self.severity, "held")
+
 
 def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
     """One probe's verdict (see the module docstring); ``broken``: why the model is degenerate

@@ -51,8 +51,8 @@ table.facts td { overflow-wrap: anywhere; }
 ul.findings li { margin: 0.2em 0; }
 table.verdict { font-size: 1.05em; } table.verdict th { text-align: left; }
 table.verdict td { text-align: left; font-family: inherit; white-space: normal; }
-tr.severity0 td, td.severity0 { color: #b2182b; font-weight: bold; }
-tr.severity2 td, td.severity2 { color: #1a7837; }
+tr.failed td, td.failed { color: #b2182b; font-weight: bold; }
+tr.held td, td.held { color: #1a7837; }
 th, td { padding: 0.15em 0.6em; border-bottom: 1px solid #e4e4e4; }
 th { background: #f4f4f4; text-align: right; } th:first-child { text-align: left; }
 td { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospace; white-space: nowrap; }
@@ -214,7 +214,7 @@ def _side_label(side: str, result: DiagnoseResult) -> str:
 
 def verdict_table(verdicts: list[Verdict]) -> str:
     rows = "".join(
-        f'<tr class="severity{v.severity}"><th>{escape(v.probe)}</th><td>{escape(v.line)}</td></tr>'
+        f'<tr class="{v.tone}"><th>{escape(v.probe)}</th><td>{escape(v.line)}</td></tr>'
         for v in verdicts
     )
     return f'<table class="verdict">{rows}</table>'
@@ -223,7 +223,7 @@ def verdict_table(verdicts: list[Verdict]) -> str:
 def paired_verdict_table(a: DiagnoseResult, b: DiagnoseResult) -> str:
     def cell(v: Verdict | None) -> str:
         return '<td class="note">not run</td>' if v is None else (
-            f'<td class="severity{v.severity}">{escape(v.line)}</td>'
+            f'<td class="{v.tone}">{escape(v.line)}</td>'
         )
 
     rows = "".join(

@@ -143,9 +143,10 @@ def render_diagnose(
             console.print(table)
 
 
-# The verdict's kinds by severity: failed (red), could not test (yellow), held (green). The kind is
-# also printed, so the colour carries nothing that NO_COLOR loses.
-VERDICT_STYLES = {0: "bold red", 1: "yellow", 2: "green"}
+# The verdict's tones (Verdict.tone): failed (red), could not test (yellow), held (green), no
+# collapse with the outputs unmeasured (plain). The kind is also printed, so the colour carries
+# nothing that NO_COLOR loses.
+VERDICT_STYLES = {"failed": "bold red", "untested": "yellow", "held": "green", "unconfirmed": ""}
 
 
 def verdict_panel(verdicts: list[Verdict]) -> Panel:
@@ -154,7 +155,7 @@ def verdict_panel(verdicts: list[Verdict]) -> Panel:
     grid.add_column(no_wrap=True, style="bold")
     grid.add_column(overflow="fold")
     for verdict in verdicts:
-        grid.add_row(verdict.probe, Text(verdict.line, style=VERDICT_STYLES.get(verdict.severity, "")))
+        grid.add_row(verdict.probe, Text(verdict.line, style=VERDICT_STYLES[verdict.tone]))
     return Panel(grid, title="verdict", title_align="left", expand=False)
 
 
@@ -167,7 +168,7 @@ def paired_verdict_panel(a: DiagnoseResult, b: DiagnoseResult) -> Panel:
     for name, va, vb in paired_verdicts(a, b):
         for side, verdict in (("A", va), ("B", vb)):
             line = Text("not run", style="dim") if verdict is None else Text(
-                verdict.line, style=VERDICT_STYLES.get(verdict.severity, "")
+                verdict.line, style=VERDICT_STYLES[verdict.tone]
             )
             grid.add_row(name if side == "A" else "", side, line)
     return Panel(grid, title="verdict (A, B)", title_align="left", expand=False)

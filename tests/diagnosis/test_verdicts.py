@@ -242,3 +242,23 @@ def test_an_unaudited_family_is_marked_everywhere_and_strict_refuses_it(tmp_path
     assert "unaudited" in converted.output
     code, _, err = run_main([*convert, str(tmp_path / "s"), "--strict"], monkeypatch, capsys)
     assert code == 3 and not (tmp_path / "s").exists() and "audit" in err
+
+
+def test_no_collapse_with_unmeasured_outputs_is_not_coloured_like_a_pass():
+    """A probe whose outputs were not measured reads "no collapse … not called robust"; reports colour
+    it plainly, not green like "robust" (its attention held, nothing says the model did)."""
+    from ssacli.diagnosis.verdicts import Verdict
+    from ssacli.report.html import CSS, verdict_table
+    from ssacli.report.terminal import VERDICT_STYLES
+
+    robust = Verdict("key-scale", "robust", "robust up to σ=32 (shift reached ×28.9)")
+    unmeasured = Verdict(
+        "length", "no collapse", "no collapse up to ×2 (outputs not measured, so not called robust)"
+    )
+    broke = Verdict("dominant-key", "outputs broke", "outputs broke at M=16")
+    assert (robust.tone, unmeasured.tone, broke.tone) == ("held", "unconfirmed", "failed")
+    assert robust.severity == unmeasured.severity  # ordered alike, coloured apart
+    html = verdict_table([broke, robust, unmeasured])
+    assert '<tr class="held"><th>key-scale' in html and '<tr class="unconfirmed"><th>length' in html
+    assert "tr.held td" in CSS and "unconfirmed" not in CSS
+    assert VERDICT_STYLES["held"] == "green" and VERDICT_STYLES["unconfirmed"] == ""
