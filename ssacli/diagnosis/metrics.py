@@ -266,6 +266,24 @@ def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:
         return np.where(np.isfinite(sink_mass), (sink_mass > eps).astype(float), math.nan)
 
 
+def top3_and_median(magnitude: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The three largest values of a 1-d tensor, descending, and its lower median: what
+    ``topk(3).values`` and ``median()`` give. On the CPU numpy's partition (introselect) finds the
+    median, and the top 3 lie in the part above it (together ~2 ms over a 4,096-token layer's million
+    values, against ~14 ms for torch.median and topk); a NaN, which torch ranks above everything and
+    numpy sorts last, takes torch's own path."""
+    n = magnitude.numel()
+    if magnitude.device.type == "cpu" and n >= 3:
+        values = magnitude.detach().numpy()
+        if not np.isnan(values).any():
+            mid = (n - 1) // 2
+            part = np.partition(values, mid)
+            upper = part[min(mid, n - 3) :]  # holds the 3 largest
+            top = np.sort(np.partition(upper, len(upper) - 3)[-3:])[::-1]
+            return torch.from_numpy(top.copy()), float(part[mid])
+    return magnitude.topk(min(3, n)).values, float(magnitude.median())
+
+
 class LayerStats:
     """Running per-layer sums: the logits' sum of squares (all and at the target key) and the
     layer output's top-3 |h|, per-batch medians and central moments (for the kurtosis)."""
@@ -294,13 +312,12 @@ class LayerStats:
         if values.numel() == 0:
             return
         x = values.double()
-        magnitude = x.abs()
-        top = magnitude.topk(min(3, magnitude.numel())).values
+        top, median = top3_and_median(x.abs())
         if self.top is not None:
             top = torch.cat([self.top, top])
             top = top.topk(min(3, len(top))).values
         self.top = top
-        self.sums["median_sum"] += float(magnitude.median())
+        self.sums["median_sum"] += median
         self.sums["median_n"] += 1
         self.moments.merge(Moments.of(x))
 

@@ -173,6 +173,25 @@ def test_sink_rate_is_the_share_of_heads_over_eps():
     np.testing.assert_array_equal(sink_indicator(mass), [[0.0, 1.0, 0.0, np.nan]])
 
 
+def test_top3_and_median_equal_torch_topk_and_median():
+    """The partition that finds a layer's top-3 |h| and lower median gives torch's values exactly: ties,
+    an even count, three values, and NaN (torch ranks it first: the torch path is taken)."""
+    from ssacli.diagnosis.metrics import top3_and_median
+
+    gen = torch.Generator().manual_seed(0)
+    cases = [
+        torch.randn(10_000, generator=gen, dtype=torch.float64).abs(),
+        torch.tensor([2.0, 2.0, 1.0, 5.0, 5.0, 0.5], dtype=torch.float64),
+        torch.tensor([3.0, 1.0, 2.0], dtype=torch.float64),
+        torch.tensor([1.0, float("nan"), 4.0, 0.0], dtype=torch.float64),
+    ]
+    for x in cases:
+        top, median = top3_and_median(x)
+        want = x.topk(3).values
+        assert torch.equal(top, want) or (torch.isnan(want).any() and torch.equal(top.isnan(), want.isnan()))
+        assert median == float(x.median()) or (math.isnan(median) and x.isnan().any())
+
+
 def test_kurtosis_and_massive_activations_by_hand():
     gen = np.random.default_rng(0)
     values = gen.standard_t(3, size=5000)
