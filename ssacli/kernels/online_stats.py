@@ -16,9 +16,10 @@ per query row, over query blocks × key blocks:
 
 Block math runs in float32, or the model's dtype if wider (as the eager scorer computes its weights);
 the running sums are float64. The elementwise work of a block (the logit-scale sums before the
-transform; after it the max, e^(t − m), the total, the spread and each group's max for the top-k) is
-two functions registered with ssacli.kernels.compiled: compiled for long calls, so that a block is
-read a few times instead of once per PyTorch op.
+transform; after it the max, e^(t − m), the total, the spread and the top-k) runs, on the CPU in
+float32, through the native row pass (ssacli.kernels.native: two passes per row in C); elsewhere as
+two torch functions registered with ssacli.kernels.compiled, compiled for long CPU calls, so that a
+block is read a few times instead of once per PyTorch op. Both compute the same statistics.
 What a block is — its logits as the scorer sees them, which keys are visible, the transform — comes in
 as callables, so this module knows no model, scorer or probe (ssacli.attention.online supplies them).
 """
