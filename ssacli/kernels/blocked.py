@@ -1,11 +1,13 @@
-"""The blocked SSA kernel: online-normalized forward and recomputing backward, in PyTorch.
+"""The blocked SSA kernel: online-normalized forward and recomputing backward.
 
 FlashAttention-2's scheme with SSA's transform t = n·sgn(y)·log1p|y| in place of the raw logit:
 the forward scans key blocks keeping a running row max and sum and saves only the output and the
 log-sum-exp; the backward recomputes each block's weights from them. One block of logits is alive at
 a time, so extra memory is O(block), not O(T²). The elementwise math of a block (transform, max,
-exp, sums; in the backward the softmax and transform derivatives) is one function per direction,
-registered with ssacli.kernels.compiled, which compiles it (dynamic shapes) when the caller asks.
+exp, sums; in the backward the softmax and transform derivatives) runs on the CPU in float32
+through the native pass (ssacli.kernels.native, the causal band applied inside); elsewhere it is one
+torch function per direction, registered with ssacli.kernels.compiled, which compiles it (dynamic
+shapes) when the caller asks. The matrix products are torch's either way.
 
 Inputs arrive prepared by :func:`ssacli.kernels.fused.ssa_attention`: the query already multiplied by
 b·scale (so y = b·x), keys and values un-repeated for GQA, n per query head, a boolean mask
