@@ -61,6 +61,14 @@ register_block("fwd", _forward_block)
 register_block("bwd", _backward_block)
 
 
+def _native_exponents(query: torch.Tensor, n: torch.Tensor) -> torch.Tensor | None:
+    """n [H] as the native blocks take it, where they serve this call (CPU, float32, built); None:
+    the registered torch block math."""
+    if query.device.type == "cpu" and query.dtype == torch.float32 and native.available():
+        return n.detach().to(torch.float32).contiguous()
+    return None
+
+
 # ---- the blocked kernel ---------------------------------------------------------------------------
 
 
@@ -101,10 +109,11 @@ class _Plan:
                 spans = [slice(c, min(c + self.k_block, hi)) for c in range(lo, hi, self.k_block)]
                 yield slice(r0, r1), spans
 
-    def diagonal(self, rows: slice, cols: slice) -> int:
-        """For a kernel that applies the band itself: row i of the block sits at the block's column
-        this + i (causal: it sees columns up to there; a window reaches back from there)."""
-        return self.offset + rows.start - cols.start
+    def band(self, rows: slice, cols: slice) -> dict:
+        """The block's causal band for a kernel that applies it itself (ssacli.kernels.native): row i
+        sits at the block's column diagonal + i (causal: it sees columns up to there; a window
+        reaches back from there)."""
+        return dict(diagonal=self.offset + rows.start - cols.start, causal=self.causal, window=self.window)
 
     def hide_(self, y: torch.Tensor, rows: slice, cols: slice, mask, band: bool = True) -> torch.Tensor:
         """Set hidden entries of the logits block y [B, H_kv, G, rows, cols] to −inf, in place.
@@ -173,18 +182,16 @@ class BlockedSSA(torch.autograd.Function):
         out = query.new_zeros(batch, kv_heads, groups, q_len, value.shape[-1])
         lse = query.new_full((batch, kv_heads, groups, q_len, 1), math.inf)
         key_t = key.transpose(-1, -2).contiguous()  # [B, H_kv, D, K]: contiguous columns per block
-        use_native = query.device.type == "cpu" and query.dtype == torch.float32 and native.available()
-        n_heads = n.detach().to(torch.float32).contiguous() if use_native else None
+        n_heads = _native_exponents(query, n)
         for rows, spans in plan.blocks():
             width = rows.stop - rows.start
             qb = q5[:, :, :, rows].reshape(batch, kv_heads, groups * width, dim)
             acc = row_max = row_sum = None
             for cols in spans:
                 y = torch.matmul(qb, key_t[..., cols]).view(batch, kv_heads, groups, width, -1)
-                if use_native:  # the causal band is applied inside the native pass
+                if n_heads is not None:  # native: the causal band is applied inside
                     y = plan.hide_(y, rows, cols, mask5, band=False).flatten(1, 2)
-                    band = dict(diagonal=plan.diagonal(rows, cols), causal=plan.causal, window=plan.window)
-                    p, m, s = native.ssa_forward(y, n_heads, **band)
+                    p, m, s = native.ssa_forward(y, n_heads, **plan.band(rows, cols))
                 else:
                     p, m, s = run_block("fwd", compiled, plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4)
                 p = plan.kept(p.view(batch, kv_heads, groups * width, -1), rows, cols)
@@ -219,8 +226,7 @@ class BlockedSSA(torch.autograd.Function):
         dk, dv, dn = torch.zeros_like(key), torch.zeros_like(value), torch.zeros_like(n4)
         key_t = key.transpose(-1, -2).contiguous()
         value_t = value.transpose(-1, -2).contiguous()
-        use_native = query.device.type == "cpu" and query.dtype == torch.float32 and native.available()
-        n_heads = n.detach().to(torch.float32).contiguous() if use_native else None
+        n_heads = _native_exponents(query, n)
         for rows, spans in plan.blocks():
             width = rows.stop - rows.start
             qb = q5[:, :, :, rows].reshape(batch, kv_heads, groups * width, dim)
@@ -230,10 +236,11 @@ class BlockedSSA(torch.autograd.Function):
             for cols in spans:
                 y = torch.matmul(qb, key_t[..., cols]).view(batch, kv_heads, groups, width, -1)
                 dp = plan.kept(torch.matmul(gob, value_t[..., cols]), rows, cols).view_as(y)
-                if use_native:  # p over y and dy over dp, the band applied inside
+                if n_heads is not None:  # native: p over y and dy over dp, the band applied inside
                     y = plan.hide_(y, rows, cols, mask5, band=False).flatten(1, 2)
-                    band = dict(diagonal=plan.diagonal(rows, cols), causal=plan.causal, window=plan.window)
-                    p, dy, dn_rows = native.ssa_backward(y, dp.flatten(1, 2), n_heads, lse_b, delta_b, **band)
+                    p, dy, dn_rows = native.ssa_backward(
+                        y, dp.flatten(1, 2), n_heads, lse_b, delta_b, **plan.band(rows, cols)
+                    )
                     dn += dn_rows.sum(dim=(0, 2)).view_as(dn).to(dn.dtype)
                 else:
                     y = plan.hide_(y, rows, cols, mask5).flatten(1, 2)

@@ -117,19 +117,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ssacli_row_stats.restype = _int
     # y, C, r0, r1, n_head, heads, p, m, s, width, causal, diag, window, threads
     lib.ssacli_ssa_forward.argtypes = [
-        _ptr,
-        _i64,
-        _i64,
-        _i64,
-        _ptr,
-        _i64,
-        *[_ptr] * 3,
-        _i64,
-        _int,
-        _i64,
-        _i64,
-        _int,
-    ]
+        _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _int, _i64, _i64, _int,
+    ]  # fmt: skip
     lib.ssacli_ssa_forward.restype = None
     # y, dp, C, r0, r1, n_head, heads, lse, delta, dn_row, width, causal, diag, window, threads
     lib.ssacli_ssa_backward.argtypes = [
@@ -180,6 +169,18 @@ def disabled():
         _DISABLED.pop()
 
 
+def _threads(rows: int) -> int:
+    """torch's intra-op thread count, at least 64 rows each."""
+    return max(1, min(torch.get_num_threads(), rows // 64))
+
+
+def _block(y: torch.Tensor, diagonal: int, causal: bool, window: int | None) -> tuple:
+    """The arguments every SSA block call shares after its data: rows, columns, and after the
+    per-row inputs the block's width, its band and the thread count."""
+    rows, cols = y.numel() // max(1, y.shape[-1]), y.shape[-1]
+    return rows, cols, (y.shape[-2], int(causal), diagonal, window or 0, _threads(rows))
+
+
 def row_stats(
     t: torch.Tensor,
     raw: torch.Tensor,
@@ -215,8 +216,7 @@ def row_stats(
     args = (t.data_ptr(), raw.data_ptr(), vis_ptr, off_ptr, c)
     names = ("m", "l", "spread", "shrink", "top", "sq", "cnt")
     tail = (k, p.data_ptr(), *(state[name].data_ptr() for name in names))
-    threads = max(1, min(torch.get_num_threads(), rows // 64))
-    return bool(lib.ssacli_row_stats(*args, 0, rows, *tail, threads))
+    return bool(lib.ssacli_row_stats(*args, 0, rows, *tail, _threads(rows)))
 
 
 def ssa_forward(
@@ -235,14 +235,13 @@ def ssa_forward(
     max m of t and s = Σp [b, h, r, 1]."""
     lib = library()
     assert lib is not None
-    rows, cols = y.numel() // max(1, y.shape[-1]), y.shape[-1]
+    y = y.contiguous()
+    rows, cols, geometry = _block(y, diagonal, causal, window)
     m = torch.empty(y.shape[:-1] + (1,), dtype=y.dtype)
     s = torch.empty_like(m)
-    threads = max(1, min(torch.get_num_threads(), rows // 64))
-    band = (int(causal), diagonal, window or 0)
     lib.ssacli_ssa_forward(
         y.data_ptr(), cols, 0, rows, n.data_ptr(), n.numel(), y.data_ptr(), m.data_ptr(), s.data_ptr(),
-        y.shape[-2], *band, threads,
+        *geometry,
     )  # fmt: skip
     return y, m, s
 
@@ -268,13 +267,11 @@ def ssa_backward(
     assert lib is not None
     y, dp = y.contiguous(), dp.contiguous()
     lse, delta = lse.to(torch.float32).contiguous(), delta.to(torch.float32).contiguous()
-    rows, cols = y.numel() // max(1, y.shape[-1]), y.shape[-1]
+    rows, cols, geometry = _block(y, diagonal, causal, window)
     dn_rows = torch.zeros(y.shape[:-1], dtype=torch.float64)
-    threads = max(1, min(torch.get_num_threads(), rows // 64))
-    band = (int(causal), diagonal, window or 0)
     lib.ssacli_ssa_backward(
         y.data_ptr(), dp.data_ptr(), cols, 0, rows, n.data_ptr(), n.numel(), lse.data_ptr(),
-        delta.data_ptr(), dn_rows.data_ptr(), y.shape[-2], *band, threads,
+        delta.data_ptr(), dn_rows.data_ptr(), *geometry,
     )  # fmt: skip
     return y, dp, dn_rows
 
