@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native
-from .compiled import compile_setting, register_block, run_block, should_compile
+from .compiled import register_block, run_block, should_compile
 
 # Key columns per block: with the default 256 query rows, one [b, h, 256, 1024] fp32 tile per
 # temporary (8 MB on an 8-head model, whatever the sequence length).
@@ -219,9 +219,9 @@ def softmax_statistics(
     v32 = value.to(compute)
     if compile is None:
         compile = should_compile(dev.type == "cpu" and b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
-    if native_pass is None:
-        native_pass = compile_setting() != "0"
-    use_native = native_pass and dev.type == "cpu" and compute == torch.float32 and native.available()
+    # native.available() is False under SSACLI_COMPILE=0 (nothing is built) and where the build failed
+    cpu_float32 = dev.type == "cpu" and compute == torch.float32
+    use_native = native_pass is not False and cpu_float32 and native.available()
     for r0 in range(0, q_len, max(1, block_rows)):
         rows = slice(r0, min(r0 + max(1, block_rows), q_len))
         edges = key_span(rows)
