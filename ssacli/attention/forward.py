@@ -65,6 +65,11 @@ class Observer:
         """:meth:`transform` for the fused statistics: the logits of key columns ``cols`` only."""
         return logits
 
+    def changes_logits(self, module: nn.Module) -> bool:
+        """Whether :meth:`transform_block` may change this call's logits (else the fused statistics
+        may take them straight from their products); an observer that overrides it says when."""
+        return type(self).transform_block is not Observer.transform_block
+
     def record(
         self,
         module: nn.Module,

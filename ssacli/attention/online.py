@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.online_stats import STATS_BLOCK_KEYS, softmax_statistics
+from ..kernels.online_stats import (
+    FLASH_BLOCK_ROWS,
+    STATS_BLOCK_KEYS,
+    plain_softmax_available,
+    plain_softmax_statistics,
+    softmax_statistics,
+)
 from ..scorers import Scorer
+from ..scorers.softmax_family import Softmax
 from .masks import causal_when_unmasked
 
 STATS_MODES = ("auto", "eager", "fused")
@@ -57,6 +64,23 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
         count = torch.full((1, 1, q_total), k_len, device=query.device)
         if causal:
             count = (positions + 1).clamp_max(k_len if window is None else window).reshape(1, 1, -1)
+
+    target = observer.target
+    if target is not None and target.shape[0] != b:
+        target = None
+    plain = (
+        mask is None and softcap is None and bias is None and sink is None
+        and type(scorer).transformed_logits is Softmax.transformed_logits
+        and not observer.changes_logits(module) and plain_softmax_available(query)
+    )  # fmt: skip
+    if plain:  # the commonest call, in one native loop: logits, statistics and p·v per cached tile
+        out, stats = plain_softmax_statistics(
+            query, key, value, float(scaling), causal=causal, window=window, count=count, target=target,
+            top_k=int(observer.top_k), block_rows=min(max(1, int(observer.block_size)), FLASH_BLOCK_ROWS),
+            block_keys=STATS_BLOCK_KEYS,
+        )  # fmt: skip
+        observer.record_rows(module, stats, positions, sink=None)
+        return out.transpose(1, 2).contiguous(), None
 
     def rows_of(t: torch.Tensor, rows: slice) -> torch.Tensor:
         return t[..., rows, :] if t.shape[-2] == q_total else t
@@ -118,9 +142,6 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
     if keyless is not None:
         keyless = keyless.to(compute).expand(1, h, 1, 1).reshape(1, h, 1)
         extra = keyless if extra is None else torch.logaddexp(extra, keyless)
-    target = observer.target
-    if target is not None and target.shape[0] != b:
-        target = None
     out, stats = softmax_statistics(
         value, q_total, logits=logits, visible=visible, transform=transform, count=count,
         key_span=key_span, extra=extra, target=target, top_k=int(observer.top_k),

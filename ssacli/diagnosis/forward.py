@@ -120,6 +120,10 @@ class Recorder(Observer):
         # The probe that acts inside attention in the current forward: (kind, level), or None
         # (reference levels, and probes that act on embeddings or inputs).
         self.probe: tuple[ProbeKind, float] | None = None
+        # The kind of the probe being run, at every level (its reference level too): all levels of a
+        # probe on the logits take the same attention path (changes_logits), so a level that changes
+        # nothing reads exactly as the reference instead of differing by another kernel's rounding.
+        self.probe_kind: ProbeKind | None = None
 
     def transform_key(self, key: torch.Tensor, module: nn.Module) -> torch.Tensor:
         if self.probe is not None and self.probe[0].acts_on is ActsOn.KEYS:
@@ -148,6 +152,10 @@ class Recorder(Observer):
         local = self.target.to(logits.device).long() - cols.start
         local = torch.where((local < 0) | (local >= width), width, local)
         return shifted(kind, F.pad(logits, (0, 1)), level, local)[..., :width]
+
+    def changes_logits(self, module: nn.Module) -> bool:
+        kind = self.probe_kind if self.probe_kind is not None else (self.probe or (None,))[0]
+        return kind is not None and kind.acts_on is ActsOn.LOGITS
 
     def note_logits(self, logits: torch.Tensor, module: nn.Module) -> None:
         """Keep the block's logits (as the scorer will see them) until :meth:`record` knows its rows."""
@@ -310,6 +318,7 @@ def forward_batch(
     recorder.target = batch.target
     inside = kind.acts_on in (ActsOn.KEYS, ActsOn.LOGITS) and kind.changes(level)
     recorder.probe = (kind, level) if inside else None
+    recorder.probe_kind = kind
     device = loaded.device
     hooks = _watch_hooks(loaded, recorder, layers)
     if route is Route.EAGER_FALLBACK:
@@ -326,7 +335,7 @@ def forward_batch(
         for hook in hooks:
             hook.remove()
         recorder.pending.clear()
-        recorder.probe = None
+        recorder.probe = recorder.probe_kind = None
     return extras
 
 

@@ -179,10 +179,19 @@ class BlockedSSA(torch.autograd.Function):
         n4 = n.reshape(1, -1, 1, 1)  # kernels see [B, H, rows, keys]: fewer shapes to compile for
         mask5 = None if mask is None else _mask_view(mask, kv_heads)
         plan = _Plan(q5.shape, key.shape[-2], causal, window, rows, keys, dropout, seed)
+        n_heads = _native_exponents(query, n)
+        if n_heads is not None and mask is None and dropout == 0.0 and native.flash_available():
+            # the whole forward in one native loop: each logit tile stays in cache between its two
+            # products (the block loop below writes it to memory and reads it back)
+            out, lse = native.ssa_flash_forward(
+                query, key, value, n_heads, causal=causal, window=window, block_rows=rows, block_keys=keys
+            )
+            ctx.save_for_backward(query, key, value, n, out, lse.view(batch, kv_heads, groups, q_len, 1))
+            ctx.mask, ctx.plan, ctx.compiled = mask5, plan, compiled
+            return out
         out = query.new_zeros(batch, kv_heads, groups, q_len, value.shape[-1])
         lse = query.new_full((batch, kv_heads, groups, q_len, 1), math.inf)
         key_t = key.transpose(-1, -2).contiguous()  # [B, H_kv, D, K]: contiguous columns per block
-        n_heads = _native_exponents(query, n)
         for rows, spans in plan.blocks():
             width = rows.stop - rows.start
             qb = q5[:, :, :, rows].reshape(batch, kv_heads, groups * width, dim)

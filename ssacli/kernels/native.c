@@ -18,9 +18,13 @@
  * rows where the compiler has it.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #ifndef W
 #define W 16 /* lanes per vector step (two AVX2 or one AVX-512 register) */
@@ -62,7 +66,17 @@ static inline vf blend(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mas
 static inline vf splat(float x) { return (vf){0} + x; }
 static inline double lanes_sum(const vd *v) { double s = 0; for (int i = 0; i < W; i++) s += (*v)[i]; return s; }
 static inline vd wide(vf v) { return __builtin_convertvector(v, vd); }
-static inline float lanes_max(vf v) { float m = v[0]; for (int i = 1; i < W; i++) m = v[i] > m ? v[i] : m; return m; }
+static inline float lanes_max(vf v) {
+#if defined(__AVX512F__) && W == 16
+    __m512 x; /* a shuffle tree (callers pass max-blends, which never hold NaN) */
+    memcpy(&x, &v, sizeof x);
+    return _mm512_reduce_max_ps(x);
+#else
+    float m = v[0];
+    for (int i = 1; i < W; i++) m = v[i] > m ? v[i] : m;
+    return m;
+#endif
+}
 
 /* e^x for x <= 0, W lanes: Cody-Waite reduction x = n ln2 + r with n rounded by the 1.5·2^23 trick,
  * a degree-6 polynomial for e^r on |r| <= ln2/2 (relative error ~1.5e-7, about an ulp), 2^n built in
@@ -112,9 +126,25 @@ static void exact_counts(const float *tr, const float *xr, const uint8_t *vr, in
     *sq = s, *counted = used;
 }
 
-static inline int any(vi mask) {
-    vi none = {0};
-    return memcmp(&mask, &none, sizeof mask) != 0;
+/* Bit j set where lane j of u is >= floor (NaN: not set): the few lanes a top-k search looks at, one
+ * mask instruction on AVX-512 and AVX, a lane loop elsewhere. */
+static inline uint32_t lanes_at_least(vf u, float floor) {
+#if defined(__AVX512F__) && W == 16
+    __m512 x;
+    memcpy(&x, &u, sizeof x);
+    return (uint32_t)_mm512_cmp_ps_mask(x, _mm512_set1_ps(floor), _CMP_GE_OQ);
+#elif defined(__AVX__) && W == 16
+    __m256 lo, hi, f = _mm256_set1_ps(floor);
+    memcpy(&lo, &u, sizeof lo);
+    memcpy(&hi, (const char *)&u + sizeof lo, sizeof hi);
+    return (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(lo, f, _CMP_GE_OQ))
+           | (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(hi, f, _CMP_GE_OQ)) << 8;
+#else
+    vi mask = u >= floor;
+    uint32_t bits = 0;
+    for (int j = 0; j < W; j++) bits |= (uint32_t)(mask[j] & 1) << j;
+    return bits;
+#endif
 }
 
 /* The running top-k over one group of chunks. Each chunk's max is one of the group's values, so the
@@ -143,10 +173,10 @@ static void top_group(const float *tr, const uint8_t *restrict vr, int64_t c0, i
             vf u = c + W <= n ? blend(shown(vr, c), load(tr, c), ninf)
                               : blend(shown_tail(vr, c, n), load_tail(tr, c, n), ninf);
             float floor_f = (float)threshold > bound ? (float)threshold : bound;
-            if (!any(u >= floor_f)) continue;
-            for (int j = 0; j < W; j++) {
-                if (u[j] >= bound && (double)u[j] > threshold) {
-                    insert_top(topr, k, (double)u[j]);
+            for (uint32_t hits = lanes_at_least(u, floor_f); hits; hits &= hits - 1) {
+                float x = u[__builtin_ctz(hits)];
+                if (x >= bound && (double)x > threshold) {
+                    insert_top(topr, k, (double)x);
                     threshold = topr[k - 1];
                 }
             }
@@ -280,6 +310,50 @@ int ssacli_row_stats(const float *t, const float *raw,
 
 /* ---- SSA's forward block (ssacli.kernels.blocked) ------------------------------------------------ */
 
+#if defined(__AVX512F__) && W == 16
+/* log1p(z) for z >= 0, W lanes, on AVX-512: log(u) for u = 1 + z rounded, u = 2^e · m with m in [1, 2);
+ * the top 5 bits of m pick c_i = 1/LOG_INV[i] (the centre of m's 32nd of [1, 2)), both tables read by
+ * one two-register permute; r = m·LOG_INV[i] - 1 (one fused rounding) is within ±1/65, where
+ * r - r²/2 + r³/3 leaves 1.4e-8, and log m = LOG_C[i] + log1p(r) with LOG_C[i] = -log LOG_INV[i]
+ * (about half an ulp of the result over z in [0, 1e30]; a third of the polynomial version's work).
+ * Rounding 1 + z costs at most 2^-24 in absolute terms, which is all a softmax of n·log1p sees (p
+ * changes by a relative 6e-8 per unit of n). z = +inf gives +inf. */
+static const float LOG_INV[32] = {
+    0.984615386f, 0.955223858f, 0.927536249f, 0.901408434f, 0.876712322f, 0.853333354f,
+    0.83116883f, 0.810126603f, 0.790123463f, 0.771084309f, 0.752941191f, 0.735632181f,
+    0.719101131f, 0.703296721f, 0.688172042f, 0.673684239f, 0.659793794f, 0.646464646f,
+    0.633663356f, 0.621359229f, 0.609523833f, 0.598130822f, 0.587155938f, 0.576576591f,
+    0.566371679f, 0.556521714f, 0.547008574f, 0.537815154f, 0.528925598f, 0.520325184f,
+    0.512000024f, 0.503937006f
+};
+static const float LOG_C[32] = {
+    0.015504186f, 0.0458095595f, 0.0752234012f, 0.10379681f, 0.131576359f, 0.158605009f,
+    0.184922338f, 0.210564747f, 0.235566065f, 0.259957552f, 0.283768147f, 0.307025045f,
+    0.32975328f, 0.351976395f, 0.373716414f, 0.394993752f, 0.41582793f, 0.436236769f, 0.456237435f,
+    0.475845903f, 0.495077223f, 0.513945758f, 0.532464862f, 0.55064708f, 0.568504751f, 0.58604908f,
+    0.603290796f, 0.620240331f, 0.636907518f, 0.653301299f, 0.669430614f, 0.685303986f
+};
+
+static inline vf log1p_nonnegative(vf z) {
+    vf u = 1.0f + z;
+    vi bits = (vi)u;
+    vf e = __builtin_convertvector(((bits >> 23) & 0xff) - 127, vf);
+    vf m = (vf)((bits & 0x7fffff) | 0x3f800000);
+    vi top = bits >> 18; /* the permute reads only the low 5 bits: m's top 5 */
+    __m512i idx;
+    memcpy(&idx, &top, sizeof idx);
+    __m512 inv_r = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG_INV), idx, _mm512_loadu_ps(LOG_INV + 16));
+    __m512 log_c = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG_C), idx, _mm512_loadu_ps(LOG_C + 16));
+    vf inv, c;
+    memcpy(&inv, &inv_r, sizeof inv);
+    memcpy(&c, &log_c, sizeof c);
+    vf r = m * inv - 1.0f;
+    vf poly = r * 0.333333343f - 0.5f;
+    vf logu = e * 0.693359375f + (c + (poly * (r * r) + r));
+    logu = e * -2.12194440e-4f + logu;
+    return blend(z <= 3.40282347e38f, logu, splat(INFINITY));
+}
+#else
 /* log1p(z) for z >= 0, W lanes: log(u) for u = 1 + z rounded, split as 2^e · x with x in
  * [sqrt(1/2), sqrt(2)), Cephes' degree-8 polynomial for log(x) (about an ulp). Rounding 1 + z costs at
  * most 2^-24 in absolute terms, which is all a softmax of n·log1p sees (p changes by a relative 6e-8
@@ -308,6 +382,7 @@ static inline vf log1p_nonnegative(vf z) {
     vf logu = x + y + fe * 0.693359375f;
     return blend(z <= 3.40282347e38f, logu, splat(INFINITY));
 }
+#endif
 
 /* t = n·sgn(y)·log1p|y| for W lanes (y = -inf gives -inf). */
 static inline vf ssa_transform(vf y, vf n) {
@@ -327,12 +402,61 @@ static inline void band(int64_t r, int64_t width, int64_t C, int causal, int64_t
     if (window > 0 && diag + i - window + 1 > *lo) *lo = diag + i - window + 1;
 }
 
+/* One row of SSA's forward math: keys [lo, hi] of the row's C are in its band (those y marks -inf are
+ * hidden too). Writes p = e^(t - ref) over the row (0 for hidden keys and outside the band) with
+ * t = n·sgn(y)·log1p|y| and ref = the larger of floor and t's max over visible keys (0 when both are
+ * -inf); stores Σp in *sum and returns t's max (-inf: nothing visible). t is increasing in y, so t's
+ * max is t at the max y. p may be y itself (each vector is read before it is written). */
+static float ssa_row(const float *y, float *p, int64_t C, int64_t lo, int64_t hi, float n, float floor,
+                     float *sum) {
+    if (hi < lo) { /* nothing visible */
+        memset(p, 0, C * sizeof(float));
+        *sum = 0.0f;
+        return -INFINITY;
+    }
+    if (lo > 0) memset(p, 0, lo * sizeof(float));
+    if (hi + 1 < C) memset(p + hi + 1, 0, (C - hi - 1) * sizeof(float));
+    const float *yr = y + lo;
+    float *pr = p + lo;
+    int64_t n_keys = hi + 1 - lo;
+    vf ymax_v = splat(-INFINITY);
+    int64_t c = 0;
+    for (; c + W <= n_keys; c += W) {
+        vf v = load(yr, c);
+        ymax_v = blend(v > ymax_v, v, ymax_v);
+    }
+    float ymax = lanes_max(ymax_v);
+    for (int64_t j = c; j < n_keys; j++) ymax = yr[j] > ymax ? yr[j] : ymax;
+    float t_max = ssa_transform(splat(ymax), splat(n))[0]; /* as each lane computes it */
+    float top = t_max > floor ? t_max : floor;
+    const vf ref_v = splat(top == -INFINITY ? 0.0f : top), n_v = splat(n);
+    vd sum_d = {0};
+    for (c = 0; c < n_keys; c += 4 * W) { /* 4 vectors a step: float partial sums of 64 */
+        vf sum_v = {0};
+        for (int64_t cc = c; cc < c + 4 * W && cc < n_keys; cc += W) {
+            int whole = cc + W <= n_keys;
+            vf v = whole ? load(yr, cc) : load_tail(yr, cc, n_keys);
+            vf e = exp_nonpositive(ssa_transform(v, n_v) - ref_v);
+            e = blend(v == -INFINITY, splat(0.0f), e);
+            if (whole) {
+                store(pr, cc, e);
+            } else {
+                e = blend(shown_tail(NULL, cc, n_keys), e, splat(0.0f));
+                store_tail(pr, cc, n_keys, e);
+            }
+            sum_v += e;
+        }
+        sum_d += wide(sum_v);
+    }
+    *sum = (float)lanes_sum(&sum_d);
+    return t_max;
+}
+
 /* One SSA forward block (blocked.py's _forward_block): for rows [r0, r1) of y [batch, heads, width, C]
  * flattened to rows, row r in head (r / width) % heads with exponent n_head of it: m = the row's max
- * of t = n·sgn(y)·log1p|y| over visible keys (t is increasing in y, so t at the max y), p = e^(t - m)
- * (0 for hidden keys; m = -inf when none is visible) and s = Σp. Keys that y marks -inf are hidden,
- * and so are those outside the row's band (see band()). p may be y itself (each vector is read
- * before it is written). */
+ * of t = n·sgn(y)·log1p|y| over visible keys, p = e^(t - m) (0 for hidden keys; m = -inf when none
+ * is visible) and s = Σp. Keys that y marks -inf are hidden, and so are those outside the row's band
+ * (see band()). p may be y itself. */
 void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
                         const float *restrict n_head, int64_t heads, float *p, float *restrict m,
                         float *restrict s, int64_t width, int causal, int64_t diag, int64_t window,
@@ -343,50 +467,98 @@ void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
     for (int64_t r = r0; r < r1; r++) {
         int64_t lo, hi;
         band(r, width, C, causal, diag, window, &lo, &hi);
-        float *row_p = p + r * C;
-        if (hi < lo) { /* nothing visible */
-            memset(row_p, 0, C * sizeof(float));
-            m[r] = -INFINITY, s[r] = 0.0f;
-            continue;
-        }
-        if (lo > 0) memset(row_p, 0, lo * sizeof(float));
-        if (hi + 1 < C) memset(row_p + hi + 1, 0, (C - hi - 1) * sizeof(float));
-        const float *yr = y + r * C + lo;
-        float *pr = row_p + lo;
-        int64_t n_keys = hi + 1 - lo;
-        vf ymax_v = splat(-INFINITY);
-        int64_t c = 0;
-        for (; c + W <= n_keys; c += W) {
-            vf v = load(yr, c);
-            ymax_v = blend(v > ymax_v, v, ymax_v);
-        }
-        float ymax = lanes_max(ymax_v);
-        for (int64_t j = c; j < n_keys; j++) ymax = yr[j] > ymax ? yr[j] : ymax;
-        float n = n_head[(r / width) % heads], t_max = ssa_transform(splat(ymax), splat(n))[0]; /* as each lane computes it */
-        float ref = t_max == -INFINITY ? 0.0f : t_max;
-        const vf ref_v = splat(ref), n_v = splat(n);
-        vd sum_d = {0};
-        for (c = 0; c < n_keys; c += 4 * W) { /* 4 vectors a step: float partial sums of 64 */
-            vf sum_v = {0};
-            for (int64_t cc = c; cc < c + 4 * W && cc < n_keys; cc += W) {
-                int whole = cc + W <= n_keys;
-                vf v = whole ? load(yr, cc) : load_tail(yr, cc, n_keys);
-                vf e = exp_nonpositive(ssa_transform(v, n_v) - ref_v);
-                e = blend(v == -INFINITY, splat(0.0f), e);
-                if (whole) {
-                    store(pr, cc, e);
-                } else {
-                    e = blend(shown_tail(NULL, cc, n_keys), e, splat(0.0f));
-                    store_tail(pr, cc, n_keys, e);
-                }
-                sum_v += e;
-            }
-            sum_d += wide(sum_v);
-        }
-        m[r] = t_max;
-        s[r] = (float)lanes_sum(&sum_d);
+        m[r] = ssa_row(y + r * C, p + r * C, C, lo, hi, n_head[(r / width) % heads], -INFINITY, s + r);
     }
     (void)threads;
+}
+
+/* ---- SSA's whole forward in one loop (flash attention with BLAS tiles) --------------------------- */
+
+/* Fortran BLAS sgemm (column-major), the one torch itself runs (its MKL or OpenBLAS): the caller
+ * passes its address, so the products round exactly as torch.matmul's. */
+typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                         const float *, const float *, const int *, const float *, const int *,
+                         const float *, float *, const int *);
+
+/* Row-major C[m, n] = A[m, k] · B[k, n] + beta·C (row strides lda, ldb, ldc): column-major
+ * Cᵀ = Bᵀ·Aᵀ, the same memory. */
+static void gemm_rows(sgemm_fn gemm, int m, int n, int k, const float *A, int lda, const float *B,
+                      int ldb, float beta, float *C, int ldc) {
+    const float one = 1.0f;
+    gemm("N", "N", &n, &m, &k, &one, B, &ldb, A, &lda, &beta, C, &ldc);
+}
+
+/* out = softmax(n·sgn(y)·log1p|y|) · v with y = q·kᵀ for q [B, H, Q, D] (already scaled by b·scale),
+ * kt = kᵀ [B, Hkv, D, K], v [B, Hkv, K, Dv], all contiguous float32; query head h reads K/V head
+ * h / (H / Hkv). Query i sits at key position K - Q + i (bottom-right alignment); with causal set it
+ * sees keys up to there, with window > 0 only the last `window` of those. Each task is one head's
+ * block of `rows` queries: per block of `cols` keys, one sgemm writes the logits into the thread's
+ * tile (it stays in cache), ssa_row turns each row into weights against the row's running max, the
+ * accumulated output is rescaled and one more sgemm adds p·v. Writes out [B, H, Q, Dv] and the
+ * log-sum-exp lse [B, H, Q] (+inf for a row that sees nothing; its output is 0). Returns 0, or -1 if
+ * a tile could not be allocated (nothing is then written). */
+int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *kt, const float *v,
+                             const float *restrict n_head, int64_t B, int64_t H, int64_t Hkv,
+                             int64_t Q, int64_t K, int64_t D, int64_t Dv, int causal, int64_t window,
+                             int64_t rows, int64_t cols, float *out, float *lse, int threads) {
+    sgemm_fn gemm = (sgemm_fn)gemm_ptr;
+    const int64_t offset = K - Q, blocks = (Q + rows - 1) / rows, tasks = B * H * blocks;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
+#endif
+    {
+        float *tile = malloc(sizeof(float) * (size_t)(rows * cols + rows * Dv + 3 * rows));
+        failed |= tile == NULL;
+        float *acc = tile + rows * cols, *run_max = acc + rows * Dv, *run_sum = run_max + rows,
+              *sums = run_sum + rows;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t task = 0; task < tasks; task++) {
+            if (tile == NULL) continue;
+            /* the last query blocks first: under causal they are the longest, dynamic scheduling
+             * then balances the short ones across threads */
+            int64_t block = blocks - 1 - task % blocks, bh = task / blocks, h = bh % H;
+            int64_t bkv = (bh / H) * Hkv + h / (H / Hkv);
+            int64_t r0 = block * rows, width = Q - r0 < rows ? Q - r0 : rows;
+            const float *qb = q + (bh * Q + r0) * D, *ktb = kt + bkv * D * K, *vb = v + bkv * K * Dv;
+            float *ob = out + (bh * Q + r0) * Dv, *lb = lse + bh * Q + r0, n = n_head[h];
+            int64_t lo = 0, hi = K; /* the keys any row of the block sees: [lo, hi) */
+            if (causal && offset + r0 + width < hi) hi = offset + r0 + width;
+            if (window > 0 && offset + r0 - window + 1 > lo) lo = offset + r0 - window + 1;
+            memset(acc, 0, sizeof(float) * (size_t)(width * Dv));
+            for (int64_t i = 0; i < width; i++) run_max[i] = -INFINITY, run_sum[i] = 0.0f;
+            for (int64_t c0 = lo; c0 < hi; c0 += cols) {
+                int64_t c1 = c0 + cols < hi ? c0 + cols : hi, C = c1 - c0;
+                gemm_rows(gemm, (int)width, (int)C, (int)D, qb, (int)D, ktb + c0, (int)K, 0.0f, tile, (int)C);
+                for (int64_t i = 0; i < width; i++) {
+                    int64_t rlo, rhi;
+                    band(i, width, C, causal, offset + r0 - c0, window, &rlo, &rhi);
+                    float old = run_max[i];
+                    float t_max = ssa_row(tile + i * C, tile + i * C, C, rlo, rhi, n, old, sums + i);
+                    float top = t_max > old ? t_max : old;
+                    if (old != -INFINITY && top > old) { /* rescale what came before to the new max */
+                        float shrink = expf(old - top);
+                        for (int64_t d = 0; d < Dv; d++) acc[i * Dv + d] *= shrink;
+                        run_sum[i] *= shrink;
+                    }
+                    run_max[i] = top;
+                    run_sum[i] += sums[i];
+                }
+                gemm_rows(gemm, (int)width, (int)Dv, (int)C, tile, (int)C, vb + c0 * Dv, (int)Dv, 1.0f, acc, (int)Dv);
+            }
+            for (int64_t i = 0; i < width; i++) {
+                int seen = run_sum[i] > 0.0f;
+                float inv = seen ? 1.0f / run_sum[i] : 0.0f;
+                for (int64_t d = 0; d < Dv; d++) ob[i * Dv + d] = acc[i * Dv + d] * inv;
+                lb[i] = seen ? run_max[i] + logf(run_sum[i]) : INFINITY;
+            }
+        }
+        free(tile);
+    }
+    (void)threads;
+    return failed ? -1 : 0;
 }
 
 /* One SSA backward block (blocked.py's _backward_block), FlashAttention-2's recomputation: for rows
@@ -445,4 +617,96 @@ void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
         dn_row[r] += lanes_sum(&dn_d);
     }
     (void)threads;
+}
+
+/* ---- diagnose's statistics in one loop: softmax rows whose logits come from BLAS tiles ----------- */
+
+/* The fused statistics (ssacli_row_stats' row()) of softmax attention whose logits x = (q·kᵀ)·scaling
+ * the scorer takes unchanged, in FlashAttention's loop: q [B, H, Q, D], kt = kᵀ [B, Hkv, D, K],
+ * v [B, Hkv, K, Dv] contiguous float32, query head h on K/V head h / (H / Hkv), query i at key
+ * K - Q + i, causal and window as in ssacli_ssa_flash_forward (neither: every key visible). Per task
+ * (one head's block of `rows` queries) and block of `cols` keys: sgemm writes q·kᵀ into the thread's
+ * tile (the products round as torch.matmul's), the scaling is applied in place (the float multiply
+ * torch's `mul_(scaling)` makes), x at key 0 and at the sample's target key (target [B], or NULL) are
+ * recorded, row() takes each row's visible span, the output is rescaled by the row's shrink and sgemm
+ * adds p·v. The per-row state (m, l, spread, top [.., k], sq, cnt, first, t_target, x_target; all
+ * [B, H, Q] float64) arrives initialized (as ssacli.kernels.online_stats starts it) and is updated
+ * in place; out [B, H, Q, Dv] gets acc / l (acc where l is not > 0). Returns 1 if every logit formed
+ * was finite, 0 if not, -1 if a tile could not be allocated. */
+int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *kt, const float *v, float scaling,
+                       int64_t B, int64_t H, int64_t Hkv, int64_t Q, int64_t K, int64_t D, int64_t Dv,
+                       int causal, int64_t window, const int64_t *restrict target, int64_t k,
+                       int64_t rows, int64_t cols, float *out, double *m, double *l, double *spread,
+                       double *top, double *sq, double *cnt, double *first, double *t_target,
+                       double *x_target, int threads) {
+    sgemm_fn gemm = (sgemm_fn)gemm_ptr;
+    const int64_t offset = K - Q, blocks = (Q + rows - 1) / rows, tasks = B * H * blocks;
+    int failed = 0, all_finite = 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed) reduction(& : all_finite)
+#endif
+    {
+        float *tile = malloc(sizeof(float) * (size_t)(rows * cols + 2 * rows * Dv + rows));
+        failed |= tile == NULL;
+        float *acc = tile + rows * cols, *pv = acc + rows * Dv, *shrink = pv + rows * Dv;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t task = 0; task < tasks; task++) {
+            if (tile == NULL) continue;
+            int64_t block = blocks - 1 - task % blocks, bh = task / blocks, h = bh % H, bi = bh / H;
+            int64_t bkv = bi * Hkv + h / (H / Hkv);
+            int64_t r0 = block * rows, width = Q - r0 < rows ? Q - r0 : rows;
+            const float *qb = q + (bh * Q + r0) * D, *ktb = kt + bkv * D * K, *vb = v + bkv * K * Dv;
+            const int64_t row0 = bh * Q + r0, tg = target ? target[bi] : -1;
+            int64_t lo = 0, hi = K;
+            if (causal && offset + r0 + width < hi) hi = offset + r0 + width;
+            if (window > 0 && offset + r0 - window + 1 > lo) lo = offset + r0 - window + 1;
+            memset(acc, 0, sizeof(float) * (size_t)(width * Dv));
+            for (int64_t c0 = lo; c0 < hi; c0 += cols) {
+                int64_t c1 = c0 + cols < hi ? c0 + cols : hi, C = c1 - c0;
+                gemm_rows(gemm, (int)width, (int)C, (int)D, qb, (int)D, ktb + c0, (int)K, 0.0f, tile, (int)C);
+                for (int64_t i = 0; i < width; i++) {
+                    float *x = tile + i * C;
+                    const int64_t pos = offset + r0 + i, r = row0 + i;
+                    int64_t rlo = 0, rhi = C - 1; /* the row's visible columns of the tile */
+                    if (causal && pos - c0 < rhi) rhi = pos - c0;
+                    if (window > 0 && pos - window + 1 - c0 > rlo) rlo = pos - window + 1 - c0;
+                    if (rhi < rlo) { /* nothing visible here: p = 0, the running state unchanged */
+                        memset(x, 0, C * sizeof(float));
+                        shrink[i] = m[r] == -INFINITY ? 0.0f : 1.0f;
+                        continue;
+                    }
+                    int64_t c = rlo;
+                    for (; c + W <= rhi + 1; c += W) store(x, c, load(x, c) * scaling);
+                    for (; c <= rhi; c++) x[c] *= scaling;
+                    if (c0 == 0 && rlo == 0) first[r] = x[0];
+                    if (tg >= c0 && tg < c1) {
+                        int64_t j = tg - c0, shown_j = j >= rlo && j <= rhi;
+                        t_target[r] = shown_j ? (double)x[j] : -INFINITY;
+                        x_target[r] = shown_j && isfinite(x[j]) ? (double)x[j] : NAN;
+                    }
+                    if (rlo > 0) memset(x, 0, rlo * sizeof(float));
+                    if (rhi + 1 < C) memset(x + rhi + 1, 0, (C - rhi - 1) * sizeof(float));
+                    all_finite &= row(x + rlo, x + rlo, NULL, rhi + 1 - rlo, k, x + rlo, m + r, l + r,
+                                      spread + r, shrink + i, top + r * k, sq + r, cnt + r);
+                }
+                /* acc·shrink + p·v, rounded as the torch path's acc.mul_(shrink).add_(p @ v) */
+                gemm_rows(gemm, (int)width, (int)Dv, (int)C, tile, (int)C, vb + c0 * Dv, (int)Dv, 0.0f, pv, (int)Dv);
+                for (int64_t i = 0; i < width; i++)
+                    for (int64_t d = 0; d < Dv; d++) {
+                        volatile float kept = acc[i * Dv + d] * shrink[i]; /* two roundings, no FMA */
+                        acc[i * Dv + d] = kept + pv[i * Dv + d];
+                    }
+            }
+            for (int64_t i = 0; i < width; i++) {
+                double total = l[row0 + i];
+                float denominator = total > 0.0 ? (float)total : 1.0f;
+                for (int64_t d = 0; d < Dv; d++) out[(row0 + i) * Dv + d] = acc[i * Dv + d] / denominator;
+            }
+        }
+        free(tile);
+    }
+    (void)threads;
+    return failed ? -1 : all_finite;
 }

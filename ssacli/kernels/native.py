@@ -125,6 +125,17 @@ def _declare(lib: ctypes.CDLL) -> None:
         _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _int, _i64, _i64, _int,
     ]  # fmt: skip
     lib.ssacli_ssa_backward.restype = None
+    # gemm, q, kt, v, n_head, B, H, Hkv, Q, K, D, Dv, causal, window, rows, cols, out, lse, threads
+    lib.ssacli_ssa_flash_forward.argtypes = [
+        *[_ptr] * 5, *[_i64] * 7, _int, _i64, _i64, _i64, _ptr, _ptr, _int,
+    ]  # fmt: skip
+    lib.ssacli_ssa_flash_forward.restype = _int
+    # gemm, q, kt, v, scaling, B, H, Hkv, Q, K, D, Dv, causal, window, target, k, rows, cols, out,
+    # m, l, spread, top, sq, cnt, first, t_target, x_target, threads
+    lib.ssacli_stats_flash.argtypes = [
+        *[_ptr] * 4, ctypes.c_float, *[_i64] * 7, _int, _i64, _ptr, _i64, _i64, _i64, *[_ptr] * 10, _int,
+    ]  # fmt: skip
+    lib.ssacli_stats_flash.restype = _int
 
 
 def library() -> ctypes.CDLL | None:
@@ -276,13 +287,142 @@ def ssa_backward(
     return y, dp, dn_rows
 
 
+# ---- the whole SSA forward in one native loop, on torch's own BLAS ---------------------------------
+
+_SGEMM: list[int | None] = []  # [] not looked up yet; [None] none usable
+
+
+def _torch_sgemm() -> int | None:
+    """The address of the Fortran ``sgemm_`` torch itself runs, where torch is built with MKL (whose
+    ``sgemm_`` takes 32-bit integers; other BLAS builds may not) and exports it; checked once against
+    torch.matmul on a small product, which it must match bit for bit. None: not available here."""
+    if _SGEMM:
+        return _SGEMM[0]
+    found = None
+    if torch.backends.mkl.is_available():
+        lib_dir = Path(torch.__file__).parent / "lib"
+        for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
+            try:
+                found = ctypes.cast(ctypes.CDLL(str(lib_dir / name)).sgemm_, _ptr).value
+                break
+            except (OSError, AttributeError):
+                continue
+    if found is not None and not _matches_matmul(found):
+        found = None
+    _SGEMM.append(found)
+    return found
+
+
+def _matches_matmul(sgemm: int) -> bool:
+    """Whether the products of :func:`ssa_flash_forward` round as torch.matmul's: one small SSA
+    forward with n = 0 (uniform weights over the causal prefix), compared with the same math in
+    torch."""
+    lib = library()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 37, 24, generator=gen) for _ in range(3))
+    out, _ = _flash(lib, sgemm, q, k, v, torch.zeros(1), True, None, 16, 32)
+    weights = torch.ones(37, 37).tril()
+    expected = (weights @ v[0, 0]) / weights.sum(-1, keepdim=True)
+    return bool(torch.allclose(out[0, 0], expected, rtol=1e-5, atol=1e-6))
+
+
+def _flash(lib, sgemm, q, k, v, n, causal, window, rows, cols):
+    batch, heads, q_len, dim = q.shape
+    kv_heads, k_len, dim_v = k.shape[1], k.shape[2], v.shape[-1]
+    q, v = q.contiguous(), v.contiguous()
+    kt = k.transpose(-1, -2).contiguous()
+    n = n.to(torch.float32).contiguous()
+    out = q.new_empty(batch, heads, q_len, dim_v)
+    lse = q.new_empty(batch, heads, q_len)
+    threads = max(1, torch.get_num_threads())
+    status = lib.ssacli_ssa_flash_forward(
+        sgemm, q.data_ptr(), kt.data_ptr(), v.data_ptr(), n.data_ptr(), batch, heads, kv_heads, q_len,
+        k_len, dim, dim_v, int(causal), window or 0, rows, cols, out.data_ptr(), lse.data_ptr(), threads,
+    )  # fmt: skip
+    if status != 0:
+        raise MemoryError("ssacli's native SSA forward could not allocate its tiles")
+    return out, lse
+
+
+def flash_available() -> bool:
+    """Whether :func:`ssa_flash_forward` can run here: the native pass is built and torch's own
+    ``sgemm_`` was found (torch built with MKL)."""
+    return available() and _torch_sgemm() is not None
+
+
+def ssa_flash_forward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    n: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    block_rows: int = 64,
+    block_keys: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SSA's whole forward in one native loop: out = softmax(n·sgn(y)·log1p|y|)·v with y = query·keyᵀ
+    for query [B, H, Q, D] (already multiplied by b·scale), key/value [B, H_kv, K, D|Dv] float32,
+    n [H]; query i sits at key K − Q + i, ``causal`` and ``window`` as in ssacli.kernels.blocked.
+    Each thread takes one head's block of ``block_rows`` queries at a time and, per block of
+    ``block_keys`` keys, runs torch's sgemm for the logits into a tile that stays in cache, SSA's
+    row math on it, and sgemm again for p·v (FlashAttention's loop). Returns (out [B, H, Q, Dv],
+    lse [B, H, Q], +inf where a row sees no key and its output is 0)."""
+    return _flash(library(), _torch_sgemm(), query, key, value, n, causal, window, block_rows, block_keys)
+
+
+def stats_flash(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    state: dict[str, torch.Tensor],
+    *,
+    causal: bool,
+    window: int | None,
+    target: torch.Tensor | None,
+    block_rows: int,
+    block_keys: int,
+) -> tuple[torch.Tensor, bool]:
+    """Diagnose's fused statistics of softmax attention with logits (query·keyᵀ)·scaling, in one
+    native loop (FlashAttention's, on torch's sgemm: see :func:`ssa_flash_forward`): query [B, H, Q, D],
+    key/value [B, H_kv, K, D|Dv] float32; query i at key K − Q + i, ``causal``/``window`` as there
+    (neither: every key visible); ``target`` [B] a key index per sample or None. ``state`` holds the
+    rows' m, l, spread, top [B, H, Q, k], sq, cnt, first, t_target, x_target (float64 [B, H, Q],
+    initialized as ssacli.kernels.online_stats starts them) and is updated in place. Returns
+    (output [B, H, Q, Dv] normalized by l, whether every logit formed was finite)."""
+    lib, sgemm = library(), _torch_sgemm()
+    batch, heads, q_len, dim = query.shape
+    kv_heads, k_len, dim_v = key.shape[1], key.shape[2], value.shape[-1]
+    query, value = query.contiguous(), value.contiguous()
+    key_t = key.transpose(-1, -2).contiguous()
+    out = query.new_empty(batch, heads, q_len, dim_v)
+    target_ptr = None
+    if target is not None:
+        target = target.to(torch.int64).contiguous()
+        target_ptr = target.data_ptr()
+    names = ("m", "l", "spread", "top", "sq", "cnt", "first", "t_target", "x_target")
+    status = lib.ssacli_stats_flash(
+        sgemm, query.data_ptr(), key_t.data_ptr(), value.data_ptr(), scaling, batch, heads, kv_heads,
+        q_len, k_len, dim, dim_v, int(causal), window or 0, target_ptr, state["top"].shape[-1],
+        block_rows, block_keys, out.data_ptr(), *(state[name].data_ptr() for name in names),
+        max(1, torch.get_num_threads()),
+    )  # fmt: skip
+    if status < 0:
+        raise MemoryError("ssacli's native statistics could not allocate their tiles")
+    return out, bool(status)
+
+
 __all__ = [
     "SOURCE",
     "available",
     "cache_dir",
     "disabled",
+    "flash_available",
     "library",
     "row_stats",
     "ssa_backward",
+    "ssa_flash_forward",
+    "stats_flash",
     "ssa_forward",
 ]

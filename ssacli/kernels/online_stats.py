@@ -47,6 +47,9 @@ STATS_BLOCK_KEYS = 1024
 STATS_COMPILE_MIN_LOGITS = 2**23
 # Columns per group in the top-k search (row_top).
 TOP_GROUP = 32
+# Query rows per task of the one-loop native path (plain_softmax_statistics): a [64, 1024] fp32 logit
+# tile (256 KB) stays in a core's L2 cache between its two products.
+FLASH_BLOCK_ROWS = 64
 
 
 @dataclass
@@ -302,10 +305,71 @@ def softmax_statistics(
     return out.to(value.dtype), stats
 
 
+def plain_softmax_available(query: torch.Tensor) -> bool:
+    """Whether :func:`plain_softmax_statistics` can run for this query: float32 on the CPU, the
+    native pass built and torch's own sgemm found (ssacli.kernels.native.flash_available)."""
+    return query.device.type == "cpu" and query.dtype == torch.float32 and native.flash_available()
+
+
+def plain_softmax_statistics(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    *,
+    causal: bool,
+    window: int | None,
+    count: torch.Tensor,
+    target: torch.Tensor | None = None,
+    top_k: int = 5,
+    block_rows: int = FLASH_BLOCK_ROWS,
+    block_keys: int = STATS_BLOCK_KEYS,
+) -> tuple[torch.Tensor, RowStatistics]:
+    """:func:`softmax_statistics` for the commonest call — softmax of x = (query·keyᵀ)·scaling with no
+    mask tensor (``causal``, bottom-right aligned, and ``window``, or every key visible), no probe on
+    the logits, no keyless term — in one native loop (ssacli.kernels.native.stats_flash): each
+    [rows, keys] logit tile is formed by torch's own sgemm (the products round as torch.matmul's, so
+    the statistics are those of the eager path), reduced while it sits in cache, and multiplied by
+    v. query [b, h, q, d], key/value [b, h_kv, k, d] float32 on the CPU (see
+    :func:`plain_softmax_available`); ``count`` [b|1, h|1, q] the keys each row sees; ``target`` [b].
+    The same :class:`RowStatistics` as :func:`softmax_statistics` (t = x)."""
+    b, h, q_len, _ = query.shape
+    k_len = key.shape[-2]
+    k_top = max(1, min(top_k, k_len))
+    f64 = dict(dtype=torch.float64, device=query.device)
+    state = {
+        "m": torch.full((b, h, q_len), -math.inf, **f64), "l": torch.zeros((b, h, q_len), **f64),
+        "spread": torch.zeros((b, h, q_len), **f64),
+        "top": torch.full((b, h, q_len, k_top), -math.inf, **f64),
+        "sq": torch.zeros((b, h, q_len), **f64), "cnt": torch.zeros((b, h, q_len), **f64),
+        "first": torch.full((b, h, q_len), -math.inf, **f64),
+        "t_target": torch.full((b, h, q_len), -math.inf, **f64),
+        "x_target": torch.full((b, h, q_len), math.nan, **f64),
+    }  # fmt: skip
+    if target is not None:
+        target = target.to(query.device).long()
+    out, finite_logits = native.stats_flash(
+        query, key, value, scaling, state, causal=causal, window=window, target=target,
+        block_rows=max(1, block_rows), block_keys=max(1, block_keys),
+    )  # fmt: skip
+    finite_output = bool(torch.isfinite(out).all()) and bool(torch.isfinite(state["l"]).all())
+    stats = RowStatistics(
+        max=state["m"], total=state["l"], spread=state["spread"], top=state["top"], first=state["first"],
+        target=None if target is None else state["t_target"], visible=count.double(), extra=None,
+        logit_sq=state["sq"], logit_n=state["cnt"],
+        target_logit=None if target is None else state["x_target"],
+        finite_logits=finite_logits, finite_output=finite_output, keys=k_len,
+    )  # fmt: skip
+    return out.to(value.dtype), stats
+
+
 __all__ = [
+    "FLASH_BLOCK_ROWS",
     "STATS_BLOCK_KEYS",
     "STATS_COMPILE_MIN_LOGITS",
     "RowStatistics",
+    "plain_softmax_available",
+    "plain_softmax_statistics",
     "row_top",
     "softmax_statistics",
 ]

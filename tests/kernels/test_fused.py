@@ -278,6 +278,38 @@ def test_native_forward_blocks_match_the_torch_block_math():
             assert_close(g, w, GRAD_TOL, f"native forward grad {label} {case}")
 
 
+def test_native_flash_forward_matches_the_block_loop(monkeypatch):
+    """Without a mask tensor or dropout, the CPU float32 forward runs in one native loop on torch's
+    sgemm (ssacli.kernels.native.ssa_flash_forward); with an all-visible mask tensor the same call
+    takes the block loop. Outputs and every gradient agree, across causal, non-causal, GQA, a KV-cache
+    offset, a window, one decoding query, ragged tiles and logits past exp's range."""
+    if not native.flash_available():
+        pytest.skip("the native kernel or torch's sgemm is not available here")
+    calls = []
+    flash = native.ssa_flash_forward
+    monkeypatch.setattr(native, "ssa_flash_forward", lambda *a, **k: calls.append(1) or flash(*a, **k))
+    cases = (
+        Case(), Case(causal=False, kv_heads=2), Case(kv_heads=1, q_len=5, k_len=23),
+        Case(q_len=5, k_len=23, window=7, blocks=(2, 4)), Case(q_len=1, k_len=23, causal=False),
+        Case(blocks=None, q_len=70, k_len=70), Case(kv_heads=2, magnitude=10.0, n=16.0),
+    )  # fmt: skip
+    for case in cases:
+        (q, k, v, b, n), _, upstream = make_inputs(case)
+        everything = torch.ones(case.batch, 1, case.q_len, case.k_len, dtype=torch.bool)
+        runs = []
+        for mask in (None, everything):
+            leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, b, n)]
+            before = len(calls)
+            out = ssa_attention(*leaves, mask=mask, backend="blocked", compile=False, **case.kwargs())
+            assert len(calls) - before == (mask is None), f"flash ran {len(calls) - before}× {case}"
+            (out * upstream).sum().backward()
+            runs.append((out.detach(), [t.grad for t in leaves]))
+        (got, got_grads), (want, want_grads) = runs
+        assert_close(got, want, OUT_TOL, f"flash forward output {case}")
+        for g, w, label in zip(got_grads, want_grads, "qkvbn", strict=True):
+            assert_close(g, w, GRAD_TOL, f"flash forward grad {label} {case}")
+
+
 def test_compiling_is_for_large_training_calls(monkeypatch, torch_block_math):
     """compile=None: training calls of at least COMPILE_MIN_LOGITS logits compile; evaluation (no
     grad) and small calls do not; SSACLI_COMPILE=0/1 overrides."""

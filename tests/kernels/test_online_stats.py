@@ -27,6 +27,7 @@ from ssacli.diagnosis.forward import Recorder
 from ssacli.diagnosis.metrics import METRICS
 from ssacli.diagnosis.probes import PROBES
 from ssacli.errors import UsageError
+from ssacli.kernels import native
 from ssacli.kernels.online_stats import softmax_statistics
 from ssacli.testing.tiny_models import build_tiny
 
@@ -410,6 +411,93 @@ def test_many_key_blocks_and_causal_skipping(monkeypatch, family):
     ones = torch.ones_like(mask)  # no padding: the causal mask is not materialized, blocks are skipped
     (fused, eager), _ = _dual_forward(model, ids, ones, "logit-scale", 32.0, target, block=6)
     _assert_same(fused, eager)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("probe,level", [(None, None), ("key-scale", 8.0)])
+def test_unmasked_softmax_calls_run_in_one_native_loop_and_match_the_eager_path(
+    monkeypatch, family, probe, level
+):
+    """Softmax calls without a mask tensor and without a probe on the logits (no padding; the
+    reference level, or a probe on the keys) take ssacli.kernels.native.stats_flash: logits, statistics
+    and p·v per cached tile. Its statistics equal the eager path's within 1e-6 across key tiles
+    (online rescaling), ragged row tiles and key-scale's collapsing rows."""
+    import ssacli.attention.online as online
+
+    if not native.flash_available():
+        pytest.skip("the native kernel or torch's sgemm is not available here")
+    calls = []
+    flash = native.stats_flash
+    monkeypatch.setattr(native, "stats_flash", lambda *a, **k: calls.append(1) or flash(*a, **k))
+    monkeypatch.setattr(online, "STATS_BLOCK_KEYS", 8)
+    model = build_tiny(family, "causal")
+    apply_scorer(model, "softmax")
+    ids, _, target = _padded(length=37)
+    ones = torch.ones_like(ids)
+    (fused, eager), out_gap = _dual_forward(model, ids, ones, probe, level, target, block=6)
+    assert len(calls) == model.config.num_hidden_layers, calls
+    _assert_same(fused, eager)
+    assert out_gap < 1e-5
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,q_len,k_len,causal,window",
+    [
+        (4, 2, 45, 45, True, None), (3, 3, 45, 45, True, 9), (2, 1, 30, 30, False, None),
+        (2, 2, 7, 40, True, 12),
+    ],  # fmt: skip
+    ids=["gqa-causal", "window", "non-causal", "kv-offset-window"],
+)
+def test_plain_softmax_statistics_equal_the_torch_path(heads, kv_heads, q_len, k_len, causal, window):
+    """The one-loop native statistics against softmax_statistics' torch path on the same logits
+    (torch.matmul, then the scaling, as ssacli.attention.online forms them): ragged row and key tiles,
+    grouped K/V heads, a causal band with a window and a KV-cache offset, a target, a key dominant
+    enough to collapse rows, one thread and two."""
+    from ssacli.kernels.online_stats import plain_softmax_statistics
+
+    if not native.flash_available():
+        pytest.skip("the native kernel or torch's sgemm is not available here")
+    gen = torch.Generator().manual_seed(11)
+    b, d, scaling = 2, 16, 0.25
+    q = torch.randn(b, heads, q_len, d, generator=gen) * 3
+    k = torch.randn(b, kv_heads, k_len, d, generator=gen)
+    dominant = k_len - q_len + 2  # query 2's own key: visible to the rows after it in every case
+    k[1, :, dominant] *= 40.0  # it dominates sample 1: those rows collapse onto it
+    v = torch.randn(b, kv_heads, k_len, d, generator=gen)
+    k_rep, v_rep = (t.repeat_interleave(heads // kv_heads, 1) for t in (k, v))
+    pos = torch.arange(k_len - q_len, k_len)[:, None]
+    keys = torch.arange(k_len)[None]
+    shown = torch.ones(q_len, k_len, dtype=torch.bool)
+    if causal:
+        shown &= keys <= pos
+    if window is not None:
+        shown &= pos - keys < window
+    target = torch.tensor([min(5, k_len - 1), dominant])
+    def logits(r, c):
+        return torch.matmul(q[:, :, r], k_rep[:, :, c].transpose(-1, -2)).mul_(scaling)
+
+    want_out, want = softmax_statistics(
+        v_rep, q_len, logits=logits,
+        visible=lambda r, c: shown[r, c][None, None], transform=lambda x, r: x,
+        count=shown.sum(-1).reshape(1, 1, q_len), key_span=lambda r: [0, k_len], target=target,
+        top_k=5, block_rows=7, block_keys=13, compile=False, native_pass=False,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            out, got = plain_softmax_statistics(
+                q, k, v, scaling, causal=causal, window=window, count=shown.sum(-1).reshape(1, 1, q_len),
+                target=target, block_rows=7, block_keys=13,
+            )  # fmt: skip
+            assert torch.allclose(out, want_out, rtol=1e-5, atol=1e-6)
+            for name in STAT_FIELDS:
+                have, expect = getattr(got, name), getattr(want, name)
+                assert torch.allclose(have, expect, rtol=1e-6, atol=1e-6, equal_nan=True), name
+            assert got.finite_logits and got.finite_output
+    finally:
+        torch.set_num_threads(threads)
+    assert (want.max[1] - want.top[1, ..., 1] > 30).any()  # the case really has collapsed rows
 
 
 # ---- whole diagnose runs ----------------------------------------------------------------------------
