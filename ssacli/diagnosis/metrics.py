@@ -363,7 +363,8 @@ class Moments:
             return cls()
         # A constant batch has no spread at all; its float64 mean can miss the value by an ulp,
         # which would make a spread of rounding error (and a kurtosis of 1) out of nothing.
-        mean = torch.where((x == x[0]).all(), x[0], x.mean())
+        low, high = torch.aminmax(x)  # one pass; a NaN makes both NaN, so the mean (NaN) is taken
+        mean = torch.where(low == high, low, x.mean())
         d = x - mean
         d2 = d * d
         values = torch.stack([mean, d2.sum(), (d2 * d).sum(), (d2 * d2).sum()]).tolist()  # one sync

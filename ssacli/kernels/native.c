@@ -78,6 +78,33 @@ static inline float lanes_max(vf v) {
 #endif
 }
 
+#if defined(__AVX512F__) && W == 16
+/* e^x for x <= 0, W lanes, on AVX-512: Cody-Waite reduction x = n ln2 + r with n = round(x·log2 e),
+ * a degree-6 polynomial for e^r on |r| <= ln2/2 (relative error ~1.5e-7, about an ulp), then
+ * scalef(e^r, n) = e^r·2^n (one instruction: no exponent-bit arithmetic, no blends). Below -87.3
+ * (where e^x leaves the normal floats) it is 0, never a denormal that would slow the p·v product;
+ * NaN lanes stay NaN. The same values as the portable version below. */
+static inline vf exp_nonpositive(vf x) {
+    __m512 v;
+    memcpy(&v, &x, sizeof v);
+    __mmask16 kept = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ); /* >= -87.3 or NaN */
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
+    poly = _mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512 e = _mm512_maskz_scalef_ps(kept, poly, n);
+    vf out;
+    memcpy(&out, &e, sizeof out);
+    return out;
+}
+#else
 /* e^x for x <= 0, W lanes: Cody-Waite reduction x = n ln2 + r with n rounded by the 1.5·2^23 trick,
  * a degree-6 polynomial for e^r on |r| <= ln2/2 (relative error ~1.5e-7, about an ulp), 2^n built in
  * the exponent bits. Below -87.3 (where e^x leaves the normal floats) it is 0; NaN lanes stay NaN. */
@@ -99,6 +126,7 @@ static inline vf exp_nonpositive(vf x) {
     vf scale = (vf)((ni + 127) << 23);
     return blend(low, splat(0.0f), poly * scale);
 }
+#endif
 
 static inline void insert_top(double *top, int64_t k, double value) {
     /* top: k values, descending; value > top[k - 1]. */
@@ -209,10 +237,13 @@ static inline vf weight_step(vf t, vf ref_v, vi vis, int masked, vf *tot_v, vf *
     return e;
 }
 
-/* The statistics of one row of n keys, visibility vr (NULL: all visible). */
-static int row(const float *tr, const float *xr, const uint8_t *restrict vr,
-               int64_t n, int64_t k, float *pr, double *m, double *l, double *spread,
-               float *shrink, double *restrict topr, double *sq, double *cnt) {
+/* The statistics of one row of n keys, visibility vr (NULL: all visible). With `scaled` (the flash
+ * loop's rows, where t, raw and p are all that one row of logits) pass 1 first multiplies each
+ * vector by `scale` and writes it back: the scaling costs no pass of its own. */
+static inline __attribute__((always_inline)) int row(
+    const float *tr, const float *xr, const uint8_t *restrict vr, int64_t n, int64_t k, float *pr,
+    double *m, double *l, double *spread, float *shrink, double *restrict topr, double *sq, double *cnt,
+    float *scaled, float scale) {
     const vf ninf = splat(-INFINITY);
     /* Pass 1, fast sums: Σx² and the count over visible raw, the max of visible t and the chunk
      * maxima for the top-k; x·0 and t·0 summed are NaN exactly when a value is NaN or ±inf, and only
@@ -227,11 +258,24 @@ static int row(const float *tr, const float *xr, const uint8_t *restrict vr,
             int64_t c1 = c0 + CHUNK < n ? c0 + CHUNK : n;
             vf sq_v = {0}, cmax_v = ninf;
             int64_t c = c0;
-            for (; c + W <= c1; c += W)
-                scan_step(load(xr, c), load(tr, c), shown(vr, c), &vis_v, &sq_v, &raw_zero, &t_zero, &cmax_v);
-            if (c < c1)
-                scan_step(load_tail(xr, c, n), load_tail(tr, c, n), shown_tail(vr, c, n), &vis_v, &sq_v,
-                          &raw_zero, &t_zero, &cmax_v);
+            if (scaled) { /* t = raw = x·scale, visible; written back for pass 2 and the top-k */
+                for (; c + W <= c1; c += W) {
+                    vf x = load(scaled, c) * scale;
+                    store(scaled, c, x);
+                    scan_step(x, x, shown(NULL, c), &vis_v, &sq_v, &raw_zero, &t_zero, &cmax_v);
+                }
+                if (c < c1) {
+                    vf x = load_tail(scaled, c, n) * scale;
+                    store_tail(scaled, c, n, x);
+                    scan_step(x, x, shown_tail(NULL, c, n), &vis_v, &sq_v, &raw_zero, &t_zero, &cmax_v);
+                }
+            } else {
+                for (; c + W <= c1; c += W)
+                    scan_step(load(xr, c), load(tr, c), shown(vr, c), &vis_v, &sq_v, &raw_zero, &t_zero, &cmax_v);
+                if (c < c1)
+                    scan_step(load_tail(xr, c, n), load_tail(tr, c, n), shown_tail(vr, c, n), &vis_v, &sq_v,
+                              &raw_zero, &t_zero, &cmax_v);
+            }
             sq_d += wide(sq_v);
             chunk_max[chunks] = lanes_max(cmax_v);
             tmax = chunk_max[chunks] > tmax ? chunk_max[chunks] : tmax;
@@ -302,7 +346,7 @@ int ssacli_row_stats(const float *t, const float *raw,
 #endif
     for (int64_t r = r0; r < r1; r++) {
         all_finite &= row(t + r * C, raw + r * C, vis ? vis + vis_off[r] : NULL, C, k, p + r * C,
-                          m + r, l + r, spread + r, shrink + r, top + r * k, sq + r, cnt + r);
+                          m + r, l + r, spread + r, shrink + r, top + r * k, sq + r, cnt + r, NULL, 1.0f);
     }
     (void)threads;
     return all_finite;
@@ -488,8 +532,21 @@ static void gemm_rows(sgemm_fn gemm, int m, int n, int k, const float *A, int ld
     gemm("N", "N", &n, &m, &k, &one, B, &ldb, A, &lda, &beta, C, &ldc);
 }
 
+/* Row-major C[m, n] = A[m, k] · B[n, k]ᵀ + beta·C (row strides lda, ldb, ldc): column-major
+ * Cᵀ = (Bᵀ)ᵀ·Aᵀ, B read transposed in place, as torch.matmul reads a transposed key. */
+static void gemm_rows_bt(sgemm_fn gemm, int m, int n, int k, const float *A, int lda, const float *B,
+                         int ldb, float beta, float *C, int ldc) {
+    const float one = 1.0f;
+    gemm("T", "N", &n, &m, &k, &one, B, &ldb, A, &lda, &beta, C, &ldc);
+}
+
+/* Element strides of the flash loops' tensors, [batch, head, row] for each of q, k, v and out (the
+ * last axis is contiguous): the model's transposed projections are read where they lie. */
+enum { QB, QH, QR, KB, KH, KR, VB, VH, VR, OB, OH, OR, STRIDES };
+
 /* out = softmax(n·sgn(y)·log1p|y|) · v with y = q·kᵀ for q [B, H, Q, D] (already scaled by b·scale),
- * kt = kᵀ [B, Hkv, D, K], v [B, Hkv, K, Dv], all contiguous float32; query head h reads K/V head
+ * k [B, Hkv, K, D], v [B, Hkv, K, Dv], out [B, H, Q, Dv] float32 with element strides st (see the
+ * enum above); lse [B, H, Q] contiguous; query head h reads K/V head
  * h / (H / Hkv). Query i sits at key position K - Q + i (bottom-right alignment); with causal set it
  * sees keys up to there, with window > 0 only the last `window` of those. Each task is one head's
  * block of `rows` queries: per block of `cols` keys, one sgemm writes the logits into the thread's
@@ -497,10 +554,11 @@ static void gemm_rows(sgemm_fn gemm, int m, int n, int k, const float *A, int ld
  * accumulated output is rescaled and one more sgemm adds p·v. Writes out [B, H, Q, Dv] and the
  * log-sum-exp lse [B, H, Q] (+inf for a row that sees nothing; its output is 0). Returns 0, or -1 if
  * a tile could not be allocated (nothing is then written). */
-int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *kt, const float *v,
-                             const float *restrict n_head, int64_t B, int64_t H, int64_t Hkv,
-                             int64_t Q, int64_t K, int64_t D, int64_t Dv, int causal, int64_t window,
-                             int64_t rows, int64_t cols, float *out, float *lse, int threads) {
+int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *k, const float *v,
+                             const int64_t *restrict st, const float *restrict n_head, int64_t B,
+                             int64_t H, int64_t Hkv, int64_t Q, int64_t K, int64_t D, int64_t Dv,
+                             int causal, int64_t window, int64_t rows, int64_t cols, float *out,
+                             float *lse, int threads) {
     sgemm_fn gemm = (sgemm_fn)gemm_ptr;
     const int64_t offset = K - Q, blocks = (Q + rows - 1) / rows, tasks = B * H * blocks;
     int failed = 0;
@@ -520,10 +578,11 @@ int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *kt, co
             /* the last query blocks first: under causal they are the longest, dynamic scheduling
              * then balances the short ones across threads */
             int64_t block = blocks - 1 - task % blocks, bh = task / blocks, h = bh % H;
-            int64_t bkv = (bh / H) * Hkv + h / (H / Hkv);
+            int64_t bi = bh / H, hkv = h / (H / Hkv);
             int64_t r0 = block * rows, width = Q - r0 < rows ? Q - r0 : rows;
-            const float *qb = q + (bh * Q + r0) * D, *ktb = kt + bkv * D * K, *vb = v + bkv * K * Dv;
-            float *ob = out + (bh * Q + r0) * Dv, *lb = lse + bh * Q + r0, n = n_head[h];
+            const float *qb = q + bi * st[QB] + h * st[QH] + r0 * st[QR];
+            const float *kb = k + bi * st[KB] + hkv * st[KH], *vb = v + bi * st[VB] + hkv * st[VH];
+            float *ob = out + bi * st[OB] + h * st[OH] + r0 * st[OR], *lb = lse + bh * Q + r0, n = n_head[h];
             int64_t lo = 0, hi = K; /* the keys any row of the block sees: [lo, hi) */
             if (causal && offset + r0 + width < hi) hi = offset + r0 + width;
             if (window > 0 && offset + r0 - window + 1 > lo) lo = offset + r0 - window + 1;
@@ -531,7 +590,8 @@ int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *kt, co
             for (int64_t i = 0; i < width; i++) run_max[i] = -INFINITY, run_sum[i] = 0.0f;
             for (int64_t c0 = lo; c0 < hi; c0 += cols) {
                 int64_t c1 = c0 + cols < hi ? c0 + cols : hi, C = c1 - c0;
-                gemm_rows(gemm, (int)width, (int)C, (int)D, qb, (int)D, ktb + c0, (int)K, 0.0f, tile, (int)C);
+                gemm_rows_bt(gemm, (int)width, (int)C, (int)D, qb, (int)st[QR], kb + c0 * st[KR], (int)st[KR],
+                             0.0f, tile, (int)C);
                 for (int64_t i = 0; i < width; i++) {
                     int64_t rlo, rhi;
                     band(i, width, C, causal, offset + r0 - c0, window, &rlo, &rhi);
@@ -546,12 +606,13 @@ int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *kt, co
                     run_max[i] = top;
                     run_sum[i] += sums[i];
                 }
-                gemm_rows(gemm, (int)width, (int)Dv, (int)C, tile, (int)C, vb + c0 * Dv, (int)Dv, 1.0f, acc, (int)Dv);
+                gemm_rows(gemm, (int)width, (int)Dv, (int)C, tile, (int)C, vb + c0 * st[VR], (int)st[VR], 1.0f,
+                          acc, (int)Dv);
             }
             for (int64_t i = 0; i < width; i++) {
                 int seen = run_sum[i] > 0.0f;
                 float inv = seen ? 1.0f / run_sum[i] : 0.0f;
-                for (int64_t d = 0; d < Dv; d++) ob[i * Dv + d] = acc[i * Dv + d] * inv;
+                for (int64_t d = 0; d < Dv; d++) ob[i * st[OR] + d] = acc[i * Dv + d] * inv;
                 lb[i] = seen ? run_max[i] + logf(run_sum[i]) : INFINITY;
             }
         }
@@ -622,8 +683,9 @@ void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
 /* ---- diagnose's statistics in one loop: softmax rows whose logits come from BLAS tiles ----------- */
 
 /* The fused statistics (ssacli_row_stats' row()) of softmax attention whose logits x = (q·kᵀ)·scaling
- * the scorer takes unchanged, in FlashAttention's loop: q [B, H, Q, D], kt = kᵀ [B, Hkv, D, K],
- * v [B, Hkv, K, Dv] contiguous float32, query head h on K/V head h / (H / Hkv), query i at key
+ * the scorer takes unchanged, in FlashAttention's loop: q [B, H, Q, D], k [B, Hkv, K, D],
+ * v [B, Hkv, K, Dv], out [B, H, Q, Dv] float32 with element strides st (the enum above), query head
+ * h on K/V head h / (H / Hkv), query i at key
  * K - Q + i, causal and window as in ssacli_ssa_flash_forward (neither: every key visible). Per task
  * (one head's block of `rows` queries) and block of `cols` keys: sgemm writes q·kᵀ into the thread's
  * tile (the products round as torch.matmul's), the scaling is applied in place (the float multiply
@@ -631,9 +693,10 @@ void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
  * recorded, row() takes each row's visible span, the output is rescaled by the row's shrink and sgemm
  * adds p·v. The per-row state (m, l, spread, top [.., k], sq, cnt, first, t_target, x_target; all
  * [B, H, Q] float64) arrives initialized (as ssacli.kernels.online_stats starts it) and is updated
- * in place; out [B, H, Q, Dv] gets acc / l (acc where l is not > 0). Returns 1 if every logit formed
- * was finite, 0 if not, -1 if a tile could not be allocated. */
-int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *kt, const float *v, float scaling,
+ * in place; out gets acc / l (acc where l is not > 0). Returns -1 if a tile could not be allocated,
+ * else bit 0 set if every logit formed was finite and bit 1 if every output and l is. */
+int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *key, const float *v,
+                       const int64_t *restrict st, float scaling,
                        int64_t B, int64_t H, int64_t Hkv, int64_t Q, int64_t K, int64_t D, int64_t Dv,
                        int causal, int64_t window, const int64_t *restrict target, int64_t k,
                        int64_t rows, int64_t cols, float *out, double *m, double *l, double *spread,
@@ -641,9 +704,10 @@ int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *kt, const fl
                        double *x_target, int threads) {
     sgemm_fn gemm = (sgemm_fn)gemm_ptr;
     const int64_t offset = K - Q, blocks = (Q + rows - 1) / rows, tasks = B * H * blocks;
-    int failed = 0, all_finite = 1;
+    int failed = 0, all_finite = 1, all_finite_out = 1;
 #ifdef _OPENMP
-#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed) reduction(& : all_finite)
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed) \
+    reduction(& : all_finite, all_finite_out)
 #endif
     {
         float *tile = malloc(sizeof(float) * (size_t)(rows * cols + 2 * rows * Dv + rows));
@@ -655,9 +719,11 @@ int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *kt, const fl
         for (int64_t task = 0; task < tasks; task++) {
             if (tile == NULL) continue;
             int64_t block = blocks - 1 - task % blocks, bh = task / blocks, h = bh % H, bi = bh / H;
-            int64_t bkv = bi * Hkv + h / (H / Hkv);
+            int64_t hkv = h / (H / Hkv);
             int64_t r0 = block * rows, width = Q - r0 < rows ? Q - r0 : rows;
-            const float *qb = q + (bh * Q + r0) * D, *ktb = kt + bkv * D * K, *vb = v + bkv * K * Dv;
+            const float *qb = q + bi * st[QB] + h * st[QH] + r0 * st[QR];
+            const float *kb = key + bi * st[KB] + hkv * st[KH], *vb = v + bi * st[VB] + hkv * st[VH];
+            float *ob = out + bi * st[OB] + h * st[OH] + r0 * st[OR];
             const int64_t row0 = bh * Q + r0, tg = target ? target[bi] : -1;
             int64_t lo = 0, hi = K;
             if (causal && offset + r0 + width < hi) hi = offset + r0 + width;
@@ -665,7 +731,8 @@ int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *kt, const fl
             memset(acc, 0, sizeof(float) * (size_t)(width * Dv));
             for (int64_t c0 = lo; c0 < hi; c0 += cols) {
                 int64_t c1 = c0 + cols < hi ? c0 + cols : hi, C = c1 - c0;
-                gemm_rows(gemm, (int)width, (int)C, (int)D, qb, (int)D, ktb + c0, (int)K, 0.0f, tile, (int)C);
+                gemm_rows_bt(gemm, (int)width, (int)C, (int)D, qb, (int)st[QR], kb + c0 * st[KR], (int)st[KR],
+                             0.0f, tile, (int)C);
                 for (int64_t i = 0; i < width; i++) {
                     float *x = tile + i * C;
                     const int64_t pos = offset + r0 + i, r = row0 + i;
@@ -677,22 +744,23 @@ int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *kt, const fl
                         shrink[i] = m[r] == -INFINITY ? 0.0f : 1.0f;
                         continue;
                     }
-                    int64_t c = rlo;
-                    for (; c + W <= rhi + 1; c += W) store(x, c, load(x, c) * scaling);
-                    for (; c <= rhi; c++) x[c] *= scaling;
-                    if (c0 == 0 && rlo == 0) first[r] = x[0];
+
+                    /* x at key 0 and the target, scaled as row() scales the span before it reads it */
+                    if (c0 == 0 && rlo == 0) first[r] = x[0] * scaling;
                     if (tg >= c0 && tg < c1) {
                         int64_t j = tg - c0, shown_j = j >= rlo && j <= rhi;
-                        t_target[r] = shown_j ? (double)x[j] : -INFINITY;
-                        x_target[r] = shown_j && isfinite(x[j]) ? (double)x[j] : NAN;
+                        float xt = x[j] * scaling;
+                        t_target[r] = shown_j ? (double)xt : -INFINITY;
+                        x_target[r] = shown_j && isfinite(xt) ? (double)xt : NAN;
                     }
                     if (rlo > 0) memset(x, 0, rlo * sizeof(float));
                     if (rhi + 1 < C) memset(x + rhi + 1, 0, (C - rhi - 1) * sizeof(float));
                     all_finite &= row(x + rlo, x + rlo, NULL, rhi + 1 - rlo, k, x + rlo, m + r, l + r,
-                                      spread + r, shrink + i, top + r * k, sq + r, cnt + r);
+                                      spread + r, shrink + i, top + r * k, sq + r, cnt + r, x + rlo, scaling);
                 }
                 /* acc·shrink + p·v, rounded as the torch path's acc.mul_(shrink).add_(p @ v) */
-                gemm_rows(gemm, (int)width, (int)Dv, (int)C, tile, (int)C, vb + c0 * Dv, (int)Dv, 0.0f, pv, (int)Dv);
+                gemm_rows(gemm, (int)width, (int)Dv, (int)C, tile, (int)C, vb + c0 * st[VR], (int)st[VR], 0.0f,
+                          pv, (int)Dv);
                 for (int64_t i = 0; i < width; i++)
                     for (int64_t d = 0; d < Dv; d++) {
                         volatile float kept = acc[i * Dv + d] * shrink[i]; /* two roundings, no FMA */
@@ -702,11 +770,16 @@ int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *kt, const fl
             for (int64_t i = 0; i < width; i++) {
                 double total = l[row0 + i];
                 float denominator = total > 0.0 ? (float)total : 1.0f;
-                for (int64_t d = 0; d < Dv; d++) out[(row0 + i) * Dv + d] = acc[i * Dv + d] / denominator;
+                for (int64_t d = 0; d < Dv; d++) {
+                    float o = acc[i * Dv + d] / denominator;
+                    ob[i * st[OR] + d] = o;
+                    all_finite_out &= isfinite(o) != 0;
+                }
+                all_finite_out &= isfinite(total) != 0;
             }
         }
         free(tile);
     }
     (void)threads;
-    return failed ? -1 : all_finite;
+    return failed ? -1 : all_finite | all_finite_out << 1;
 }

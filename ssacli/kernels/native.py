@@ -125,15 +125,15 @@ def _declare(lib: ctypes.CDLL) -> None:
         _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _int, _i64, _i64, _int,
     ]  # fmt: skip
     lib.ssacli_ssa_backward.restype = None
-    # gemm, q, kt, v, n_head, B, H, Hkv, Q, K, D, Dv, causal, window, rows, cols, out, lse, threads
+    # gemm, q, k, v, strides, n_head, B, H, Hkv, Q, K, D, Dv, causal, window, rows, cols, out, lse, threads
     lib.ssacli_ssa_flash_forward.argtypes = [
-        *[_ptr] * 5, *[_i64] * 7, _int, _i64, _i64, _i64, _ptr, _ptr, _int,
+        *[_ptr] * 6, *[_i64] * 7, _int, _i64, _i64, _i64, _ptr, _ptr, _int,
     ]  # fmt: skip
     lib.ssacli_ssa_flash_forward.restype = _int
-    # gemm, q, kt, v, scaling, B, H, Hkv, Q, K, D, Dv, causal, window, target, k, rows, cols, out,
-    # m, l, spread, top, sq, cnt, first, t_target, x_target, threads
+    # gemm, q, k, v, strides, scaling, B, H, Hkv, Q, K, D, Dv, causal, window, target, k, rows, cols,
+    # out, m, l, spread, top, sq, cnt, first, t_target, x_target, threads
     lib.ssacli_stats_flash.argtypes = [
-        *[_ptr] * 4, ctypes.c_float, *[_i64] * 7, _int, _i64, _ptr, _i64, _i64, _i64, *[_ptr] * 10, _int,
+        *[_ptr] * 5, ctypes.c_float, *[_i64] * 7, _int, _i64, _ptr, _i64, _i64, _i64, *[_ptr] * 10, _int,
     ]  # fmt: skip
     lib.ssacli_stats_flash.restype = _int
 
@@ -326,18 +326,29 @@ def _matches_matmul(sgemm: int) -> bool:
     return bool(torch.allclose(out[0, 0], expected, rtol=1e-5, atol=1e-6))
 
 
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t itself where its last axis is contiguous (the flash loops take any other strides), else a copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _strides(*tensors: torch.Tensor) -> torch.Tensor:
+    """The [batch, head, row] element strides of each 4-d tensor, as native.c's STRIDES array."""
+    return torch.tensor([s for t in tensors for s in t.stride()[:3]], dtype=torch.int64)
+
+
 def _flash(lib, sgemm, q, k, v, n, causal, window, rows, cols):
     batch, heads, q_len, dim = q.shape
     kv_heads, k_len, dim_v = k.shape[1], k.shape[2], v.shape[-1]
-    q, v = q.contiguous(), v.contiguous()
-    kt = k.transpose(-1, -2).contiguous()
+    q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     n = n.to(torch.float32).contiguous()
     out = q.new_empty(batch, heads, q_len, dim_v)
     lse = q.new_empty(batch, heads, q_len)
+    strides = _strides(q, k, v, out)
     threads = max(1, torch.get_num_threads())
     status = lib.ssacli_ssa_flash_forward(
-        sgemm, q.data_ptr(), kt.data_ptr(), v.data_ptr(), n.data_ptr(), batch, heads, kv_heads, q_len,
-        k_len, dim, dim_v, int(causal), window or 0, rows, cols, out.data_ptr(), lse.data_ptr(), threads,
+        sgemm, q.data_ptr(), k.data_ptr(), v.data_ptr(), strides.data_ptr(), n.data_ptr(), batch, heads,
+        kv_heads, q_len, k_len, dim, dim_v, int(causal), window or 0, rows, cols, out.data_ptr(),
+        lse.data_ptr(), threads,
     )  # fmt: skip
     if status != 0:
         raise MemoryError("ssacli's native SSA forward could not allocate its tiles")
@@ -383,34 +394,37 @@ def stats_flash(
     target: torch.Tensor | None,
     block_rows: int,
     block_keys: int,
-) -> tuple[torch.Tensor, bool]:
+) -> tuple[torch.Tensor, bool, bool]:
     """Diagnose's fused statistics of softmax attention with logits (query·keyᵀ)·scaling, in one
     native loop (FlashAttention's, on torch's sgemm: see :func:`ssa_flash_forward`): query [B, H, Q, D],
     key/value [B, H_kv, K, D|Dv] float32; query i at key K − Q + i, ``causal``/``window`` as there
     (neither: every key visible); ``target`` [B] a key index per sample or None. ``state`` holds the
     rows' m, l, spread, top [B, H, Q, k], sq, cnt, first, t_target, x_target (float64 [B, H, Q],
     initialized as ssacli.kernels.online_stats starts them) and is updated in place. Returns
-    (output [B, H, Q, Dv] normalized by l, whether every logit formed was finite)."""
+    (output [B, H, Q, Dv] normalized by l, a transposed view of [B, Q, H, Dv] memory; whether every
+    logit formed was finite; whether every output and l is)."""
     lib, sgemm = library(), _torch_sgemm()
     batch, heads, q_len, dim = query.shape
     kv_heads, k_len, dim_v = key.shape[1], key.shape[2], value.shape[-1]
-    query, value = query.contiguous(), value.contiguous()
-    key_t = key.transpose(-1, -2).contiguous()
-    out = query.new_empty(batch, heads, q_len, dim_v)
+    query, key, value = _rows_contiguous(query), _rows_contiguous(key), _rows_contiguous(value)
+    # [B, Q, H, Dv] memory seen as [B, H, Q, Dv]: the layout the attention call returns
+    out = query.new_empty(batch, q_len, heads, dim_v).transpose(1, 2)
+    strides = _strides(query, key, value, out)
     target_ptr = None
     if target is not None:
         target = target.to(torch.int64).contiguous()
         target_ptr = target.data_ptr()
     names = ("m", "l", "spread", "top", "sq", "cnt", "first", "t_target", "x_target")
     status = lib.ssacli_stats_flash(
-        sgemm, query.data_ptr(), key_t.data_ptr(), value.data_ptr(), scaling, batch, heads, kv_heads,
+        sgemm, query.data_ptr(), key.data_ptr(), value.data_ptr(), strides.data_ptr(), scaling, batch,
+        heads, kv_heads,
         q_len, k_len, dim, dim_v, int(causal), window or 0, target_ptr, state["top"].shape[-1],
         block_rows, block_keys, out.data_ptr(), *(state[name].data_ptr() for name in names),
         max(1, torch.get_num_threads()),
     )  # fmt: skip
     if status < 0:
         raise MemoryError("ssacli's native statistics could not allocate their tiles")
-    return out, bool(status)
+    return out, bool(status & 1), bool(status & 2)
 
 
 __all__ = [

@@ -348,11 +348,10 @@ def plain_softmax_statistics(
     }  # fmt: skip
     if target is not None:
         target = target.to(query.device).long()
-    out, finite_logits = native.stats_flash(
+    out, finite_logits, finite_output = native.stats_flash(
         query, key, value, scaling, state, causal=causal, window=window, target=target,
         block_rows=max(1, block_rows), block_keys=max(1, block_keys),
     )  # fmt: skip
-    finite_output = bool(torch.isfinite(out).all()) and bool(torch.isfinite(state["l"]).all())
     stats = RowStatistics(
         max=state["m"], total=state["l"], spread=state["spread"], top=state["top"], first=state["first"],
         target=None if target is None else state["t_target"], visible=count.double(), extra=None,
