@@ -64,6 +64,19 @@ static inline vi shown_tail(const uint8_t *vis, int64_t c, int64_t n) {
 }
 static inline vf blend(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
 static inline vf splat(float x) { return (vf){0} + x; }
+/* a > b ? a : b per lane (b where either is NaN): one max instruction on AVX-512. */
+static inline vf vmax(vf a, vf b) {
+#if defined(__AVX512F__) && W == 16
+    __m512 x, y;
+    memcpy(&x, &a, sizeof x);
+    memcpy(&y, &b, sizeof y);
+    x = _mm512_max_ps(x, y);
+    memcpy(&a, &x, sizeof a);
+    return a;
+#else
+    return blend(a > b, a, b);
+#endif
+}
 static inline double lanes_sum(const vd *v) { double s = 0; for (int i = 0; i < W; i++) s += (*v)[i]; return s; }
 static inline vd wide(vf v) { return __builtin_convertvector(v, vd); }
 static inline float lanes_max(vf v) {
@@ -220,7 +233,7 @@ static inline void scan_step(vf x, vf t, vi vis, vi *vis_v, vf *sq_v, vf *raw_ze
     *raw_zero += x * 0.0f;
     *t_zero += blend(vis, t * 0.0f, zero);
     vf u = blend(vis, t, splat(-INFINITY));
-    *cmax_v = blend(u > *cmax_v, u, *cmax_v);
+    *cmax_v = vmax(u, *cmax_v);
 }
 
 /* Pass 2 on one vector: p = e^(t - ref) (0 for hidden keys, whose gap may be inf, when masked). */
@@ -446,13 +459,13 @@ static inline void band(int64_t r, int64_t width, int64_t C, int causal, int64_t
     if (window > 0 && diag + i - window + 1 > *lo) *lo = diag + i - window + 1;
 }
 
-/* One row of SSA's forward math: keys [lo, hi] of the row's C are in its band (those y marks -inf are
- * hidden too). Writes p = e^(t - ref) over the row (0 for hidden keys and outside the band) with
+/* One row of SSA's forward math: keys [lo, hi] of the row's C are in its band (with `masked`, those y
+ * marks -inf are hidden too: p = 0 there even for n = 0, where t would be NaN). Writes p = e^(t - ref) over the row (0 for hidden keys and outside the band) with
  * t = n·sgn(y)·log1p|y| and ref = the larger of floor and t's max over visible keys (0 when both are
  * -inf); stores Σp in *sum and returns t's max (-inf: nothing visible). t is increasing in y, so t's
  * max is t at the max y. p may be y itself (each vector is read before it is written). */
 static float ssa_row(const float *y, float *p, int64_t C, int64_t lo, int64_t hi, float n, float floor,
-                     float *sum) {
+                     float *sum, int masked) {
     if (hi < lo) { /* nothing visible */
         memset(p, 0, C * sizeof(float));
         *sum = 0.0f;
@@ -466,8 +479,7 @@ static float ssa_row(const float *y, float *p, int64_t C, int64_t lo, int64_t hi
     vf ymax_v = splat(-INFINITY);
     int64_t c = 0;
     for (; c + W <= n_keys; c += W) {
-        vf v = load(yr, c);
-        ymax_v = blend(v > ymax_v, v, ymax_v);
+        ymax_v = vmax(load(yr, c), ymax_v);
     }
     float ymax = lanes_max(ymax_v);
     for (int64_t j = c; j < n_keys; j++) ymax = yr[j] > ymax ? yr[j] : ymax;
@@ -481,7 +493,7 @@ static float ssa_row(const float *y, float *p, int64_t C, int64_t lo, int64_t hi
             int whole = cc + W <= n_keys;
             vf v = whole ? load(yr, cc) : load_tail(yr, cc, n_keys);
             vf e = exp_nonpositive(ssa_transform(v, n_v) - ref_v);
-            e = blend(v == -INFINITY, splat(0.0f), e);
+            if (masked) e = blend(v == -INFINITY, splat(0.0f), e); /* n = 0 would make t NaN there */
             if (whole) {
                 store(pr, cc, e);
             } else {
@@ -511,7 +523,7 @@ void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
     for (int64_t r = r0; r < r1; r++) {
         int64_t lo, hi;
         band(r, width, C, causal, diag, window, &lo, &hi);
-        m[r] = ssa_row(y + r * C, p + r * C, C, lo, hi, n_head[(r / width) % heads], -INFINITY, s + r);
+        m[r] = ssa_row(y + r * C, p + r * C, C, lo, hi, n_head[(r / width) % heads], -INFINITY, s + r, 1);
     }
     (void)threads;
 }
@@ -596,7 +608,7 @@ int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *k, con
                     int64_t rlo, rhi;
                     band(i, width, C, causal, offset + r0 - c0, window, &rlo, &rhi);
                     float old = run_max[i];
-                    float t_max = ssa_row(tile + i * C, tile + i * C, C, rlo, rhi, n, old, sums + i);
+                    float t_max = ssa_row(tile + i * C, tile + i * C, C, rlo, rhi, n, old, sums + i, 0);
                     float top = t_max > old ? t_max : old;
                     if (old != -INFINITY && top > old) { /* rescale what came before to the new max */
                         float shrink = expf(old - top);
