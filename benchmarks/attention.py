@@ -16,9 +16,11 @@ Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32
 * sdpa: torch.nn.functional.scaled_dot_product_attention, softmax (FlashAttention on CUDA);
 * softmax eager / ssa eager: what ssacli's eager path computes inside a model: logits q·kᵀ·scale,
   the scorer (ssacli.make_scorer) over the explicit boolean mask, weights @ v;
-* ssa fused: ssacli.ssa_attention (blocked kernel with compiled block math on CPU, as training
-  runs it, forced here also for the forward-only rows, which by default compile only when training
-  (see --crossover for the uncompiled times); flex_attention on CUDA).
+* ssa fused: ssacli.ssa_attention as it runs by default: on the CPU the native one-loop forward
+  (each logit tile formed by torch's sgemm and reduced in cache) and the blocked backward with the
+  native block pass; flex_attention on CUDA;
+* ssa block loop (CPU, where the one-loop forward runs): the same call with the forward in the
+  block loop (torch's matmuls per block, the native block pass between them), as before it.
 
 "fwd" is one forward under no_grad; "fwd+bwd" a forward with grad then backward of out.sum() into
 q, k, v (and b, n for SSA). Eager candidates whose [B, H, T, T] weights would exceed --eager-max-gb
@@ -42,7 +44,7 @@ import torch
 from _common import interleaved_best, measure_peak, run_child
 from torch.nn import functional as F
 
-from ssacli.kernels import fused
+from ssacli.kernels import fused, native
 from ssacli.scorers import make_scorer
 
 HEADS, DIM = 8, 64
@@ -84,14 +86,23 @@ def candidates(batch, length, causal, device, dtype, eager_max_gb):
             q, k, v, b, n, scale=scale, causal=causal, compile=device == "cpu"
         ),
     }
+    if device == "cpu" and native.flash_available():  # what the one-loop forward adds over the block loop
+        found["ssa block loop"] = lambda q, k, v: block_loop(q, k, v, b, n, scale, causal)
     weights_gb = batch * HEADS * length * length * 4 / 2**30
     skipped = {}
     if weights_gb > eager_max_gb:
         for name in ("softmax eager", "ssa eager"):
             found.pop(name)
             skipped[name] = f"{weights_gb:.1f} GB of weights > --eager-max-gb {eager_max_gb:g}"
-    params = {"ssa eager": list(ssa_scorer.parameters()), "ssa fused": [b, n]}
+    params = {"ssa eager": list(ssa_scorer.parameters()), "ssa fused": [b, n], "ssa block loop": [b, n]}
     return found, params, skipped
+
+
+def block_loop(q, k, v, b, n, scale, causal):
+    """ssa fused with the forward in the block loop (torch's matmuls and the native block pass), as
+    before the one-loop kernel or where torch's sgemm is not found."""
+    with native.disabled(flash_only=True):
+        return fused.ssa_attention(q, k, v, b, n, scale=scale, causal=causal)
 
 
 def sync(device):
@@ -182,6 +193,8 @@ def main_table(args) -> None:
     print(f"machine: {describe_machine(args.device)}")
     print(f"H={HEADS} D={DIM} {dtype}; best of interleaved rounds; x = time / sdpa time\n")
     names = ["sdpa", "softmax eager", "ssa eager", "ssa fused"]
+    if args.device == "cpu" and native.flash_available():
+        names.append("ssa block loop")
     header = f"{'B':>2} {'T':>5} {'causal':>6} {'pass':>8} {'sdpa ms':>9} " + " ".join(
         f"{n + ' x':>15}" for n in names[1:]
     )

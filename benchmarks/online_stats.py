@@ -5,9 +5,10 @@ the same batch, in time and peak memory, measured side by side in one run (issue
 
 Model: the benchmark Llama of benchmarks/diagnose.py (4 layers, 8 heads × 32, hidden 256, random
 init, fp32, CPU). One probe level (``embed-scale:1``) over one sequence of random tokens (batch 1),
-with the fused pass's block math in its three forms: the native row pass (ssacli.kernels.native,
-the default on the CPU), torch ops compiled (the torch path, used where the native pass is not) and
-torch ops not compiled (SSACLI_COMPILE=0), each candidate once per round, rounds interleaved;
+with the fused pass in its four forms: the native one-loop kernel (ssacli.kernels.native.stats_flash,
+the default on the CPU for plain softmax calls), the native row pass between torch's matmuls per
+block (the one loop switched off), torch ops compiled (the torch path, used where the native pass
+is not) and torch ops not compiled (SSACLI_COMPILE=0), each candidate once per round, rounds interleaved;
 best of the rounds and × the SDPA forward of the round's best. Peak memory: each (mode, length) in a
 fresh process (benchmarks/_common.py), MB above the loaded model. The machine and its load are
 printed; on a shared machine read the ratios.
@@ -75,6 +76,16 @@ def torch_path(call):
     return run
 
 
+def block_loop(call):
+    """call() with the native row pass between torch's matmuls per block (the one-loop kernel off)."""
+
+    def run():
+        with native.disabled(flash_only=True):
+            return call()
+
+    return run
+
+
 def candidates(model, length: int, block_size: int) -> dict:
     return {
         "sdpa forward": lambda: forward_call(model, length),
@@ -85,6 +96,9 @@ def candidates(model, length: int, block_size: int) -> dict:
         "diagnose, fused stats, torch block math compiled": torch_path(
             lambda: diagnose_call(model, length, "fused", block_size)
         ),
+        "diagnose, fused stats, native row pass in the block loop": block_loop(
+            lambda: diagnose_call(model, length, "fused", block_size)
+        ),
         "diagnose, fused stats": lambda: diagnose_call(model, length, "fused", block_size),
     }
 
@@ -93,17 +107,17 @@ def time_section(args) -> None:
     model = build_model(args.heads, args.layers, "sdpa")
     print(
         "| tokens | sdpa ms | eager stats ms | fused, torch ops ms | fused, torch ops compiled ms "
-        "| fused (native) ms | eager × sdpa | torch ops × sdpa | compiled × sdpa | **native × sdpa** "
-        "| eager / native |"
+        "| fused, native row pass ms | fused, native one loop ms | eager × sdpa | torch ops × sdpa "
+        "| compiled × sdpa | row pass × sdpa | **one loop × sdpa** | eager / one loop |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for length in [int(x) for x in args.lengths.split(",")]:
         best = interleaved_best(candidates(model, length, args.block_size), args.repeats)
-        sdpa, eager, plain, compiled, fused = (best[k] * 1e3 for k in best)
+        sdpa, eager, plain, compiled, rows, fused = (best[k] * 1e3 for k in best)
         print(
-            f"| {length} | {sdpa:.0f} | {eager:.0f} | {plain:.0f} | {compiled:.0f} | {fused:.0f} | "
-            f"{eager / sdpa:.2f} | {plain / sdpa:.2f} | {compiled / sdpa:.2f} | **{fused / sdpa:.2f}** | "
-            f"{eager / fused:.2f} |",
+            f"| {length} | {sdpa:.0f} | {eager:.0f} | {plain:.0f} | {compiled:.0f} | {rows:.0f} "
+            f"| {fused:.0f} | {eager / sdpa:.2f} | {plain / sdpa:.2f} | {compiled / sdpa:.2f} "
+            f"| {rows / sdpa:.2f} | **{fused / sdpa:.2f}** | {eager / fused:.2f} |",
             flush=True,
         )
     print(f"goal: fused ≤ {GOAL_TIME:g}× sdpa at 4096 tokens (see the 4096 row)")

@@ -162,18 +162,20 @@ def library() -> ctypes.CDLL | None:
         return _LIB[0]
 
 
-_DISABLED: list[bool] = []
+_DISABLED: list[str] = []  # "all" or "flash", one per open disabled() block
 
 
 def available() -> bool:
     """Whether callers should use the native pass: built here and not switched off by :func:`disabled`."""
-    return not _DISABLED and library() is not None
+    return "all" not in _DISABLED and library() is not None
 
 
 @contextlib.contextmanager
-def disabled():
-    """Within this block callers take their torch path (benchmarks and tests compare the two)."""
-    _DISABLED.append(True)
+def disabled(flash_only: bool = False):
+    """Within this block callers take their torch path (benchmarks and tests compare the two); with
+    ``flash_only`` they keep the native block pass but not the one-loop kernels (:func:`flash_available`
+    is False), so the block loop's torch matmuls run as without torch's sgemm."""
+    _DISABLED.append("flash" if flash_only else "all")
     try:
         yield
     finally:
@@ -358,7 +360,7 @@ def _flash(lib, sgemm, q, k, v, n, causal, window, rows, cols):
 def flash_available() -> bool:
     """Whether :func:`ssa_flash_forward` can run here: the native pass is built and torch's own
     ``sgemm_`` was found (torch built with MKL)."""
-    return available() and _torch_sgemm() is not None
+    return available() and "flash" not in _DISABLED and _torch_sgemm() is not None
 
 
 def ssa_flash_forward(

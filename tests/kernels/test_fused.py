@@ -285,6 +285,8 @@ def test_native_flash_forward_matches_the_block_loop(monkeypatch):
     offset, a window, one decoding query, ragged tiles and logits past exp's range."""
     if not native.flash_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
+    with native.disabled(flash_only=True):  # the benchmarks' switch: block loop, native block pass
+        assert native.available() and not native.flash_available()
     calls = []
     flash = native.ssa_flash_forward
     monkeypatch.setattr(native, "ssa_flash_forward", lambda *a, **k: calls.append(1) or flash(*a, **k))
