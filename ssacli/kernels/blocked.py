@@ -30,6 +30,9 @@ from .compiled import register_block, run_block
 # no online rescaling at all. `python benchmarks/attention.py --blocks` compares other sizes.
 BLOCK_ROWS = 128
 BLOCK_KEYS = 1024
+# Keys per block of the one-loop native backward (ssacli.kernels.native.ssa_flash_backward), whose
+# logit and dO·vᵀ tiles ([BLOCK_ROWS, 256] fp32 each, 128 KB) and ∂k, ∂v tiles stay in cache.
+FLASH_BACKWARD_KEYS = 256
 
 
 # ---- the per-block math (compiled when it pays) ---------------------------------------------------
@@ -231,11 +234,19 @@ class BlockedSSA(torch.autograd.Function):
         batch, _, groups, _, dim = q5.shape
         n4 = n.reshape(1, -1, 1, 1)
         delta = (go5 * _group(out, kv_heads)).sum(dim=-1, keepdim=True)  # rowsum(dO ∘ O)
+        n_heads = _native_exponents(query, n)
+        flash = n_heads is not None and mask5 is None and plan.dropout == 0.0 and native.flash_available()
+        # one task per query head: with fewer heads than threads the block loop spreads better
+        if flash and batch * query.shape[1] >= torch.get_num_threads():
+            dq, dk, dv, dn = native.ssa_flash_backward(
+                query, key, value, grad_out, n_heads, lse, delta, causal=plan.causal, window=plan.window,
+                block_rows=plan.q_block, block_keys=min(plan.k_block, FLASH_BACKWARD_KEYS),
+            )  # fmt: skip
+            return dq, dk, dv, dn.to(n.dtype), *([None] * 8)
         dq = torch.zeros_like(q5)
         dk, dv, dn = torch.zeros_like(key), torch.zeros_like(value), torch.zeros_like(n4)
         key_t = key.transpose(-1, -2).contiguous()
         value_t = value.transpose(-1, -2).contiguous()
-        n_heads = _native_exponents(query, n)
         for rows, spans in plan.blocks():
             width = rows.stop - rows.start
             qb = q5[:, :, :, rows].reshape(batch, kv_heads, groups * width, dim)

@@ -634,11 +634,56 @@ int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *k, con
     return failed ? -1 : 0;
 }
 
-/* One SSA backward block (blocked.py's _backward_block), FlashAttention-2's recomputation: for rows
- * [r0, r1) of y [batch, heads, width, C] (as in ssacli_ssa_forward: hidden keys -inf or outside the
- * band) with dp = dO·vᵀ of the same shape, the row's saved log-sum-exp lse[r] and delta[r] =
- * rowsum(dO ∘ O): u = sgn(y)·log1p|y|, p = e^(n·u - lse), dt = p·(dp - delta); writes p over y and
- * dy = dt·n / (1 + |y|) over dp (0 where hidden), and adds Σ dt·u over the row's visible keys to
+/* One row of SSA's backward math (FlashAttention-2's recomputation): keys [lo, hi] of the row's C are
+ * in its band (with `masked`, those y marks -inf are hidden too); lse and delta = rowsum(dO ∘ O) are
+ * the row's. u = sgn(y)·log1p|y|, p = e^(n·u - lse), dt = p·(dp - delta): writes p over y and
+ * dy = dt·n / (1 + |y|) over dp (0 where hidden and outside the band) and returns Σ dt·u over the
+ * visible keys (the row's part of ∂L/∂n). */
+static double ssa_backward_row(float *y, float *dp, int64_t C, int64_t lo, int64_t hi, float n, float lse,
+                               float delta, int masked) {
+    if (hi < lo || !(lse <= 3.40282347e38f)) { /* nothing visible */
+        memset(y, 0, C * sizeof(float));
+        memset(dp, 0, C * sizeof(float));
+        return 0.0;
+    }
+    if (lo > 0) memset(y, 0, lo * sizeof(float)), memset(dp, 0, lo * sizeof(float));
+    if (hi + 1 < C) {
+        memset(y + hi + 1, 0, (C - hi - 1) * sizeof(float));
+        memset(dp + hi + 1, 0, (C - hi - 1) * sizeof(float));
+    }
+    float *yr = y + lo, *dr = dp + lo;
+    int64_t n_keys = hi + 1 - lo;
+    const vf n_v = splat(n), lse_v = splat(lse), delta_v = splat(delta), zero = {0};
+    vd dn_d = {0};
+    for (int64_t c = 0; c < n_keys; c += W) {
+        int whole = c + W <= n_keys;
+        vf v = whole ? load(yr, c) : load_tail(yr, c, n_keys);
+        vf g = whole ? load(dr, c) : load_tail(dr, c, n_keys);
+        vi shown_v = masked ? v != splat(-INFINITY) : (vi){0} - 1;
+        if (!whole) shown_v &= shown_tail(NULL, c, n_keys);
+        vf mag = (vf)((vi)v & 0x7fffffff);
+        vf lg = log1p_nonnegative(mag);
+        vf u = blend(v < 0.0f, -lg, lg);
+        vf p = exp_nonpositive(n_v * u - lse_v);
+        if (masked || !whole) p = blend(shown_v, p, zero);
+        vf dt = p * (g - delta_v);
+        vf dy = dt * n_v / (1.0f + mag);
+        if (masked || !whole) dy = blend(shown_v, dy, zero);
+        dn_d += wide(blend(shown_v & (p > 0.0f), dt * u, zero));
+        if (whole) {
+            store(yr, c, p);
+            store(dr, c, dy);
+        } else {
+            store_tail(yr, c, n_keys, p);
+            store_tail(dr, c, n_keys, dy);
+        }
+    }
+    return lanes_sum(&dn_d);
+}
+
+/* One SSA backward block (blocked.py's _backward_block): for rows [r0, r1) of y [batch, heads, width, C]
+ * (as in ssacli_ssa_forward: hidden keys -inf or outside the band) with dp = dO·vᵀ of the same shape,
+ * the rows' saved log-sum-exp lse[r] and delta[r]: ssa_backward_row on each, its Σ dt·u added to
  * dn_row[r] (the caller sums rows per head: ∂L/∂n). */
 void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
                          const float *restrict n_head, int64_t heads, const float *restrict lse,
@@ -650,46 +695,94 @@ void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
     for (int64_t r = r0; r < r1; r++) {
         int64_t lo, hi;
         band(r, width, C, causal, diag, window, &lo, &hi);
-        float *row_y = y + r * C, *row_dp = dp + r * C;
-        if (hi < lo || !(lse[r] <= 3.40282347e38f)) { /* nothing visible */
-            memset(row_y, 0, C * sizeof(float));
-            memset(row_dp, 0, C * sizeof(float));
-            continue;
-        }
-        if (lo > 0) memset(row_y, 0, lo * sizeof(float)), memset(row_dp, 0, lo * sizeof(float));
-        if (hi + 1 < C) {
-            memset(row_y + hi + 1, 0, (C - hi - 1) * sizeof(float));
-            memset(row_dp + hi + 1, 0, (C - hi - 1) * sizeof(float));
-        }
-        float *yr = row_y + lo, *dr = row_dp + lo;
-        int64_t n_keys = hi + 1 - lo;
-        const float n = n_head[(r / width) % heads];
-        const vf n_v = splat(n), lse_v = splat(lse[r]), delta_v = splat(delta[r]), zero = {0};
-        vd dn_d = {0};
-        for (int64_t c = 0; c < n_keys; c += W) {
-            int whole = c + W <= n_keys;
-            vf v = whole ? load(yr, c) : load_tail(yr, c, n_keys);
-            vf g = whole ? load(dr, c) : load_tail(dr, c, n_keys);
-            vi shown_v = v != splat(-INFINITY);
-            if (!whole) shown_v &= shown_tail(NULL, c, n_keys);
-            vf mag = (vf)((vi)v & 0x7fffffff);
-            vf lg = log1p_nonnegative(mag);
-            vf u = blend(v < 0.0f, -lg, lg);
-            vf p = blend(shown_v, exp_nonpositive(n_v * u - lse_v), zero);
-            vf dt = p * (g - delta_v);
-            vf dy = blend(shown_v, dt * n_v / (1.0f + mag), zero);
-            dn_d += wide(blend(shown_v & (p > 0.0f), dt * u, zero));
-            if (whole) {
-                store(yr, c, p);
-                store(dr, c, dy);
-            } else {
-                store_tail(yr, c, n_keys, p);
-                store_tail(dr, c, n_keys, dy);
-            }
-        }
-        dn_row[r] += lanes_sum(&dn_d);
+        dn_row[r] += ssa_backward_row(y + r * C, dp + r * C, C, lo, hi, n_head[(r / width) % heads], lse[r],
+                                      delta[r], 1);
     }
     (void)threads;
+}
+
+/* Row-major C[m, n] = A[k, m]ᵀ · B[k, n] + beta·C (row strides lda, ldb, ldc): column-major
+ * Cᵀ = Bᵀ·A, A read transposed in place. */
+static void gemm_rows_at(sgemm_fn gemm, int m, int n, int k, const float *A, int lda, const float *B,
+                         int ldb, float beta, float *C, int ldc) {
+    const float one = 1.0f;
+    gemm("N", "T", &n, &m, &k, &one, B, &ldb, A, &lda, &beta, C, &ldc);
+}
+
+/* SSA's whole backward in one loop per query head (FlashAttention-2's, on torch's sgemm): for q, k, v
+ * as in ssacli_ssa_flash_forward, dO [B, H, Q, Dv] (element strides st[OB..OR]), the forward's lse
+ * and delta = rowsum(dO ∘ O) ([B, H, Q] contiguous): each task is one query head h; per block of
+ * `cols` keys (its dk, dv tiles kept in the thread's cache) and per block of `rows` queries that see
+ * any of them, sgemm recomputes y = q·kᵀ and dp = dO·vᵀ into tiles, ssa_backward_row turns them into p
+ * and dy, and sgemm adds pᵀ·dO to dv, dyᵀ·q to dk and dy·k to the head's dq rows. Writes dq
+ * [B, H, Q, D] (contiguous, zeroed by the caller), the head's dk and dv into dk_h [B, H, K, D] and
+ * dv_h [B, H, K, Dv] (contiguous; the caller sums the heads that share a K/V head) and Σ dt·u into
+ * dn[b·H + h]. One task owns everything it writes, so the result does not depend on the threads.
+ * Returns 0, or -1 if a tile could not be allocated. */
+int ssacli_ssa_flash_backward(void *gemm_ptr, const float *q, const float *k, const float *v,
+                              const float *dout, const int64_t *restrict st, const float *restrict n_head,
+                              const float *restrict lse, const float *restrict delta, int64_t B, int64_t H,
+                              int64_t Hkv, int64_t Q, int64_t K, int64_t D, int64_t Dv, int causal,
+                              int64_t window, int64_t rows, int64_t cols, float *dq, float *dk_h,
+                              float *dv_h, double *dn, int threads) {
+    sgemm_fn gemm = (sgemm_fn)gemm_ptr;
+    const int64_t offset = K - Q, tasks = B * H;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
+#endif
+    {
+        float *tile = malloc(sizeof(float) * (size_t)(2 * rows * cols + cols * (D + Dv)));
+        failed |= tile == NULL;
+        float *dpt = tile + rows * cols, *dk_t = dpt + rows * cols, *dv_t = dk_t + cols * D;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t task = 0; task < tasks; task++) {
+            if (tile == NULL) continue;
+            const int64_t bi = task / H, h = task % H, hkv = h / (H / Hkv);
+            const float *qh = q + bi * st[QB] + h * st[QH], *kh = k + bi * st[KB] + hkv * st[KH];
+            const float *vh = v + bi * st[VB] + hkv * st[VH], *oh = dout + bi * st[OB] + h * st[OH];
+            const float *lh = lse + task * Q, *delh = delta + task * Q, n = n_head[h];
+            float *dqh = dq + task * Q * D, *dkh = dk_h + task * K * D, *dvh = dv_h + task * K * Dv;
+            double dn_sum = 0.0;
+            for (int64_t c0 = 0; c0 < K; c0 += cols) {
+                const int64_t c1 = c0 + cols < K ? c0 + cols : K, C = c1 - c0;
+                /* the queries that see a key of [c0, c1): causal, pos >= c0; window, pos < c1 - 1 + window */
+                int64_t q_lo = 0, q_hi = Q;
+                if (causal && c0 - offset > q_lo) q_lo = c0 - offset;
+                if (window > 0 && c1 - 1 + window - offset < q_hi) q_hi = c1 - 1 + window - offset;
+                memset(dk_t, 0, sizeof(float) * (size_t)(C * D));
+                memset(dv_t, 0, sizeof(float) * (size_t)(C * Dv));
+                for (int64_t r0 = q_lo - q_lo % rows; r0 < q_hi; r0 += rows) {
+                    const int64_t width = (q_hi - r0 < rows ? q_hi - r0 : rows);
+                    const float *qb = qh + r0 * st[QR], *ob = oh + r0 * st[OR];
+                    gemm_rows_bt(gemm, (int)width, (int)C, (int)D, qb, (int)st[QR], kh + c0 * st[KR],
+                                 (int)st[KR], 0.0f, tile, (int)C);
+                    gemm_rows_bt(gemm, (int)width, (int)C, (int)Dv, ob, (int)st[OR], vh + c0 * st[VR],
+                                 (int)st[VR], 0.0f, dpt, (int)C);
+                    for (int64_t i = 0; i < width; i++) {
+                        int64_t rlo, rhi;
+                        band(i, width, C, causal, offset + r0 - c0, window, &rlo, &rhi);
+                        dn_sum += ssa_backward_row(tile + i * C, dpt + i * C, C, rlo, rhi, n, lh[r0 + i],
+                                                   delh[r0 + i], 0);
+                    }
+                    gemm_rows_at(gemm, (int)C, (int)Dv, (int)width, tile, (int)C, ob, (int)st[OR], 1.0f, dv_t,
+                                 (int)Dv);
+                    gemm_rows_at(gemm, (int)C, (int)D, (int)width, dpt, (int)C, qb, (int)st[QR], 1.0f, dk_t,
+                                 (int)D);
+                    gemm_rows(gemm, (int)width, (int)D, (int)C, dpt, (int)C, kh + c0 * st[KR], (int)st[KR],
+                              1.0f, dqh + r0 * D, (int)D);
+                }
+                memcpy(dkh + c0 * D, dk_t, sizeof(float) * (size_t)(C * D));
+                memcpy(dvh + c0 * Dv, dv_t, sizeof(float) * (size_t)(C * Dv));
+            }
+            dn[task] = dn_sum;
+        }
+        free(tile);
+    }
+    (void)threads;
+    return failed ? -1 : 0;
 }
 
 /* ---- diagnose's statistics in one loop: softmax rows whose logits come from BLAS tiles ----------- */

@@ -136,6 +136,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         *[_ptr] * 5, ctypes.c_float, *[_i64] * 7, _int, _i64, _ptr, _i64, _i64, _i64, *[_ptr] * 10, _int,
     ]  # fmt: skip
     lib.ssacli_stats_flash.restype = _int
+    # gemm, q, k, v, dout, strides, n_head, lse, delta, B, H, Hkv, Q, K, D, Dv, causal, window, rows,
+    # cols, dq, dk_h, dv_h, dn, threads
+    lib.ssacli_ssa_flash_backward.argtypes = [
+        *[_ptr] * 9, *[_i64] * 7, _int, _i64, _i64, _i64, *[_ptr] * 4, _int,
+    ]  # fmt: skip
+    lib.ssacli_ssa_flash_backward.restype = _int
 
 
 def library() -> ctypes.CDLL | None:
@@ -384,6 +390,54 @@ def ssa_flash_forward(
     return _flash(library(), _torch_sgemm(), query, key, value, n, causal, window, block_rows, block_keys)
 
 
+def ssa_flash_backward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    grad_out: torch.Tensor,
+    n: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+    block_rows: int = 128,
+    block_keys: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SSA's whole backward in one native loop per query head (FlashAttention-2's, on torch's sgemm):
+    the inputs of :func:`ssa_flash_forward`, the output's gradient ``grad_out`` [B, H, Q, Dv], the
+    forward's ``lse`` and delta = rowsum(grad_out ∘ out) [B, H, Q]. Per block of ``block_keys`` keys
+    (its ∂k, ∂v tiles kept in cache) and per block of ``block_rows`` queries that see any of them, it
+    recomputes the logits and dO·vᵀ with sgemm, the weights and ∂L/∂y from the saved log-sum-exp, and
+    adds their products into ∂v, ∂k and the head's ∂q. Each query head is one task that writes only its
+    own results (heads sharing a K/V head are summed after), so the gradients do not depend on the
+    thread count. Returns (∂q [B, H, Q, D], ∂k, ∂v [B, H_kv, K, D|Dv], ∂n [H] float64)."""
+    lib, sgemm = library(), _torch_sgemm()
+    batch, heads, q_len, dim = query.shape
+    kv_heads, k_len, dim_v = key.shape[1], key.shape[2], value.shape[-1]
+    query, key, value, grad_out = (_rows_contiguous(t) for t in (query, key, value, grad_out))
+    lse = lse.to(torch.float32).reshape(batch, heads, q_len).contiguous()
+    delta = delta.to(torch.float32).reshape(batch, heads, q_len).contiguous()
+    n = n.to(torch.float32).contiguous()
+    dq = query.new_zeros(batch, heads, q_len, dim)
+    dk_heads = query.new_empty(batch, heads, k_len, dim)
+    dv_heads = query.new_empty(batch, heads, k_len, dim_v)
+    dn = torch.empty(batch, heads, dtype=torch.float64)
+    strides = _strides(query, key, value, grad_out)
+    status = lib.ssacli_ssa_flash_backward(
+        sgemm, query.data_ptr(), key.data_ptr(), value.data_ptr(), grad_out.data_ptr(), strides.data_ptr(),
+        n.data_ptr(), lse.data_ptr(), delta.data_ptr(), batch, heads, kv_heads, q_len, k_len, dim, dim_v,
+        int(causal), window or 0, block_rows, block_keys, dq.data_ptr(), dk_heads.data_ptr(),
+        dv_heads.data_ptr(), dn.data_ptr(), max(1, torch.get_num_threads()),
+    )  # fmt: skip
+    if status != 0:
+        raise MemoryError("ssacli's native SSA backward could not allocate its tiles")
+    groups = heads // kv_heads
+    dk = dk_heads.view(batch, kv_heads, groups, k_len, dim).sum(2)
+    dv = dv_heads.view(batch, kv_heads, groups, k_len, dim_v).sum(2)
+    return dq, dk, dv, dn.sum(0)
+
+
 def stats_flash(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -438,6 +492,7 @@ __all__ = [
     "library",
     "row_stats",
     "ssa_backward",
+    "ssa_flash_backward",
     "ssa_flash_forward",
     "stats_flash",
     "ssa_forward",

@@ -279,17 +279,21 @@ def test_native_forward_blocks_match_the_torch_block_math():
 
 
 def test_native_flash_forward_matches_the_block_loop(monkeypatch):
-    """Without a mask tensor or dropout, the CPU float32 forward runs in one native loop on torch's
-    sgemm (ssacli.kernels.native.ssa_flash_forward); with an all-visible mask tensor the same call
-    takes the block loop. Outputs and every gradient agree, across causal, non-causal, GQA, a KV-cache
-    offset, a window, one decoding query, ragged tiles and logits past exp's range."""
+    """Without a mask tensor or dropout, the CPU float32 forward and backward run in one native loop
+    each on torch's sgemm (ssacli.kernels.native.ssa_flash_forward / ssa_flash_backward); with an
+    all-visible mask tensor the same call takes the block loop. Outputs and every gradient agree,
+    across causal, non-causal, GQA, a KV-cache offset, a window, one decoding query, ragged tiles and
+    logits past exp's range."""
     if not native.flash_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     with native.disabled(flash_only=True):  # the benchmarks' switch: block loop, native block pass
         assert native.available() and not native.flash_available()
-    calls = []
-    flash = native.ssa_flash_forward
+    calls, backward_calls = [], []
+    flash, flash_backward = native.ssa_flash_forward, native.ssa_flash_backward
     monkeypatch.setattr(native, "ssa_flash_forward", lambda *a, **k: calls.append(1) or flash(*a, **k))
+    monkeypatch.setattr(
+        native, "ssa_flash_backward", lambda *a, **k: backward_calls.append(1) or flash_backward(*a, **k)
+    )
     cases = (
         Case(), Case(causal=False, kv_heads=2), Case(kv_heads=1, q_len=5, k_len=23),
         Case(q_len=5, k_len=23, window=7, blocks=(2, 4)), Case(q_len=1, k_len=23, causal=False),
@@ -304,12 +308,35 @@ def test_native_flash_forward_matches_the_block_loop(monkeypatch):
             before = len(calls)
             out = ssa_attention(*leaves, mask=mask, backend="blocked", compile=False, **case.kwargs())
             assert len(calls) - before == (mask is None), f"flash ran {len(calls) - before}× {case}"
+            before = len(backward_calls)
             (out * upstream).sum().backward()
+            assert len(backward_calls) - before == (mask is None), f"flash backward {case}"
             runs.append((out.detach(), [t.grad for t in leaves]))
         (got, got_grads), (want, want_grads) = runs
         assert_close(got, want, OUT_TOL, f"flash forward output {case}")
         for g, w, label in zip(got_grads, want_grads, "qkvbn", strict=True):
             assert_close(g, w, GRAD_TOL, f"flash forward grad {label} {case}")
+
+
+def test_native_flash_backward_does_not_depend_on_the_thread_count():
+    """Each query head is one task of the one-loop backward and writes only its own gradients, so one
+    thread and two give the same gradients bit for bit (GQA: the heads of a K/V head summed after)."""
+    if not native.flash_available():
+        pytest.skip("the native kernel or torch's sgemm is not available here")
+    case = Case(batch=2, heads=4, kv_heads=2, q_len=70, k_len=70, blocks=(16, 32))
+    (q, k, v, b, n), _, upstream = make_inputs(case)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, b, n)]
+            out = ssa_attention(*leaves, backend="blocked", compile=False, **case.kwargs())
+            runs.append(torch.autograd.grad(out, leaves, upstream))
+    finally:
+        torch.set_num_threads(threads)
+    for g1, g2, label in zip(*runs, "qkvbn", strict=True):
+        assert torch.equal(g1, g2), label
 
 
 def test_compiling_is_for_large_training_calls(monkeypatch, torch_block_math):
