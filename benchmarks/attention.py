@@ -296,15 +296,35 @@ def profile(args) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
+def with_backward_keys(keys, call):
+    """call()'s output, whose backward (run later by autograd) takes ``keys`` per one-loop key block:
+    the setting is read when the backward runs, so it wraps the output's grad_fn instead."""
+    from ssacli.kernels import blocked
+
+    out = call()
+    if out.requires_grad:
+        out.register_hook(lambda grad: _set_backward_keys(blocked, keys) or grad)
+    return out
+
+
+def _set_backward_keys(blocked, keys):
+    blocked.FLASH_BACKWARD_KEYS = keys
+
+
 def blocks(args) -> None:
     """Time of the blocked kernel / SDPA for a few block sizes (rows x keys), B = 1, forward and
     forward+backward: the sweep behind ssacli.kernels.blocked.BLOCK_ROWS / BLOCK_KEYS."""
     from ssacli.kernels import blocked
 
-    default = (blocked.BLOCK_ROWS, blocked.BLOCK_KEYS)
-    settings = [default] + [s for s in [(64, 1024), (128, 1024), (256, 1024), (128, 2048)] if s != default]
+    default = (blocked.BLOCK_ROWS, blocked.BLOCK_KEYS, blocked.FLASH_BACKWARD_KEYS)
+    others = [(64, 1024, 256), (256, 1024, 256), (128, 512, 256), (128, 2048, 256), (128, 1024, 128),
+              (128, 1024, 512)]  # fmt: skip
+    settings = [default] + [s for s in others if s != default]
     b, n = torch.full((HEADS,), B_SSA), torch.full((HEADS,), N_SSA)
-    print(f"blocked SSA / sdpa, B=1, for block_rows x block_keys (default {default[0]}x{default[1]}):")
+    print(
+        "blocked SSA / sdpa, B=1, for block_rows x block_keys / the one-loop backward's keys "
+        f"(default {default[0]}x{default[1]}/{default[2]}; the backward's keys matter only in fwd+bwd):"
+    )
 
     def run(fn, grad, upstream):
         def call():
@@ -326,11 +346,14 @@ def blocks(args) -> None:
                         upstream,
                     )
                 }
-                for r, c in settings:
-                    call = lambda r=r, c=c, causal=causal, qkv=qkv: fused.ssa_attention(  # noqa: E731
-                        *qkv, b, n, causal=causal, block_rows=r, block_keys=c, backend="blocked"
+                for r, c, back in settings:
+                    call = lambda r=r, c=c, back=back, causal=causal, qkv=qkv: with_backward_keys(  # noqa: E731
+                        back,
+                        lambda: fused.ssa_attention(
+                            *qkv, b, n, causal=causal, block_rows=r, block_keys=c, backend="blocked"
+                        ),
                     )
-                    fns[f"{r}x{c}"] = run(call, grad, upstream)
+                    fns[f"{r}x{c}/{back}"] = run(call, grad, upstream)
                 with torch.set_grad_enabled(grad):
                     best = interleaved_best(fns, args.repeats)
                 cells = " ".join(

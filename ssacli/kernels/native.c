@@ -73,6 +73,13 @@ static inline vf vmax(vf a, vf b) {
     x = _mm512_max_ps(x, y);
     memcpy(&a, &x, sizeof a);
     return a;
+#elif defined(__AVX__) && W == 16
+    __m256 x[2], y[2];
+    memcpy(x, &a, sizeof x);
+    memcpy(y, &b, sizeof y);
+    x[0] = _mm256_max_ps(x[0], y[0]), x[1] = _mm256_max_ps(x[1], y[1]);
+    memcpy(&a, x, sizeof a);
+    return a;
 #else
     return blend(a > b, a, b);
 #endif
@@ -81,9 +88,17 @@ static inline double lanes_sum(const vd *v) { double s = 0; for (int i = 0; i < 
 static inline vd wide(vf v) { return __builtin_convertvector(v, vd); }
 static inline float lanes_max(vf v) {
 #if defined(__AVX512F__) && W == 16
-    __m512 x; /* a shuffle tree (callers pass max-blends, which never hold NaN) */
+    __m512 x; /* shuffle trees here and for AVX (callers pass max-blends, which never hold NaN) */
     memcpy(&x, &v, sizeof x);
     return _mm512_reduce_max_ps(x);
+#elif defined(__AVX__) && W == 16
+    __m256 x[2];
+    memcpy(x, &v, sizeof x);
+    __m256 h = _mm256_max_ps(x[0], x[1]);
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_max_ss(q, _mm_shuffle_ps(q, q, 1));
+    return _mm_cvtss_f32(q);
 #else
     float m = v[0];
     for (int i = 1; i < W; i++) m = v[i] > m ? v[i] : m;

@@ -14,6 +14,7 @@ machine with the C compiler torch.compile would use (``$CC``, else cc/gcc/clang)
 host CPU, into the user's cache (``$SSACLI_CACHE`` or ``$XDG_CACHE_HOME/ssacli``, default
 ~/.cache/ssacli), named by a hash of the source, the compiler and the CPU, so a new source or machine
 builds anew and nothing is ever overwritten in place (write to a temporary file, then rename).
+``$SSACLI_NATIVE_CFLAGS`` adds compiler flags (a separate build).
 ``SSACLI_COMPILE=0`` (the one switch, ssacli.kernels.compiled) never builds it; a cache that cannot
 be written means a private temporary build for the process; a failed build is said once, as a
 warning, and the callers keep their torch block math, which computes the same things.
@@ -26,6 +27,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -45,6 +47,13 @@ _FLAG_SETS = (
     ["-O3", "-march=native", "-fno-math-errno"],  # no OpenMP (Apple clang): one thread
     ["-O3", "-fno-math-errno"],  # compilers that do not know -march=native
 )
+
+
+def _flag_sets() -> list[list[str]]:
+    """The flag sets tried in order, each followed by $SSACLI_NATIVE_CFLAGS (e.g. "-mno-avx512f" builds
+    the AVX2 code paths on an AVX-512 machine; the tests use it to check every path they can)."""
+    extra = shlex.split(os.environ.get("SSACLI_NATIVE_CFLAGS", ""))
+    return [[*flags, *extra] for flags in _FLAG_SETS]
 _LIB: list[ctypes.CDLL | None] = []  # [] not tried yet; [None] unavailable
 _LOCK = threading.Lock()
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -80,7 +89,7 @@ def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(
         b"\0".join(s.encode() if isinstance(s, str) else s for s in
-                   (source, version, platform.machine(), _cpu_signature(), repr(_FLAG_SETS)))
+                   (source, version, platform.machine(), _cpu_signature(), repr(_flag_sets())))
     ).hexdigest()[:16]  # fmt: skip
     target = cache_dir() / f"native-{key}.so"
     if target.exists():
@@ -94,7 +103,7 @@ def _build(compiler: str) -> Path:
         # predictable path another user could plant a library in); it is built again next time.
         target = Path(tempfile.mkdtemp(prefix="ssacli-kernels-")) / target.name
     errors = []
-    for flags in _FLAG_SETS:
+    for flags in _flag_sets():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         run = subprocess.run(
