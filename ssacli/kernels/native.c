@@ -456,11 +456,87 @@ static inline vf log1p_nonnegative(vf z) {
 }
 #endif
 
+/* The flash forward works in base 2, where SSA's weight (1 + |y|)^(±n) / e^ref is 2^(±n·log2(1 + |y|) -
+ * ref/ln 2): no ln 2 splits in the logarithm, no Cody-Waite reduction in the power. */
+#if defined(__AVX512F__) && W == 16
+static const float LOG2_C[32] = { /* -log2 LOG_INV[i] */
+    0.0223678108f, 0.0660892203f, 0.108524427f, 0.149747148f, 0.189824566f, 0.228818655f,
+    0.266786546f, 0.303780705f, 0.339849979f, 0.375039488f, 0.409390897f, 0.442943513f,
+    0.475733429f, 0.507794619f, 0.539158821f, 0.569855571f, 0.599912882f, 0.629356623f,
+    0.658211529f, 0.68650049f, 0.714245439f, 0.741467059f, 0.768184364f, 0.794415832f,
+    0.820178986f, 0.845490098f, 0.870364666f, 0.89481771f, 0.918863297f, 0.942514539f,
+    0.965784192f, 0.988684714f
+};
+
+/* log2(1 + z) for z >= 0, W lanes: as log1p_nonnegative, with log2(1 + r) = r·(log2 e)·(1 - r/2 + r²/3)
+ * and the exponent added as it is. z = +inf gives +inf. */
+static inline vf log2_1p_nonnegative(vf z) {
+    vf u = 1.0f + z;
+    vi bits = (vi)u;
+    vf e = __builtin_convertvector(((bits >> 23) & 0xff) - 127, vf);
+    vf m = (vf)((bits & 0x7fffff) | 0x3f800000);
+    vi top = bits >> 18;
+    __m512i idx;
+    memcpy(&idx, &top, sizeof idx);
+    __m512 inv_r = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG_INV), idx, _mm512_loadu_ps(LOG_INV + 16));
+    __m512 log_c = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG2_C), idx, _mm512_loadu_ps(LOG2_C + 16));
+    vf inv, c;
+    memcpy(&inv, &inv_r, sizeof inv);
+    memcpy(&c, &log_c, sizeof c);
+    vf r = m * inv - 1.0f;
+    vf poly = (r * 0.480898347f - 0.721347520f) * r + 1.44269504f; /* log2 e · (1/3, -1/2, 1) */
+    vf log2u = e + (c + poly * r);
+    return blend(z <= 3.40282347e38f, log2u, splat(INFINITY));
+}
+
+/* 2^x for x <= 0, W lanes: x = k + f with k = round(x), a degree-6 polynomial for 2^f on |f| <= 1/2
+ * (relative error ~6e-9 before rounding), scalef(2^f, k). Below -126 it is 0 (no denormals); NaN
+ * stays NaN. */
+static inline vf exp2_nonpositive(vf x) {
+    __m512 v;
+    memcpy(&v, &x, sizeof v);
+    __mmask16 kept = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+    __m512 k = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(v, k);
+    __m512 poly = _mm512_set1_ps(1.5465317935e-4f);
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.3395285364e-3f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(9.6180399297e-3f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(5.5503406681e-2f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(2.4022651101e-1f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(6.9314720007e-1f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
+    __m512 e = _mm512_maskz_scalef_ps(kept, poly, k);
+    vf out;
+    memcpy(&out, &e, sizeof out);
+    return out;
+}
+#else
+static inline vf log2_1p_nonnegative(vf z) { return log1p_nonnegative(z) * 1.44269504088896341f; }
+static inline vf exp2_nonpositive(vf x) { return exp_nonpositive(x * 0.693147180559945309f); }
+#endif
+
 /* t = n·sgn(y)·log1p|y| for W lanes (y = -inf gives -inf). */
+/* sgn(y)·mag for mag >= 0 (NaN y: +mag, as the comparison says): a masked subtraction on AVX-512. */
+static inline vf signed_like(vf y, vf mag) {
+#if defined(__AVX512F__) && W == 16
+    __m512 a, b;
+    memcpy(&a, &y, sizeof a);
+    memcpy(&b, &mag, sizeof b);
+    b = _mm512_mask_sub_ps(b, _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps(), b);
+    memcpy(&mag, &b, sizeof mag);
+    return mag;
+#else
+    return blend(y < 0.0f, -mag, mag);
+#endif
+}
+
 static inline vf ssa_transform(vf y, vf n) {
-    vi negative = y < 0.0f;
-    vf mag = log1p_nonnegative((vf)((vi)y & 0x7fffffff));
-    return n * blend(negative, -mag, mag);
+    return n * signed_like(y, log1p_nonnegative((vf)((vi)y & 0x7fffffff)));
+}
+
+/* t·log2 e = n·sgn(y)·log2(1 + |y|), the flash forward's base-2 logit. */
+static inline vf ssa_transform2(vf y, vf n) {
+    return n * signed_like(y, log2_1p_nonnegative((vf)((vi)y & 0x7fffffff)));
 }
 
 /* The columns [lo, hi] row r of a block sees under the band: it is query i = r % width of the block;
@@ -479,8 +555,9 @@ static inline void band(int64_t r, int64_t width, int64_t C, int causal, int64_t
  * t = n·sgn(y)·log1p|y| and ref = the larger of floor and t's max over visible keys (0 when both are
  * -inf); stores Σp in *sum and returns t's max (-inf: nothing visible). t is increasing in y, so t's
  * max is t at the max y. p may be y itself (each vector is read before it is written). */
-static float ssa_row(const float *y, float *p, int64_t C, int64_t lo, int64_t hi, float n, float floor,
-                     float *sum, int masked) {
+static inline __attribute__((always_inline)) float ssa_row(
+    const float *y, float *p, int64_t C, int64_t lo, int64_t hi, float n, float floor, float *sum, int masked,
+    int base2) {
     if (hi < lo) { /* nothing visible */
         memset(p, 0, C * sizeof(float));
         *sum = 0.0f;
@@ -498,7 +575,8 @@ static float ssa_row(const float *y, float *p, int64_t C, int64_t lo, int64_t hi
     }
     float ymax = lanes_max(ymax_v);
     for (int64_t j = c; j < n_keys; j++) ymax = yr[j] > ymax ? yr[j] : ymax;
-    float t_max = ssa_transform(splat(ymax), splat(n))[0]; /* as each lane computes it */
+    vf ymax_vec = splat(ymax), n_vec = splat(n); /* t_max as each lane computes it */
+    float t_max = (base2 ? ssa_transform2(ymax_vec, n_vec) : ssa_transform(ymax_vec, n_vec))[0];
     float top = t_max > floor ? t_max : floor;
     const vf ref_v = splat(top == -INFINITY ? 0.0f : top), n_v = splat(n);
     vd sum_d = {0};
@@ -507,7 +585,8 @@ static float ssa_row(const float *y, float *p, int64_t C, int64_t lo, int64_t hi
         for (int64_t cc = c; cc < c + 4 * W && cc < n_keys; cc += W) {
             int whole = cc + W <= n_keys;
             vf v = whole ? load(yr, cc) : load_tail(yr, cc, n_keys);
-            vf e = exp_nonpositive(ssa_transform(v, n_v) - ref_v);
+            vf e = base2 ? exp2_nonpositive(ssa_transform2(v, n_v) - ref_v)
+                         : exp_nonpositive(ssa_transform(v, n_v) - ref_v);
             if (masked) e = blend(v == -INFINITY, splat(0.0f), e); /* n = 0 would make t NaN there */
             if (whole) {
                 store(pr, cc, e);
@@ -538,7 +617,7 @@ void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
     for (int64_t r = r0; r < r1; r++) {
         int64_t lo, hi;
         band(r, width, C, causal, diag, window, &lo, &hi);
-        m[r] = ssa_row(y + r * C, p + r * C, C, lo, hi, n_head[(r / width) % heads], -INFINITY, s + r, 1);
+        m[r] = ssa_row(y + r * C, p + r * C, C, lo, hi, n_head[(r / width) % heads], -INFINITY, s + r, 1, 0);
     }
     (void)threads;
 }
@@ -623,10 +702,11 @@ int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *k, con
                     int64_t rlo, rhi;
                     band(i, width, C, causal, offset + r0 - c0, window, &rlo, &rhi);
                     float old = run_max[i];
-                    float t_max = ssa_row(tile + i * C, tile + i * C, C, rlo, rhi, n, old, sums + i, 0);
+                    /* run_max in base 2 (t·log2 e): see log2_1p_nonnegative */
+                    float t_max = ssa_row(tile + i * C, tile + i * C, C, rlo, rhi, n, old, sums + i, 0, 1);
                     float top = t_max > old ? t_max : old;
                     if (old != -INFINITY && top > old) { /* rescale what came before to the new max */
-                        float shrink = expf(old - top);
+                        float shrink = exp2f(old - top);
                         for (int64_t d = 0; d < Dv; d++) acc[i * Dv + d] *= shrink;
                         run_sum[i] *= shrink;
                     }
@@ -640,7 +720,8 @@ int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *k, con
                 int seen = run_sum[i] > 0.0f;
                 float inv = seen ? 1.0f / run_sum[i] : 0.0f;
                 for (int64_t d = 0; d < Dv; d++) ob[i * st[OR] + d] = acc[i * Dv + d] * inv;
-                lb[i] = seen ? run_max[i] + logf(run_sum[i]) : INFINITY;
+                lb[i] = seen ? (float)(0.69314718055994531 * ((double)run_max[i] + log2((double)run_sum[i])))
+                             : INFINITY;
             }
         }
         free(tile);
@@ -678,7 +759,7 @@ static double ssa_backward_row(float *y, float *dp, int64_t C, int64_t lo, int64
         if (!whole) shown_v &= shown_tail(NULL, c, n_keys);
         vf mag = (vf)((vi)v & 0x7fffffff);
         vf lg = log1p_nonnegative(mag);
-        vf u = blend(v < 0.0f, -lg, lg);
+        vf u = signed_like(v, lg);
         vf p = exp_nonpositive(n_v * u - lse_v);
         if (masked || !whole) p = blend(shown_v, p, zero);
         vf dt = p * (g - delta_v);
