@@ -19,8 +19,8 @@ Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32
 * ssa fused: ssacli.ssa_attention as it runs by default: on the CPU the native one-loop forward
   (each logit tile formed by torch's sgemm and reduced in cache) and the blocked backward with the
   native block pass; flex_attention on CUDA;
-* ssa block loop (CPU, where the one-loop forward runs): the same call with the forward in the
-  block loop (torch's matmuls per block, the native block pass between them), as before it.
+* ssa block loop (CPU, where the one-loop kernels run): the same call with the forward and backward
+  in the block loop (torch's matmuls per block, the native block pass between them), as before them.
 
 "fwd" is one forward under no_grad; "fwd+bwd" a forward with grad then backward of out.sum() into
 q, k, v (and b, n for SSA). Eager candidates whose [B, H, T, T] weights would exceed --eager-max-gb
@@ -32,6 +32,7 @@ counted); CUDA: torch.cuda.max_memory_allocated.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -98,6 +99,12 @@ def candidates(batch, length, causal, device, dtype, eager_max_gb):
     return found, params, skipped
 
 
+def switch(name):
+    """The context a candidate's forward and backward run in: the block loop's backward too (autograd
+    runs it after block_loop's own switch is closed)."""
+    return native.disabled(flash_only=True) if name == "ssa block loop" else contextlib.nullcontext()
+
+
 def block_loop(q, k, v, b, n, scale, causal):
     """ssa fused with the forward in the block loop (torch's matmuls and the native block pass), as
     before the one-loop kernel or where torch's sgemm is not found."""
@@ -125,10 +132,10 @@ def time_shape(batch, length, causal, args, dtype):
 
     def forward_backward(name, fn):
         leaves = [qg, kg, vg] + [p.requires_grad_() for p in params.get(name, [])]
-
         def run():
-            out = fn(qg, kg, vg)
-            torch.autograd.grad(out.float().sum(), leaves)
+            with switch(name):
+                out = fn(qg, kg, vg)
+                torch.autograd.grad(out.float().sum(), leaves)
             sync(args.device)
 
         return run
@@ -147,7 +154,12 @@ def memory_child(args) -> None:
         found, params, _ = candidates(1, size, True, "cpu", torch.float32, eager_max_gb=1e9)
         q, k, v = make_inputs(1, size, "cpu", torch.float32, grad=True)
         leaves = [q, k, v] + [p.requires_grad_() for p in params.get(name, [])]
-        return lambda: torch.autograd.grad(found[name](q, k, v).sum(), leaves)
+
+        def run():
+            with switch(name):
+                return torch.autograd.grad(found[name](q, k, v).sum(), leaves)
+
+        return run
 
     measured = call(length)
     measured()  # warm-up at the same shape: kernels compiled, libraries loaded; freed again
