@@ -1,18 +1,27 @@
-"""ssacli's native block math on the CPU (native.c), built at first use and called through ctypes:
-the row pass of diagnose's fused statistics, and the forward and backward blocks of the blocked SSA
-kernel, in float32.
+"""ssacli's native kernels on the CPU in float32 (native_stats.c, native_ssa.c and the native_math.h
+they share), built at first use and called through ctypes.
 
-Why native: one key block of the statistics is a dozen elementwise reductions over the same
-[rows, keys] tile plus a running top-k; as torch ops (compiled or not) each reads the tile from
-memory again, and torch.topk has a fixed cost per call that dominates narrow searches. The C pass
-reads each row twice while it sits in cache and keeps the top-k by insertion, looking only at the few
-chunks of keys that can hold one (docs/performance.md). The SSA blocks do the same for the transform
-n·sgn(y)·log1p|y| and its softmax, with the causal band applied in the loop instead of by a mask.
+* **One loop per call** where nothing needs a mask tensor: SSA's forward and backward
+  (:func:`ssa_flash_forward`, :func:`ssa_flash_backward`) and diagnose's statistics of plain
+  softmax (:func:`stats_flash`) run FlashAttention's loop: each [rows, keys] logit tile is formed by
+  torch's own sgemm (found in libtorch, so the products round exactly as torch.matmul's; the
+  diagnose exactness tests depend on it), reduced while it sits in cache, and multiplied by v. The
+  torch block loop writes every tile to memory between a matmul and the next op and reads it back;
+  this is what brought SSA's forward from ~2x to ~1.1-1.3x SDPA (docs/performance.md).
+* **The block math of the block loop** (:func:`row_stats`, :func:`ssa_forward`,
+  :func:`ssa_backward`), for calls with a mask tensor, dropout, other scorers or a torch without a
+  usable sgemm: one key block of the statistics is a dozen elementwise reductions over the same
+  tile plus a running top-k; as torch ops (compiled or not) each reads the tile from memory again,
+  and torch.topk has a fixed cost per call that dominates narrow searches. The C pass reads each row
+  twice while it sits in cache and keeps the top-k by insertion, looking only at the few chunks of
+  keys that can hold one. The SSA blocks do the same for the transform n·sgn(y)·log1p|y| and its
+  softmax, with the causal band applied in the loop instead of by a mask.
 
-The source is C99 with GCC/Clang vector extensions and no library but libm. It is compiled once per
+The sources are C99 with GCC/Clang vector extensions (AVX-512 and AVX intrinsics where a generic form
+costs several instructions) and no library but libm. They are compiled once per
 machine with the C compiler torch.compile would use (``$CC``, else cc/gcc/clang), at -O3 for the
 host CPU, into the user's cache (``$SSACLI_CACHE`` or ``$XDG_CACHE_HOME/ssacli``, default
-~/.cache/ssacli), named by a hash of the source, the compiler and the CPU, so a new source or machine
+~/.cache/ssacli), named by a hash of the sources, the compiler and the CPU, so a new source or machine
 builds anew and nothing is ever overwritten in place (write to a temporary file, then rename).
 ``$SSACLI_NATIVE_CFLAGS`` adds compiler flags (a separate build).
 ``SSACLI_COMPILE=0`` (the one switch, ssacli.kernels.compiled) never builds it; a cache that cannot
@@ -24,102 +33,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 
 import torch
 
+from . import native_build
 from .compiled import compile_setting
 
-SOURCE = Path(__file__).with_name("native.c")
-# -fopenmp links libgomp.so.1 by its soname, which resolves to the libgomp torch has already loaded:
-# the row pass then runs on torch's own thread pool instead of competing with its spinning threads.
-_FLAG_SETS = (
-    ["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
-    ["-O3", "-march=native", "-fno-math-errno"],  # no OpenMP (Apple clang): one thread
-    ["-O3", "-fno-math-errno"],  # compilers that do not know -march=native
-)
-
-
-def _flag_sets() -> list[list[str]]:
-    """The flag sets tried in order, each followed by $SSACLI_NATIVE_CFLAGS (e.g. "-mno-avx512f" builds
-    the AVX2 code paths on an AVX-512 machine; the tests use it to check every path they can)."""
-    extra = shlex.split(os.environ.get("SSACLI_NATIVE_CFLAGS", ""))
-    return [[*flags, *extra] for flags in _FLAG_SETS]
 _LIB: list[ctypes.CDLL | None] = []  # [] not tried yet; [None] unavailable
 _LOCK = threading.Lock()
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
-def cache_dir() -> Path:
-    """Where built kernels live: $SSACLI_CACHE, else $XDG_CACHE_HOME/ssacli, else ~/.cache/ssacli."""
-    if os.environ.get("SSACLI_CACHE"):
-        return Path(os.environ["SSACLI_CACHE"]) / "kernels"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ssacli" / "kernels"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def _cpu_signature() -> str:
-    """What -march=native depends on: the CPU's model and feature flags where Linux says them."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        picked = [ln for ln in lines if ln.startswith(("model name", "flags", "Features"))]
-        return "\n".join(dict.fromkeys(picked))
-    except OSError:
-        return platform.processor()
-
-
-def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(
-        b"\0".join(s.encode() if isinstance(s, str) else s for s in
-                   (source, version, platform.machine(), _cpu_signature(), repr(_flag_sets())))
-    ).hexdigest()[:16]  # fmt: skip
-    target = cache_dir() / f"native-{key}.so"
-    if target.exists():
-        return target
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(target.parent, os.W_OK):
-            raise PermissionError(f"{target.parent} is not writable")
-    except OSError:
-        # A read-only home: build into a private directory of this process (never a shared,
-        # predictable path another user could plant a library in); it is built again next time.
-        target = Path(tempfile.mkdtemp(prefix="ssacli-kernels-")) / target.name
-    errors = []
-    for flags in _flag_sets():
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        run = subprocess.run(
-            [compiler, *flags, "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lm"],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        if run.returncode == 0:
-            os.replace(tmp, target)
-            return target
-        os.unlink(tmp)
-        errors.append((run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[-1])
-    raise RuntimeError(errors[-1])
-
-
 def _declare(lib: ctypes.CDLL) -> None:
-    """The C signatures (native.c), so ctypes converts and checks every argument."""
+    """The C signatures (native_stats.c, native_ssa.c), so ctypes converts and checks every argument."""
     _int = ctypes.c_int
     # t, raw, vis, vis_off, C, r0, r1, k, p, m, l, spread, shrink, top, sq, cnt, threads
     lib.ssacli_row_stats.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, *[_ptr] * 8, _int]
@@ -160,10 +89,10 @@ def library() -> ctypes.CDLL | None:
     with _LOCK:
         if not _LIB:
             try:
-                compiler = _compiler()
+                compiler = native_build.compiler()
                 if compiler is None:
                     raise RuntimeError("no C compiler found ($CC, cc, gcc or clang)")
-                lib = ctypes.CDLL(str(_build(compiler)))
+                lib = ctypes.CDLL(str(native_build.build(compiler)))
                 _declare(lib)
                 _LIB.append(lib)
             except Exception as err:  # noqa: BLE001 - any failure means "use the torch path"
@@ -349,7 +278,7 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _strides(*tensors: torch.Tensor) -> torch.Tensor:
-    """The [batch, head, row] element strides of each 4-d tensor, as native.c's STRIDES array."""
+    """The [batch, head, row] element strides of each 4-d tensor, as native_math.h's STRIDES array."""
     return torch.tensor([s for t in tensors for s in t.stride()[:3]], dtype=torch.int64)
 
 
@@ -493,9 +422,7 @@ def stats_flash(
 
 
 __all__ = [
-    "SOURCE",
     "available",
-    "cache_dir",
     "disabled",
     "flash_available",
     "library",
