@@ -113,14 +113,14 @@ static inline void scan_step(vf x, vf t, vi vis, vi *vis_v, vf *sq_v, vf *raw_ze
 /* Pass 2 on one vector: p = e^(t - ref) (0 for hidden keys, whose gap may be inf, when masked). */
 static inline vf weight_step(vf t, vf ref_v, vi vis, int masked, vf *tot_v, vf *gap_v) {
     const vf zero = {0};
-    vf gap = ref_v - t;
-    vf e = exp_nonpositive(-gap);
+    vf d = t - ref_v; /* -(ref - t) exactly: the gap's negation, one fused multiply-subtract below */
+    vf e = exp_nonpositive(d);
     if (masked) {
         e = blend(vis, e, zero);
-        gap = blend(vis, gap, zero);
+        d = blend(vis, d, zero);
     }
     *tot_v += e;
-    *gap_v += e * gap;
+    *gap_v -= e * d;
     return e;
 }
 
@@ -145,16 +145,21 @@ static inline __attribute__((always_inline)) int row(
             int64_t c1 = c0 + CHUNK < n ? c0 + CHUNK : n;
             vf sq_v = {0}, cmax_v = ninf;
             int64_t c = c0;
-            if (scaled) { /* t = raw = x·scale, visible; written back for pass 2 and the top-k */
+            if (scaled) {
+                /* t = raw = x·scale, all visible; written back for pass 2 and the top-k. Σx² alone
+                 * finds a non-finite x (inf² = inf, NaN stays NaN; an x² that overflows sends the
+                 * row to exact_counts too, which counts it right), and the count is n. */
                 for (; c + W <= c1; c += W) {
                     vf x = load(scaled, c) * scale;
                     store(scaled, c, x);
-                    scan_step(x, x, shown(NULL, c), &vis_v, &sq_v, &raw_zero, &t_zero, &cmax_v);
+                    sq_v += x * x;
+                    cmax_v = vmax(x, cmax_v);
                 }
                 if (c < c1) {
                     vf x = load_tail(scaled, c, n) * scale;
                     store_tail(scaled, c, n, x);
-                    scan_step(x, x, shown_tail(NULL, c, n), &vis_v, &sq_v, &raw_zero, &t_zero, &cmax_v);
+                    sq_v += x * x; /* the tail's lanes past n load as 0 */
+                    cmax_v = vmax(blend(shown_tail(NULL, c, n), x, ninf), cmax_v);
                 }
             } else {
                 for (; c + W <= c1; c += W)
@@ -171,7 +176,7 @@ static inline __attribute__((always_inline)) int row(
         top_group(tr, vr, g0, n, chunk_max, chunks, k, topr);
     }
     double sq_r = lanes_sum(&sq_d);
-    int64_t counted = 0;
+    int64_t counted = scaled ? n : 0;
     for (int i = 0; i < W; i++) counted += vis_v[i];
     int raw_finite = 1, t_bad = 0;
     vd raw_check = wide(raw_zero), t_check = wide(t_zero);

@@ -500,6 +500,39 @@ def test_plain_softmax_statistics_equal_the_torch_path(heads, kv_heads, q_len, k
     assert (want.max[1] - want.top[1, ..., 1] > 30).any()  # the case really has collapsed rows
 
 
+def test_plain_softmax_statistics_flag_overflowed_logits_as_the_torch_path_does():
+    """A query row large enough that its logits overflow (±inf, and NaN where infinities cancel): the
+    one-loop statistics mark the same rows broken and the same logits non-finite as the torch path,
+    and every other row keeps its values."""
+    from ssacli.kernels.online_stats import plain_softmax_statistics
+
+    if not native.flash_available():
+        pytest.skip("the native kernel or torch's sgemm is not available here")
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=gen) for _ in range(3))
+    q[0, 1, 17] = 3e38  # row 17 of head 1: logits past float32's range
+    shown = torch.ones(40, 40, dtype=torch.bool).tril()
+    count = shown.sum(-1).reshape(1, 1, 40)
+    want_out, want = softmax_statistics(
+        v, 40, logits=lambda r, c: torch.matmul(q[:, :, r], k[:, :, c].transpose(-1, -2)).mul_(0.5),
+        visible=lambda r, c: shown[r, c][None, None], transform=lambda x, r: x, count=count,
+        key_span=lambda r: [0, 40], block_rows=7, block_keys=13, compile=False, native_pass=False,
+    )  # fmt: skip
+    out, got = plain_softmax_statistics(q, k, v, 0.5, causal=True, window=None, count=count, block_rows=7,
+                                        block_keys=13)  # fmt: skip
+    assert not want.finite_logits and not got.finite_logits
+    assert got.finite_output == want.finite_output
+    # (not logit_sq: a finite logit over 1.8e19 squares to inf in the torch path's float32, to a
+    # finite float64 in the native passes, the row pass as the one loop)
+    for name in ("max", "total", "spread", "logit_n"):
+        have, expect = getattr(got, name), getattr(want, name)
+        assert torch.equal(torch.isfinite(have), torch.isfinite(expect)), name  # the same rows broke
+        finite = torch.isfinite(expect)
+        assert torch.allclose(have[finite], expect[finite], rtol=1e-6, atol=1e-6), name
+    assert not torch.isfinite(got.total[0, 1, 17]) and torch.isfinite(got.total[0, 0]).all()
+    assert torch.allclose(out[0, 0], want_out[0, 0], rtol=1e-5, atol=1e-6)
+
+
 # ---- whole diagnose runs ----------------------------------------------------------------------------
 
 
