@@ -253,7 +253,7 @@ class Recorder(Observer):
             hidden = output[0] if isinstance(output, tuple) else output
             if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or not hidden.is_floating_point():
                 return
-            if not torch.isfinite(hidden).all():
+            if not all_finite(hidden):
                 self.overflow.note(layer, f"layer {layer} output")
             if self.valid is not None and self.valid.shape == hidden.shape[:2]:
                 values = hidden[self.valid.to(hidden.device)]
@@ -272,10 +272,20 @@ class Recorder(Observer):
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
             if x is None or not x.is_floating_point():
                 return
-            if not torch.isfinite(x.float().pow(2).sum(-1)).all():
+            x = x.float()
+            if not all_finite(torch.einsum("...i,...i->...", x, x)):  # Σx² per row, no x² tensor
                 self.overflow.note(layer, name)
 
         return hook
+
+
+def all_finite(values: torch.Tensor) -> bool:
+    """Whether every value of a floating tensor is finite, in one reading pass: aminmax is NaN where
+    any value is NaN and ±inf where one is (isfinite(...).all() writes and reads a boolean copy)."""
+    if values.numel() == 0:
+        return True
+    low, high = torch.aminmax(values)
+    return bool(torch.isfinite(low) & torch.isfinite(high))
 
 
 class OutputReference:
@@ -385,7 +395,7 @@ def _hf_forward(
     kwargs.update(forward_arguments(route))
     out = loaded.model(**kwargs)
     logits = getattr(out, "logits", None)
-    if isinstance(logits, torch.Tensor) and not torch.isfinite(logits).all():
+    if isinstance(logits, torch.Tensor) and not all_finite(logits):
         recorder.overflow.note(None, "output logits")
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape:
         return {}
