@@ -177,20 +177,27 @@ static const float LOG_C[32] __attribute__((unused)) = {
     0.603290796f, 0.620240331f, 0.636907518f, 0.653301299f, 0.669430614f, 0.685303986f
 };
 
-static inline vf log1p_nonnegative(vf z) {
+/* The table logarithms' split of u = 1 + z = 2^e·m: m's top 5 bits pick LOG_INV[i] and table[i]
+ * (one two-register permute each), and r = m·LOG_INV[i] - 1 (one fused rounding, within ±1/65) is
+ * returned; log(u) = e·log 2 + table[i] + log1p(r) in the table's base. */
+static inline vf table_split(vf z, const float *table, vf *e, vf *c) {
     vf u = 1.0f + z;
     vi bits = (vi)u;
-    vf e = __builtin_convertvector(((bits >> 23) & 0xff) - 127, vf);
+    *e = __builtin_convertvector(((bits >> 23) & 0xff) - 127, vf);
     vf m = (vf)((bits & 0x7fffff) | 0x3f800000);
     vi top = bits >> 18; /* the permute reads only the low 5 bits: m's top 5 */
     __m512i idx;
     memcpy(&idx, &top, sizeof idx);
     __m512 inv_r = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG_INV), idx, _mm512_loadu_ps(LOG_INV + 16));
-    __m512 log_c = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG_C), idx, _mm512_loadu_ps(LOG_C + 16));
-    vf inv, c;
+    __m512 log_c = _mm512_permutex2var_ps(_mm512_loadu_ps(table), idx, _mm512_loadu_ps(table + 16));
+    vf inv;
     memcpy(&inv, &inv_r, sizeof inv);
-    memcpy(&c, &log_c, sizeof c);
-    vf r = m * inv - 1.0f;
+    memcpy(c, &log_c, sizeof *c);
+    return m * inv - 1.0f;
+}
+
+static inline vf log1p_nonnegative(vf z) {
+    vf e, c, r = table_split(z, LOG_C, &e, &c);
     vf poly = r * 0.333333343f - 0.5f;
     vf logu = e * 0.693359375f + (c + (poly * (r * r) + r));
     logu = e * -2.12194440e-4f + logu;
@@ -242,19 +249,7 @@ static const float LOG2_C[32] __attribute__((unused)) = { /* -log2 LOG_INV[i] */
 /* log2(1 + z) for z >= 0, W lanes: as log1p_nonnegative, with log2(1 + r) = r·(log2 e)·(1 - r/2 + r²/3)
  * and the exponent added as it is. z = +inf gives +inf. */
 static inline vf log2_1p_nonnegative(vf z) {
-    vf u = 1.0f + z;
-    vi bits = (vi)u;
-    vf e = __builtin_convertvector(((bits >> 23) & 0xff) - 127, vf);
-    vf m = (vf)((bits & 0x7fffff) | 0x3f800000);
-    vi top = bits >> 18;
-    __m512i idx;
-    memcpy(&idx, &top, sizeof idx);
-    __m512 inv_r = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG_INV), idx, _mm512_loadu_ps(LOG_INV + 16));
-    __m512 log_c = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG2_C), idx, _mm512_loadu_ps(LOG2_C + 16));
-    vf inv, c;
-    memcpy(&inv, &inv_r, sizeof inv);
-    memcpy(&c, &log_c, sizeof c);
-    vf r = m * inv - 1.0f;
+    vf e, c, r = table_split(z, LOG2_C, &e, &c);
     vf poly = (r * 0.480898347f - 0.721347520f) * r + 1.44269504f; /* log2 e · (1/3, -1/2, 1) */
     vf log2u = e + (c + poly * r);
     return blend(z <= 3.40282347e38f, log2u, splat(INFINITY));
@@ -286,7 +281,6 @@ static inline vf log2_1p_nonnegative(vf z) { return log1p_nonnegative(z) * 1.442
 static inline vf exp2_nonpositive(vf x) { return exp_nonpositive(x * 0.693147180559945309f); }
 #endif
 
-/* t = n·sgn(y)·log1p|y| for W lanes (y = -inf gives -inf). */
 /* sgn(y)·mag for mag >= 0 (NaN y: +mag, as the comparison says): a masked subtraction on AVX-512. */
 static inline vf signed_like(vf y, vf mag) {
 #if defined(__AVX512F__) && W == 16
@@ -301,6 +295,7 @@ static inline vf signed_like(vf y, vf mag) {
 #endif
 }
 
+/* t = n·sgn(y)·log1p|y| for W lanes (y = -inf gives -inf). */
 static inline vf ssa_transform(vf y, vf n) {
     return n * signed_like(y, log1p_nonnegative((vf)((vi)y & 0x7fffffff)));
 }
