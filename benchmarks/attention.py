@@ -308,21 +308,6 @@ def profile(args) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
-def with_backward_keys(keys, call):
-    """call()'s output, whose backward (run later by autograd) takes ``keys`` per one-loop key block:
-    the setting is read when the backward runs, so it wraps the output's grad_fn instead."""
-    from ssacli.kernels import blocked
-
-    out = call()
-    if out.requires_grad:
-        out.register_hook(lambda grad: _set_backward_keys(blocked, keys) or grad)
-    return out
-
-
-def _set_backward_keys(blocked, keys):
-    blocked.FLASH_BACKWARD_KEYS = keys
-
-
 def blocks(args) -> None:
     """Time of the blocked kernel / SDPA for a few block sizes (rows x keys), B = 1, forward and
     forward+backward: the sweep behind ssacli.kernels.blocked.BLOCK_ROWS / BLOCK_KEYS."""
@@ -338,11 +323,16 @@ def blocks(args) -> None:
         f"(default {default[0]}x{default[1]}/{default[2]}; the backward's keys matter only in fwd+bwd):"
     )
 
-    def run(fn, grad, upstream):
+    def run(fn, grad, upstream, backward_keys=None):
         def call():
-            out = fn()
-            if grad:
-                out.backward(upstream)
+            before = blocked.FLASH_BACKWARD_KEYS
+            blocked.FLASH_BACKWARD_KEYS = backward_keys or before  # read when the backward runs
+            try:
+                out = fn()
+                if grad:
+                    out.backward(upstream)
+            finally:
+                blocked.FLASH_BACKWARD_KEYS = before
 
         return call
 
@@ -359,13 +349,10 @@ def blocks(args) -> None:
                     )
                 }
                 for r, c, back in settings:
-                    call = lambda r=r, c=c, back=back, causal=causal, qkv=qkv: with_backward_keys(  # noqa: E731
-                        back,
-                        lambda: fused.ssa_attention(
-                            *qkv, b, n, causal=causal, block_rows=r, block_keys=c, backend="blocked"
-                        ),
+                    call = lambda r=r, c=c, causal=causal, qkv=qkv: fused.ssa_attention(  # noqa: E731
+                        *qkv, b, n, causal=causal, block_rows=r, block_keys=c, backend="blocked"
                     )
-                    fns[f"{r}x{c}/{back}"] = run(call, grad, upstream)
+                    fns[f"{r}x{c}/{back}"] = run(call, grad, upstream, back)
                 with torch.set_grad_enabled(grad):
                     best = interleaved_best(fns, args.repeats)
                 cells = " ".join(

@@ -154,7 +154,8 @@ class Recorder(Observer):
         return shifted(kind, F.pad(logits, (0, 1)), level, local)[..., :width]
 
     def changes_logits(self, module: nn.Module) -> bool:
-        kind = self.probe_kind if self.probe_kind is not None else (self.probe or (None,))[0]
+        # probe_kind while diagnose runs a probe; probe alone where a caller sets only that
+        kind = self.probe_kind or (self.probe[0] if self.probe is not None else None)
         return kind is not None and kind.acts_on is ActsOn.LOGITS
 
     def note_logits(self, logits: torch.Tensor, module: nn.Module) -> None:

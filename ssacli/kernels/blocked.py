@@ -72,6 +72,12 @@ def _native_exponents(query: torch.Tensor, n: torch.Tensor) -> torch.Tensor | No
     return None
 
 
+def _one_loop(n_heads: torch.Tensor | None, mask, dropout: float) -> bool:
+    """Whether the native one-loop kernels serve this call: native exponents, no mask tensor, no
+    dropout, torch's sgemm found (the forward and the backward ask the same)."""
+    return n_heads is not None and mask is None and dropout == 0.0 and native.flash_available()
+
+
 # ---- the blocked kernel ---------------------------------------------------------------------------
 
 
@@ -183,7 +189,7 @@ class BlockedSSA(torch.autograd.Function):
         mask5 = None if mask is None else _mask_view(mask, kv_heads)
         plan = _Plan(q5.shape, key.shape[-2], causal, window, rows, keys, dropout, seed)
         n_heads = _native_exponents(query, n)
-        if n_heads is not None and mask is None and dropout == 0.0 and native.flash_available():
+        if _one_loop(n_heads, mask, dropout):
             # the whole forward in one native loop: each logit tile stays in cache between its two
             # products (the block loop below writes it to memory and reads it back)
             out, lse = native.ssa_flash_forward(
@@ -235,9 +241,8 @@ class BlockedSSA(torch.autograd.Function):
         n4 = n.reshape(1, -1, 1, 1)
         delta = (go5 * _group(out, kv_heads)).sum(dim=-1, keepdim=True)  # rowsum(dO ∘ O)
         n_heads = _native_exponents(query, n)
-        flash = n_heads is not None and mask5 is None and plan.dropout == 0.0 and native.flash_available()
         # one task per query head: with fewer heads than threads the block loop spreads better
-        if flash and batch * query.shape[1] >= torch.get_num_threads():
+        if _one_loop(n_heads, mask5, plan.dropout) and batch * query.shape[1] >= torch.get_num_threads():
             dq, dk, dv, dn = native.ssa_flash_backward(
                 query, key, value, grad_out, n_heads, lse, delta, causal=plan.causal, window=plan.window,
                 block_rows=plan.q_block, block_keys=min(plan.k_block, FLASH_BACKWARD_KEYS),

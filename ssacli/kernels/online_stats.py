@@ -337,15 +337,10 @@ def plain_softmax_statistics(
     k_len = key.shape[-2]
     k_top = max(1, min(top_k, k_len))
     f64 = dict(dtype=torch.float64, device=query.device)
-    state = {
-        "m": torch.full((b, h, q_len), -math.inf, **f64), "l": torch.zeros((b, h, q_len), **f64),
-        "spread": torch.zeros((b, h, q_len), **f64),
-        "top": torch.full((b, h, q_len, k_top), -math.inf, **f64),
-        "sq": torch.zeros((b, h, q_len), **f64), "cnt": torch.zeros((b, h, q_len), **f64),
-        "first": torch.full((b, h, q_len), -math.inf, **f64),
-        "t_target": torch.full((b, h, q_len), -math.inf, **f64),
-        "x_target": torch.full((b, h, q_len), math.nan, **f64),
-    }  # fmt: skip
+    state = _native_state(b, h, q_len, k_top, query.device)  # as the row pass starts its rows
+    state["first"] = torch.full((b, h, q_len), -math.inf, **f64)
+    state["t_target"] = torch.full((b, h, q_len), -math.inf, **f64)
+    state["x_target"] = torch.full((b, h, q_len), math.nan, **f64)
     if target is not None:
         target = target.to(query.device).long()
     out, finite_logits, finite_output = native.stats_flash(
