@@ -21,12 +21,15 @@ The sources are C99 with GCC/Clang vector extensions (AVX-512 and AVX intrinsics
 costs several instructions) and no library but libm. They are compiled once per
 machine with the C compiler torch.compile would use (``$CC``, else cc/gcc/clang), at -O3 for the
 host CPU, into the user's cache (``$SSACLI_CACHE`` or ``$XDG_CACHE_HOME/ssacli``, default
-~/.cache/ssacli), named by a hash of the sources, the compiler and the CPU, so a new source or machine
-builds anew and nothing is ever overwritten in place (write to a temporary file, then rename).
-``$SSACLI_NATIVE_CFLAGS`` adds compiler flags (a separate build).
-``SSACLI_COMPILE=0`` (the one switch, ssacli.kernels.compiled) never builds it; a cache that cannot
-be written means a private temporary build for the process; a failed build is said once, as a
-warning, and the callers keep their torch block math, which computes the same things.
+~/.cache/ssacli; its ``kernels`` folder), named by a hash of the sources, the compiler and the CPU, so a
+new source or machine builds anew and nothing is ever overwritten in place (write to a temporary
+file, then rename). A cached library is loaded only if it and the cache's folders are the user's own,
+not writable by group or others and not symbolic links, checked on the opened file that is then
+loaded (ssacli.kernels.native_build.open_checked); a cache that fails the check is one warning and a
+private temporary build for the process. ``$SSACLI_NATIVE_CFLAGS`` adds compiler flags (a separate
+build). ``SSACLI_COMPILE=0`` (the one switch, ssacli.kernels.compiled) never builds it; a cache that
+cannot be written means a private temporary build for the process (silently); a failed build is said
+once, as a warning, and the callers keep their torch block math, which computes the same things.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def library() -> ctypes.CDLL | None:
                 compiler = native_build.compiler()
                 if compiler is None:
                     raise RuntimeError("no C compiler found ($CC, cc, gcc or clang)")
-                lib = ctypes.CDLL(str(native_build.build(compiler)))
+                lib = native_build.load(native_build.build(compiler))
                 _declare(lib)
                 _LIB.append(lib)
             except Exception as err:  # noqa: BLE001 - any failure means "use the torch path"
