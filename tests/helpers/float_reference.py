@@ -1,0 +1,101 @@
+"""Float64 references for the native kernels, with error bounds that hold for any float32 BLAS.
+
+The native one-loop kernels form each logit tile with an sgemm. How an sgemm sums a dot product (its
+blocking, FMA or not, AVX-512 or AVX2 tiles) differs between CPUs and BLAS builds, so its logits are
+not bit-equal to torch.matmul's everywhere (an AMD EPYC with AVX2 only differed by 3e-6 relative
+where an Intel Xeon with AVX-512 agreed bit for bit). These tests therefore compare every kernel
+with a float64 computation from the same float32 inputs and bound the difference by what float32
+rounding can do in *any* summation order:
+
+* each logit x = s·(q·k) carries at most γ_{d+1}·s·(|q|·|k|) (Higham, *Accuracy and Stability of
+  Numerical Algorithms*, §3.1, with γ_n = n·u / (1 − n·u) and u = 2⁻²⁴; FMA only tightens it);
+* a row whose logits all move by at most B has weights that move by a factor within e^(±2B), so its
+  maximum, top-k and single logits move by at most B, its total Σe^(x − m) by a factor e^(±2B), its
+  spread and output accordingly (:func:`plain_softmax_reference` writes each bound out);
+* the kernel's own float32 arithmetic after the logits (e^x, sums over the row's keys, p·v) adds a
+  relative ``(keys + 8)·4u`` on the quantities it accumulates.
+
+Nothing here imports ssacli.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+U32 = 2.0**-24  # float32 unit roundoff
+
+
+def gamma(n: int) -> float:
+    return n * U32 / (1 - n * U32)
+
+
+def plain_softmax_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float,
+    shown: torch.Tensor,
+    target: torch.Tensor | None,
+    top_k: int,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(values, bounds) of diagnose's plain-softmax row statistics, float64, for query [b, h, q, d] and
+    key/value [b, h_kv, k, d] (grouped heads repeated here), ``shown`` [q, k] the visible keys and
+    ``target`` [b] one key per sample. ``values`` names the fields of
+    ssacli.kernels.online_stats.RowStatistics plus ``out``; ``bounds`` the largest difference a float32
+    implementation may show for each, elementwise."""
+    heads = q.shape[1]
+    q64 = q.double()
+    k64, v64 = (t.double().repeat_interleave(heads // t.shape[1], 1) for t in (k, v))
+    x = q64 @ k64.transpose(-1, -2) * scaling
+    logit_err = gamma(q.shape[-1] + 1) * (q64.abs() @ k64.abs().transpose(-1, -2)) * abs(scaling)
+    logit_err = logit_err.where(shown, 0.0)
+    xs = x.masked_fill(~shown, -math.inf)
+    m = xs.amax(-1)
+    row_err = logit_err.amax(-1)  # B: the most any visible logit of the row can have moved
+    grow = torch.expm1(2 * row_err)  # weights move by a factor within e^(±2B)
+    ref = m.where(torch.isfinite(m), 0.0)[..., None]
+    p = torch.exp(xs - ref)
+    total = p.sum(-1)
+    spread = (p * (ref - xs).where(shown, 0.0)).sum(-1)
+    w = p / total.clamp_min(1e-300)[..., None]
+    keys = shown.sum(-1).double()  # [q]
+    arithmetic = (keys + 8) * 4 * U32  # the kernel's own float32 e^x, sums and p·v after the logits
+    width = min(top_k, k.shape[-2])
+    values = {
+        "out": w @ v64,
+        "max": m,
+        "total": total,
+        "spread": spread,
+        "top": xs.topk(width, dim=-1).values,
+        "first": xs[..., 0],
+        "logit_sq": x.where(shown, 0.0).square().sum(-1),
+        "logit_n": shown.sum(-1).double().expand_as(m),
+    }
+    bounds = {
+        "out": (grow[..., None] + arithmetic[:, None]) * (w @ v64.abs()) + 1e-12,
+        "max": row_err,
+        "total": (grow + arithmetic) * total,
+        "spread": (grow + arithmetic) * (spread + 2 * row_err * total) + 2 * row_err * total,
+        "top": row_err[..., None].expand(*row_err.shape, width),
+        "first": logit_err[..., 0],
+        "logit_sq": (2 * x.abs() * logit_err + logit_err.square()).sum(-1) + arithmetic * values["logit_sq"],
+        "logit_n": torch.zeros_like(m),
+    }
+    if target is not None:
+        pick = target.view(-1, 1, 1, 1).expand(*xs.shape[:-1], 1)
+        values["target"] = xs.gather(-1, pick)[..., 0]
+        values["target_logit"] = x.where(shown, math.nan).gather(-1, pick)[..., 0]
+        bounds["target"] = bounds["target_logit"] = logit_err.gather(-1, pick)[..., 0]
+    return values, bounds
+
+
+def excess(have: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> float:
+    """How far ``have`` lies outside want ± bound, at worst (≤ 0 inside): equal infinities and NaNs
+    count as inside, a NaN or infinity on one side only as outside (inf)."""
+    have, want = have.double(), want.double()
+    same = (have == want) | (have.isnan() & want.isnan())
+    gap = torch.where(same, 0.0, (have - want).abs() - bound.expand_as(want))
+    gap = torch.where(gap.isnan(), math.inf, gap)
+    return gap.max().item() if gap.numel() else 0.0
