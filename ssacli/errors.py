@@ -19,7 +19,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
 EXIT_CHECK_PASSED = 0  # every requirement passed
 EXIT_CHECK_FAILED = 1  # a requirement failed
 EXIT_CHECK_USAGE = 2  # usage or input error: fix the invocation, the config or its files
-EXIT_CHECK_UNCHECKABLE = 3  # the model cannot be checked (unsupported, or ssacli broke)
+EXIT_CHECK_UNCHECKABLE = 3  # the model cannot be checked (unsupported, non-finite weights, or ssacli broke)
 
 
 class SsacliError(Exception):
@@ -48,6 +48,11 @@ class InputError(SsacliError):
     """A model path or file is missing, unreadable or inconsistent."""
 
     exit_code = EXIT_INPUT
+
+
+class BrokenModelError(InputError):
+    """The model cannot be measured at all: weights that are NaN or ±inf. ``check`` reads it as a
+    model that cannot be checked (neither a passed nor a failed gate)."""
 
 
 class OutputError(SsacliError):
@@ -83,7 +88,9 @@ def exit_code(err: BaseException) -> int:
 def check_exit_code(err: BaseException) -> int:
     """The exit code of an ``ssacli check`` that ended with ``err``: an output that cannot be written
     is EXIT_INPUT, as in every command; other usage and input errors are the user's to fix;
-    anything else means the model cannot be checked."""
+    anything else, a model with non-finite weights included, means the model cannot be checked."""
     if isinstance(err, OutputError):
         return EXIT_INPUT
+    if isinstance(err, BrokenModelError):
+        return EXIT_CHECK_UNCHECKABLE
     return EXIT_CHECK_USAGE if isinstance(err, UsageError | InputError) else EXIT_CHECK_UNCHECKABLE

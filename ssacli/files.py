@@ -104,8 +104,13 @@ def write_bytes(data: bytes, path: str | Path) -> None:
             os.remove(tmp)
 
 
+def json_text(data: Any) -> str:
+    """How ssacli writes a JSON document (:func:`write_json`)."""
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
 def write_json(data: Any, path: str | Path) -> None:
-    write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", path)
+    write_text(json_text(data), path)
 
 
 def replace_folder(tmp: str | Path, out: str | Path) -> None:

@@ -24,7 +24,8 @@ CONFIG_FILE = "ssacli.toml"  # what check reads from the working folder when no 
 CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "model": (str,), "requires": (list,), "baseline": (str,), "max_regression": (int, float),
     "samples": (int,), "seed": (int,), "length": (int,), "tau": (int, float), "scorer": (str,),
-    "device": (str,), "dtype": (str,), "device_map": (str,), "max_memory": (str, list),
+    "random_ids": (bool,), "device": (str,), "dtype": (str,), "device_map": (str,),
+    "max_memory": (str, list),
 }  # fmt: skip
 
 
@@ -49,7 +50,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
                 f"config '{path}': unknown key '{key}' in [check]; valid: {', '.join(CONFIG_KEYS)}"
             )
         kinds = CONFIG_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, kinds):
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
             raise UsageError(f"config '{path}': '{key}' must be {' or '.join(k.__name__ for k in kinds)}")
         if key == "requires" and not all(isinstance(v, str) for v in value):
             raise UsageError(f"config '{path}': 'requires' must be a list of strings")
@@ -84,7 +85,7 @@ _TEMPLATE = """\
 model = {model}
 samples = {samples}  # inputs per probe level
 seed = {seed}     # the same seed gives the same inputs, so runs and baselines stay comparable
-requires = [
+{random}requires = [
 {requires}]
 
 # Regression gate: compare with an earlier `ssacli check --json` (or `diagnose --json`) file and
@@ -240,11 +241,14 @@ def _seed_span(seeds: list) -> str:
     return ", ".join(map(str, known))
 
 
-def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = None) -> str:
+def init_config(
+    family: str, model: str = DEFAULT_MODEL, requires: str | None = None, random_ids: bool = False
+) -> str:
     """A commented ssacli.toml with default requirements for ``family``: a kind (icl, causal,
     masked, encoder, seq2seq) or a ``model_type`` such as llama, bert or icl-gpt2. The ICL
     thresholds sit well clear of what builtin:every-softmax measures, so it passes; those for other
-    models are loose starting points: tighten them, or gate on a baseline, once you have measured."""
+    models are loose starting points: tighten them, or gate on a baseline, once you have measured.
+    ``random_ids``: the model is probed on random token ids (one without a tokenizer)."""
     kind = family if family in KINDS else family_kind(family)
     what = "an in-context-learning model" if kind == ModelKind.ICL else f"a transformers model ({kind})"
     if requires is not None:
@@ -254,6 +258,7 @@ def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = 
         model=json.dumps(model),
         samples=SAMPLES,
         seed=SEED,
+        random="random_ids = true  # random token ids: the model has no tokenizer\n" if random_ids else "",
         requires=requires if requires is not None else _REQUIRES["icl" if kind == ModelKind.ICL else "lm"],
     )
 
@@ -261,12 +266,15 @@ def init_config(family: str, model: str = DEFAULT_MODEL, requires: str | None = 
 # ---- check --init ---------------------------------------------------------------------------------
 
 
-def write_check_config(model: str | None = None, path: str | Path | None = None, **load_options: Any) -> str:
+def write_check_config(
+    model: str | None = None, path: str | Path | None = None, random_ids: bool = False, **load_options: Any
+) -> str:
     """Write a commented ssacli.toml to ``path`` (None: ./ssacli.toml; never over an existing file)
     with requirements measured on ``model`` (None: the default model) at :data:`INIT_SEEDS`
     (:func:`measured_requires`), so the model passes as it is, at those seeds and others; return the
     model's kind. ``load_options``: how MODEL is loaded (:class:`~ssacli.models.options.LoadOptions`,
-    ``trust_remote_code`` included)."""
+    ``trust_remote_code`` included); ``random_ids``: probe on random token ids (a model without a
+    tokenizer), which the file then says too."""
     from ..diagnosis.run import diagnose
     from ..models.loading import load_model
 
@@ -277,10 +285,13 @@ def write_check_config(model: str | None = None, path: str | Path | None = None,
     check_writable(target, "--config")
     loaded = load_model(model, **load_options)
     # One run per seed: the spread across seeds sets every margin (:func:`init_margin`).
-    results = [diagnose(loaded, list(INIT_PROBES), samples=SAMPLES, seed=seed) for seed in INIT_SEEDS]
+    results = [
+        diagnose(loaded, list(INIT_PROBES), samples=SAMPLES, seed=seed, random_ids=random_ids)
+        for seed in INIT_SEEDS
+    ]
     requires = measured_requires(results)
     local = Path(model).expanduser()
     if not model.startswith("builtin:") and local.exists():  # config paths are relative to the file
         model = Path(os.path.relpath(local.resolve(), target.resolve().parent)).as_posix()
-    write_text(init_config(loaded.kind, model, requires), target)
+    write_text(init_config(loaded.kind, model, requires, random_ids), target)
     return loaded.kind

@@ -66,6 +66,9 @@ def check_command(
         None, help=f"A row has collapsed when its largest weight is >= tau (default {defaults.TAU:g})."
     ),
     scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa."),
+    random_ids: bool = typer.Option(
+        False, "--random", help="Probe with random token ids (needed for a model without a tokenizer)."
+    ),
     device: Device = None,
     dtype: Dtype = None,
     allow_download: AllowDownload = False,
@@ -101,13 +104,13 @@ def check_command(
     )  # fmt: skip
     try:
         if init:
-            code = _init(model_ref, config, given(device=device, dtype=dtype) | load)
+            code = _init(model_ref, config, given(device=device, dtype=dtype, random_ids=random_ids) | load)
         else:
             check_outputs(("--junit", junit), ("--json", json_out))  # before anything heavy is imported
             settings = dict(
                 config=config, requires=require, baseline=baseline, max_regression=max_regression,
                 samples=samples, seed=seed, length=length, tau=tau, scorer=scorer, device=device,
-                dtype=dtype, strict=strict, **load,
+                dtype=dtype, strict=strict, random_ids=random_ids, **load,
             )  # fmt: skip
             code = _check(model_ref, settings, junit=junit, json_out=json_out, quiet=quiet)
     except Exception as err:  # a bad gate, a model that cannot be checked, a bug: one line

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from .. import defaults
 from ..errors import UsageError
-from ..files import write_json
+from ..files import json_text, write_text
 from .options import (
     HEATMAP_HELP,
     AllowDownload,
@@ -164,18 +164,20 @@ def diagnose_command(
             render_diagnose(result, console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
         else:
             render_comparison(result, other, console)
+    # every output rendered before the first is written: one that cannot be rendered leaves none
+    outputs = []
     if json_out is not None:
         from .. import compare_results
 
         data = result.to_dict() if other is None else compare_results(result, other)
-        write_json(data, json_out)
-        console.print(f"wrote {json_out}", highlight=False)
+        outputs.append((json_text(data), json_out))
     if html_out is not None:
-        from ..files import write_text
         from ..report.html import comparison_html, diagnose_html
 
-        write_text(diagnose_html(result) if other is None else comparison_html(result, other), html_out)
-        console.print(f"wrote {html_out}", highlight=False)
+        outputs.append((diagnose_html(result) if other is None else comparison_html(result, other), html_out))
+    for text, path in outputs:
+        write_text(text, path)
+        console.print(f"wrote {path}", highlight=False)
 
 
 def _compare_target(ref: str, settings: dict, quiet: bool):

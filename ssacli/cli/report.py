@@ -72,6 +72,9 @@ def report_command(
         defaults.SEED, help="One seed for both models: masking, ICL prompts, probe inputs."
     ),
     samples: int = typer.Option(defaults.SAMPLES, min=1, help="Sequences per probe level."),
+    random_ids: bool = typer.Option(
+        False, "--random", help="Probe with random token ids (needed for a model without a tokenizer)."
+    ),
     seq_len: int = typer.Option(
         defaults.LM_SEQ_LEN, min=2, help="LM loss window in tokens (capped at the model's)."
     ),
@@ -149,6 +152,7 @@ def report_command(
         pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples, seq_len=seq_len,
         max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
         icl_length=icl_length, prompts=prompts, builtin=not no_builtin, lm_eval_plan=plan,
+        random_ids=random_ids,
         **load_options(
             device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
         ).keywords(),

@@ -146,6 +146,17 @@ def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) ->
     finite = [(lv, r) for lv, r in zip(probe.levels, ratios) if r is not None and math.isfinite(r)]
     if probe.reached() is False:
         out.append(absorbed_finding(probe))
+        broke = outputs_broke_at(probe)
+        if broke is not None:  # the shift missed attention, yet the model's outputs broke
+            kl = level_output_kl(probe)[broke]
+            first = level_text(probe, probe.levels[reference_index(probe.name, probe.levels)])
+            how = "task error" if kl is None else f"KL {kl:.3g} nats/token to {first} > {OUTPUT_KL_HELD:g}"
+            at = level_text(probe, probe.levels[broke])
+            out.append({
+                "kind": "outputs_broke", "verdict": "outputs broke", "probe": probe.name,
+                "level": probe.levels[broke], "output_kl": kl,
+                "text": f"{probe.name}: outputs broke from {at} ({how}) {residual_text(probe)}",
+            })  # fmt: skip
         return out
     point = probe.collapse_point()
     fresh = probe.fresh_collapse_rate()
@@ -251,6 +262,12 @@ def absorbed_text(probe: ProbeResult) -> str:
     whose shift did not arrive (:meth:`ProbeResult.reached` is False) says wherever it is named."""
     advice = "; use key-scale" if probe.kind is not None and probe.kind.acts_on is ActsOn.EMBEDDINGS else ""
     return f"absorbed by {probe.absorbed_by()} — this probe cannot test this model{advice}"
+
+
+def residual_text(probe: ProbeResult) -> str:
+    """What a probe absorbed before attention whose outputs broke says of the path its shift took."""
+    return (f"through the residual stream, not attention (absorbed by {probe.absorbed_by()}; key-scale "
+            "tests attention)")  # fmt: skip
 
 
 def shift_text(probe: ProbeResult, index: int | None = None) -> str | None:

@@ -49,7 +49,9 @@ def scale_target(values: torch.Tensor, level: float, target: torch.Tensor | None
 
 def scale_target_key(keys: torch.Tensor, level: float, target: torch.Tensor | None = None) -> torch.Tensor:
     factor = torch.ones(keys.shape[0], 1, keys.shape[2], 1, dtype=keys.dtype, device=keys.device)
-    factor[torch.arange(keys.shape[0], device=keys.device), 0, target.to(keys.device), 0] = level
+    # a level past the dtype's range becomes inf (so the forward overflows, and says so), not an error
+    level_t = torch.tensor(level, dtype=torch.float64).to(keys.dtype)
+    factor[torch.arange(keys.shape[0], device=keys.device), 0, target.to(keys.device), 0] = level_t
     return keys * factor
 
 

@@ -64,6 +64,11 @@ class ProbeResult:
     def overflowed(self, index: int) -> dict[str, Any] | None:
         return self.overflow[index] if index < len(self.overflow) else None
 
+    @property
+    def all_overflowed(self) -> bool:
+        """Every level's forward was non-finite: nothing was measured (reports say so, plot nothing)."""
+        return bool(self.overflow) and all(self.overflow)
+
     def first_overflow(self) -> tuple[float, dict[str, Any]] | None:
         for level, where in zip(self.levels, self.overflow):
             if where:

@@ -233,6 +233,9 @@ def pick_targets(batches: list[ProbeBatch], seed: int) -> None:
         batch.target = torch.tensor(targets, dtype=torch.long)
 
 
+RANDOM_INPUTS = "random token ids"  # how a result's settings name them (no text: no loss baseline)
+
+
 class TokenSource:
     """Fixed-length token sequences from a text (built-in or the user's) or random ids."""
 
@@ -246,7 +249,7 @@ class TokenSource:
             if len(self.stream) < 2:
                 raise UsageError("the probe text is shorter than two tokens; give a longer --text file")
         self.description = (
-            "random token ids"
+            RANDOM_INPUTS
             if self.stream is None
             else ("--text file" if text is not None else "built-in texts")
         )

@@ -25,6 +25,7 @@ from .findings import baseline_probe, findings
 from .metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
 from .outputs import OUTPUT_KL_HELD, degenerate, outputs_held, quality_values, reference_index
 from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
+from .probes import RANDOM_INPUTS
 
 SCHEMA = "ssacli-diagnose"
 SCHEMA_VERSION = 3  # 2: layer_metrics, overflow, insensitive, reach, baseline-relative collapse, findings
@@ -58,13 +59,20 @@ class DiagnoseResult:
 
     def findings(self) -> list[dict[str, Any]]:
         """3-8 plain-language statements computed from the result (see ssacli.diagnosis.findings)."""
-        return findings(self.probes, self.heads, self.settings.get("vocab_size"))
+        return findings(self.probes, self.heads, self._uniform_vocab())
 
     def degenerate(self) -> dict[str, Any] | None:
         """Why the model is degenerate at baseline (near-uniform attention everywhere, or a loss no
         better than uniform guessing), or None: :func:`ssacli.diagnosis.outputs.degenerate`."""
         probes = self.probes
-        return degenerate(probes, self.settings.get("vocab_size"), baseline_probe(probes))
+        return degenerate(probes, self._uniform_vocab(), baseline_probe(probes))
+
+    def _uniform_vocab(self) -> int | None:
+        """The vocabulary a baseline loss is judged against (uniform guessing: log V); None on random
+        token ids, where no model predicts better than guessing, so the loss says nothing of it."""
+        if self.settings.get("inputs") == RANDOM_INPUTS:
+            return None
+        return self.settings.get("vocab_size")
 
     def verdicts(self) -> dict[str, dict[str, Any]]:
         """Per probe: its verdict (:func:`ssacli.diagnosis.verdicts.probe_verdicts`: saturates,

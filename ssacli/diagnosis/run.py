@@ -31,6 +31,7 @@ from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.device_map import MaxMemory
 from ..models.icl_task import TOKENS_PER_POINT
+from ..models.integrity import require_finite_weights
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
@@ -123,6 +124,9 @@ def diagnose(
     unaudited = route_unaudited_reason(getattr(root.config, "model_type", loaded.family), route)
     if unaudited is not None and strict:
         raise UnsupportedModelError(f"{unaudited}; --strict refuses it (drop --strict to measure it, marked)")
+    if loaded.kind != ModelKind.ICL and inputs is None and not random_ids:
+        loaded.require_tokenizer("probing with text")  # never random ids the user did not ask for
+    require_finite_weights(loaded.model, loaded.name)  # not "overflow at every level"
     training = loaded.model.training
     loaded.model.eval()
     undo = _prepare_scorer(root, scorer) if route is Route.SSACLI else None

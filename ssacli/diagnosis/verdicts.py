@@ -8,6 +8,8 @@ the ``line`` a report prints and a ``severity`` (lower is worse) that orders the
 * ``absorbed`` / ``n/a`` / ``skipped`` (1): the probe could not test the model: "absorbed by
   model.layers.0.input_layernorm — this probe cannot test this model; use key-scale" (its shift did not
   arrive: :meth:`~ssacli.diagnosis.probe_result.ProbeResult.reached`), "n/a (scorer cannot respond)";
+  a probe absorbed before attention whose outputs broke all the same (through the residual stream) is
+  ``outputs broke`` (0) instead: "absorbed" never hides a broken model;
 * ``robust`` (2): "robust up to σ=32 (shift reached ×31.6)": no collapse up to the top level, with the
   shift measured where the probe acts (the least over layers).
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .findings import absorbed_text, level_text, shift_text
+from .findings import absorbed_text, level_text, residual_text, shift_text
 from .outputs import (
     OUTPUT_KL_HELD,
     ROBUST_COLLAPSE,
@@ -81,21 +83,16 @@ def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
         )
     if point is not None:
         return Verdict(name, "saturates", f"saturates at {level_text(probe, point)} (collapse point)", point)
+    broke = outputs_broke_at(probe)
     if probe.reached() is False:
+        if broke is not None:  # "absorbed" never hides a model whose outputs broke anyway
+            return _broke(probe, broke, f" {residual_text(probe)}")
         return Verdict(name, "absorbed", absorbed_text(probe))
     top = len(probe.levels) - 1
     if broken is not None:  # no collapse in a degenerate model is no robustness (outputs.py's rule)
         return Verdict(name, "degenerate", f"degenerate, not robust: {broken['text']}")
-    broke = outputs_broke_at(probe)
     if broke is not None:
-        kl = level_output_kl(probe)[broke]
-        how = (
-            f"KL {kl:.3g} nats/token to the unshifted run > {OUTPUT_KL_HELD:g}"
-            if kl is not None
-            else "task error"
-        )
-        at = probe.levels[broke]
-        return Verdict(name, "outputs broke", f"outputs broke at {level_text(probe, at)} ({how})", at)
+        return _broke(probe, broke)
     partly = partly_collapsed_at(probe)
     if partly is not None:  # more than ROBUST_COLLAPSE of the rows, short of the collapse point
         worst = float(max(r for r in probe.fresh_collapse_rate() if r == r))
@@ -116,6 +113,15 @@ def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
     return Verdict(
         name, "robust", f"robust up to {level_text(probe, probe.levels[top])} ({how})", probe.levels[top]
     )
+
+
+def _broke(probe: ProbeResult, index: int, how_far: str = "") -> Verdict:
+    """ "outputs broke at LEVEL (KL … > 0.1)", then ``how_far`` (the path the shift took)."""
+    kl = level_output_kl(probe)[index]
+    how = "task error" if kl is None else f"KL {kl:.3g} nats/token to the unshifted run > {OUTPUT_KL_HELD:g}"
+    at = probe.levels[index]
+    line = f"outputs broke at {level_text(probe, at)} ({how}){how_far}"
+    return Verdict(probe.name, "outputs broke", line, at)
 
 
 def probe_verdicts(result) -> list[Verdict]:

@@ -114,9 +114,20 @@ class LoadedModel:
     tokenizer: Any | None = None
     max_positions: int | None = None
     path: Path | None = None
+    no_tokenizer: str | None = None  # a reference loaded without a tokenizer: why (files, an error)
 
     def __post_init__(self) -> None:
         self.kind = ModelKind(self.kind)  # a plain "causal" from a caller becomes the enum member
+
+    def require_tokenizer(self, what: str) -> None:
+        """Refuse ``what`` (text inputs) for a model reference that loaded without a tokenizer: random
+        token ids instead would measure the model on noise and read its loss as degenerate."""
+        if self.tokenizer is None and self.no_tokenizer is not None:
+            raise InputError(
+                f"'{self.name}' has no tokenizer ({self.no_tokenizer}), and {what} needs one: save its "
+                "tokenizer into the folder (tokenizer.save_pretrained), or pass --random to probe with "
+                "random token ids instead (random_ids=True in the API)"
+            )
 
     @property
     def pad_id(self) -> int:
@@ -398,8 +409,10 @@ def _load_transformers(
     spec = getattr(config, "ssacli_scorer", None)
     if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
         attach_saved_scorer(model, path, spec)
-    tokenizer = _tokenizer(source, path, offline, trust, guarded)
-    return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, max_positions(config), path)
+    tokenizer, missing = _tokenizer(source, path, offline, trust, guarded)
+    return LoadedModel(
+        model, ref, config.model_type, kind_of(model), tokenizer, max_positions(config), path, missing
+    )
 
 
 def _model_class(config, transformers) -> type | None:
@@ -412,17 +425,19 @@ def _model_class(config, transformers) -> type | None:
 
 
 def _tokenizer(source, path: Path | None, offline: bool, trust: bool = False, config: Any = None):
+    """(the tokenizer, None) or (None, why there is none: what :meth:`LoadedModel.require_tokenizer`
+    says)."""
     if path is not None and not any((path / f).is_file() for f in _TOKENIZER_FILES):
-        return None
+        return None, f"its folder has none of {', '.join(_TOKENIZER_FILES)}"
     from transformers import AutoTokenizer
 
     extra = {} if config is None else {"config": config}  # a guarded config.json is not read
     try:
         return AutoTokenizer.from_pretrained(
             source, local_files_only=offline, trust_remote_code=trust, **extra
-        )
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+        ), None
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        return None, f"its tokenizer did not load ({_first_line(err)})"
 
 
 def _config_model_type(path: Path | None) -> str | None:

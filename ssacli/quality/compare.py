@@ -31,6 +31,7 @@ from ..defaults import (
 )
 from ..errors import InputError, UsageError
 from ..models.device_map import MaxMemory
+from ..models.integrity import require_finite_weights
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_with
 from ..models.options import LoadOptions
@@ -54,7 +55,7 @@ def compare_models(
     device_map: str | None = None, max_memory: MaxMemory = None,
     progress: Callable[[str], None] | None = None,
     before_report: QualityReport | dict[str, Any] | str | Path | None = None,
-    builtin: bool = True, lm_eval_plan: LMEvalPlan | None = None,
+    builtin: bool = True, lm_eval_plan: LMEvalPlan | None = None, random_ids: bool = False,
 ) -> QualityReport:  # fmt: skip
     """Every measure that applies to both models, and the probe comparison, as one report.
     MODEL references load with ``device`` … ``max_memory`` (:class:`~ssacli.models.options.LoadOptions`).
@@ -66,7 +67,9 @@ def compare_models(
     ``builtin`` (the default), language models that get neither text also get the perplexity of the
     built-in texts (``lm_builtin``), and without ``pairs`` the built-in minimal pairs
     (:mod:`ssacli.quality.builtin`); ``settings["builtin"]`` names what was used. Probes run
-    on both models with the same ``seed``; ``report["diagnose"]`` is :func:`compare_results` of them.
+    on both models with the same ``seed`` (on random token ids with ``random_ids``, which a model
+    without a tokenizer needs); ``report["diagnose"]`` is :func:`compare_results` of them. A model
+    with non-finite weights is refused as it loads (BrokenModelError), before anything is measured.
     ``before_report``: an earlier report (a QualityReport, its JSON document, or the path of its
     ``--json`` file) of the same BEFORE with the same settings and input files, whose BEFORE
     measurements and probes are reused instead of measured again (a UsageError if anything differs,
@@ -96,6 +99,7 @@ def compare_models(
     for side, ref in (("before", before), ("after", after)):
         say(f"loading {side}: {ref}")
         models.append(ref if isinstance(ref, LoadedModel) else load_with(str(ref), load))
+        require_finite_weights(models[-1].model, models[-1].name)
     _check_compatible(*models, text=text_id is not None or text_ood is not None, pairs=groups is not None)
     if lm_eval_plan is not None:
         for loaded in models:
@@ -141,7 +145,7 @@ def compare_models(
             say(f"{side}: lm-eval {', '.join(lm_eval_plan.tasks)}")
             out["lm_eval"] = run_plan(loaded, lm_eval_plan, seed=seed, allow_download=load.allow_download)
         say(f"{side}: attention probes")
-        diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples))
+        diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples, random_ids=random_ids))
     if text_id is not None or text_ood is not None or text_builtin is not None or groups is not None:
         if not _same_vocab(*models):
             notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")

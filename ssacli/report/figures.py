@@ -256,6 +256,9 @@ def _level_axis(ax, levels, label: str = "level") -> None:
     positive = [v for v in values if v > 0]
     if positive and len(positive) == len(values) and max(positive) >= 8 * min(positive):
         ax.set_xscale("log")
+        # the swept range itself: with no finite point to autoscale on (levels that all overflowed)
+        # a log axis would keep matplotlib's default 0–1 and fail to draw
+        ax.set_xlim(min(positive) / 1.5, max(positive) * 1.5)
     elif len(positive) >= 2 and min(values) == 0 and max(positive) >= 8 * min(positive):
         ax.set_xscale("symlog", linthresh=min(positive))
     ax.set_xticks(values)

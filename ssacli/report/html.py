@@ -132,12 +132,21 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
         detail = collapse_detail(probe)
         if detail:
             body.append(f"<p>{escape(detail)}</p>")
-        body += [
-            png_img(line_figure(probe), f"{probe.name}: metrics vs level"),
-            f'<p class="note">{escape(heatmap_level_text(probe))}</p>',
-            png_img(heatmap_figure(probe), f"{probe.name}: layer × head heatmaps"),
-            html_table(*probe_table_rows(probe)),
-        ]
+        if probe.all_overflowed:  # no finite metric at any level: nothing to plot
+            level, where = probe.first_overflow()
+            at = f"layer {where['layer']}: " if where.get("layer") is not None else ""
+            first = escape(f"{fmt_level(level)} in {at}{where.get('where')}")
+            body.append(
+                f'<p class="note">every level overflowed (first non-finite value at {first}): nothing '
+                "was measured, so nothing is plotted</p>"
+            )
+        else:
+            body += [
+                png_img(line_figure(probe), f"{probe.name}: metrics vs level"),
+                f'<p class="note">{escape(heatmap_level_text(probe))}</p>',
+                png_img(heatmap_figure(probe), f"{probe.name}: layer × head heatmaps"),
+            ]
+        body.append(html_table(*probe_table_rows(probe)))
         sections.append(Section(probe.name, body))
     heads = result.most_saturated(10)
     if heads:

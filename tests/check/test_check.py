@@ -324,7 +324,7 @@ def test_language_model_defaults_parse_and_are_measurable(tmp_path):
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "gpt2")
     assert ssacli.load_model(str(tmp_path / "gpt2")).kind == "causal"  # the template check --init picks
     requires = tomllib.loads(init_config("causal", "x"))["check"]["requires"]
-    report = run_check(str(tmp_path / "gpt2"), requires, samples=2, length=16)
+    report = run_check(str(tmp_path / "gpt2"), requires, samples=2, length=16, random_ids=True)
     assert all(math.isfinite(o.measured) for o in report.outcomes)
 
 

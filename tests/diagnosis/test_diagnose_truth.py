@@ -295,7 +295,7 @@ def test_check_init_gates_only_probes_that_reach_this_models_attention(tmp_path,
     model.save_pretrained(tmp_path / "m")
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
-    done = runner.invoke(app, ["check", "--init", "m", "--config", "gate.toml"])
+    done = runner.invoke(app, ["check", "--init", "m", "--random", "--config", "gate.toml"])
     assert done.exit_code == 0, done.output
     text = (tmp_path / "gate.toml").read_text()
     # RMSNorm divides embed-scale back out in a one-layer pre-norm model: no gate on it

@@ -81,7 +81,7 @@ def test_cli_reports_the_learned_sink_of_a_saved_gpt_oss(saved):
     out = folder.parent / "sink.json"
     probe = "embed-scale:" + ",".join(f"{s:g}" for s in LEVELS)
     args = ["diagnose", str(folder), "--probe", probe, "--samples", str(SAMPLES), "--length", str(LENGTH),
-            "--seed", str(SEED), "--json", str(out)]  # fmt: skip
+            "--seed", str(SEED), "--random", "--json", str(out)]  # fmt: skip
     result = CliRunner().invoke(app, args, env={"COLUMNS": "160", "NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     assert "learned sink" in result.output  # the column of the per-probe table

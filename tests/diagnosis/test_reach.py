@@ -145,7 +145,7 @@ def test_a_prenorm_llama_absorbs_outlier_in_the_cli_terminal_and_json(tmp_path):
     model.save_pretrained(tmp_path / "llama")
     out = tmp_path / "out.json"
     args = ["diagnose", str(tmp_path / "llama"), "--probe", OUTLIER, "--probe", "key-scale:1,32",
-            "--samples", "4", "--length", "24", "--json", str(out)]  # fmt: skip
+            "--samples", "4", "--length", "24", "--random", "--json", str(out)]  # fmt: skip
     done = CliRunner().invoke(app, args, env={"COLUMNS": "100"})
     assert done.exit_code == 0, done.output
     text = _plain(done.output)

@@ -231,7 +231,7 @@ def test_an_unaudited_family_is_marked_everywhere_and_strict_refuses_it(tmp_path
     assert "unaudited" in (tmp_path / "d.html").read_text()
     code, _, err = run_main(["diagnose", str(folder), *probe, "--strict"], monkeypatch, capsys)
     assert code == 3 and "--strict" in err and "Traceback" not in err
-    req = ["-r", "collapse_rate@logit-scale:2 <= 1", "--samples", "2"]
+    req = ["-r", "collapse_rate@logit-scale:2 <= 1", "--samples", "2", "--random"]
     checked = runner.invoke(app, ["check", str(folder), *req, "--json", str(tmp_path / "c.json")])
     assert checked.exit_code == 0, checked.output
     assert any(w.startswith("unaudited:") for w in json.loads((tmp_path / "c.json").read_text())["warnings"])
