@@ -1,8 +1,9 @@
 """The native kernels' other code paths, built on this machine with $SSACLI_NATIVE_CFLAGS: AVX-512 where
 the CPU has it, without AVX-512 (the AVX2 reductions, the portable e^x and log1p) and without AVX
 (plain vector extensions). Each runs in a fresh process with a temporary cache of its own and MKL
-limited to the same instruction set ($MKL_ENABLE_INSTRUCTIONS), so torch's sgemm, which forms the
-one-loop kernels' logit tiles, blocks and rounds as it would on such a CPU; each is checked against a
+limited to the same instruction set ($MKL_ENABLE_INSTRUCTIONS; torch's own kernels by
+$ATEN_CPU_CAPABILITY), so torch's sgemm, which forms the one-loop kernels' logit tiles, blocks and
+rounds as it would on such a CPU; each is checked against a
 float64 computation from the same float32 inputs, within what float32 rounding can do in any
 summation order (tests/helpers/float_reference.py), not against torch's own float32 tiles, which
 round differently on other CPUs and BLAS builds."""
@@ -70,11 +71,12 @@ for name, (out, got) in runs.items():
 print(json.dumps(report))
 """
 
-# The build flags of each path and the MKL instruction set of a CPU that has only that path.
+# The build flags of each path, and the MKL instruction set and torch CPU capability of a CPU that
+# has only that path (benchmarks/instruction_sets.py times them).
 PATHS = {
-    "avx512": ("", "AVX512"),
-    "avx2": ("-mno-avx512f", "AVX2"),
-    "no-avx": ("-mno-avx", "SSE4_2"),
+    "avx512": ("", "AVX512", "avx512"),
+    "avx2": ("-mno-avx512f", "AVX2", "avx2"),
+    "no-avx": ("-mno-avx", "SSE4_2", "default"),
 }
 
 
@@ -93,9 +95,9 @@ def test_every_instruction_set_computes_the_float64_reference(tmp_path, path):
         pytest.skip("x86 flags")
     if path == "avx512" and not _has_avx512():
         pytest.skip("this CPU has no AVX-512")
-    flags, mkl = PATHS[path]
+    flags, mkl, aten = PATHS[path]
     env = {**os.environ, "SSACLI_NATIVE_CFLAGS": flags, "SSACLI_CACHE": str(tmp_path)}
-    env["MKL_ENABLE_INSTRUCTIONS"] = mkl
+    env.update(MKL_ENABLE_INSTRUCTIONS=mkl, ATEN_CPU_CAPABILITY=aten)
     env.pop("SSACLI_COMPILE", None)
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(ROOT)], env=env, capture_output=True, text=True, timeout=300
