@@ -330,9 +330,9 @@ def plain_softmax_statistics(
     the logits, no keyless term — in one native loop (ssacli.kernels.native.stats_flash): each
     [rows, keys] logit tile is formed by torch's own sgemm (the products round as torch.matmul's on
     some CPUs, and within float32 rounding of them on others: ssacli.kernels.native), reduced while
-    it sits in cache, and multiplied by v. query [b, h, q, d], key/value [b, h_kv, k, d] float32 on the CPU (see
-    :func:`plain_softmax_available`); ``count`` [b|1, h|1, q] the keys each row sees; ``target`` [b].
-    The same :class:`RowStatistics` as :func:`softmax_statistics` (t = x)."""
+    it sits in cache, and multiplied by v. query [b, h, q, d], key/value [b, h_kv, k, d] float32 on
+    the CPU (see :func:`plain_softmax_available`); ``count`` [b|1, h|1, q] the keys each row sees;
+    ``target`` [b]. The same :class:`RowStatistics` as :func:`softmax_statistics` (t = x)."""
     b, h, q_len, _ = query.shape
     k_len = key.shape[-2]
     k_top = max(1, min(top_k, k_len))
