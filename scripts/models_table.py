@@ -1,10 +1,12 @@
 """Write docs/models.md from the all-family audit (ssacli.testing.audit).
 
-    python scripts/models_table.py            # audit every family (~30 s on a CPU) and rewrite the page
-    python scripts/models_table.py --check    # exit 1 if the committed page differs
+    python scripts/models_table.py            # audit every family (~40 s on a CPU) and rewrite the page
+    python scripts/models_table.py --check    # exit 1 if the committed page differs (the rows that do)
 
 It writes ssacli/attention/audited.py too: the families the audit found exact, which every output
-marks as audited (the rest that ssacli accepts on structure alone read "unaudited").
+marks as audited (the rest that ssacli accepts on structure alone read "unaudited"), and AUDITED_ON,
+the transformers release the audit ran on (the page says it; on another release the drift tests skip
+as stale, ssacli.testing.audit.stale_table).
 
 tests/contracts/test_families.py::test_models_md_is_the_audit_table compares the committed page with
 :func:`render` of the audit it runs, so the page cannot drift from what the code does.
@@ -13,6 +15,7 @@ tests/contracts/test_families.py::test_models_md_is_the_audit_table compares the
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
@@ -48,8 +51,12 @@ run on a padded batch (left padding for decoders, right for encoders):
 
 * **exact**: `supports()` is True, the softmax path equals the model's own eager path (relative
   difference ≤ 1e-5 on valid positions; a family found different in fp32 is compared again in
-  float64, where rounding cannot flip a mixture-of-experts router), and SSA keeps a causal family
-  causal;
+  float64, where rounding cannot flip a mixture-of-experts router), every attention module's output
+  is within 1e-5 of eager's when fed eager's inputs (the attention function compared layer by layer,
+  before the rest of the network can amplify rounding), and SSA keeps a causal family causal. A
+  family whose logits alone differ beyond 1e-5 in float32, which float64 does not settle, is exact
+  when its attention outputs are and eager's attention outputs give eager's logits through ssacli's
+  model: its row says so (rounding amplified outside attention, e.g. a router's top-k flip);
 * **refused**: `supports()` is False or the call raises `UnsupportedModelError`, with the reason;
 * **not built tiny**: the generic shrink cannot build or run the family on token ids alone on a CPU
   (the error is listed); such a family is not audited, so treat it as untested: diagnose, check and
@@ -85,15 +92,44 @@ refused for the swap. `ssacli diagnose` still measures them through their own ea
 """
 
 
-def render(results) -> str:
-    """The whole page for a list of :class:`ssacli.testing.audit.FamilyResult`."""
+# {release a table is measured on: the rows whose status the audit finds otherwise on the other
+# releases the package admits (pyproject.toml: transformers>=5.24,<6)}, from the audit's runs there
+# (scripts/transformers_compat.sh). A table measured on a release without a note here has none: write
+# one when the pin (AUDITED_ON) moves.
+OTHER_RELEASES = {
+    "5.25.0": """\
+On transformers 5.24.0, the oldest release the package admits, the audit gives five rows another
+status: falcon is refused (its attention is its own code there, which `ssacli diagnose` measures
+through its eager fallback), and ergo, kolibri1_1, minicpm5_moe and param2moe do not exist.
+""",
+}
+
+
+def installed_release() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def render(results, release: str | None = None) -> str:
+    """The whole page for a list of :class:`ssacli.testing.audit.FamilyResult` measured on transformers
+    ``release`` (default: the installed one)."""
     from ssacli.testing.audit import summary
 
     label = {
         "exact": "exact", "refused": "refused", "different": "**DIFFERENT**",
         "not-buildable": "not built tiny",
     }  # fmt: skip
-    lines = [HEADER, f"**Audit:** {summary(results)}.\n", "| family | kind | status | reason |"]
+    release = release or installed_release()
+    measured = f"""\
+**Measured on transformers {release}**: every row below (`AUDITED_ON` in
+`ssacli/attention/audited.py`; the README's test command pins this release). On another release the
+rows may differ: `scripts/transformers_compat.sh` runs the audit there, and the suite's drift tests
+skip with the reason that this table is stale there.
+"""
+    if release in OTHER_RELEASES:
+        measured += "\n" + OTHER_RELEASES[release]
+    lines = [HEADER, measured, f"**Audit:** {summary(results)}.\n", "| family | kind | status | reason |"]
     lines.append("|---|---|---|---|")
     for r in sorted(results, key=lambda r: r.family):
         reason = " ".join(r.reason.split()).replace("|", "\\|")
@@ -101,8 +137,9 @@ def render(results) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_audited(results) -> str:
-    """ssacli/attention/audited.py for a list of :class:`ssacli.testing.audit.FamilyResult`."""
+def render_audited(results, release: str | None = None) -> str:
+    """ssacli/attention/audited.py for a list of :class:`ssacli.testing.audit.FamilyResult` measured on
+    transformers ``release`` (default: the installed one)."""
     exact = sorted(r.family for r in results if r.status == "exact")
     lines, line = [], "   "
     for family in exact:
@@ -113,9 +150,13 @@ def render_audited(results) -> str:
         line += item
     lines.append(line)
     body = "\n".join(lines)
+    release = release or installed_release()
     return f'''"""The families the all-family audit found exact (ssacli.testing.audit, docs/models.md):
-the one list every output reads to mark a model audited. Generated by scripts/models_table.py; do not edit by
-hand (tests/contracts/test_families.py checks it is the audit's)."""
+the one list every output reads to mark a model audited, and the transformers release it was measured
+on. Generated by scripts/models_table.py; do not edit by hand (tests/contracts/test_families.py checks
+it is the audit's)."""
+
+AUDITED_ON = "{release}"  # the transformers release docs/models.md and this set were measured on
 
 AUDITED_FAMILIES = frozenset({{
 {body}
@@ -134,10 +175,24 @@ def main() -> int:
     print(summary(results))
     audited = render_audited(results)
     if args.check:
-        if PAGE.read_text() != page or AUDITED.read_text() != audited:
-            print("docs/models.md or audited.py differs from the audit: run it", file=sys.stderr)
-            return 1
-        return 0
+        committed = PAGE.read_text()
+        if committed == page and AUDITED.read_text() == audited:
+            return 0
+        rows = [
+            line for line in difflib.unified_diff(committed.splitlines(), page.splitlines(), lineterm="", n=0)
+            if line[:2] in ("-|", "+|")
+        ]  # fmt: skip
+        print("\n".join(["table rows (- committed, + this audit):", *rows]) if rows else "no row differs")
+        from ssacli.attention.audited import AUDITED_ON
+
+        stale = "" if AUDITED_ON == installed_release() else (
+            f" (the table was measured on transformers {AUDITED_ON}; installed {installed_release()})"
+        )  # fmt: skip
+        print(
+            f"docs/models.md or audited.py differs from the audit{stale}: run python scripts/models_table.py",
+            file=sys.stderr,
+        )
+        return 1
     PAGE.write_text(page)
     AUDITED.write_text(audited)
     print(f"wrote {PAGE} and {AUDITED}")

@@ -52,6 +52,7 @@ _SMALL = {  # other size fields and their tiny values
     "num_kv_shared_layers": 0, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
     "expert_layer_offset": 1, "num_filters": 4,
 }  # fmt: skip
+_AT_MOST = {"num_experts_per_tok", "moe_k", "top_k"}  # top-k: the _SMALL value at most (zaya takes 1 only)
 _POSITIONS = {
     "max_position_embeddings", "n_positions", "max_source_positions", "max_target_positions", "n_ctx",
 }  # fmt: skip
@@ -127,7 +128,7 @@ def _shrink(values: dict[str, Any]) -> dict[str, Any]:
         elif key in _EXPERTS and isinstance(value, int):
             out[key] = 4
         elif key in _SMALL and isinstance(value, int):
-            out[key] = _SMALL[key]
+            out[key] = min(value, _SMALL[key]) if key in _AT_MOST else _SMALL[key]
         elif key == "vocab_size" and (isinstance(value, int) or value is None):
             out[key] = VOCAB
         elif key in _POSITIONS and isinstance(value, int) and value > 512:

@@ -1,5 +1,6 @@
 """Never silently wrong: every model family of the installed transformers is either exact through
-ssacli or refused with a reason (ssacli.testing.audit), and docs/models.md is that audit's table.
+ssacli or refused with a reason (ssacli.testing.audit), and docs/models.md is that audit's table (on
+the release it was measured on, AUDITED_ON; on another the drift tests skip as stale).
 Learned sinks (gpt-oss): the softmax path equals the model's eager path, on the eager, fused and
 observed routes, over padding, sliding layers and KV-cache generation; every scorer's sink is an
 extra, always visible key with a zero value. No attention argument is ignored."""
@@ -18,7 +19,7 @@ from transformers import GptOssConfig, GptOssForCausalLM
 
 import ssacli
 from ssacli.attention.arguments import ARGUMENTS, REFUSED_ARGUMENTS, attention_call_arguments
-from ssacli.attention.audited import AUDITED_FAMILIES
+from ssacli.attention.audited import AUDITED_FAMILIES, AUDITED_ON
 from ssacli.attention.forward import SCORER_ATTR, scores_and_sink, ssacli_attention_forward
 from ssacli.attention.interface import unaudited_reason, unsupported_reason
 from ssacli.errors import UnsupportedModelError
@@ -62,9 +63,18 @@ def test_refused_families_name_themselves_and_what_it_would_take(results):
             assert "would take" in result.reason or "share=layer" in result.reason, result
 
 
+def skip_if_stale():
+    """The drift tests compare committed files with the installed transformers: on a release other
+    than the one they were measured on they skip with that reason (SSACLI_STRICT_AUDIT=1: they run)."""
+    reason = audit.stale_table()
+    if reason:
+        pytest.skip(reason)
+
+
 @pytest.mark.families
 def test_models_md_is_the_audit_table(results):
     """docs/models.md cannot drift: it must be what scripts/models_table.py writes for this audit."""
+    skip_if_stale()
     spec = importlib.util.spec_from_file_location("models_table", ROOT / "scripts" / "models_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -78,6 +88,7 @@ def test_models_md_is_the_audit_table(results):
 def test_the_audited_set_is_the_audit(results):
     """ssacli/attention/audited.py, which every output reads to mark a model audited or not, is what
     scripts/models_table.py writes for this audit: the families found exact, no more."""
+    skip_if_stale()
     spec = importlib.util.spec_from_file_location("models_table", ROOT / "scripts" / "models_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -85,6 +96,102 @@ def test_the_audited_set_is_the_audit(results):
     assert committed == module.render_audited(results), "audited.py differs: run scripts/models_table.py"
     assert AUDITED_FAMILIES == {r.family for r in results if r.status == "exact"}
     assert all(unaudited_reason(r.family) for r in results if r.status == "not-buildable")
+
+
+def test_the_readme_test_command_pins_the_audited_release():
+    """The README's test command (what CI runs) installs the release docs/models.md was measured on, so
+    the drift tests run strictly there."""
+    readme = (ROOT / "README.md").read_text()
+    command = readme.split("<!-- test-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert f"transformers=={AUDITED_ON} " in command, command
+
+
+def test_a_stale_table_skips_unless_strict(monkeypatch):
+    import transformers
+
+    monkeypatch.delenv(audit.STRICT_ENV, raising=False)
+    monkeypatch.setattr(transformers, "__version__", AUDITED_ON)
+    assert audit.stale_table() is None
+    monkeypatch.setattr(transformers, "__version__", "99.0.0")
+    reason = audit.stale_table()
+    assert f"measured on transformers {AUDITED_ON}; installed 99.0.0" in reason
+    assert "scripts/models_table.py" in reason
+    monkeypatch.setenv(audit.STRICT_ENV, "1")
+    assert audit.stale_table() is None
+
+
+@pytest.mark.families
+def test_exact_means_exact_attention_outputs(results):
+    """Every exact family's attention outputs were compared with eager's, module by module on the same
+    inputs; an exact family whose logits differ says why (rounding amplified outside attention)."""
+    for r in results:
+        if r.status == "exact":
+            assert r.attention is not None and r.attention <= audit.TOLERANCE, r
+            assert r.difference <= audit.TOLERANCE or r.reason == audit.AMPLIFIED, r
+            assert not r.reason or r.reason == audit.AMPLIFIED, r
+
+
+@pytest.mark.skipif("zaya" not in tiny_models.families(), reason="this transformers has no zaya")
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_zaya_attention_is_exact_over_seeds(seed):
+    """zaya (a top-1 router with a skip expert after each attention layer, its residual in float32):
+    on each seed its attention outputs equal eager's on the same inputs, and its logits do, or differ
+    only by rounding amplified outside attention (eager's attention outputs give eager's logits)."""
+    model = tiny_models.build_tiny("zaya", "causal", seed=seed)
+    ids, mask = audit.padded_batch("causal")
+    found = audit.compare(model, ssacli.apply_scorer(copy.deepcopy(model), "softmax"), "causal", ids, mask)
+    assert found.attention <= audit.TOLERANCE, found
+    assert found.logits <= audit.TOLERANCE or found.outside <= audit.TOLERANCE, found
+
+
+def amplifying_llama(seen_only_by_ssacli: bool = False):
+    """build_tiny for the audit, whose llama amplifies rounding outside attention: the final norm's input
+    h becomes h0 + 1e4 (h - h0), h0 being eager's on the audit's batch (a router's decision in miniature:
+    eager's path is unchanged, ssacli's differences of ~1e-7 grow past the tolerance). Like zaya it
+    does not run in float64. ``seen_only_by_ssacli``: instead, ssacli's model alone shifts its logits
+    (a difference outside attention, e.g. a mask read there)."""
+
+    def shift(module, args, out):
+        if module.config._attn_implementation == "ssacli":
+            out.logits = out.logits + 1e-3 * out.logits.abs().max()
+
+    def build(family, kind, dtype=torch.float32, **kwargs):
+        if dtype != torch.float32:
+            raise RuntimeError("no float64 here (like zaya, whose eager path is NaN there)")
+        model = tiny_models.build_tiny("llama", "causal")
+        if seen_only_by_ssacli:
+            model.register_forward_hook(shift)
+            return model
+        seen = {}
+        handle = model.model.norm.register_forward_pre_hook(lambda m, a: seen.setdefault("h", a[0].clone()))
+        audit.run(model, "causal", *audit.padded_batch("causal"))
+        handle.remove()
+
+        def amplify(module, args):
+            h, h0 = args[0], seen["h"]
+            return (h0 + 1e4 * (h - h0),) if h.shape == h0.shape else None
+
+        model.model.norm.register_forward_pre_hook(amplify)
+        return model
+
+    return build
+
+
+def test_rounding_amplified_outside_attention_is_exact_and_says_so(monkeypatch):
+    monkeypatch.setattr(audit, "build_tiny", amplifying_llama())
+    result = audit.audit_family("llama", "causal")
+    if result.difference == 0:
+        pytest.skip("ssacli's softmax path is bitwise eager's here: nothing to amplify")
+    assert result.status == "exact" and result.reason == audit.AMPLIFIED, result
+    assert result.difference > audit.TOLERANCE and result.attention <= audit.TOLERANCE
+    assert result.outside <= audit.TOLERANCE
+
+
+def test_a_difference_outside_attention_stays_different(monkeypatch):
+    monkeypatch.setattr(audit, "build_tiny", amplifying_llama(seen_only_by_ssacli=True))
+    result = audit.audit_family("llama", "causal")
+    assert result.status == "different" and "outside attention" in result.reason, result
+    assert result.attention <= audit.TOLERANCE and result.outside > audit.TOLERANCE
 
 
 def test_the_audit_catches_a_silent_difference(monkeypatch):
