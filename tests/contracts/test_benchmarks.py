@@ -34,6 +34,8 @@ TINY = {
     ),
     "gpu_stats": (["--device", "cpu", "--quick"], "exactness: every comparison within 1e-6"),
     "inference": (["--quick", "--repeats", "1"], "auto on the CPU: blocked where"),
+    # one path (a kernel build of its own); x86 only, like the paths themselves
+    "instruction_sets": (["--paths", "avx2", "--length", "64", "--repeats", "1"], "| avx2 |"),
     "long_context": (["--device", "cpu", "--quick"], "longest length that fit: 256 tokens"),
     "monitor": (["--rounds", "1", "--every", "2", "--batch", "1", "--seq", "16"], "measure/step"),
     "online_stats": (
