@@ -316,15 +316,22 @@ def write_model_folder(
     _write_folder(Path(out), fill, best)
 
 
+# What the record of a plain conversion holds, and nothing else: any other key (``training``, the
+# conversion recipe's ``recipe``, whatever a later writer adds) means the weights or the scorer
+# changed after the fidelity was measured, so the folder is guarded (safe by default: the recipe's
+# n = 4 model once loaded silently as softmax because only ``training`` was looked for).
+PLAIN_CONVERSION_KEYS = frozenset({"source", "fidelity"})
+
+
 def plain_loadable(scorer: str, meta: dict[str, Any]) -> bool:
     """Whether plain transformers may load the folder (as softmax): its scorer is softmax, or it is
-    a conversion from softmax, not trained since, whose fidelity met its target (the faithful
-    start: softmax within --max-error by measurement)."""
+    a conversion from softmax and nothing since (its record holds only PLAIN_CONVERSION_KEYS) whose
+    fidelity met its target (the faithful start: softmax within --max-error by measurement)."""
     if scorer == "softmax":
         return True
     fidelity = meta.get("fidelity") or {}
     met = (fidelity.get("target") or {}).get("met") is True
-    return "training" not in meta and fidelity.get("from") == "softmax" and met
+    return set(meta) <= PLAIN_CONVERSION_KEYS and fidelity.get("from") == "softmax" and met
 
 
 def guard_config(file: Path, scorer: str) -> None:

@@ -102,6 +102,26 @@ def test_the_written_folder_is_the_merged_model_at_the_target_n(learned, ids):
     assert (trained.path / "stages" / "transfer" / "ssacli.json").is_file()
 
 
+def test_the_recipes_folders_never_load_as_softmax_in_plain_transformers(learned, ids):
+    """The recipe's output (n = 4, distilled) and its transfer snapshot hold a moved scorer: plain
+    transformers must refuse both (model_type ssacli-llama), not run them as softmax; ssacli loads
+    them with their scorer, whose logits differ from the same weights under softmax."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    trained, _ = learned
+    for folder in (trained.path, trained.path / "stages" / "transfer"):
+        assert json.loads((folder / "config.json").read_text())["model_type"] == "ssacli-llama"
+        for load in (AutoModelForCausalLM.from_pretrained, AutoConfig.from_pretrained):
+            with pytest.raises(ValueError, match="ssacli-llama"):
+                load(folder)
+        loaded = load_model(str(folder), dtype="float32")
+        with torch.no_grad():
+            ssa = loaded.model(input_ids=ids, use_cache=False).logits
+            ssacli.restore(loaded.model)  # what a plain softmax load of these weights would compute
+            softmax = loaded.model(input_ids=ids, use_cache=False).logits
+        assert (ssa - softmax).abs().max() > 1e-2
+
+
 def test_the_report_shows_every_stage_and_the_budget(learned):
     from rich.console import Console
 
