@@ -88,7 +88,9 @@ def diagnose_command(
     ),
     scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa:init=faithful."),
     text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
-    random_ids: bool = typer.Option(False, "--random", help="Probe with random token ids."),
+    random_ids: bool = typer.Option(
+        False, "--random", help="Probe with random token ids (needed for a model without a tokenizer)."
+    ),
     samples: int = typer.Option(defaults.SAMPLES, min=1, help="Sequences per probe level."),
     length: int = typer.Option(
         None,

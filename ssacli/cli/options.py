@@ -183,7 +183,7 @@ class ModelCommand(HelpCommand):
     which a command that fails on its options must not wait for."""
 
     def format_help(self, ctx, formatter) -> None:
-        from ..models.loading import builtin_names
+        from ..models.builtins import builtin_names  # torch-free: --help stays fast
 
         for param in self.params:
             if param.help is not None and "{builtins}" in param.help:

@@ -58,9 +58,9 @@ from ..attention.forward import SCORER_ATTR
 from ..attention.interface import apply_scorer
 from ..errors import InputError, UsageError
 from ..files import output_error, replace_folder
+from .builtins import META_FILE
 from .device_map import save_options
 
-META_FILE = "ssacli.json"
 MODEL_FORMAT = "ssacli-model"
 ICL_FORMAT = "ssacli-icl"
 FORMAT_VERSIONS = {MODEL_FORMAT: 1, ICL_FORMAT: 1}  # the newest version of each this ssacli reads

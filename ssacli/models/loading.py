@@ -24,13 +24,13 @@ from torch import nn
 
 from ..defaults import DEFAULT_MODEL, DEVICE, DTYPE
 from ..errors import InputError, UnsupportedModelError, UsageError
-from .checkpoint import META_FILE, attach_saved_scorer, quiet_progress, saved_config
+from .builtins import BUILTIN_DIR, builtin_names
+from .checkpoint import attach_saved_scorer, quiet_progress, saved_config
 from .device_map import MaxMemory, compute_device, from_pretrained_placed, placement
 from .icl_task import TOKENS_PER_POINT
 from .kinds import BUILTIN_PREFIX, ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 from .options import LoadOptions
 
-BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
 # float64: reference measurements (a float32 sum over a long text is exact only to ~1 ulp of its size)
 DTYPES = {
     "float32": torch.float32,
@@ -39,12 +39,6 @@ DTYPES = {
     "float64": torch.float64,
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
-
-
-def builtin_names() -> list[str]:
-    if not BUILTIN_DIR.is_dir():
-        return []
-    return sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir() and (p / META_FILE).is_file())
 
 
 def resolve_model_path(ref: str) -> Path:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
+from ..models.builtins import BUILTIN_DIR
 from ..models.checkpoint import TRAINER_FILE, check_replaceable, remove_stale_temps, training_record
-from ..models.loading import BUILTIN_DIR, LoadedModel
+from ..models.loading import LoadedModel
 
 DEFAULT_OUT_SUFFIX = "-ft"  # finetune without --out writes <folder>-ft beside the input
 

@@ -136,3 +136,29 @@ def test_icl_bad_option_values_are_usage_errors(tmp_path):
         assert result.returncode == EXIT_USAGE, (args, result.stderr)
         assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
     assert not (tmp_path / "x").exists()
+
+
+HELP_PROBE = r"""
+import sys
+sys.argv = ["ssacli", *sys.argv[1:]]
+from ssacli.cli import main
+try:
+    main()
+except SystemExit as done:
+    code = done.code
+heavy = sorted(m for m in ("torch", "transformers", "safetensors", "numpy") if m in sys.modules)
+print("HEAVY", ",".join(heavy) or "-", "EXIT", code, file=sys.stderr)
+"""
+
+
+def test_help_answers_before_torch_is_imported():
+    """`--help` (the root's and every command's, the bundled model names included) needs no model
+    stack: neither torch nor transformers is imported, so it answers in a fraction of a second."""
+    for args in (["--help"], ["diagnose", "--help"], ["convert", "--help"], ["check", "--help"],
+                 ["report", "--help"], ["train", "--help"], ["icl", "--help"]):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", HELP_PROBE, *args], capture_output=True, text=True, timeout=120
+        )
+        last = done.stderr.strip().splitlines()[-1]
+        assert last == "HEAVY - EXIT 0", (args, done.stderr[-2000:])
+        assert "Usage:" in done.stdout
