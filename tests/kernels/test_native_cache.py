@@ -81,6 +81,15 @@ def _cache_folders(target: Path) -> None:
     target.parent.mkdir(mode=0o700)
 
 
+def _plant_at_target(target: Path, tmp_path: Path) -> Path:
+    """The planted library at the cache's exact path, in the user's own 0700 folders; its marker."""
+    _cache_folders(target)
+    planted, marker = _planted(tmp_path)
+    target.write_bytes(planted.read_bytes())
+    target.chmod(0o700)
+    return marker
+
+
 def _built(log: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
@@ -111,10 +120,7 @@ def test_a_library_owned_by_another_user_is_refused_and_never_loaded(stand_in, t
     instead, the cache's own folder is refused by the same comparison."""
     compiler, log = stand_in
     target = native_build.target_path(compiler)
-    _cache_folders(target)
-    planted, marker = _planted(tmp_path)
-    target.write_bytes(planted.read_bytes())
-    target.chmod(0o700)
+    marker = _plant_at_target(target, tmp_path)
     planted_id = (target.stat().st_dev, target.stat().st_ino)
     other = os.geteuid() + 1
     real_fstat = os.fstat
@@ -175,10 +181,7 @@ def test_a_cache_writable_by_others_is_refused(stand_in, tmp_path, where, mode):
     itself writable by others (all the user's own): refused, built privately, never loaded."""
     compiler, log = stand_in
     target = native_build.target_path(compiler)
-    _cache_folders(target)
-    planted, marker = _planted(tmp_path)
-    target.write_bytes(planted.read_bytes())
-    target.chmod(0o700)
+    marker = _plant_at_target(target, tmp_path)
     shown = {"kernels": target.parent, "root": target.parent.parent, "library": target}[where]
     shown.chmod(mode)
     _refused_end_to_end(compiler, log, target, marker, shown, f"writable by group or others (mode {mode:#o})")
@@ -290,10 +293,7 @@ def test_native_library_refuses_a_world_writable_cache_end_to_end(tmp_path, monk
     cache = tmp_path / "cache"
     monkeypatch.setenv("SSACLI_CACHE", str(cache))
     target = native_build.target_path(CC)
-    _cache_folders(target)
-    planted, marker = _planted(tmp_path)
-    target.write_bytes(planted.read_bytes())
-    target.chmod(0o700)
+    marker = _plant_at_target(target, tmp_path)
     cache.chmod(0o777)
     available, name, warned = _run(tmp_path, cache)
     assert (available, warned) == ("True", "1")
