@@ -41,9 +41,12 @@ _MASKED_SUFFIX = "ForMaskedLM"
 
 
 def is_local_reference(ref: str) -> bool:
-    """Whether MODEL names something on this machine (``builtin:NAME``, an existing path, or anything
-    that cannot be a Hub id) rather than a Hub id."""
-    return ref.startswith(BUILTIN_PREFIX) or Path(ref).expanduser().exists() or not HUB_ID.match(ref)
+    """Whether MODEL names something on this machine (``builtin:NAME``, an existing path, a path whose
+    folder exists here — ``models/nope`` beside a ``models/`` folder is a missing local folder, not a
+    Hub question — or anything that cannot be a Hub id) rather than a Hub id."""
+    path = Path(ref).expanduser()
+    in_a_folder_here = path.parent != Path(".") and path.parent.is_dir()
+    return ref.startswith(BUILTIN_PREFIX) or path.exists() or in_a_folder_here or not HUB_ID.match(ref)
 
 
 def is_causal_family(model_type: str) -> bool:

@@ -140,6 +140,18 @@ def test_bad_model_is_one_line(name, expected, words, models, tmp_path, monkeypa
     assert stdout == "" and not out.exists() and not leftovers(tmp_path, "out.json")
 
 
+def test_a_missing_folder_inside_a_local_folder_is_a_path_not_a_hub_question(tmp_path, monkeypatch, capsys):
+    """`models/nope` beside a `models/` folder is a local path that does not exist: said so, without
+    sending the user to --allow-download (a Hub id such as `org/nope` still gets the Hub advice)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    code, _, stderr = run_main(["diagnose", "models/nope", *QUICK], monkeypatch, capsys)
+    line = assert_one_line(stderr, code, EXIT_INPUT, "does not exist")
+    assert "--allow-download" not in line
+    code, _, stderr = run_main(["diagnose", "org/nope", *QUICK], monkeypatch, capsys)
+    assert_one_line(stderr, code, EXIT_INPUT, "--allow-download")
+
+
 @pytest.mark.parametrize("name", ["zero-layers", "truncated", "remote"])
 def test_convert_refuses_bad_models_before_writing(name, models, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
