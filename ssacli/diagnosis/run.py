@@ -172,6 +172,10 @@ def _run(
     heads = [layer_heads(m, root, route) for _, m in layers]
     icl = loaded.kind == ModelKind.ICL
     length = settings.base_length(icl)
+    cap = _position_cap(loaded)
+    asked = None
+    if cap and length > cap:  # said in one line of every report (settings.length_asked), not a title
+        asked, length = length, cap
     source = None
     if not icl and settings.inputs is None:
         vocab = getattr(root.config, "vocab_size", None) or 2
@@ -272,6 +276,7 @@ def _run(
         settings={
             **settings.recorded(),
             "length": length,
+            **({"length_asked": asked} if asked is not None else {}),
             "length_unit": "points" if icl else "tokens",
             "inputs": _describe_inputs(loaded, source, settings),
             "vocab_size": _vocab_size(root)
@@ -311,9 +316,7 @@ def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
     kind = probe.kind
     if kind.acts_on is not ActsOn.INPUT_LENGTH or probe.levels != PROBES[probe.name].defaults:
         return probe
-    cap = loaded.max_positions
-    if cap and loaded.kind == ModelKind.ICL:
-        cap //= TOKENS_PER_POINT
+    cap = _position_cap(loaded)
     if not cap:
         return probe
     levels = [m for m in probe.levels if length * m <= cap]
@@ -340,10 +343,7 @@ def _plan(
         skip = "not run on explicit inputs (their lengths are given)"
     if skip:
         return {level: (None, skip) for level in probe.levels}
-    # Longest input the model's position table covers (ICL: in points).
-    cap = loaded.max_positions
-    if cap and loaded.kind == ModelKind.ICL:
-        cap //= TOKENS_PER_POINT
+    cap = _position_cap(loaded)
     unit = "points" if loaded.kind == ModelKind.ICL else "positions"
     plan, note = {}, None
     for level in probe.levels:
@@ -361,6 +361,14 @@ def _plan(
             pick_targets(batches, settings.seed)
         plan[level] = (batches, note)
     return plan
+
+
+def _position_cap(loaded: LoadedModel) -> int | None:
+    """The longest input the model's position table covers (ICL: in points); None: no limit known."""
+    cap = loaded.max_positions
+    if cap and loaded.kind == ModelKind.ICL:
+        cap //= TOKENS_PER_POINT
+    return cap
 
 
 def _truncate(batch: ProbeBatch, cap: int) -> ProbeBatch:

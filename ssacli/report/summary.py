@@ -169,6 +169,9 @@ def summary_facts(result: DiagnoseResult) -> list[tuple[str, str]]:
         ("route", result.route),
         ("layers × heads", layers_by_heads(result)),
         ("inputs", describe(settings.get("inputs"))),
+        *([("length", f"{settings['length']} {settings.get('length_unit', 'tokens')} (--length "
+                      f"{settings['length_asked']} capped at the model's maximum)")]
+          if settings.get("length_asked") is not None else []),
         ("device / dtype", device),
         ("probes (levels)", probes),
         ("collapse point", points),

@@ -141,3 +141,17 @@ def test_an_absorbed_probe_whose_outputs_held_is_still_absorbed():
     kl = [v for v in probe.extras.get("output_kl", []) if v is not None]
     assert probe.reached() is False and kl and max(kl) <= 0.1, (probe.reached(), kl)  # the case
     assert result.verdicts()["embed-scale"]["verdict"] == "absorbed"
+
+
+def test_a_length_above_the_models_maximum_is_capped_and_said_in_one_line(monkeypatch, capsys):
+    """--length beyond the model's positions (the bundled LM has 128): the run uses 128, the result
+    records both, and the report's summary says so in one line (not only in a table title)."""
+    result = diagnose("builtin:wikitext-softmax", ["key-scale:1,8"], samples=1, length=500)
+    assert result.settings["length"] == 128 and result.settings["length_asked"] == 500
+    code, stdout, _ = run_main(["diagnose", "builtin:wikitext-softmax", "--probe", "key-scale:1,8",
+                                "--samples", "1", "--length", "500"], monkeypatch, capsys)  # fmt: skip
+    assert code == 0
+    line = next(x for x in stdout.splitlines() if "--length 500" in x)
+    assert "128 tokens" in line and "capped" in line
+    plain = diagnose("builtin:wikitext-softmax", ["key-scale:1,8"], samples=1, length=64)
+    assert "length_asked" not in plain.settings
