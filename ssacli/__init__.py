@@ -40,7 +40,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .errors import SpecError, SsacliError, UnsupportedModelError
+from .errors import BrokenModelError, InputError, SpecError, SsacliError, UnsupportedModelError
 from .version import __version__
 
 # public name -> "module" (the name is the module's own) or "module:name" (exported under another
@@ -156,6 +156,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BrokenModelError",
     "CheckReport",
     "CheckSettings",
     "DiagnoseResult",
@@ -163,6 +164,7 @@ __all__ = [
     "ICLEvaluation",
     "ICLSweepPlan",
     "ICLTrainConfig",
+    "InputError",
     "LMEvalPlan",
     "ProbeResult",
     "QualityReport",
