@@ -808,8 +808,10 @@ def test_inputs_longer_than_the_model_are_capped_not_crashing():
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     probes = ["embed-scale:1", "length:1,2", "outlier:1"]
     result = diagnose(model, probes, samples=2, length=40, random_ids=True)
+    # the base length itself is capped, and the result says what was asked (the summary's one line)
+    assert result.settings["length"] == 16 and result.settings["length_asked"] == 40
+    assert result.probe("length").note == "inputs capped at the model's 16 positions"  # ×2 of 16
     for probe in result.probes:
-        assert probe.note == "inputs capped at the model's 16 positions", probe.name
         # Causal rows that see >= 2 keys: 15 of 16 per sequence.
         assert probe.rows[:, 0].tolist() == [2 * 15] * len(probe.levels), probe.name
         assert np.isfinite(probe.metrics["outlier_capture"]).any() == (probe.name == "outlier")
