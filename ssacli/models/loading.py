@@ -297,13 +297,14 @@ def load_gguf(ref: str, file: Path, device: torch.device, torch_dtype) -> Loaded
         ) from None
     except OSError as err:
         raise InputError(f"cannot read GGUF file '{ref}': {_first_line(err)}; is it complete?") from None
+    missing = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError):
-        tokenizer = None
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        tokenizer, missing = None, f"its GGUF tokenizer did not load ({_first_line(err)})"
     model = model.to(device).eval()
     positions = max_positions(config)
-    return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, positions, folder)
+    return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, positions, folder, missing)
 
 
 def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
