@@ -65,13 +65,12 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, local_model_path
 from ..models.optim import make_optimizer, scorer_values, set_lr
 from ..scorers.base import positive_raw
-from .data import make_objective, seeded_rng, step_seeds
+from .data import EVAL_WINDOWS, make_objective, seeded_rng, step_seeds
 from .finetune import CLIP_NORM, FinetuneConfig
 
 RECIPE_START = "ssa:init=faithful,learn=b+n"  # m=auto per layer: the exact start
 STAGES = ("transfer", "distill")
 STAGE_DIR = "stages"
-EVAL_WINDOWS = 8  # held-out windows the KL and loss are measured on
 
 
 @dataclass
