@@ -148,14 +148,12 @@ def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) ->
         out.append(absorbed_finding(probe))
         broke = outputs_broke_at(probe)
         if broke is not None:  # the shift missed attention, yet the model's outputs broke
-            kl = level_output_kl(probe)[broke]
-            first = level_text(probe, probe.levels[reference_index(probe.name, probe.levels)])
-            how = "task error" if kl is None else f"KL {kl:.3g} nats/token to {first} > {OUTPUT_KL_HELD:g}"
             at = level_text(probe, probe.levels[broke])
             out.append({
                 "kind": "outputs_broke", "verdict": "outputs broke", "probe": probe.name,
-                "level": probe.levels[broke], "output_kl": kl,
-                "text": f"{probe.name}: outputs broke from {at} ({how}) {residual_text(probe)}",
+                "level": probe.levels[broke], "output_kl": level_output_kl(probe)[broke],
+                "text": f"{probe.name}: outputs broke from {at} ({_broke_how(probe, broke)}) "
+                        f"{residual_text(probe)}",
             })  # fmt: skip
         return out
     point = probe.collapse_point()
@@ -208,6 +206,18 @@ def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) ->
     return out
 
 
+def _broke_how(probe: ProbeResult, index: int) -> str:
+    """How the outputs at level ``index`` did not hold: the KL to the reference level, or (ICL) the
+    task error against the reference's."""
+    ref = reference_index(probe.name, probe.levels)
+    first = level_text(probe, probe.levels[ref])
+    kl = level_output_kl(probe)[index]
+    if kl is not None:
+        return f"KL {kl:.3g} nats/token to {first} > {OUTPUT_KL_HELD:g}"
+    loss = level_loss(probe)
+    return f"task error {loss[index]:.3g} vs {loss[ref]:.3g} at {first}, > {ERROR_HELD_RATIO:g}×"
+
+
 def _held_finding(
     probe: ProbeResult, last: int, little: str, fresh: float, broken: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -227,12 +237,8 @@ def _held_finding(
         found.update(
             kind="outputs_broke", verdict="outputs broke", level=probe.levels[broke], output_kl=kl[broke]
         )
-        loss = level_loss(probe)
-        if kl[broke] is not None:
-            how = f"KL {kl[broke]:.3g} nats/token to {first} > {OUTPUT_KL_HELD:g}"
-        else:
-            how = f"task error {loss[broke]:.3g} vs {loss[ref]:.3g} at {first}, > {ERROR_HELD_RATIO:g}×"
         at = level_text(probe, probe.levels[broke])
+        how = _broke_how(probe, broke)
         found["text"] = f"{probe.name}: outputs broke from {at} ({how}) although it {little}; not robust"
     elif robust is not None and robust >= last:
         held = max((v for v in kl[: last + 1] if v is not None), default=None)

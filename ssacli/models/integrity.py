@@ -17,11 +17,10 @@ def nonfinite_weights(model: nn.Module) -> list[tuple[str, int, int]]:
     ``named_parameters`` then ``named_buffers`` order. Tensors on the meta device (offloaded to disk
     by a device map) are not read."""
     found = []
-    seen: set[int] = set()
+    # (named_parameters and named_buffers list a tied tensor once)
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if id(tensor) in seen or tensor.device.type == "meta" or not tensor.is_floating_point():
+        if tensor.device.type == "meta" or not tensor.is_floating_point():
             continue
-        seen.add(id(tensor))
         with torch.no_grad():
             bad = int(tensor.numel() - torch.isfinite(tensor).sum().item())
         if bad:
