@@ -88,3 +88,4 @@ RECIPE_LORA_RANK = 8
 RECIPE_LR = 5e-4  # LoRA's learning rate (the adapters start at zero)
 RECIPE_B = "learned"  # SSA's b: learned (rescaled with n, then trained) or tied (b = 1/n)
 RECIPE_LM_WEIGHT = 0.0  # distillation loss = KL + this · the text's cross-entropy
+RECIPE_CHECKPOINT_EVERY = 50  # recipe steps between checkpoints (each writes the model whole)

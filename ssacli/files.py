@@ -2,6 +2,7 @@
 
 A write that fails (a full disk, a read-only folder) or is interrupted leaves the target as it was
 and no temp file behind; :func:`output_error` turns the OS error into one line naming the fix.
+:func:`writer_lock` keeps a second job from writing the same output folder while one runs.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ import errno
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +135,96 @@ def replace_folder(tmp: str | Path, out: str | Path) -> None:
             old.rename(out)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- one writer per output folder --------------------------------------------------------------------
+
+_HELD: dict[
+    Path, int
+] = {}  # locks this process holds → how deeply (a job inside a job: convert, then finetune)
+
+
+def lock_path(out: str | Path) -> Path:
+    """The lock of the output folder ``out``: a hidden file beside it (not inside: the folder is
+    replaced whole by every checkpoint)."""
+    out = Path(out).expanduser().absolute()
+    return out.with_name(f".{out.name}.lock")
+
+
+def writer_gone(marker: Path) -> bool:
+    """Whether the process named in ``marker`` (JSON with pid and host) has ended: only for a
+    process of this host; a marker that cannot be read, another host's, or this process's own is
+    never taken for gone."""
+    try:
+        writer = json.loads(marker.read_text())
+        pid, host = int(writer["pid"]), writer["host"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    if host != socket.gethostname() or pid == os.getpid():
+        return False  # another machine's writer (a shared filesystem), or this process's own
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
+
+
+@contextmanager
+def writer_lock(out: str | Path, option: str = "--out") -> Iterator[None]:
+    """Hold the lock of the output folder ``out`` for the job inside: a second job asking for it
+    (another process, on any host sharing the filesystem) is refused at once with a UsageError naming
+    the writer, instead of running the whole job and failing at its first write. A lock left by a
+    process of this host that has ended (SIGKILL, power loss) is taken over; this process may nest."""
+    path = lock_path(out)
+    if path in _HELD:
+        _HELD[path] += 1
+        try:
+            yield
+        finally:
+            _HELD[path] -= 1
+        return
+    _acquire(path, Path(out), option)
+    _HELD[path] = 1
+    try:
+        yield
+    finally:
+        del _HELD[path]
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _acquire(path: Path, out: Path, option: str) -> None:
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+    for _ in range(2):  # a second try after taking over a dead writer's lock
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if writer_gone(path):
+                path.unlink(missing_ok=True)
+                continue
+            raise UsageError(_busy(path, out, option)) from None
+        except OSError as err:
+            raise output_error(out, err) from err
+        with os.fdopen(fd, "w") as handle:
+            handle.write(record)
+        return
+    raise UsageError(_busy(path, out, option))
+
+
+def _busy(path: Path, out: Path, option: str) -> str:
+    try:
+        writer = json.loads(path.read_text())
+        who = f"process {int(writer['pid'])} on {writer['host']}"
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(writer["since"])))
+        who += f" since {since}"
+    except (OSError, ValueError, TypeError, KeyError):
+        who = "another process"
+    return (
+        f"{option} {out} is being written by another ssacli job ({who}); wait for it to end or choose "
+        f"another {option} (if no such job runs, delete {path})"
+    )

@@ -3,15 +3,12 @@
 Fine-tuning options (shared, in cli/options.py) are optional (None) on purpose: ``convert`` refuses
 them without ``--finetune``, and ``finetune`` takes whatever is not given from the run recorded in
 the folder it resumes (:func:`ssacli.finetune_config`), so ``ssacli finetune DIR --steps 2000``
-extends a run without repeating its settings. :func:`training_display` and :func:`print_trained`
-are the display of every training command, ``ssacli train``'s too.
+extends a run without repeating its settings. What a run shows while it trains is
+:mod:`ssacli.cli.training`'s.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +45,8 @@ from .options import (
     TrustRemoteCode,
     Warmup,
     WeightDecay,
-    bar_columns,
     given,
     load_options,
-    progress,
 )
 from .recipe import (
     DistillSteps,
@@ -67,6 +62,7 @@ from .recipe import (
     wants_recipe,
 )
 
+from .training import is_rank0, print_trained, training_display
 
 def convert_command(
     model_ref: Model,
@@ -77,6 +73,9 @@ def convert_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out (ssacli's or empty only)."),
     do_finetune: bool = typer.Option(False, "--finetune", help="Fine-tune after converting (needs --data)."),
     stages: Stages = None,
+    resume: bool = typer.Option(
+        False, "--resume", help="With --finetune: continue the run stopped in --out (give the same options)."
+    ),
     target_n: TargetN = None,
     recipe_b: RecipeB = None,
     transfer_steps: TransferSteps = None,
@@ -154,7 +153,7 @@ def convert_command(
         target_n=target_n, b=recipe_b, transfer_steps=transfer_steps, distill_steps=distill_steps,
         lora_rank=lora_rank, lm_weight=lm_weight, max_kl=max_kl,
     )  # fmt: skip
-    flags = {**options, **recipe, **given(stages=stages)}
+    flags = {**options, **recipe, **given(stages=stages, resume=resume or None)}
     if flags and not do_finetune:
         raise UsageError(f"--{next(iter(flags)).replace('_', '-')} only applies with --finetune")
     use_recipe = do_finetune and wants_recipe(stages, scorer, data)
@@ -171,7 +170,7 @@ def convert_command(
             "trains on one device per process; use torchrun or accelerate launch for several)"
         )
     calibration = _read_text(text) if text is not None else None  # an unreadable file is exit 4
-    console = Console(quiet=not _is_rank0())  # under torchrun, one copy of every line
+    console = Console(quiet=not is_rank0())  # under torchrun, one copy of every line
 
     def show_fidelity(report: dict[str, Any]) -> None:
         for line in fidelity_lines(report):
@@ -192,7 +191,7 @@ def convert_command(
         return
     if use_recipe:
         config = recipe_config(stages, scorer, options, recipe)  # bad values fail before loading
-        run_recipe(model_ref, out, config, overwrite=overwrite, text=calibration, quiet=quiet,
+        run_recipe(model_ref, out, config, overwrite=overwrite, resume=resume, text=calibration, quiet=quiet,
                    show_fidelity=show_fidelity, load=load, strict=strict)  # fmt: skip
         return
     from .. import convert_and_finetune, finetune_config
@@ -202,8 +201,8 @@ def convert_command(
     unplaced = {k: v for k, v in load.keywords().items() if k not in ("device_map", "max_memory")}
     with training_display(config.steps, config.log_every, quiet) as on_step:
         trained, _ = convert_and_finetune(
-            model_ref, scorer, out, config, overwrite=overwrite, text=calibration, max_error=max_error,
-            strict=strict, on_converted=show_fidelity, on_step=on_step, **unplaced,
+            model_ref, scorer, out, config, overwrite=overwrite, resume=resume, text=calibration,
+            max_error=max_error, strict=strict, on_converted=show_fidelity, on_step=on_step, **unplaced,
         )  # fmt: skip
     print_trained(out, trained.path)
 
@@ -361,65 +360,3 @@ def _fidelity_line(report: dict[str, Any]) -> str:
             line += f", relative error {report['relative_error']:.3g}"
         return line
     return f"{head} relative error {report['relative_error']:.3g}"
-
-
-def _is_rank0() -> bool:
-    """False on the other processes of a torchrun / accelerate launch (they print nothing)."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-@contextmanager
-def training_display(steps: int, log_every: int, quiet: bool) -> Iterator[Callable[..., None]]:
-    """The ``on_step`` of every training command (convert --finetune, finetune, train): a progress
-    bar on terminals, a step log line every ``log_every`` steps elsewhere, nothing with ``quiet``.
-    The bar starts at the first step, so what the run prints before (the fidelity of a conversion,
-    the model built from scratch) stays above it."""
-    from rich.progress import TextColumn, TimeRemainingColumn
-
-    stats = "loss {task.fields[loss]:.4g} · lr {task.fields[lr]:.2e} · {task.fields[tps]:,.0f} tok/s"
-    columns = bar_columns(TextColumn(stats), TimeRemainingColumn())
-    stderr = Console(stderr=True)
-    fields = {"total": steps, "loss": float("nan"), "lr": 0.0, "tps": 0.0}
-    with ExitStack() as stack:
-        shown: list = []  # the bar's update function (None: no bar), once the first step is done
-
-        def on_step(step: int, loss: float, lr: float, tokens_per_s: float) -> None:
-            if not shown:
-                bar = progress("fine-tuning", columns, quiet=quiet, transient=False, **fields)
-                shown.append(stack.enter_context(bar))
-            if shown[0] is not None:
-                shown[0](completed=step, loss=loss, lr=lr, tps=tokens_per_s)
-            elif not quiet and (step % log_every == 0 or step == steps):
-                stderr.print(
-                    f"step {step}/{steps} loss {loss:.4g} lr {lr:.3g} {tokens_per_s:,.0f} tok/s",
-                    highlight=False,
-                )
-
-        yield on_step
-
-
-def print_trained(out: Path, path: Path | None) -> None:
-    """The summary line of every training command: where ``out`` is, from the record in ``path``."""
-    from ..models.checkpoint import training_record
-
-    if not _is_rank0():
-        return
-    record = (training_record(path) if path is not None else None) or {}
-    history, heldout = record.get("history") or [], record.get("heldout") or []
-    parts = [f"wrote {out} (step {record.get('step')}"]
-    if history:
-        parts.append(f"loss {history[0][1]:.4g} → {history[-1][1]:.4g}")
-    if len(heldout) > 1:
-        parts.append(f"held-out loss {heldout[0][1]:.4g} → {heldout[-1][1]:.4g}")
-    parts.append(f"{record.get('seconds')} s, {record.get('tokens_per_s', 0):,.0f} tokens/s)")
-    line = ", ".join(parts)
-    if record.get("worsened"):
-        best = record.get("best")
-        kept = (
-            f"; the best checkpoint (step {best['step']}, held-out loss {best['heldout_loss']:.4g}) is in "
-            f"{Path(out) / best['folder']}"
-            if best
-            else ""
-        )
-        line += f" — WORSE: the held-out loss ended above its start{kept}"
-    typer.echo(line)

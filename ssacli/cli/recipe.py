@@ -3,6 +3,8 @@ its display (:mod:`ssacli.train.recipe` is the recipe)."""
 
 from __future__ import annotations
 
+import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +14,7 @@ from rich.console import Console
 from .. import defaults as D
 from ..errors import UsageError
 from ..models.options import LoadOptions
+from .training import training_display
 
 AUTO = "auto"  # --stages not given: the recipe for SSA on a causal LM's text, else one fine-tune
 STAGE_CHOICES = f"{AUTO}, lm, or a comma list of transfer, distill"
@@ -63,7 +66,7 @@ def recipe_config(stages: str | None, scorer: str, options: dict[str, Any], reci
     from ..train.recipe import RecipeConfig
 
     plain_only = ("steps", "monitor_every", "grad_accum", "warmup", "schedule", "weight_decay", "train",
-                  "anneal_n", "checkpoint_every", "log_every", "attention")  # fmt: skip
+                  "anneal_n", "log_every", "attention")  # fmt: skip
     for name in plain_only:
         if name in options:
             raise UsageError(
@@ -80,15 +83,38 @@ def recipe_config(stages: str | None, scorer: str, options: dict[str, Any], reci
         recipe.setdefault("target_n", spec.opts["n"])
     if stages not in (None, AUTO):
         recipe["stages"] = tuple(s.strip() for s in stages.split(",") if s.strip())
-    shared = ("data", "lr", "scorer_lr", "batch_size", "seq_len", "seed")
+    shared = ("data", "lr", "scorer_lr", "batch_size", "seq_len", "seed", "checkpoint_every")
     settings = {k: options[k] for k in shared if k in options}
     config = RecipeConfig(**settings, **recipe)
     config.validate()
     return config
 
 
-def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, text: str | None, quiet: bool,
-               show_fidelity, load: LoadOptions, strict: bool = False) -> None:  # fmt: skip
+class _StageDisplay:
+    """The recipe's ``on_step``: :func:`~ssacli.cli.training.training_display` for each stage in
+    turn (a bar on terminals; step lines and the 30-second heartbeat elsewhere, --quiet included)."""
+
+    def __init__(self, quiet: bool, tokens_per_step: int) -> None:
+        self.quiet, self.tokens_per_step = quiet, tokens_per_step
+        self.stage: str | None = None
+        self.stack = ExitStack()
+
+    def __call__(self, stage: str, step: int, steps: int, loss: float, lr: float) -> None:
+        if stage != self.stage:
+            self.stack.close()
+            self.stage, self.began, self.first = stage, time.perf_counter(), step - 1
+            self.update = self.stack.enter_context(
+                training_display(steps, max(1, steps // 20), self.quiet, description=stage)
+            )
+        done = step - self.first
+        self.update(step, loss, lr, self.tokens_per_step * done / max(time.perf_counter() - self.began, 1e-9))
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, resume: bool, text: str | None,
+               quiet: bool, show_fidelity, load: LoadOptions, strict: bool = False) -> None:  # fmt: skip
     from ..train.recipe import convert_with_recipe
 
     stderr = Console(stderr=True, quiet=quiet)
@@ -103,9 +129,14 @@ def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, text: str 
     if load.dtype not in ("auto", "float32"):
         raise UsageError("the recipe trains in float32; leave --dtype at auto")
     keywords = {k: v for k, v in load.keywords().items() if k != "dtype"}  # the recipe's own: float32
-    _, record = convert_with_recipe(
-        model_ref, out, config, overwrite=overwrite, text=text, on_eval=on_eval, strict=strict, **keywords
-    )  # fmt: skip
+    display = _StageDisplay(quiet, config.batch_size * config.seq_len)
+    try:
+        _, record = convert_with_recipe(
+            model_ref, out, config, overwrite=overwrite, resume=resume, text=text, on_eval=on_eval,
+            on_step=display, strict=strict, **keywords,
+        )  # fmt: skip
+    finally:
+        display.close()
     final = record["final"]
     console = Console()
     if final["kl"] is None:

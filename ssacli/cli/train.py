@@ -16,8 +16,8 @@ from rich.console import Console
 from .. import defaults as D
 from ..files import check_writable_folder
 from ..train import MIN_VOCAB
-from .convert import print_trained, training_display
 from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device
+from .training import print_trained, training_display
 
 
 def train_command(

@@ -15,6 +15,7 @@ here too.
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from torch import nn
 from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, supports, unaudited_reason
 from ..defaults import CALIBRATION_LENGTH, CALIBRATION_SAMPLES, DEVICE, DTYPE
 from ..errors import OutputError, UnsupportedModelError, UsageError
+from ..files import writer_lock
 from ..models.checkpoint import SCORER_KEY, check_replaceable, write_model_folder
 from ..models.device_map import MaxMemory
 from ..models.kinds import ModelKind
@@ -46,11 +48,13 @@ def save_model(
     extra_tensors: dict[str, torch.Tensor] | None = None,
     overwrite: bool = False,
     best: str | None = None,
+    carry: tuple[str, ...] = (),
 ) -> Path:
     """Write ``loaded`` (with its scorer) to ``out`` atomically; ``extra_tensors`` go to
     trainer.safetensors (optimizer state for resuming, see
     :func:`ssacli.models.checkpoint.trainer_state_tensors`); ``best`` ("this" or "keep") fills the
-    run's best/ folder (:data:`ssacli.models.checkpoint.BEST_DIR`)."""
+    run's best/ folder (:data:`ssacli.models.checkpoint.BEST_DIR`); ``carry`` names sub-folders of
+    the current ``out`` the new one keeps (a recipe's stages/). ICL models take neither."""
     out = Path(out).expanduser()
     check_out(out, loaded.path, overwrite)
     if loaded.kind == ModelKind.ICL:
@@ -63,7 +67,7 @@ def save_model(
     else:
         write_model_folder(
             loaded.model, out, scorer=_spec_of(loaded), meta=meta, tokenizer=loaded.tokenizer,
-            trainer=extra_tensors, best=best,
+            trainer=extra_tensors, best=best, carry=carry,
         )  # fmt: skip
     return out
 
@@ -145,45 +149,49 @@ def convert(
         reference = isinstance(model, str | Path)
         source = local_model_path(str(model)) if reference else getattr(model, "path", None)
         check_out(Path(out).expanduser(), source, overwrite)
-    load = LoadOptions(
-        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
-    )  # fmt: skip
-    loaded = as_loaded(model, tokenizer, load)
-    root = loaded.attention_root
-    if not supports(root):
-        raise UnsupportedModelError(
-            f"model family '{loaded.family}' does not route attention through transformers' "
-            "AttentionInterface, so its scorer cannot be swapped (docs/models.md lists supported families)"
-        )
-    unaudited = unaudited_reason(getattr(root.config, "model_type", loaded.family))
-    if unaudited is not None and strict:
-        raise UnsupportedModelError(f"{unaudited}; --strict refuses it (drop --strict to convert it, marked)")
-    if out is not None:
-        check_out(Path(out).expanduser(), loaded.path, overwrite)
-    loaded.model.eval()
-    batches = calibration_inputs(loaded, samples, length, seed, text)
-    before_spec = _spec_of(loaded)
-    if not any(SCORER_KEY in k for k in loaded.model.state_dict()) and before_spec == "softmax":
-        apply_scorer(root, "softmax")  # measure "before" through the same attention function
-    before = model_outputs(loaded, batches)
-    grid = attention_row_kl(loaded, batches) if auto else None
-    apply_scorer(root, scorer, parameters_follow=grid is not None)  # choose_m sets m next
-    if grid is not None:
-        after, report = choose_m(loaded, batches, before, grid, max_error)
-    else:
-        after = model_outputs(loaded, batches)
-        report = fidelity(loaded.kind, before, after, batches)
-        metric, target = target_of(report, max_error)
-        report["target"] = {"metric": metric, "max": target, "met": bool(report[metric] <= target)}
-    report = {"from": before_spec, "to": _spec_of(loaded), **report, "unaudited": unaudited}
-    report["calibration"] = {
-        "text": "--text file" if text is not None else "built-in probe texts",
-        "samples": samples,
-        "length": length,
-        "seed": seed,
-    }
-    if out is not None:
-        source = str(loaded.path or loaded.name)
-        save_model(loaded, out, meta={"source": source, "fidelity": report}, overwrite=overwrite)
-    return loaded, report
+    with writer_lock(Path(out).expanduser()) if out is not None else nullcontext():  # one writer of out
+        load = LoadOptions(
+            device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+        )  # fmt: skip
+        loaded = as_loaded(model, tokenizer, load)
+        root = loaded.attention_root
+        if not supports(root):
+            raise UnsupportedModelError(
+                f"model family '{loaded.family}' does not route attention through transformers' "
+                "AttentionInterface, so its scorer cannot be swapped "
+                "(docs/models.md lists supported families)"
+            )
+        unaudited = unaudited_reason(getattr(root.config, "model_type", loaded.family))
+        if unaudited is not None and strict:
+            raise UnsupportedModelError(
+                f"{unaudited}; --strict refuses it (drop --strict to convert it, marked)"
+            )
+        if out is not None:
+            check_out(Path(out).expanduser(), loaded.path, overwrite)
+        loaded.model.eval()
+        batches = calibration_inputs(loaded, samples, length, seed, text)
+        before_spec = _spec_of(loaded)
+        if not any(SCORER_KEY in k for k in loaded.model.state_dict()) and before_spec == "softmax":
+            apply_scorer(root, "softmax")  # measure "before" through the same attention function
+        before = model_outputs(loaded, batches)
+        grid = attention_row_kl(loaded, batches) if auto else None
+        apply_scorer(root, scorer, parameters_follow=grid is not None)  # choose_m sets m next
+        if grid is not None:
+            after, report = choose_m(loaded, batches, before, grid, max_error)
+        else:
+            after = model_outputs(loaded, batches)
+            report = fidelity(loaded.kind, before, after, batches)
+            metric, target = target_of(report, max_error)
+            report["target"] = {"metric": metric, "max": target, "met": bool(report[metric] <= target)}
+        report = {"from": before_spec, "to": _spec_of(loaded), **report, "unaudited": unaudited}
+        report["calibration"] = {
+            "text": "--text file" if text is not None else "built-in probe texts",
+            "samples": samples,
+            "length": length,
+            "seed": seed,
+        }
+        if out is not None:
+            source = str(loaded.path or loaded.name)
+            save_model(loaded, out, meta={"source": source, "fidelity": report}, overwrite=overwrite)
+        return loaded, report

@@ -28,7 +28,7 @@ from ..defaults import (
     SEED,
 )
 from ..errors import UsageError
-from ..files import check_writable_folder
+from ..files import check_writable_folder, writer_lock
 from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
 from ..models.icl_task import check_task, sample_batch, task_loss
@@ -120,6 +120,13 @@ def train(
     out = Path(out)
     config.validate()
     check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
+    with writer_lock(out):  # one writer of out: a second job is refused at once
+        return _train_into(config, out, resume, overwrite, device, on_step, stop_at)
+
+
+def _train_into(
+    config: TrainConfig, out: Path, resume: bool, overwrite: bool, device: str, on_step, stop_at
+) -> ICLModel:
     check_replaceable(out)  # a folder ssacli did not write is never replaced, --overwrite or not
     exists = (out / META_FILE).is_file()
     if exists and not (resume or overwrite):

@@ -57,7 +57,7 @@ from torch import nn
 from ..attention.forward import SCORER_ATTR
 from ..attention.interface import apply_scorer
 from ..errors import InputError, UsageError
-from ..files import output_error, replace_folder
+from ..files import output_error, replace_folder, writer_gone
 from .builtins import META_FILE
 from .device_map import save_options
 
@@ -211,27 +211,10 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
         return removed
     for entry in entries:
         if pattern.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
-            if _writer_gone(entry / TEMP_MARKER):
+            if writer_gone(entry / TEMP_MARKER):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
-
-
-def _writer_gone(marker: Path) -> bool:
-    try:
-        writer = json.loads(marker.read_text())
-        pid, host = int(writer["pid"]), writer["host"]
-    except (OSError, ValueError, TypeError, KeyError):
-        return False  # no marker (or not ours): not a folder ssacli left
-    if host != socket.gethostname() or pid == os.getpid():
-        return False  # another machine's writer (a shared filesystem), or this process's own
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive, another user's
-    return False
 
 
 Best = str | None  # "this": the folder being written is the new best; "keep": carry out's best over
@@ -253,10 +236,27 @@ def _place_best(tmp: Path, out: Path, best: Best) -> None:
                 shutil.copy2(file, tmp / BEST_DIR / file.name)
 
 
-def _write_folder(out: Path, fill: Callable[[Path], None], best: Best = None) -> None:
+def _carry_folders(tmp: Path, out: Path, names: tuple[str, ...]) -> None:
+    """Put ``out``'s sub-folders ``names`` (those that exist) into ``tmp`` as they are, hard-linked
+    where the filesystem allows: what an earlier write of the same job left (a recipe's stages/)."""
+
+    def link(source: str, target: str) -> None:
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+
+    for name in names:
+        if (out / name).is_dir() and not (tmp / name).exists():
+            shutil.copytree(out / name, tmp / name, copy_function=link)
+
+
+def _write_folder(
+    out: Path, fill: Callable[[Path], None], best: Best = None, carry: tuple[str, ...] = ()
+) -> None:
     """Fill a temporary sibling of ``out``, then put it in place of ``out``; an OSError or a
     safetensors error becomes an OutputError, and ``out`` is as it was. ``best``: see
-    :func:`_place_best`."""
+    :func:`_place_best`; ``carry``: sub-folders of ``out`` kept (:func:`_carry_folders`)."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out)
@@ -268,6 +268,7 @@ def _write_folder(out: Path, fill: Callable[[Path], None], best: Best = None) ->
         marker.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
         fill(tmp)
         _place_best(tmp, out, best)
+        _carry_folders(tmp, out, carry)
         marker.unlink()
         replace_folder(tmp, out)
     except (OSError, SafetensorError) as err:  # a full disk, a read-only folder
@@ -289,11 +290,13 @@ def write_model_folder(
     tokenizer: Any = None,
     trainer: dict[str, torch.Tensor] | None = None,
     best: Best = None,
+    carry: tuple[str, ...] = (),
 ) -> None:
     """Write a transformers model in the ``ssacli-model`` format, atomically: ``save_pretrained``
     without the scorer's tensors, those in SCORER_FILE, ``meta`` (with ``scorer``) in ssacli.json,
     ``trainer`` (see :func:`trainer_state_tensors`) in TRAINER_FILE, ``best`` as
-    :func:`_place_best`. Unless :func:`plain_loadable`, config.json is guarded (:func:`guard_config`)."""
+    :func:`_place_best`, ``carry`` as :func:`_carry_folders`. Unless :func:`plain_loadable`,
+    config.json is guarded (:func:`guard_config`)."""
 
     def fill(tmp: Path) -> None:
         state = model.state_dict()
@@ -313,7 +316,7 @@ def write_model_folder(
         if not plain_loadable(scorer, meta or {}):
             guard_config(tmp / "config.json", scorer)
 
-    _write_folder(Path(out), fill, best)
+    _write_folder(Path(out), fill, best, carry)
 
 
 # What the record of a plain conversion holds, and nothing else: any other key (``training``, the

@@ -37,6 +37,7 @@ annealing) is in :mod:`ssacli.train.runtime`.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -70,7 +71,7 @@ from ..defaults import (
     WEIGHT_DECAY,
 )
 from ..errors import JobFailedError, UsageError
-from ..files import check_writable_folder
+from ..files import check_writable_folder, writer_lock
 from ..models.checkpoint import (
     BEST_DIR,
     SCORER_KEY,
@@ -186,6 +187,14 @@ def finetune(
     config.validate()
     out, resume, in_place = training_folder(loaded, out, resume, in_place)
     check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
+    # one writer of out (rank 0 writes; the others never do)
+    lock = writer_lock(out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
+    with lock:
+        return _finetune(loaded, config, out, resume, in_place, overwrite, device, on_step, meta,
+                         trust_remote_code)  # fmt: skip
+
+
+def _finetune(loaded, config, out, resume, in_place, overwrite, device, on_step, meta, trust_remote_code):
     ddp = Distributed.start()
     try:
         dev = torch.device("cuda", ddp.local_rank) if ddp.world > 1 and torch.cuda.is_available() else None

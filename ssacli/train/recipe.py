@@ -24,8 +24,10 @@ a model whose KL ended above it is reported as missing its target, never as conv
 after transfer is saved too (``OUT/stages/transfer``), so ``ssacli report`` and ``diagnose`` can
 measure every stage.
 
-Randomness: batches come from (seed, step) as in :mod:`ssacli.train.finetune`. Stages are not
-resumable mid-way (a stopped run keeps nothing of its unfinished stage); one process only.
+Both stages run on :class:`ssacli.train.loop.StepLoop`, so a stopped run keeps its work: OUT is a
+checkpoint every ``checkpoint_every`` steps, at each stage's end and after SIGINT/SIGTERM, and
+``resume=True`` continues it exactly (:mod:`ssacli.train.recipe_checkpoint`). Randomness: batches
+come from (seed, step) as in :mod:`ssacli.train.finetune`. One process only.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from ..conversion import check_out, convert, save_model
 from ..defaults import (
     LM_SEQ_LEN,
     RECIPE_B,
+    RECIPE_CHECKPOINT_EVERY,
     RECIPE_DISTILL_STEPS,
     RECIPE_LM_WEIGHT,
     RECIPE_LORA_RANK,
@@ -60,13 +63,24 @@ from ..defaults import (
     SEED,
     TRAIN_BATCH_SIZE,
 )
-from ..errors import JobFailedError, UsageError
+from ..errors import UsageError
+from ..files import writer_lock
+from ..models.checkpoint import restore_trainer_state, trainer_state_tensors
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, local_model_path
-from ..models.optim import make_optimizer, scorer_values, set_lr
+from ..models.optim import make_optimizer, scorer_values
 from ..scorers.base import positive_raw
 from .data import EVAL_WINDOWS, make_objective, seeded_rng, step_seeds
 from .finetune import CLIP_NORM, FinetuneConfig
+from .loop import StepLoop
+from .recipe_checkpoint import (
+    check_same_start,
+    restore_tensors,
+    resumable_tensors,
+    trainer_tensors,
+    unfinished_run,
+)
+from .runtime import StopSignals
 
 RECIPE_START = "ssa:init=faithful,learn=b+n"  # m=auto per layer: the exact start
 STAGES = ("transfer", "distill")
@@ -91,6 +105,7 @@ class RecipeConfig:
     seq_len: int = LM_SEQ_LEN
     seed: int = SEED
     eval_every: int = 50
+    checkpoint_every: int = RECIPE_CHECKPOINT_EVERY  # steps between checkpoints of a stage
 
     def validate(self) -> None:
         if not self.stages or any(s not in STAGES for s in self.stages):
@@ -100,7 +115,14 @@ class RecipeConfig:
         positive_raw(self.target_n, "ssa", "--target-n")
         if self.b not in ("learned", "tied"):
             raise UsageError(f"--recipe-b takes learned or tied, got {self.b!r}")
-        for name in ("transfer_steps", "distill_steps", "lora_rank", "batch_size", "eval_every"):
+        for name in (
+            "transfer_steps",
+            "distill_steps",
+            "lora_rank",
+            "batch_size",
+            "eval_every",
+            "checkpoint_every",
+        ):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.seq_len < 2:
@@ -112,8 +134,12 @@ class RecipeConfig:
         if not (math.isfinite(self.lm_weight) and self.lm_weight >= 0):
             raise UsageError(f"--lm-weight must be >= 0, got {self.lm_weight}")
 
+    def recorded(self) -> dict[str, Any]:
+        """The settings as the record holds them (JSON: stages a list)."""
+        return {**asdict(self), "stages": list(self.stages)}
 
-OnStep = Callable[[str, int, int, float], None]  # (stage, step, steps, loss)
+
+OnStep = Callable[[str, int, int, float, float], None]  # (stage, step, steps, loss, lr)
 
 
 def convert_with_recipe(
@@ -122,6 +148,7 @@ def convert_with_recipe(
     config: RecipeConfig,
     *,
     overwrite: bool = False,
+    resume: bool = False,
     text: str | None = None,
     device: str = "auto",
     on_step: OnStep | None = None,
@@ -129,63 +156,111 @@ def convert_with_recipe(
     **load: Any,
 ) -> tuple[LoadedModel, dict[str, Any]]:
     """Convert MODEL (a softmax causal LM) to SSA with n = ``config.target_n`` by the recipe and
-    write it to ``out``; return the model and the recipe record (also in ``out``'s ssacli.json)."""
+    write it to ``out``; return the model and the recipe record (also in ``out``'s ssacli.json).
+    ``resume``: continue the unfinished run in ``out`` (from its last checkpoint; a missing ``out``
+    starts afresh). ``out`` is locked for the run (:func:`ssacli.files.writer_lock`)."""
     config.validate()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UsageError("the conversion recipe runs in one process; launch it without torchrun")
     out = Path(out).expanduser()
-    check_out(out, model.path if isinstance(model, LoadedModel) else local_model_path(model), overwrite)
-    from .runs import calibration_text
+    source = model.path if isinstance(model, LoadedModel) else local_model_path(model)
+    with writer_lock(out):
+        saved = unfinished_run(out, config.recorded()) if resume else None
+        if saved is None:
+            check_out(out, source, overwrite)
+        from .runs import calibration_text
 
-    calibration = text if text is not None else calibration_text(config.data)
-    loaded, fidelity = convert(
-        model, RECIPE_START, None, text=calibration, device=device, dtype="float32", **load
-    )
-    if loaded.kind != ModelKind.CAUSAL:
-        raise UsageError(
-            f"the conversion recipe distils causal LMs; '{loaded.name}' is a {loaded.kind} model"
+        calibration = text if text is not None else calibration_text(config.data)
+        loaded, fidelity = convert(
+            model, RECIPE_START, None, text=calibration, device=device, dtype="float32", **load
         )
-    objective = make_objective(loaded, config.data, "causal", config.seq_len)
-    run = _Recipe(loaded, objective, config, on_step, on_eval)
-    began = time.perf_counter()
-    snapshots: dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
-    run.evaluate("start", 0)
-    if "transfer" in config.stages:
-        run.transfer()
-        state = {k: v.detach().clone() for k, v in loaded.model.state_dict().items()}
-        at_transfer = run.record(fidelity, time.perf_counter() - began)  # the stage's own record
-        snapshots["transfer"] = state, {**at_transfer, "evaluations": list(at_transfer["evaluations"])}
-    else:
-        run.anneal(1.0)  # straight to the target n (the "no transfer" arm)
-        run.evaluate("transfer-skipped", 0)
-    if "distill" in config.stages:
-        run.distill()
-    record = run.record(fidelity, time.perf_counter() - began)
-    meta = {"source": str(loaded.path or loaded.name), "fidelity": fidelity, "recipe": record}
-    final = replace(loaded, path=None)
-    save_model(final, out, meta=meta, overwrite=overwrite)
-    for stage, (state, stage_record) in snapshots.items():  # after the final write (it replaces out)
-        stage_model = copy.deepcopy(loaded.model).cpu()
-        stage_model.load_state_dict(state)
-        meta_stage = {**meta, "recipe": {**stage_record, "snapshot": stage}}
-        save_model(replace(loaded, model=stage_model, path=None), out / STAGE_DIR / stage, meta=meta_stage)
+        if loaded.kind != ModelKind.CAUSAL:
+            raise UsageError(
+                f"the conversion recipe distils causal LMs; '{loaded.name}' is a {loaded.kind} model"
+            )
+        meta = {"source": str(loaded.path or loaded.name), "fidelity": fidelity}
+        if saved is not None:
+            check_same_start(saved, meta["source"], fidelity, out)
+        objective = make_objective(loaded, config.data, "causal", config.seq_len)
+        run = _Recipe(loaded, objective, config, out, meta, on_step, on_eval)
+        record = run.run(saved["recipe"] if saved is not None else None)
     return replace(loaded, path=out, name=str(out)), record
 
 
 class _Recipe:
-    def __init__(self, loaded, objective, config: RecipeConfig, on_step, on_eval) -> None:
+    def __init__(self, loaded, objective, config: RecipeConfig, out: Path, meta, on_step, on_eval) -> None:
         self.loaded, self.objective, self.config = loaded, objective, config
+        self.out, self.meta = out, meta
         self.on_step, self.on_eval = on_step, on_eval
         self.model: nn.Module = loaded.model
         self.device = next(self.model.parameters()).device
         self.scorers = list(scorers_of(loaded.attention_root).values())
         self.n0 = [s.n.detach().double().cpu() for s in self.scorers]
         self.evaluations: list[dict[str, Any]] = []
+        self.history: dict[str, list] = {}  # per stage: [step, train loss, lr] rows
         self.stage_seconds: dict[str, float] = {}
+        self.seconds = 0.0  # of the sessions before this one (a resumed run's)
+        self.began = time.perf_counter()
+        self.stages_written = False  # whether OUT/stages/ holds this run's snapshots (carried over)
         self.peft_model = None
         heldout = objective.heldout()
         self.heldout = heldout[0]["input_ids"][:EVAL_WINDOWS] if heldout else None
         self.teacher = self._teacher_log_probs() if self.heldout is not None else None
+
+    # ---- the run and its checkpoints ---------------------------------------------------------------
+
+    def run(self, saved: dict[str, Any] | None) -> dict[str, Any]:
+        """The stages from the start, or from ``saved`` (the record of the run's last checkpoint)."""
+        config = self.config
+        at = saved["at"] if saved is not None else {"stage": config.stages[0], "step": 0}
+        if saved is None:
+            self.evaluate("start", 0)
+        else:
+            self.evaluations = list(saved["evaluations"])
+            self.history = {k: list(v) for k, v in (saved.get("history") or {}).items()}
+            seconds = dict(saved.get("seconds") or {})
+            self.seconds = float(seconds.pop("total", 0.0))
+            self.stage_seconds = seconds
+            self.stages_written = (self.out / STAGE_DIR).is_dir()
+            restore_tensors(self.model, trainer_tensors(self.out), self.out, adapters=False)  # n and b
+        with StopSignals() as signals:
+            if "transfer" in config.stages and at["stage"] == "transfer":
+                self.transfer(at["step"], signals)
+                self._write_stage("transfer")
+            elif "transfer" not in config.stages and saved is None:
+                self.anneal(1.0)  # straight to the target n (the "no transfer" arm)
+                self.evaluate("transfer-skipped", 0)
+            if "distill" in config.stages:
+                self.distill(at["step"] if at["stage"] == "distill" else 0, signals)
+        record = self.record(finished=True)
+        save_model(replace(self.loaded, path=None), self.out, meta={**self.meta, "recipe": record},
+                   overwrite=True, carry=self._carry())  # fmt: skip
+        return record
+
+    def _carry(self) -> tuple[str, ...]:
+        return (STAGE_DIR,) if self.stages_written else ()  # never a replaced folder's old stages
+
+    def _checkpoint(self, stage: str, step: int, optimizer) -> None:
+        """OUT as of ``step`` of ``stage``: the model (the adapters merged into a copy), the record
+        so far, and trainer.safetensors (:mod:`ssacli.train.recipe_checkpoint`)."""
+        extra = resumable_tensors(self.model)
+        tensors = trainer_state_tensors(optimizer, step, extra=extra) if optimizer else extra
+        model = self.model
+        if self.peft_model is not None:
+            model = copy.deepcopy(self.peft_model).merge_and_unload()
+        record = self.record(finished=False, at={"stage": stage, "step": step})
+        meta = {**self.meta, "recipe": record}
+        save_model(replace(self.loaded, model=model, path=None), self.out, meta=meta, extra_tensors=tensors,
+                   overwrite=True, carry=self._carry())  # fmt: skip
+
+    def _write_stage(self, stage: str) -> None:
+        """The model at the end of ``stage``, in OUT/stages/STAGE with the record up to it."""
+        record = {**self.record(finished=False, at={"stage": stage, "step": -1}), "snapshot": stage}
+        record.pop("at")
+        stage_model = copy.deepcopy(self.model).cpu()
+        save_model(replace(self.loaded, model=stage_model, path=None), self.out / STAGE_DIR / stage,
+                   meta={**self.meta, "recipe": record}, overwrite=True)  # fmt: skip
+        self.stages_written = True
 
     # ---- n and b -----------------------------------------------------------------------------------
 
@@ -212,7 +287,7 @@ class _Recipe:
 
     # ---- the stages --------------------------------------------------------------------------------
 
-    def transfer(self) -> None:
+    def transfer(self, start: int, signals: StopSignals) -> None:
         config = self.config
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -224,9 +299,16 @@ class _Recipe:
                 self.model(input_ids=batch["input_ids"].to(self.device), use_cache=False)
             return collector.loss()
 
-        self._train("transfer", params, loss, config.transfer_steps, anneal=True)
+        if not params:  # tied b: the stage is the schedule alone, nothing is trained
+            if start < config.transfer_steps:
+                for step in range(config.transfer_steps):
+                    self.anneal((step + 1) / config.transfer_steps)
+                self.evaluate("transfer", config.transfer_steps)
+                self._checkpoint("transfer", config.transfer_steps, None)
+            return
+        self._train("transfer", params, loss, config.transfer_steps, start, signals, anneal=True)
 
-    def distill(self) -> None:
+    def distill(self, start: int, signals: StopSignals) -> None:
         from peft import LoraConfig, get_peft_model
 
         config = self.config
@@ -237,9 +319,14 @@ class _Recipe:
         )
         lora = LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, target_modules=targets,
                           lora_dropout=0.0, bias="none")  # fmt: skip
-        self.peft_model = get_peft_model(self.model, lora)
+        with seeded_rng(self.device, config.seed):  # the adapters' random start: the same in every run
+            self.peft_model = get_peft_model(self.model, lora)
+        if start:  # the adapters and b of the checkpoint
+            restore_tensors(self.model, trainer_tensors(self.out), self.out)
         params = [p for p in self.model.parameters() if p.requires_grad]  # the adapters
         params += self._scorer_params()
+        if not params:
+            raise UsageError("the distill stage has nothing to train")
 
         def loss(batch) -> torch.Tensor:
             ids = batch["input_ids"].to(self.device)
@@ -254,49 +341,58 @@ class _Recipe:
             return kl + config.lm_weight * ce
 
         try:
-            self._train("distill", params, loss, config.distill_steps, anneal=False)
+            self._train("distill", params, loss, config.distill_steps, start, signals, anneal=False)
         finally:
             self.peft_model.merge_and_unload()  # the adapters into the weights: a plain model again
             self.peft_model = None
         self.evaluate("distill-merged", config.distill_steps)
 
-    def _train(self, stage: str, params, loss_fn, steps: int, *, anneal: bool) -> None:
+    def _train(self, stage: str, params, loss_fn, steps: int, start: int, signals: StopSignals, *,
+               anneal: bool) -> None:  # fmt: skip
+        """Steps ``start`` … ``steps`` - 1 of ``stage`` on the StepLoop: the lr schedule, n annealed
+        (transfer), batches and dropout from (seed + stage, step), an evaluation every
+        ``eval_every`` steps, a checkpoint every ``checkpoint_every``, at the end and on a signal."""
         config = self.config
-        if not params:
-            if anneal:  # tied b: the transfer stage is the schedule alone
-                for step in range(steps):
-                    self.anneal((step + 1) / steps)
-                self.evaluate(stage, steps)
-                return
-            raise UsageError(f"the {stage} stage has nothing to train")
-        began = time.perf_counter()
         schedule = FinetuneConfig(data=config.data, steps=steps, lr=config.lr)
         optimizer = make_optimizer(self.model, params, lr=config.lr, scorer_lr=config.scorer_lr)
-        self.model.train()
-        for step in range(steps):
+        if start:
+            restore_trainer_state(self.out, optimizer)
+        began, before = time.perf_counter(), self.stage_seconds.get(stage, 0.0)
+
+        def batches(step: int):
             if anneal:
                 self.anneal((step + 1) / steps)
-            set_lr(optimizer, schedule.lr_at(step) / config.lr)
             data_seed, torch_seed = step_seeds(config.seed + STAGES.index(stage), 0, step)
             batch = self.objective.sample(config.batch_size, torch.Generator().manual_seed(data_seed))
             with seeded_rng(self.device, torch_seed):
-                loss = loss_fn(batch)
-                loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
-            value = float(loss.detach())
-            if not (math.isfinite(value) and torch.isfinite(norm)):
-                raise JobFailedError(
-                    f"the {stage} stage's loss became {value} at step {step + 1}; nothing was written. "
-                    "Lower --lr or --scorer-lr, or raise --target-n"
-                )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                yield batch
+
+        def after(done: int, value: float) -> None:
             if self.on_step is not None:
-                self.on_step(stage, step + 1, steps, value)
-            if (step + 1) % config.eval_every == 0 or step + 1 == steps:
-                self.evaluate(stage, step + 1, train_loss=value)
-        self.model.eval()
-        self.stage_seconds[stage] = round(time.perf_counter() - began, 1)
+                self.on_step(stage, done, steps, value, schedule.lr_at(done - 1))
+            if done % config.eval_every == 0 or done == steps:
+                self.evaluate(stage, done, train_loss=value)
+
+        def checkpoint(done: int, value: float) -> None:
+            self.stage_seconds[stage] = round(before + time.perf_counter() - began, 1)
+            self._checkpoint(stage, done, optimizer)
+
+        loop = StepLoop(
+            optimizer=optimizer, steps=steps, batches=batches, loss=loss_fn, checkpoint=checkpoint,
+            tag=schedule.lr_at, scorer_root=self.loaded.attention_root, folder=self.out,
+            advice=f"the {stage} stage stopped before that update ({self.out} keeps its last checkpoint, "
+            "if one was written); lower --lr or --scorer-lr, or raise --target-n",
+            resume="the same `ssacli convert` command with --resume",
+            checkpoint_every=config.checkpoint_every, log_every=1,
+            history=self.history.setdefault(stage, []),
+            schedule=lambda step: schedule.lr_at(step) / config.lr,
+            params=params, clip_norm=CLIP_NORM, on_step=after,
+        )  # fmt: skip
+        self.model.train()
+        try:
+            loop.run(start, signals=signals)
+        finally:
+            self.model.eval()
 
     # ---- measuring -----------------------------------------------------------------------------------
 
@@ -343,13 +439,19 @@ class _Recipe:
             self.on_eval(entry)
         return entry
 
-    def record(self, fidelity: dict[str, Any], seconds: float) -> dict[str, Any]:
+    def record(self, *, finished: bool, at: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The recipe record: settings, evaluations, loss history, seconds, and the final measures
+        (of the last evaluation); ``finished`` false with ``at`` for a checkpoint."""
         last = self.evaluations[-1]
         n_final = last["n"] or []
         kl = last.get("kl")
+        seconds = self.seconds + time.perf_counter() - self.began
         return {
-            "config": {**asdict(self.config), "stages": list(self.config.stages)},
+            "config": self.config.recorded(),
+            "finished": finished,
+            **({"at": at} if at is not None else {}),
             "evaluations": self.evaluations,
+            "history": self.history,
             "seconds": {**self.stage_seconds, "total": round(seconds, 1)},
             "final": {
                 "n_max": max(n_final) if n_final else None,

@@ -20,7 +20,7 @@ from typing import Any
 from ..conversion import check_out, convert
 from ..defaults import DEVICE, SCORER, SEED
 from ..errors import UsageError
-from ..files import check_writable_folder
+from ..files import check_writable_folder, writer_lock
 from ..models.checkpoint import check_replaceable, read_meta, training_record
 from ..models.loading import LoadedModel, local_model_path
 from ..models.options import LoadOptions
@@ -85,6 +85,7 @@ def convert_and_finetune(
     config: FinetuneConfig,
     *,
     overwrite: bool = False,
+    resume: bool = False,
     text: str | None = None,
     max_error: float | None = None,
     device: str = "auto",
@@ -102,10 +103,15 @@ def convert_and_finetune(
     Everything cheap is checked before loading: the spec, ``config``, and ``out`` (never the input
     folder, an existing one only with ``overwrite``). ``text`` is the calibration text (None: the
     start of ``config.data`` for text data, else the built-in probe texts). ``dtype="auto"`` loads
-    float32. ``on_converted(report)`` is called between the two stages; ``strict``: as for convert."""
+    float32. ``on_converted(report)`` is called between the two stages; ``strict``: as for convert.
+    ``resume``: continue the fine-tuning run stopped in ``out`` (a missing ``out`` starts afresh)."""
     make_scorer(scorer)  # a bad spec fails before loading
     config.validate()
     out = Path(out).expanduser()
+    if resume and out.exists():  # the conversion is done: its fine-tuning run continues
+        trained = finetune(str(out), config, out, resume=True, device=device, on_step=on_step,
+                           trust_remote_code=trust_remote_code)  # fmt: skip
+        return trained, (read_meta(out) or {}).get("fidelity") or {}
     check_out(out, model.path if isinstance(model, LoadedModel) else local_model_path(model), overwrite)
     load = LoadOptions(
         device=device,
@@ -113,17 +119,18 @@ def convert_and_finetune(
         dtype="float32" if dtype == "auto" else dtype,
         allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
     )  # fmt: skip
-    calibration = text if text is not None else calibration_text(config.data)
-    loaded, report = convert(
-        model, scorer, None, overwrite=overwrite, text=calibration, max_error=max_error, strict=strict,
-        **load.keywords(),
-    )  # fmt: skip
-    if on_converted is not None:
-        on_converted(report)
-    meta = {"source": str(loaded.path or loaded.name), "fidelity": report}
-    trained = finetune(
-        loaded, config, out, overwrite=overwrite, device=load.device, meta=meta, on_step=on_step
-    )
+    with writer_lock(out):  # one writer of out, from the conversion on
+        calibration = text if text is not None else calibration_text(config.data)
+        loaded, report = convert(
+            model, scorer, None, overwrite=overwrite, text=calibration, max_error=max_error, strict=strict,
+            **load.keywords(),
+        )  # fmt: skip
+        if on_converted is not None:
+            on_converted(report)
+        meta = {"source": str(loaded.path or loaded.name), "fidelity": report}
+        trained = finetune(
+            loaded, config, out, overwrite=overwrite, device=load.device, meta=meta, on_step=on_step
+        )
     return trained, report
 
 
@@ -170,6 +177,13 @@ def train_from_scratch(
     config = FinetuneConfig(data=str(data), seq_len=seq_len or 2, seed=seed, train="all", **settings)
     config.validate()  # before the tokenizer is trained
     check_writable_folder(out, "--out")
+    with writer_lock(out):  # one writer of out, from the tokenizer on
+        return _train_into(data, out, config, recorded, arch, size, spec, vocab_size, seq_len, seed, resume,
+                           overwrite, device, on_built, on_step)  # fmt: skip
+
+
+def _train_into(data, out, config, recorded, arch, size, spec, vocab_size, seq_len, seed, resume, overwrite,
+                device, on_built, on_step) -> LoadedModel:  # fmt: skip
     if recorded is not None:
         model: str | LoadedModel = str(out)  # finetune reloads the model, tokenizer and optimizer
         meta = None

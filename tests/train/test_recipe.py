@@ -5,7 +5,6 @@ on the bundled LM at a tiny budget."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -20,16 +19,6 @@ from ssacli.train.recipe import RecipeConfig, convert_with_recipe
 from tests.helpers.cli import run_main
 
 MODEL = "builtin:wikitext-softmax"
-WORDS = "the of and in a to was is for on as by with his at from that it an are were which this".split()
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    rng = random.Random(0)
-    lines = [" ".join(rng.choice(WORDS) for _ in range(14)) + " ." for _ in range(900)]
-    path = tmp_path_factory.mktemp("text") / "text.txt"
-    path.write_text("\n".join(lines))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
