@@ -9,7 +9,8 @@ that no scorer can get it wrong on its own:
   ``finfo.min`` fills are harmless);
 * masked keys get exactly 0 weight and fully masked rows (left padding, padded queries) are all zeros.
 
-Subclasses implement :meth:`Scorer.score` on clean inputs and declare their options and traits.
+Subclasses implement :meth:`Scorer.score` on clean inputs; what they declare (options, traits) is in
+:mod:`ssacli.scorers.specs`, torch-free.
 """
 
 from __future__ import annotations
@@ -23,48 +24,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import SpecError
-
-# Smallest value a positive parameter reparameterized through softplus can take.
-POSITIVE_EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class Option:
-    """One ``key=value`` of a scorer spec. ``kind`` is float, int, bool, str or a tuple of choices."""
-
-    default: Any
-    kind: Any
-    help: str
-
-    def parse(self, scorer: str, key: str, raw: str) -> Any:
-        try:
-            if isinstance(self.kind, tuple):
-                if raw not in self.kind:
-                    raise ValueError
-                return raw
-            if self.kind is bool:
-                if raw.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if raw.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError
-            value = self.kind(raw)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError
-            return value
-        except ValueError:
-            expected = "|".join(self.kind) if isinstance(self.kind, tuple) else self.kind.__name__
-            raise SpecError(f"scorer '{scorer}': {key}={raw!r} is not a valid {expected}") from None
-
-
-@dataclass(frozen=True)
-class Traits:
-    """What `ssacli scorers` tabulates; facts from docs/scorers.md, checked by the tests."""
-
-    rows_sum_to_one: str  # "yes", "no", "<= 1", "< 1"
-    shift_invariant: str  # "yes", "no", "n/a"
-    limit: str  # what the weights tend to as logits x -> c*x, c -> inf
-    fusable: str  # one streaming pass over key blocks with O(1) state per row?
+from .declaration import POSITIVE_EPS, Declaration, Option, Traits, check_positive, learn_set  # noqa: F401
+from .specs import DECLARATIONS
 
 
 @dataclass
@@ -78,7 +39,11 @@ class AttentionInputs:
 
 
 class Scorer(nn.Module):
-    """Base class of every scorer. Instances are modules so trainable parameters travel with a model."""
+    """Base class of every scorer. Instances are modules so trainable parameters travel with a model.
+
+    A built-in scorer takes its declaration (name, summary, traits, options, trainable, uses_qk) from
+    the table in :mod:`ssacli.scorers.specs`: ``class SSA(Scorer, declared="ssa")`` sets the class
+    attributes below from it. A scorer outside the table declares them as class attributes."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -86,6 +51,20 @@ class Scorer(nn.Module):
     options: ClassVar[dict[str, Option]] = {}
     trainable: ClassVar[tuple[str, ...]] = ()  # names of the parameters `learn=` may select
     uses_qk: ClassVar[bool] = False
+    declared: ClassVar[Declaration | None] = None  # the table's entry this class takes, if any
+
+    def __init_subclass__(cls, declared: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.declared = None if declared is None else DECLARATIONS[declared]
+        if cls.declared is not None:
+            d = cls.declared
+            cls.name, cls.summary, cls.traits = d.name, d.summary, d.traits
+            cls.options, cls.trainable, cls.uses_qk = d.options, d.trainable, d.uses_qk
+
+    @classmethod
+    def declaration(cls) -> Declaration:
+        """What this class declares: its entry in the table, or its class attributes."""
+        return cls.declared or Declaration.of(cls)
 
     def __init__(self, num_heads: int = 1, **options: Any) -> None:
         super().__init__()
@@ -97,6 +76,7 @@ class Scorer(nn.Module):
             )
         if num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        self.declaration().check(options)  # the rules parse_spec applies, for keyword arguments too
         self.num_heads = num_heads
         self.given = dict(options)  # what the user set; the spec string round-trips this
         self.opts = {k: options.get(k, opt.default) for k, opt in self.options.items()}
@@ -129,19 +109,7 @@ class Scorer(nn.Module):
     def _learn_set(self) -> frozenset[str]:
         if "learn" not in self.options:
             return frozenset()
-        raw = self.opts["learn"]
-        if raw == "none":
-            return frozenset()
-        if raw == "all":
-            return frozenset(self.trainable)
-        chosen = frozenset(raw.split("+"))
-        bad = sorted(chosen - set(self.trainable))
-        if bad:
-            raise SpecError(
-                f"scorer '{self.name}': learn={raw!r} names {', '.join(bad)}; "
-                f"use a '+'-joined subset of {', '.join(self.trainable)}, or all, or none"
-            )
-        return chosen
+        return learn_set(self.declaration(), self.opts["learn"])
 
     # -- parameters -----------------------------------------------------------------------------
     def _param_count(self) -> int:
@@ -282,8 +250,8 @@ def positive(raw: torch.Tensor) -> torch.Tensor:
 
 
 def positive_raw(value: float, scorer: str, key: str) -> float:
-    if not value > POSITIVE_EPS:
-        raise SpecError(f"scorer '{scorer}': {key} must be > {POSITIVE_EPS:g}, got {value:g}")
+    """The raw value of a positive parameter (:func:`positive`) that starts at ``value``."""
+    check_positive(value, scorer, key)
     return inverse_softplus(value - POSITIVE_EPS)
 
 
@@ -293,11 +261,3 @@ def _format_value(v: Any) -> str:
     if isinstance(v, float):  # shortest text that parses back to the same float
         return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
     return str(v)
-
-
-# Option presets reused by scorers with trainable per-head parameters.
-SHARE = Option("head", ("head", "layer"), "one parameter per head, or one per layer")
-
-
-def learn_option(default: str, names: tuple[str, ...]) -> Option:
-    return Option(default, str, f"trainable: a '+'-joined subset of {'/'.join(names)}, all, or none")

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .base import AttentionInputs, Scorer, Traits
+from .base import AttentionInputs, Scorer
 from .registry import register_scorer
 
 # The paper's ε: a row whose features are all zero gets zero weights instead of 0/0.
@@ -20,12 +20,7 @@ ROW_SUM_FLOOR = 1e-6
 
 
 @register_scorer
-class CosFormer(Scorer):
-    name = "cosformer"
-    summary = "relu(q)·relu(k)·cos(π/2·(i−j)/M), row-normalized (uses q, k, positions)"
-    traits = Traits("yes", "n/a", "n/a (q, k)", "linear")
-    uses_qk = True
-
+class CosFormer(Scorer, declared="cosformer"):
     def score(self, x, visible, inputs: AttentionInputs):
         if inputs.query is None or inputs.key is None:
             raise ValueError("scorer 'cosformer' needs query= and key= tensors, not logits alone")

@@ -1,54 +1,41 @@
-"""One registry of scorers, and the spec strings every CLI command uses to build them.
+"""One registry of scorer classes, and the spec strings every CLI command uses to build them.
 
 A spec is ``name`` or ``name:key=value,key=value``; e.g. ``ssa:init=faithful,m=256`` or
-``entmax:alpha=1.3,learn=alpha``. Values are parsed by the scorer's declared :class:`Option`s, so a
-bad key or value fails here with a message that lists what is valid.
+``entmax:alpha=1.3,learn=alpha``. :func:`parse_spec` (torch-free, in :mod:`ssacli.scorers.specs`)
+checks it against the scorer's declaration, so a bad key or value fails there with a message that
+lists what is valid; :func:`make_scorer` builds the torch module.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import SpecError
 from .base import Scorer
+from .specs import DECLARATIONS, declare, parse_spec, scorer_table
 
-SCORERS: dict[str, type[Scorer]] = {}
+__all__ = ["SCORERS", "describe_scorer", "make_scorer", "parse_spec", "register_scorer", "scorer_table"]
+
+SCORERS: dict[str, type[Scorer]] = {}  # in the order of DECLARATIONS: `ssacli scorers` lists them so
 
 
 def register_scorer(cls: type[Scorer]) -> type[Scorer]:
-    """Class decorator: add a scorer under ``cls.name`` (names are plain: no '/' or ':')."""
-    if not cls.name or any(c in cls.name for c in "/:,="):
-        raise ValueError(f"bad scorer name {cls.name!r}")
+    """Class decorator: add a scorer under ``cls.name`` (names are plain: no '/' or ':'). A built-in
+    scorer takes its declaration from the table (``declared=``); any other is declared by its class
+    attributes, and from then on parse_spec knows it too."""
+    if not getattr(cls, "name", None) or any(c in cls.name for c in "/:,="):
+        raise ValueError(f"bad scorer name {getattr(cls, 'name', None)!r}")
     if cls.name in SCORERS:
         raise ValueError(f"scorer {cls.name!r} is already registered")
+    if cls.declared is None:
+        declare(cls.declaration())
+    elif cls.declared is not DECLARATIONS.get(cls.name):
+        raise ValueError(f"scorer {cls.name!r} is declared twice")
     SCORERS[cls.name] = cls
+    order = list(DECLARATIONS)  # whichever scorer module is imported first, the table's order
+    ordered = sorted(SCORERS.items(), key=lambda item: order.index(item[0]))
+    SCORERS.clear()
+    SCORERS.update(ordered)
     return cls
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """Split and type-check a spec: ``"ssa:n=2,learn=n"`` -> ``("ssa", {"n": 2.0, "learn": "n"})``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise SpecError(f"empty scorer spec; choose one of: {', '.join(SCORERS)}")
-    name, _, rest = spec.strip().partition(":")
-    name = name.strip()
-    if name not in SCORERS:
-        raise SpecError(
-            f"unknown scorer '{name}'; choose one of: {', '.join(SCORERS)} (see `ssacli scorers`)"
-        )
-    cls = SCORERS[name]
-    options: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        valid = ", ".join(cls.options) or "(none)"
-        if not eq or not key or not raw:
-            raise SpecError(f"scorer '{name}': expected key=value, got {item!r}; valid keys: {valid}")
-        if key not in cls.options:
-            raise SpecError(f"scorer '{name}' has no option '{key}'; valid keys: {valid}")
-        if key in options:
-            raise SpecError(f"scorer '{name}': option '{key}' given twice")
-        options[key] = cls.options[key].parse(name, key, raw)
-    return name, options
 
 
 def make_scorer(spec: str | Scorer, num_heads: int = 1) -> Scorer:
@@ -73,21 +60,6 @@ def describe_scorer(spec: str) -> dict[str, Any]:
     }
 
 
-def scorer_table() -> list[dict[str, Any]]:
-    """One row per scorer: what `ssacli scorers` prints (and emits with --json)."""
-    rows = []
-    for name, cls in SCORERS.items():
-        rows.append(
-            {
-                "name": name,
-                "summary": cls.summary,
-                "trainable": list(cls.trainable),
-                "rows_sum_to_one": cls.traits.rows_sum_to_one,
-                "shift_invariant": cls.traits.shift_invariant,
-                "limit": cls.traits.limit,
-                "fusable": cls.traits.fusable,
-                "uses_qk": cls.uses_qk,
-                "options": {k: {"default": o.default, "help": o.help} for k, o in cls.options.items()},
-            }
-        )
-    return rows
+# The built-in scorer classes register themselves as they are imported: whoever imports the registry
+# gets all of them (they import register_scorer from here, defined above).
+from . import cosformer, softmax_family, sparse, unnormalized  # noqa: E402, F401, I001

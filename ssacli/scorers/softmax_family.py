@@ -11,16 +11,10 @@ from typing import Any
 
 import torch
 
-from ..errors import SpecError
 from ..kernels.fused import softmax_attention, ssa_attention
 from .base import (
-    POSITIVE_EPS,
-    SHARE,
     AttentionInputs,
-    Option,
     Scorer,
-    Traits,
-    learn_option,
     masked_softmax,
     positive,
     positive_raw,
@@ -28,29 +22,11 @@ from .base import (
     visible_max,
 )
 from .registry import register_scorer
-
-# SSA with b = 1/m, n = m tends to softmax as m grows. 128 is the smallest power of two whose mean
-# KL(softmax || ssa) on N(0, 1) logits over 64 keys is below 1e-4 (measured 3.8e-5; m = 64 gives
-# 1.5e-4). tests/scorers/test_scorers.py measures it again.
-FAITHFUL_M = 128.0
-PAPER_B, PAPER_N = 0.8, 1.5
-# The authors' production kernel (omyokun/SSA, Nemotron3-114M/train/SSA): one n per layer, trainable,
-# init 1.5; b fixed at 0.8 (../shared/notes/paper.md).
-AUTHORS_B, AUTHORS_N = 0.8, 1.5
-SSA_PRESETS = ("paper", "faithful", "authors")
-
-
-def faithful_m(raw: str) -> float | str:
-    """``m=auto`` (chosen per layer from the model's own logits by ``ssacli convert``) or a number."""
-    return "auto" if raw == "auto" else float(raw)
+from .specs import FAITHFUL_M, ssa_start  # noqa: F401 (FAITHFUL_M: m=auto's placeholder, below)
 
 
 @register_scorer
-class Softmax(Scorer):
-    name = "softmax"
-    summary = "exp(x) / sum exp(x): the reference"
-    traits = Traits("yes", "yes", "one-hot", "yes")
-
+class Softmax(Scorer, declared="softmax"):
     def transformed_logits(self, x, count):
         return x
 
@@ -62,21 +38,9 @@ class Softmax(Scorer):
 
 
 @register_scorer
-class Temperature(Scorer):
-    name = "temperature"
-    summary = "softmax(x / t), t = exp(theta) learned per head"
-    traits = Traits("yes", "yes", "one-hot", "yes")
-    trainable = ("t",)
-    options = {
-        "t": Option(1.0, float, "initial temperature (> 0); weights = softmax(x / t)"),
-        "learn": learn_option("t", ("t",)),
-        "share": SHARE,
-    }
-
+class Temperature(Scorer, declared="temperature"):
     def __init__(self, num_heads: int = 1, **options) -> None:
-        super().__init__(num_heads, **options)
-        if not self.opts["t"] > 0:
-            raise SpecError(f"scorer 'temperature': t must be > 0, got {self.opts['t']:g}")
+        super().__init__(num_heads, **options)  # t > 0: the declaration's rule
         self._add_param("t", math.log(self.opts["t"]))  # log-temperature: any real value is valid
 
     @property
@@ -98,62 +62,21 @@ class Temperature(Scorer):
 
 
 @register_scorer
-class SSA(Scorer):
+class SSA(Scorer, declared="ssa"):
     """Scaled Signed Averaging: w ∝ (1 + b|x|)^(sgn(x)·n), computed as softmax(n·sgn(x)·log1p(b|x|)).
 
     The log-domain form never forms the power, so it cannot overflow in fp16/bf16. b and n are
     positive through ``softplus(raw) + eps``.
     """
 
-    name = "ssa"
-    summary = "softmax(n·sgn(x)·log1p(b|x|)) = (1+b|x|)^(sgn(x)·n), normalized"
-    traits = Traits("yes", "no", "x₊ⁿ/Σx₊ⁿ", "yes")
-    trainable = ("b", "n")
-    options = {
-        "init": Option(
-            "paper",
-            SSA_PRESETS,
-            "paper: b=0.8, n=1.5; faithful: b=1/m, n=m (≈ softmax); authors: the authors' kernel, "
-            "b=0.8 fixed, n=1.5 one per layer, learned",
-        ),
-        "preset": Option(None, SSA_PRESETS, "the same as init= (one of the two)"),
-        "m": Option(
-            "auto",
-            faithful_m,
-            "init=faithful only: auto (convert picks per layer the smallest power of 2 meeting "
-            f"--max-error; {FAITHFUL_M:g} for a scorer built alone, never attached uncalibrated) "
-            "or a number; larger m is closer to softmax",
-        ),
-        "b": Option(None, float, "initial b (> 0); overrides the preset"),
-        "n": Option(None, float, "initial n (> 0); overrides the preset"),
-        "learn": learn_option("all", ("b", "n")),
-        "share": SHARE,
-    }
-
     def __init__(self, num_heads: int = 1, **options) -> None:
         super().__init__(num_heads, **options)
-        if "preset" in self.given and "init" in self.given:
-            raise SpecError("scorer 'ssa': preset= and init= are the same option; give one")
-        init = self.opts["preset"] or self.opts["init"]
+        init, b, n = ssa_start(self.given)  # b and n from init= (or preset=), m=, b=, n=
         self.opts["init"] = init
-        m = self.opts["m"]
-        if "m" in self.given and init != "faithful":
-            raise SpecError("scorer 'ssa': m only applies to init=faithful (e.g. ssa:init=faithful,m=256)")
         if init == "authors":  # one n per layer, learned; b fixed (unless the spec says otherwise)
             self.opts["share"] = self.given.get("share", "layer")
             self.opts["learn"] = self.given.get("learn", "n")
             self.learn = self._learn_set()
-        if init == "faithful":
-            m = FAITHFUL_M if m == "auto" else m
-            if not 0 < m < 1 / POSITIVE_EPS:
-                raise SpecError(f"scorer 'ssa': m must be in (0, {1 / POSITIVE_EPS:g}), got {m:g}")
-            b, n = 1.0 / m, m
-        elif init == "authors":
-            b, n = AUTHORS_B, AUTHORS_N
-        else:
-            b, n = PAPER_B, PAPER_N
-        b = self.opts["b"] if self.opts["b"] is not None else b
-        n = self.opts["n"] if self.opts["n"] is not None else n
         self._add_param("b", positive_raw(b, self.name, "b"))
         self._add_param("n", positive_raw(n, self.name, "n"))
 
@@ -213,18 +136,8 @@ class SSA(Scorer):
 
 
 @register_scorer
-class SSMax(Scorer):
+class SSMax(Scorer, declared="ssmax"):
     """Scalable-Softmax (Nakanishi 2025): softmax(s·log(N_i)·x), N_i the keys row i can see."""
-
-    name = "ssmax"
-    summary = "softmax(s·log(N_i)·x), N_i = visible keys of the row"
-    traits = Traits("yes", "yes", "one-hot", "yes")
-    trainable = ("s",)
-    options = {
-        "s": Option(1.0, float, "initial scale s"),
-        "learn": learn_option("s", ("s",)),
-        "share": SHARE,
-    }
 
     def __init__(self, num_heads: int = 1, **options) -> None:
         super().__init__(num_heads, **options)
@@ -240,18 +153,8 @@ class SSMax(Scorer):
 
 
 @register_scorer
-class Sink(Scorer):
+class Sink(Scorer, declared="sink"):
     """Softmax with a sink: exp(x_j) / (exp(s) + Σ_k exp(x_k)); the sink takes the remaining mass."""
-
-    name = "sink"
-    summary = "exp(x) / (exp(s) + Σ exp(x)), learned sink logit s per head"
-    traits = Traits("< 1", "no", "one-hot", "yes")
-    trainable = ("s",)
-    options = {
-        "s": Option(0.0, float, "initial sink logit"),
-        "learn": learn_option("s", ("s",)),
-        "share": SHARE,
-    }
 
     def __init__(self, num_heads: int = 1, **options) -> None:
         super().__init__(num_heads, **options)
@@ -271,10 +174,5 @@ class Sink(Scorer):
 
 
 @register_scorer
-class Softmax1(Sink):
+class Softmax1(Sink, declared="softmax1"):
     """Off-by-one softmax (Miller 2023): a sink with fixed logit 0."""
-
-    name = "softmax1"
-    summary = "exp(x) / (1 + Σ exp(x)): off-by-one softmax"
-    trainable = ()
-    options = {}

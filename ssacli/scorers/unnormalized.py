@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import SpecError
 from .base import (
-    Option,
     Scorer,
-    Traits,
     masked_softmax,
     visible_count,
     visible_max,
@@ -22,13 +19,8 @@ from .registry import register_scorer
 
 
 @register_scorer
-class Sigmoid(Scorer):
+class Sigmoid(Scorer, declared="sigmoid"):
     """Sigmoid attention (Ramapuram et al. 2024): σ(x + bias), bias = -log N_i by default."""
-
-    name = "sigmoid"
-    summary = "σ(x - log N_i), each key independently"
-    traits = Traits("no", "no", "0/1 step", "yes")
-    options = {"bias": Option(None, float, "fixed bias instead of -log N_i")}
 
     def score(self, x, visible, inputs):
         if self.opts["bias"] is not None:
@@ -38,16 +30,12 @@ class Sigmoid(Scorer):
 
 
 @register_scorer
-class Softpick(Scorer):
+class Softpick(Scorer, declared="softpick"):
     """Softpick (Zuhri et al. 2025): relu(eˣ − 1) / Σ_visible |eˣ − 1|.
 
     Stabilized by m = max(0, row max): both terms are multiplied by e^(−m), so nothing overflows.
     Masked keys are left out of the denominator. A row whose terms are all 0 gets 0 weights.
     """
-
-    name = "softpick"
-    summary = "relu(eˣ − 1) / Σ|eˣ − 1| over visible keys"
-    traits = Traits("<= 1", "no", "one-hot", "yes")
 
     def score(self, x, visible, inputs):
         m = visible_max(x, visible).clamp_min(0.0)
@@ -58,18 +46,13 @@ class Softpick(Scorer):
 
 
 @register_scorer
-class SASoftmax(Scorer):
+class SASoftmax(Scorer, declared="sa-softmax"):
     """Self-adjusting softmax (Zheng et al. 2025): x·softmax(x), or with x rescaled to [0, 1].
 
     ``norm=true`` (default) uses (x − min)/(max − min) over the visible keys of the row, which keeps
     weights in [0, 1] with row mass ≤ 1; a row whose visible logits are all equal has no spread to
     rescale and gets the plain softmax.
     """
-
-    name = "sa-softmax"
-    summary = "x·softmax(x); norm=true rescales x to [0, 1] over the row"
-    traits = Traits("<= 1", "yes (norm=false: no)", "one-hot (norm=false: unbounded)", "yes")
-    options = {"norm": Option(True, bool, "rescale x to [0, 1] over the visible row first")}
 
     def score(self, x, visible, inputs):
         p = masked_softmax(x, visible)
@@ -82,18 +65,9 @@ class SASoftmax(Scorer):
 
 
 @register_scorer
-class ReluNorm(Scorer):
-    """ReLU attention normalized by sequence length (Wortsman et al. 2023): relu(x)^p / N_i."""
-
-    name = "relu-norm"
-    summary = "relu(x) / N_i (power=2: relu(x)² / N_i)"
-    traits = Traits("no", "no", "scale-free", "yes")
-    options = {"power": Option(1, int, "1 for ReLU, 2 for ReLU²")}
-
-    def __init__(self, num_heads: int = 1, **options) -> None:
-        super().__init__(num_heads, **options)
-        if self.opts["power"] not in (1, 2):
-            raise SpecError(f"scorer 'relu-norm': power must be 1 or 2, got {self.opts['power']}")
+class ReluNorm(Scorer, declared="relu-norm"):
+    """ReLU attention normalized by sequence length (Wortsman et al. 2023): relu(x)^p / N_i (p = 1 or
+    2: the declaration's rule)."""
 
     def score(self, x, visible, inputs):
         n = visible_count(visible, x.dtype).clamp_min(1.0)
