@@ -71,7 +71,7 @@ _LAZY = {
     "load_saved": "report.saved",
     "render": "report.saved",
     "render_html": "report.saved",
-    "parse_probe": "diagnosis.probes",
+    "parse_probe": "diagnosis.probe_kinds",
     "run_check": "check.requirements",
     "parse_requirement": "check.requirements",
     "CheckReport": "check.requirements",
@@ -111,8 +111,8 @@ if TYPE_CHECKING:
     from .check.settings import CheckSettings, check_settings
     from .conversion import convert, save_model
     from .diagnosis.comparison import compare_results
+    from .diagnosis.probe_kinds import parse_probe
     from .diagnosis.probe_result import ProbeResult
-    from .diagnosis.probes import parse_probe
     from .diagnosis.result import DiagnoseResult
     from .diagnosis.run import diagnose
     from .icl.evaluate import ICLEvaluation, evaluate_icl

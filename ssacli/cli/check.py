@@ -33,6 +33,7 @@ from .options import (
     MaxMemory,
     Strict,
     TrustRemoteCode,
+    check_inputs,
     check_outputs,
     debugging,
     given,
@@ -104,9 +105,11 @@ def check_command(
     )  # fmt: skip
     try:
         if init:
+            check_inputs(models=[model_ref])  # before anything heavy is imported
             code = _init(model_ref, config, given(device=device, dtype=dtype, random_ids=random_ids) | load)
         else:
             check_outputs(("--junit", junit), ("--json", json_out))  # before anything heavy is imported
+            check_inputs(scorers=[scorer], models=[model_ref])
             settings = dict(
                 config=config, requires=require, baseline=baseline, max_regression=max_regression,
                 samples=samples, seed=seed, length=length, tau=tau, scorer=scorer, device=device,

@@ -45,6 +45,7 @@ from .options import (
     TrustRemoteCode,
     Warmup,
     WeightDecay,
+    check_inputs,
     given,
     load_options,
 )
@@ -142,6 +143,7 @@ def convert_command(
           --finetune --data c.txt --anneal-n 8
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
+    check_inputs(scorers=[scorer], models=[model_ref])
     options = given(
         data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
         batch_size=batch_size, seq_len=seq_len,

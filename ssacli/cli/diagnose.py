@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import defaults
+from ..diagnosis.probe_kinds import parse_probe
 from ..errors import UsageError
 from ..files import json_text, write_text
 from .options import (
@@ -25,6 +26,7 @@ from .options import (
     Strict,
     TrustRemoteCode,
     bar_columns,
+    check_inputs,
     check_outputs,
     load_options,
     progress,
@@ -136,13 +138,12 @@ def diagnose_command(
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
-    from .. import make_scorer, parse_probe
+    probes = [parse_probe(p) for p in probe] if probe else None  # torch-free, like check_inputs
+    other_model = None if compare is None or _is_result_file(compare) else compare
+    check_inputs(scorers=[scorer], models=[model_ref, other_model])
     from ..diagnosis.metrics import METRICS
     from ..quality.inputs import read_text_file
 
-    probes = [parse_probe(p) for p in probe] if probe else None  # bad specs fail before loading
-    if scorer is not None:
-        make_scorer(scorer)
     metric, _, heat_probe = heatmap.partition("@")
     if metric not in METRICS:
         raise UsageError(f"unknown metric '{metric}' for --heatmap; choose from: {', '.join(METRICS)}")
@@ -186,9 +187,14 @@ def _compare_target(ref: str, settings: dict, quiet: bool):
     """--compare: a --json result file, or another model diagnosed with the same settings."""
     from .. import DiagnoseResult
 
-    if ref.endswith(".json") and Path(ref).is_file():
+    if _is_result_file(ref):
         return DiagnoseResult.load(ref)
     return _diagnose(ref, settings, quiet)
+
+
+def _is_result_file(ref: str) -> bool:
+    """Whether --compare names a --json result (else it names a MODEL)."""
+    return ref.endswith(".json") and Path(ref).is_file()
 
 
 def _diagnose(model_ref: str, settings: dict, quiet: bool):

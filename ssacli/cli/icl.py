@@ -16,6 +16,7 @@ from .options import (
     ICL_SIGMAS_TEXT,
     SCORER_LR_HELP,
     bar_columns,
+    check_inputs,
     check_outputs,
     floats,
     progress,
@@ -55,6 +56,7 @@ def icl_train(
 ) -> None:
     """Train an ICL model from scratch with any scorer."""
     check_writable_folder(out, "--out")  # before anything heavy is imported
+    check_inputs(scorers=[scorer])
     from rich.progress import TextColumn, TimeRemainingColumn
 
     from .. import ICLTrainConfig, train_icl
@@ -108,6 +110,7 @@ def icl_eval(
 ) -> None:
     """Evaluate an ICL model over σ × length, and with planted outliers."""
     check_outputs(("--json", json_out), ("--plot", plot))  # before anything heavy is imported
+    check_inputs(models=[model_ref])
     from .. import evaluate_icl
     from ..icl.evaluate import parse_outlier
     from ..report.icl import icl_legend, icl_tables
@@ -170,6 +173,7 @@ def icl_sweep(
 ) -> None:
     """Train and evaluate a grid of scorers × tasks × seeds; write results.json and figures."""
     check_writable_folder(out, "--out")  # before anything heavy is imported
+    check_inputs(scorers=[] if plan_file is not None else scorer)  # a --plan's: checked as it is read
     from .. import ICLSweepPlan, plot_icl_sweep, run_icl_sweep
 
     if plan_file is not None:

@@ -9,7 +9,7 @@ shared by ``convert --finetune`` and ``finetune`` and default to None on purpose
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Annotated, Any
@@ -24,6 +24,8 @@ from ..errors import SsacliError, UsageError
 from ..files import check_writable
 from ..models.device_map import DEVICE_MAPS
 from ..models.options import LoadOptions
+from ..models.references import check_reference
+from ..scorers.specs import parse_spec
 from ..train import DATA_FORMS
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
@@ -230,6 +232,19 @@ def check_outputs(*outputs: tuple[str, Any]) -> None:
     for option, path in outputs:
         if path is not None:
             check_writable(path, option)
+
+
+def check_inputs(*, scorers: Iterable[str | None] = (), models: Iterable[str | None] = ()) -> None:
+    """Fail at once, before torch is imported, on a bad scorer spec (exit 2) and on a MODEL that
+    names nothing (a local path that does not exist: exit 4; a builtin:NAME not bundled: exit 2),
+    with the messages building the scorer and loading the model would give (None: not given).
+    Commands call this after :func:`check_outputs`, before they import the model stack."""
+    for spec in scorers:
+        if spec is not None:
+            parse_spec(spec)
+    for ref in models:
+        if ref is not None:
+            check_reference(ref)
 
 
 # ---- --debug and the one-line error report ----------------------------------------------------------

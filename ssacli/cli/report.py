@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from .. import defaults
+from ..diagnosis.probe_kinds import parse_probe
 from ..errors import UsageError
 from ..files import write_text
 from .options import (
@@ -27,6 +28,7 @@ from .options import (
     MaxMemory,
     QuietOutput,
     TrustRemoteCode,
+    check_inputs,
     check_outputs,
     floats,
     load_options,
@@ -126,10 +128,11 @@ def report_command(
           --lm-eval-limit 500 --allow-download
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
-    from .. import compare_models, parse_probe
+    probes = [str(parse_probe(p)) for p in probe] if probe else None
+    check_inputs(models=[before, after])
+    from .. import compare_models
     from ..icl.evaluate import parse_outlier
 
-    probes = [str(parse_probe(p)) for p in probe] if probe else None
     sigmas = floats(sigma, "sigma")
     if not sigmas or any(not s > 0 for s in sigmas):
         raise UsageError(f"--sigma takes positive numbers, e.g. 1,2,4; got {sigma!r}")

@@ -16,7 +16,7 @@ from rich.console import Console
 from .. import defaults as D
 from ..files import check_writable_folder
 from ..train import MIN_VOCAB
-from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device
+from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device, check_inputs
 from .training import print_trained, training_display
 
 
@@ -71,6 +71,7 @@ def train_command(
           --data childes/ --out runs/bb
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
+    check_inputs(scorers=[scorer])
     from .. import FinetuneConfig, train_from_scratch
     from ..train.scratch import describe
 

@@ -24,12 +24,13 @@ from torch import nn
 
 from ..defaults import DEFAULT_MODEL, DEVICE, DTYPE
 from ..errors import InputError, UnsupportedModelError, UsageError
-from .builtins import BUILTIN_DIR, builtin_names
+from .builtins import BUILTIN_DIR, builtin_names  # noqa: F401 (used from here by scripts and tests)
 from .checkpoint import attach_saved_scorer, quiet_progress, saved_config
 from .device_map import MaxMemory, compute_device, from_pretrained_placed, placement
 from .icl_task import TOKENS_PER_POINT
-from .kinds import BUILTIN_PREFIX, ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
+from .kinds import ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 from .options import LoadOptions
+from .references import local_model_path, resolve_model_path  # noqa: F401 (local_model_path: here too)
 
 # float64: reference measurements (a float32 sum over a long text is exact only to ~1 ulp of its size)
 DTYPES = {
@@ -39,33 +40,6 @@ DTYPES = {
     "float64": torch.float64,
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
-
-
-def resolve_model_path(ref: str) -> Path:
-    """``builtin:NAME`` -> the bundled folder; anything else must be an existing local folder."""
-    if ref.startswith(BUILTIN_PREFIX):
-        name = ref[len(BUILTIN_PREFIX) :]
-        path = BUILTIN_DIR / name
-        if name not in builtin_names():
-            available = ", ".join(BUILTIN_PREFIX + n for n in builtin_names()) or "(none installed)"
-            raise UsageError(f"no bundled model '{ref}'; available: {available}")
-        return path
-    path = Path(ref).expanduser()
-    if not path.exists():
-        raise InputError(f"model path '{ref}' does not exist; give a checkpoint folder or builtin:NAME")
-    if not path.is_dir():
-        raise InputError(f"model path '{ref}' is a file; give the checkpoint folder that contains it")
-    return path
-
-
-def local_model_path(ref: str) -> Path | None:
-    """The folder MODEL names, when it is a builtin or an existing local path (else None); never
-    raises, for cheap checks before loading."""
-    if ref.startswith(BUILTIN_PREFIX):
-        name = ref[len(BUILTIN_PREFIX) :]
-        return BUILTIN_DIR / name if name in builtin_names() else None
-    path = Path(ref).expanduser()
-    return path if path.exists() else None
 
 
 def resolve_device(device: str) -> torch.device:

@@ -1,11 +1,13 @@
 """Fast refusals: ``import ssacli`` and the CLI load no model stack, so an output that cannot be
-written is refused (exit 4, one line) in well under 2 s, before torch is imported (issue 14).
+written is refused (exit 4, one line) in well under 2 s, before torch is imported (issue 14); and
+input is checked in a second (issue 36): ``--help``, a bad scorer spec or probe, and a MODEL path
+that does not exist are answered before torch or transformers is imported, in < 1 s.
 
-Every case runs the real entry point in a fresh interpreter, which reports on exit whether torch was
-ever imported. The 2 s bound is on the CPU time the process takes (user + system): on an idle core
-that is its wall time, what a user waits, and unlike wall time it does not grow when other jobs
-hold the cores (this suite runs beside training runs; a refusal took 0.6 s of wall time on an
-idle machine and 9.8 s beside three busy processes on two cores, with the same CPU time).
+Every case runs the real entry point in a fresh interpreter, which reports on exit whether torch or
+transformers was ever imported. The bounds are on the CPU time the process takes (user + system):
+on an idle core that is its wall time, what a user waits, and unlike wall time it does not grow when
+other jobs hold the cores (this suite runs beside training runs; a refusal took 0.6 s of wall time on
+an idle machine and 9.8 s beside three busy processes on two cores, with the same CPU time).
 """
 
 from __future__ import annotations
@@ -19,17 +21,38 @@ import time
 import pytest
 
 import ssacli
-from ssacli.errors import EXIT_INPUT
+from ssacli.errors import EXIT_INPUT, EXIT_USAGE
 from tests.helpers.cli import unwritable
 
 LIMIT_S = 2.0  # issue 14: a read-only --json fails in < 2 s
-# `python -m ssacli ARGS…`, then, at exit, "torch" on stdout if torch was imported on the way
+INPUT_LIMIT_S = 1.0  # issue 36: input checked in a second
+MODEL_STACK = ("torch", "transformers")
+# `python -m ssacli ARGS…`, then, at exit, on stdout: "STACK:" and the model-stack modules imported
+# on the way (none: nothing after the colon), and "MODULES:" and how many modules were loaded
 ENTRY = (
     "import atexit, runpy, sys\n"
-    "atexit.register(lambda: sys.stdout.write('torch' if 'torch' in sys.modules else ''))\n"
+    "def report():\n"
+    f"    stack = [m for m in {MODEL_STACK!r} if m in sys.modules]\n"
+    "    sys.stdout.write(f'\\nSTACK:{\",\".join(stack)}\\nMODULES:{len(sys.modules)}\\n')\n"
+    "atexit.register(report)\n"
     "sys.argv[0] = 'ssacli'\n"
     "runpy.run_module('ssacli', run_name='__main__')\n"
 )
+
+
+def run_entry(argv: list[str], cwd) -> tuple[subprocess.CompletedProcess, str, list[str], int, float, float]:
+    """The entry point on ``argv`` in a fresh interpreter: (the process, its stdout before the report,
+    the model-stack modules it imported, how many modules it loaded, CPU seconds, wall seconds)."""
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", ENTRY, *argv], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+    wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    output, _, report = done.stdout.rpartition("\nSTACK:")
+    stack, _, modules = report.partition("\nMODULES:")
+    assert modules.strip().isdigit(), done.stdout  # the report was written: the interpreter exited
+    return done, output, [m for m in stack.split(",") if m], int(modules), cpu, wall
 
 
 MODEL = "builtin:every-softmax"
@@ -60,17 +83,12 @@ def test_an_unwritable_output_is_refused_at_once(args, tmp_path):
     ro = unwritable(tmp_path)
     argv = [a.format(ro=ro) for a in args]
     option = next(a for a in argv if str(ro) in a)
-    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", ENTRY, *argv], capture_output=True, text=True, cwd=tmp_path, timeout=120
-    )
-    wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    done, output, stack, _, cpu, wall = run_entry(argv, tmp_path)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == EXIT_INPUT, done.stderr
     assert len(lines) == 1 and lines[0].startswith("error: cannot write"), done.stderr
     assert option in lines[0] and "Traceback" not in done.stderr
-    assert done.stdout == ""  # nothing printed, and torch was never imported
+    assert output == "" and "torch" not in stack  # nothing printed, and torch was never imported
     assert cpu < LIMIT_S, f"{cpu:.2f} s of CPU ({wall:.2f} s of wall time)"
     assert [p.name for p in tmp_path.iterdir()] == [ro.name]  # nothing written, not even in the cwd
 
@@ -111,3 +129,93 @@ def test_every_public_name_resolves_and_dir_lists_it():
     from ssacli.scorers import SCORERS
 
     assert ssacli.SCORERS is SCORERS
+
+
+# ---- issue 36: input checked in a second ------------------------------------------------------------
+
+UNKNOWN_SCORER = "error: unknown scorer 'nosuch'; choose one of: softmax, temperature, ssa,"
+BAD_INPUTS = {
+    "convert, a typo in a scorer option": (
+        ["convert", "x", "--scorer", "ssa:int=faithful", "--out", "y"], EXIT_USAGE,
+        "error: scorer 'ssa' has no option 'int'; valid keys: init, preset, m, b, n, learn, share",
+    ),
+    "convert, an unknown scorer": (
+        ["convert", "x", "--scorer", "nosuch", "--out", "y"], EXIT_USAGE, UNKNOWN_SCORER
+    ),
+    "convert, a scorer value no scorer starts from": (
+        ["convert", "x", "--scorer", "ssa:m=256", "--out", "y"], EXIT_USAGE,
+        "error: scorer 'ssa': m only applies to init=faithful (e.g. ssa:init=faithful,m=256)",
+    ),
+    "diagnose, an unknown scorer": (["diagnose", "--scorer", "nosuch"], EXIT_USAGE, UNKNOWN_SCORER),
+    "diagnose, an unknown probe": (
+        ["diagnose", "--probe", "loudness:2"], EXIT_USAGE, "error: unknown probe 'loudness'; choose from:"
+    ),
+    "diagnose, a bad probe level": (
+        ["diagnose", "--probe", "outlier:0"], EXIT_USAGE, "error: probe 'outlier': level 0 must be"
+    ),
+    "diagnose ./nope": (
+        ["diagnose", "./nope"], EXIT_INPUT,
+        "error: model path './nope' does not exist; give a checkpoint folder or builtin:NAME",
+    ),
+    "diagnose models/nope": (
+        ["diagnose", "models/nope"], EXIT_INPUT,
+        "error: model path 'models/nope' does not exist; give a checkpoint folder or builtin:NAME",
+    ),
+    "convert ./nope": (
+        ["convert", "./nope", "--scorer", "ssa", "--out", "y"], EXIT_INPUT,
+        "error: model path './nope' does not exist",
+    ),
+    "diagnose builtin:nope": (["diagnose", "builtin:nope"], EXIT_USAGE, "error: no bundled model"),
+    "report, a missing AFTER": (
+        ["report", "builtin:every-softmax", "./nope"], EXIT_INPUT, "error: model path './nope' does not"
+    ),
+    "train, an unknown scorer": (
+        ["train", "--data", "c.txt", "--out", "o", "--scorer", "nosuch"], EXIT_USAGE, UNKNOWN_SCORER
+    ),
+    "icl train, a bad learn=": (
+        ["icl", "train", "--task", "every", "--out", "o", "--scorer", "ssa:learn=q"], EXIT_USAGE,
+        "error: scorer 'ssa': learn='q' names q;",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "code", "line"), BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_is_refused_before_the_model_stack_in_a_second(args, code, line, tmp_path):
+    (tmp_path / "models").mkdir()  # models/nope beside a models/ folder: a local path, not a Hub id
+    done, output, stack, _, cpu, wall = run_entry(args, tmp_path)
+    lines = [text for text in done.stderr.splitlines() if text.strip()]
+    assert done.returncode == code, done.stderr
+    assert len(lines) == 1 and lines[0].startswith(line), done.stderr
+    assert "Traceback" not in done.stderr and "--allow-download" not in done.stderr
+    assert output == "" and stack == [], stack
+    assert cpu < INPUT_LIMIT_S, f"{cpu:.2f} s of CPU ({wall:.2f} s of wall time)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models"]  # nothing written
+
+
+HELP = {"--help": ["--help"], "--version": ["--version"], "diagnose --help": ["diagnose", "--help"],
+        "convert --help": ["convert", "--help"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("args", HELP.values(), ids=HELP.keys())
+def test_help_and_version_are_answered_before_the_model_stack_in_a_second(args, tmp_path):
+    done, output, stack, _, cpu, wall = run_entry(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert output.strip() and done.stderr == ""
+    assert stack == [], stack
+    assert cpu < INPUT_LIMIT_S, f"{cpu:.2f} s of CPU ({wall:.2f} s of wall time)"
+
+
+# How many modules a refusal may load (issue 36 asks for the count): `ssacli diagnose --help` loads
+# 463 (typer, rich, click, the standard library), a bad spec 351; `import torch` alone loads ~1,070
+# (a bad spec loaded 3,023 before it was checked torch-free). Room for growth, none for torch.
+MODULE_BUDGET = 700
+
+
+@pytest.mark.parametrize(
+    "args", [["diagnose", "--help"], ["convert", "x", "--scorer", "ssa:int=faithful", "--out", "y"]],
+    ids=["diagnose --help", "a bad spec"],
+)  # fmt: skip
+def test_the_modules_a_refusal_imports_are_counted_and_few(args, tmp_path):
+    done, _, stack, modules, _, _ = run_entry(args, tmp_path)
+    assert stack == [] and done.returncode in (0, EXIT_USAGE), done.stderr
+    assert modules < MODULE_BUDGET, f"{modules} modules loaded"
