@@ -37,7 +37,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +48,6 @@ from torch.nn import functional as F
 from ..attention.interface import scorers_of
 from ..attention.teacher import AttentionTransfer, scoring_as_softmax, transferring
 from ..conversion import check_out, convert, save_model
-from ..defaults import (
-    LM_SEQ_LEN,
-    RECIPE_B,
-    RECIPE_CHECKPOINT_EVERY,
-    RECIPE_DISTILL_STEPS,
-    RECIPE_LM_WEIGHT,
-    RECIPE_LORA_RANK,
-    RECIPE_LR,
-    RECIPE_MAX_KL,
-    RECIPE_TARGET_N,
-    RECIPE_TRANSFER_STEPS,
-    SCORER_LR,
-    SEED,
-    TRAIN_BATCH_SIZE,
-)
 from ..errors import UsageError
 from ..files import writer_lock
 from ..models.checkpoint import restore_trainer_state, trainer_state_tensors
@@ -80,66 +65,8 @@ from .recipe_checkpoint import (
     trainer_tensors,
     unfinished_run,
 )
+from .recipe_config import RECIPE_START, STAGE_DIR, STAGES, OnStep, RecipeConfig
 from .runtime import StopSignals
-
-RECIPE_START = "ssa:init=faithful,learn=b+n"  # m=auto per layer: the exact start
-STAGES = ("transfer", "distill")
-STAGE_DIR = "stages"
-
-
-@dataclass
-class RecipeConfig:
-    data: str
-    target_n: float = RECIPE_TARGET_N
-    b: str = RECIPE_B  # learned (rescaled with n, then trained) or tied (b = 1/n)
-    stages: tuple[str, ...] = STAGES
-    transfer_steps: int = RECIPE_TRANSFER_STEPS
-    distill_steps: int = RECIPE_DISTILL_STEPS
-    lr: float = RECIPE_LR  # LoRA's (adapters start at zero: higher than a full fine-tune's)
-    scorer_lr: float = SCORER_LR
-    lora_rank: int = RECIPE_LORA_RANK
-    lora_targets: str = "all-linear"  # peft's target_modules: all-linear, or a comma list of names
-    lm_weight: float = RECIPE_LM_WEIGHT  # distill loss = KL + lm_weight · cross-entropy on the text
-    max_kl: float = RECIPE_MAX_KL
-    batch_size: int = TRAIN_BATCH_SIZE
-    seq_len: int = LM_SEQ_LEN
-    seed: int = SEED
-    eval_every: int = 50
-    checkpoint_every: int = RECIPE_CHECKPOINT_EVERY  # steps between checkpoints of a stage
-
-    def validate(self) -> None:
-        if not self.stages or any(s not in STAGES for s in self.stages):
-            raise UsageError(
-                f"--stages takes a comma list of {', '.join(STAGES)}, got {','.join(self.stages)}"
-            )
-        positive_raw(self.target_n, "ssa", "--target-n")
-        if self.b not in ("learned", "tied"):
-            raise UsageError(f"--recipe-b takes learned or tied, got {self.b!r}")
-        for name in (
-            "transfer_steps",
-            "distill_steps",
-            "lora_rank",
-            "batch_size",
-            "eval_every",
-            "checkpoint_every",
-        ):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.seq_len < 2:
-            raise UsageError(f"--seq-len must be >= 2, got {self.seq_len}")
-        for name in ("lr", "scorer_lr", "max_kl"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise UsageError(f"--{name.replace('_', '-')} must be finite and > 0, got {value}")
-        if not (math.isfinite(self.lm_weight) and self.lm_weight >= 0):
-            raise UsageError(f"--lm-weight must be >= 0, got {self.lm_weight}")
-
-    def recorded(self) -> dict[str, Any]:
-        """The settings as the record holds them (JSON: stages a list)."""
-        return {**asdict(self), "stages": list(self.stages)}
-
-
-OnStep = Callable[[str, int, int, float, float], None]  # (stage, step, steps, loss, lr)
 
 
 def convert_with_recipe(
