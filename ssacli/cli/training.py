@@ -18,6 +18,7 @@ from rich.console import Console
 from .options import bar_columns, progress
 
 HEARTBEAT_S = 30.0  # the longest a running job stays silent on stderr
+FINE_TUNING = "fine-tuning"  # what the bar and the step lines of a plain run are called
 
 
 def is_rank0() -> bool:
@@ -27,7 +28,7 @@ def is_rank0() -> bool:
 
 @contextmanager
 def training_display(
-    steps: int, log_every: int, quiet: bool, description: str = "fine-tuning"
+    steps: int, log_every: int, quiet: bool, description: str = FINE_TUNING
 ) -> Iterator[Callable[..., None]]:
     """The ``on_step(step, loss, lr, tokens_per_s)`` of a training run: a progress bar on terminals,
     a step line every ``log_every`` steps elsewhere, a heartbeat line every HEARTBEAT_S seconds

@@ -94,24 +94,21 @@ def test_a_crash_mid_distillation_leaves_a_checkpoint_and_resuming_ends_as_the_u
     assert (out / "stages" / "transfer" / "ssacli.json").is_file()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_mid_transfer_checkpoints_its_step_and_resuming_finishes_the_same(
-    text, tmp_path, reference, sig
+@pytest.mark.parametrize(
+    ("sig", "stage", "step"), [(signal.SIGINT, "distill", 7), (signal.SIGTERM, "transfer", 5)]
+)
+def test_a_signal_mid_stage_checkpoints_its_step_and_resuming_finishes_the_same(
+    text, tmp_path, reference, sig, stage, step
 ):
     out = tmp_path / "out"
     previous = signal.getsignal(sig)
-    with pytest.raises(InterruptedJobError, match="interrupted at step 5") as err:
-        convert_with_recipe(
-            MODEL,
-            out,
-            config(text),
-            device="cpu",
-            on_step=stop_at("transfer", 5, lambda: os.kill(os.getpid(), sig)),
-        )
+    interrupt = stop_at(stage, step, lambda: os.kill(os.getpid(), sig))
+    with pytest.raises(InterruptedJobError, match=f"interrupted at step {step}") as err:
+        convert_with_recipe(MODEL, out, config(text), device="cpu", on_step=interrupt)
     assert err.value.exit_code == 130 and "--resume" in str(err.value)
     assert signal.getsignal(sig) is previous
-    assert recorded(out)["at"] == {"stage": "transfer", "step": 5}
-    assert not (out / "stages").exists()  # transfer has not finished
+    assert recorded(out)["at"] == {"stage": stage, "step": step}  # the step itself, not the last periodic one
+    assert (out / "stages").exists() == (stage == "distill")  # transfer's snapshot once it finished
     trained, record = convert_with_recipe(MODEL, out, config(text), resume=True, device="cpu")
     assert_same_run(trained.model, record, reference)
 
