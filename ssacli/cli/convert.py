@@ -62,8 +62,8 @@ from .recipe import (
     run_recipe,
     wants_recipe,
 )
-
 from .training import is_rank0, print_trained, training_display
+
 
 def convert_command(
     model_ref: Model,
@@ -73,10 +73,10 @@ def convert_command(
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out (ssacli's or empty only)."),
     do_finetune: bool = typer.Option(False, "--finetune", help="Fine-tune after converting (needs --data)."),
-    stages: Stages = None,
     resume: bool = typer.Option(
         False, "--resume", help="With --finetune: continue the run stopped in --out (give the same options)."
     ),
+    stages: Stages = None,
     target_n: TargetN = None,
     recipe_b: RecipeB = None,
     transfer_steps: TransferSteps = None,
