@@ -81,11 +81,16 @@ SWEEP_JOBS = 1  # runs in parallel
 
 # convert --finetune with an SSA scorer: the conversion recipe (ssacli/train/recipe.py)
 RECIPE_TARGET_N = 4.0  # SSA's range ends near here; the paper's n is 1.5
-RECIPE_MAX_KL = 0.05  # nats/token: the KL budget the result must meet (~ at most 5 % perplexity)
+RECIPE_MAX_LOSS = 0.05  # nats/token the held-out loss may end above the original's (~ 5 % perplexity)
+HELDOUT_TOKENS = 16384  # held-out tokens a conversion is measured on (all of the slice when fewer)
 RECIPE_TRANSFER_STEPS = 200
 RECIPE_DISTILL_STEPS = 400
 RECIPE_LORA_RANK = 8
 RECIPE_LR = 5e-4  # LoRA's learning rate (the adapters start at zero)
 RECIPE_B = "learned"  # SSA's b: learned (rescaled with n, then trained) or tied (b = 1/n)
-RECIPE_LM_WEIGHT = 0.0  # distillation loss = KL + this · the text's cross-entropy
+# distillation loss = KL + this · the text's cross-entropy. 1, not 0: KL to the original alone gives a
+# softmax control no gradient, and on issue 37's TinyStories Llama KL alone ended +2.0 % in-domain and
+# +2.1 % out-of-domain perplexity where KL + LM ended -6.1 % and -6.7 % (one seed; the trade-off study
+# decides it)
+RECIPE_LM_WEIGHT = 1.0
 RECIPE_CHECKPOINT_EVERY = 50  # recipe steps between checkpoints (each writes the model whole)

@@ -50,10 +50,11 @@ from .options import (
     load_options,
 )
 from .recipe import (
+    Control,
     DistillSteps,
     LmWeight,
     LoraRank,
-    MaxKl,
+    MaxLoss,
     RecipeB,
     Stages,
     TargetN,
@@ -83,7 +84,8 @@ def convert_command(
     distill_steps: DistillSteps = None,
     lora_rank: LoraRank = None,
     lm_weight: LmWeight = None,
-    max_kl: MaxKl = None,
+    max_loss: MaxLoss = None,
+    control: Control = None,
     text: Path = typer.Option(
         None,
         "--text",
@@ -153,14 +155,15 @@ def convert_command(
     )  # fmt: skip
     recipe = given(
         target_n=target_n, b=recipe_b, transfer_steps=transfer_steps, distill_steps=distill_steps,
-        lora_rank=lora_rank, lm_weight=lm_weight, max_kl=max_kl,
+        lora_rank=lora_rank, lm_weight=lm_weight, max_loss=max_loss,
     )  # fmt: skip
-    flags = {**options, **recipe, **given(stages=stages, resume=resume or None)}
+    flags = {**options, **recipe, **given(stages=stages, resume=resume or None, control=control)}
     if flags and not do_finetune:
         raise UsageError(f"--{next(iter(flags)).replace('_', '-')} only applies with --finetune")
     use_recipe = do_finetune and wants_recipe(stages, scorer, data)
-    if recipe and not use_recipe:
-        name = "recipe-b" if next(iter(recipe)) == "b" else next(iter(recipe)).replace("_", "-")
+    if (recipe or control is not None) and not use_recipe:
+        name = next(iter(recipe), "control")
+        name = "recipe-b" if name == "b" else name.replace("_", "-")
         raise UsageError(f"--{name} applies to the conversion recipe (--stages auto or transfer,distill)")
     load = load_options(
         device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
@@ -194,7 +197,7 @@ def convert_command(
     if use_recipe:
         config = recipe_config(stages, scorer, options, recipe)  # bad values fail before loading
         run_recipe(model_ref, out, config, overwrite=overwrite, resume=resume, text=calibration, quiet=quiet,
-                   show_fidelity=show_fidelity, load=load, strict=strict)  # fmt: skip
+                   show_fidelity=show_fidelity, load=load, strict=strict, control=control)  # fmt: skip
         return
     from .. import convert_and_finetune, finetune_config
 

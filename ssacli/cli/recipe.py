@@ -4,6 +4,7 @@ its display (:mod:`ssacli.train.recipe` is the recipe)."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,6 +15,7 @@ from rich.console import Console
 from .. import defaults as D
 from ..errors import UsageError
 from ..models.options import LoadOptions
+from ..models.references import local_model_path
 from .training import training_display
 
 AUTO = "auto"  # --stages not given: the recipe for SSA on a causal LM's text, else one fine-tune
@@ -46,8 +48,19 @@ LoraRank = Annotated[
 LmWeight = Annotated[
     float, typer.Option(help=f"Recipe: weight of the LM loss beside the KL (default {D.RECIPE_LM_WEIGHT:g}).")
 ]
-MaxKl = Annotated[
-    float, typer.Option(help=f"Recipe: the KL budget (nats/token) to meet (default {D.RECIPE_MAX_KL:g}).")
+MaxLoss = Annotated[
+    float,
+    typer.Option(
+        help=f"Recipe: how far (nats/token) the held-out loss may end above the original's; the KL to the "
+        f"original is reported as fidelity (default {D.RECIPE_MAX_LOSS:g})."
+    ),
+]
+Control = Annotated[
+    Path,
+    typer.Option(
+        help="Recipe: also train the softmax control there (the same LoRA rank, data, steps, seed and "
+        "objective, no SSA) and read quality against it; a folder holding that control is reused.",
+    ),
 ]
 
 
@@ -102,20 +115,26 @@ class _StageDisplay:
     def __call__(self, stage: str, step: int, steps: int, loss: float, lr: float) -> None:
         if stage != self.stage:
             self.stack.close()
-            self.stage, self.began, self.first = stage, time.perf_counter(), step - 1
+            self.stage, self.ends = stage, deque(maxlen=21)  # the last steps' end times: the rate
             self.update = self.stack.enter_context(
                 training_display(steps, max(1, steps // 20), self.quiet, description=stage)
             )
-        done = step - self.first
-        self.update(step, loss, lr, self.tokens_per_step * done / max(time.perf_counter() - self.began, 1e-9))
+        self.ends.append(time.perf_counter())
+        span = self.ends[-1] - self.ends[0]
+        rate = self.tokens_per_step * (len(self.ends) - 1) / span if span > 0 else 0.0
+        self.update(step, loss, lr, rate)
 
     def close(self) -> None:
         self.stack.close()
 
 
 def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, resume: bool, text: str | None,
-               quiet: bool, show_fidelity, load: LoadOptions, strict: bool = False) -> None:  # fmt: skip
-    from ..train.recipe import convert_with_recipe
+               quiet: bool, show_fidelity, load: LoadOptions, strict: bool = False,
+               control: Path | None = None) -> None:  # fmt: skip
+    """The recipe from the command line: the SSA arm into ``out``, then (``control``) the softmax
+    control, trained or reused; the last line reads quality against the original and the control."""
+    from ..train.recipe import convert_with_recipe, softmax_control
+    from ..train.recipe_checkpoint import reusable_control
 
     stderr = Console(stderr=True, quiet=quiet)
 
@@ -124,29 +143,68 @@ def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, resume: bo
         kl, ppl = entry.get("kl"), entry.get("heldout_ppl")
         original = entry.get("original_ppl")
         measured = "" if kl is None else f" · KL {kl:.4f} · ppl {ppl:.2f} (original {original:.2f})"
-        stderr.print(f"{entry['stage']} step {entry['step']}: n max {max(n):.3g}{measured}", highlight=False)
+        scorer = f"n max {max(n):.3g}" if n else "softmax"
+        stderr.print(f"{entry['stage']} step {entry['step']}: {scorer}{measured}", highlight=False)
 
     if load.dtype not in ("auto", "float32"):
         raise UsageError("the recipe trains in float32; leave --dtype at auto")
     keywords = {k: v for k, v in load.keywords().items() if k != "dtype"}  # the recipe's own: float32
+    reused = None  # the control's record, once trained or found
+    if control is not None:  # checked before any work: a folder holding anything else is refused
+        control = control.expanduser()
+        source = str(local_model_path(model_ref) or model_ref)
+        reused = reusable_control(control, config.recorded(), source)
+        if reused is None and config.lm_weight <= 0:
+            raise UsageError("--control needs --lm-weight > 0 (KL alone gives a softmax control no gradient)")
+    console = Console()
     display = _StageDisplay(quiet, config.batch_size * config.seq_len)
     try:
         _, record = convert_with_recipe(
             model_ref, out, config, overwrite=overwrite, resume=resume, text=text, on_eval=on_eval,
             on_step=display, strict=strict, **keywords,
         )  # fmt: skip
+        if control is not None and reused is None:
+            display.close()
+            stderr.print(f"softmax control: the same budget without SSA, into {control}", highlight=False)
+            _, reused = softmax_control(
+                model_ref, control, config, resume=resume, on_eval=on_eval, on_step=display, **keywords
+            )  # fmt: skip
     finally:
         display.close()
+    for line in recipe_lines(out, record, control, reused, config.max_loss):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def recipe_lines(
+    out: Path,
+    record: dict[str, Any],
+    control: Path | None,
+    control_record: dict[str, Any] | None,
+    max_loss: float,
+) -> list[str]:
+    """What a recipe run ends with: where it wrote, n, quality against the original and (with a
+    control) against the softmax control, on how many held-out tokens, the KL as fidelity."""
     final = record["final"]
-    console = Console()
     if final["kl"] is None:
-        console.print(f"wrote {out}: n max {final['n_max']:.3g}; no held-out text to measure KL on")
-        return
-    verdict = "met" if final["met_max_kl"] else "MISSED"
-    console.print(
-        f"wrote {out}: n max {final['n_max']:.3g}, KL {final['kl']:.4f} nats/token ({verdict} the budget "
-        f"{config.max_kl:g}), held-out ppl {final['heldout_ppl']:.2f} vs the original's "
-        f"{final['original_ppl']:.2f} ({100 * (final['ppl_ratio'] - 1):+.1f} %)",
-        highlight=False,
-        soft_wrap=True,
-    )
+        return [f"wrote {out}: n max {final['n_max']:.3g}; no held-out text to measure quality on"]
+    tokens = (record.get("heldout") or {}).get("tokens")
+    versus = f"{100 * (final['ppl_ratio'] - 1):+.1f} % vs the original ({final['original_ppl']:.2f})"
+    if control_record is not None:
+        ppl = control_record["final"]["heldout_ppl"]
+        versus += (
+            f", {100 * (final['heldout_ppl'] / ppl - 1):+.1f} % vs softmax with the same budget ({ppl:.2f}, "
+            f"{control})"
+        )
+    verdict = "met" if final["met_max_loss"] else "MISSED"
+    lines = [
+        f"wrote {out}: n max {final['n_max']:.3g}; held-out ppl {final['heldout_ppl']:.2f} on {tokens:,} "
+        f"tokens: {versus}; KL to the original {final['kl']:.4f} nats/token (fidelity); loss "
+        f"{final['loss_change']:+.4f} nats/token vs the original: {verdict} --max-loss {max_loss:g}"
+    ]
+    heldout = record.get("heldout") or {}
+    if tokens is not None and tokens < heldout.get("asked", 0):
+        lines.append(
+            f"note: measured on {tokens:,} held-out tokens, fewer than the {heldout['asked']:,} asked: the "
+            f"held-out slice of --data (its last tenth) holds {heldout.get('available', tokens):,}"
+        )
+    return lines

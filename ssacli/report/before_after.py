@@ -117,22 +117,36 @@ def conversion_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def recipe_facts(recipe: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """A recipe conversion's outcome: the final n against its target, the held-out KL against its
-    budget and perplexity against the original's; a missed budget or target is a WARNING."""
+    """A recipe conversion's outcome: the final n against its target, held-out quality against the
+    original's (and the --max-loss criterion), the KL as fidelity; a missed criterion or target is a
+    WARNING. A softmax control says it is one. Records written before --max-loss judged the KL."""
     if not recipe or not recipe.get("final"):
         return []
     final, config = recipe["final"], recipe.get("config") or {}
-    stages = " → ".join(config.get("stages") or [])
-    facts = [("recipe", f"{stages}; n target {config.get('target_n'):g}, reached max n "
-              f"{final['n_max']:g}; {recipe.get('seconds', {}).get('total', '?')} s")]  # fmt: skip
+    seconds = recipe.get("seconds", {}).get("total", "?")
+    if recipe.get("control"):
+        facts = [("recipe", f"softmax control: the distill stage's budget spent without SSA; {seconds} s")]
+    else:
+        stages = " → ".join(config.get("stages") or [])
+        facts = [("recipe", f"{stages}; n target {config.get('target_n'):g}, reached max n "
+                  f"{final['n_max']:g}; {seconds} s")]  # fmt: skip
     if final.get("kl") is not None:
-        met = final["met_max_kl"]
-        text = f"held-out KL {final['kl']:.3g} nats/token (budget {config.get('max_kl'):g}"
-        text += ": met); " if met else ": MISSED); "
-        text += f"held-out ppl {final['heldout_ppl']:.4g} vs the original's {final['original_ppl']:.4g} "
-        text += f"(×{final['ppl_ratio']:.3f})"
+        tokens = (recipe.get("heldout") or {}).get("tokens")
+        quality = f"held-out ppl {final['heldout_ppl']:.4g} vs the original's {final['original_ppl']:.4g} "
+        quality += f"(×{final['ppl_ratio']:.3f})" + (f" on {tokens:,} tokens" if tokens else "")
+        if "met_max_loss" in final:
+            met = final["met_max_loss"]
+            text = f"{quality}; loss {final['loss_change']:+.3g} nats/token "
+            text += f"(--max-loss {config.get('max_loss'):g}"
+            text += (
+                f": {'met' if met else 'MISSED'}); KL to the original {final['kl']:.3g} nats/token (fidelity)"
+            )
+        else:  # a record of the KL budget's time
+            met = final["met_max_kl"]
+            text = f"held-out KL {final['kl']:.3g} nats/token (budget {config.get('max_kl'):g}"
+            text += f": {'met' if met else 'MISSED'}); {quality}"
         facts.append(("recipe result" if met else "WARNING", text))
-    if not final.get("at_target_n"):
+    if not recipe.get("control") and not final.get("at_target_n"):
         facts.append(("WARNING", f"the recipe stopped before n reached {config.get('target_n'):g}"))
     if recipe.get("snapshot"):
         facts.append(("stage", f"this folder is the recipe's {recipe['snapshot']} snapshot"))

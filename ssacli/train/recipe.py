@@ -33,7 +33,6 @@ come from (seed, step) as in :mod:`ssacli.train.finetune`. One process only.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import time
 from collections.abc import Callable
@@ -52,10 +51,11 @@ from ..errors import UsageError
 from ..files import writer_lock
 from ..models.checkpoint import restore_trainer_state, trainer_state_tensors
 from ..models.kinds import ModelKind
-from ..models.loading import LoadedModel, local_model_path
+from ..models.loading import LoadedModel, as_loaded, local_model_path
 from ..models.optim import make_optimizer, scorer_values
+from ..models.options import LoadOptions
 from ..scorers.base import positive_raw
-from .data import EVAL_WINDOWS, make_objective, seeded_rng, step_seeds
+from .data import make_objective, seeded_rng, step_seeds
 from .finetune import CLIP_NORM, FinetuneConfig
 from .loop import StepLoop
 from .recipe_checkpoint import (
@@ -66,6 +66,7 @@ from .recipe_checkpoint import (
     unfinished_run,
 )
 from .recipe_config import RECIPE_START, STAGE_DIR, STAGES, OnStep, RecipeConfig
+from .recipe_eval import HeldOut, HeldOutMeasure
 from .runtime import StopSignals
 
 
@@ -86,6 +87,37 @@ def convert_with_recipe(
     write it to ``out``; return the model and the recipe record (also in ``out``'s ssacli.json).
     ``resume``: continue the unfinished run in ``out`` (from its last checkpoint; a missing ``out``
     starts afresh). ``out`` is locked for the run (:func:`ssacli.files.writer_lock`)."""
+    return _run_arm(model, out, config, False, overwrite, resume, text, device, on_step, on_eval, load)
+
+
+def softmax_control(
+    model: str | LoadedModel,
+    out: str | Path,
+    config: RecipeConfig,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    device: str = "auto",
+    on_step: OnStep | None = None,
+    on_eval: Callable[[dict[str, Any]], None] | None = None,
+    **load: Any,
+) -> tuple[LoadedModel, dict[str, Any]]:
+    """The control a skeptic asks of a recipe conversion: the same budget spent on softmax. MODEL
+    keeps its softmax and gets the distillation stage of ``config`` as it is (its LoRA rank and
+    targets, data, steps, seed, rate and objective, measured on the same held-out tokens); the
+    transfer stage trains SSA's b only, which softmax has not. Written to ``out`` like a recipe
+    run (resumable, ``record["control"]`` true); plain transformers loads it. The objective must move
+    a model that starts as its own teacher: ``lm_weight`` > 0 (KL alone has no gradient there)."""
+    if config.lm_weight <= 0:
+        raise UsageError(
+            "a softmax control trained on KL to the original alone stays the original (no gradient); "
+            "give --lm-weight > 0, the same in both arms"
+        )
+    config = replace(config, stages=("distill",))
+    return _run_arm(model, out, config, True, overwrite, resume, None, device, on_step, on_eval, load)
+
+
+def _run_arm(model, out, config, control, overwrite, resume, text, device, on_step, on_eval, load):
     config.validate()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UsageError("the conversion recipe runs in one process; launch it without torchrun")
@@ -95,18 +127,23 @@ def convert_with_recipe(
         saved = unfinished_run(out, config.recorded()) if resume else None
         if saved is None:
             check_out(out, source, overwrite)
-        from .runs import calibration_text
+        if control:
+            options = {k: v for k, v in load.items() if k != "strict"}
+            loaded = as_loaded(model, None, LoadOptions(device=device, dtype="float32", **options))
+            meta: dict[str, Any] = {"source": str(loaded.path or loaded.name)}
+        else:
+            from .runs import calibration_text
 
-        calibration = text if text is not None else calibration_text(config.data)
-        loaded, fidelity = convert(
-            model, RECIPE_START, None, text=calibration, device=device, dtype="float32", **load
-        )
+            calibration = text if text is not None else calibration_text(config.data)
+            loaded, fidelity = convert(
+                model, RECIPE_START, None, text=calibration, device=device, dtype="float32", **load
+            )
+            meta = {"source": str(loaded.path or loaded.name), "fidelity": fidelity}
         if loaded.kind != ModelKind.CAUSAL:
             raise UsageError(
                 f"the conversion recipe distils causal LMs; '{loaded.name}' is a {loaded.kind} model"
             )
-        meta = {"source": str(loaded.path or loaded.name), "fidelity": fidelity}
-        if saved is not None:
+        if saved is not None and not control:
             check_same_start(saved, meta["source"], fidelity, out)
         objective = make_objective(loaded, config.data, "causal", config.seq_len)
         run = _Recipe(loaded, objective, config, out, meta, on_step, on_eval)
@@ -121,7 +158,8 @@ class _Recipe:
         self.on_step, self.on_eval = on_step, on_eval
         self.model: nn.Module = loaded.model
         self.device = next(self.model.parameters()).device
-        self.scorers = list(scorers_of(loaded.attention_root).values())
+        # SSA's scorers (a softmax control has none: a bundled folder's Softmax scorer is not one)
+        self.scorers = [s for s in scorers_of(loaded.attention_root).values() if s.name == "ssa"]
         self.n0 = [s.n.detach().double().cpu() for s in self.scorers]
         self.evaluations: list[dict[str, Any]] = []
         self.history: dict[str, list] = {}  # per stage: [step, train loss, lr] rows
@@ -130,9 +168,9 @@ class _Recipe:
         self.began = time.perf_counter()
         self.stages_written = False  # whether OUT/stages/ holds this run's snapshots (carried over)
         self.peft_model = None
-        heldout = objective.heldout()
-        self.heldout = heldout[0]["input_ids"][:EVAL_WINDOWS] if heldout else None
-        self.teacher = self._teacher_log_probs() if self.heldout is not None else None
+        self.heldout = HeldOut.of(objective, config.seq_len, config.heldout_tokens)
+        vocab = loaded.model.get_output_embeddings().weight.shape[0]
+        self.measure = HeldOutMeasure(self.heldout, vocab) if self.heldout is not None else None
 
     # ---- the run and its checkpoints ---------------------------------------------------------------
 
@@ -154,7 +192,7 @@ class _Recipe:
             if "transfer" in config.stages and at["stage"] == "transfer":
                 self.transfer(at["step"], signals)
                 self._write_stage("transfer")
-            elif "transfer" not in config.stages and saved is None:
+            elif "transfer" not in config.stages and saved is None and self.scorers:
                 self.anneal(1.0)  # straight to the target n (the "no transfer" arm)
                 self.evaluate("transfer-skipped", 0)
             if "distill" in config.stages:
@@ -332,32 +370,26 @@ class _Recipe:
             with self.peft_model.disable_adapter():
                 return self.model(input_ids=ids, use_cache=False).logits.float()
 
-    @torch.no_grad()
-    def _teacher_log_probs(self) -> torch.Tensor:
-        rows = [self._logits(row.to(self.device), teacher=True).double().log_softmax(-1).cpu()
-                for row in self.heldout.split(1)]  # fmt: skip
-        return torch.cat(rows)
+    def _transfer_error(self, ids: torch.Tensor) -> float:
+        collector = AttentionTransfer()
+        with transferring(collector):
+            self.model(input_ids=ids.to(self.device), use_cache=False)
+        return float(collector.loss())  # the transfer stage's loss, held out
 
     @torch.no_grad()
     def evaluate(self, stage: str, step: int, train_loss: float | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {"stage": stage, "step": step, "train_loss": train_loss}
-        if self.heldout is not None:
+        if self.measure is not None:
             was = self.model.training
             self.model.eval()
-            rows = [self._logits(r.to(self.device), teacher=False).double().log_softmax(-1).cpu()
-                    for r in self.heldout.split(1)]  # fmt: skip
-            log_q, log_p = torch.cat(rows), self.teacher
-            kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
-            ids = self.heldout[:, 1:]
-            loss = float(-log_q[:, :-1].gather(-1, ids.unsqueeze(-1)).mean())
-            loss_teacher = float(-log_p[:, :-1].gather(-1, ids.unsqueeze(-1)).mean())
-            collector = AttentionTransfer()
-            with transferring(collector):
-                self.model(input_ids=self.heldout.to(self.device), use_cache=False)
-            entry["transfer_error"] = float(collector.loss())  # the transfer stage's loss, held out
-            self.model.train(was)
-            entry.update(kl=max(kl, 0.0), heldout_loss=loss, heldout_ppl=math.exp(loss),
-                         original_ppl=math.exp(loss_teacher))  # fmt: skip
+            try:
+                entry.update(self.measure(
+                    lambda ids: self._logits(ids.to(self.device), teacher=False),
+                    lambda ids: self._logits(ids.to(self.device), teacher=True),
+                    self._transfer_error if self.scorers else None,
+                ))  # fmt: skip
+            finally:
+                self.model.train(was)
         values = scorer_values(self.loaded.attention_root)
         entry["n"], entry["b"] = values.get("n"), values.get("b")
         entry["b_heads"] = values.get("b_heads")
@@ -373,9 +405,12 @@ class _Recipe:
         n_final = last["n"] or []
         kl = last.get("kl")
         seconds = self.seconds + time.perf_counter() - self.began
+        loss_change = None if kl is None else last["heldout_loss"] - last["original_loss"]
         return {
             "config": self.config.recorded(),
+            "control": not self.scorers,  # a softmax arm: the same budget spent without SSA
             "finished": finished,
+            "heldout": self.heldout.describe() if self.heldout is not None else None,
             **({"at": at} if at is not None else {}),
             "evaluations": self.evaluations,
             "history": self.history,
@@ -386,7 +421,8 @@ class _Recipe:
                 "heldout_ppl": last.get("heldout_ppl"),
                 "original_ppl": last.get("original_ppl"),
                 "ppl_ratio": None if kl is None else last["heldout_ppl"] / last["original_ppl"],
-                "met_max_kl": None if kl is None else kl <= self.config.max_kl,
+                "loss_change": loss_change,  # held-out loss minus the original's (nats/token)
+                "met_max_loss": None if kl is None else loss_change <= self.config.max_loss,
                 "at_target_n": bool(n_final) and max(n_final) <= self.config.target_n * (1 + 1e-5),
             },
         }
@@ -417,4 +453,4 @@ def _raw(values: torch.Tensor) -> torch.Tensor:
     return torch.tensor([positive_raw(float(v), "ssa", "n or b") for v in values], dtype=torch.float32)
 
 
-__all__ = ["STAGES", "RecipeConfig", "convert_with_recipe", "recipe_trajectory"]
+__all__ = ["STAGES", "RecipeConfig", "convert_with_recipe", "recipe_trajectory", "softmax_control"]

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..defaults import (
+    HELDOUT_TOKENS,
     LM_SEQ_LEN,
     RECIPE_B,
     RECIPE_CHECKPOINT_EVERY,
@@ -16,7 +17,7 @@ from ..defaults import (
     RECIPE_LM_WEIGHT,
     RECIPE_LORA_RANK,
     RECIPE_LR,
-    RECIPE_MAX_KL,
+    RECIPE_MAX_LOSS,
     RECIPE_TARGET_N,
     RECIPE_TRANSFER_STEPS,
     SCORER_LR,
@@ -44,7 +45,8 @@ class RecipeConfig:
     lora_rank: int = RECIPE_LORA_RANK
     lora_targets: str = "all-linear"  # peft's target_modules: all-linear, or a comma list of names
     lm_weight: float = RECIPE_LM_WEIGHT  # distill loss = KL + lm_weight · cross-entropy on the text
-    max_kl: float = RECIPE_MAX_KL
+    max_loss: float = RECIPE_MAX_LOSS  # the held-out loss may end this far above the original's
+    heldout_tokens: int = HELDOUT_TOKENS  # measured on (all of the held-out slice when shorter)
     batch_size: int = TRAIN_BATCH_SIZE
     seq_len: int = LM_SEQ_LEN
     seed: int = SEED
@@ -66,12 +68,13 @@ class RecipeConfig:
             "batch_size",
             "eval_every",
             "checkpoint_every",
+            "heldout_tokens",
         ):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.seq_len < 2:
             raise UsageError(f"--seq-len must be >= 2, got {self.seq_len}")
-        for name in ("lr", "scorer_lr", "max_kl"):
+        for name in ("lr", "scorer_lr", "max_loss"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise UsageError(f"--{name.replace('_', '-')} must be finite and > 0, got {value}")

@@ -5,6 +5,7 @@ on the bundled LM at a tiny budget."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -51,7 +52,10 @@ def test_scoring_as_softmax_is_the_original_and_transferring_returns_softmax(ids
 
 
 def run(text, out, **settings):
-    values = dict(data=text, transfer_steps=12, distill_steps=12, eval_every=6, batch_size=4, seq_len=32)
+    """A small recipe run on the KL objective alone (lm_weight 0), whose distillation must lower it;
+    with the LM loss (the default) the model also learns the text and may move further away."""
+    values = dict(data=text, transfer_steps=12, distill_steps=12, eval_every=6, batch_size=4, seq_len=32,
+                  lm_weight=0.0)  # fmt: skip
     return convert_with_recipe(MODEL, out, RecipeConfig(**{**values, **settings}), device="cpu")
 
 
@@ -73,7 +77,8 @@ def test_transfer_learns_b_that_beats_the_tied_schedule_and_distill_lowers_the_k
     assert distill[-1]["kl"] < learned_end["kl"]  # distillation lowers the KL to the original
     final = record["final"]
     assert final["at_target_n"] and final["n_max"] == pytest.approx(4.0, rel=1e-5)
-    assert final["met_max_kl"] == (final["kl"] <= 0.05)
+    assert final["met_max_loss"] == (final["loss_change"] <= 0.05)
+    assert final["loss_change"] == pytest.approx(math.log(final["ppl_ratio"]), rel=1e-6)
 
 
 def test_the_written_folder_is_the_merged_model_at_the_target_n(learned, ids):
@@ -134,7 +139,7 @@ def test_the_report_shows_every_stage_and_the_budget(learned):
         render_report(report.to_dict(), console)
         text = console.export_text()
         assert "recipe" in text and "…" not in text.split("fine-tuning trajectory")[1].split("verdict")[0]
-        assert ("budget 0.05: met" in text) == record["final"]["met_max_kl"] or snapshot is not None
+        assert ("--max-loss 0.05: met" in text) == record["final"]["met_max_loss"] or snapshot is not None
         assert 'alt="fine-tuning trajectory"' in report_html(report.to_dict())
 
 
