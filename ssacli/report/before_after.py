@@ -128,7 +128,13 @@ def recipe_facts(recipe: dict[str, Any] | None) -> list[tuple[str, str]]:
         facts = [("recipe", f"softmax control: the distill stage's budget spent without SSA; {seconds} s")]
     else:
         stages = " → ".join(config.get("stages") or [])
-        facts = [("recipe", f"{stages}; n target {config.get('target_n'):g}, reached max n "
+        target = config.get("target_n")
+        target = (
+            "faithful m"
+            if target is None
+            else f"{target:g}" + (", then learned" if config.get("learn_n") else "")
+        )
+        facts = [("recipe", f"{stages}; n target {target}, reached max n "
                   f"{final['n_max']:g}; {seconds} s")]  # fmt: skip
     if final.get("kl") is not None:
         tokens = (recipe.get("heldout") or {}).get("tokens")
@@ -146,7 +152,7 @@ def recipe_facts(recipe: dict[str, Any] | None) -> list[tuple[str, str]]:
             text = f"held-out KL {final['kl']:.3g} nats/token (budget {config.get('max_kl'):g}"
             text += f": {'met' if met else 'MISSED'}); {quality}"
         facts.append(("recipe result" if met else "WARNING", text))
-    if not recipe.get("control") and not final.get("at_target_n"):
+    if not recipe.get("control") and final.get("at_target_n") is False:
         facts.append(("WARNING", f"the recipe stopped before n reached {config.get('target_n'):g}"))
     if recipe.get("snapshot"):
         facts.append(("stage", f"this folder is the recipe's {recipe['snapshot']} snapshot"))

@@ -193,7 +193,8 @@ class _Recipe:
                 self.transfer(at["step"], signals)
                 self._write_stage("transfer")
             elif "transfer" not in config.stages and saved is None and self.scorers:
-                self.anneal(1.0)  # straight to the target n (the "no transfer" arm)
+                if config.target_n is not None:
+                    self.anneal(1.0)  # straight to the target n (the "no transfer" arm)
                 self.evaluate("transfer-skipped", 0)
             if "distill" in config.stages:
                 self.distill(at["step"] if at["stage"] == "distill" else 0, signals)
@@ -244,11 +245,13 @@ class _Recipe:
                 b = scorer.b.detach().double().cpu() * n_old / n
                 scorer.b_raw.copy_(_raw(b))
 
-    def _scorer_params(self) -> list[nn.Parameter]:
+    def _scorer_params(self, stage: str) -> list[nn.Parameter]:
+        """b (when learned) and, while distilling with ``learn_n``, n; otherwise n is the schedule's."""
+        learn_n = stage == "distill" and self.config.learn_n
         for scorer in self.scorers:
-            scorer.n_raw.requires_grad_(False)  # n is set by the schedule, never learned here
+            scorer.n_raw.requires_grad_(learn_n)
             scorer.b_raw.requires_grad_(self.config.b == "learned")
-        return [s.b_raw for s in self.scorers if s.b_raw.requires_grad]
+        return [p for s in self.scorers for p in (s.b_raw, s.n_raw) if p.requires_grad]
 
     # ---- the stages --------------------------------------------------------------------------------
 
@@ -256,7 +259,7 @@ class _Recipe:
         config = self.config
         for p in self.model.parameters():
             p.requires_grad_(False)
-        params = self._scorer_params()
+        params = self._scorer_params("transfer")
         collector = AttentionTransfer()
 
         def loss(batch) -> torch.Tensor:
@@ -289,7 +292,7 @@ class _Recipe:
         if start:  # the adapters and b of the checkpoint
             restore_tensors(self.model, trainer_tensors(self.out), self.out)
         params = [p for p in self.model.parameters() if p.requires_grad]  # the adapters
-        params += self._scorer_params()
+        params += self._scorer_params("distill")
         if not params:
             raise UsageError("the distill stage has nothing to train")
 
@@ -423,7 +426,9 @@ class _Recipe:
                 "ppl_ratio": None if kl is None else last["heldout_ppl"] / last["original_ppl"],
                 "loss_change": loss_change,  # held-out loss minus the original's (nats/token)
                 "met_max_loss": None if kl is None else loss_change <= self.config.max_loss,
-                "at_target_n": bool(n_final) and max(n_final) <= self.config.target_n * (1 + 1e-5),
+                "at_target_n": None
+                if self.config.target_n is None or self.config.learn_n
+                else bool(n_final) and max(n_final) <= self.config.target_n * (1 + 1e-5),
             },
         }
 

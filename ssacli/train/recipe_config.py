@@ -35,8 +35,9 @@ STAGE_DIR = "stages"
 @dataclass
 class RecipeConfig:
     data: str
-    target_n: float = RECIPE_TARGET_N
+    target_n: float | None = RECIPE_TARGET_N  # None: each layer keeps its faithful m (distill only)
     b: str = RECIPE_B  # learned (rescaled with n, then trained) or tied (b = 1/n)
+    learn_n: bool = False  # distillation trains n too (after the transfer set it)
     stages: tuple[str, ...] = STAGES
     transfer_steps: int = RECIPE_TRANSFER_STEPS
     distill_steps: int = RECIPE_DISTILL_STEPS
@@ -58,7 +59,11 @@ class RecipeConfig:
             raise UsageError(
                 f"--stages takes a comma list of {', '.join(STAGES)}, got {','.join(self.stages)}"
             )
-        positive_raw(self.target_n, "ssa", "--target-n")
+        if self.target_n is None:
+            if "transfer" in self.stages:
+                raise UsageError("target_n None keeps the faithful n: it takes stages=('distill',) only")
+        else:
+            positive_raw(self.target_n, "ssa", "--target-n")
         if self.b not in ("learned", "tied"):
             raise UsageError(f"--recipe-b takes learned or tied, got {self.b!r}")
         for name in (
