@@ -1,0 +1,222 @@
+"""Tables, figure and the decision of the conversion trade-off study (docs/results/convert-tradeoff.md).
+
+    python scripts/convert_tradeoff_report.py docs/results/convert-tradeoff
+
+Reads RECORD/runs/*.json (scripts/convert_tradeoff.py writes one per finished run) and writes
+RECORD/tables.md, RECORD/paired.json and RECORD/tradeoff.png. Every arm is compared with the
+softmax control on the seeds both finished: perplexities as ratios (the paired mean of log ratios
+and its 95 % bootstrap interval, exponentiated), the output KL under key-scale sigma = 8 as a
+relative change (the mean of per-seed differences over the control's mean, with its interval).
+The decision rule is the page's, fixed before the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ssacli.stats import paired_summary
+
+ARMS = ("original", "control", "faithful", "n8", "n4", "n2", "n4-no-transfer", "n4-learned")
+RATIOS = (("heldout_ppl", "held-out ppl"), ("ood_ppl", "out-of-domain ppl"), ("ppl_2x", "ppl at 2x context"),
+          ("ppl_4x", "ppl at 4x context"))  # fmt: skip
+KL = "output_kl_key8"
+MAX_RATIO = 1.05  # decision rule (b): the held-out ppl ratio's upper 95 % bound
+MIN_KL_DROP = 0.25  # decision rule (a): at least 25 % lower output KL, interval below zero
+
+
+def load(record: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    for file in sorted((record / "runs").glob("*.json")):
+        result = json.loads(file.read_text())
+        runs.setdefault(result["arm"], {})[result["seed"]] = result
+    return runs
+
+
+def ratio(control: dict[int, dict], arm: dict[int, dict], metric: str) -> dict[str, Any] | None:
+    a = {s: math.log(r[metric]) for s, r in control.items() if r.get(metric)}
+    b = {s: math.log(r[metric]) for s, r in arm.items() if r.get(metric)}
+    summary = paired_summary(a, b)
+    if not summary["seeds"]:
+        return None
+    low, high = summary["ci_low"], summary["ci_high"]
+    return {
+        "seeds": summary["seeds"],
+        "ratio": math.exp(summary["mean_difference"]),
+        "low": None if low is None else math.exp(low),
+        "high": None if high is None else math.exp(high),
+        "per_seed": [math.exp(d) for d in summary["differences"]],
+    }
+
+
+def relative_change(control: dict[int, dict], arm: dict[int, dict], metric: str) -> dict[str, Any] | None:
+    a = {s: r[metric] for s, r in control.items() if r.get(metric) is not None}
+    b = {s: r[metric] for s, r in arm.items() if r.get(metric) is not None}
+    summary = paired_summary(a, b)
+    if not summary["seeds"]:
+        return None
+    base = sum(summary["a"]) / len(summary["a"])
+    scale = lambda v: None if v is None else v / base  # noqa: E731
+    return {
+        "seeds": summary["seeds"],
+        "change": scale(summary["mean_difference"]),
+        "low": scale(summary["ci_low"]),
+        "high": scale(summary["ci_high"]),
+        "arm_mean": sum(summary["b"]) / len(summary["b"]),
+        "control_mean": base,
+    }
+
+
+def paired(runs: dict[str, dict[int, dict]]) -> dict[str, dict[str, Any]]:
+    control = runs.get("control", {})
+    out = {}
+    for arm in ARMS:
+        if arm == "control" or arm not in runs:
+            continue
+        row = {metric: ratio(control, runs[arm], metric) for metric, _ in RATIOS}
+        row[KL] = relative_change(control, runs[arm], KL)
+        out[arm] = row
+    return out
+
+
+def decide(runs, rows: dict[str, dict[str, Any]], seeds_needed: int) -> dict[str, Any]:
+    """The page's rule: (a) output KL lower with the interval below zero and by >= 25 % on average;
+    (b) the held-out ppl ratio's upper bound <= 1.05. Undecided while an arm has fewer seeds."""
+    verdicts = {}
+    for arm, row in rows.items():
+        if not arm.startswith("n") and arm != "faithful":
+            continue
+        kl, held = row.get(KL), row.get("heldout_ppl")
+        if (
+            not kl
+            or not held
+            or len(kl["seeds"]) < seeds_needed
+            or held["high"] is None
+            or kl["high"] is None
+        ):
+            verdicts[arm] = "undecided (seeds missing)"
+            continue
+        robust = kl["high"] < 0 and kl["change"] <= -MIN_KL_DROP
+        cheap = held["high"] <= MAX_RATIO
+        if robust and cheap:
+            verdicts[arm] = "recommended"
+        else:
+            costly = "more robust, too costly"
+            verdicts[arm] = costly if robust else ("no robustness gain" if cheap else "neither")
+    recommended = [a for a, v in verdicts.items() if v == "recommended"]
+    best = min(recommended, key=lambda a: rows[a][KL]["change"]) if recommended else None
+    # the transfer stage is kept only if n4 beats n4-no-transfer on held-out ppl (interval below 1)
+    transfer = None
+    if "n4" in runs and "n4-no-transfer" in runs:
+        versus = ratio(runs["n4-no-transfer"], runs["n4"], "heldout_ppl")
+        if versus is not None:
+            enough = len(versus["seeds"]) >= seeds_needed and versus["high"] is not None
+            keep = "keep it" if enough and versus["high"] < 1 else ("delete it" if enough else "undecided")
+            transfer = {**versus, "decision": keep}
+    return {"verdicts": verdicts, "recommended": best, "transfer": transfer}
+
+
+def _fmt(row: dict[str, Any] | None, key: str) -> str:
+    if row is None:
+        return "–"
+    if row.get("low") is None:
+        return f"{row[key]:.3f}"
+    return f"{row[key]:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
+
+
+def _pct(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "–"
+    if row.get("low") is None:
+        return f"{100 * row['change']:+.0f} %"
+    return f"{100 * row['change']:+.0f} % [{100 * row['low']:+.0f}, {100 * row['high']:+.0f}]"
+
+
+def means(runs: dict[str, dict[int, dict]]) -> list[str]:
+    metrics = [m for m, _ in RATIOS] + [KL, "collapse_key8"]
+    lines = ["| arm | seeds | " + " | ".join(metrics) + " |", "|---|---:|" + "---:|" * len(metrics)]
+    for arm in ARMS:
+        if arm not in runs:
+            continue
+        cells = []
+        for metric in metrics:
+            values = [r[metric] for r in runs[arm].values() if r.get(metric) is not None]
+            mean = sum(values) / len(values)
+            std = (
+                math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0
+            )
+            cells.append(f"{mean:.4g} ± {std:.2g}")
+        lines.append(f"| {arm} | {len(runs[arm])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def tables(runs, rows, decision) -> str:
+    out = ["# Conversion trade-off: tables", "",
+           "Generated by `python scripts/convert_tradeoff_report.py docs/results/convert-tradeoff` from "
+           "runs/*.json.", "", "## Per arm: mean ± std over seeds", "", *means(runs), "",
+           "## Against the softmax control, paired by seed (95 % bootstrap intervals)", "",
+           "| arm | seeds | held-out ppl ratio | out-of-domain ratio | 2x context ratio | 4x context ratio "
+           "| output KL at key-scale 8 | verdict |", "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
+    for arm, row in rows.items():
+        seeds = len((row.get("heldout_ppl") or {}).get("seeds", []))
+        cells = [_fmt(row.get(m), "ratio") for m, _ in RATIOS] + [_pct(row.get(KL))]
+        out.append(f"| {arm} | {seeds} | " + " | ".join(cells) + f" | {decision['verdicts'].get(arm, '')} |")
+    out += ["", f"Recommended n (the rule of the page): {decision['recommended'] or 'none'}", ""]
+    transfer = decision.get("transfer")
+    if transfer:
+        out += [f"Transfer stage: n4 / n4-no-transfer held-out ppl ratio {_fmt(transfer, 'ratio')} over "
+                f"{len(transfer['seeds'])} seeds: {transfer['decision']}.", ""]  # fmt: skip
+    return "\n".join(out)
+
+
+def figure(rows: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for arm, row in rows.items():
+        held, kl = row.get("heldout_ppl"), row.get(KL)
+        if not held or not kl:
+            continue
+        x, y = held["ratio"], 100 * kl["change"]
+        xerr = None if held["low"] is None else [[x - held["low"]], [held["high"] - x]]
+        yerr = None if kl["low"] is None else [[y - 100 * kl["low"]], [100 * kl["high"] - y]]
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", capsize=3, label=arm)
+        ax.annotate(arm, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.axvline(MAX_RATIO, color="tab:red", lw=0.8, ls="--")
+    ax.axhline(-100 * MIN_KL_DROP, color="tab:red", lw=0.8, ls="--")
+    ax.set_xlabel("held-out perplexity / softmax control's (paired, 95 % CI)")
+    ax.set_ylabel("output KL at key-scale σ=8 vs control (%)")
+    ax.set_title("Quality cost vs robustness gain, per arm (bundled WikiText LM)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("record", type=Path)
+    parser.add_argument("--seeds-needed", type=int, default=8)
+    args = parser.parse_args()
+    runs = load(args.record)
+    rows = paired(runs)
+    decision = decide(runs, rows, args.seeds_needed)
+    (args.record / "tables.md").write_text(tables(runs, rows, decision))
+    (args.record / "paired.json").write_text(
+        json.dumps({"paired": rows, "decision": decision}, indent=2) + "\n"
+    )
+    figure(rows, args.record / "tradeoff.png")
+    print(tables(runs, rows, decision))
+
+
+if __name__ == "__main__":
+    main()
