@@ -1,7 +1,8 @@
 """BEFORE vs AFTER: :func:`compare_models` runs every quality measure that applies to two models
 (e.g. a checkpoint and its ``ssacli convert`` output) and the diagnose probes on both, into one
 :class:`~ssacli.quality.result.QualityReport` (JSON: schema ``ssacli-report``, version 1), with
-:func:`quality_rows` as its table.
+:func:`quality_rows` as its table; optionally a third model, CONTROL (e.g. the softmax control
+trained with AFTER's budget), is measured and probed beside them.
 
 The measures themselves are in :mod:`ssacli.quality.measures`; ``ssacli report`` renders the report
 (:mod:`ssacli.report.before_after`).
@@ -9,7 +10,6 @@ The measures themselves are in :mod:`ssacli.quality.measures`; ``ssacli report``
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,10 +40,12 @@ from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, r
 from .inputs import read_pairs, read_text_file
 from .measures import LM_KINDS, icl_error_by_sigma, language_model_loss, minimal_pairs
 from .result import REPORT_SCHEMA, QualityReport, read_report
+from .rows import quality_rows
 
 
 def compare_models(
-    before: str | Path | LoadedModel, after: str | Path | LoadedModel, *,
+    before: str | Path | LoadedModel, after: str | Path | LoadedModel,
+    control: str | Path | LoadedModel | None = None, *,
     text_id: str | Path | None = None, text_ood: str | Path | None = None,
     heldout_of: str | Path | None = None,
     pairs: str | Path | Sequence[dict] | dict | None = None, pairs_limit: int | None = PAIRS_LIMIT,
@@ -77,6 +79,14 @@ def compare_models(
     ``lm_eval_plan``: lm-evaluation-harness tasks run on both models with their scorers
     (:mod:`ssacli.quality.harness`; tasks and their data checked before a model loads), with
     ``report["lm_eval"]["rows"]`` their scores and paired differences (:func:`paired_rows`).
+    ``control``: a third model (e.g. the softmax control that ``convert --control`` trained with
+    AFTER's budget) measured and probed like the others on the same inputs: ``report.control``,
+    ``measurements["control"]``, ``conversion["control"]``, each quality row's ``control`` and
+    ``delta_control`` (AFTER − CONTROL), ``report.diagnose_control`` (:func:`compare_results` of
+    CONTROL as A and AFTER as B) and ``lm_eval["control_rows"]`` (:func:`paired_rows` of CONTROL and
+    AFTER: its ``before`` values are CONTROL's). A CONTROL of another kind than AFTER is an
+    InputError, one with another vocabulary when text is measured a UsageError. Without it the
+    report is the two-model one, key for key.
     """
     from ..diagnosis.comparison import compare_results
     from ..diagnosis.probes import parse_probe
@@ -96,11 +106,15 @@ def compare_models(
         check_tasks(lm_eval_plan, allow_download=load.allow_download)
     lm_eval_settings = lm_eval_plan.as_dict() if lm_eval_plan is not None else None
     models = []
-    for side, ref in (("before", before), ("after", after)):
+    sides = (("before", before), ("after", after)) + ((("control", control),) if control is not None else ())
+    for side, ref in sides:
         say(f"loading {side}: {ref}")
         models.append(ref if isinstance(ref, LoadedModel) else load_with(str(ref), load))
         require_finite_weights(models[-1].model, models[-1].name)
-    _check_compatible(*models, text=text_id is not None or text_ood is not None, pairs=groups is not None)
+    asked = dict(text=text_id is not None or text_ood is not None, pairs=groups is not None)
+    _check_compatible(*models[:2], **asked)
+    if control is not None:
+        _check_compatible(*models[1:], **asked, names=("AFTER", "CONTROL"))
     if lm_eval_plan is not None:
         for loaded in models:
             check_harness_kind(loaded)
@@ -110,7 +124,13 @@ def compare_models(
     if "pairs" in defaults:
         groups = BUILTIN_PAIRS
     text_builtin = builtin_text() if "texts" in defaults else None
-    measured: dict[str, dict[str, Any]] = {"before": {}, "after": {}}
+    texts = text_id is not None or text_ood is not None or text_builtin is not None or groups is not None
+    if control is not None and texts and not _same_vocab(models[1], models[2]):
+        raise UsageError(
+            f"CONTROL '{models[2].name}' has another vocabulary than AFTER '{models[1].name}': "
+            "its per-token losses do not compare; give a control of the same model"
+        )
+    measured: dict[str, dict[str, Any]] = {side: {} for side, _ in sides}
     diagnosed = []
     for side, loaded in zip(measured, models):
         if side == "before" and earlier is not None:
@@ -146,9 +166,8 @@ def compare_models(
             out["lm_eval"] = run_plan(loaded, lm_eval_plan, seed=seed, allow_download=load.allow_download)
         say(f"{side}: attention probes")
         diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples, random_ids=random_ids))
-    if text_id is not None or text_ood is not None or text_builtin is not None or groups is not None:
-        if not _same_vocab(*models):
-            notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
+    if texts and not _same_vocab(*models[:2]):
+        notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
     settings = dict(
         seed=seed,
         samples=samples,
@@ -168,17 +187,23 @@ def compare_models(
         before=_describe(models[0], diagnosed[0]),
         after=_describe(models[1], diagnosed[1]),
         settings=settings,
-        quality=quality_rows(measured["before"], measured["after"]),
+        quality=quality_rows(measured["before"], measured["after"], measured.get("control")),
         measurements=measured,
-        diagnose=compare_results(*diagnosed),
+        diagnose=compare_results(*diagnosed[:2]),
         notes=notes,
-        conversion={side: conversion_record(m) for side, m in zip(("before", "after"), models)},
+        conversion={side: conversion_record(m) for side, m in zip(measured, models)},
         versions=software_versions(),
         elapsed_s=round(time.perf_counter() - started, 3),
     )
+    if control is not None:
+        report.control = _describe(models[2], diagnosed[2])
+        report.diagnose_control = compare_results(diagnosed[2], diagnosed[1])  # A CONTROL, B AFTER
     if lm_eval_plan is not None:
         rows = paired_rows(measured["before"]["lm_eval"], measured["after"]["lm_eval"])
         report.lm_eval = {"settings": lm_eval_settings, "rows": rows}
+        if control is not None:
+            after_runs = measured["after"]["lm_eval"]
+            report.lm_eval["control_rows"] = paired_rows(measured["control"]["lm_eval"], after_runs)
     return report
 
 
@@ -256,6 +281,8 @@ def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
 
         record["trajectory"] = recipe_trajectory(recipe)
         record["recipe"] = {k: recipe.get(k) for k in ("config", "final", "seconds", "snapshot")}
+        if recipe.get("control"):  # a softmax control (recipe_facts says so); an SSA arm's record as it was
+            record["recipe"]["control"] = True
     if training:
         record["trajectory"] = training.get("trajectory") or []
         keys = ("step", "steps", "seconds", "tokens", "tokens_per_s")
@@ -270,10 +297,12 @@ def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
     return record
 
 
-def _check_compatible(a: LoadedModel, b: LoadedModel, *, text: bool, pairs: bool) -> None:
+def _check_compatible(
+    a: LoadedModel, b: LoadedModel, *, text: bool, pairs: bool, names: tuple[str, str] = ("BEFORE", "AFTER")
+) -> None:
     if a.kind != b.kind:
         raise InputError(
-            f"BEFORE '{a.name}' is a {a.kind} model and AFTER '{b.name}' a {b.kind} one; "
+            f"{names[0]} '{a.name}' is a {a.kind} model and {names[1]} '{b.name}' a {b.kind} one; "
             "compare models of one kind"
         )
     for option, asked in (("--text-id/--text-ood", text), ("--pairs", pairs)):
@@ -315,53 +344,6 @@ def _same_vocab(a: LoadedModel, b: LoadedModel) -> bool:
 
 def _describe(loaded: LoadedModel, result) -> dict[str, Any]:
     return {"model": loaded.name, "family": loaded.family, "kind": loaded.kind, "scorer": result.scorer}
-
-
-def quality_rows(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per measure both sides have: label, before, after, delta (after − before), and
-    which direction is better ("lower" or "higher")."""
-    rows = []
-
-    def add(key: str, label: str, pick: Callable[[dict], float | None], better: str) -> None:
-        try:
-            a, b = pick(before), pick(after)
-        except KeyError:  # a measure only one side has (or neither) gets no row
-            return
-        delta = b - a if a is not None and b is not None else None
-        row = {"key": key, "label": label, "before": a, "after": b, "delta": delta, "better": better}
-        rows.append({k: _finite(v) if k in ("before", "after", "delta") else v for k, v in row.items()})
-
-    for key, name in (("lm_id", "in-dist. text"), ("lm_ood", "OOD text"), ("lm_builtin", "built-in texts")):
-        add(f"{key}.nll", f"{name}: NLL / token", lambda s, k=key: s[k]["nll"], "lower")
-        add(f"{key}.ppl", f"{name}: perplexity", lambda s, k=key: s[k]["perplexity"], "lower")
-    add("lm_gap.nll", "OOD − in-dist. NLL", lambda s: s["lm_ood"]["nll"] - s["lm_id"]["nll"], "lower")
-    source = " (built-in)" if before.get("pairs", {}).get("source") == BUILTIN_PAIRS_NAME else ""
-    add("pairs.accuracy", f"minimal pairs{source}: accuracy", lambda s: s["pairs"]["accuracy"], "higher")
-    for name in before.get("pairs", {}).get("files", {}):
-        add(f"pairs.{name}", f"  {name}", lambda s, n=name: s["pairs"]["files"][n]["accuracy"], "higher")
-    if "icl" in before:
-        head = before["icl"]["headline"]
-        unit = "error" if head == "error" else "MSE/Var"
-        for cell in before["icl"]["sigma"] + before["icl"]["outliers"]:
-            key = _cell_key(cell)
-            if "outlier" in cell:
-                tag = f"outlier {cell['outlier']:g}@{cell['position']}"
-            else:
-                tag = f"σ={cell['sigma']:g}" + (" (in-dist.)" if cell["sigma"] == 1 else "")
-            add(f"icl.{key}", f"ICL {unit} {tag}", lambda s, k=key: _icl_cells(s)[k][head], "lower")
-    return rows
-
-
-def _icl_cells(side: dict[str, Any]) -> dict[str, dict]:
-    return {_cell_key(c): c for c in side["icl"]["sigma"] + side["icl"]["outliers"]}
-
-
-def _cell_key(cell: dict) -> str:
-    return f"{cell['sigma']:g}" + (f"@{cell['outlier']:g}:{cell['position']}" if "outlier" in cell else "")
-
-
-def _finite(value: float | None) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
 
 
 __all__ = ["compare_models", "quality_rows"]

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import UsageError
 
 REPORT_SCHEMA = "ssacli-report"
-REPORT_VERSION = 1
+REPORT_VERSION = 1  # still 1 with a CONTROL: its keys are additions a version-1 reader may ignore
 
 
 @dataclass
@@ -24,7 +24,14 @@ class QualityReport:
     ``measurements``: each side's measures in full; ``diagnose``: the probes of both
     (:func:`~ssacli.diagnosis.comparison.compare_results`); ``notes``; ``conversion``: what each
     side's ssacli.json says about how it was made; ``versions``; ``elapsed_s``; ``lm_eval``: the
-    lm-evaluation-harness rows when tasks were run (else None, and absent from :meth:`to_dict`)."""
+    lm-evaluation-harness rows when tasks were run (else None, and absent from :meth:`to_dict`).
+
+    With a third model, CONTROL (``ssacli report BEFORE AFTER CONTROL``): ``control`` (its model,
+    family, kind and scorer; written after ``after``) and ``diagnose_control`` (the probes of CONTROL
+    as A and AFTER as B; written after ``diagnose``), with ``measurements["control"]``,
+    ``conversion["control"]``, the quality rows' ``control`` and ``delta_control`` (AFTER − CONTROL)
+    and ``lm_eval["control_rows"]``. Without one these are None and absent: the document is the
+    two-model one, key for key (``schema_version`` stays 1)."""
 
     before: dict[str, Any]
     after: dict[str, Any]
@@ -37,11 +44,21 @@ class QualityReport:
     versions: dict[str, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
     lm_eval: dict[str, Any] | None = None
+    control: dict[str, Any] | None = None
+    diagnose_control: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (``ssacli report --json``), every key in the order it has always had."""
+        """The JSON document (``ssacli report --json``), every key in the order it has always had;
+        a CONTROL's ``control`` follows ``after``, its ``diagnose_control`` follows ``diagnose``."""
         data: dict[str, Any] = {"schema": REPORT_SCHEMA, "schema_version": REPORT_VERSION}
-        data.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "lm_eval"})
+        optional = {"after": "control", "diagnose": "diagnose_control"}  # written after these when set
+        for f in fields(self):
+            if f.name in ("lm_eval", *optional.values()):
+                continue
+            data[f.name] = getattr(self, f.name)
+            extra = optional.get(f.name)
+            if extra is not None and getattr(self, extra) is not None:
+                data[extra] = getattr(self, extra)
         if self.lm_eval is not None:
             data["lm_eval"] = self.lm_eval
         return data
