@@ -176,7 +176,11 @@ def writer_lock(out: str | Path, option: str = "--out") -> Iterator[None]:
     """Hold the lock of the output folder ``out`` for the job inside: a second job asking for it
     (another process, on any host sharing the filesystem) is refused at once with a UsageError naming
     the writer, instead of running the whole job and failing at its first write. A lock left by a
-    process of this host that has ended (SIGKILL, power loss) is taken over; this process may nest."""
+    process of this host that has ended (SIGKILL, power loss) is taken over; this process may nest.
+    Under torchrun or accelerate launch only rank 0 holds it: the other ranks never write ``out``."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
     path = lock_path(out)
     if path in _HELD:
         _HELD[path] += 1

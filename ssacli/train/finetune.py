@@ -37,7 +37,6 @@ annealing) is in :mod:`ssacli.train.runtime`.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -187,9 +186,7 @@ def finetune(
     config.validate()
     out, resume, in_place = training_folder(loaded, out, resume, in_place)
     check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
-    # one writer of out (rank 0 writes; the others never do)
-    lock = writer_lock(out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
-    with lock:
+    with writer_lock(out):  # one writer of out (rank 0's; the other ranks never write)
         return _finetune(loaded, config, out, resume, in_place, overwrite, device, on_step, meta,
                          trust_remote_code)  # fmt: skip
 

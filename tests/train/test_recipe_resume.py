@@ -190,3 +190,26 @@ def test_quiet_runs_still_say_they_are_alive_every_heartbeat(heartbeat, lines, m
             on_step(step, 0.5, 1e-4, 1000.0)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == lines and all(line.startswith("distill step ") and "left" in line for line in err)
+
+
+def test_only_rank_0_of_a_launch_holds_the_lock(tmp_path, monkeypatch):
+    """torchrun and accelerate launch start every rank with the same --out: the other ranks never
+    write, so they neither take the lock nor are refused by rank 0's (held here by another process)."""
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom ssacli.files import writer_lock\n"
+         "with writer_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("RANK", "1")
+        with writer_lock(out):  # rank 1 goes on
+            pass
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(UsageError, match="being written by another ssacli job"):
+            with writer_lock(out):  # a second job's rank 0 is refused
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
