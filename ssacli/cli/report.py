@@ -1,4 +1,5 @@
-"""`ssacli report BEFORE AFTER`: quality and attention probes of two models, side by side.
+"""`ssacli report BEFORE AFTER [CONTROL]`: quality and attention probes of two models (or three:
+CONTROL, e.g. the softmax control trained with AFTER's budget), side by side.
 
 Every input is checked
 (text files read, pair files parsed, probe specs and ICL settings parsed) before a model loads, and
@@ -42,6 +43,9 @@ def report_command(
     ),
     after: str = typer.Argument(
         ..., metavar="AFTER", help="MODEL after it, e.g. an `ssacli convert` folder."
+    ),
+    control: str = typer.Argument(
+        None, metavar="CONTROL", help="MODEL to hold AFTER against, e.g. convert --control's folder."
     ),
     text_id: Path = typer.Option(None, help="UTF-8 text like the training data: LM loss, perplexity."),
     text_ood: Path = typer.Option(None, help="UTF-8 text unlike it: out-of-distribution LM loss."),
@@ -104,6 +108,9 @@ def report_command(
 ) -> None:
     r"""Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
 
+    With CONTROL (e.g. the softmax control of convert --finetune --control, trained with AFTER's
+    budget), it is measured and probed on the same inputs too, and AFTER is also held against it.
+
     Language models: loss and perplexity on --text-id and --text-ood, minimal-pair accuracy on --pairs;
     without them, perplexity on the built-in texts and accuracy on 40 built-in English agreement pairs.
 
@@ -112,7 +119,7 @@ def report_command(
     Causal LMs, with --lm-eval: lm-evaluation-harness tasks, each model with its own scorer,
     scores ± SE and Δ ± the per-item paired SE.
 
-    Both: the diagnose probes, run with the same seed. Δ is AFTER − BEFORE.
+    Both: the diagnose probes, run with the same seed. Δ is AFTER − BEFORE (and AFTER − CONTROL).
 
     Examples:
 
@@ -126,10 +133,12 @@ def report_command(
 
       ssacli report ./gpt2 ./gpt2-ssa --lm-eval arc_easy,hellaswag \
           --lm-eval-limit 500 --allow-download
+
+      ssacli report ./gpt2 ./gpt2-ssa ./gpt2-control --heldout-of wiki.txt
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     probes = [str(parse_probe(p)) for p in probe] if probe else None
-    check_inputs(models=[before, after])
+    check_inputs(models=[before, after, control])
     from .. import compare_models
     from ..icl.evaluate import parse_outlier
 
@@ -161,7 +170,9 @@ def report_command(
         ).keywords(),
     )  # fmt: skip
     with progress("ssacli report", quiet=quiet) as update:
-        report = compare_models(before, after, progress=update, before_report=reuse_before, **settings)
+        report = compare_models(
+            before, after, control, progress=update, before_report=reuse_before, **settings
+        )
     data = report.to_dict()  # what is rendered and written: the JSON document
     console = Console()
     if not quiet:

@@ -1,4 +1,5 @@
-"""Rendering an ``ssacli report`` (BEFORE vs AFTER) for the terminal and as one HTML page.
+"""Rendering an ``ssacli report`` (BEFORE vs AFTER, and a CONTROL when given) for the terminal and
+as one HTML page.
 
 Both read only the JSON-ready report of :func:`ssacli.quality.compare.compare_models`, so a report
 written with ``--json`` renders the same later. The probe half reuses the diagnose comparison
@@ -25,10 +26,18 @@ from .monitor import monitor_section, monitor_table
 from .terminal import facts_panel, render_comparison
 
 
-def report_results(report: dict[str, Any]) -> tuple[DiagnoseResult, DiagnoseResult]:
-    """The two diagnose results inside a report (BEFORE, AFTER)."""
-    diagnose = report["diagnose"]
+def report_results(report: dict[str, Any], key: str = "diagnose") -> tuple[DiagnoseResult, DiagnoseResult]:
+    """The two diagnose results inside a report: (BEFORE, AFTER), or with ``key``
+    "diagnose_control" (CONTROL, AFTER)."""
+    diagnose = report[key]
     return DiagnoseResult.from_dict(diagnose["a"]), DiagnoseResult.from_dict(diagnose["b"])
+
+
+def report_title(report: dict[str, Any]) -> str:
+    return "ssacli report: before → after" + (" vs control" if has_control(report) else "")
+
+
+CONTROL_PROBES = "attention probes: AFTER against CONTROL (A = CONTROL, B = AFTER)"
 
 
 def fmt_value(value: float | None) -> str:
@@ -42,43 +51,77 @@ def fmt_change(value: float | None) -> str:
     return "0" if value == 0 else f"{value:+.3g}"
 
 
-def verdict(row: dict[str, Any]) -> str:
-    """ "better", "worse" or "" for AFTER relative to BEFORE, by the measure's direction."""
-    delta = row.get("delta")
+def verdict(row: dict[str, Any], key: str = "delta") -> str:
+    """ "better", "worse" or "" for AFTER relative to BEFORE (``key`` "delta") or to CONTROL
+    ("delta_control"), by the measure's direction."""
+    delta = row.get(key)
     if delta is None or not math.isfinite(delta) or abs(delta) < 1e-12:
         return ""
     improved = delta < 0 if row["better"] == "lower" else delta > 0
     return "better" if improved else "worse"
 
 
+def has_control(report: dict[str, Any]) -> bool:
+    """Whether the report measured a third model, CONTROL, beside BEFORE and AFTER."""
+    return report.get("control") is not None
+
+
 def header_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
     facts = []
-    for side in ("before", "after"):
+    for side in ("before", "after", "control") if has_control(report) else ("before", "after"):
         info = report[side]
         facts.append(
             (side.upper(), f"{info['model']} · {info['kind']} · {info['family']} · {info['scorer']}")
         )
     settings = report.get("settings", {})
     facts.append(("seed", str(settings.get("seed", "–"))))
-    facts.append(("Δ", "AFTER − BEFORE; green = AFTER better, red = worse"))
+    if has_control(report):
+        facts.append(("Δ", "vs BEFORE: AFTER − BEFORE, vs CONTROL: AFTER − CONTROL; "
+                      "green = AFTER better, red = worse"))  # fmt: skip
+    else:
+        facts.append(("Δ", "AFTER − BEFORE; green = AFTER better, red = worse"))
     facts += conversion_facts(report)
     facts += [("note", note) for note in report.get("notes", [])]
     return facts
 
 
-def quality_table(report: dict[str, Any]) -> Table | None:
+# With a CONTROL: two-line headers (bottom-aligned), so that 80 columns hold every number whole.
+CONTROL_HEADER = ("\nmeasure", "\nBEFORE", "\nAFTER", "\nCONTROL", "Δ vs\nBEFORE", "Δ vs\nCONTROL",
+                  "better\nif")  # fmt: skip
+
+
+def quality_columns(report: dict[str, Any]) -> tuple[list[str], list[list[str]], list[list[str]]]:
+    """The quality table's header, cells and each cell's verdict class ("better", "worse", ""):
+    measure, BEFORE, AFTER, Δ, better if; with a CONTROL measure, BEFORE, AFTER, CONTROL, Δ vs
+    BEFORE, Δ vs CONTROL (AFTER − CONTROL), better if, under two-line headers."""
     rows = report.get("quality", [])
-    if not rows:
+    if not has_control(report):
+        cells = [[r["label"], fmt_value(r["before"]), fmt_value(r["after"]), fmt_change(r["delta"]),
+                  r["better"]] for r in rows]  # fmt: skip
+        classes = [["", "", "", verdict(r), ""] for r in rows]
+        return ["measure", "BEFORE", "AFTER", "Δ", "better if"], cells, classes
+    cells = [[r["label"], fmt_value(r["before"]), fmt_value(r["after"]), fmt_value(r["control"]),
+              fmt_change(r["delta"]), fmt_change(r["delta_control"]), r["better"]] for r in rows]  # fmt: skip
+    classes = [["", "", "", "", verdict(r), verdict(r, "delta_control"), ""] for r in rows]
+    return list(CONTROL_HEADER), cells, classes
+
+
+def quality_table(report: dict[str, Any]) -> Table | None:
+    if not report.get("quality"):
         return None
-    table = Table(title="quality", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("measure")
-    for name in ("BEFORE", "AFTER", "Δ"):
+    header, cells, classes = quality_columns(report)
+    control = has_control(report)  # seven columns: padding collapsed to one space between them
+    table = Table(title="quality", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=control)  # fmt: skip
+    table.add_column(header[0], overflow="fold" if control else "ellipsis")  # a long label wraps
+    for name in header[1:-1]:
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("better if", justify="left", style="dim")
-    for row in rows:
-        style = {"better": "green", "worse": "red"}.get(verdict(row), "")
-        delta = Text(fmt_change(row["delta"]), style=style)
-        table.add_row(row["label"], fmt_value(row["before"]), fmt_value(row["after"]), delta, row["better"])
+    table.add_column(header[-1], justify="left", style="dim", no_wrap=control)
+    styles = {"better": "green", "worse": "red"}
+    changes = [i for i, name in enumerate(header) if name.startswith("Δ")]
+    for row, css in zip(cells, classes):
+        table.add_row(*(Text(cell, style=styles.get(css[i], "")) if i in changes else cell
+                        for i, cell in enumerate(row)))  # fmt: skip
     return table
 
 
@@ -89,7 +132,8 @@ def trajectory_of(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def conversion_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
     """AFTER's conversion fidelity, the m chosen per layer by m=auto, and a warning when AFTER's
-    fine-tuning ended with a held-out loss above its start."""
+    fine-tuning ended with a held-out loss above its start; then a CONTROL's recipe record (what
+    its training reached), each line named CONTROL."""
     after = (report.get("conversion") or {}).get("after") or {}
     fidelity = after.get("fidelity") or {}
     facts = []
@@ -113,6 +157,12 @@ def conversion_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
         ms = ", ".join(f"{row['m']:g}" for row in layers)
         facts.append(("m per layer (m=auto)", f"{ms}: larger m = SSA's polynomial regime starts later "
                       "(closer to softmax)"))  # fmt: skip
+    control = (report.get("conversion") or {}).get("control") or {}
+    for key, text in recipe_facts(control.get("recipe")):
+        if key == "WARNING":
+            facts.append((key, f"CONTROL: {text}"))
+        else:
+            facts.append((f"CONTROL {key.removeprefix('recipe ')}", text))
     return facts
 
 
@@ -281,17 +331,19 @@ def no_quality_note(report: dict[str, Any]) -> str:
 
 
 def render_report(report: dict[str, Any], console: Console) -> None:
-    """Header, the quality table (BEFORE, AFTER, Δ per measure), the lm-eval benchmarks (when run),
-    then the probe comparison."""
-    console.print(facts_panel(header_facts(report), "ssacli report: before → after"))
+    """Header, the quality table (BEFORE, AFTER, Δ per measure; with CONTROL its values and AFTER's
+    change relative to it too), the lm-eval benchmarks (when run), then the probe comparison (and
+    with CONTROL a second one: CONTROL as A, AFTER as B)."""
+    console.print(facts_panel(header_facts(report), report_title(report)))
     table = quality_table(report)
     if table is None:
         console.print(Text(no_quality_note(report), style="dim"))
     else:
         console.print(table)
-    benchmarks = benchmark_table(report)
-    if benchmarks is not None:
-        console.print(benchmarks)
+    for against in ("before", "control"):
+        benchmarks = benchmark_table(report, against)
+        if benchmarks is not None:
+            console.print(benchmarks)
     trajectory = trajectory_table(trajectory_of(report))
     if trajectory is not None:
         console.print(trajectory)
@@ -299,26 +351,25 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     if monitored is not None:
         console.print(monitored)
     render_comparison(*report_results(report), console)
+    if report.get("diagnose_control") is not None:
+        console.print(Text(CONTROL_PROBES, style="bold"))
+        render_comparison(*report_results(report, "diagnose_control"), console)
 
 
 def report_html(report: dict[str, Any]) -> str:
     """One page: the report's head, the quality table, then the diagnose comparison's sections."""
-    sections = [Section("ssacli report: before → after", [facts_table(header_facts(report))], level=1)]
-    rows = report.get("quality", [])
-    if rows:
-        cells = [
-            [r["label"], fmt_value(r["before"]), fmt_value(r["after"]), fmt_change(r["delta"]), r["better"]]
-            for r in rows
-        ]
-        classes = [["", "", "", verdict(r), ""] for r in rows]
-        header = ["measure", "BEFORE", "AFTER", "Δ", "better if"]
+    sections = [Section(report_title(report), [facts_table(header_facts(report))], level=1)]
+    if report.get("quality"):
+        header, cells, classes = quality_columns(report)
+        header = [name.strip().replace("\n", " ") for name in header]
         sections.append(Section("quality", [html_table(header, cells, classes)]))
     else:
         note = f'<p class="note">{escape_html(no_quality_note(report))}</p>'
         sections.append(Section(None, [note]))
-    benchmarks = benchmark_section(report)
-    if benchmarks is not None:
-        sections.append(benchmarks)
+    for against in ("before", "control"):
+        benchmarks = benchmark_section(report, against)
+        if benchmarks is not None:
+            sections.append(benchmarks)
     records = trajectory_of(report)
     if records:
         header, rows = trajectory_columns(records)
@@ -332,4 +383,8 @@ def report_html(report: dict[str, Any]) -> str:
         sections.append(monitored)
     sections.append(Section("attention probes (A = BEFORE, B = AFTER)"))
     sections += comparison_sections(*report_results(report), head_level=3)
-    return page(f"ssacli report: {report['before']['model']} → {report['after']['model']}", sections)
+    if report.get("diagnose_control") is not None:
+        sections.append(Section(CONTROL_PROBES))
+        sections += comparison_sections(*report_results(report, "diagnose_control"), head_level=3)
+    title = f"ssacli report: {report['before']['model']} → {report['after']['model']}"
+    return page(title + (f" vs {report['control']['model']}" if has_control(report) else ""), sections)

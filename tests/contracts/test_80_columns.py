@@ -121,3 +121,29 @@ def test_diagnose_tables_are_titled_and_legends_wrap_at_the_terminal():
         assert lines[i - 2].strip() and not lines[i - 2].startswith(" "), lines[i - 2 : i + 1]
     title = next(line for line in lines if line.startswith("most saturated heads"))
     assert title.strip().endswith("differ most)")  # one line: it is shorter than the terminal
+
+
+def test_report_quality_table_with_a_control_reads_at_80_columns():
+    """`ssacli report BEFORE AFTER CONTROL`: seven columns, every number as wide as fmt_value and
+    fmt_change write them (9 characters) and the longest labels, fit 80 columns with no cell cut;
+    only a label wraps."""
+    from ssacli.report.before_after import fmt_change, fmt_value, quality_table
+
+    labels = ["minimal pairs (built-in): accuracy", "  determiner_noun_agreement_with_adj_irregular_1",
+              "OOD − in-dist. NLL", "in-dist. text: perplexity"]  # fmt: skip
+    rows = [{"key": f"k{i}", "label": label, "before": 12345.678, "after": -0.000123456, "control": 1.5e-9,
+             "delta": -12345.678123, "delta_control": -0.0001234575, "better": "higher" if i else "lower"}
+            for i, label in enumerate(labels)]  # fmt: skip
+    report = {"control": {"model": "c"}, "quality": rows}
+    text = render(quality_table(report))
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= WIDTH and "…" not in text
+    for row in rows:
+        cells = [fmt_value(row[k]) for k in ("before", "after", "control")]
+        cells += [fmt_change(row["delta"]), fmt_change(row["delta_control"]), row["better"]]
+        assert max(map(len, cells[:5])) >= 9  # as wide as numbers get
+        assert any(line.split()[-6:] == cells for line in lines), cells  # whole, in order, on one line
+    rule = next(i for i, line in enumerate(lines) if "───" in line)
+    measure = "".join(re.split(r"\s{2,}", line.strip())[0] for line in lines[rule + 1 :])
+    for label in labels:  # a wrapped label keeps every character
+        assert label.replace(" ", "") in measure.replace(" ", ""), label
