@@ -280,7 +280,7 @@ def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
         from ..train.recipe import recipe_trajectory
 
         record["trajectory"] = recipe_trajectory(recipe)
-        record["recipe"] = {k: recipe.get(k) for k in ("config", "final", "seconds", "snapshot")}
+        record["recipe"] = {k: recipe.get(k) for k in ("config", "final", "seconds", "snapshot", "heldout")}
         if recipe.get("control"):  # a softmax control (recipe_facts says so); an SSA arm's record as it was
             record["recipe"]["control"] = True
     if training:

@@ -18,6 +18,7 @@ from ssacli.errors import UsageError
 from ssacli.models.loading import load_model
 from ssacli.train.recipe import RecipeConfig, convert_with_recipe
 from tests.helpers.cli import run_main
+from tests.helpers.plain_transformers import WAYS, plain_loads
 
 MODEL = "builtin:wikitext-softmax"
 
@@ -96,18 +97,20 @@ def test_the_written_folder_is_the_merged_model_at_the_target_n(learned, ids):
     assert (trained.path / "stages" / "transfer" / "ssacli.json").is_file()
 
 
-def test_the_recipes_folders_never_load_as_softmax_in_plain_transformers(learned, ids):
+def test_the_recipes_folders_never_load_as_softmax_in_plain_transformers(learned, ids, tmp_path):
     """The recipe's output (n = 4, distilled) and its transfer snapshot hold a moved scorer: plain
-    transformers must refuse both (model_type ssacli-llama), not run them as softmax; ssacli loads
-    them with their scorer, whose logits differ from the same weights under softmax."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    transformers without ssacli must refuse both (attn_implementation "ssacli"), not run them as
+    softmax; ssacli loads them with their scorer, whose logits differ from the same weights under
+    softmax."""
     trained, _ = learned
-    for folder in (trained.path, trained.path / "stages" / "transfer"):
-        assert json.loads((folder / "config.json").read_text())["model_type"] == "ssacli-llama"
-        for load in (AutoModelForCausalLM.from_pretrained, AutoConfig.from_pretrained):
-            with pytest.raises(ValueError, match="ssacli-llama"):
-                load(folder)
+    folders = (trained.path, trained.path / "stages" / "transfer")
+    refused = plain_loads(list(folders), tmp_path, register=False)  # a fresh interpreter
+    for folder in folders:
+        config = json.loads((folder / "config.json").read_text())
+        assert (config["model_type"], config["attn_implementation"]) == ("llama", "ssacli")
+        for way in WAYS[1:]:
+            outcome = refused[str(folder)][way]
+            assert 'attn_implementation="ssacli"' in outcome.get("refused", ""), (way, outcome)
         loaded = load_model(str(folder), dtype="float32")
         with torch.no_grad():
             ssa = loaded.model(input_ids=ids, use_cache=False).logits
@@ -139,7 +142,11 @@ def test_the_report_shows_every_stage_and_the_budget(learned):
         render_report(report.to_dict(), console)
         text = console.export_text()
         assert "recipe" in text and "…" not in text.split("fine-tuning trajectory")[1].split("verdict")[0]
-        assert ("--max-loss 0.05: met" in text) == record["final"]["met_max_loss"] or snapshot is not None
+        # the facts wrap at 80 columns, inside the panel's border
+        flowing = " ".join(text.replace("│", " ").split())
+        assert ("--max-loss 0.05: met" in flowing) == record["final"]["met_max_loss"] or snapshot is not None
+        tokens = record["heldout"]["tokens"]
+        assert f"on {tokens:,} tokens" in flowing  # how many held-out tokens the quality was measured on
         assert 'alt="fine-tuning trajectory"' in report_html(report.to_dict())
 
 
