@@ -17,7 +17,7 @@ Read in file order, one call goes:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -87,6 +87,16 @@ class Observer:
 
 
 _OBSERVER: ContextVar[Observer | None] = ContextVar("ssacli_observer", default=None)
+# Where a module without a scorer gets one on its first call: a converted folder that plain
+# transformers built (transformers runs no code of ssacli's at load time). Set by
+# ssacli.transformers.register to ssacli.models.first_use's, which this layer cannot import.
+_scorer_source: Callable[[nn.Module, torch.device], Scorer] | None = None
+
+
+def set_scorer_source(source: Callable[[nn.Module, torch.device], Scorer] | None) -> None:
+    """What :func:`ssacli_attention_forward` calls for a module without a scorer (None: refuse)."""
+    global _scorer_source
+    _scorer_source = source
 
 
 @contextmanager
@@ -122,10 +132,14 @@ def ssacli_attention_forward(
     returns (output [b, q, h, d], weights [b, h, q, k] or None)."""
     scorer = getattr(module, SCORER_ATTR, None)
     if scorer is None:
-        raise RuntimeError(
-            f"{type(module).__name__} has no ssacli scorer: use ssacli.apply_scorer(model, spec) "
-            "instead of setting attn_implementation='ssacli' by hand"
-        )
+        if _scorer_source is None:
+            raise RuntimeError(
+                f"{type(module).__name__} has no ssacli scorer: load a converted folder with "
+                "ssacli.load_model(DIR), or `import ssacli.transformers` before transformers' "
+                "from_pretrained; in memory use ssacli.apply_scorer(model, spec), not "
+                "attn_implementation='ssacli' by hand"
+            )
+        scorer = _scorer_source(module, query.device)
     check_arguments(module, kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -340,5 +354,6 @@ def scores_and_sink(
 
 __all__ = [
     "SCORER_ATTR", "Observer", "attend", "current_observer", "eager_attention", "observed_attention",
-    "observing", "scaled_logits", "scores_and_sink", "ssacli_attention_forward", "visibility",
+    "observing", "scaled_logits", "scores_and_sink", "set_scorer_source", "ssacli_attention_forward",
+    "visibility",
 ]  # fmt: skip

@@ -241,13 +241,16 @@ def apply_scorer(model: nn.Module, spec: str, *, parameters_follow: bool = False
 def restore(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_scorer`: drop the scorers and go back to the original implementation."""
     original = getattr(model, ORIGINAL_ATTR, None)
+    if original is None and getattr(model.config, "_attn_implementation", None) == ATTENTION_NAME:
+        original = "eager"  # built as 'ssacli' by plain transformers from a converted folder
     if original is None:
         return model
     for _, module in attention_modules(model):
         if hasattr(module, SCORER_ATTR):
             delattr(module, SCORER_ATTR)
     model.set_attn_implementation(original)
-    delattr(model, ORIGINAL_ATTR)
+    if hasattr(model, ORIGINAL_ATTR):
+        delattr(model, ORIGINAL_ATTR)
     if hasattr(model.config, CONFIG_SPEC_ATTR):
         delattr(model.config, CONFIG_SPEC_ATTR)
     return model

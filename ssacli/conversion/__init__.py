@@ -41,7 +41,7 @@ __all__ = ["check_out", "convert", "save_model"]
 
 
 def save_model(
-    loaded: LoadedModel,
+    loaded: LoadedModel | nn.Module,
     out: str | Path,
     *,
     meta: dict[str, Any] | None = None,
@@ -54,7 +54,10 @@ def save_model(
     trainer.safetensors (optimizer state for resuming, see
     :func:`ssacli.models.checkpoint.trainer_state_tensors`); ``best`` ("this" or "keep") fills the
     run's best/ folder (:data:`ssacli.models.checkpoint.BEST_DIR`); ``carry`` names sub-folders of
-    the current ``out`` the new one keeps (a recipe's stages/). ICL models take neither."""
+    the current ``out`` the new one keeps (a recipe's stages/). ICL models take neither. A model in
+    memory is saved as it is (one that plain transformers built from a converted folder with its
+    scorers attached first: ``model.save_pretrained`` would write neither them nor the guard)."""
+    loaded = as_loaded(loaded)
     out = Path(out).expanduser()
     check_out(out, loaded.path, overwrite)
     if loaded.kind == ModelKind.ICL:

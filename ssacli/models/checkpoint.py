@@ -7,8 +7,10 @@ the rest of the folder has:
   ordinary ``save_pretrained`` folder plus the parts below. Plain transformers loads it as the
   original architecture, with softmax attention, only where that is the same model
   (:func:`plain_loadable`: softmax, or a faithful conversion not trained since); any other folder's
-  config.json says model_type ``ssacli-<type>``, which plain transformers refuses
-  (:func:`guard_config`, :func:`saved_config`);
+  config.json is guarded (:mod:`.guard`, which owns that part of the format: since issue 38
+  ``attn_implementation: "ssacli"``, which plain transformers refuses unless ``import
+  ssacli.transformers`` registered it, and then loads with the scorer; before, model_type
+  ``ssacli-<type>``, still read: :func:`saved_config` reads both layouts);
 
   - ``ssacli.json``: ``{"format", "format_version", "scorer": SPEC, "source"?, "fidelity"?,
     "training"?, …}``;
@@ -60,10 +62,24 @@ from ..errors import InputError, UsageError
 from ..files import output_error, replace_folder, writer_gone
 from .builtins import META_FILE
 from .device_map import save_options
+from .guard import (  # noqa: F401 (the guard's names are the format's: importable from here too)
+    GUARD_NOTE_KEY,
+    GUARDED_TYPE_PREFIX,
+    ORIGINAL_TYPE_KEY,
+    PLAIN_CONVERSION_KEYS,
+    attention_layout,
+    guard_config,
+    plain_loadable,
+    saved_config,
+)
 
 MODEL_FORMAT = "ssacli-model"
 ICL_FORMAT = "ssacli-icl"
-FORMAT_VERSIONS = {MODEL_FORMAT: 1, ICL_FORMAT: 1}  # the newest version of each this ssacli reads
+# The newest version of each this ssacli reads. The model format stays 1 across issue 38's change of
+# config.json's guard (model_type ssacli-<type> -> attn_implementation "ssacli", .guard): ssacli.json
+# did not change, both guards are read, and an ssacli that knows only the old one reads a new folder
+# as an unguarded folder with a saved scorer, which it is (only plain transformers needed the change).
+FORMAT_VERSIONS = {MODEL_FORMAT: 1, ICL_FORMAT: 1}
 SCORER_FILE = "ssacli_scorer.safetensors"
 WEIGHTS_FILE = "model.safetensors"  # an ICL folder's weights (transformers names its own the same)
 TRAINER_FILE = "trainer.safetensors"
@@ -73,12 +89,6 @@ BEST_DIR = "best"  # in a training run's folder: the checkpoint with the lowest 
 # In every temporary folder a writer fills (beside its target, named as tempfile.mkdtemp names it):
 # the writer's process, so that a folder a killed writer left can be told from anything else.
 TEMP_MARKER = ".ssacli-writing"
-# config.json's model_type of a folder that must not load as softmax in plain transformers (its
-# scorer is not softmax, and not within --max-error of it): plain AutoConfig / AutoModel* refuse
-# an unknown model type; ssacli reads the original one from ORIGINAL_TYPE_KEY (:func:`saved_config`).
-GUARDED_TYPE_PREFIX = "ssacli-"
-ORIGINAL_TYPE_KEY = "ssacli_model_type"
-GUARD_NOTE_KEY = "ssacli_note"
 
 
 # ---- ssacli.json -------------------------------------------------------------------------------------
@@ -314,67 +324,9 @@ def write_model_folder(
             tokenizer.save_pretrained(tmp)
         (tmp / META_FILE).write_text(_meta_text(MODEL_FORMAT, {"scorer": scorer, **(meta or {})}))
         if not plain_loadable(scorer, meta or {}):
-            guard_config(tmp / "config.json", scorer)
+            guard_config(tmp / "config.json", scorer, attention_layout(model))
 
     _write_folder(Path(out), fill, best, carry)
-
-
-# What the record of a plain conversion holds, and nothing else: any other key (``training``, the
-# conversion recipe's ``recipe``, whatever a later writer adds) means the weights or the scorer
-# changed after the fidelity was measured, so the folder is guarded (safe by default: the recipe's
-# n = 4 model once loaded silently as softmax because only ``training`` was looked for).
-PLAIN_CONVERSION_KEYS = frozenset({"source", "fidelity"})
-
-
-def plain_loadable(scorer: str, meta: dict[str, Any]) -> bool:
-    """Whether plain transformers may load the folder (as softmax): its scorer is softmax, or it is
-    a conversion from softmax and nothing since (its record holds only PLAIN_CONVERSION_KEYS) whose
-    fidelity met its target (the faithful start: softmax within --max-error by measurement)."""
-    if scorer == "softmax":
-        return True
-    fidelity = meta.get("fidelity") or {}
-    met = (fidelity.get("target") or {}).get("met") is True
-    return set(meta) <= PLAIN_CONVERSION_KEYS and fidelity.get("from") == "softmax" and met
-
-
-def guard_config(file: Path, scorer: str) -> None:
-    """Rewrite a saved config.json so plain transformers refuses it (its AutoConfig and AutoModel*
-    raise on the unknown model_type ``ssacli-<type>``) while :func:`saved_config` reads it back."""
-    config = json.loads(file.read_text(encoding="utf-8"))
-    original = config.get("model_type")
-    if not isinstance(original, str) or original.startswith(GUARDED_TYPE_PREFIX):
-        return
-    config.update({
-        "model_type": f"{GUARDED_TYPE_PREFIX}{original}",
-        ORIGINAL_TYPE_KEY: original,
-        GUARD_NOTE_KEY: f"attention scorer {scorer} (not softmax): plain transformers would run this "
-        "model with softmax, another model; load it with ssacli (ssacli.load_model or any command)",
-    })  # fmt: skip
-    file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def saved_config(path: str | Path) -> Any | None:
-    """The transformers config of a folder whose config.json :func:`guard_config` rewrote, with
-    its original model_type; None for any other folder (unguarded, or config.json unreadable)."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or not isinstance(config.get(ORIGINAL_TYPE_KEY), str):
-        return None
-    if not str(config.get("model_type", "")).startswith(GUARDED_TYPE_PREFIX):
-        return None
-    from transformers import CONFIG_MAPPING
-
-    original = config.pop(ORIGINAL_TYPE_KEY)
-    config.pop(GUARD_NOTE_KEY, None)
-    config["model_type"] = original
-    try:
-        return CONFIG_MAPPING[original].from_dict(config)
-    except KeyError:
-        raise InputError(
-            f"{path} holds a {original} model, which this transformers does not know; upgrade transformers"
-        ) from None
 
 
 def write_icl_folder(

@@ -27,6 +27,7 @@ from ..errors import InputError, UnsupportedModelError, UsageError
 from .builtins import BUILTIN_DIR, builtin_names  # noqa: F401 (used from here by scripts and tests)
 from .checkpoint import attach_saved_scorer, quiet_progress, saved_config
 from .device_map import MaxMemory, compute_device, from_pretrained_placed, placement
+from .first_use import attach_pending
 from .icl_task import TOKENS_PER_POINT
 from .kinds import ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 from .options import LoadOptions
@@ -219,6 +220,7 @@ def as_loaded(
     config = getattr(model, "config", None)
     if config is None:
         raise UsageError("model must be a transformers model (with .config) or an ssacli ICL model")
+    attach_pending(model)  # a converted folder loaded by plain transformers, not yet run: its scorers
     return LoadedModel(
         model, getattr(config, "name_or_path", "") or type(model).__name__, config.model_type,
         kind_of(model), tokenizer, max_positions(config),

@@ -29,6 +29,7 @@ from ssacli.errors import EXIT_USAGE
 from ssacli.models.checkpoint import training_record
 from ssacli.train.data import make_objective
 from tests.helpers.cli import run_main
+from tests.helpers.plain_transformers import WAYS, plain_loads
 
 runner = CliRunner()
 ICL = ["--data", "icl:every", "--batch-size", "4", "-q"]
@@ -213,15 +214,18 @@ def test_report_says_when_after_worsened(worsened, text):
 # ---- a moved scorer never loads silently as softmax -------------------------------------------------------
 
 
-def test_a_folder_whose_scorer_moved_is_refused_by_plain_transformers_and_loads_in_ssacli(worsened, text):
-    from transformers import AutoConfig, AutoModelForCausalLM
+def test_a_folder_whose_scorer_moved_is_refused_by_plain_transformers_and_loads_in_ssacli(
+    worsened, text, tmp_path
+):
+    from transformers import AutoModelForCausalLM
 
     model, out, _ = worsened
     plain_start = AutoModelForCausalLM.from_pretrained(model)  # the faithful start stays plain-loadable
     assert type(plain_start).__name__ == "LlamaForCausalLM"
-    for load in (AutoModelForCausalLM.from_pretrained, AutoConfig.from_pretrained):
-        with pytest.raises(ValueError, match="ssacli-llama"):
-            load(out)
+    # without ssacli (a fresh interpreter): every way of loading it refuses, naming ssacli
+    refused = plain_loads([out], tmp_path, register=False)[str(out)]
+    for way in WAYS[1:]:
+        assert 'attn_implementation="ssacli"' in refused[way].get("refused", ""), (way, refused[way])
     assert "ssacli" in json.loads((out / "config.json").read_text())["ssacli_note"]
     loaded = ssacli.load_model(str(out), device="cpu")
     assert (loaded.family, loaded.kind) == ("llama", "causal")

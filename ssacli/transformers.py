@@ -1,0 +1,50 @@
+"""Converted folders in plain transformers: ``import ssacli.transformers`` is the one line.
+
+A folder whose scorer is not softmax (after ``ssacli convert --finetune``, any training, a conversion
+that missed its fidelity target) says ``attn_implementation: "ssacli"`` in its config.json
+(:mod:`ssacli.models.guard`). Without ssacli, transformers refuses to build it ("Specified
+`attn_implementation="ssacli"` is not supported"): never softmax, another model. After this import,
+``AutoModelForCausalLM.from_pretrained(DIR)``, the concrete class (``LlamaForCausalLM``) and
+``pipeline("text-generation", model=DIR)`` build it with its scorer and the learned values:
+
+>>> import ssacli.transformers
+>>> from transformers import AutoModelForCausalLM
+>>> model = AutoModelForCausalLM.from_pretrained("my-model-ssa")
+
+Each attention module takes its scorer on the model's first forward (transformers runs no code of
+ssacli's at load time; :mod:`ssacli.models.first_use`), computing what ``ssacli.load_model(DIR)``
+computes. :func:`attach` attaches them all at once, for code that needs the scorers' parameters
+before any forward (an optimizer built before training). An explicit ``attn_implementation=``
+argument to ``from_pretrained`` replaces the saved one: the model then runs that softmax attention.
+
+``import ssacli`` alone registers nothing: it stays free of torch and transformers (the CLI refuses
+bad options in well under a second), and transformers has no plugin hook that would run this on its
+own import.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .attention.forward import set_scorer_source
+from .attention.interface import register as _register_attention
+from .models.first_use import attach_pending, scorer_on_first_use
+
+__all__ = ["attach", "register"]
+
+
+def register() -> None:
+    """Register ssacli's attention and mask functions with transformers under the name "ssacli",
+    with the saved scorer as what a module without one takes on its first call (done on import;
+    idempotent)."""
+    _register_attention()
+    set_scorer_source(scorer_on_first_use)
+
+
+def attach(model: nn.Module) -> nn.Module:
+    """Attach every scorer of a model built from a converted folder now, rather than on its first
+    forward (the same scorers, the same values); any other model is returned as it is."""
+    return attach_pending(model)
+
+
+register()

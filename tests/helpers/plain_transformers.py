@@ -1,0 +1,96 @@
+"""Folders loaded the ways a user of plain transformers loads them, in a fresh interpreter.
+
+    python tests/helpers/plain_transformers.py OUT [--register] DIR ...
+
+For each DIR: ``AutoConfig``, ``AutoModelForCausalLM``, the concrete class config.json's
+``architectures`` names (``LlamaForCausalLM``, ``GPT2LMHeadModel``) and ``pipeline("text-generation")``,
+each ``from_pretrained(DIR)`` with no other argument. Without ``--register`` ssacli is never imported
+(checked at the end); with it, ``import ssacli.transformers`` comes first. OUT/result.json says per
+folder and way: ``{"refused": message}``, ``{"config": attn_implementation}`` or ``{"logits": file,
+"dtype": …}`` with the model's logits (no cache) on :data:`IDS`, saved in OUT. The test side
+(:func:`plain_loads`) runs it and reads the result back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WAYS = ("AutoConfig", "AutoModelForCausalLM", "concrete", "pipeline")
+IDS = [[1, 5, 9, 33, 2, 7, 100, 12, 40, 3], [3, 3, 8, 60, 21, 9, 1, 4, 77, 15]]  # < every test vocab
+
+
+def plain_loads(folders: list[Path], out: Path, register: bool) -> dict[str, dict[str, dict]]:
+    """Run this script on ``folders`` in a fresh interpreter; {folder: {way: outcome}}, where an
+    outcome with logits holds them as a tensor under "tensor"."""
+    from safetensors.torch import load_file
+
+    args = [sys.executable, str(Path(__file__)), str(out), *(["--register"] if register else [])]
+    done = subprocess.run([*args, *map(str, folders)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result.pop("ssacli imported") is register
+    for outcomes in result.values():
+        for outcome in outcomes.values():
+            if "logits" in outcome:
+                outcome["tensor"] = load_file(out / outcome["logits"])["logits"]
+    return result
+
+
+def _load(way: str, folder: str):
+    import transformers
+
+    if way == "AutoConfig":
+        return transformers.AutoConfig.from_pretrained(folder)
+    if way == "AutoModelForCausalLM":
+        return transformers.AutoModelForCausalLM.from_pretrained(folder)
+    if way == "concrete":
+        name = json.loads((Path(folder) / "config.json").read_text())["architectures"][0]
+        return getattr(transformers, name).from_pretrained(folder)
+    return transformers.pipeline("text-generation", model=folder).model
+
+
+def main(out: Path, register: bool, folders: list[str]) -> None:
+    if register:
+        import ssacli.transformers  # noqa: F401 (the one line that registers ssacli's attention)
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    transformers.logging.set_verbosity_error()
+    result = {}
+    for index, folder in enumerate(folders):
+        outcomes = result[folder] = {}
+        for way in WAYS:
+            try:
+                loaded = _load(way, folder)
+            except Exception as err:  # noqa: BLE001 (what it raised is the outcome)
+                outcomes[way] = {"refused": f"{type(err).__name__}: {' '.join(str(err).split())}"}
+                continue
+            if way == "AutoConfig":
+                outcomes[way] = {"config": loaded._attn_implementation}
+                continue
+            with torch.no_grad():
+                logits = loaded(torch.tensor(IDS), use_cache=False).logits.contiguous()
+            name = f"{index}-{way}.safetensors"
+            save_file({"logits": logits}, out / name)
+            outcomes[way] = {"logits": name, "dtype": str(logits.dtype).removeprefix("torch."),
+                             "class": type(loaded).__name__, "scorers": _scorers(loaded)}  # fmt: skip
+    result["ssacli imported"] = "ssacli" in sys.modules
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def _scorers(model) -> list[str]:
+    """The spec of every attention module's attached scorer (ssacli's submodule), as a plain
+    module walk: nothing of ssacli is imported for it."""
+    return sorted({m.ssacli_scorer.spec for m in model.modules() if hasattr(m, "ssacli_scorer")})
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    register = "--register" in arguments
+    arguments = [a for a in arguments if a != "--register"]
+    main(Path(arguments[0]), register, arguments[1:])

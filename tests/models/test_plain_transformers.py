@@ -1,0 +1,226 @@
+"""Converted folders in plain transformers (issue 38, items 0-2).
+
+0. No folder whose scorer moved loads as softmax through any plain transformers path: for every
+   kind of folder ssacli writes (convert with a non-faithful spec, finetune, the recipe, train, a
+   GPT-2), AutoConfig, AutoModelForCausalLM, the concrete class and pipeline, in a fresh interpreter
+   without ssacli, either refuse naming ssacli or return a model computing what ssacli.load_model
+   computes. A faithful conversion that met its fidelity loads as softmax, by design.
+1. After ``import ssacli.transformers`` the same four ways load each folder with its scorer and its
+   learned values: logits equal to ssacli.load_model(DIR)'s.
+2. Generation through that path is exact: greedy decoding with the KV cache gives the tokens and,
+   at every step, the logits of a full recomputation without cache.
+
+Folders in the layout written before (model_type ``ssacli-<type>``) still load through ssacli.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2LMHeadModel, pipeline
+
+import ssacli
+import ssacli.transformers
+from ssacli.models.checkpoint import ORIGINAL_TYPE_KEY, saved_config
+from ssacli.models.guard import ATTENTION_KEY, LAYOUT_KEY, attention_layout
+from ssacli.models.references import resolve_model_path
+from ssacli.train.finetune import FinetuneConfig
+from ssacli.train.recipe import RecipeConfig, convert_with_recipe
+from tests.helpers.models import build_model
+from tests.helpers.plain_transformers import IDS, WAYS, plain_loads
+
+MODEL = "builtin:wikitext-softmax"
+MOVED = ("ssa", "finetune", "recipe", "train", "gpt2")  # folders whose scorer is not softmax
+REFUSAL = 'attn_implementation="ssacli"'  # what transformers' refusal says, naming ssacli
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """One folder of each kind ssacli writes, at a tiny budget."""
+    root = tmp_path_factory.mktemp("kinds")
+    rng = random.Random(0)
+    words = "the of and in a to was is for on as by with his at from that it an are".split()
+    text = root / "text.txt"
+    text.write_text("\n".join(" ".join(rng.choice(words) for _ in range(14)) + " ." for _ in range(300)))
+    _, fidelity = ssacli.convert(MODEL, "ssa:init=faithful", root / "faithful", dtype="float32")
+    assert fidelity["target"]["met"]
+    _, fidelity = ssacli.convert(MODEL, "ssa:b=0.3,n=4", root / "ssa", dtype="float32")
+    assert not fidelity["target"]["met"]
+    settings = FinetuneConfig(data=str(text), steps=2, batch_size=2, seq_len=16, anneal_n=2.0, log_every=1)
+    ssacli.finetune(str(root / "faithful"), settings, root / "finetune", device="cpu")
+    recipe = RecipeConfig(data=str(text), transfer_steps=2, distill_steps=2, eval_every=2, batch_size=2,
+                          seq_len=16, heldout_tokens=64)  # fmt: skip
+    convert_with_recipe(MODEL, root / "recipe", recipe, device="cpu")
+    # a tiny GPT-2 with 10x the default init spread: logits far from zero, where SSA is not softmax
+    gpt2, _ = ssacli.convert(build_model("gpt2", initializer_range=0.2), "ssa:b=0.3,n=4")
+    ssacli.save_model(gpt2, root / "gpt2")
+    kinds = {name: root / name for name in ("faithful", "ssa", "finetune", "recipe", "gpt2")}
+    return {**kinds, "train": resolve_model_path("builtin:wikitext-ssa")}  # written by `ssacli train`
+
+
+def reference_logits(folder: Path, dtype: str = "float32") -> torch.Tensor:
+    loaded = ssacli.load_model(str(folder), device="cpu", dtype=dtype)
+    with torch.no_grad():
+        return loaded.model(torch.tensor(IDS), use_cache=False).logits
+
+
+def test_the_guard_is_an_attention_implementation_only_ssacli_registers(folders):
+    for kind in MOVED:
+        config = json.loads((folders[kind] / "config.json").read_text())
+        assert config[ATTENTION_KEY] == "ssacli" and not config["model_type"].startswith("ssacli-")
+        assert LAYOUT_KEY in config and "import ssacli.transformers" in config["ssacli_note"]
+    assert ATTENTION_KEY not in json.loads((folders["faithful"] / "config.json").read_text())
+    # ssacli reads it back as an ordinary config of the original type, with no implementation chosen
+    config = saved_config(folders["recipe"])
+    assert config.model_type == "llama" and config.ssacli_scorer.startswith("ssa")
+    assert config._attn_implementation is None and not hasattr(config, LAYOUT_KEY)
+
+
+def test_without_ssacli_no_plain_path_runs_a_moved_scorer_as_softmax(folders, tmp_path):
+    result = plain_loads([folders[k] for k in (*MOVED, "faithful")], tmp_path, register=False)
+    for kind in MOVED:
+        outcomes = result[str(folders[kind])]
+        assert outcomes["AutoConfig"] == {"config": "ssacli"}  # a config; any model built from it refuses
+        for way in WAYS[1:]:
+            outcome = outcomes[way]
+            if "tensor" in outcome:  # never expected; and never another model than ssacli's
+                expected = reference_logits(folders[kind], outcome["dtype"])
+                torch.testing.assert_close(outcome["tensor"], expected)
+            assert REFUSAL in outcome.get("refused", ""), (kind, way, outcome)
+    # A faithful conversion that met its fidelity target is the original with softmax, by design
+    softmax = reference_logits(resolve_model_path(MODEL))
+    for way in WAYS[1:]:
+        outcome = result[str(folders["faithful"])][way]
+        assert outcome["scorers"] == [] and outcome["class"] == "LlamaForCausalLM"
+        torch.testing.assert_close(outcome["tensor"], softmax, rtol=1e-5, atol=1e-5)
+
+
+def test_after_import_ssacli_transformers_every_way_loads_the_scorer_and_its_values(folders, tmp_path):
+    result = plain_loads([folders[k] for k in MOVED], tmp_path, register=True)
+    for kind in MOVED:
+        spec = json.loads((folders[kind] / "ssacli.json").read_text())["scorer"]
+        architecture = "GPT2LMHeadModel" if kind == "gpt2" else "LlamaForCausalLM"
+        expected = {}
+        for way in WAYS[1:]:
+            outcome = result[str(folders[kind])][way]
+            assert outcome.get("class") == architecture and outcome["scorers"] == [spec], (kind, way, outcome)
+            dtype = outcome["dtype"]  # transformers keeps a float16 folder in float16: compare alike
+            if dtype not in expected:
+                expected[dtype] = reference_logits(folders[kind], dtype)
+            assert relative_error(outcome["tensor"], expected[dtype]) <= 1e-6, (kind, way)
+        # the scorer matters: the same weights under softmax compute something else
+        loaded = ssacli.load_model(str(folders[kind]), device="cpu")
+        with torch.no_grad():
+            ssacli.restore(loaded.model)
+            softmax = loaded.model(torch.tensor(IDS), use_cache=False).logits
+        assert relative_error(softmax, reference_logits(folders[kind])) > 1e-3, kind
+
+
+@torch.no_grad()
+def greedy_exact(model, steps: int = 20) -> torch.Tensor:
+    """Greedy decoding with the KV cache against a recomputation of the whole sequence without
+    cache at every step: identical tokens, logits within float32 rounding. Returns the sequences."""
+    prompt = torch.tensor(IDS)[:, :6]
+    cached = model.generate(prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                            output_logits=True, return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+    sequence = prompt
+    for step in range(steps):
+        full = model(sequence, use_cache=False).logits[:, -1]
+        assert relative_error(cached.logits[step], full) <= 1e-5, step
+        sequence = torch.cat([sequence, full.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached.sequences, sequence)
+    return sequence
+
+
+@pytest.mark.parametrize("kind", ["ssa", "recipe", "gpt2"])
+def test_generation_through_plain_transformers_is_exact_with_the_kv_cache(folders, kind):
+    plain = AutoModelForCausalLM.from_pretrained(folders[kind], dtype=torch.float32).eval()
+    sequences = greedy_exact(plain)
+    assert ssacli.scorers_of(plain)  # attached on the first forward
+    ours = ssacli.load_model(str(folders[kind]), device="cpu").model
+    with torch.no_grad():
+        again = ours.generate(torch.tensor(IDS)[:, :6], max_new_tokens=20, min_new_tokens=20, do_sample=False,
+                              pad_token_id=0)  # fmt: skip
+    assert torch.equal(again, sequences)
+
+
+def test_pipeline_generates_what_the_model_generates(folders):
+    generator = pipeline("text-generation", model=str(folders["recipe"]))
+    [answer] = generator("the cat", max_new_tokens=8, do_sample=False, return_full_text=False)
+    text = answer["generated_text"]
+    loaded = ssacli.load_model(str(folders["recipe"]), device="cpu")
+    ids = loaded.tokenizer("the cat", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = loaded.model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert text == loaded.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_attach_gives_the_scorers_before_any_forward_and_restore_goes_back_to_softmax(folders):
+    model = GPT2LMHeadModel.from_pretrained(folders["gpt2"]).eval()
+    assert not ssacli.scorers_of(model)  # transformers ran none of ssacli's code while loading
+    ssacli.transformers.attach(model)
+    scorers = ssacli.scorers_of(model)
+    reference = ssacli.scorers_of(ssacli.load_model(str(folders["gpt2"]), device="cpu").model)
+    assert scorers.keys() == reference.keys()
+    for name, scorer in scorers.items():
+        saved = reference[name].state_dict()
+        assert all(torch.equal(value, saved[key]) for key, value in scorer.state_dict().items())
+    assert all(p.requires_grad for p in scorers["transformer.h.0.attn"].parameters())  # trainable
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        ssa = model(ids).logits
+        ssacli.restore(model)
+        assert model.config._attn_implementation == "eager" and not ssacli.scorers_of(model)
+        softmax = model(ids).logits
+    assert relative_error(ssa, softmax) > 1e-3
+
+
+def test_a_model_without_a_layout_refuses_at_its_first_forward(tmp_path):
+    """An encoder-decoder's attention class sits at several kinds of place: no layout tells its
+    modules apart, so even with ssacli registered only ssacli.load_model loads it."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    loaded, _ = ssacli.convert(build_model("t5"), "ssa:b=0.3,n=4")
+    assert attention_layout(loaded.model) is None
+    folder = ssacli.save_model(loaded, tmp_path / "t5")
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    ids = torch.tensor(IDS)
+    with pytest.raises(RuntimeError, match="ssacli.load_model"):
+        model(input_ids=ids, decoder_input_ids=ids)
+    ssacli.load(str(folder))(input_ids=ids, decoder_input_ids=ids)  # ssacli's own path loads it
+
+
+def test_a_folder_in_the_layout_written_before_still_loads_through_ssacli(folders, tmp_path):
+    """Layout 1 (model_type ssacli-llama, the real type beside it): ssacli reads it as before; plain
+    transformers refuses it, registration or not."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(folders["recipe"], old)
+    config = json.loads((old / "config.json").read_text())
+    for key in (ATTENTION_KEY, LAYOUT_KEY):
+        config.pop(key)
+    config.update({"model_type": "ssacli-llama", ORIGINAL_TYPE_KEY: "llama"})
+    (old / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    assert saved_config(old).model_type == "llama"
+    torch.testing.assert_close(reference_logits(old), reference_logits(folders["recipe"]), rtol=0, atol=0)
+    for load in (AutoModelForCausalLM.from_pretrained, AutoConfig.from_pretrained):
+        with pytest.raises(ValueError, match="ssacli-llama"):
+            load(old)
+
+
+def test_ssacli_save_model_writes_a_plain_loaded_model_with_its_scorers_and_the_guard(folders, tmp_path):
+    model = GPT2LMHeadModel.from_pretrained(folders["gpt2"]).eval()  # never run: no scorer attached yet
+    out = ssacli.save_model(model, tmp_path / "again")
+    config = json.loads((out / "config.json").read_text())
+    assert config[ATTENTION_KEY] == "ssacli"
+    assert config[LAYOUT_KEY] == {"GPT2Attention": "transformer.h.{layer}.attn"}
+    torch.testing.assert_close(reference_logits(out), reference_logits(folders["gpt2"]), rtol=0, atol=0)
