@@ -32,6 +32,8 @@ TINY = {
         ],
         "Llama",
     ),
+    "decode_speed": (["--models", "bundled", "--batch", "1", "--new-tokens", "3", "--repeats", "1"],
+                     "converted (ssacli)"),
     "gpu_stats": (["--device", "cpu", "--quick"], "exactness: every comparison within 1e-6"),
     "inference": (["--quick", "--repeats", "1"], "auto on the CPU: blocked where"),
     # one path (a kernel build of its own); x86 only, like the paths themselves
