@@ -99,13 +99,17 @@ def decide(runs, rows: dict[str, dict[str, Any]], seeds_needed: int) -> dict[str
         ):
             verdicts[arm] = "undecided (seeds missing)"
             continue
-        robust = kl["high"] < 0 and kl["change"] <= -MIN_KL_DROP
+        lower = kl["high"] < 0  # the interval of the difference below zero
+        robust = lower and kl["change"] <= -MIN_KL_DROP
         cheap = held["high"] <= MAX_RATIO
         if robust and cheap:
             verdicts[arm] = "recommended"
+        elif robust:
+            verdicts[arm] = "more robust, too costly"
+        elif lower:
+            verdicts[arm] = f"a gain under the {MIN_KL_DROP:.0%} bar"
         else:
-            costly = "more robust, too costly"
-            verdicts[arm] = costly if robust else ("no robustness gain" if cheap else "neither")
+            verdicts[arm] = "no robustness gain"
     recommended = [a for a, v in verdicts.items() if v == "recommended"]
     best = min(recommended, key=lambda a: rows[a][KL]["change"]) if recommended else None
     # the transfer stage is kept only if n4 beats n4-no-transfer on held-out ppl (interval below 1)
