@@ -6,7 +6,8 @@ no stage trains on: ``heldout_tokens`` of it (HELDOUT_TOKENS by default; all of 
 shorter, and the record says how many were measured), in fixed, non-overlapping windows of the run's
 ``seq_len``, the same for every arm and seed of a comparison. Every measure streams over the windows
 in chunks, so a large vocabulary never holds every token's distribution at once; the original's
-log-probabilities are kept between evaluations only while they fit TEACHER_CACHE_BYTES.
+log-probabilities (rounded to float32 either way) are kept between evaluations only while they fit
+TEACHER_CACHE_BYTES.
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ class HeldOutMeasure:
         self.keep = heldout.tokens * vocab * 4 <= TEACHER_CACHE_BYTES
 
     def _teacher(self, index: int, chunk: torch.Tensor, teacher: Logits) -> torch.Tensor:
-        if self.cache is not None:
-            return self.cache[index].double()
-        return teacher(chunk).double().log_softmax(-1).cpu()
+        """The original's log-probabilities, rounded to float32 whether cached or not: a run resumed
+        in a new process (no cache yet) measures exactly what the uninterrupted run did."""
+        if self.cache is None:
+            return teacher(chunk).double().log_softmax(-1).float().cpu()
+        return self.cache[index]
 
     @torch.no_grad()
     def __call__(
@@ -86,7 +89,8 @@ class HeldOutMeasure:
         for index, chunk in enumerate(self.chunks):
             log_p = self._teacher(index, chunk, teacher)
             if self.keep and self.cache is None:
-                kept.append(log_p.float())
+                kept.append(log_p)
+            log_p = log_p.double()
             log_q = student(chunk).double().log_softmax(-1).cpu()
             kl += float((log_p.exp() * (log_p - log_q)).sum())
             positions += chunk.shape[0] * chunk.shape[1]

@@ -56,7 +56,7 @@ def test_streamed_measures_equal_the_direct_computation(monkeypatch, chunk, cach
     for _ in range(2):  # the second call reads the teacher from the cache when it is kept
         got = measure(student, teacher)
         for key, value in expected.items():
-            assert got[key] == pytest.approx(value, rel=1e-6), key  # the cache holds float32
+            assert got[key] == pytest.approx(value, rel=1e-6), key  # the original rounded to float32
         assert got["heldout_ppl"] == pytest.approx(math.exp(expected["heldout_loss"]), rel=1e-9)
     assert (measure.cache is not None) == bool(cache) and len(held.chunks(vocab)) == (1 if cache else 7)
 
