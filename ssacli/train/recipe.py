@@ -65,7 +65,7 @@ from .recipe_checkpoint import (
     trainer_tensors,
     unfinished_run,
 )
-from .recipe_config import RECIPE_START, STAGE_DIR, STAGES, OnStep, RecipeConfig
+from .recipe_config import RECIPE_START, STAGE_DIR, STAGES, OnStep, RecipeConfig, recipe_trajectory
 from .recipe_eval import HeldOut, HeldOutMeasure
 from .runtime import StopSignals
 
@@ -431,27 +431,6 @@ class _Recipe:
                 else bool(n_final) and max(n_final) <= self.config.target_n * (1 + 1e-5),
             },
         }
-
-
-def recipe_trajectory(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """A recipe record's evaluations as fine-tuning trajectory records (what ``ssacli report``
-    draws): one step axis (distillation's steps after transfer's), the stage named, held-out loss,
-    KL to the original and n, b per layer. The merged model's evaluation (the same numbers as the
-    last distillation step, up to merging's rounding) is left out."""
-    config = record.get("config", {})
-    offset = config.get("transfer_steps", 0) if "transfer" in config.get("stages", ()) else 0
-    rows = []
-    for entry in record.get("evaluations", []):
-        if entry["stage"] == "distill-merged":
-            continue
-        step = entry["step"] + (offset if entry["stage"] == "distill" else 0)
-        rows.append({
-            "step": step, "stage": entry["stage"], "loss": entry.get("train_loss"),
-            "heldout_loss": entry.get("heldout_loss"), "kl_to_source": entry.get("kl"),
-            "heldout_ppl": entry.get("heldout_ppl"),
-            "scorer": {k: entry[k] for k in ("n", "b") if entry.get(k) is not None},
-        })  # fmt: skip
-    return rows
 
 
 def _raw(values: torch.Tensor) -> torch.Tensor:

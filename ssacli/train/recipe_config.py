@@ -1,5 +1,6 @@
 """The conversion recipe's settings (:class:`RecipeConfig`) and the names its runs share: the start it
-converts to, its stages and where their snapshots go. The run is :mod:`ssacli.train.recipe`."""
+converts to, its stages and where their snapshots go; and how its record reads as a trajectory
+(:func:`recipe_trajectory`, what ``ssacli report`` draws). The run is :mod:`ssacli.train.recipe`."""
 
 from __future__ import annotations
 
@@ -94,4 +95,25 @@ class RecipeConfig:
 OnStep = Callable[[str, int, int, float, float], None]  # (stage, step, steps, loss, lr)
 
 
-__all__ = ["RECIPE_START", "STAGES", "STAGE_DIR", "OnStep", "RecipeConfig"]
+def recipe_trajectory(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A recipe record's evaluations as fine-tuning trajectory records (what ``ssacli report``
+    draws): one step axis (distillation's steps after transfer's), the stage named, held-out loss,
+    KL to the original and n, b per layer. The merged model's evaluation (the same numbers as the
+    last distillation step, up to merging's rounding) is left out."""
+    config = record.get("config", {})
+    offset = config.get("transfer_steps", 0) if "transfer" in config.get("stages", ()) else 0
+    rows = []
+    for entry in record.get("evaluations", []):
+        if entry["stage"] == "distill-merged":
+            continue
+        step = entry["step"] + (offset if entry["stage"] == "distill" else 0)
+        rows.append({
+            "step": step, "stage": entry["stage"], "loss": entry.get("train_loss"),
+            "heldout_loss": entry.get("heldout_loss"), "kl_to_source": entry.get("kl"),
+            "heldout_ppl": entry.get("heldout_ppl"),
+            "scorer": {k: entry[k] for k in ("n", "b") if entry.get(k) is not None},
+        })  # fmt: skip
+    return rows
+
+
+__all__ = ["RECIPE_START", "STAGES", "STAGE_DIR", "OnStep", "RecipeConfig", "recipe_trajectory"]
