@@ -92,6 +92,7 @@ _LAZY = {
     "finetune_config": "train.runs",
     "convert_and_finetune": "train.runs",
     "convert_with_recipe": "train.recipe",
+    "softmax_control": "train.recipe",
     "RecipeConfig": "train.recipe",
     "train_from_scratch": "train.runs",
     "train_icl": "icl.train:train",
@@ -139,7 +140,7 @@ if TYPE_CHECKING:
     )
     from .train.finetune import FinetuneConfig, finetune
     from .train.monitor import SaturationMonitor
-    from .train.recipe import RecipeConfig, convert_with_recipe
+    from .train.recipe import RecipeConfig, convert_with_recipe, softmax_control
     from .train.runs import convert_and_finetune, finetune_config, train_from_scratch
     from .train.trainer_callback import SaturationCallback
 
@@ -185,6 +186,7 @@ __all__ = [
     "convert",
     "convert_and_finetune",
     "convert_with_recipe",
+    "softmax_control",
     "RecipeConfig",
     "describe_scorer",
     "diagnose",
