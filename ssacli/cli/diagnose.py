@@ -120,6 +120,13 @@ def diagnose_command(
     device_map: DeviceMap = None,
     max_memory: MaxMemory = None,
     strict: Strict = False,
+    generate: int = typer.Option(
+        None,
+        min=1,
+        metavar="N",
+        help="Also greedy-generate N tokens after each prompt and measure every decoding step's "
+        "attention against the KV cache (checked against a full recomputation).",
+    ),
     compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
     json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
@@ -152,7 +159,7 @@ def diagnose_command(
     settings = dict(
         probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
-        block_size=block_size, stats=stats, strict=strict,
+        block_size=block_size, stats=stats, strict=strict, generate=generate,
         **load_options(
             device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
         ).keywords(),

@@ -5,7 +5,9 @@ per-head metric of every probe is there, undefined cells included (value None / 
 probe does not produce, a head with no counted row, a head a narrower layer does not have), so a
 result of P probes with L levels each, N layers, H heads (the widest layer) and M metrics has
 sum over probes of L × N × H × M rows, and a group-by never silently drops a head. ``layer`` is the
-index into ``result.layers``. Rows are ordered by probe (as run), metric, level, layer, head.
+index into ``result.layers``. Rows are ordered by probe (as run), metric, level, layer, head. A
+``--generate`` run adds probe ``generation`` last: one level per decoding step, the step's key
+length (prompt + generated tokens so far, the query's own included).
 
 :func:`records` needs nothing but the standard library; :func:`frame_csv` writes CSV with it (floats
 as Python writes them, which read back exactly). :func:`to_frame` (pandas) and :func:`frame_parquet`
@@ -31,6 +33,7 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from .result import DiagnoseResult
 
+GENERATION_PROBE = "generation"  # the probe column of --generate's rows (level: the key length)
 FRAME_COLUMNS = ("model", "probe", "level", "layer", "head", "metric", "value")
 FRAME_EXTRA = 'pip install "ssacli[frame]"'
 PARQUET_KEY = b"ssacli"  # schema metadata key of a Parquet file ssacli wrote
@@ -38,11 +41,17 @@ FRAME_SCHEMA = {"schema": "ssacli-diagnose-frame", "schema_version": 1, "columns
 
 
 def _cells(result: DiagnoseResult) -> Iterator[tuple[str, str, np.ndarray, np.ndarray]]:
-    """Per probe and metric: (probe, metric, levels, values [level, layer, head])."""
+    """Per probe and metric: (probe, metric, levels, values [level, layer, head]); then, for a
+    ``--generate`` run, probe ``generation`` with the decoding step's key length as its level."""
     for probe in result.probes:
         levels = np.asarray(probe.levels, dtype=np.float64)
         for metric, values in probe.metrics.items():
             yield probe.name, metric, levels, np.asarray(values, dtype=np.float64)
+    generation = getattr(result, "generation", None)
+    if generation is not None:
+        keys = np.asarray(generation.key_lengths(), dtype=np.float64)
+        for metric, values in generation.metrics.items():
+            yield GENERATION_PROBE, metric, keys, np.asarray(values, dtype=np.float64)
 
 
 def _columns(result: DiagnoseResult) -> dict[str, np.ndarray]:

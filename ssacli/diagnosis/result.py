@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import InputError
 from . import frames
 from .findings import baseline_probe, findings
+from .generation import GenerationResult
 from .metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
 from .outputs import OUTPUT_KL_HELD, degenerate, outputs_held, quality_values, reference_index
 from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
@@ -46,6 +47,7 @@ class DiagnoseResult:
     versions: dict[str, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
     unaudited: str | None = None  # why the family is not covered by the all-family audit (None: it is)
+    generation: GenerationResult | None = None  # diagnose --generate: per decoding step metrics
 
     # ---- lookups -------------------------------------------------------------------------------
     def probe(self, name: str) -> ProbeResult:
@@ -143,6 +145,7 @@ class DiagnoseResult:
                 "degenerate": json_ready(self.degenerate()),
                 "verdicts": self.verdicts(),
             },
+            "generation": None if self.generation is None else self.generation.to_dict(),
         }
 
     @classmethod
@@ -206,6 +209,7 @@ class DiagnoseResult:
             versions=dict(data.get("versions", {})),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             unaudited=data.get("unaudited"),
+            generation=GenerationResult.from_dict(data["generation"]) if data.get("generation") else None,
         )
 
     def to_json(self) -> str:

@@ -38,6 +38,7 @@ from ..models.options import LoadOptions
 from ..scorers import make_scorer
 from ..version import __version__
 from .forward import OutputReference, Recorder, forward_batch
+from .generation import check_generate, generate
 from .metrics import LAYER_METRICS, METRICS
 from .outputs import reference_index
 from .probe_result import ProbeResult
@@ -87,6 +88,7 @@ def diagnose(
     device_map: str | None = None,
     max_memory: MaxMemory = None,
     strict: bool = False,
+    generate: int | None = None,
     progress: Progress | None = None,
 ) -> DiagnoseResult:
     """Probe ``model`` and return per probe level × layer × head saturation metrics.
@@ -104,6 +106,9 @@ def diagnose(
     ``"eager"`` reduces blocks of weights, ``"fused"`` reads per-row running statistics of one blocked
     pass (softmax-of-a-transform scorers: softmax, temperature, SSA, SSMax, sink, softmax1; no
     [rows, keys] tile) and refuses calls it cannot serve, ``"auto"`` takes fused wherever it can.
+    ``generate``: also greedy-generate this many tokens after each (unshifted) prompt and measure
+    every decoding step's attention against the KV cache (``DiagnoseResult.generation``,
+    :mod:`ssacli.diagnosis.generation`), checked against a full recomputation without cache.
     """
     started = time.perf_counter()
     settings = DiagnoseSettings(
@@ -131,7 +136,7 @@ def diagnose(
     loaded.model.eval()
     undo = _prepare_scorer(root, scorer) if route is Route.SSACLI else None
     try:
-        result = _run(loaded, probe_list, route, settings, started, progress)
+        result = _run(loaded, probe_list, route, settings, started, progress, generate)
         result.unaudited = unaudited
         return result
     finally:
@@ -165,6 +170,7 @@ def _run(
     settings: DiagnoseSettings,
     started: float,
     progress,
+    steps: int | None = None,
 ) -> DiagnoseResult:
     root = loaded.attention_root
     layers = attention_layers(root, route)
@@ -186,6 +192,7 @@ def _run(
             vocab_size=vocab,
             seed=settings.seed,
         )
+    prompt_length = None if steps is None else check_generate(loaded, route, steps, length)
     probes = [_fit_length_levels(p, loaded, length) for p in probes]
     scorers = list(scorers_of(root).values()) if route is Route.SSACLI else []
     plans = [(p, _plan(p, loaded, route, source, length, settings)) for p in probes]
@@ -265,6 +272,14 @@ def _run(
     absorbers = [absorber(norms_before.get(i, []), name) for i, (name, _) in enumerate(layers)]
     for result in results:
         result.absorbers = absorbers
+    generation = None
+    if steps is not None:  # the probes' prompts, unshifted, shortened to leave room for the tokens
+        prompts = source.sequences(settings.samples, prompt_length) if source else settings.inputs
+        generation = generate(
+            loaded, route, layers, heads, [list(p) for p in prompts], steps, tau=settings.tau,
+            top_k=settings.top_k, block_size=settings.block_size, stats=settings.stats,
+            batch_size=settings.batch_size,
+        )  # fmt: skip
     return DiagnoseResult(
         model=loaded.name,
         family=loaded.family,
@@ -295,6 +310,7 @@ def _run(
         # reads exactly as the one rendered from this one (0.15004 s printed "0.2 s", its saved 0.150
         # "0.1 s": tests/report/test_render.py failed so, once in a while)
         elapsed_s=round(time.perf_counter() - started, 3),
+        generation=generation,
     )
 
 

@@ -148,6 +148,10 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
             ]
         body.append(html_table(*probe_table_rows(probe)))
         sections.append(Section(probe.name, body))
+    if result.generation is not None:
+        from .generation import generation_body
+
+        sections.append(Section("generation (KV cache)", generation_body(result.generation, labels)))
     heads = result.most_saturated(10)
     if heads:
         keys = ("probe", "level", "layer", "head", "collapse_rate", "max_weight", "entropy")

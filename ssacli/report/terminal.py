@@ -137,6 +137,11 @@ def render_diagnose(
         for table in heatmap_tables(result, chosen, heatmap_metric, console.width, index):
             console.print(table)
         console.print(Text(heatmap_legend(chosen, heatmap_metric, index), style="dim"))
+    if result.generation is not None:
+        from .generation import generation_tables
+
+        for table in generation_tables(result.generation, layer_labels(result.layers), console.width):
+            console.print(table)
     heads = result.most_saturated(top)
     if heads:
         for table in _saturated_tables(result, heads, console.width):

@@ -1,0 +1,115 @@
+"""The ``generation`` section of a diagnose report (``diagnose --generate N``): per layer, the key
+metrics at the first and the last generated token, the model means over bins of generated positions,
+and (HTML) one figure of the model mean per metric against the cache's key length.
+
+Numbers come from :class:`~ssacli.diagnosis.generation.GenerationResult` only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..diagnosis.generation import GenerationResult
+from ..diagnosis.metrics import METRICS
+
+# The metrics shown (first and last step per layer; model means per bin).
+SHOWN = ("entropy", "max_weight", "collapse_rate", "sink_mass")
+BINNED = ("entropy", "max_weight", "collapse_rate", "effective_tokens", "sink_mass")
+BINS = 4
+
+
+def fmt(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def title(gen: GenerationResult) -> str:
+    keys = gen.key_lengths()
+    exact = "not checked" if gen.max_rel_diff is None else f"max rel. diff {gen.max_rel_diff:.1e}"
+    return (
+        f"generation · {gen.steps} greedy tokens after {gen.prompts} prompts · keys {keys[0]}→{keys[-1]} · "
+        f"vs full recomputation: {exact}"
+    )
+
+
+def layer_rows(gen: GenerationResult, labels: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Per layer: each shown metric's head mean at the first and the last generated step."""
+    header = ["layer"]
+    for name in SHOWN:
+        header += [f"{METRICS[name].header}\nfirst", f"{METRICS[name].header}\nlast"]
+    means = {name: gen.layer_mean(name) for name in SHOWN}
+    rows = []
+    for layer, label in enumerate(labels):
+        row = [label]
+        for name in SHOWN:
+            row += [fmt(means[name][0, layer]), fmt(means[name][-1, layer])]
+        rows.append(row)
+    return header, rows
+
+
+def bins(steps: int, count: int = BINS) -> list[tuple[int, int]]:
+    """``count`` (at most ``steps``) contiguous [start, stop) ranges of the steps, nearly equal."""
+    edges = np.linspace(0, steps, min(count, steps) + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def bin_rows(gen: GenerationResult) -> tuple[list[str], list[list[str]]]:
+    """Per bin of generated positions: each binned metric's mean over steps, layers and heads."""
+    header = ["tokens", "keys", *(METRICS[n].header for n in BINNED)]
+    keys = gen.key_lengths()
+    rows = []
+    for start, stop in bins(gen.steps):
+        row = [f"{start + 1}-{stop}", f"{keys[start]}-{keys[stop - 1]}"]
+        for name in BINNED:
+            values = gen.metrics[name][start:stop]
+            row.append(fmt(float(np.nanmean(values))) if np.isfinite(values).any() else "n/a")
+        rows.append(row)
+    return header, rows
+
+
+def generation_figure(gen: GenerationResult):
+    """Per shown metric: the model mean (black) and each layer's head mean against the key length."""
+    from .figures import LAYERS, _grid, _title
+
+    fig, axes = _grid(len(BINNED))
+    keys = np.asarray(gen.key_lengths(), dtype=float)
+    for ax, name in zip(axes, BINNED):
+        per_layer = gen.layer_mean(name)
+        count = per_layer.shape[1]
+        for layer in range(count):
+            ax.plot(keys, per_layer[:, layer], lw=0.7, alpha=0.7, color=LAYERS(layer / max(count - 1, 1)))
+        with np.errstate(invalid="ignore"):
+            ax.plot(keys, np.nanmean(per_layer, axis=1), lw=2.2, color="black")
+        ax.set_xlabel("key length (prompt + generated)", size=8)
+        _title(ax, name)
+    fig.suptitle("generation: metrics per decoding step (black: model mean; lines: layers)", size=9)
+    return fig
+
+
+def generation_body(gen: GenerationResult, labels: list[str]) -> list[str]:
+    """The HTML section's fragments: the title line, the figure, the two tables."""
+    from .figures import png_img
+    from .html import escape, html_table
+
+    return [
+        f"<p>{escape(title(gen))}</p>",
+        png_img(generation_figure(gen), "generation: metrics per decoding step"),
+        html_table(*layer_rows(gen, labels)),
+        html_table(*bin_rows(gen)),
+    ]
+
+
+def generation_tables(gen: GenerationResult, labels: list[str], width: int) -> list:
+    """The terminal's tables (each split to fit ``width``)."""
+    from .terminal import _split_tables
+
+    header, rows = layer_rows(gen, labels)
+    tables = _split_tables(title(gen), header, rows, width, keep=1, left=(0,))
+    header, rows = bin_rows(gen)
+    return tables + _split_tables("generation · model means per generated position", header, rows, width)
+
+
+__all__ = [
+    "bin_rows", "bins", "generation_body", "generation_figure", "generation_tables", "layer_rows", "title",
+]  # fmt: skip
