@@ -125,7 +125,7 @@ def check_generate(loaded: LoadedModel, route: Route, steps: int, length: int) -
     if steps < 1:
         raise UsageError(f"--generate must be >= 1, got {steps}")
     if loaded.kind != ModelKind.CAUSAL:
-        raise UsageError(f"--generate needs a causal language model, not a {loaded.kind} model")
+        raise UsageError(f"--generate needs a causal language model (this model's kind: {loaded.kind})")
     if route is not Route.SSACLI:
         raise UsageError(
             f"--generate needs ssacli's attention function; family '{loaded.family}' runs on the eager "

@@ -85,6 +85,13 @@ def test_generation_matches_greedy_decoding_and_full_recomputation(family):
     assert result.probes[0].name == "embed-scale"
 
 
+def test_generation_under_a_converted_scorer_agrees_with_its_recomputation():
+    # SSA (not softmax): the decoding steps and the no-cache rows through the same scorer
+    result = diagnose("builtin:wikitext-ssa", ["embed-scale:1"], samples=1, length=8, generate=4)
+    assert result.generation.max_rel_diff < 1e-4
+    assert np.isfinite(result.generation.metrics["entropy"]).all()
+
+
 def test_generation_is_refused_where_it_cannot_run():
     model = build_model("llama")
     with pytest.raises(UsageError, match="--generate"):
@@ -92,6 +99,8 @@ def test_generation_is_refused_where_it_cannot_run():
     cap = model.config.max_position_embeddings
     with pytest.raises(UsageError, match="no room"):
         diagnose(model, ["embed-scale:1"], inputs=[[5, 6, 7]], generate=cap)
+    with pytest.raises(UsageError, match="causal language model"):
+        diagnose("builtin:every-softmax", ["embed-scale:1"], generate=2)
 
 
 def test_cli_generate_json_frames_terminal_and_html(tmp_path):
