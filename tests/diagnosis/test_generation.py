@@ -132,6 +132,8 @@ def test_cli_generate_json_frames_terminal_and_html(tmp_path):
     assert sorted({r["level"] for r in rows}) == [17.0, 18.0, 19.0, 20.0, 21.0]
     first = next(r for r in rows if r["metric"] == "entropy" and r["level"] == 17.0)
     assert first["value"] == pytest.approx(section["metrics"]["entropy"][0][0][0])
+    again = runner.invoke(app, ["render", str(out)], terminal_width=80, env={"COLUMNS": "80"})
+    assert again.exit_code == 0 and "generation · 5 greedy tokens after 2 prompts" in again.output
     html = page.read_text()
     assert "<h2>generation (KV cache)</h2>" in html and "vs full recomputation: max rel. diff" in html
     assert "data:image/png;base64" in html
