@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -130,8 +131,10 @@ def test_resuming_refuses_other_settings_and_a_finished_run(text, tmp_path):
         convert_with_recipe(MODEL, out, config(text, **small), resume=True, device="cpu")
 
 
-def test_a_second_writer_of_the_same_out_is_refused_at_once(text, tmp_path, monkeypatch, capsys):
-    out = tmp_path / "out"
+@contextmanager
+def lock_held_elsewhere(out):
+    """Another process holding ``out``'s lock (it yields that process); SIGKILLed at the end, so its
+    lock file stays behind as a dead writer's would."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom ssacli.files import writer_lock\n"
          "with writer_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n", str(out)],
@@ -139,6 +142,15 @@ def test_a_second_writer_of_the_same_out_is_refused_at_once(text, tmp_path, monk
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_second_writer_of_the_same_out_is_refused_at_once(text, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    with lock_held_elsewhere(out) as holder:
         with pytest.raises(
             UsageError, match=rf"being written by another ssacli job \(process {holder.pid} on"
         ):
@@ -148,9 +160,6 @@ def test_a_second_writer_of_the_same_out_is_refused_at_once(text, tmp_path, monk
         code, _, err = run_main(args, monkeypatch, capsys)
         assert code == 2 and "being written by another ssacli job" in err
         assert len(err.strip().splitlines()) == 1
-    finally:
-        holder.kill()
-        holder.wait()
     assert lock_path(out).exists()  # SIGKILL left it; the writer is gone, so the next job takes it over
     with writer_lock(out):
         with writer_lock(out):  # the same process may nest (convert, then finetune, into one folder)
@@ -196,13 +205,7 @@ def test_only_rank_0_of_a_launch_holds_the_lock(tmp_path, monkeypatch):
     """torchrun and accelerate launch start every rank with the same --out: the other ranks never
     write, so they neither take the lock nor are refused by rank 0's (held here by another process)."""
     out = tmp_path / "out"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom ssacli.files import writer_lock\n"
-         "with writer_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n", str(out)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held_elsewhere(out):
         monkeypatch.setenv("RANK", "1")
         with writer_lock(out):  # rank 1 goes on
             pass
@@ -210,6 +213,3 @@ def test_only_rank_0_of_a_launch_holds_the_lock(tmp_path, monkeypatch):
         with pytest.raises(UsageError, match="being written by another ssacli job"):
             with writer_lock(out):  # a second job's rank 0 is refused
                 pass
-    finally:
-        holder.kill()
-        holder.wait()
