@@ -32,9 +32,13 @@ ARMS: dict[str, dict[str, Any]] = {
     "n2": {"target_n": 2.0},
     "n4-no-transfer": {"target_n": 4.0, "stages": ("distill",)},
     "n4-learned": {"target_n": 4.0, "learn_n": True},
+    # the objective (KL to the original + lm_weight x LM loss; 1 above): KL alone, LM-heavy
+    "n4-kl": {"target_n": 4.0, "lm_weight": 0.0},
+    "n4-lm4": {"target_n": 4.0, "lm_weight": 4.0},
+    "control-lm4": {"control": True, "lm_weight": 4.0},
 }
 REFERENCE = "control"
-METRICS = ("heldout_ppl", "ood_ppl", "ppl_2x", "ppl_4x", "output_kl_key8", "collapse_key8")
+METRICS = ("heldout_ppl", "ood_ppl", "ppl_2x", "ppl_4x", "output_kl_key8", "collapse_key8", "pairs_accuracy")
 
 
 def perplexity(loaded, ids, window: int) -> float | None:
@@ -80,7 +84,40 @@ def evaluate(model: str, job: dict[str, Any]) -> dict[str, Any]:
     probe = diagnosis["probes"][0]
     result["output_kl_key8"] = probe["extras"]["output_kl"][-1]
     result["collapse_key8"] = probe["summary"]["model"]["collapse_rate"][-1]
+    result.update(general_measure(loaded, job))
     return result
+
+
+def general_measure(loaded, job: dict[str, Any]) -> dict[str, Any]:
+    """Minimal-pair accuracy (BLiMP paradigms): a measure of the model's grammar beyond either text."""
+    if not job.get("pairs"):
+        return {}
+    from ssacli.quality.measures import minimal_pairs
+
+    pairs = minimal_pairs(loaded, job["pairs"], limit=job["pairs_limit"])
+    return {"pairs_accuracy": pairs["accuracy"], "pairs": pairs["pairs"]}
+
+
+def fill_general_measure(out: Path, record: Path, results: list[dict[str, Any]], job: dict[str, Any]) -> None:
+    """Runs finished before the general measure existed get it from their saved model (the original
+    from its source), written back to eval.json and the record."""
+    import json
+
+    from ssacli.models.loading import load_model
+
+    for result in results:
+        if not job.get("pairs") or "pairs_accuracy" in result:
+            continue
+        name = f"{result['arm']}-s{result['seed']}"
+        model = job["model"] if ARMS[result["arm"]] is None else str(out / "runs" / name / "model")
+        loaded = load_model(model, dtype="float32", device="cpu")
+        loaded.model.eval()
+        added = general_measure(loaded, job)
+        result.update(added)
+        saved = out / "runs" / name / "eval.json"
+        write_json({**json.loads(saved.read_text()), **added}, saved)
+        write_json(result, record / "runs" / f"{name}.json")
+        print(f"{name}: pairs_accuracy {added['pairs_accuracy']:.4g} (filled)", flush=True)
 
 
 def work(run: StudyRun, folder: Path) -> dict[str, Any]:
@@ -128,6 +165,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=16384, help="evaluation tokens per text")
+    parser.add_argument("--pairs", help="minimal pairs (a folder of BLiMP .jsonl): the general measure")
+    parser.add_argument("--pairs-limit", type=int, default=100, help="pairs per file")
     parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()
     job = {
@@ -136,6 +175,7 @@ def main() -> None:
         "transfer_steps": args.transfer_steps, "distill_steps": args.distill_steps,
         "batch_size": args.batch_size, "seq_len": args.seq_len, "eval_every": args.eval_every,
         "checkpoint_every": args.checkpoint_every, "tokens": args.tokens,
+        "pairs": args.pairs and str(Path(args.pairs).resolve()), "pairs_limit": args.pairs_limit,
     }  # fmt: skip
     # seeds outermost: every arm of seed 0 finishes before seed 1 starts, so a stopped study is paired
     runs = [StudyRun(f"{arm}-s{seed}", arm, seed, job) for seed in args.seeds for arm in args.arms]
@@ -147,6 +187,7 @@ def main() -> None:
                                          if result.get(k) is not None), flush=True)  # fmt: skip
 
     results = execute(runs, args.out, work, jobs=args.jobs, on_result=on_result)
+    fill_general_measure(Path(args.out), record, results, job)
     write_summary(record, {"job": job, "arms": args.arms, "seeds": args.seeds}, results)
 
 
