@@ -2,7 +2,8 @@
 findings that say what changed from A to B (``ssacli diagnose --compare``, the report page).
 
 Comparison finding kinds (:data:`CHANGE_ORDER`): ``sink_change``, ``baseline_collapse_change``,
-``collapse_change``, ``layer_collapse_change``, ``saturation_change``.
+``collapse_change``, ``layer_collapse_change``, ``saturation_change``, ``generation_change``
+(both results ran ``--generate``: :func:`generation_comparison`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..defaults import SINK_EPS
 from .findings import MAX_FINDINGS, baseline_probe, level_text
+from .generation import EXACT_METRICS
 from .probe_result import ProbeResult, json_ready
 from .result import DiagnoseResult
 
@@ -60,12 +62,43 @@ def compare_results(a: DiagnoseResult, b: DiagnoseResult) -> dict[str, Any]:
         "b": b.to_dict(),
         "deltas": deltas,
         "collapse_points": points,
+        "generation": generation_comparison(a, b),
     }
+
+
+def generation_comparison(a: DiagnoseResult, b: DiagnoseResult) -> dict[str, Any] | None:
+    """``diagnose --generate`` on both sides: over the decoding steps both ran (the first
+    ``steps``), each metric's mean over steps, layers and heads in A and in B, and B − A. None when
+    neither side generated; ``{"only": "A"}`` (or B) when one did."""
+    ga, gb = a.generation, b.generation
+    if ga is None and gb is None:
+        return None
+    if ga is None or gb is None:
+        return {"only": "A" if gb is None else "B"}
+    steps = min(ga.steps, gb.steps)
+    metrics = {}
+    for name in EXACT_METRICS:
+        if name not in ga.metrics or name not in gb.metrics:
+            continue
+        va, vb = (_finite_mean(g.metrics[name][:steps]) for g in (ga, gb))
+        delta = None if va is None or vb is None else vb - va
+        metrics[name] = {"a": va, "b": vb, "delta": delta}
+    return {
+        "steps": steps,
+        "prompt_length": {"a": ga.prompt_length, "b": gb.prompt_length},
+        "max_rel_diff": {"a": ga.max_rel_diff, "b": gb.max_rel_diff},
+        "metrics": metrics,
+    }
+
+
+def _finite_mean(values: np.ndarray) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else None
 
 
 # Most telling first; within a kind, in A's probe order. At most MAX_FINDINGS are kept.
 CHANGE_ORDER = ("sink_change", "baseline_collapse_change", "collapse_change", "layer_collapse_change",
-                "saturation_change")  # fmt: skip
+                "saturation_change", "generation_change")  # fmt: skip
 SATURATION_STEP = 0.05  # a model-mean collapse rate or max weight that moved less is not a finding
 
 
@@ -89,6 +122,9 @@ def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, 
         saturation = _saturation_change(pa, pb)
         if saturation is not None:
             out.append(saturation)
+    generating = _generation_change(generation_comparison(a, b))
+    if generating is not None:
+        out.append(generating)
     out.sort(key=lambda f: CHANGE_ORDER.index(f["kind"]))
     return out[:MAX_FINDINGS]
 
@@ -207,3 +243,24 @@ def _saturation_change(pa: ProbeResult, pb: ProbeResult) -> dict[str, Any] | Non
         "text": f"{pa.name} {level_text(pa, level)}: collapse {ca:.0%} → {cb:.0%}, max weight {wa:.2f} → "
                 f"{wb:.2f} (B {'less' if less else 'more'} saturated)",
     }  # fmt: skip
+
+
+def _generation_change(comparison: dict[str, Any] | None) -> dict[str, Any] | None:
+    """While generating, when the mean collapse rate (else the mean max weight) over the common
+    decoding steps moved by at least SATURATION_STEP."""
+    if not comparison or "metrics" not in comparison:
+        return None
+    rates, weights = (comparison["metrics"].get(m, {}) for m in ("collapse_rate", "max_weight"))
+    moved = [m for m in (rates, weights) if m.get("delta") is not None and abs(m["delta"]) >= SATURATION_STEP]
+    if not moved:
+        return None
+    less = moved[0]["delta"] < 0
+    parts = []
+    if rates.get("delta") is not None:
+        parts.append(f"collapse {rates['a']:.0%} → {rates['b']:.0%}")
+    if weights.get("delta") is not None:
+        parts.append(f"max weight {weights['a']:.2f} → {weights['b']:.2f}")
+    text = (f"while generating ({comparison['steps']} tokens): " + ", ".join(parts)
+            + f" (B {'less' if less else 'more'} saturated)")  # fmt: skip
+    return {"kind": "generation_change", "steps": comparison["steps"], "collapse_rate": rates,
+            "max_weight": weights, "text": text}  # fmt: skip

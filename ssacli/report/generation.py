@@ -100,6 +100,37 @@ def generation_body(gen: GenerationResult, labels: list[str]) -> list[str]:
     ]
 
 
+def comparison_rows(comparison: dict) -> tuple[str, list[str], list[list[str]]]:
+    """``diagnose --compare`` of two generations (:func:`~ssacli.diagnosis.comparison.
+    generation_comparison`): a title, and per metric A, B and B − A of the mean over the common steps."""
+    steps, prompt = comparison["steps"], comparison["prompt_length"]
+    length = f"prompt {prompt['a']}" if prompt["a"] == prompt["b"] else f"prompts A {prompt['a']}, B {prompt['b']}"
+    caption = f"generation · first {steps} greedy tokens · {length} · means over steps, layers, heads"
+    rows = []
+    for name, values in comparison["metrics"].items():
+        cells = [fmt(math.nan if values[k] is None else values[k]) for k in ("a", "b")]
+        delta = values["delta"]
+        rows.append([METRICS[name].header, *cells, "n/a" if delta is None else f"{delta:+.3f}"])
+    return caption, ["metric", "A", "B", "Δ"], rows
+
+
+def comparison_figure(ga: GenerationResult, gb: GenerationResult):
+    """Per binned metric: the model mean against the key length, A solid and B dashed."""
+    from .figures import _grid, _title
+
+    fig, axes = _grid(len(BINNED))
+    for ax, name in zip(axes, BINNED):
+        for gen, style, side in ((ga, "-", "A"), (gb, "--", "B")):
+            with np.errstate(invalid="ignore"):
+                mean = np.nanmean(gen.layer_mean(name), axis=1)
+            ax.plot(gen.key_lengths(), mean, style, lw=1.8, color="black", label=side)
+        ax.set_xlabel("key length (prompt + generated)", size=8)
+        _title(ax, name)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("generation: model mean per decoding step (A solid, B dashed)", size=9)
+    return fig
+
+
 def generation_tables(gen: GenerationResult, labels: list[str], width: int) -> list:
     """The terminal's tables (each split to fit ``width``)."""
     from .terminal import _split_tables
@@ -111,5 +142,5 @@ def generation_tables(gen: GenerationResult, labels: list[str], width: int) -> l
 
 
 __all__ = [
-    "bin_rows", "bins", "generation_body", "generation_figure", "generation_tables", "layer_rows", "title",
+    "bin_rows", "bins", "comparison_figure", "comparison_rows", "generation_body", "generation_figure", "generation_tables", "layer_rows", "title",
 ]  # fmt: skip

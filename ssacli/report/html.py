@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..diagnosis.comparison import common_levels, comparison_findings
+from ..diagnosis.comparison import common_levels, comparison_findings, generation_comparison
 from ..diagnosis.probe_result import ProbeResult
 from ..diagnosis.result import DiagnoseResult
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
@@ -209,8 +209,21 @@ def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int
     for pb in b.probes:
         if pb.name not in {p.name for p in a.probes}:
             sections.append(Section(pb.name, ['<p class="note">only in B</p>']))
+    generating = generation_comparison(a, b)
+    if generating is not None:
+        sections.append(Section("generation (KV cache)", _generation_comparison_body(a, b, generating)))
     sections.append(Section(None, [_footer([a, b])]))
     return sections
+
+
+def _generation_comparison_body(a: DiagnoseResult, b: DiagnoseResult, comparison: dict) -> list[str]:
+    if "only" in comparison:
+        return [f'<p class="note">only in {comparison["only"]} (run both with --generate)</p>']
+    from .generation import comparison_figure, comparison_rows
+
+    caption, header, rows = comparison_rows(comparison)
+    figure = png_img(comparison_figure(a.generation, b.generation), "generation: A vs B")
+    return [f"<p>{escape(caption)}</p>", figure, html_table(header, rows)]
 
 
 # ---- HTML pieces ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..defaults import HEATMAP
-from ..diagnosis.comparison import common_levels, comparison_findings
+from ..diagnosis.comparison import common_levels, comparison_findings, generation_comparison
 from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
 from ..diagnosis.probe_result import ProbeResult
@@ -224,6 +224,21 @@ def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) ->
     for pb in b.probes:
         if pb.name not in {p.name for p in a.probes}:
             console.print(Text(f"{pb.name}: only in B", style="dim"))
+    render_generation_comparison(generation_comparison(a, b), console)
+
+
+def render_generation_comparison(comparison: dict | None, console: Console) -> None:
+    """diagnose --generate on both sides: A, B and Δ of each metric's mean while generating."""
+    if comparison is None:
+        return
+    if "only" in comparison:
+        console.print(Text(f"generation: only in {comparison['only']} (run both with --generate)", style="dim"))
+        return
+    from .generation import comparison_rows
+
+    caption, header, rows = comparison_rows(comparison)
+    for table in _split_tables(caption, header, rows, console.width, keep=1, left=(0,)):
+        console.print(table)
 
 
 def comparison_tables(pa: ProbeResult, pb: ProbeResult, width: int) -> list[Table]:

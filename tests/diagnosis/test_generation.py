@@ -145,3 +145,39 @@ def test_results_without_generation_still_load_and_validate(tmp_path):
     assert data["generation"] is None and schema_errors(data) == []
     del data["generation"]  # a result written before --generate existed
     assert DiagnoseResult.from_dict(data).generation is None
+
+
+def test_compare_reads_both_generations(tmp_path):
+    # diagnose --compare of two --generate results: per metric A, B and B - A of the mean over the
+    # common decoding steps, checked against each side's own saved per-step arrays
+    runner = CliRunner()
+    common = ["--probe", "embed-scale:1", "--samples", "2", "--length", "16"]
+    files = {}
+    for name, steps in (("softmax", 6), ("ssa", 4)):
+        files[name] = tmp_path / f"{name}.json"
+        args = ["diagnose", f"builtin:wikitext-{name}", *common, "--generate", str(steps), "--json",
+                str(files[name])]  # fmt: skip
+        assert runner.invoke(app, args).exit_code == 0
+    out, page = tmp_path / "cmp.json", tmp_path / "cmp.html"
+    run = runner.invoke(app, ["diagnose", "builtin:wikitext-softmax", *common, "--generate", "6",
+                              "--compare", str(files["ssa"]), "--json", str(out), "--html", str(page)],
+                        terminal_width=80, env={"COLUMNS": "80"})  # fmt: skip
+    assert run.exit_code == 0, run.output
+    assert "generation · first 4 greedy tokens · prompt 16" in run.output
+    data = json.loads(out.read_text())
+    section = data["generation"]
+    assert section["steps"] == 4
+    sides = [np.array(data[side]["generation"]["metrics"]["max_weight"], dtype=float)[:4] for side in "ab"]
+    expected = [float(np.nanmean(values)) for values in sides]
+    got = section["metrics"]["max_weight"]
+    assert got["a"] == pytest.approx(expected[0], rel=1e-12)
+    assert got["b"] == pytest.approx(expected[1], rel=1e-12)
+    assert got["delta"] == pytest.approx(expected[1] - expected[0], rel=1e-9)
+    html = page.read_text()
+    assert "<h2>generation (KV cache)</h2>" in html and "first 4 greedy tokens" in html
+    # one side without --generate: said, not hidden
+    plain = tmp_path / "plain.json"
+    assert runner.invoke(app, ["diagnose", "builtin:wikitext-ssa", *common, "--json", str(plain)]).exit_code == 0
+    run = runner.invoke(app, ["diagnose", "builtin:wikitext-softmax", *common, "--generate", "3",
+                              "--compare", str(plain)], terminal_width=80)  # fmt: skip
+    assert run.exit_code == 0 and "generation: only in A (run both with --generate)" in run.output
