@@ -1,0 +1,235 @@
+"""The mechanism under a length shift (docs/results/mechanism.md, Part A).
+
+    python scripts/mechanism_length.py --runs runs/convert-tradeoff --record docs/results/convert-tradeoff \
+        --data ../shared/data/wikitext2/test.txt --out docs/results/mechanism
+
+For every model of the conversion trade-off study (RUNS/runs/ARM-sSEED/model, and the original)
+``ssacli.diagnose`` runs the length probe at 1, 2, 4 × the fine-tuning context on held-out
+prompts, with the position cap lifted to 4 × (a RoPE model has no position table; diagnose caps at
+the config's maximum by default). The failure at each level is the model's own
+log(ppl at L / ppl at 1×) from the study's records (RECORD/runs/*.json), the same tokens for every
+model. Then:
+
+* the association, at each level, across models (arms × seeds): Spearman's ρ of a saturation
+  measure against the failure, 95 % bootstrap interval resampling seeds (a seed's arms together);
+* intervention 1, SSA's n: per arm, paired by seed against the softmax control, Δ collapse at 4×
+  and Δ failure at 4×;
+* intervention 2, a temperature on the collapsing heads only: each control model, its HEADS heads
+  with the highest collapse rate at 4× set to softmax(x / T), measured again at 1× and 4×: the
+  difference in differences Δ log ppl(4×) − Δ log ppl(1×), paired over seeds.
+
+Per-model diagnoses are cached in RUNS/runs/NAME/mechanism.json (a rerun skips them); OUT gets
+length.json (everything), tables.md and length.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from convert_tradeoff import perplexity  # noqa: E402  (the study's own perplexity, the same windows)
+
+from ssacli.files import write_json  # noqa: E402
+from ssacli.stats import paired_summary  # noqa: E402
+
+LEVELS = (1, 2, 4)
+MEASURES = ("collapse_rate", "max_weight", "sink_mass", "entropy")
+PPL_KEYS = {1: "heldout_ppl", 2: "ppl_2x", 4: "ppl_4x"}
+CONTROL = "control"
+RESAMPLES = 2000
+HEADS = 4  # heads softened per control model (of 16)
+TEMPERATURE = 2.0
+
+
+def saturation(loaded, text: str, seq: int, samples: int) -> dict[str, Any]:
+    """Model means per level of each measure, per-head collapse and max weight, and fading."""
+    import ssacli
+
+    loaded.max_positions = max(LEVELS) * seq  # RoPE: no table; the study's levels go past the config
+    result = ssacli.diagnose(loaded, [f"length:{','.join(map(str, LEVELS))}"], text=text, samples=samples,
+                             length=seq, seed=0)  # fmt: skip
+    probe = result.probes[0]
+    tokens = probe.extras.get("tokens")
+    out: dict[str, Any] = {"levels": list(probe.levels), "tokens": tokens}
+    for name in MEASURES:
+        out[name] = [float(x) for x in probe.model_mean(name)]
+    for name in ("collapse_rate", "max_weight"):
+        out[f"{name}_heads"] = np.asarray(probe.metrics[name]).tolist()  # [level, layer, head]
+    fading = probe.fading()
+    out["fading_entropy"] = None if fading is None else float(np.nanmean(np.asarray(fading["entropy"], float)))
+    return out
+
+
+def load(model: str):
+    from ssacli.models.loading import load_model
+
+    loaded = load_model(model, dtype="float32", device="cpu")
+    loaded.model.eval()
+    return loaded
+
+
+def measure_models(runs: Path, record: Path, data: str, seq: int, samples: int, model0: str) -> list[dict]:
+    from ssacli.train.data import TextData
+
+    rows = []
+    for file in sorted((record / "runs").glob("*.json")):
+        result = json.loads(file.read_text())
+        name = f"{result['arm']}-s{result['seed']}"
+        if result["arm"] == "original" and result["seed"] != 0:
+            continue
+        folder = runs / "runs" / name
+        cache = folder / "mechanism.json"
+        if cache.is_file():
+            sat = json.loads(cache.read_text())
+        else:
+            loaded = load(model0 if result["arm"] == "original" else str(folder / "model"))
+            sat = saturation(loaded, TextData.load(data, loaded.tokenizer).heldout_text, seq, samples)
+            write_json(sat, cache)
+            print(f"{name}: collapse {['%.4f' % c for c in sat['collapse_rate']]}", flush=True)
+        failure = {lv: math.log(result[PPL_KEYS[lv]] / result["heldout_ppl"]) for lv in LEVELS}
+        rows.append({"arm": result["arm"], "seed": result["seed"], "saturation": sat, "failure": failure,
+                     "ppl": {lv: result[PPL_KEYS[lv]] for lv in LEVELS}})  # fmt: skip
+    return rows
+
+
+def spearman(x, y) -> float | None:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    rx, ry = (np.argsort(np.argsort(v)).astype(float) for v in (x, y))
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def association(rows: list[dict], measure, level: int) -> dict[str, Any]:
+    """Spearman ρ across the rows of (measure at level, failure at level); seeds resampled."""
+    by_seed: dict[int, list[tuple[float, float]]] = {}
+    for r in rows:
+        by_seed.setdefault(r["seed"], []).append((measure(r, level), r["failure"][level]))
+
+    def rho(groups) -> float | None:
+        points = [p for g in groups for p in g]
+        return spearman([p[0] for p in points], [p[1] for p in points])
+
+    seeds = sorted(by_seed)
+    value = rho(by_seed.values())
+    rng = np.random.default_rng(0)
+    draws = [v for v in (rho([by_seed[s] for s in rng.choice(seeds, len(seeds))]) for _ in range(RESAMPLES))
+             if v is not None]  # fmt: skip
+    low, high = (np.percentile(draws, [2.5, 97.5]).tolist() if draws else (None, None))
+    return {"rho": value, "ci_low": low, "ci_high": high, "models": sum(map(len, by_seed.values()))}
+
+
+def measure_at(name: str):
+    index = LEVELS.index
+    if name == "delta_collapse":
+        return lambda r, lv: r["saturation"]["collapse_rate"][index(lv)] - r["saturation"]["collapse_rate"][0]
+    return lambda r, lv: r["saturation"][name][index(lv)]
+
+
+def soften(loaded, heads: list[tuple[int, int]], temperature: float):
+    """The model with softmax(x / T) on ``heads`` ((layer, head)), softmax elsewhere (exactly)."""
+    import torch
+
+    from ssacli.attention.interface import apply_scorer, scorers_of
+
+    apply_scorer(loaded.model, "temperature:t=1")
+    scorers = list(scorers_of(loaded.model).values())
+    with torch.no_grad():
+        for layer, head in heads:
+            raw = scorers[layer].t_raw
+            raw.view(-1)[head if raw.numel() > 1 else 0] = math.log(temperature)
+    return loaded
+
+
+def temperature_intervention(runs: Path, rows: list[dict], data: str, seq: int, samples: int, tokens: int):
+    from ssacli.train.data import TextData
+
+    out = []
+    for r in [r for r in rows if r["arm"] == CONTROL]:
+        folder = runs / "runs" / f"{CONTROL}-s{r['seed']}"
+        cache = folder / "mechanism-temperature.json"
+        if cache.is_file():
+            out.append(json.loads(cache.read_text()))
+            continue
+        heads4 = np.asarray(r["saturation"]["collapse_rate_heads"][LEVELS.index(4)])
+        weight4 = np.asarray(r["saturation"]["max_weight_heads"][LEVELS.index(4)])
+        order = sorted(np.ndindex(heads4.shape), key=lambda i: (-heads4[i], -weight4[i]))[:HEADS]
+        heads = [(int(a), int(b)) for a, b in order]
+        loaded = load(str(folder / "model"))
+        held = TextData.load(data, loaded.tokenizer).heldout_stream[:tokens]
+        before = {f"{lv}x": perplexity(loaded, held, lv * seq) for lv in (1, 4)}
+        soften(loaded, heads, TEMPERATURE)
+        after = {f"{lv}x": perplexity(loaded, held, lv * seq) for lv in (1, 4)}
+        sat = saturation(loaded, TextData.load(data, loaded.tokenizer).heldout_text, seq, samples)
+        entry = {
+            "seed": r["seed"], "heads": heads, "ppl_before": before, "ppl_after": after,
+            "collapse_before": r["saturation"]["collapse_rate"], "collapse_after": sat["collapse_rate"],
+            "heads_collapse_before": [float(heads4[h]) for h in order],
+            "heads_collapse_after": [float(np.asarray(sat["collapse_rate_heads"][-1])[h]) for h in order],
+        }  # fmt: skip
+        write_json(entry, cache)
+        print(f"temperature {CONTROL}-s{r['seed']}: ppl 1x {before['1x']:.3f}->{after['1x']:.3f}, "
+              f"4x {before['4x']:.3f}->{after['4x']:.3f}", flush=True)  # fmt: skip
+        out.append(json.loads(cache.read_text()))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", required=True, help="the trade-off study's --out")
+    parser.add_argument("--record", required=True, help="the trade-off study's --record")
+    parser.add_argument("--data", required=True, help="the trade-off study's --data (held-out prompts)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--model", default="builtin:wikitext-softmax", help="the original")
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=16384)
+    args = parser.parse_args()
+    runs, record, out = Path(args.runs), Path(args.record), Path(args.out)
+    rows = measure_models(runs, record, args.data, args.seq_len, args.samples, args.model)
+    trained = [r for r in rows if r["arm"] != "original"]
+    associations = {
+        f"{name}@{lv}x": association(trained, measure_at(name), lv)
+        for lv in (2, 4)
+        for name in (*MEASURES, "delta_collapse")
+    }
+    within_arm = {
+        arm: association([r for r in trained if r["arm"] == arm], measure_at("collapse_rate"), 4)
+        for arm in sorted({r["arm"] for r in trained})
+    }
+    control = {r["seed"]: r for r in trained if r["arm"] == CONTROL}
+    n_arms = {}
+    for arm in sorted({r["arm"] for r in trained} - {CONTROL}):
+        mine = {r["seed"]: r for r in trained if r["arm"] == arm}
+        n_arms[arm] = {
+            "collapse_4x": paired_summary({s: control[s]["saturation"]["collapse_rate"][2] for s in control},
+                                          {s: mine[s]["saturation"]["collapse_rate"][2] for s in mine}),
+            "failure_4x": paired_summary({s: control[s]["failure"][4] for s in control},
+                                         {s: mine[s]["failure"][4] for s in mine}),
+        }  # fmt: skip
+    softened = temperature_intervention(runs, rows, args.data, args.seq_len, args.samples, args.tokens)
+    def change(e: dict, level: str) -> float:
+        return math.log(e["ppl_after"][level] / e["ppl_before"][level])
+
+    did = {e["seed"]: change(e, "4x") - change(e, "1x") for e in softened}
+    zero = {s: 0.0 for s in did}
+    summary = {
+        "plan": vars(args), "levels": LEVELS, "models": len(trained),
+        "primary": associations["collapse_rate@4x"], "associations": associations, "within_arm": within_arm,
+        "n_intervention": n_arms, "temperature": {"heads": HEADS, "t": TEMPERATURE, "runs": softened,
+                                                  "did": paired_summary(zero, did)},
+        "rows": rows,
+    }  # fmt: skip
+    write_json(summary, out / "length.json")
+    print(json.dumps({"primary": summary["primary"], "did": summary["temperature"]["did"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
