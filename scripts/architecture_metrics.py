@@ -100,8 +100,61 @@ def main() -> None:
         print(f"modules defining {fact}: {len(mods)} ({', '.join(sorted(mods))})")
     print(f"longest function: {longest[1]} ({longest[0]} lines)")
     restructure_table(files)
+    one_representation_table(files)
     if "--trace" in sys.argv:
         trace_diagnose_tensor()
+
+
+# ---- issue 41's table ------------------------------------------------------------------------------
+
+# A derivation of the per-row attention metrics (entropy, max weight, collapse, ... from one row):
+# a Python function named *row_sums* / *row_statistics*, or a C function named row.
+ROW_DERIVATION = re.compile(r"^def (\w*row_sums|\w*row_statistics)\(|^static [^;{]*\brow\(", re.M | re.S)
+SHARED_OWNERS = {"ssacli", "ssacli.errors", "ssacli.defaults"}  # what the CLI may import (issue 41)
+PARAMETER_LIMIT = 12
+
+
+def one_representation_table(files: list[Path]) -> None:
+    """Issue 41's measures: row-metric derivations, the largest parameter counts, the CLI's imports of
+    internal modules, the files in scripts/."""
+    derivations = []
+    for path in sorted(PKG.rglob("*")):
+        if path.suffix in (".py", ".c") and "checkpoints" not in path.parts:
+            for match in ROW_DERIVATION.finditer(path.read_text()):
+                line = path.read_text()[: match.start()].count("\n") + 1
+                derivations.append(f"{path.relative_to(PKG.parent)}:{line}")
+    counts = []
+    internal = []
+    submodules = {module_name(f) for f in files}
+    for path in files:
+        tree = ast.parse(path.read_text())
+        mod = module_name(path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+                names = [n for n in names if n not in ("self", "cls")]
+                counts.append((len(names), f"{mod}.{node.name}"))
+        if mod.startswith("ssacli.cli"):
+            for target, names in imports(path, tree):
+                if target.startswith("ssacli.cli"):
+                    continue
+                # `from ssacli import diagnosis` reaches past the API: a module, not a public name
+                reaches_module = target == "ssacli" and any(f"ssacli.{n}" in submodules for n in names)
+                if target in SHARED_OWNERS and not reaches_module:
+                    continue
+                internal.append(f"{mod} <- {target}")
+    counts.sort(reverse=True)
+    over = [c for c in counts if c[0] > PARAMETER_LIMIT]
+    scripts = sorted((PKG.parent / "scripts").glob("*"))
+    print(f"row-metric derivations: {len(derivations)} ({', '.join(derivations)})")
+    print(f"functions over {PARAMETER_LIMIT} parameters: {len(over)}; largest: "
+          + ", ".join(f"{name} {n}" for n, name in counts[:5]))  # fmt: skip
+    print(
+        f"CLI imports of internal modules: {len(internal)} statements from "
+        f"{len({i.split(' <- ')[1] for i in internal})} modules"
+    )
+    print(f"files in scripts/: {len(scripts)}")
 
 
 # ---- issue 23's table ------------------------------------------------------------------------------

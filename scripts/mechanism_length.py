@@ -63,7 +63,8 @@ def saturation(loaded, text: str, seq: int, samples: int) -> dict[str, Any]:
     for name in ("collapse_rate", "max_weight"):
         out[f"{name}_heads"] = np.asarray(probe.metrics[name]).tolist()  # [level, layer, head]
     fading = probe.fading()
-    out["fading_entropy"] = None if fading is None else float(np.nanmean(np.asarray(fading["entropy"], float)))
+    slopes = None if fading is None else np.asarray(fading["entropy"], float)
+    out["fading_entropy"] = None if slopes is None else float(np.nanmean(slopes))
     return out
 
 
@@ -92,7 +93,7 @@ def measure_models(runs: Path, record: Path, data: str, seq: int, samples: int, 
             loaded = load(model0 if result["arm"] == "original" else str(folder / "model"))
             sat = saturation(loaded, TextData.load(data, loaded.tokenizer).heldout_text, seq, samples)
             write_json(sat, cache)
-            print(f"{name}: collapse {['%.4f' % c for c in sat['collapse_rate']]}", flush=True)
+            print(f"{name}: collapse " + ", ".join(f"{c:.4f}" for c in sat["collapse_rate"]), flush=True)
         failure = {lv: math.log(result[PPL_KEYS[lv]] / result["heldout_ppl"]) for lv in LEVELS}
         rows.append({"arm": result["arm"], "seed": result["seed"], "saturation": sat, "failure": failure,
                      "ppl": {lv: result[PPL_KEYS[lv]] for lv in LEVELS}})  # fmt: skip
@@ -122,7 +123,7 @@ def association(rows: list[dict], measure, level: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     draws = [v for v in (rho([by_seed[s] for s in rng.choice(seeds, len(seeds))]) for _ in range(RESAMPLES))
              if v is not None]  # fmt: skip
-    low, high = (np.percentile(draws, [2.5, 97.5]).tolist() if draws else (None, None))
+    low, high = np.percentile(draws, [2.5, 97.5]).tolist() if draws else (None, None)
     return {"rho": value, "ci_low": low, "ci_high": high, "models": sum(map(len, by_seed.values()))}
 
 
@@ -182,7 +183,9 @@ def temperature_intervention(runs: Path, rows: list[dict], data: str, seq: int, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", required=True, help="the trade-off study's --out")
     parser.add_argument("--record", required=True, help="the trade-off study's --record")
     parser.add_argument("--data", required=True, help="the trade-off study's --data (held-out prompts)")
@@ -215,6 +218,7 @@ def main() -> None:
                                          {s: mine[s]["failure"][4] for s in mine}),
         }  # fmt: skip
     softened = temperature_intervention(runs, rows, args.data, args.seq_len, args.samples, args.tokens)
+
     def change(e: dict, level: str) -> float:
         return math.log(e["ppl_after"][level] / e["ppl_before"][level])
 

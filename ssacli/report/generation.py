@@ -104,7 +104,8 @@ def comparison_rows(comparison: dict) -> tuple[str, list[str], list[list[str]]]:
     """``diagnose --compare`` of two generations (:func:`~ssacli.diagnosis.comparison.
     generation_comparison`): a title, and per metric A, B and B − A of the mean over the common steps."""
     steps, prompt = comparison["steps"], comparison["prompt_length"]
-    length = f"prompt {prompt['a']}" if prompt["a"] == prompt["b"] else f"prompts A {prompt['a']}, B {prompt['b']}"
+    same = prompt["a"] == prompt["b"]
+    length = f"prompt {prompt['a']}" if same else f"prompts A {prompt['a']}, B {prompt['b']}"
     caption = f"generation · first {steps} greedy tokens · {length} · means over steps, layers, heads"
     rows = []
     for name, values in comparison["metrics"].items():
@@ -142,5 +143,6 @@ def generation_tables(gen: GenerationResult, labels: list[str], width: int) -> l
 
 
 __all__ = [
-    "bin_rows", "bins", "comparison_figure", "comparison_rows", "generation_body", "generation_figure", "generation_tables", "layer_rows", "title",
+    "bin_rows", "bins", "comparison_figure", "comparison_rows",
+    "generation_body", "generation_figure", "generation_tables", "layer_rows", "title",
 ]  # fmt: skip

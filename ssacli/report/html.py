@@ -240,16 +240,15 @@ def _side_label(side: str, result: DiagnoseResult) -> str:
 
 def verdict_table(verdicts: list[Verdict]) -> str:
     rows = "".join(
-        f'<tr class="{v.tone}"><th>{escape(v.probe)}</th><td>{escape(v.line)}</td></tr>'
-        for v in verdicts
+        f'<tr class="{v.tone}"><th>{escape(v.probe)}</th><td>{escape(v.line)}</td></tr>' for v in verdicts
     )
     return f'<table class="verdict">{rows}</table>'
 
 
 def paired_verdict_table(a: DiagnoseResult, b: DiagnoseResult) -> str:
     def cell(v: Verdict | None) -> str:
-        return '<td class="note">not run</td>' if v is None else (
-            f'<td class="{v.tone}">{escape(v.line)}</td>'
+        return (
+            '<td class="note">not run</td>' if v is None else (f'<td class="{v.tone}">{escape(v.line)}</td>')
         )
 
     rows = "".join(

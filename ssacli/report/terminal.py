@@ -172,8 +172,10 @@ def paired_verdict_panel(a: DiagnoseResult, b: DiagnoseResult) -> Panel:
     grid.add_column(overflow="fold")
     for name, va, vb in paired_verdicts(a, b):
         for side, verdict in (("A", va), ("B", vb)):
-            line = Text("not run", style="dim") if verdict is None else Text(
-                verdict.line, style=VERDICT_STYLES[verdict.tone]
+            line = (
+                Text("not run", style="dim")
+                if verdict is None
+                else Text(verdict.line, style=VERDICT_STYLES[verdict.tone])
             )
             grid.add_row(name if side == "A" else "", side, line)
     return Panel(grid, title="verdict (A, B)", title_align="left", expand=False)
@@ -232,7 +234,8 @@ def render_generation_comparison(comparison: dict | None, console: Console) -> N
     if comparison is None:
         return
     if "only" in comparison:
-        console.print(Text(f"generation: only in {comparison['only']} (run both with --generate)", style="dim"))
+        only = f"generation: only in {comparison['only']} (run both with --generate)"
+        console.print(Text(only, style="dim"))
         return
     from .generation import comparison_rows
 

@@ -177,7 +177,8 @@ def test_compare_reads_both_generations(tmp_path):
     assert "<h2>generation (KV cache)</h2>" in html and "first 4 greedy tokens" in html
     # one side without --generate: said, not hidden
     plain = tmp_path / "plain.json"
-    assert runner.invoke(app, ["diagnose", "builtin:wikitext-ssa", *common, "--json", str(plain)]).exit_code == 0
+    saved = runner.invoke(app, ["diagnose", "builtin:wikitext-ssa", *common, "--json", str(plain)])
+    assert saved.exit_code == 0
     run = runner.invoke(app, ["diagnose", "builtin:wikitext-softmax", *common, "--generate", "3",
                               "--compare", str(plain)], terminal_width=80)  # fmt: skip
     assert run.exit_code == 0 and "generation: only in A (run both with --generate)" in run.output
