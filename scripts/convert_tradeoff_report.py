@@ -20,7 +20,11 @@ from typing import Any
 
 from ssacli.stats import paired_summary
 
-ARMS = ("original", "control", "faithful", "n8", "n4", "n2", "n4-no-transfer", "n4-learned")
+ARMS = ("original", "control", "faithful", "n8", "n4", "n2", "n4-no-transfer", "n4-learned",
+        "n4-kl", "n4-lm4", "control-lm4")  # fmt: skip
+N_ARMS = ("faithful", "n8", "n4", "n2", "n4-no-transfer", "n4-learned")  # judged by the n rule
+OBJECTIVES = (("n4-kl", "n4"), ("n4-lm4", "n4"), ("control-lm4", "control"))  # (arm, its lm_weight-1 twin)
+PAIRS = "pairs_accuracy"  # the general measure (BLiMP minimal pairs), compared in points
 RATIOS = (("heldout_ppl", "held-out ppl"), ("ood_ppl", "out-of-domain ppl"), ("ppl_2x", "ppl at 2x context"),
           ("ppl_4x", "ppl at 4x context"))  # fmt: skip
 KL = "output_kl_key8"
@@ -70,16 +74,51 @@ def relative_change(control: dict[int, dict], arm: dict[int, dict], metric: str)
     }
 
 
+def points(reference: dict[int, dict], arm: dict[int, dict], metric: str) -> dict[str, Any] | None:
+    """arm − reference of an accuracy, in percentage points, paired by seed."""
+    a = {s: 100 * r[metric] for s, r in reference.items() if r.get(metric) is not None}
+    b = {s: 100 * r[metric] for s, r in arm.items() if r.get(metric) is not None}
+    summary = paired_summary(a, b)
+    if not summary["seeds"]:
+        return None
+    return {"seeds": summary["seeds"], "change": summary["mean_difference"], "low": summary["ci_low"],
+            "high": summary["ci_high"]}  # fmt: skip
+
+
+def compared(reference: dict[int, dict], arm: dict[int, dict]) -> dict[str, Any]:
+    row = {metric: ratio(reference, arm, metric) for metric, _ in RATIOS}
+    row[KL] = relative_change(reference, arm, KL)
+    row[PAIRS] = points(reference, arm, PAIRS)
+    return row
+
+
 def paired(runs: dict[str, dict[int, dict]]) -> dict[str, dict[str, Any]]:
     control = runs.get("control", {})
-    out = {}
-    for arm in ARMS:
-        if arm == "control" or arm not in runs:
+    return {arm: compared(control, runs[arm]) for arm in ARMS if arm != "control" and arm in runs}
+
+
+def objective(runs: dict[str, dict[int, dict]], seeds_needed: int) -> dict[str, Any]:
+    """The objective rule: lm_weight w replaces 1 only if n4 at w beats n4 at 1 on held-out, OOD or
+    minimal pairs (interval excluding no difference) and is worse on none."""
+    rows, verdicts = {}, {}
+    for arm, twin in OBJECTIVES:
+        if arm not in runs or twin not in runs:
             continue
-        row = {metric: ratio(control, runs[arm], metric) for metric, _ in RATIOS}
-        row[KL] = relative_change(control, runs[arm], KL)
-        out[arm] = row
-    return out
+        row = compared(runs[twin], runs[arm])
+        rows[arm] = row
+        if twin != "n4":
+            continue
+        tests = [(row.get("heldout_ppl"), True), (row.get("ood_ppl"), True), (row.get(PAIRS), False)]
+        if any(t is None or len(t["seeds"]) < seeds_needed or t.get("high") is None for t, _ in tests):
+            verdicts[arm] = "undecided (seeds missing)"
+            continue
+        # lower is better for perplexity ratios (bounds vs 1), higher for accuracy points (vs 0)
+        better = [(t["high"] < 1) if ppl else (t["low"] > 0) for t, ppl in tests]
+        worse = [(t["low"] > 1) if ppl else (t["high"] < 0) for t, ppl in tests]
+        verdicts[arm] = (
+            "better: replace lm_weight 1" if any(better) and not any(worse) else "keep lm_weight 1"
+        )
+    return {"rows": rows, "verdicts": verdicts}
 
 
 def decide(runs, rows: dict[str, dict[str, Any]], seeds_needed: int) -> dict[str, Any]:
@@ -87,7 +126,7 @@ def decide(runs, rows: dict[str, dict[str, Any]], seeds_needed: int) -> dict[str
     (b) the held-out ppl ratio's upper bound <= 1.05. Undecided while an arm has fewer seeds."""
     verdicts = {}
     for arm, row in rows.items():
-        if not arm.startswith("n") and arm != "faithful":
+        if arm not in N_ARMS:
             continue
         kl, held = row.get(KL), row.get("heldout_ppl")
         if (
@@ -131,6 +170,14 @@ def _fmt(row: dict[str, Any] | None, key: str) -> str:
     return f"{row[key]:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
 
 
+def _pts(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "–"
+    if row.get("low") is None:
+        return f"{row['change']:+.1f}"
+    return f"{row['change']:+.1f} [{row['low']:+.1f}, {row['high']:+.1f}]"
+
+
 def _pct(row: dict[str, Any] | None) -> str:
     if row is None:
         return "–"
@@ -140,7 +187,7 @@ def _pct(row: dict[str, Any] | None) -> str:
 
 
 def means(runs: dict[str, dict[int, dict]]) -> list[str]:
-    metrics = [m for m, _ in RATIOS] + [KL, "collapse_key8"]
+    metrics = [m for m, _ in RATIOS] + [KL, "collapse_key8", PAIRS]
     lines = ["| arm | seeds | " + " | ".join(metrics) + " |", "|---|---:|" + "---:|" * len(metrics)]
     for arm in ARMS:
         if arm not in runs:
@@ -148,6 +195,9 @@ def means(runs: dict[str, dict[int, dict]]) -> list[str]:
         cells = []
         for metric in metrics:
             values = [r[metric] for r in runs[arm].values() if r.get(metric) is not None]
+            if not values:
+                cells.append("–")
+                continue
             mean = sum(values) / len(values)
             std = (
                 math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0
@@ -157,26 +207,44 @@ def means(runs: dict[str, dict[int, dict]]) -> list[str]:
     return lines
 
 
-def tables(runs, rows, decision) -> str:
+def tables(runs, rows, decision, objectives) -> str:
     out = ["# Conversion trade-off: tables", "",
            "Generated by `python scripts/convert_tradeoff_report.py docs/results/convert-tradeoff` from "
            "runs/*.json.", "", "## Per arm: mean ± std over seeds", "", *means(runs), "",
            "## Against the softmax control, paired by seed (95 % bootstrap intervals)", "",
            "| arm | seeds | held-out ppl ratio | out-of-domain ratio | 2x context ratio | 4x context ratio "
-           "| output KL at key-scale 8 | verdict |", "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
+           "| output KL at key-scale 8 | minimal pairs (points) | verdict |",
+           "|---|---:|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, row in rows.items():
         seeds = len((row.get("heldout_ppl") or {}).get("seeds", []))
-        cells = [_fmt(row.get(m), "ratio") for m, _ in RATIOS] + [_pct(row.get(KL))]
+        cells = [_fmt(row.get(m), "ratio") for m, _ in RATIOS] + [_pct(row.get(KL)), _pts(row.get(PAIRS))]
         out.append(f"| {arm} | {seeds} | " + " | ".join(cells) + f" | {decision['verdicts'].get(arm, '')} |")
     out += ["", f"Recommended n (the rule of the page): {decision['recommended'] or 'none'}", ""]
     transfer = decision.get("transfer")
     if transfer:
         out += [f"Transfer stage: n4 / n4-no-transfer held-out ppl ratio {_fmt(transfer, 'ratio')} over "
                 f"{len(transfer['seeds'])} seeds: {transfer['decision']}.", ""]  # fmt: skip
+    if objectives["rows"]:
+        out += ["## The objective: each arm against its lm_weight-1 twin, paired by seed", "",
+                "| arm | against | held-out ppl ratio | out-of-domain ratio | minimal pairs (points) "
+                "| verdict |",
+                "|---|---|---|---|---|---|"]  # fmt: skip
+        for arm, twin in OBJECTIVES:
+            row = objectives["rows"].get(arm)
+            if row is None:
+                continue
+            cells = [
+                _fmt(row.get("heldout_ppl"), "ratio"),
+                _fmt(row.get("ood_ppl"), "ratio"),
+                _pts(row.get(PAIRS)),
+            ]
+            verdict = objectives["verdicts"].get(arm, "")
+            out.append(f"| {arm} | {twin} | " + " | ".join(cells) + f" | {verdict} |")
+        out.append("")
     return "\n".join(out)
 
 
-def figure(rows: dict[str, dict[str, Any]], path: Path) -> None:
+def figure(rows: dict[str, dict[str, Any]], path: Path, model: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,7 +253,7 @@ def figure(rows: dict[str, dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for arm, row in rows.items():
         held, kl = row.get("heldout_ppl"), row.get(KL)
-        if not held or not kl:
+        if arm not in (*N_ARMS, "original") or not held or not kl:
             continue
         x, y = held["ratio"], 100 * kl["change"]
         xerr = None if held["low"] is None else [[x - held["low"]], [held["high"] - x]]
@@ -198,7 +266,7 @@ def figure(rows: dict[str, dict[str, Any]], path: Path) -> None:
     ax.axhline(-100 * MIN_KL_DROP, color="tab:red", lw=0.8, ls="--")
     ax.set_xlabel("held-out perplexity / softmax control's (paired, 95 % CI)")
     ax.set_ylabel("output KL at key-scale σ=8 vs control (%)")
-    ax.set_title("Quality cost vs robustness gain, per arm (bundled WikiText LM)")
+    ax.set_title(f"Quality cost vs robustness gain, per arm ({model})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -210,16 +278,19 @@ def main() -> None:
     )
     parser.add_argument("record", type=Path)
     parser.add_argument("--seeds-needed", type=int, default=8)
+    parser.add_argument("--title", default="bundled WikiText LM", help="the model, in the figure's title")
     args = parser.parse_args()
     runs = load(args.record)
     rows = paired(runs)
     decision = decide(runs, rows, args.seeds_needed)
-    (args.record / "tables.md").write_text(tables(runs, rows, decision))
+    objectives = objective(runs, args.seeds_needed)
+    text = tables(runs, rows, decision, objectives)
+    (args.record / "tables.md").write_text(text)
     (args.record / "paired.json").write_text(
-        json.dumps({"paired": rows, "decision": decision}, indent=2) + "\n"
+        json.dumps({"paired": rows, "decision": decision, "objective": objectives}, indent=2) + "\n"
     )
-    figure(rows, args.record / "tradeoff.png")
-    print(tables(runs, rows, decision))
+    figure(rows, args.record / "tradeoff.png", args.title)
+    print(text)
 
 
 if __name__ == "__main__":
