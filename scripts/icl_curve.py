@@ -33,12 +33,15 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--prompts", type=int, default=500)
     parser.add_argument("--length", type=int, default=41)
+    parser.add_argument("--arch", default="gpt2", help="backbone: gpt2 or attn-only")
+    parser.add_argument("--scorer-lr", type=float, default=None, help="the scorer's own AdamW group")
     parser.add_argument("--out", required=True)
     parser.add_argument("--results", required=True)
     args = parser.parse_args()
     results_file = Path(args.results)
     results = json.loads(results_file.read_text()) if results_file.is_file() else {"curves": {}}
-    key = f"{args.task}/{args.scorer}/s{args.seed}"
+    arch = "" if args.arch == "gpt2" else f"{args.arch}/"  # gpt2 keys stay as they were
+    key = f"{arch}{args.task}/{args.scorer}/s{args.seed}"
     curve = results["curves"].setdefault(key, {"settings": vars(args), "points": []})
     done = {p["step"] for p in curve["points"]}
     out = Path(args.out) / key.replace("/", "-")
@@ -48,8 +51,9 @@ def main() -> None:
         began = time.perf_counter()
         # the whole run's schedule is --steps; each segment stops at `step` (the curriculum and
         # the learning rate follow the full run, so the curve is the one run's, not shorter runs')
+        extra = {} if args.scorer_lr is None else {"scorer_lr": args.scorer_lr}
         config = TrainConfig(task=args.task, scorer=args.scorer, steps=args.steps, lr=args.lr,
-                             seed=args.seed, checkpoint_every=args.every)  # fmt: skip
+                             seed=args.seed, checkpoint_every=args.every, arch=args.arch, **extra)  # fmt: skip
         train(config, out, resume=True, device="cpu", stop_at=step)
         seconds = time.perf_counter() - began
         (cell,) = evaluate(load_icl(out, "cpu"), lengths=(args.length,), prompts=args.prompts, seed=12345)
