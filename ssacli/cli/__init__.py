@@ -50,7 +50,7 @@ app = typer.Typer(
     name="ssacli",
     help="Attention-saturation diagnostics: swap softmax for SSA and other scorers, measure collapse.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion: bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
 )
 

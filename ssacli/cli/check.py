@@ -22,7 +22,6 @@ from .. import defaults
 from ..check.config import CONFIG_FILE
 from ..defaults import DEFAULT_MODEL
 from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, check_exit_code
-from ..files import write_text
 from ..models.kinds import ModelKind
 from .options import (
     AllowDownload,
@@ -40,6 +39,7 @@ from .options import (
     print_error,
     progress,
 )
+from .outputs import write_output
 
 
 def check_command(
@@ -59,7 +59,9 @@ def check_command(
         None, help="Fail when a metric moves this far (absolute) towards saturation vs --baseline."
     ),
     junit: Path = typer.Option(None, help="Write a JUnit XML report (one testcase per requirement)."),
-    json_out: Path = typer.Option(None, "--json", help="Write the check (and its result) as JSON."),
+    json_out: Path = typer.Option(
+        None, "--json", help="Write the check (and its result) as JSON; - for stdout."
+    ),
     samples: int = typer.Option(None, min=1, help=f"Inputs per probe level (default {defaults.SAMPLES})."),
     seed: int = typer.Option(None, help=f"Seed of the probe inputs (default {defaults.SEED})."),
     length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points)."),
@@ -142,8 +144,7 @@ def _check(model_ref, settings, *, junit, json_out, quiet) -> int:
     _render(report, quiet)
     console = Console()
     for text, path in outputs:
-        write_text(text, path)
-        console.print(f"wrote {path}", highlight=False)
+        write_output(text, path, console)
     return EXIT_CHECK_PASSED if report.passed else EXIT_CHECK_FAILED
 
 

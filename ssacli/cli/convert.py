@@ -36,6 +36,7 @@ from .options import (
     Model,
     MonitorEvery,
     QuietTraining,
+    RunJson,
     Schedule,
     ScorerLr,
     SeqLen,
@@ -46,9 +47,11 @@ from .options import (
     Warmup,
     WeightDecay,
     check_inputs,
+    check_outputs,
     given,
     load_options,
 )
+from .outputs import write_run_json
 from .recipe import (
     Control,
     DistillSteps,
@@ -124,6 +127,7 @@ def convert_command(
     device_map: DeviceMap = None,
     max_memory: MaxMemory = None,
     strict: Strict = False,
+    json_out: RunJson = None,
     quiet: QuietTraining = False,
 ) -> None:
     r"""Swap MODEL's attention scorer, report how close it stays, and save it to --out.
@@ -145,6 +149,7 @@ def convert_command(
           --finetune --data c.txt --anneal-n 8
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
+    check_outputs(("--json", json_out))
     check_inputs(scorers=[scorer], models=[model_ref])
     options = given(
         data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
@@ -177,7 +182,10 @@ def convert_command(
     calibration = _read_text(text) if text is not None else None  # an unreadable file is exit 4
     console = Console(quiet=not is_rank0())  # under torchrun, one copy of every line
 
+    measured: dict[str, Any] = {}  # the conversion's fidelity, for --json
+
     def show_fidelity(report: dict[str, Any]) -> None:
+        measured["fidelity"] = report
         for line in fidelity_lines(report):
             console.print(line, highlight=False, soft_wrap=True)
 
@@ -193,11 +201,13 @@ def convert_command(
         )  # fmt: skip
         show_fidelity(report)
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
+        write_run_json("convert", json_out, out, **measured)
         return
     if use_recipe:
         config = recipe_config(stages, scorer, options, recipe)  # bad values fail before loading
         run_recipe(model_ref, out, config, overwrite=overwrite, resume=resume, text=calibration, quiet=quiet,
                    show_fidelity=show_fidelity, load=load, strict=strict, control=control)  # fmt: skip
+        write_run_json("convert", json_out, out, control=control, **measured)
         return
     from .. import convert_and_finetune, finetune_config
 
@@ -210,6 +220,7 @@ def convert_command(
             max_error=max_error, strict=strict, on_converted=show_fidelity, on_step=on_step, **unplaced,
         )  # fmt: skip
     print_trained(out, trained.path)
+    write_run_json("convert", json_out, out, **measured)
 
 
 def finetune_command(
@@ -243,6 +254,7 @@ def finetune_command(
     attention: Attention = None,
     device: Device = DEVICE,
     trust_remote_code: TrustRemoteCode = False,
+    json_out: RunJson = None,
     quiet: QuietTraining = False,
 ) -> None:
     r"""Fine-tune a converted folder, or continue a fine-tuning run.
@@ -264,6 +276,7 @@ def finetune_command(
     """
     if out is not None:
         check_writable_folder(out, "--out")  # before anything heavy is imported
+    check_outputs(("--json", json_out))
     options = given(
         data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
         batch_size=batch_size, seq_len=seq_len,
@@ -280,6 +293,7 @@ def finetune_command(
             on_step=on_step, trust_remote_code=trust_remote_code,
         )  # fmt: skip
     print_trained(trained.path, trained.path)  # DIR-ft, --out, or DIR itself when asked
+    write_run_json("finetune", json_out, trained.path)
 
 
 def _read_text(path: Path) -> str:

@@ -12,7 +12,7 @@ from rich.table import Table
 from .. import defaults
 from ..diagnosis.probe_kinds import parse_probe
 from ..errors import UsageError
-from ..files import json_text, write_text
+from ..files import json_text
 from .options import (
     HEATMAP_HELP,
     AllowDownload,
@@ -31,6 +31,7 @@ from .options import (
     load_options,
     progress,
 )
+from .outputs import write_output
 
 
 def scorers_command(
@@ -128,7 +129,9 @@ def diagnose_command(
         "attention against the KV cache (checked against a full recomputation).",
     ),
     compare: str = typer.Option(None, help="Another MODEL (same settings) or a --json result to compare."),
-    json_out: Path = typer.Option(None, "--json", help="Write the result (versioned schema) to this file."),
+    json_out: Path = typer.Option(
+        None, "--json", help="Write the result (versioned schema) to this file; - for stdout."
+    ),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
     heatmap: str = typer.Option(defaults.HEATMAP, help=HEATMAP_HELP),
     quiet: QuietOutput = False,
@@ -186,8 +189,7 @@ def diagnose_command(
 
         outputs.append((diagnose_html(result) if other is None else comparison_html(result, other), html_out))
     for text, path in outputs:
-        write_text(text, path)
-        console.print(f"wrote {path}", highlight=False)
+        write_output(text, path, console)
 
 
 def _compare_target(ref: str, settings: dict, quiet: bool):
@@ -204,14 +206,20 @@ def _is_result_file(ref: str) -> bool:
     return ref.endswith(".json") and Path(ref).is_file()
 
 
+def diagnose_columns() -> list:
+    """The diagnose bar: done/total of the forward passes (blank while the model loads and their
+    count is unknown), time so far, and time left once the first pass has given a rate."""
+    from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+
+    return bar_columns(TimeElapsedColumn(), TimeRemainingColumn())
+
+
 def _diagnose(model_ref: str, settings: dict, quiet: bool):
     """diagnose() with a progress bar on stderr (only on a terminal, and not --quiet)."""
-    from rich.progress import TimeElapsedColumn
-
     from .. import diagnose
 
-    columns = bar_columns(TimeElapsedColumn())
-    with progress(f"diagnosing {model_ref}", columns, quiet=quiet, total=None) as update:
+    columns = diagnose_columns()
+    with progress(f"loading {model_ref}", columns, quiet=quiet, total=None) as update:
 
         def on_progress(what: str, done: int, total: int) -> None:
             update(description=f"{model_ref}: {what}", completed=done, total=total)

@@ -10,17 +10,19 @@ from rich.console import Console
 
 from .. import defaults as D
 from ..errors import UsageError
-from ..files import check_writable_folder, write_json
+from ..files import check_writable_folder, json_text
 from .options import (
     ATTENTION_HELP,
     ICL_SIGMAS_TEXT,
     SCORER_LR_HELP,
+    RunJson,
     bar_columns,
     check_inputs,
     check_outputs,
     floats,
     progress,
 )
+from .outputs import is_stdout, write_output, write_run_json
 
 
 def icl_train(
@@ -53,9 +55,11 @@ def icl_train(
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a checkpoint already in --out."),
     device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
+    json_out: RunJson = None,
 ) -> None:
     """Train an ICL model from scratch with any scorer."""
     check_writable_folder(out, "--out")  # before anything heavy is imported
+    check_outputs(("--json", json_out))
     check_inputs(scorers=[scorer])
     from rich.progress import TextColumn, TimeRemainingColumn
 
@@ -92,6 +96,7 @@ def icl_train(
         model = train_icl(config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step)
     history = model.spec.training["history"]
     typer.echo(f"wrote {out} (step {model.spec.training['step']}, last logged loss {history[-1][1]:.4g})")
+    write_run_json("icl train", json_out, out)
 
 
 def icl_eval(
@@ -104,11 +109,15 @@ def icl_eval(
     prompts: int = typer.Option(D.ICL_PROMPTS, min=1, help="Prompts per cell."),
     coef_sigma: float = typer.Option(D.ICL_COEF_SIGMA, help="linear: σ of the coefficients a, b."),
     seed: int = typer.Option(D.SEED, help="Seed of the evaluation prompts."),
-    json_out: Path = typer.Option(None, "--json", help="Write the results as JSON to this file."),
+    json_out: Path = typer.Option(
+        None, "--json", help="Write the results as JSON to this file; - for stdout."
+    ),
     plot: Path = typer.Option(None, help="Write a figure (png, pdf, svg) to this file."),
     device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
 ) -> None:
     """Evaluate an ICL model over σ × length, and with planted outliers."""
+    if is_stdout(plot):
+        raise UsageError("--plot needs a file name: its suffix (png, pdf, svg) picks the format")
     check_outputs(("--json", json_out), ("--plot", plot))  # before anything heavy is imported
     check_inputs(models=[model_ref])
     from .. import evaluate_icl
@@ -131,8 +140,7 @@ def icl_eval(
         console.print(table)
     console.print(icl_legend(model.spec.task), style="dim")
     if json_out is not None:
-        write_json(result.to_dict(), json_out)
-        console.print(f"wrote {json_out}")
+        write_output(json_text(result.to_dict()), json_out, console)
     if plot is not None:
         from ..report.plots import plot_eval
 

@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +28,7 @@ from ..models.options import LoadOptions
 from ..models.references import check_reference
 from ..scorers.specs import parse_spec
 from ..train import DATA_FORMS
+from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
 MODEL_HELP = "HF folder, builtin:NAME ({builtins}), or cached Hub id."
@@ -46,7 +48,7 @@ AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load .bin wei
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_HELP)]
 DEVICE_MAP_HELP = (
     f"Place MODEL over GPUs, CPU and disk with accelerate: {', '.join(DEVICE_MAPS)} (cpu: the CPU, "
-    'then the disk). Needs pip install "ssacli[big]".'
+    r'then the disk). Needs pip install "ssacli\[big]".'  # \[: rich markup would eat "[big]"
 )
 DeviceMap = Annotated[str, typer.Option("--device-map", help=DEVICE_MAP_HELP)]
 MAX_MEMORY_HELP = (
@@ -68,6 +70,8 @@ QuietOutput = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print nothing but errors and written files.")
 ]
 QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or step log.")]
+RUN_JSON_HELP = "Write the folder's record (its ssacli.json: fidelity, training) as JSON; - for stdout."
+RunJson = Annotated[Path, typer.Option("--json", help=RUN_JSON_HELP)]  # convert, finetune, train, icl train
 
 # ---- fine-tuning (convert --finetune, finetune): None = not given ------------------------------------
 
@@ -164,11 +168,18 @@ def _verbatim(line: str) -> str:
 
 
 class HelpCommand(TyperCommand):
-    """Every ssacli command: its help reads at 80 columns (:func:`readable_help`)."""
+    """Every ssacli command: its help reads at 80 columns (:func:`readable_help`); given an output
+    as ``-`` it writes that document alone to stdout, everything else to stderr
+    (:func:`ssacli.cli.outputs.stdout_for_data`), so no command has to choose its streams."""
 
     def format_help(self, ctx, formatter) -> None:
         with readable_help(self, ctx):
             super().format_help(ctx, formatter)
+
+    def invoke(self, ctx):
+        names = {p.name for p in self.params if set(getattr(p, "opts", ())) & set(STDOUT_OPTIONS)}
+        with stdout_for_data(any(is_stdout(ctx.params.get(name)) for name in names)):
+            return super().invoke(ctx)
 
 
 class HelpGroup(TyperGroup):
@@ -228,9 +239,13 @@ def floats(text: str, option: str) -> tuple[float, ...]:
 
 def check_outputs(*outputs: tuple[str, Any]) -> None:
     """Fail at once (exit 4) when an output file (``(option, path)``, path None = not asked for)
-    could not be written: commands call this first, before they import the model stack."""
+    could not be written: commands call this first, before they import the model stack. ``-`` is
+    stdout (:mod:`ssacli.cli.outputs`), which one output at most may take (exit 2)."""
+    to_stdout = [option for option, path in outputs if is_stdout(path)]
+    if len(to_stdout) > 1:
+        raise UsageError(f"{' and '.join(to_stdout)} both ask for stdout ('-'); give all but one a file name")
     for option, path in outputs:
-        if path is not None:
+        if path is not None and not is_stdout(path):
             check_writable(path, option)
 
 
@@ -279,11 +294,16 @@ def print_error(err: BaseException) -> None:
 
 
 def bar_columns(*extra) -> list:
-    """The progress-bar columns every command uses, then ``extra``: description, bar, done/total."""
-    from rich.progress import BarColumn, TextColumn
+    """The progress-bar columns every command uses, then ``extra``: description, bar, done/total
+    (empty while the total is unknown: a model still loading read "0/None")."""
+    from rich.progress import BarColumn, ProgressColumn, TextColumn
+    from rich.text import Text
 
-    done = TextColumn("{task.completed}/{task.total}")
-    return [TextColumn("{task.description}"), BarColumn(), done, *extra]
+    class Done(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text("" if task.total is None else f"{task.completed:g}/{task.total:g}")
+
+    return [TextColumn("{task.description}"), BarColumn(), Done(), *extra]
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from rich.console import Console
 from ..defaults import HEATMAP
 from ..errors import UsageError
 from .options import HEATMAP_HELP, QuietOutput, check_outputs
+from .outputs import is_stdout, write_output
 
 
 def render_command(
@@ -46,14 +47,17 @@ def render_command(
     """
     outputs = (("--html", html_out), ("--csv", csv_out), ("--parquet", parquet_out))
     check_outputs(*outputs)  # before anything heavy is imported
-    given = [Path(path).expanduser().absolute() for _, path in outputs if path is not None]
+    given = [
+        Path(path).expanduser().absolute() for _, path in outputs if path is not None and not is_stdout(path)
+    ]
     if len(set(given)) < len(given):
         raise UsageError("--html, --csv and --parquet name the same file; give each its own")
     from ..diagnosis.frames import require_frame_format
     from ..report.saved import check_replaceable
 
     for option, path in outputs:
-        check_replaceable(path, option)
+        if not is_stdout(path):
+            check_replaceable(path, option)
     if parquet_out is not None:
         require_frame_format("parquet")
 
@@ -86,8 +90,5 @@ def render_command(
         files.append((parquet_out, results[0].to_parquet()))
     if not quiet:
         render(*results, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
-    from ..files import write_bytes, write_text
-
     for path, content in files:
-        (write_text if isinstance(content, str) else write_bytes)(content, path)
-        console.print(f"wrote {path}", highlight=False)
+        write_output(content, path, console)

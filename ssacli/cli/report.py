@@ -17,7 +17,6 @@ from rich.console import Console
 from .. import defaults
 from ..diagnosis.probe_kinds import parse_probe
 from ..errors import UsageError
-from ..files import write_text
 from .options import (
     ICL_OUTLIERS_TEXT,
     ICL_SIGMAS_TEXT,
@@ -35,6 +34,7 @@ from .options import (
     load_options,
     progress,
 )
+from .outputs import write_output
 
 
 def report_command(
@@ -92,7 +92,9 @@ def report_command(
     outlier: str = typer.Option(ICL_OUTLIERS_TEXT, help="ICL models: VALUE@POSITION outliers ('' = none)."),
     icl_length: int = typer.Option(defaults.ICL_POINTS, min=2, help="ICL models: points per prompt."),
     prompts: int = typer.Option(defaults.ICL_PROMPTS, min=1, help="ICL models: prompts per cell."),
-    json_out: Path = typer.Option(None, "--json", help="Write the report (schema ssacli-report) here."),
+    json_out: Path = typer.Option(
+        None, "--json", help="Write the report (schema ssacli-report) here; - for stdout."
+    ),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
     reuse_before: Path = typer.Option(
         None, help="An earlier --json report of the same BEFORE and settings: reuse its BEFORE side."
@@ -187,5 +189,4 @@ def report_command(
 
         outputs.append((report_html(data), html_out))
     for text, path in outputs:  # every output rendered before the first is written
-        write_text(text, path)
-        console.print(f"wrote {path}", highlight=False)
+        write_output(text, path, console)

@@ -16,7 +16,8 @@ from rich.console import Console
 from .. import defaults as D
 from ..files import check_writable_folder
 from ..train import MIN_VOCAB
-from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device, check_inputs
+from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device, RunJson, check_inputs, check_outputs
+from .outputs import write_run_json
 from .training import print_trained, training_display
 
 
@@ -55,6 +56,7 @@ def train_command(
         False, "--resume", help="Continue the run in --out (same options, --steps may grow)."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --out."),
+    json_out: RunJson = None,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     r"""Train a language model from scratch with any attention scorer.
@@ -71,6 +73,7 @@ def train_command(
           --data childes/ --out runs/bb
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
+    check_outputs(("--json", json_out))
     check_inputs(scorers=[scorer])
     from .. import FinetuneConfig, train_from_scratch
     from ..train.scratch import describe
@@ -90,3 +93,4 @@ def train_command(
             on_step=on_step, **loop,
         )  # fmt: skip
     print_trained(out, trained.path)
+    write_run_json("train", json_out, out)

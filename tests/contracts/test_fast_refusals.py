@@ -75,6 +75,10 @@ CASES = {
     "icl eval --json": ["icl", "eval", MODEL, "--json", "{ro}/r.json"],
     "icl eval --plot": ["icl", "eval", MODEL, "--plot", "{ro}/r.png"],
     "icl sweep --out": ["icl", "sweep", "--out", "{ro}/sweep"],
+    "convert --json": ["convert", MODEL, "--scorer", "ssa", "--out", "out", "--json", "{ro}/r.json"],
+    "finetune --json": ["finetune", MODEL, "--data", "icl:every", "--out", "out", "--json", "{ro}/r.json"],
+    "train --json": ["train", "--data", "c.txt", "--arch", "gpt2", "--out", "out", "--json", "{ro}/r.json"],
+    "icl train --json": ["icl", "train", "--task", "every", "--out", "run", "--json", "{ro}/r.json"],
 }  # fmt: skip
 
 

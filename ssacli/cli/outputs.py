@@ -1,0 +1,112 @@
+"""Where a command's outputs go: a file, or stdout when the file is given as ``-``.
+
+``--json -`` (and ``--html -``, ``--csv -``, ``--junit -``, ``--parquet -``) writes that document to
+stdout and everything else the command prints (tables, progress, ``wrote …`` lines, a library's
+stray ``print``) to stderr, so ``ssacli diagnose --json - | python -m json.tool`` reads one whole
+document. The rule lives here once: :class:`~ssacli.cli.options.HelpCommand` (every command) runs
+the command inside :func:`stdout_for_data` when one of its output options is ``-``, and every
+command writes its outputs with :func:`write_output`. The training commands' ``--json`` document
+is :func:`run_document`. Torch-free at import, like every module of the CLI.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ..files import json_text, write_bytes, write_text
+
+STDOUT = "-"  # an output file given as "-": written to stdout
+# The options whose value may be "-": every file output a command renders in memory first. A
+# folder (--out, --png, --svg) or a figure file (--plot, whose suffix picks its format) cannot be.
+STDOUT_OPTIONS = ("--json", "--html", "--csv", "--parquet", "--junit")
+RUN_SCHEMA = "ssacli-run"  # the --json document of convert, finetune, train and icl train
+RUN_SCHEMA_VERSION = 1
+
+_DATA_OUT: list[Any] = []  # the real stdout while a command that writes a document there runs
+
+
+def is_stdout(path: Any) -> bool:
+    """Whether an output option's value asks for stdout (``-``)."""
+    return path is not None and str(path) == STDOUT
+
+
+@contextmanager
+def stdout_for_data(reserved: bool = True) -> Iterator[None]:
+    """While a command that writes a document to stdout runs (``reserved``): ``sys.stdout`` is
+    stderr, so rich consoles, ``typer.echo`` and ``print`` all print there without each call
+    choosing its stream, and :func:`write_output` alone writes to the real stdout."""
+    if not reserved:
+        yield
+        return
+    real = sys.stdout
+    _DATA_OUT.append(real)
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = real
+        _DATA_OUT.pop()
+
+
+def write_output(content: str | bytes, path: str | Path, console: Console | None = None) -> None:
+    """Write an output whole: to stdout for ``-`` (nothing else is printed), else to the file
+    ``path`` (atomically, :mod:`ssacli.files`) and say so in a ``wrote PATH`` line."""
+    if is_stdout(path):
+        stream = _DATA_OUT[-1] if _DATA_OUT else sys.stdout
+        if isinstance(content, bytes):
+            stream.flush()
+            stream.buffer.write(content)
+            stream.buffer.flush()
+        else:
+            stream.write(content)
+            stream.flush()
+        return
+    (write_text if isinstance(content, str) else write_bytes)(content, path)
+    (console or Console()).print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+def run_document(
+    command: str,
+    out: str | Path,
+    *,
+    fidelity: dict[str, Any] | None = None,
+    control: str | Path | None = None,
+) -> dict[str, Any]:
+    """The ``--json`` document of a command that writes a model folder (convert, finetune, train,
+    icl train): the folder and the record ssacli keeps in its ssacli.json (scorer, source, the
+    training run with its loss history, held-out losses and tokens/s; a recipe's stages), as
+    written; a conversion's ``fidelity`` as it was measured (an ICL folder does not keep it); with
+    a recipe's ``control``, that folder and its record too."""
+    from ..models.checkpoint import ICL_FORMAT, MODEL_FORMAT, folder_format, read_icl_meta, read_meta
+
+    def side(folder: str | Path) -> dict[str, Any]:
+        folder = Path(folder).expanduser()
+        format = folder_format(folder)
+        record = read_icl_meta(folder) if format == ICL_FORMAT else read_meta(folder, MODEL_FORMAT)
+        return {"out": str(folder.absolute()), "record": record}
+
+    document: dict[str, Any] = {
+        "schema": RUN_SCHEMA,
+        "schema_version": RUN_SCHEMA_VERSION,
+        "command": command,
+    }
+    document |= side(out)
+    if fidelity is not None:
+        document["fidelity"] = fidelity
+    if control is not None:
+        document["control"] = side(control)
+    return document
+
+
+def write_run_json(command: str, path: str | Path | None, out: str | Path, **parts: Any) -> None:
+    """``--json PATH`` of a folder-writing command (None: not asked for): :func:`run_document`."""
+    from .training import is_rank0  # here, not at the top: training imports options, which imports this
+
+    if path is not None and is_rank0():  # under torchrun, one document: rank 0's (the others write no folder)
+        write_output(json_text(run_document(command, out, **parts)), path)
