@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import json
 import socket
+import warnings
 
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 import ssacli
 from ssacli.diagnosis.texts import TEXTS
@@ -60,23 +69,43 @@ def train_data(tokenizer, length: int = 32) -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": w, "labels": w} for w in windows]
 
 
-def run_trainer(tokenizer, out, *, callback: bool, steps: int = 20, every: int = 10, **args):
+class Reporter(TrainerCallback):
+    """What a reporter (TensorBoard, W&B) is handed: every on_log's values, in order. Listed before
+    the monitor, as the Trainer lists its reporters before the user's callbacks."""
+
+    def __init__(self) -> None:
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append({**(logs or {}), "step": state.global_step})
+
+
+def run_trainer(tokenizer, out, *, callback: str | None, steps: int = 20, every: int = 10, **args):
+    """A tiny Llama's Trainer run; ``callback``: "callbacks" (the monitor in Trainer(callbacks=[…])
+    after a Reporter, built without the trainer), "trainer" (the older form: built with the trainer,
+    added by add_callback) or None."""
     model = tiny_llama(tokenizer)
     arguments = TrainingArguments(
         str(out), max_steps=steps, per_device_train_batch_size=4, learning_rate=1e-2, save_steps=every,
         logging_steps=5, report_to=[], use_cpu=True, disable_tqdm=True, seed=0, **args,
     )  # fmt: skip
+    options = dict(every=every, probes=[f"{PROBE}:1,8"], samples=SAMPLES, length=LENGTH)
+    reporter = Reporter()
+    callbacks = [reporter, ssacli.SaturationCallback(**options)] if callback == "callbacks" else None
     trainer = Trainer(
-        model=model, args=arguments, train_dataset=train_data(tokenizer), processing_class=tokenizer
-    )
-    if callback:
-        trainer.add_callback(
-            ssacli.SaturationCallback(
-                trainer, every=every, probes=[f"{PROBE}:1,8"], samples=SAMPLES, length=LENGTH
-            )
-        )
+        model=model, args=arguments, train_dataset=train_data(tokenizer), processing_class=tokenizer,
+        callbacks=callbacks,
+    )  # fmt: skip
+    if callback == "trainer":
+        trainer.add_callback(ssacli.SaturationCallback(trainer, **options))
+    trainer.reporter = reporter
     trainer.train()
     return trainer
+
+
+def monitored(entries) -> dict[int, dict]:
+    """The monitor's entries by step (an entry with ssacli/monitor_seconds is one measurement)."""
+    return {h["step"]: h for h in entries if "ssacli/monitor_seconds" in h}
 
 
 def expected_keys(layers: int) -> set[str]:
@@ -108,9 +137,13 @@ def test_twenty_trainer_steps_log_what_diagnose_measures_on_each_checkpoint(toke
     start = tmp_path / "start"
     tiny_llama(tokenizer).save_pretrained(start)  # the model as step 0 measures it
     tokenizer.save_pretrained(start)
-    trainer = run_trainer(tokenizer, tmp_path / "run", callback=True)
-    logged = {h["step"]: h for h in trainer.state.log_history if "ssacli/monitor_seconds" in h}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback's warning (no Trainer found) would fail here
+        trainer = run_trainer(tokenizer, tmp_path / "run", callback="callbacks")
+    logged = monitored(trainer.state.log_history)
     assert sorted(logged) == [0, 10, 20]
+    # a reporter listed before the monitor got every value, with the Trainer's step
+    assert monitored(trainer.reporter.logs) == {step: logged[step] for step in (0, 10, 20)}
     folders = {0: start, 10: tmp_path / "run" / "checkpoint-10", 20: tmp_path / "run" / "checkpoint-20"}
     for step, folder in folders.items():
         entry = logged[step]
@@ -128,9 +161,17 @@ def test_twenty_trainer_steps_log_what_diagnose_measures_on_each_checkpoint(toke
     assert [h for h in saved if "ssacli/monitor_seconds" in h][-1] == logged[20]
 
 
-def test_the_callback_changes_nothing_in_training(tokenizer, tmp_path):
-    with_monitor = run_trainer(tokenizer, tmp_path / "a", callback=True, steps=6, every=2, save_strategy="no")
-    without = run_trainer(tokenizer, tmp_path / "b", callback=False, steps=6, every=2, save_strategy="no")
+def test_the_callback_changes_nothing_in_training_and_the_trainer_form_logs_the_same(tokenizer, tmp_path):
+    run = dict(steps=6, every=2, save_strategy="no")
+    with_monitor = run_trainer(tokenizer, tmp_path / "a", callback="callbacks", **run)
+    without = run_trainer(tokenizer, tmp_path / "b", callback=None, **run)
+    older = run_trainer(tokenizer, tmp_path / "c", callback="trainer", **run)
+
+    def values(trainer) -> dict:
+        return {s: {k: v for k, v in h.items() if k != "ssacli/monitor_seconds"}
+                for s, h in monitored(trainer.state.log_history).items()}  # fmt: skip
+
+    assert sorted(values(with_monitor)) == [0, 2, 4, 6] and values(older) == values(with_monitor)
     a, b = with_monitor.model.state_dict(), without.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert with_monitor.model.training == without.model.training
@@ -161,9 +202,23 @@ def test_a_level_that_overflows_reads_nan_and_flags_it(tokenizer):
     assert np.isfinite(values["ssacli/model/entropy@logit-scale:1"])
 
 
+def test_driven_by_no_trainer_it_keeps_the_json_record_and_warns_once(tokenizer):
+    """Events called by something that is not a Trainer: nothing to log through, so the values go
+    where Trainer.log keeps its JSON record (state.log_history), with one warning."""
+    callback = ssacli.SaturationCallback(every=2, probes=["key-scale:1,8"], samples=2, length=16)
+    state, model = TrainerState(), tiny_llama(tokenizer)
+    with pytest.warns(UserWarning, match="found no transformers.Trainer") as caught:
+        for step in range(5):
+            state.global_step = step
+            event = callback.on_train_begin if step == 0 else callback.on_step_end
+            event(None, state, TrainerControl(), model=model, processing_class=tokenizer)
+    assert [h["step"] for h in state.log_history] == [0, 2, 4] and len(caught) == 1
+    assert state.log_history == [{**h, "step": h["step"]} for h in callback.monitor.history]
+
+
 def test_bad_options_are_refused_in_one_line():
-    with pytest.raises(UsageError, match="needs the Trainer"):
-        ssacli.SaturationCallback(None)
+    with pytest.raises(UsageError, match="first argument is the Trainer to log through, not a int"):
+        ssacli.SaturationCallback(100)
     with pytest.raises(UsageError, match="interval must be >= 1"):
         SaturationMonitor(every=0)
     with pytest.raises(UsageError, match="unknown monitor metric entropyy"):
