@@ -15,7 +15,9 @@ batch by batch, timed in interleaved rounds
 (benchmarks/_common.interleaved_best, best of ``--repeats``). "decode tok/s" counts the tokens after
 the first: (time of N tokens - time of 1 token) / (N - 1) per sequence, so the prompt's prefill
 is left out; "end-to-end tok/s" is N tokens over the whole call. The converted model's greedy
-tokens are checked against ``ssacli.load_model``'s first (identical, or the script stops).
+tokens are checked against ``ssacli.load_model``'s first (identical, or the script stops), and again
+with the backend forced to ``fused`` (which refuses any call, a q_len = 1 decoding step included,
+that would fall back to the eager weight matrix): the timed decoding runs on the fused kernel.
 """
 
 from __future__ import annotations
@@ -102,6 +104,11 @@ def measure(name: str, spec: str, batches: list[int], prompts: list[int], new: i
         expected = generate(ours, prompt, new)()
         if not torch.equal(generate(models["converted (ssacli)"], prompt, new)(), expected):
             raise SystemExit("the plain transformers path generated other tokens than ssacli.load_model")
+        # every call, the q_len = 1 decoding steps included, must take the fused kernel: the "fused"
+        # backend raises where a call would fall back to the eager weight matrix
+        with ssacli.attention_backend("fused"):
+            if not torch.equal(generate(models["converted (ssacli)"], prompt, new)(), expected):
+                raise SystemExit("the fused kernel generated other tokens than the default backend")
         full = interleaved_best({k: generate(m, prompt, new) for k, m in models.items()}, repeats)
         first = interleaved_best({k: generate(m, prompt, 1) for k, m in models.items()}, repeats)
         base = None
