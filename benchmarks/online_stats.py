@@ -8,10 +8,10 @@ init, fp32, CPU). One probe level (``embed-scale:1``) over one sequence of rando
 with the fused pass in its four forms: the native one-loop kernel (ssacli.kernels.native.stats_flash,
 the default on the CPU for plain softmax calls), the native row pass between torch's matmuls per
 block (the one loop switched off), torch ops compiled (the torch path, used where the native pass
-is not) and torch ops not compiled (SSACLI_COMPILE=0), each candidate once per round, rounds interleaved;
-best of the rounds and × the SDPA forward of the round's best. Peak memory: each (mode, length) in a
-fresh process (benchmarks/_common.py), MB above the loaded model. The machine and its load are
-printed; on a shared machine read the ratios.
+is not) and torch ops not compiled (SSACLI_COMPILE=0, native off), each candidate once per round,
+rounds interleaved; best of the rounds and × the SDPA forward of the round's best. Peak memory:
+each (mode, length) in a fresh process (benchmarks/_common.py), MB above the loaded model. The
+machine and its load are printed; on a shared machine read the ratios.
 """
 
 from __future__ import annotations
@@ -63,7 +63,14 @@ def with_compile(setting: str, call):
 
 
 def uncompiled(call):
-    return lambda: with_compile("0", call)
+    """call() with the fused pass's block math as eager torch ops: not compiled (SSACLI_COMPILE=0) and
+    not native (SSACLI_COMPILE no longer switches the native kernels off: ssacli.kernels.native)."""
+
+    def run():
+        with native.disabled():
+            return with_compile("0", call)
+
+    return run
 
 
 def torch_path(call):

@@ -20,116 +20,97 @@ they share), built at first use and called through ctypes.
   keys that can hold one. The SSA blocks do the same for the transform n·sgn(y)·log1p|y| and its
   softmax, with the causal band applied in the loop instead of by a mask.
 
-The sources are C99 with GCC/Clang vector extensions (AVX-512 and AVX intrinsics where a generic form
-costs several instructions) and no library but libm. They are compiled once per
-machine with the C compiler torch.compile would use (``$CC``, else cc/gcc/clang), at -O3 for the
-host CPU, into the user's cache (``$SSACLI_CACHE`` or ``$XDG_CACHE_HOME/ssacli``, default
-~/.cache/ssacli; its ``kernels`` folder), named by a hash of the sources, the compiler and the CPU, so a
-new source or machine builds anew and nothing is ever overwritten in place (write to a temporary
-file, then rename). A cached library is loaded only if it and the cache's folders are the user's own,
-not writable by group or others and not symbolic links, checked on the opened file that is then
-loaded (ssacli.kernels.native_build.open_checked); a cache that fails the check is one warning and a
-private temporary build for the process. ``$SSACLI_NATIVE_CFLAGS`` adds compiler flags (a separate
-build). ``SSACLI_COMPILE=0`` (the one switch, ssacli.kernels.compiled) never builds it; a cache that
-cannot be written means a private temporary build for the process (silently); a failed build is said
-once, as a warning, and the callers keep their torch block math, which computes the same things.
+The sources are C99 with GCC/Clang vector extensions and no library but libm, compiled once per
+machine (the C compiler torch.compile would use, -O3 for the host CPU) into the user's cache and
+loaded only where no one else could have written it: ssacli.kernels.native_build says how;
+``$SSACLI_NATIVE_CFLAGS`` adds compiler flags (a separate build). ``SSACLI_NATIVE=0``
+(:func:`native_setting`) never builds or loads them, whatever ``SSACLI_COMPILE`` says (that switch is
+torch.compile's alone, ssacli.kernels.compiled). Each entry point takes one argument struct, filled
+by field name, whose layout is checked against the library's at load (ssacli.kernels.native_abi). A
+failed build, or a library whose structs differ from Python's, is said once, as a warning, and the
+callers keep their torch block math, which computes the same things. :func:`disabled` switches the
+kernels off for the current thread or asyncio task only (a context variable).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import contextvars
+import functools
+import os
 import threading
 import warnings
-from pathlib import Path
 
 import torch
 
-from . import native_build
-from .compiled import compile_setting
+from . import native_abi, native_build
 
-_LIB: list[ctypes.CDLL | None] = []  # [] not tried yet; [None] unavailable
-_LOCK = threading.Lock()
-_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+_LOCK = threading.RLock()  # one build and one sgemm probe per process; re-entered by the probe
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    """The C signatures (native_stats.c, native_ssa.c), so ctypes converts and checks every argument."""
-    _int = ctypes.c_int
-    # t, raw, vis, vis_off, C, r0, r1, k, p, m, l, spread, shrink, top, sq, cnt, threads
-    lib.ssacli_row_stats.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, *[_ptr] * 8, _int]
-    lib.ssacli_row_stats.restype = _int
-    # y, C, r0, r1, n_head, heads, p, m, s, width, causal, diag, window, threads
-    lib.ssacli_ssa_forward.argtypes = [
-        _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _int, _i64, _i64, _int,
-    ]  # fmt: skip
-    lib.ssacli_ssa_forward.restype = None
-    # y, dp, C, r0, r1, n_head, heads, lse, delta, dn_row, width, causal, diag, window, threads
-    lib.ssacli_ssa_backward.argtypes = [
-        _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _int, _i64, _i64, _int,
-    ]  # fmt: skip
-    lib.ssacli_ssa_backward.restype = None
-    # gemm, q, k, v, strides, n_head, B, H, Hkv, Q, K, D, Dv, causal, window, rows, cols, out, lse, threads
-    lib.ssacli_ssa_flash_forward.argtypes = [
-        *[_ptr] * 6, *[_i64] * 7, _int, _i64, _i64, _i64, _ptr, _ptr, _int,
-    ]  # fmt: skip
-    lib.ssacli_ssa_flash_forward.restype = _int
-    # gemm, q, k, v, strides, scaling, B, H, Hkv, Q, K, D, Dv, causal, window, target, k, rows, cols,
-    # out, m, l, spread, top, sq, cnt, first, t_target, x_target, threads
-    lib.ssacli_stats_flash.argtypes = [
-        *[_ptr] * 5, ctypes.c_float, *[_i64] * 7, _int, _i64, _ptr, _i64, _i64, _i64, *[_ptr] * 10, _int,
-    ]  # fmt: skip
-    lib.ssacli_stats_flash.restype = _int
-    # gemm, q, k, v, dout, strides, n_head, lse, delta, B, H, Hkv, Q, K, D, Dv, causal, window, rows,
-    # cols, dq, dk_h, dv_h, dn, threads
-    lib.ssacli_ssa_flash_backward.argtypes = [
-        *[_ptr] * 9, *[_i64] * 7, _int, _i64, _i64, _i64, *[_ptr] * 4, _int,
-    ]  # fmt: skip
-    lib.ssacli_ssa_flash_backward.restype = _int
+def native_setting() -> str:
+    """The SSACLI_NATIVE environment variable, read here only: "0" never builds or loads the native
+    kernels; anything else (unset: "auto") builds them at first use where a C compiler is found."""
+    return "0" if os.environ.get("SSACLI_NATIVE") == "0" else "auto"
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded row pass, built on first use; None if SSACLI_COMPILE=0 or the build failed."""
-    if compile_setting() == "0":
+@functools.cache
+def _load():
+    """The built, loaded and checked library, or None after one RuntimeWarning saying why."""
+    stage = "building"
+    try:
+        compiler = native_build.compiler()
+        if compiler is None:
+            raise RuntimeError("no C compiler found ($CC, cc, gcc or clang)")
+        path = native_build.build(compiler)
+        stage = "loading"
+        lib = native_build.load(path)
+        problems = native_abi.layout_problems(lib)
+        if problems:
+            raise RuntimeError(f"its argument structs differ from ssacli.kernels.native_abi's: {problems[0]}")
+        native_abi.declare(lib)
+        return lib
+    except Exception as err:  # noqa: BLE001 - any failure means "use the torch path"
+        warnings.warn(
+            f"ssacli: {stage} ssacli's native kernels failed ({err}); using the torch block "
+            "math (same results, slower). Set SSACLI_NATIVE=0 to skip the attempt.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def library():
+    """The loaded kernels (a ctypes.CDLL), built on first use; None if SSACLI_NATIVE=0, or the build
+    failed, or the library's argument structs differ from Python's."""
+    if native_setting() == "0":
         return None
     with _LOCK:
-        if not _LIB:
-            try:
-                compiler = native_build.compiler()
-                if compiler is None:
-                    raise RuntimeError("no C compiler found ($CC, cc, gcc or clang)")
-                lib = native_build.load(native_build.build(compiler))
-                _declare(lib)
-                _LIB.append(lib)
-            except Exception as err:  # noqa: BLE001 - any failure means "use the torch path"
-                _LIB.append(None)
-                warnings.warn(
-                    f"ssacli: building ssacli's native kernels failed ({err}); using the torch block "
-                    "math (same results, slower). Set SSACLI_COMPILE=0 to skip the attempt.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        return _LIB[0]
+        return _load()
 
 
-_DISABLED: list[str] = []  # "all" or "flash", one per open disabled() block
+# "" on, "flash" the one-loop kernels off, "all" everything off: per thread and per asyncio task, so
+# one caller's comparison run never switches the kernels off under another's feet.
+_OFF: contextvars.ContextVar[str] = contextvars.ContextVar("ssacli_native_off", default="")
 
 
 def available() -> bool:
     """Whether callers should use the native pass: built here and not switched off by :func:`disabled`."""
-    return "all" not in _DISABLED and library() is not None
+    return _OFF.get() != "all" and library() is not None
 
 
 @contextlib.contextmanager
 def disabled(flash_only: bool = False):
     """Within this block callers take their torch path (benchmarks and tests compare the two); with
     ``flash_only`` they keep the native block pass but not the one-loop kernels (:func:`flash_available`
-    is False), so the block loop's torch matmuls run as without torch's sgemm."""
-    _DISABLED.append("flash" if flash_only else "all")
+    is False), so the block loop's torch matmuls run as without torch's sgemm. The switch is a context
+    variable: it holds in this thread or asyncio task only (and in tasks it creates, which copy its
+    context); an inner block never switches on what an outer one switched off."""
+    token = _OFF.set("flash" if flash_only and _OFF.get() != "all" else "all")
     try:
         yield
     finally:
-        _DISABLED.pop()
+        _OFF.reset(token)
 
 
 def _threads(rows: int) -> int:
@@ -137,11 +118,12 @@ def _threads(rows: int) -> int:
     return max(1, min(torch.get_num_threads(), rows // 64))
 
 
-def _block(y: torch.Tensor, diagonal: int, causal: bool, window: int | None) -> tuple:
-    """The arguments every SSA block call shares after its data: rows, columns, and after the
-    per-row inputs the block's width, its band and the thread count."""
+def _block(y: torch.Tensor, diagonal: int, causal: bool, window: int | None) -> dict:
+    """The fields every SSA block call shares after its data: rows, the row width C, the block's
+    width, its band and the thread count."""
     rows, cols = y.numel() // max(1, y.shape[-1]), y.shape[-1]
-    return rows, cols, (y.shape[-2], int(causal), diagonal, window or 0, _threads(rows))
+    return dict(C=cols, r0=0, r1=rows, width=y.shape[-2], causal=int(causal), diag=diagonal,
+                window=window or 0, threads=_threads(rows))  # fmt: skip
 
 
 def row_stats(
@@ -175,11 +157,14 @@ def row_stats(
         ).reshape(-1)
         state["_vis"], state["_off"] = vis, offsets  # alive until the call returns
         vis_ptr, off_ptr = vis.data_ptr(), offsets.data_ptr()
-    k = state["top"].shape[-1]
-    args = (t.data_ptr(), raw.data_ptr(), vis_ptr, off_ptr, c)
     names = ("m", "l", "spread", "shrink", "top", "sq", "cnt")
-    tail = (k, p.data_ptr(), *(state[name].data_ptr() for name in names))
-    return bool(lib.ssacli_row_stats(*args, 0, rows, *tail, _threads(rows)))
+    finite = native_abi.call(
+        lib, "ssacli_row_stats",
+        t=t.data_ptr(), raw=raw.data_ptr(), vis=vis_ptr, vis_off=off_ptr, C=c, r0=0, r1=rows,
+        top_k=state["top"].shape[-1], p=p.data_ptr(), threads=_threads(rows),
+        **{name: state[name].data_ptr() for name in names},
+    )  # fmt: skip
+    return bool(finite)
 
 
 def ssa_forward(
@@ -199,12 +184,12 @@ def ssa_forward(
     lib = library()
     assert lib is not None
     y = y.contiguous()
-    rows, cols, geometry = _block(y, diagonal, causal, window)
     m = torch.empty(y.shape[:-1] + (1,), dtype=y.dtype)
     s = torch.empty_like(m)
-    lib.ssacli_ssa_forward(
-        y.data_ptr(), cols, 0, rows, n.data_ptr(), n.numel(), y.data_ptr(), m.data_ptr(), s.data_ptr(),
-        *geometry,
+    native_abi.call(
+        lib, "ssacli_ssa_forward",
+        y=y.data_ptr(), n_head=n.data_ptr(), heads=n.numel(), p=y.data_ptr(), m=m.data_ptr(), s=s.data_ptr(),
+        **_block(y, diagonal, causal, window),
     )  # fmt: skip
     return y, m, s
 
@@ -230,40 +215,39 @@ def ssa_backward(
     assert lib is not None
     y, dp = y.contiguous(), dp.contiguous()
     lse, delta = lse.to(torch.float32).contiguous(), delta.to(torch.float32).contiguous()
-    rows, cols, geometry = _block(y, diagonal, causal, window)
     dn_rows = torch.zeros(y.shape[:-1], dtype=torch.float64)
-    lib.ssacli_ssa_backward(
-        y.data_ptr(), dp.data_ptr(), cols, 0, rows, n.data_ptr(), n.numel(), lse.data_ptr(),
-        delta.data_ptr(), dn_rows.data_ptr(), *geometry,
+    native_abi.call(
+        lib, "ssacli_ssa_backward",
+        y=y.data_ptr(), dp=dp.data_ptr(), n_head=n.data_ptr(), heads=n.numel(), lse=lse.data_ptr(),
+        delta=delta.data_ptr(), dn_row=dn_rows.data_ptr(), **_block(y, diagonal, causal, window),
     )  # fmt: skip
     return y, dp, dn_rows
 
 
 # ---- the whole SSA forward in one native loop, on torch's own BLAS ---------------------------------
 
-_SGEMM: list[int | None] = []  # [] not looked up yet; [None] none usable
+
+@functools.cache
+def _sgemm() -> int | None:
+    found = native_abi.torch_sgemm()
+    if found is not None and native_abi.sgemm_integer_bits(found) != 32:
+        found = None
+    if found is not None and not _matches_matmul(found):
+        found = None
+    return found
 
 
 def _torch_sgemm() -> int | None:
-    """The address of the Fortran ``sgemm_`` torch itself runs, where torch is built with MKL (whose
-    ``sgemm_`` takes 32-bit integers; other BLAS builds may not) and exports it; checked once against
-    torch.matmul on a small product (:func:`_matches_matmul`, within float32 rounding). None: not
-    available here."""
-    if _SGEMM:
-        return _SGEMM[0]
-    found = None
-    if torch.backends.mkl.is_available():
-        lib_dir = Path(torch.__file__).parent / "lib"
-        for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
-            try:
-                found = ctypes.cast(ctypes.CDLL(str(lib_dir / name)).sgemm_, _ptr).value
-                break
-            except (OSError, AttributeError):
-                continue
-    if found is not None and not _matches_matmul(found):
-        found = None
-    _SGEMM.append(found)
-    return found
+    """The address of the Fortran ``sgemm_`` torch itself runs, or None where it is not usable here.
+    Checked once per process, in this order, before the kernels are ever given it: torch is built
+    with MKL and libtorch_cpu exports ``sgemm_`` (native_abi.torch_sgemm); its integer arguments are
+    32-bit, as the kernels pass them (native_abi.sgemm_integer_bits, on a little-endian machine: one
+    1×1 product that either width reads safely and answers differently; an ILP64 sgemm is not used);
+    and one small SSA forward through the kernel on it
+    matches the same math in torch within float32 rounding (:func:`_matches_matmul`: the symbol
+    multiplies as an sgemm, with the argument order and transposes the kernels assume)."""
+    with _LOCK:
+        return _sgemm()
 
 
 def _matches_matmul(sgemm: int) -> bool:
@@ -285,24 +269,18 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _strides(*tensors: torch.Tensor) -> torch.Tensor:
-    """The [batch, head, row] element strides of each 4-d tensor, as native_math.h's STRIDES array."""
-    return torch.tensor([s for t in tensors for s in t.stride()[:3]], dtype=torch.int64)
-
-
 def _flash(lib, sgemm, q, k, v, n, causal, window, rows, cols):
-    batch, heads, q_len, dim = q.shape
-    kv_heads, k_len, dim_v = k.shape[1], k.shape[2], v.shape[-1]
+    batch, heads, q_len, _ = q.shape
     q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     n = n.to(torch.float32).contiguous()
-    out = q.new_empty(batch, heads, q_len, dim_v)
+    out = q.new_empty(batch, heads, q_len, v.shape[-1])
     lse = q.new_empty(batch, heads, q_len)
-    strides = _strides(q, k, v, out)
-    threads = max(1, torch.get_num_threads())
-    status = lib.ssacli_ssa_flash_forward(
-        sgemm, q.data_ptr(), k.data_ptr(), v.data_ptr(), strides.data_ptr(), n.data_ptr(), batch, heads,
-        kv_heads, q_len, k_len, dim, dim_v, int(causal), window or 0, rows, cols, out.data_ptr(),
-        lse.data_ptr(), threads,
+    strides = native_abi.strides(q, k, v, out)
+    status = native_abi.call(
+        lib, "ssacli_ssa_flash_forward",
+        strides=strides.data_ptr(), n_head=n.data_ptr(), rows=rows, cols=cols, out=out.data_ptr(),
+        lse=lse.data_ptr(), threads=max(1, torch.get_num_threads()),
+        **native_abi.flash_fields(sgemm, q, k, v, causal, window),
     )  # fmt: skip
     if status != 0:
         raise MemoryError("ssacli's native SSA forward could not allocate its tiles")
@@ -311,8 +289,8 @@ def _flash(lib, sgemm, q, k, v, n, causal, window, rows, cols):
 
 def flash_available() -> bool:
     """Whether :func:`ssa_flash_forward` can run here: the native pass is built and torch's own
-    ``sgemm_`` was found (torch built with MKL)."""
-    return available() and "flash" not in _DISABLED and _torch_sgemm() is not None
+    ``sgemm_`` was found and checked (:func:`_torch_sgemm`)."""
+    return available() and _OFF.get() != "flash" and _torch_sgemm() is not None
 
 
 def ssa_flash_forward(
@@ -369,12 +347,13 @@ def ssa_flash_backward(
     dk_heads = query.new_empty(batch, heads, k_len, dim)
     dv_heads = query.new_empty(batch, heads, k_len, dim_v)
     dn = torch.empty(batch, heads, dtype=torch.float64)
-    strides = _strides(query, key, value, grad_out)
-    status = lib.ssacli_ssa_flash_backward(
-        sgemm, query.data_ptr(), key.data_ptr(), value.data_ptr(), grad_out.data_ptr(), strides.data_ptr(),
-        n.data_ptr(), lse.data_ptr(), delta.data_ptr(), batch, heads, kv_heads, q_len, k_len, dim, dim_v,
-        int(causal), window or 0, block_rows, block_keys, dq.data_ptr(), dk_heads.data_ptr(),
-        dv_heads.data_ptr(), dn.data_ptr(), max(1, torch.get_num_threads()),
+    strides = native_abi.strides(query, key, value, grad_out)
+    status = native_abi.call(
+        lib, "ssacli_ssa_flash_backward",
+        dout=grad_out.data_ptr(), strides=strides.data_ptr(), n_head=n.data_ptr(), lse=lse.data_ptr(),
+        delta=delta.data_ptr(), rows=block_rows, cols=block_keys, dq=dq.data_ptr(), dk_h=dk_heads.data_ptr(),
+        dv_h=dv_heads.data_ptr(), dn=dn.data_ptr(), threads=max(1, torch.get_num_threads()),
+        **native_abi.flash_fields(sgemm, query, key, value, causal, window),
     )  # fmt: skip
     if status != 0:
         raise MemoryError("ssacli's native SSA backward could not allocate its tiles")
@@ -406,23 +385,22 @@ def stats_flash(
     (output [B, H, Q, Dv] normalized by l, a transposed view of [B, Q, H, Dv] memory; whether every
     logit formed was finite; whether every output and l is)."""
     lib, sgemm = library(), _torch_sgemm()
-    batch, heads, q_len, dim = query.shape
-    kv_heads, k_len, dim_v = key.shape[1], key.shape[2], value.shape[-1]
+    batch, heads, q_len, _ = query.shape
     query, key, value = _rows_contiguous(query), _rows_contiguous(key), _rows_contiguous(value)
     # [B, Q, H, Dv] memory seen as [B, H, Q, Dv]: the layout the attention call returns
-    out = query.new_empty(batch, q_len, heads, dim_v).transpose(1, 2)
-    strides = _strides(query, key, value, out)
+    out = query.new_empty(batch, q_len, heads, value.shape[-1]).transpose(1, 2)
+    strides = native_abi.strides(query, key, value, out)
     target_ptr = None
     if target is not None:
         target = target.to(torch.int64).contiguous()
         target_ptr = target.data_ptr()
     names = ("m", "l", "spread", "top", "sq", "cnt", "first", "t_target", "x_target")
-    status = lib.ssacli_stats_flash(
-        sgemm, query.data_ptr(), key.data_ptr(), value.data_ptr(), strides.data_ptr(), scaling, batch,
-        heads, kv_heads,
-        q_len, k_len, dim, dim_v, int(causal), window or 0, target_ptr, state["top"].shape[-1],
-        block_rows, block_keys, out.data_ptr(), *(state[name].data_ptr() for name in names),
-        max(1, torch.get_num_threads()),
+    status = native_abi.call(
+        lib, "ssacli_stats_flash",
+        strides=strides.data_ptr(), scaling=scaling, target=target_ptr, top_k=state["top"].shape[-1],
+        rows=block_rows, cols=block_keys, out=out.data_ptr(), threads=max(1, torch.get_num_threads()),
+        **{name: state[name].data_ptr() for name in names},
+        **native_abi.flash_fields(sgemm, query, key, value, causal, window),
     )  # fmt: skip
     if status < 0:
         raise MemoryError("ssacli's native statistics could not allocate their tiles")
@@ -430,14 +408,6 @@ def stats_flash(
 
 
 __all__ = [
-    "available",
-    "disabled",
-    "flash_available",
-    "library",
-    "row_stats",
-    "ssa_backward",
-    "ssa_flash_backward",
-    "ssa_flash_forward",
-    "stats_flash",
-    "ssa_forward",
-]
+    "available", "disabled", "flash_available", "library", "native_setting", "row_stats",
+    "ssa_backward", "ssa_flash_backward", "ssa_flash_forward", "ssa_forward", "stats_flash",
+]  # fmt: skip

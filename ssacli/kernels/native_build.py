@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import itertools
 import os
 import platform
 import shlex
@@ -29,9 +30,11 @@ import time
 import warnings
 from pathlib import Path
 
-# The C sources, compiled together into one library; the header holds what they share.
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("native_stats.c", "native_ssa.c"))
-HEADER = Path(__file__).with_name("native_math.h")
+# The C sources, compiled together into one library; the headers hold what they share: the math
+# (native_math.h) and the argument structs of the entry points (native_abi.h, whose layout table
+# native_abi.c exports for ssacli.kernels.native_abi to check).
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("native_stats.c", "native_ssa.c", "native_abi.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("native_math.h", "native_abi.h"))
 # -fopenmp links libgomp.so.1 by its soname, which resolves to the libgomp torch has already loaded:
 # the row pass then runs on torch's own thread pool instead of competing with its spinning threads.
 _FLAG_SETS = (
@@ -43,6 +46,7 @@ TEMP_PREFIX = "native-build-"  # a build's temporary file: native-build-XXXXXXXX
 STALE_AFTER_S = 3600.0  # a temporary file this old is a killed build's, never one in flight
 # Where there are owners and O_NOFOLLOW (not Windows), files and folders are checked before loading.
 _CHECKED = hasattr(os, "geteuid") and hasattr(os, "O_NOFOLLOW")
+_LOADS = itertools.count(1)  # libraries loaded by this process, for :func:`load`'s names
 
 
 class UnsafeLibrary(Exception):
@@ -95,7 +99,7 @@ def _cpu_signature() -> str:
 def target_path(compiler: str) -> Path:
     """The cached library for this compiler: named by a hash of the sources, the compiler's version,
     the CPU and the flags, so a new source or machine builds anew and nothing is overwritten in place."""
-    source = b"\0".join(path.read_bytes() for path in (HEADER, *SOURCES))
+    source = b"\0".join(path.read_bytes() for path in (*HEADERS, *SOURCES))
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(
         b"\0".join(s.encode() if isinstance(s, str) else s for s in
@@ -184,7 +188,10 @@ def load(path: Path, root: Path | None = None) -> ctypes.CDLL:
     on Linux through /proc/self/fd while the checked descriptor is open (elsewhere by its path)."""
     fd = open_checked(path, root)
     try:
-        by_fd = f"/proc/self/fd/{fd}"
+        # dlopen hands back an object already loaded under the same name without opening anything,
+        # and a closed descriptor's number comes back: a second library loaded as /proc/self/fd/N
+        # would be the first one. Each load spells the path its own way (/proc/self/fd/./N, ...).
+        by_fd = f"/proc/self/fd/{'./' * next(_LOADS)}{fd}"
         lib = ctypes.CDLL(by_fd if os.path.exists(by_fd) else str(path))
     finally:
         os.close(fd)

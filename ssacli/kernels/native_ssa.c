@@ -7,6 +7,7 @@
  *   each (FlashAttention's and FlashAttention-2's), their tiles formed by torch's sgemm and reduced
  *   while they sit in cache.
  */
+#include "native_abi.h"
 #include "native_math.h"
 
 /* One row of SSA's forward math: keys [lo, hi] of the row's C are in its band (with `masked`, those y
@@ -68,11 +69,14 @@ static inline __attribute__((always_inline)) float ssa_row(
  * flattened to rows, row r in head (r / width) % heads with exponent n_head of it: m = the row's max
  * of t = n·sgn(y)·log1p|y| over visible keys, p = e^(t - m) (0 for hidden keys; m = -inf when none
  * is visible) and s = Σp. Keys that y marks -inf are hidden, and so are those outside the row's band
- * (see band()). p may be y itself. */
-void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
-                        const float *restrict n_head, int64_t heads, float *p, float *restrict m,
-                        float *restrict s, int64_t width, int causal, int64_t diag, int64_t window,
-                        int threads) {
+ * (see band()). p may be y itself. The arguments are the fields of *a (native_abi.h). */
+void ssacli_ssa_forward(const struct ssacli_ssa_forward_args *a) {
+    const float *y = a->y;
+    const int64_t C = a->C, r0 = a->r0, r1 = a->r1, heads = a->heads;
+    const float *restrict n_head = a->n_head;
+    float *p = a->p, *restrict m = a->m, *restrict s = a->s;
+    const int64_t width = a->width, diag = a->diag, window = a->window;
+    const int causal = a->causal, threads = a->threads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
 #endif
@@ -95,13 +99,17 @@ void ssacli_ssa_forward(const float *y, int64_t C, int64_t r0, int64_t r1,
  * tile (it stays in cache), ssa_row turns each row into weights against the row's running max, the
  * accumulated output is rescaled and one more sgemm adds p·v. Writes out [B, H, Q, Dv] and the
  * log-sum-exp lse [B, H, Q] (+inf for a row that sees nothing; its output is 0). Returns 0, or -1 if
- * a tile could not be allocated (nothing is then written). */
-int ssacli_ssa_flash_forward(void *gemm_ptr, const float *q, const float *k, const float *v,
-                             const int64_t *restrict st, const float *restrict n_head, int64_t B,
-                             int64_t H, int64_t Hkv, int64_t Q, int64_t K, int64_t D, int64_t Dv,
-                             int causal, int64_t window, int64_t rows, int64_t cols, float *out,
-                             float *lse, int threads) {
-    sgemm_fn gemm = (sgemm_fn)gemm_ptr;
+ * a tile could not be allocated (nothing is then written). The arguments are the fields of *a
+ * (native_abi.h). */
+int ssacli_ssa_flash_forward(const struct ssacli_ssa_flash_forward_args *a) {
+    sgemm_fn gemm = (sgemm_fn)a->gemm;
+    const float *q = a->q, *k = a->k, *v = a->v;
+    const int64_t *restrict st = a->strides;
+    const float *restrict n_head = a->n_head;
+    const int64_t B = a->B, H = a->H, Hkv = a->Hkv, Q = a->Q, K = a->K, D = a->D, Dv = a->Dv;
+    const int causal = a->causal, threads = a->threads;
+    const int64_t window = a->window, rows = a->rows, cols = a->cols;
+    float *out = a->out, *lse = a->lse;
     const int64_t offset = K - Q, blocks = (Q + rows - 1) / rows, tasks = B * H * blocks;
     int failed = 0;
 #ifdef _OPENMP
@@ -248,11 +256,15 @@ static double ssa_backward_row(float *y, float *dp, int64_t C, int64_t lo, int64
 /* One SSA backward block (blocked.py's _backward_block): for rows [r0, r1) of y [batch, heads, width, C]
  * (as in ssacli_ssa_forward: hidden keys -inf or outside the band) with dp = dO·vᵀ of the same shape,
  * the rows' saved log-sum-exp lse[r] and delta[r]: ssa_backward_row on each, its Σ dt·u added to
- * dn_row[r] (the caller sums rows per head: ∂L/∂n). */
-void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
-                         const float *restrict n_head, int64_t heads, const float *restrict lse,
-                         const float *restrict delta, double *restrict dn_row, int64_t width,
-                         int causal, int64_t diag, int64_t window, int threads) {
+ * dn_row[r] (the caller sums rows per head: ∂L/∂n). The arguments are the fields of *a
+ * (native_abi.h). */
+void ssacli_ssa_backward(const struct ssacli_ssa_backward_args *a) {
+    float *y = a->y, *dp = a->dp;
+    const int64_t C = a->C, r0 = a->r0, r1 = a->r1, heads = a->heads;
+    const float *restrict n_head = a->n_head, *restrict lse = a->lse, *restrict delta = a->delta;
+    double *restrict dn_row = a->dn_row;
+    const int64_t width = a->width, diag = a->diag, window = a->window;
+    const int causal = a->causal, threads = a->threads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
 #endif
@@ -274,14 +286,18 @@ void ssacli_ssa_backward(float *y, float *dp, int64_t C, int64_t r0, int64_t r1,
  * [B, H, Q, D] (contiguous, zeroed by the caller), the head's dk and dv into dk_h [B, H, K, D] and
  * dv_h [B, H, K, Dv] (contiguous; the caller sums the heads that share a K/V head) and Σ dt·u into
  * dn[b·H + h]. One task owns everything it writes, so the result does not depend on the threads.
- * Returns 0, or -1 if a tile could not be allocated. */
-int ssacli_ssa_flash_backward(void *gemm_ptr, const float *q, const float *k, const float *v,
-                              const float *dout, const int64_t *restrict st, const float *restrict n_head,
-                              const float *restrict lse, const float *restrict delta, int64_t B, int64_t H,
-                              int64_t Hkv, int64_t Q, int64_t K, int64_t D, int64_t Dv, int causal,
-                              int64_t window, int64_t rows, int64_t cols, float *dq, float *dk_h,
-                              float *dv_h, double *dn, int threads) {
-    sgemm_fn gemm = (sgemm_fn)gemm_ptr;
+ * Returns 0, or -1 if a tile could not be allocated. The arguments are the fields of *a
+ * (native_abi.h). */
+int ssacli_ssa_flash_backward(const struct ssacli_ssa_flash_backward_args *a) {
+    sgemm_fn gemm = (sgemm_fn)a->gemm;
+    const float *q = a->q, *k = a->k, *v = a->v, *dout = a->dout;
+    const int64_t *restrict st = a->strides;
+    const float *restrict n_head = a->n_head, *restrict lse = a->lse, *restrict delta = a->delta;
+    const int64_t B = a->B, H = a->H, Hkv = a->Hkv, Q = a->Q, K = a->K, D = a->D, Dv = a->Dv;
+    const int causal = a->causal, threads = a->threads;
+    const int64_t window = a->window, rows = a->rows, cols = a->cols;
+    float *dq = a->dq, *dk_h = a->dk_h, *dv_h = a->dv_h;
+    double *dn = a->dn;
     const int64_t offset = K - Q, tasks = B * H;
     int failed = 0;
 #ifdef _OPENMP

@@ -13,6 +13,7 @@
  * - ssacli_stats_flash: the same rows for plain softmax, in one loop whose logit tiles torch's sgemm
  *   forms and whose p·v it adds, no [rows, keys] block ever written to memory.
  */
+#include "native_abi.h"
 #include "native_math.h"
 
 static inline void insert_top(double *top, int64_t k, double value) {
@@ -225,13 +226,19 @@ static inline __attribute__((always_inline)) int row(
 /* Rows [r0, r1) of a block of rows × C keys, over `threads` OpenMP threads where built with OpenMP
  * (then it is the libgomp torch has loaded, so the threads are torch's own intra-op pool). Row r's
  * visibility starts at vis + vis_off[r] (one byte per key), or every key is visible if vis is NULL.
- * State arrays are per row (top: k per row, descending). p may be t (and t raw): pass 1 reads a
- * row whole before pass 2 writes it. Returns 1 if every raw logit of these rows is finite, else 0. */
-int ssacli_row_stats(const float *t, const float *raw,
-                     const uint8_t *restrict vis, const int64_t *restrict vis_off, int64_t C,
-                     int64_t r0, int64_t r1, int64_t k, float *p, double *restrict m,
-                     double *restrict l, double *restrict spread, float *restrict shrink,
-                     double *restrict top, double *restrict sq, double *restrict cnt, int threads) {
+ * State arrays are per row (top: top_k per row, descending). p may be t (and t raw): pass 1 reads a
+ * row whole before pass 2 writes it. Returns 1 if every raw logit of these rows is finite, else 0.
+ * The arguments are the fields of *a (native_abi.h), copied into locals by name. */
+int ssacli_row_stats(const struct ssacli_row_stats_args *a) {
+    const float *t = a->t, *raw = a->raw;
+    const uint8_t *restrict vis = a->vis;
+    const int64_t *restrict vis_off = a->vis_off;
+    const int64_t C = a->C, r0 = a->r0, r1 = a->r1, k = a->top_k;
+    float *p = a->p;
+    double *restrict m = a->m, *restrict l = a->l, *restrict spread = a->spread;
+    float *restrict shrink = a->shrink;
+    double *restrict top = a->top, *restrict sq = a->sq, *restrict cnt = a->cnt;
+    const int threads = a->threads;
     int all_finite = 1;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(& : all_finite) if (threads > 1)
@@ -258,15 +265,22 @@ int ssacli_row_stats(const float *t, const float *raw,
  * adds p·v. The per-row state (m, l, spread, top [.., k], sq, cnt, first, t_target, x_target; all
  * [B, H, Q] float64) arrives initialized (as ssacli.kernels.online_stats starts it) and is updated
  * in place; out gets acc / l (acc where l is not > 0). Returns -1 if a tile could not be allocated,
- * else bit 0 set if every logit formed was finite and bit 1 if every output and l is. */
-int ssacli_stats_flash(void *gemm_ptr, const float *q, const float *key, const float *v,
-                       const int64_t *restrict st, float scaling,
-                       int64_t B, int64_t H, int64_t Hkv, int64_t Q, int64_t K, int64_t D, int64_t Dv,
-                       int causal, int64_t window, const int64_t *restrict target, int64_t k,
-                       int64_t rows, int64_t cols, float *out, double *m, double *l, double *spread,
-                       double *top, double *sq, double *cnt, double *first, double *t_target,
-                       double *x_target, int threads) {
-    sgemm_fn gemm = (sgemm_fn)gemm_ptr;
+ * else bit 0 set if every logit formed was finite and bit 1 if every output and l is. The arguments
+ * are the fields of *a (native_abi.h; its k is the key tensor, top_k the k here). */
+int ssacli_stats_flash(const struct ssacli_stats_flash_args *a) {
+    sgemm_fn gemm = (sgemm_fn)a->gemm;
+    const float *q = a->q, *key = a->k, *v = a->v;
+    const int64_t *restrict st = a->strides;
+    const float scaling = a->scaling;
+    const int64_t B = a->B, H = a->H, Hkv = a->Hkv, Q = a->Q, K = a->K, D = a->D, Dv = a->Dv;
+    const int causal = a->causal;
+    const int64_t window = a->window;
+    const int64_t *restrict target = a->target;
+    const int64_t k = a->top_k, rows = a->rows, cols = a->cols;
+    float *out = a->out;
+    double *m = a->m, *l = a->l, *spread = a->spread, *top = a->top, *sq = a->sq, *cnt = a->cnt;
+    double *first = a->first, *t_target = a->t_target, *x_target = a->x_target;
+    const int threads = a->threads;
     const int64_t offset = K - Q, blocks = (Q + rows - 1) / rows, tasks = B * H * blocks;
     int failed = 0, all_finite = 1, all_finite_out = 1;
 #ifdef _OPENMP

@@ -196,7 +196,7 @@ def softmax_statistics(
     ``compile``: compile the block math (None: SSACLI_COMPILE, else CPU calls of at least
     STATS_COMPILE_MIN_LOGITS logits). ``native_pass``: run each block's statistics through the native
     row pass (ssacli.kernels.native) where it applies — float32 math on the CPU, the kernel built —
-    (None: unless SSACLI_COMPILE=0); otherwise, and on other devices and dtypes, the torch path.
+    (None: unless SSACLI_NATIVE=0); otherwise, and on other devices and dtypes, the torch path.
     ``overwrite_logits``: each ``logits`` call returns a new tensor that this function may overwrite
     (the native pass then writes the weights over the logits, one block of memory fewer per block).
     """
@@ -222,7 +222,7 @@ def softmax_statistics(
     v32 = value.to(compute)
     if compile is None:
         compile = should_compile(dev.type == "cpu" and b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
-    # native.available() is False under SSACLI_COMPILE=0 (nothing is built) and where the build failed
+    # native.available() is False under SSACLI_NATIVE=0 (nothing is built) and where the build failed
     cpu_float32 = dev.type == "cpu" and compute == torch.float32
     use_native = native_pass is not False and cpu_float32 and native.available()
     for r0 in range(0, q_len, max(1, block_rows)):

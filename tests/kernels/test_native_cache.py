@@ -214,6 +214,16 @@ def test_a_build_removes_stale_temporary_files_and_keeps_the_rest(stand_in):
     assert native_build.build(compiler) == target and len(_built(log)) == 1  # cached: no rebuild
 
 
+def test_libraries_loaded_one_after_another_are_each_their_own(tmp_path):
+    """load() opens each library through /proc/self/fd/N and closes the descriptor after, so the next
+    load gets the same N; dlopen hands back an object it already has under the same name, so each load
+    must name its descriptor its own way or a second library would be the first one (as a test's
+    stand-in would be the real kernels)."""
+    first = _compile(tmp_path, "first", "int ssacli_which(void) { return 1; }\n")
+    second = _compile(tmp_path, "second", "int ssacli_which(void) { return 2; }\n")
+    assert [native_build.load(path).ssacli_which() for path in (first, second, first)] == [1, 2, 1]
+
+
 def test_a_failed_or_interrupted_build_leaves_no_temporary_file(stand_in, tmp_path, monkeypatch):
     """A compiler that writes part of its output and fails, and a build interrupted by Ctrl-C while
     the compiler runs: nothing is left in the cache's folder."""
@@ -262,7 +272,7 @@ with warnings.catch_warnings(record=True) as seen:
 
 def _run(tmp_path: Path, cache: Path) -> list[str]:
     env = {**os.environ, "SSACLI_CACHE": str(cache), "TMPDIR": str(tmp_path)}
-    env.pop("SSACLI_COMPILE", None)  # the build is the point, whatever the caller's setting
+    env.pop("SSACLI_NATIVE", None)  # the build is the point, whatever the caller's setting
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
     )

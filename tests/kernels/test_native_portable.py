@@ -98,7 +98,7 @@ def test_every_instruction_set_computes_the_float64_reference(tmp_path, path):
     flags, mkl, aten = PATHS[path]
     env = {**os.environ, "SSACLI_NATIVE_CFLAGS": flags, "SSACLI_CACHE": str(tmp_path)}
     env.update(MKL_ENABLE_INSTRUCTIONS=mkl, ATEN_CPU_CAPABILITY=aten)
-    env.pop("SSACLI_COMPILE", None)
+    env.pop("SSACLI_NATIVE", None)
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(ROOT)], env=env, capture_output=True, text=True, timeout=300
     )

@@ -212,7 +212,7 @@ def test_native_build_failure_warns_once_and_keeps_the_torch_path(tmp_path):
         "      bool(torch.equal(a, run(False))))\n"
     )
     env = {**os.environ, "CC": "false", "SSACLI_CACHE": str(tmp_path)}
-    env.pop("SSACLI_COMPILE", None)  # the attempt is the point, whatever the caller's setting
+    env.pop("SSACLI_NATIVE", None)  # the attempt is the point, whatever the caller's setting
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
@@ -237,7 +237,7 @@ def test_native_build_where_the_cache_cannot_be_written_builds_privately(tmp_pat
         "print(native.available(), native.library()._name)\n"
     )
     env = {**os.environ, "SSACLI_CACHE": str(blocker)}
-    env.pop("SSACLI_COMPILE", None)  # the build is the point, whatever the caller's setting
+    env.pop("SSACLI_NATIVE", None)  # the build is the point, whatever the caller's setting
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
