@@ -12,8 +12,11 @@ The public API (the CLI is a thin layer over it: every command is one of these c
 * :func:`diagnose` -> :class:`DiagnoseResult`: probe a model with magnitude shifts and measure
   per-layer, per-head saturation; :func:`load_model` resolves MODEL references;
   :func:`compare_results` puts two results side by side (``ssacli diagnose``); :func:`load_saved`
-  reads a saved result back, :func:`render` / :func:`render_html` draw it again and
+  reads a saved result back, :func:`render` / :func:`render_html` draw it again,
+  :func:`render_figures` gives its page's figures by name (``--png`` / ``--svg``) and
   ``DiagnoseResult.to_frame`` / ``to_csv`` / ``to_parquet`` export it as a table (``ssacli render``).
+  In a notebook a DiagnoseResult, QualityReport or CheckReport shows its verdict (``_repr_html_``)
+  and ``result.plot(kind)`` returns one of its figures (docs/notebooks.md).
 * :func:`run_check` -> :class:`CheckReport`: gate a model on requirements; :func:`check_settings`
   merges an ``ssacli.toml`` with explicit options first, :func:`write_check_config` writes one
   measured on a model (``ssacli check``, ``check --init``).
@@ -40,8 +43,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import display as _display
 from .errors import BrokenModelError, InputError, SpecError, SsacliError, UnsupportedModelError
 from .version import __version__
+
+# What draws each result type in a notebook (`_repr_html_`, `.plot`): the report layer, named here,
+# above every layer, so that diagnosis, quality and check never import it (ssacli/display.py says why)
+for _type, _drawn in (("DiagnoseResult", "diagnose"), ("QualityReport", "report"), ("CheckReport", "check")):
+    _display.bind(_type, f"ssacli.report.notebook:{_drawn}_output", f"ssacli.report.notebook:{_drawn}_plot")
+del _type, _drawn
 
 # public name -> "module" (the name is the module's own) or "module:name" (exported under another
 # name, where the module's own would be ambiguous at the top level, e.g. icl.train:train)
@@ -71,6 +81,7 @@ _LAZY = {
     "load_saved": "report.saved",
     "render": "report.saved",
     "render_html": "report.saved",
+    "render_figures": "report.notebook:figure_set",
     "parse_probe": "diagnosis.probe_kinds",
     "run_check": "check.requirements",
     "parse_requirement": "check.requirements",
@@ -127,6 +138,7 @@ if TYPE_CHECKING:
     from .quality.harness import LMEvalPlan, lm_eval
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
     from .quality.result import QualityReport
+    from .report.notebook import figure_set as render_figures
     from .report.plots import plot_sweep as plot_icl_sweep
     from .report.saved import load_saved, render, render_html
     from .scorers import (
@@ -207,6 +219,7 @@ __all__ = [
     "plot_icl_sweep",
     "register_scorer",
     "render",
+    "render_figures",
     "render_html",
     "restore",
     "run_check",

@@ -29,6 +29,7 @@ from ..diagnosis.outputs import quality_values
 from ..diagnosis.probe_result import json_ready
 from ..diagnosis.probes import PROBES, parse_probe
 from ..diagnosis.result import DiagnoseResult
+from ..display import Displayed
 from ..errors import InputError, UsageError
 
 SCHEMA = "ssacli-check"
@@ -314,7 +315,7 @@ def load_baseline(path: str | Path) -> DiagnoseResult:
 
 
 @dataclass
-class CheckReport:
+class CheckReport(Displayed):  # Displayed: _repr_html_ and plot(kind) in a notebook (ssacli/display.py)
     model: str
     requirements: list[Requirement]
     outcomes: list[Outcome]

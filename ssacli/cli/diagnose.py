@@ -22,8 +22,10 @@ from .options import (
     Dtype,
     MaxMemory,
     OptionalModel,
+    PngDir,
     QuietOutput,
     Strict,
+    SvgDir,
     TrustRemoteCode,
     bar_columns,
     check_inputs,
@@ -31,7 +33,7 @@ from .options import (
     load_options,
     progress,
 )
-from .outputs import write_output
+from .outputs import check_figure_outputs, figure_outputs, write_figure_outputs, write_output
 
 
 def scorers_command(
@@ -133,6 +135,8 @@ def diagnose_command(
         None, "--json", help="Write the result (versioned schema) to this file; - for stdout."
     ),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
+    png: PngDir = None,
+    svg: SvgDir = None,
     heatmap: str = typer.Option(defaults.HEATMAP, help=HEATMAP_HELP),
     quiet: QuietOutput = False,
 ) -> None:
@@ -148,6 +152,7 @@ def diagnose_command(
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
+    check_figure_outputs(png, svg)
     probes = [parse_probe(p) for p in probe] if probe else None  # torch-free, like check_inputs
     other_model = None if compare is None or _is_result_file(compare) else compare
     check_inputs(scorers=[scorer], models=[model_ref, other_model])
@@ -188,8 +193,17 @@ def diagnose_command(
         from ..report.html import comparison_html, diagnose_html
 
         outputs.append((diagnose_html(result) if other is None else comparison_html(result, other), html_out))
+    figures = figure_outputs(lambda: _figures(result, other), png, svg)
     for text, path in outputs:
         write_output(text, path, console)
+    write_figure_outputs(figures, console)
+
+
+def _figures(*results) -> list:
+    """The report's named figures (--png, --svg): one result's, or a comparison's."""
+    from ..report.notebook import figure_set
+
+    return figure_set(*results)
 
 
 def _compare_target(ref: str, settings: dict, quiet: bool):

@@ -70,6 +70,9 @@ QuietOutput = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print nothing but errors and written files.")
 ]
 QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or step log.")]
+FIGURES_HELP = "Write the report's figures as {} files into DIR (replacing only ssacli's own)."
+PngDir = Annotated[Path, typer.Option("--png", metavar="DIR", help=FIGURES_HELP.format("PNG"))]
+SvgDir = Annotated[Path, typer.Option("--svg", metavar="DIR", help=FIGURES_HELP.format("SVG"))]
 RUN_JSON_HELP = "Write the folder's record (its ssacli.json: fidelity, training) as JSON; - for stdout."
 RunJson = Annotated[Path, typer.Option("--json", help=RUN_JSON_HELP)]  # convert, finetune, train, icl train
 

@@ -12,7 +12,7 @@ is :func:`run_document`. Torch-free at import, like every module of the CLI.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,39 @@ def write_output(content: str | bytes, path: str | Path, console: Console | None
         return
     (write_text if isinstance(content, str) else write_bytes)(content, path)
     (console or Console()).print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+def check_figure_outputs(png: str | Path | None, svg: str | Path | None) -> None:
+    """``--png DIR`` / ``--svg DIR`` (None: not asked for), before any work: the folder can be
+    written, and no file ssacli would write there is someone else's (exit 4, exit 2)."""
+    from ..report.figure_files import check_figure_folder  # torch- and matplotlib-free
+
+    check_figure_folder(png, "--png")
+    check_figure_folder(svg, "--svg")
+
+
+def figure_outputs(figures: Callable[[], list], png: Any, svg: Any) -> list[tuple[bytes, Path]]:
+    """The figure files of ``--png`` / ``--svg``, rendered in memory (``figures()``: the named
+    figures, drawn only when a folder was given), so that they are written with the other outputs,
+    after every output has been rendered."""
+    if png is None and svg is None:
+        return []
+    from ..report.figure_files import figure_files
+
+    return figure_files(figures(), {"png": png, "svg": svg})
+
+
+def write_figure_outputs(files: list[tuple[bytes, Path]], console: Console | None = None) -> None:
+    """Write the figure files and say so once per folder: ``wrote DIR/ (N PNG files: …)``."""
+    folders: dict[Path, list[Path]] = {}
+    for content, path in files:
+        write_bytes(content, path)
+        folders.setdefault(path.parent, []).append(path)
+    for folder, paths in folders.items():
+        kinds = sorted({p.suffix.lstrip(".").upper() for p in paths})
+        names = ", ".join(dict.fromkeys(p.stem for p in paths))  # once each, with --png and --svg alike
+        line = f"wrote {folder}/ ({len(paths)} {'/'.join(kinds)} files: {names})"
+        (console or Console()).print(line, highlight=False, soft_wrap=True)
 
 
 def run_document(

@@ -15,8 +15,8 @@ from rich.console import Console
 
 from ..defaults import HEATMAP
 from ..errors import UsageError
-from .options import HEATMAP_HELP, QuietOutput, check_outputs
-from .outputs import is_stdout, write_output
+from .options import HEATMAP_HELP, PngDir, QuietOutput, SvgDir, check_outputs
+from .outputs import check_figure_outputs, figure_outputs, is_stdout, write_figure_outputs, write_output
 
 
 def render_command(
@@ -29,6 +29,8 @@ def render_command(
     parquet_out: Path = typer.Option(
         None, "--parquet", help=r'The same table as Parquet (pip install "ssacli\[frame]").'
     ),
+    png: PngDir = None,
+    svg: SvgDir = None,
     heatmap: str = typer.Option(HEATMAP, help=HEATMAP_HELP),
     quiet: QuietOutput = False,
 ) -> None:
@@ -47,6 +49,7 @@ def render_command(
     """
     outputs = (("--html", html_out), ("--csv", csv_out), ("--parquet", parquet_out))
     check_outputs(*outputs)  # before anything heavy is imported
+    check_figure_outputs(png, svg)
     given = [
         Path(path).expanduser().absolute() for _, path in outputs if path is not None and not is_stdout(path)
     ]
@@ -88,7 +91,14 @@ def render_command(
         files.append((csv_out, results[0].to_csv()))
     if parquet_out is not None:
         files.append((parquet_out, results[0].to_parquet()))
+    if png is not None or svg is not None:
+        from ..report.notebook import figure_set
+
+        figures = figure_outputs(lambda: figure_set(*results), png, svg)
+    else:
+        figures = []
     if not quiet:
         render(*results, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
     for path, content in files:
         write_output(content, path, console)
+    write_figure_outputs(figures, console)

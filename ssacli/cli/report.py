@@ -26,7 +26,9 @@ from .options import (
     DeviceMap,
     Dtype,
     MaxMemory,
+    PngDir,
     QuietOutput,
+    SvgDir,
     TrustRemoteCode,
     check_inputs,
     check_outputs,
@@ -34,7 +36,7 @@ from .options import (
     load_options,
     progress,
 )
-from .outputs import write_output
+from .outputs import check_figure_outputs, figure_outputs, write_figure_outputs, write_output
 
 
 def report_command(
@@ -96,6 +98,8 @@ def report_command(
         None, "--json", help="Write the report (schema ssacli-report) here; - for stdout."
     ),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
+    png: PngDir = None,
+    svg: SvgDir = None,
     reuse_before: Path = typer.Option(
         None, help="An earlier --json report of the same BEFORE and settings: reuse its BEFORE side."
     ),
@@ -139,6 +143,7 @@ def report_command(
       ssacli report ./gpt2 ./gpt2-ssa ./gpt2-control --heldout-of wiki.txt
     """
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
+    check_figure_outputs(png, svg)
     probes = [str(parse_probe(p)) for p in probe] if probe else None
     check_inputs(models=[before, after, control])
     from .. import compare_models
@@ -188,5 +193,14 @@ def report_command(
         from ..report.before_after import report_html
 
         outputs.append((report_html(data), html_out))
+    figures = figure_outputs(lambda: _figures(data), png, svg)
     for text, path in outputs:  # every output rendered before the first is written
         write_output(text, path, console)
+    write_figure_outputs(figures, console)
+
+
+def _figures(data: dict) -> list:
+    """The report page's named figures (--png, --svg)."""
+    from ..report.notebook import figure_set
+
+    return figure_set(data)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..display import Displayed
 from ..errors import InputError
 from . import frames
 from .findings import baseline_probe, findings
@@ -35,7 +36,7 @@ SCHEMA_FILE = Path(__file__).with_name("diagnose.schema.json")  # JSON Schema (2
 
 
 @dataclass
-class DiagnoseResult:
+class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a notebook (ssacli/display.py)
     model: str  # what the user asked for (path, builtin:NAME, hub id)
     family: str  # config.model_type, or "icl-gpt2" for ssacli's ICL models
     scorer: str  # scorer spec the attention ran with ("softmax" for an untouched model)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..display import Displayed
 from ..errors import UsageError
 
 REPORT_SCHEMA = "ssacli-report"
@@ -15,7 +16,7 @@ REPORT_VERSION = 1  # still 1 with a CONTROL: its keys are additions a version-1
 
 
 @dataclass
-class QualityReport:
+class QualityReport(Displayed):  # Displayed: _repr_html_ and plot(kind) in a notebook (ssacli/display.py)
     """BEFORE vs AFTER: every quality measure that applies to both models and the probe comparison.
 
     ``before`` / ``after``: model, family, kind and scorer of each side; ``settings``: what was

@@ -79,6 +79,9 @@ CASES = {
     "finetune --json": ["finetune", MODEL, "--data", "icl:every", "--out", "out", "--json", "{ro}/r.json"],
     "train --json": ["train", "--data", "c.txt", "--arch", "gpt2", "--out", "out", "--json", "{ro}/r.json"],
     "icl train --json": ["icl", "train", "--task", "every", "--out", "run", "--json", "{ro}/r.json"],
+    "diagnose --png": ["diagnose", MODEL, "--png", "{ro}/figures"],
+    "render --svg": ["render", "r.json", "--svg", "{ro}/figures"],
+    "report --png": ["report", MODEL, "builtin:every-ssa", "--png", "{ro}/figures"],
 }  # fmt: skip
 
 
