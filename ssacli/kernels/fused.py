@@ -10,7 +10,10 @@ store more than one block of logits. Two implementations, both checked against t
   (FlashAttention-2's recomputation scheme). Extra memory is one block, so peak memory grows
   linearly in T. It is the CPU path (flex_attention has no CPU backward) and the fallback everywhere.
 * :func:`flex_ssa`, torch's ``flex_attention`` with an SSA ``score_mod`` (per-head b and n indexed by
-  the head index), compiled: the CUDA path.
+  the head index), compiled: the CUDA path where n needs no gradient.
+* ``backend="triton"`` (ssacli/kernels/triton_ssa.py, the optional ``triton`` package): FlashAttention-2
+  forward and backward in Triton with SSA's transform, registered as torch.library custom ops; on
+  CUDA the ``auto`` path of calls that learn n (see :func:`choose_backend`).
 
 ``b`` is folded into the query (b·x = (b·scale·q)·k), so a kernel only needs n; autograd carries the
 gradient of b through that product. GQA keys and values are never repeated: query heads are grouped
@@ -19,7 +22,10 @@ under their K/V head and b, n broadcast per group.
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
+from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -70,11 +76,12 @@ def ssa_attention(
     ``torch.manual_seed`` makes it reproducible (the backward regenerates it from the seed).
 
     ``backend``: ``"blocked"`` (any device, forward and backward), ``"flex"`` (torch flex_attention,
-    compiled; forward and backward on CUDA, forward only on the CPU) or ``"auto"``
-    (:func:`choose_backend`: flex on CUDA; on the CPU flex for inference calls of at least
-    FLEX_CPU_MIN_LOGITS logits, blocked otherwise). ``compile``: compile the blocked path's per-block
-    math (None: :func:`should_compile` decides); on the CPU's flex path, False runs flex uncompiled
-    (it then materializes every score).
+    compiled; forward and backward on CUDA, forward only on the CPU), ``"triton"`` (the Triton
+    kernels, CUDA; float16, bfloat16 or float32; no window or dropout; needs the ``triton`` package)
+    or ``"auto"`` (:func:`choose_backend`: on CUDA triton where n is learned, else flex; on the CPU
+    flex for inference calls of at least FLEX_CPU_MIN_LOGITS logits, blocked otherwise).
+    ``compile``: compile the blocked path's per-block math (None: :func:`should_compile` decides); on
+    the CPU's flex path, False runs flex uncompiled (it then materializes every score).
     """
     batch, heads, q_len, dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[-2]
@@ -104,7 +111,21 @@ def ssa_attention(
         # CPU flex only for self-attention without a window or mask tensor: a key/value cache's offset
         # is a constant of flex's mask, so each new offset would compile again.
         plain = mask is None and window is None and q_len == k_len
-        backend = choose_backend(query, batch * heads * q_len * k_len, training, dropout, not plain)
+        call = Call(
+            device=query.device.type, dtype=query.dtype, logits=batch * heads * q_len * k_len,
+            training=training, n_grad=torch.is_grad_enabled() and n.requires_grad, dropout=dropout,
+            masked=not plain, window=window is not None, head_dim=dim, triton=triton_installed(),
+        )  # fmt: skip
+        backend = choose_backend(call)
+    if backend == "triton":
+        if window is not None or dropout > 0.0:
+            raise ValueError("backend='triton' has no window or dropout yet: use 'blocked' or 'flex'")
+        try:  # the optional triton package, imported on first use
+            from .triton_ssa import triton_ssa_attention
+        except ImportError as err:
+            need = "backend='triton' needs the triton package (pip install 'ssacli[gpu]')"
+            raise ValueError(f"{need}: {err}") from err
+        return triton_ssa_attention(query, key, value, b, n, scale=scale, causal=causal, mask=mask)
     if backend == "flex":
         if training and not query.is_cuda:
             raise ValueError("backend='flex' has no backward on the CPU: use 'blocked' (or 'auto') to train")
@@ -127,7 +148,7 @@ def ssa_attention(
             )
             backend = "blocked"
     if backend != "blocked":
-        raise ValueError(f"backend must be auto, blocked or flex, got {backend!r}")
+        raise ValueError(f"backend must be auto, blocked, flex or triton, got {backend!r}")
     if compile is None:
         compile = should_compile(batch * heads * q_len * k_len, training)
     # b·scale folded into q: the kernel sees y = b·x, and autograd takes ∂/∂b through this product.
@@ -138,25 +159,66 @@ def ssa_attention(
     return out.to(query.dtype)
 
 
-def choose_backend(
-    query: torch.Tensor, logits: int, training: bool, dropout: float, masked: bool = False
-) -> str:
-    """``backend="auto"``: flex_attention on CUDA. On the CPU the blocked kernel, whose forward block
-    runs through the native pass (ssacli.kernels.native) in float32: faster than compiled flex at every
-    shape measured, without its seconds of compiling (docs/performance.md, ``python
-    benchmarks/inference.py``). Where that pass is not available (no C compiler, float64), compiled
-    flex for inference (no gradient needed, no dropout, self-attention without a mask tensor or
-    window) of at least FLEX_CPU_MIN_LOGITS logits per call, where it measured faster than the
-    torch block math and saves enough per call to repay its compilation; else the blocked kernel:
-    flex has no CPU backward, and torch 2.13's CPU code generation fails on dynamic-shape flex with a
-    window or a mask tensor (checked: "cur_kvSplitSize0 was not declared")."""
-    if dropout > 0.0:
+@dataclass(frozen=True)
+class Call:
+    """What ``backend="auto"`` decides on: the facts of one call (plain values, so the decision for a
+    CUDA call can be tested without a GPU)."""
+
+    device: str  # the query's device type: "cuda", "cpu", ...
+    dtype: torch.dtype
+    logits: int  # batch × heads × queries × keys
+    training: bool  # some input needs a gradient
+    n_grad: bool = False  # n itself needs one (a learned n)
+    dropout: float = 0.0
+    masked: bool = False  # a mask tensor, a window or q_len != k_len
+    window: bool = False
+    head_dim: int = 64
+    triton: bool = False  # the triton package can be imported
+
+
+@cache
+def triton_installed() -> bool:
+    """Whether the optional ``triton`` package is there (found, not imported: importing costs ~1 s)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_fits(call: Call) -> bool:
+    """Whether the Triton kernels take this call: float16/bfloat16/float32, no window or dropout, and
+    the head sizes tuned for (D ≤ 128; larger ones run with ``backend="triton"`` but untuned)."""
+    supported = call.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    return call.triton and supported and not call.window and call.dropout == 0.0 and call.head_dim <= 128
+
+
+def choose_backend(call: Call) -> str:
+    """``backend="auto"``. On CUDA: flex_attention, except where n needs a gradient: flex's backward
+    scatters the gradient of a tensor captured by ``score_mod`` with one atomic add per score element
+    (pytorch/pytorch#137452), and every element of a head adds to the one address n[h], so its cost
+    grows with the number of scores: 12-187× SDPA forward+backward on an H200
+    (docs/results/gpu-h200/gpu_bench-2.log). Such calls go to the Triton kernels where ``triton`` is
+    installed and the call fits them (:func:`triton_fits`; their dn is a per-block partial sum, no
+    atomics), else to the blocked kernel (memory-linear, its GPU speed not measured yet). n fixed (the
+    conversion recipe's distillation) and b (folded into q) pay no atomics, so those calls stay on
+    flex until a GPU run times the Triton kernels against it (``bash scripts/gpu_bench.sh``, whose
+    ``flex`` section times all four on one shape).
+
+    On the CPU the blocked kernel, whose forward block runs through the native pass
+    (ssacli.kernels.native) in float32: faster than compiled flex at every shape measured, without its
+    seconds of compiling (docs/performance.md, ``python benchmarks/inference.py``). Where that pass is
+    not available (no C compiler, float64), compiled flex for inference (no gradient needed, no
+    dropout, self-attention without a mask tensor or window) of at least FLEX_CPU_MIN_LOGITS logits
+    per call, where it measured faster than the torch block math and saves enough per call to repay
+    its compilation; else the blocked kernel: flex has no CPU backward, and torch 2.13's CPU code
+    generation fails on dynamic-shape flex with a window or a mask tensor (checked:
+    "cur_kvSplitSize0 was not declared")."""
+    if call.dropout > 0.0:
         return "blocked"
-    if query.is_cuda:
-        return "flex"
-    if torch.promote_types(query.dtype, torch.float32) == torch.float32 and native.available():
+    if call.device == "cuda":
+        if not call.n_grad:
+            return "flex"
+        return "triton" if triton_fits(call) else "blocked"
+    if torch.promote_types(call.dtype, torch.float32) == torch.float32 and native.available():
         return "blocked"
-    flex = not training and not masked and logits >= FLEX_CPU_MIN_LOGITS
+    flex = not call.training and not call.masked and call.logits >= FLEX_CPU_MIN_LOGITS
     return "flex" if flex and compile_enabled() and not _FLEX_CPU_FAILED else "blocked"
 
 
