@@ -48,7 +48,11 @@ TINY = {
     "scorer_lr": (["--steps", "20"], "scorer lr"),
     "scorers": (["--heads", "1", "--length", "32", "--dim", "8", "--repeats", "1"], "ssa"),
     "training": (["--steps", "3", "--warmup", "1", "--rounds", "1", "--data", "{text}"], "speed-up"),
+    # every section under the Triton interpreter, tiny; skipped without the optional triton package
+    "triton_ssa": (["--device", "cpu", "--quick", "--repeats", "1", "--warmup", "0"],
+                   "PASS fp32 MQA 4/1 decode"),
 }  # fmt: skip
+NEEDS = {"triton_ssa": "triton"}  # benchmark -> the optional package it needs
 
 
 def test_every_benchmark_has_a_tiny_run():
@@ -57,6 +61,8 @@ def test_every_benchmark_has_a_tiny_run():
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_benchmark_runs_at_a_tiny_size(name, tmp_path):
+    if name in NEEDS:
+        pytest.importorskip(NEEDS[name])
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     args, expected = TINY[name]
