@@ -60,7 +60,9 @@ class Case:
     heads: int = 2
     kv_heads: int = 2
     causal: bool = True
-    padding: str | None = None  # "right": each sequence's last keys; "left": the first (empty rows)
+    padding: str | None = None  # "right": each sequence's last keys; "left": the first (empty rows);
+    # "holes": a [B, H, Q, K] mask hiding a third of the scores at random (a mask tensor in general)
+    layout: str = "bhtd"  # "bthd": q, k, v are transposed views of [B, T, H, D] tensors (as in models)
     per_head: bool = True  # b, n of shape [H]; else one learned scalar each (per layer)
     batch: int = 1
     dim: int = 64
@@ -81,6 +83,7 @@ CASES = {
     "t64-non-causal-padded-per-layer": Case(64, causal=False, padding="right", batch=2, per_head=False),
     "t64-head-dim-48": Case(64, dim=48),
     "t64-head-dim-128-mqa": Case(64, heads=4, kv_heads=1, dim=128, causal=False),
+    "t17-gqa-holes-bthd-layout": Case(17, heads=4, kv_heads=2, padding="holes", layout="bthd"),
     "t129-causal": Case(129),
     "t129-gqa-non-causal": Case(129, heads=4, kv_heads=2, causal=False),
     "t129-mqa-left-padded": Case(129, heads=4, kv_heads=1, padding="left", batch=2),
@@ -101,8 +104,11 @@ def make_inputs(case: Case, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     k_len = case.k_len or case.q_len
 
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(case.dtype).requires_grad_()
+    def randn(batch, heads, length, dim, scale=1.0):
+        x = torch.randn(batch, heads, length, dim, generator=gen) * scale
+        if case.layout == "bthd":  # the same values, strided as a model's projections leave them
+            x = x.transpose(1, 2).contiguous().transpose(1, 2)
+        return x.to(case.dtype).requires_grad_()
 
     q = randn(case.batch, case.heads, case.q_len, case.dim, scale=case.magnitude)
     k = randn(case.batch, case.kv_heads, k_len, case.dim, scale=case.magnitude)
@@ -113,7 +119,9 @@ def make_inputs(case: Case, seed: int = 0):
     else:
         b, n = torch.tensor(0.8, requires_grad=True), torch.tensor(case.n, requires_grad=True)
     mask = None
-    if case.padding:  # sequence s hides 5·(s + 1) keys (at most a third), at its end or its start
+    if case.padding == "holes":
+        mask = torch.rand(case.batch, case.heads, case.q_len, k_len, generator=gen) > 1 / 3
+    elif case.padding:  # sequence s hides 5·(s + 1) keys (at most a third), at its end or its start
         mask = torch.ones(case.batch, k_len, dtype=torch.bool)
         for s in range(case.batch):
             hidden = min(5 * (s + 1), k_len // 3)
