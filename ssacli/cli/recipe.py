@@ -23,8 +23,9 @@ STAGE_CHOICES = f"{AUTO}, lm, or a comma list of transfer, distill"
 Stages = Annotated[
     str,
     typer.Option(
-        help=f"With --finetune: {STAGE_CHOICES}. {AUTO}: the recipe (transfer,distill) for SSA on a causal "
-        f"LM's text, else lm (one fine-tune) (default {AUTO}).",
+        help=f"With --finetune: {STAGE_CHOICES}. {AUTO}: the recipe for SSA on a causal LM's text "
+        f"({','.join(D.RECIPE_STAGES)}; transfer,distill when --transfer-steps is given), else lm (one "
+        f"fine-tune) (default {AUTO}).",
     ),
 ]
 TargetN = Annotated[
@@ -37,7 +38,12 @@ RecipeB = Annotated[
     ),
 ]
 TransferSteps = Annotated[
-    int, typer.Option(min=1, help=f"Recipe: attention-transfer steps (default {D.RECIPE_TRANSFER_STEPS}).")
+    int,
+    typer.Option(
+        min=1,
+        help=f"Recipe: run the attention-transfer stage first, this many steps (default: no transfer "
+        f"stage; with --stages transfer,distill {D.RECIPE_TRANSFER_STEPS}).",
+    ),
 ]
 DistillSteps = Annotated[
     int, typer.Option(min=1, help=f"Recipe: distillation steps (default {D.RECIPE_DISTILL_STEPS}).")

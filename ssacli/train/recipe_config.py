@@ -19,6 +19,7 @@ from ..defaults import (
     RECIPE_LORA_RANK,
     RECIPE_LR,
     RECIPE_MAX_LOSS,
+    RECIPE_STAGES,
     RECIPE_TARGET_N,
     RECIPE_TRANSFER_STEPS,
     SCORER_LR,
@@ -39,8 +40,9 @@ class RecipeConfig:
     target_n: float | None = RECIPE_TARGET_N  # None: each layer keeps its faithful m (distill only)
     b: str = RECIPE_B  # learned (rescaled with n, then trained) or tied (b = 1/n)
     learn_n: bool = False  # distillation trains n too (after the transfer set it)
-    stages: tuple[str, ...] = STAGES
-    transfer_steps: int = RECIPE_TRANSFER_STEPS
+    # None: distillation alone (RECIPE_STAGES), or transfer first when transfer_steps is given
+    stages: tuple[str, ...] | None = None
+    transfer_steps: int | None = None  # None: RECIPE_TRANSFER_STEPS (when the transfer stage runs)
     distill_steps: int = RECIPE_DISTILL_STEPS
     lr: float = RECIPE_LR  # LoRA's (adapters start at zero: higher than a full fine-tune's)
     scorer_lr: float = SCORER_LR
@@ -54,6 +56,15 @@ class RecipeConfig:
     seed: int = SEED
     eval_every: int = 50
     checkpoint_every: int = RECIPE_CHECKPOINT_EVERY  # steps between checkpoints of a stage
+
+    def __post_init__(self) -> None:
+        # asking for transfer steps asks for the transfer stage; the stages, once resolved, are what
+        # the record and a resume compare
+        if self.stages is None:
+            self.stages = STAGES if self.transfer_steps is not None else RECIPE_STAGES
+        self.stages = tuple(self.stages)
+        if self.transfer_steps is None:
+            self.transfer_steps = RECIPE_TRANSFER_STEPS
 
     def validate(self) -> None:
         if not self.stages or any(s not in STAGES for s in self.stages):

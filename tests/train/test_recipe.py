@@ -97,6 +97,18 @@ def test_the_written_folder_is_the_merged_model_at_the_target_n(learned, ids):
     assert (trained.path / "stages" / "transfer" / "ssacli.json").is_file()
 
 
+def test_without_transfer_steps_the_recipe_is_distillation_at_the_target_n(text, tmp_path):
+    # the default since the trade-off study: no transfer stage, n set to the target at once
+    config = RecipeConfig(data=text, distill_steps=3, eval_every=3, batch_size=2, seq_len=32)
+    trained, record = convert_with_recipe(MODEL, tmp_path / "d", config, device="cpu")
+    assert record["config"]["stages"] == ["distill"]
+    stages = {r["stage"] for r in record["evaluations"]}
+    assert "transfer" not in stages and "transfer-skipped" in stages  # n set, evaluated, then distilled
+    assert not (trained.path / "stages").exists()
+    n = [float(s.n.detach().max()) for s in ssacli.scorers_of(trained.model).values()]
+    assert n == pytest.approx([record["config"]["target_n"]] * len(n), rel=1e-5)
+
+
 def test_the_recipes_folders_never_load_as_softmax_in_plain_transformers(learned, ids, tmp_path):
     """The recipe's output (n = 4, distilled) and its transfer snapshot hold a moved scorer: plain
     transformers without ssacli must refuse both (attn_implementation "ssacli"), not run them as
