@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# No test reaches the network: Hub ids load from caches the tests build (tests/models/test_hub.py), as
+# with --offline; set before transformers imports huggingface_hub, which reads it once. The tests of
+# the online path turn it off for themselves and fake the Hub's one answer.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.helpers.models import SPECIAL, VOCAB
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.helpers.models import SPECIAL, VOCAB  # noqa: E402
 
 # Under pytest-xdist each worker gets its share of the cores, so workers do not oversubscribe them
 # (subprocesses the tests start inherit OMP_NUM_THREADS).

@@ -31,6 +31,7 @@ from ..diagnosis.probes import PROBES, parse_probe
 from ..diagnosis.result import DiagnoseResult
 from ..display import Displayed
 from ..errors import InputError, UsageError
+from ..models.identity import difference
 
 SCHEMA = "ssacli-check"
 SCHEMA_VERSION = 1
@@ -405,6 +406,9 @@ def run_check(
     if broken is not None:
         warnings.append(f"degenerate: {broken['text']}")
     if base is not None:
+        other_weights = difference(base.weights, result.weights)  # a warning: a new commit may be the point
+        if other_weights is not None:
+            warnings.append(other_weights)
         for key in SETTINGS_COMPARED:
             now, then = result.settings.get(key), base.settings.get(key)
             if now != then:

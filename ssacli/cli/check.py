@@ -30,6 +30,8 @@ from .options import (
     DeviceMap,
     Dtype,
     MaxMemory,
+    Offline,
+    Revision,
     Strict,
     TrustRemoteCode,
     check_inputs,
@@ -74,6 +76,8 @@ def check_command(
     ),
     device: Device = None,
     dtype: Dtype = None,
+    offline: Offline = False,
+    revision: Revision = None,
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
@@ -103,7 +107,7 @@ def check_command(
     """
     load = dict(
         allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-        device_map=device_map, max_memory=max_memory or None,
+        device_map=device_map, max_memory=max_memory or None, offline=offline, revision=revision,
     )  # fmt: skip
     try:
         if init:

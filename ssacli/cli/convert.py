@@ -35,7 +35,9 @@ from .options import (
     MaxMemory,
     Model,
     MonitorEvery,
+    Offline,
     QuietTraining,
+    Revision,
     RunJson,
     Schedule,
     ScorerLr,
@@ -121,6 +123,8 @@ def convert_command(
     attention: Attention = None,
     device: Device = DEVICE,
     dtype: str = typer.Option(DTYPE, help="auto (float32 on CPU and when fine-tuning), float32, bfloat16."),
+    offline: Offline = False,
+    revision: Revision = None,
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
@@ -171,8 +175,9 @@ def convert_command(
         name = "recipe-b" if name == "b" else name.replace("_", "-")
         raise UsageError(f"--{name} applies to the conversion recipe (--stages auto or transfer,distill)")
     load = load_options(
-        device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
-    )
+        device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,
+        offline=offline, revision=revision,
+    )  # fmt: skip
     placed = given(device_map=load.device_map, max_memory=load.max_memory)
     if placed and do_finetune:
         raise UsageError(

@@ -21,9 +21,11 @@ from .options import (
     DeviceMap,
     Dtype,
     MaxMemory,
+    Offline,
     OptionalModel,
     PngDir,
     QuietOutput,
+    Revision,
     Strict,
     SvgDir,
     TrustRemoteCode,
@@ -117,6 +119,8 @@ def diagnose_command(
     ),
     device: Device = defaults.DEVICE,
     dtype: Dtype = defaults.DTYPE,
+    offline: Offline = False,
+    revision: Revision = None,
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
@@ -169,7 +173,8 @@ def diagnose_command(
         samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
         block_size=block_size, stats=stats, strict=strict, generate=generate,
         **load_options(
-            device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
+            device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,
+            offline=offline, revision=revision,
         ).keywords(),
     )  # fmt: skip
     console = Console()
@@ -212,7 +217,7 @@ def _compare_target(ref: str, settings: dict, quiet: bool):
 
     if _is_result_file(ref):
         return DiagnoseResult.load(ref)
-    return _diagnose(ref, settings, quiet)
+    return _diagnose(ref, settings | {"revision": None}, quiet)  # --revision is MODEL's: REF@REV here
 
 
 def _is_result_file(ref: str) -> bool:

@@ -31,7 +31,7 @@ from ..train import DATA_FORMS
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
-MODEL_HELP = "HF folder, builtin:NAME ({builtins}), or cached Hub id."
+MODEL_HELP = "HF folder, builtin:NAME ({builtins}), or Hub id org/name[@REV]."
 TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
 DATA_HELP = f"Training data: {DATA_FORMS}."
 
@@ -43,7 +43,14 @@ Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Dtype = Annotated[
     str, typer.Option(help="auto (float32 on CPU), float32, bfloat16, float16 or float64 (reference).")
 ]
-AllowDownload = Annotated[bool, typer.Option("--allow-download", help="Fetch a Hub id not in the cache.")]
+# Hub ids download by default since issue 42, as in transformers: the flag stays so scripts keep working
+AllowDownload = Annotated[
+    bool, typer.Option("--allow-download", help="Deprecated, no effect: Hub ids download unless --offline.")
+]
+OFFLINE_HELP = "Never download: Hub ids from the Hugging Face cache only (as HF_HUB_OFFLINE=1)."
+Offline = Annotated[bool, typer.Option("--offline", help=OFFLINE_HELP)]
+REVISION_HELP = "Branch, tag or commit of a Hub id MODEL (as MODEL@REV); the commit is recorded."
+Revision = Annotated[str, typer.Option("--revision", metavar="REV", help=REVISION_HELP)]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load .bin weights (weights_only=True).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_HELP)]
 DEVICE_MAP_HELP = (
@@ -215,12 +222,17 @@ def load_options(
     trust_remote_code: bool,
     device_map: str | None = None,
     max_memory: list[str] | None = None,
+    *,
+    offline: bool = False,
+    revision: str | None = None,
 ) -> LoadOptions:
-    """The flags that say how MODEL loads (:data:`Device` … :data:`MaxMemory`) as the one value the
-    API takes them as (no --max-memory: typer's empty list is none)."""
+    """The flags that say how MODEL loads (:data:`Device` … :data:`MaxMemory`, :data:`Offline`,
+    :data:`Revision`) as the one value the API takes them as (no --max-memory: typer's empty list
+    is none)."""
     return LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory or None,
+        offline=offline, revision=revision,
     )  # fmt: skip
 
 

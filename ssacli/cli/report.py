@@ -26,6 +26,7 @@ from .options import (
     DeviceMap,
     Dtype,
     MaxMemory,
+    Offline,
     PngDir,
     QuietOutput,
     SvgDir,
@@ -66,7 +67,7 @@ def report_command(
         "--lm-eval",
         metavar="TASKS",
         help="lm-evaluation-harness tasks (names or task YAML files, comma-separated) on both; "
-        'needs pip install "ssacli\\[eval]", and cached data unless --allow-download.',
+        'needs pip install "ssacli\\[eval]"; data downloads unless --offline.',
     ),  # fmt: skip
     lm_eval_fewshot: int = typer.Option(
         None, min=0, help="--lm-eval: few-shot examples (default: each task's own)."
@@ -106,6 +107,7 @@ def report_command(
     quiet: QuietOutput = False,
     device: Device = defaults.DEVICE,
     dtype: Dtype = defaults.DTYPE,
+    offline: Offline = False,
     allow_download: AllowDownload = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
@@ -138,7 +140,7 @@ def report_command(
           --pairs-limit 0 --json r.json
 
       ssacli report ./gpt2 ./gpt2-ssa --lm-eval arc_easy,hellaswag \
-          --lm-eval-limit 500 --allow-download
+          --lm-eval-limit 500
 
       ssacli report ./gpt2 ./gpt2-ssa ./gpt2-control --heldout-of wiki.txt
     """
@@ -173,7 +175,8 @@ def report_command(
         icl_length=icl_length, prompts=prompts, builtin=not no_builtin, lm_eval_plan=plan,
         random_ids=random_ids,
         **load_options(
-            device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory
+            device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,
+            offline=offline,  # no --revision: two models; each takes its own as org/name@REV
         ).keywords(),
     )  # fmt: skip
     with progress("ssacli report", quiet=quiet) as update:

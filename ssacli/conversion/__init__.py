@@ -126,6 +126,8 @@ def convert(
     trust_remote_code: bool = False,
     device_map: str | None = None,
     max_memory: MaxMemory = None,
+    offline: bool = False,
+    revision: str | None = None,
     strict: bool = False,
 ) -> tuple[LoadedModel, dict[str, Any]]:
     """Swap every attention layer's scorer for ``scorer``; return the model and its fidelity.
@@ -156,6 +158,7 @@ def convert(
         load = LoadOptions(
             device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+            offline=offline, revision=revision,
         )  # fmt: skip
         loaded = as_loaded(model, tokenizer, load)
         root = loaded.attention_root
@@ -196,5 +199,6 @@ def convert(
         }
         if out is not None:
             source = str(loaded.path or loaded.name)
-            save_model(loaded, out, meta={"source": source, "fidelity": report}, overwrite=overwrite)
+            meta = {"source": source, "source_weights": loaded.weights, "fidelity": report}
+            save_model(loaded, out, meta=meta, overwrite=overwrite)
         return loaded, report

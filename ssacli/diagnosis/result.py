@@ -49,6 +49,9 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
     elapsed_s: float = 0.0
     unaudited: str | None = None  # why the family is not covered by the all-family audit (None: it is)
     generation: GenerationResult | None = None  # diagnose --generate: per decoding step metrics
+    # which weights were measured: {repo, revision, commit} of a Hub model, {sha256, files} of a local
+    # one (ssacli.models.identity); None for a model in memory without a Hub commit, or an older file
+    weights: dict[str, Any] | None = None
 
     # ---- lookups -------------------------------------------------------------------------------
     def probe(self, name: str) -> ProbeResult:
@@ -124,6 +127,7 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
             "schema": SCHEMA,
             "schema_version": SCHEMA_VERSION,
             "model": self.model,
+            "weights": self.weights,
             "family": self.family,
             "scorer": self.scorer,
             "route": self.route,
@@ -200,6 +204,7 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
                     )
         return cls(
             model=data["model"],
+            weights=data.get("weights") if isinstance(data.get("weights"), dict) else None,
             family=data["family"],
             scorer=data["scorer"],
             route=data.get("route", "ssacli"),

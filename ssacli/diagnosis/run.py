@@ -87,13 +87,16 @@ def diagnose(
     trust_remote_code: bool = False,
     device_map: str | None = None,
     max_memory: MaxMemory = None,
+    offline: bool = False,
+    revision: str | None = None,
     strict: bool = False,
     generate: int | None = None,
     progress: Progress | None = None,
 ) -> DiagnoseResult:
     """Probe ``model`` and return per probe level × layer × head saturation metrics.
 
-    ``model``: a path, ``builtin:NAME``, cached Hub id, a transformers model or an ICL model.
+    ``model``: a path, ``builtin:NAME``, a Hub id (``org/name``, ``org/name@REV``), a transformers
+    model or an ICL model; ``result.weights`` records which weights (Hub commit or content hash).
     ``probes``: specs such as ``"embed-scale:1,4,16"`` (default: every probe that applies).
     ``scorer``: re-score the model's attention with this spec first (e.g. ``"ssa:init=faithful"``).
     Inputs: the built-in texts, ``text`` (a string), ``random_ids``, or ``inputs`` (token-id lists of
@@ -122,6 +125,7 @@ def diagnose(
     load = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+        offline=offline, revision=revision,
     )  # fmt: skip
     loaded = as_loaded(model, tokenizer, load)
     root = loaded.attention_root
@@ -282,6 +286,7 @@ def _run(
         )  # fmt: skip
     return DiagnoseResult(
         model=loaded.name,
+        weights=loaded.weights,
         family=loaded.family,
         scorer=getattr(root.config, CONFIG_SPEC_ATTR, None) or "softmax",
         route=route,

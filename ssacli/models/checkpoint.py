@@ -46,8 +46,7 @@ import shutil
 import socket
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +71,7 @@ from .guard import (  # noqa: F401 (the guard's names are the format's: importab
     plain_loadable,
     saved_config,
 )
+from .hub import quiet_progress
 
 MODEL_FORMAT = "ssacli-model"
 ICL_FORMAT = "ssacli-icl"
@@ -191,20 +191,6 @@ def _meta_text(format: str, record: dict[str, Any]) -> str:
 
 
 # ---- writing folders ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def quiet_progress() -> Iterator[None]:
-    """No "Loading weights" / "Writing model shards" bars from transformers inside ssacli's output."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def remove_stale_temps(out: str | Path) -> list[Path]:

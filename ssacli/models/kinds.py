@@ -34,7 +34,8 @@ class ModelKind(StrEnum):
 KINDS = tuple(ModelKind)  # every kind, in the order above (config validation, help text)
 ICL_FAMILY = "icl-gpt2"  # the model_type ssacli reports for its ICL models
 BUILTIN_PREFIX = "builtin:"  # MODEL references to the checkpoints bundled with ssacli
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "name" or "owner/name" on the Hugging Face Hub
+# "name" or "owner/name" on the Hugging Face Hub, optionally "@REV" (a branch, tag or commit)
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(@[\w./-]+)?$")
 
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 _MASKED_SUFFIX = "ForMaskedLM"

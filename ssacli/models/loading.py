@@ -2,7 +2,10 @@
 
 MODEL is one of: ``builtin:NAME`` (a checkpoint bundled with ssacli), a local folder (a Hugging Face
 ``save_pretrained`` folder, an ssacli ICL checkpoint, or a folder written by ``ssacli convert``), or
-a Hub id that is already in the local cache (nothing is downloaded unless ``allow_download``).
+a Hub id, ``org/name`` or ``org/name@REV``, downloaded into the Hugging Face cache when not there
+unless offline (:mod:`ssacli.models.hub`: ``HF_HUB_OFFLINE``, ``--offline``, the commit recorded).
+Every loaded model carries which weights it is (:attr:`LoadedModel.weights`: the Hub commit, or a
+local folder's content hash, :mod:`ssacli.models.identity`).
 
 Safe by default: weights load from safetensors; a pickle-only checkpoint is refused unless
 ``allow_pickle`` (and then transformers loads it with ``weights_only=True``); a model that needs code
@@ -14,7 +17,6 @@ from __future__ import annotations
 import json
 import pickle
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,14 @@ from torch import nn
 from ..defaults import DEFAULT_MODEL, DEVICE, DTYPE
 from ..errors import InputError, UnsupportedModelError, UsageError
 from .builtins import BUILTIN_DIR, builtin_names  # noqa: F401 (used from here by scripts and tests)
-from .checkpoint import attach_saved_scorer, quiet_progress, saved_config
+from .checkpoint import attach_saved_scorer, saved_config
 from .device_map import MaxMemory, compute_device, from_pretrained_placed, placement
 from .first_use import attach_pending
+from .hub import HubModel, load_keywords, quiet_progress, resolve
 from .icl_task import TOKENS_PER_POINT
+from .identity import content_record
 from .kinds import ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
+from .loaded import LoadedModel
 from .options import LoadOptions
 from .references import local_model_path, resolve_model_path  # noqa: F401 (local_model_path: here too)
 
@@ -72,59 +77,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | str:
     return DTYPES[dtype]
 
 
-@dataclass
-class LoadedModel:
-    """A model ready to probe, and what diagnose needs to know about it."""
-
-    model: nn.Module
-    name: str  # what the user gave
-    family: str  # config.model_type ("icl-gpt2" for ssacli's ICL models)
-    kind: ModelKind
-    tokenizer: Any | None = None
-    max_positions: int | None = None
-    path: Path | None = None
-    no_tokenizer: str | None = None  # a reference loaded without a tokenizer: why (files, an error)
-
-    def __post_init__(self) -> None:
-        self.kind = ModelKind(self.kind)  # a plain "causal" from a caller becomes the enum member
-
-    def require_tokenizer(self, what: str) -> None:
-        """Refuse ``what`` (text inputs) for a model reference that loaded without a tokenizer: random
-        token ids instead would measure the model on noise and read its loss as degenerate."""
-        if self.tokenizer is None and self.no_tokenizer is not None:
-            raise InputError(
-                f"'{self.name}' has no tokenizer ({self.no_tokenizer}), and {what} needs one: save its "
-                "tokenizer into the folder (tokenizer.save_pretrained), or pass --random to probe with "
-                "random token ids instead (random_ids=True in the API)"
-            )
-
-    @property
-    def pad_id(self) -> int:
-        """The id inputs are padded with: the tokenizer's pad token, else the config's, else 0."""
-        for owner in (self.tokenizer, self.config):
-            value = getattr(owner, "pad_token_id", None)
-            if isinstance(value, int):
-                return value
-        return 0
-
-    @property
-    def config(self) -> Any:
-        return getattr(self.attention_root, "config", None)
-
-    @property
-    def attention_root(self) -> nn.Module:
-        """The transformers model whose attention layers are probed (the backbone of an ICL model)."""
-        return getattr(self.model, "backbone", self.model)
-
-    @property
-    def device(self) -> torch.device:
-        """Where inputs go: the model's execution device (with a device map its first parameters
-        may be offloaded to 'meta'; accelerate's hooks move inputs on from there)."""
-        from ..attention.interface import execution_device
-
-        return execution_device(self.model) or torch.device("cpu")
-
-
 def load_model(
     ref: str = DEFAULT_MODEL,
     *,
@@ -135,6 +87,8 @@ def load_model(
     trust_remote_code: bool = False,
     device_map: str | None = None,
     max_memory: MaxMemory = None,
+    offline: bool = False,
+    revision: str | None = None,
 ) -> LoadedModel:
     """Load MODEL for probing (eval mode, eager attention until a scorer is applied).
 
@@ -143,6 +97,7 @@ def load_model(
     options = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+        offline=offline, revision=revision,
     )  # fmt: skip
     return load_with(ref, options)
 
@@ -160,6 +115,9 @@ def load_with(ref: str, options: LoadOptions) -> LoadedModel:
         raise UsageError("--device-map does not apply to GGUF files (read whole, then dequantized); drop it")
     if gguf is not None:
         return load_gguf(ref, gguf, dev, torch_dtype)
+    hub: HubModel | None = None
+    if options.revision is not None and is_local_reference(ref):
+        raise UsageError(f"--revision applies to Hub ids (org/name), not to the local model '{ref}'")
     if is_local_reference(ref):
         path = resolve_model_path(ref)
         from .icl import is_icl_checkpoint, load_icl
@@ -176,9 +134,9 @@ def load_with(ref: str, options: LoadOptions) -> LoadedModel:
                 ) from None
             if isinstance(torch_dtype, torch.dtype):
                 model = model.to(torch_dtype)
-            return LoadedModel(
-                model, ref, ICL_FAMILY, ModelKind.ICL, None, TOKENS_PER_POINT * model.spec.max_points, path
-            )
+            positions = TOKENS_PER_POINT * model.spec.max_points
+            return LoadedModel(model, ref, ICL_FAMILY, ModelKind.ICL, None, positions, path,
+                               weights=content_record(path))  # fmt: skip
         if not (path / "config.json").is_file():
             raise InputError(
                 f"'{ref}' has no config.json; give a folder written by save_pretrained (or builtin:NAME)"
@@ -186,8 +144,9 @@ def load_with(ref: str, options: LoadOptions) -> LoadedModel:
         _check_weights(path, options.allow_pickle)
         source: str | Path = path
     else:
-        path, source = None, ref
-    loaded = _load_transformers(ref, source, path, dev, torch_dtype, options, placed)
+        hub = resolve(ref, options.revision, options.offline)  # one line, at once, when it cannot be had
+        path, source = None, hub.repo_id
+    loaded = _load_transformers(ref, source, path, dev, torch_dtype, options, placed, hub)
     if not _has_attention(loaded.model):
         raise UnsupportedModelError(
             f"'{ref}' (model family '{loaded.family}') has no attention layers (num_hidden_layers = 0?), "
@@ -221,10 +180,12 @@ def as_loaded(
     if config is None:
         raise UsageError("model must be a transformers model (with .config) or an ssacli ICL model")
     attach_pending(model)  # a converted folder loaded by plain transformers, not yet run: its scorers
+    name = getattr(config, "name_or_path", "") or type(model).__name__
+    commit = getattr(config, "_commit_hash", None)  # set by from_pretrained of a Hub id
+    weights = {"repo": name, "revision": None, "commit": commit} if isinstance(commit, str) else None
     return LoadedModel(
-        model, getattr(config, "name_or_path", "") or type(model).__name__, config.model_type,
-        kind_of(model), tokenizer, max_positions(config),
-    )  # fmt: skip
+        model, name, config.model_type, kind_of(model), tokenizer, max_positions(config), weights=weights
+    )
 
 
 # ---- GGUF checkpoints (optional extra: pip install "ssacli[gguf]") -----------------------------------
@@ -280,7 +241,8 @@ def load_gguf(ref: str, file: Path, device: torch.device, torch_dtype) -> Loaded
         tokenizer, missing = None, f"its GGUF tokenizer did not load ({_first_line(err)})"
     model = model.to(device).eval()
     positions = max_positions(config)
-    return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, positions, folder, missing)
+    return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, positions, folder, missing,
+                       content_record(file))  # fmt: skip
 
 
 def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
@@ -311,19 +273,19 @@ def _has_attention(model: nn.Module) -> bool:
 
 
 def _load_transformers(
-    ref, source, path, device, torch_dtype, options: LoadOptions, placed: dict[str, Any] | None
-) -> LoadedModel:
+    ref, source, path, device, torch_dtype, options: LoadOptions, placed: dict[str, Any] | None,
+    hub: HubModel | None,
+) -> LoadedModel:  # fmt: skip
     import transformers
     from transformers import AutoConfig, AutoModel
 
-    offline, trust, allow_pickle = not options.allow_download, options.trust_remote_code, options.allow_pickle
+    trust, allow_pickle = options.trust_remote_code, options.allow_pickle
+    at = load_keywords(hub)  # a Hub model: its resolved commit, from the cache or downloaded
     # A folder ssacli guarded against plain transformers (its scorer is not softmax) names its real
     # model type only for ssacli; the model is then built from that config, not from config.json.
     guarded = saved_config(path) if path is not None else None
     try:
-        config = guarded or AutoConfig.from_pretrained(
-            source, local_files_only=offline, trust_remote_code=trust
-        )
+        config = guarded or AutoConfig.from_pretrained(source, trust_remote_code=trust, **at)
     except ValueError as err:  # unknown model_type, or a config that needs remote code
         if "trust_remote_code" in str(err) or "remote code" in str(err):
             raise UnsupportedModelError(
@@ -340,10 +302,10 @@ def _load_transformers(
             f"cannot read the config of '{ref}': {_first_line(err)}; check its config.json"
         ) from None
     except OSError as err:
-        if path is None and offline:
+        if hub is not None:
             raise InputError(
-                f"'{ref}' is neither a local folder nor in the Hugging Face cache; check the path, or "
-                "pass --allow-download to fetch it from the Hub"
+                f"cannot read the config of '{hub.repo_id}' at commit {hub.commit[:12]}: {_first_line(err)}"
+                "; check the network, or its files in the Hugging Face cache"
             ) from None
         raise InputError(
             f"cannot read the config of '{ref}': {_first_line(err)}; check that the folder holds a "
@@ -353,8 +315,8 @@ def _load_transformers(
     kwargs = {
         "dtype": torch_dtype,
         "attn_implementation": "eager",
-        "local_files_only": offline,
         "trust_remote_code": trust,
+        **at,
     }
     if guarded is not None:
         kwargs["config"] = guarded
@@ -380,10 +342,10 @@ def _load_transformers(
     spec = getattr(config, "ssacli_scorer", None)
     if spec is not None and path is not None:  # a folder written by `ssacli convert` or fine-tuning
         attach_saved_scorer(model, path, spec)
-    tokenizer, missing = _tokenizer(source, path, offline, trust, guarded)
-    return LoadedModel(
-        model, ref, config.model_type, kind_of(model), tokenizer, max_positions(config), path, missing
-    )
+    tokenizer, missing = _tokenizer(source, path, at, trust, guarded)
+    weights = hub.record() if hub is not None else content_record(path)
+    family, positions = config.model_type, max_positions(config)
+    return LoadedModel(model, ref, family, kind_of(model), tokenizer, positions, path, missing, weights)
 
 
 def _model_class(config, transformers) -> type | None:
@@ -395,7 +357,7 @@ def _model_class(config, transformers) -> type | None:
     return None
 
 
-def _tokenizer(source, path: Path | None, offline: bool, trust: bool = False, config: Any = None):
+def _tokenizer(source, path: Path | None, at: dict[str, Any], trust: bool = False, config: Any = None):
     """(the tokenizer, None) or (None, why there is none: what :meth:`LoadedModel.require_tokenizer`
     says)."""
     if path is not None and not any((path / f).is_file() for f in _TOKENIZER_FILES):
@@ -404,9 +366,7 @@ def _tokenizer(source, path: Path | None, offline: bool, trust: bool = False, co
 
     extra = {} if config is None else {"config": config}  # a guarded config.json is not read
     try:
-        return AutoTokenizer.from_pretrained(
-            source, local_files_only=offline, trust_remote_code=trust, **extra
-        ), None
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust, **at, **extra), None
     except (OSError, ValueError, TypeError, KeyError) as err:
         return None, f"its tokenizer did not load ({_first_line(err)})"
 

@@ -54,6 +54,7 @@ def compare_models(
     sigmas: Sequence[float] = ICL_SIGMAS, outliers: Sequence[tuple[float, int]] = ICL_OUTLIERS,
     icl_length: int = ICL_POINTS, prompts: int = ICL_PROMPTS, device: str = DEVICE, dtype: str = DTYPE,
     allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
+    offline: bool = False, revision: str | None = None,
     device_map: str | None = None, max_memory: MaxMemory = None,
     progress: Callable[[str], None] | None = None,
     before_report: QualityReport | dict[str, Any] | str | Path | None = None,
@@ -100,10 +101,11 @@ def compare_models(
     load = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+        offline=offline, revision=revision,
     )  # fmt: skip
     if lm_eval_plan is not None:
         say(f"lm-eval: checking {', '.join(lm_eval_plan.tasks)}")
-        check_tasks(lm_eval_plan, allow_download=load.allow_download)
+        check_tasks(lm_eval_plan, offline=load.offline)
     lm_eval_settings = lm_eval_plan.as_dict() if lm_eval_plan is not None else None
     models = []
     sides = (("before", before), ("after", after)) + ((("control", control),) if control is not None else ())
@@ -163,7 +165,7 @@ def compare_models(
                 out["pairs"]["source"] = BUILTIN_PAIRS_NAME
         if lm_eval_plan is not None:
             say(f"{side}: lm-eval {', '.join(lm_eval_plan.tasks)}")
-            out["lm_eval"] = run_plan(loaded, lm_eval_plan, seed=seed, allow_download=load.allow_download)
+            out["lm_eval"] = run_plan(loaded, lm_eval_plan, seed=seed, offline=load.offline)
         say(f"{side}: attention probes")
         diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples, random_ids=random_ids))
     if texts and not _same_vocab(*models[:2]):

@@ -8,10 +8,12 @@ scores with lm-eval's own standard errors and every item's responses; the per-it
 (``items``) so that :func:`paired_rows` can give BEFORE and AFTER's paired difference with a
 per-item paired standard error (same items, so the noise shared by both models cancels).
 
-Offline by default: the Hub and datasets are put in offline mode for the run (environment and the
-libraries' flags, restored afterwards), so a task whose data is not cached fails at once with a
-line naming the task, never a download. A task is a registered lm-eval name (``arc_easy``; its
-data must be cached, or ``allow_download``), or the path of a task YAML (for instance
+A task's data is downloaded when not cached, as datasets does, unless ``offline`` (``--offline``):
+then the Hub and datasets are put in offline mode for the run (environment and the libraries' flags,
+restored afterwards), so a task whose data is not cached fails at once with a line naming the task,
+never a download (``HF_HUB_OFFLINE=1`` / ``HF_DATASETS_OFFLINE=1`` in the environment say the same
+to the libraries themselves). A task is a registered lm-eval name (``arc_easy``), or the path of a
+task YAML (for instance
 ``dataset_path: json`` over local files); when every task is a YAML path, lm-eval's index of its
 built-in tasks is not built (seconds saved).
 """
@@ -95,13 +97,13 @@ def _task_manager(plan: LMEvalPlan):
     return TaskManager(include_path=plan.include_path, include_defaults=builtin)
 
 
-def check_tasks(plan: LMEvalPlan, *, allow_download: bool = False, verbose: bool = False) -> None:
+def check_tasks(plan: LMEvalPlan, *, offline: bool = False, verbose: bool = False) -> None:
     """Load every task (and so its data) once, before any model: a UsageError naming an unknown
     task, an InputError naming a task whose data cannot be had (offline: not in the cache)."""
     require_harness()
     if plan.include_path is not None and not Path(plan.include_path).is_dir():
         raise InputError(f"--lm-eval-include {plan.include_path}: not a folder of task YAML files")
-    with harness_environment(allow_download=allow_download, verbose=verbose):
+    with harness_environment(offline=offline, verbose=verbose):
         manager = _task_manager(plan)
         for task in plan.tasks:
             try:
@@ -114,20 +116,21 @@ def check_tasks(plan: LMEvalPlan, *, allow_download: bool = False, verbose: bool
             except Exception as err:  # datasets raises ConnectionError, FileNotFoundError, …
                 reason = " ".join(str(err).split()) or type(err).__name__
                 fix = (
-                    "could not be loaded: {}; check its dataset_path and data_files" if allow_download
-                    else "cannot be had offline: {}; cache it once with --allow-download (network), or give "
-                    "a task YAML over local files"
+                    "cannot be had offline: {}; cache it once without --offline (network), or give a "
+                    "task YAML over local files" if offline
+                    else "could not be loaded: {}; check the network (or run with --offline and the data "
+                    "cached), its dataset_path and data_files"
                 )  # fmt: skip
                 raise InputError(f"lm-eval task {task_label(task)}: its data {fix.format(reason)}") from None
 
 
 @contextlib.contextmanager
-def harness_environment(*, allow_download: bool, verbose: bool) -> Iterator[None]:
-    """Offline mode for the Hub and datasets unless ``allow_download`` (the environment variables,
+def harness_environment(*, offline: bool, verbose: bool) -> Iterator[None]:
+    """Offline mode for the Hub and datasets with ``offline`` (the environment variables,
     and the flags huggingface_hub and datasets read from them at import), and unless ``verbose``
     lm-eval's log lines and progress bars kept off the terminal; all restored on exit."""
     saved_env = {name: os.environ.get(name) for name in OFFLINE_VARIABLES}
-    if not allow_download:
+    if offline:
         os.environ.update({name: "1" for name in OFFLINE_VARIABLES})
     import datasets.config
     import huggingface_hub.constants
@@ -138,7 +141,7 @@ def harness_environment(*, allow_download: bool, verbose: bool) -> Iterator[None
     logger = logging.getLogger("lm_eval")
     saved_level = logger.level
     try:
-        if not allow_download:
+        if offline:
             for owner, name in flags:
                 setattr(owner, name, True)
         with contextlib.ExitStack() as stack:
@@ -177,25 +180,27 @@ def lm_eval(
     model, tasks: str | Sequence[str], *, num_fewshot: int | None = None, limit: int | None = None,
     include_path: str | Path | None = None, batch_size: int = 8, seed: int = 0,
     allow_download: bool = False, verbose: bool = False, device: str = DEVICE, dtype: str = DTYPE,
-    allow_pickle: bool = False, trust_remote_code: bool = False,
+    allow_pickle: bool = False, trust_remote_code: bool = False, offline: bool = False,
+    revision: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run lm-evaluation-harness ``tasks`` on ``model`` (a MODEL reference or a LoadedModel) with
     its scorer; JSON-ready: per task its scores with lm-eval's standard errors and every item
     (``doc_id``, ``target``, ``loglikelihoods`` of its requests, per-item metric values).
 
-    The tasks are checked (and their data loaded, offline unless ``allow_download``) before the
-    model loads. ``seed`` seeds lm-eval's random, numpy, torch and few-shot generators."""
+    The tasks are checked (and their data loaded: downloaded unless ``offline``) before the model
+    loads; ``allow_download`` is accepted and has no effect (deprecated: downloading is the default).
+    ``seed`` seeds lm-eval's random, numpy, torch and few-shot generators."""
     from ..models.loading import LoadedModel, load_with
     from ..models.options import LoadOptions
 
     plan = LMEvalPlan(parse_tasks(tasks), num_fewshot, limit,
                       None if include_path is None else str(include_path), batch_size)  # fmt: skip
-    check_tasks(plan, allow_download=allow_download, verbose=verbose)
+    check_tasks(plan, offline=offline, verbose=verbose)
     if not isinstance(model, LoadedModel):
-        load = LoadOptions(device=device, dtype=dtype, allow_download=allow_download,
-                           allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)  # fmt: skip
+        load = LoadOptions(device=device, dtype=dtype, allow_pickle=allow_pickle, offline=offline,
+                           trust_remote_code=trust_remote_code, revision=revision)  # fmt: skip
         model = load_with(str(model), load)
-    return run_plan(model, plan, seed=seed, allow_download=allow_download, verbose=verbose)
+    return run_plan(model, plan, seed=seed, offline=offline, verbose=verbose)
 
 
 def check_harness_kind(loaded) -> None:
@@ -208,11 +213,11 @@ def check_harness_kind(loaded) -> None:
         )
 
 
-def run_plan(loaded, plan: LMEvalPlan, *, seed: int = 0, allow_download: bool = False,
+def run_plan(loaded, plan: LMEvalPlan, *, seed: int = 0, offline: bool = False,
              verbose: bool = False) -> dict[str, Any]:  # fmt: skip
     """One model's lm-eval run (tasks already checked by :func:`check_tasks`)."""
     check_harness_kind(loaded)
-    with harness_environment(allow_download=allow_download, verbose=verbose):
+    with harness_environment(offline=offline, verbose=verbose):
         import lm_eval as harness
         from lm_eval.models.huggingface import HFLM
 

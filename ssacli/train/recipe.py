@@ -130,7 +130,10 @@ def _run_arm(model, out, config, control, overwrite, resume, text, device, on_st
         if control:
             options = {k: v for k, v in load.items() if k != "strict"}
             loaded = as_loaded(model, None, LoadOptions(device=device, dtype="float32", **options))
-            meta: dict[str, Any] = {"source": str(loaded.path or loaded.name)}
+            meta: dict[str, Any] = {
+                "source": str(loaded.path or loaded.name),
+                "source_weights": loaded.weights,
+            }
         else:
             from .runs import calibration_text
 
@@ -138,7 +141,8 @@ def _run_arm(model, out, config, control, overwrite, resume, text, device, on_st
             loaded, fidelity = convert(
                 model, RECIPE_START, None, text=calibration, device=device, dtype="float32", **load
             )
-            meta = {"source": str(loaded.path or loaded.name), "fidelity": fidelity}
+            meta = {"source": str(loaded.path or loaded.name), "source_weights": loaded.weights}
+            meta["fidelity"] = fidelity
         if loaded.kind != ModelKind.CAUSAL:
             raise UsageError(
                 f"the conversion recipe distils causal LMs; '{loaded.name}' is a {loaded.kind} model"

@@ -93,6 +93,8 @@ def convert_and_finetune(
     allow_download: bool = False,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    offline: bool = False,
+    revision: str | None = None,
     strict: bool = False,
     on_converted: Callable[[dict[str, Any]], None] | None = None,
     on_step: OnStep | None = None,
@@ -118,6 +120,7 @@ def convert_and_finetune(
         # "auto" is float32 here: AdamW on bf16/fp16 weights loses small updates; autocast covers speed
         dtype="float32" if dtype == "auto" else dtype,
         allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+        offline=offline, revision=revision,
     )  # fmt: skip
     with writer_lock(out):  # one writer of out, from the conversion on
         calibration = text if text is not None else calibration_text(config.data)
@@ -127,7 +130,11 @@ def convert_and_finetune(
         )  # fmt: skip
         if on_converted is not None:
             on_converted(report)
-        meta = {"source": str(loaded.path or loaded.name), "fidelity": report}
+        meta = {
+            "source": str(loaded.path or loaded.name),
+            "source_weights": loaded.weights,
+            "fidelity": report,
+        }
         trained = finetune(
             loaded, config, out, overwrite=overwrite, device=load.device, meta=meta, on_step=on_step
         )

@@ -127,7 +127,7 @@ MODEL_CASES = [
     ("garbage", EXIT_INPUT, ["corrupt or truncated"]),
     ("pickle", EXIT_INPUT, ["pickle", "--allow-pickle"]),
     ("remote", EXIT_UNSUPPORTED, ["custom code", "--trust-remote-code"]),
-    ("someorg/somemodel-not-cached", EXIT_INPUT, ["cache", "--allow-download"]),
+    ("someorg/somemodel-not-cached", EXIT_INPUT, ["not in the Hugging Face cache", "HF_HUB_OFFLINE=1"]),
 ]
 
 
@@ -142,14 +142,15 @@ def test_bad_model_is_one_line(name, expected, words, models, tmp_path, monkeypa
 
 def test_a_missing_folder_inside_a_local_folder_is_a_path_not_a_hub_question(tmp_path, monkeypatch, capsys):
     """`models/nope` beside a `models/` folder is a local path that does not exist: said so, without
-    sending the user to --allow-download (a Hub id such as `org/nope` still gets the Hub advice)."""
+    sending the user to the Hub (a Hub id such as `org/nope` still gets the Hub advice: offline here,
+    tests/conftest.py)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
     code, _, stderr = run_main(["diagnose", "models/nope", *QUICK], monkeypatch, capsys)
     line = assert_one_line(stderr, code, EXIT_INPUT, "does not exist")
-    assert "--allow-download" not in line
+    assert "Hugging Face" not in line and "offline" not in line
     code, _, stderr = run_main(["diagnose", "org/nope", *QUICK], monkeypatch, capsys)
-    assert_one_line(stderr, code, EXIT_INPUT, "--allow-download")
+    assert_one_line(stderr, code, EXIT_INPUT, "Hugging Face cache", "offline mode")
 
 
 @pytest.mark.parametrize("name", ["zero-layers", "truncated", "remote"])

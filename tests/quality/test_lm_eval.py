@@ -148,7 +148,7 @@ def test_task_data_not_cached_offline_is_one_clear_error(bench, tmp_path, monkey
         monkeypatch.delenv(name, raising=False)  # ssacli itself makes the run offline
     hub_task = task_yaml(tmp_path, None, name="not_cached", dataset_path="ssacli-tests/not-cached")
     with pytest.raises(InputError, match="lm-eval task 'not_cached'.*cannot be had offline"):
-        ssacli.lm_eval(BEFORE, hub_task)
+        ssacli.lm_eval(BEFORE, hub_task, offline=True)
     assert "HF_HUB_OFFLINE" not in os.environ  # restored afterwards
     missing = task_yaml(tmp_path, tmp_path / "absent.jsonl", name="missing_file")
     out = tmp_path / "r.json"
