@@ -16,7 +16,7 @@ instruction set costs torch itself. Candidates:
 * ssa fwd: ssacli.ssa_attention (the native one-loop forward) over SDPA's forward (softmax);
 * ssa fwd+bwd: the same with a backward into q, k, v, b, n, over SDPA's forward+backward;
 * stats: diagnose's plain-softmax statistics in one native loop
-  (ssacli.kernels.online_stats.plain_softmax_statistics) over SDPA's forward.
+  (ssacli.kernels.online_stats.softmax_statistics of a plain call) over SDPA's forward.
 """
 
 from __future__ import annotations
@@ -42,13 +42,12 @@ from _common import interleaved_best
 import torch.nn.functional as F
 from ssacli.kernels import native
 from ssacli.kernels.fused import ssa_attention
-from ssacli.kernels.online_stats import plain_softmax_statistics
+from ssacli.kernels.online_stats import StatisticsCall, softmax_statistics
 
 length, repeats = int(sys.argv[2]), int(sys.argv[3])
 gen = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(1, 8, length, 64, generator=gen) for _ in range(3))
 b, n = torch.full((8,), 0.5), torch.full((8,), 4.0)
-count = torch.arange(1, length + 1).reshape(1, 1, length)
 leaves = [t.clone().requires_grad_() for t in (q, k, v, b, n)]
 sdpa_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 
@@ -67,7 +66,7 @@ def ssa_train():
     ssa_attention(*leaves, causal=True).sum().backward()
 
 def stats():
-    plain_softmax_statistics(q, k, v, 0.125, causal=True, window=None, count=count)
+    softmax_statistics(q, k, v, StatisticsCall(scaling=0.125, causal=True))
 
 fns = dict(sdpa=sdpa, sdpa_train=sdpa_train, ssa=ssa, ssa_train=ssa_train)
 if native.flash_available():  # the one-loop statistics need the native kernels and torch's sgemm

@@ -81,9 +81,9 @@ class Observer:
         """One block of weights [b, h, q_rows, k] (``query_positions``: the rows' key indices); models
         with learned sinks also pass ``sink`` [b, h, q_rows], the weight each row gave its sink key."""
 
-    def record_rows(self, module: nn.Module, stats, query_positions: torch.Tensor, sink=None) -> None:
-        """One call's per-row statistics (:class:`ssacli.kernels.online_stats.RowStatistics`), the fused
-        path's :meth:`record` (``sink``: the learned sink's transformed logit [b, h, q])."""
+    def record_rows(self, module: nn.Module, stats, query_positions: torch.Tensor) -> None:
+        """One call's per-row statistics (:class:`ssacli.kernels.row_stats.RowStatistics`, the learned
+        sink's among them), the fused path's :meth:`record`."""
 
 
 _OBSERVER: ContextVar[Observer | None] = ContextVar("ssacli_observer", default=None)

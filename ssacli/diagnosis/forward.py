@@ -6,8 +6,10 @@ module dispatches on that: on the keys or the attention logits, the :class:`Reco
 kind's effect inside ssacli's attention function (:attr:`Recorder.probe`); on the input embeddings,
 a forward hook on the embedding module applies it (ICL models: the x values themselves); on the inputs alone
 (length, numeric), :mod:`ssacli.diagnosis.run` chose them and nothing happens here. Whatever the
-route, every attention map reaches :meth:`Recorder.record` and leaves as per-head sums
-(:func:`ssacli.diagnosis.metrics.row_sums`): through ssacli's attention function in query blocks,
+route, every attention map reaches :meth:`Recorder.record`, is reduced to per-row statistics
+(:func:`ssacli.kernels.row_stats.weight_statistics`, the same statistics the fused path's
+:meth:`Recorder.record_rows` receives) and leaves as per-head sums
+(:func:`ssacli.diagnosis.row_metrics.row_sums`): through ssacli's attention function in query blocks,
 or, on the eager fallback, through the forward hook of :mod:`ssacli.diagnosis.routes` on each
 attention module, which drops the map once reduced.
 """
@@ -22,14 +24,14 @@ from torch.nn import functional as F
 
 from ..attention.forward import Observer, observing
 from ..errors import UnsupportedModelError
-from ..kernels.online_stats import RowStatistics
+from ..kernels.row_stats import RowStatistics, weight_statistics
 from ..models.icl_task import TOKENS_PER_POINT, interleave, labels, prediction_errors
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
-from .metrics import HeadStats, LayerStats, row_sums
-from .online import online_logit_sums, online_row_sums
+from .metrics import HeadStats, LayerStats
 from .probes import ActsOn, Probe, ProbeBatch, ProbeKind, Shift
 from .routes import Route, fallback_hooks, forward_arguments, is_norm
+from .row_metrics import logit_sums, row_sums
 
 # ---- the probes' shifts ------------------------------------------------------------------------------
 # Each takes (values, level, target) -> values. Embeddings: [b, tokens, ...] (ICL: x values [b, points]);
@@ -105,7 +107,7 @@ class Recorder(Observer):
     ):  # fmt: skip
         self.layer_of = layer_of
         self.tau, self.top_k, self.block_size, self.causal = tau, top_k, block_size, causal
-        # "eager": reduce blocks of weights (row_sums); "fused": per-row statistics of one blocked pass
+        # "eager": blocks of weights reduced to row statistics; "fused": those of one blocked pass
         # (ssacli.attention.online), refused where a call cannot; "auto": fused where a call can.
         self.stats_mode = stats
         self.calls = {"fused": 0, "eager": 0}  # which path measured each attention call
@@ -175,41 +177,32 @@ class Recorder(Observer):
         return self.layers[layer]
 
     def record(self, module, weights, visible, query_positions, sink=None) -> None:
+        """One block of weights, reduced to the per-row statistics :meth:`record_rows` takes (with the
+        block's logits, kept by :meth:`note_logits`, for the logit scale)."""
         layer = self.layer_of.get(id(module))
         if layer is None:
             return
-        if layer not in self.norms_before:
-            self.norms_before[layer] = self.norms_seen
-        self.norms_seen = []
-        self.calls["eager"] += 1
-        if not torch.isfinite(weights).all():
-            self.overflow.note(layer, "attention weights")
-        k = weights.shape[-1]
-        valid = target = None
-        if self.valid is not None and self.valid.shape[-1] == k:  # keys are this batch's tokens
-            valid = self.valid.to(weights.device)[:, query_positions]
-            target = self.target
         logits = self.pending.pop(layer, None)
-        if logits is not None and logits.shape == weights.shape:
-            self._logit_scale(layer, logits, visible, valid, target, query_positions)
-        sums = row_sums(
-            weights, visible, query_valid=valid, query_positions=query_positions,
-            target=target, tau=self.tau, top_k=self.top_k, sink=sink,
-        )  # fmt: skip
-        if layer not in self.stats:
-            self.stats[layer] = HeadStats(weights.shape[1])
-        self.stats[layer].add(sums)
+        if logits is not None and logits.shape != weights.shape:
+            logits = None
+        target = None
+        if self.valid is not None and self.valid.shape[-1] == weights.shape[-1]:  # keys: this batch's tokens
+            target = self.target
+        stats = weight_statistics(weights, visible, logits=logits, target=target, top_k=self.top_k, sink=sink)
+        self._add(layer, stats, query_positions, "eager")
 
-    def record_rows(self, module, stats: RowStatistics, query_positions, sink=None) -> None:
-        """:meth:`record` for the fused path: one call's per-row statistics instead of its weights
-        (``sink``: the learned sink's transformed logit [b, h, q], models with learned sinks only)."""
+    def record_rows(self, module, stats: RowStatistics, query_positions) -> None:
+        """:meth:`record` for the fused path: one call's per-row statistics instead of its weights."""
         layer = self.layer_of.get(id(module))
-        if layer is None:
-            return
+        if layer is not None:
+            self._add(layer, stats, query_positions, "fused")
+
+    def _add(self, layer: int, stats: RowStatistics, query_positions, path: str) -> None:
+        """One call's (or block's) statistics into the layer's sums: the row metrics and the logit scale."""
         if layer not in self.norms_before:
             self.norms_before[layer] = self.norms_seen
         self.norms_seen = []
-        self.calls["fused"] += 1
+        self.calls[path] += 1
         if not stats.finite_logits:
             self.overflow.note(layer, "attention logits")
         if not stats.finite_output:
@@ -218,35 +211,18 @@ class Recorder(Observer):
         if self.valid is not None and self.valid.shape[-1] == stats.keys:  # keys are this batch's tokens
             valid = self.valid.to(stats.max.device)[:, query_positions]
             target = self.target
-        logit_sums = online_logit_sums(
-            stats, query_valid=valid, query_positions=query_positions, target=target
-        )
-        layer_stats = self.layer_stats(layer)
-        for name, value in logit_sums.items():
-            layer_stats.sums[name] += value
-        sums = online_row_sums(
+        sums = logit_sums(stats, query_valid=valid, query_positions=query_positions, target=target)
+        if sums:
+            layer_stats = self.layer_stats(layer)
+            for name, value in sums.items():
+                layer_stats.sums[name] += value
+        sums = row_sums(
             stats, query_valid=valid, query_positions=query_positions, target=target,
-            tau=self.tau, top_k=self.top_k, sink=sink,
+            tau=self.tau, top_k=self.top_k,
         )  # fmt: skip
         if layer not in self.stats:
             self.stats[layer] = HeadStats(stats.max.shape[1])
         self.stats[layer].add(sums)
-
-    def _logit_scale(self, layer, logits, visible, valid, target, query_positions) -> None:
-        b, h, q, k = logits.shape
-        rows = torch.ones(1, 1, q, k, dtype=torch.bool, device=logits.device)
-        if visible is not None:
-            rows = rows & visible
-        if valid is not None:
-            rows = rows & valid.bool().reshape(b, 1, q, 1)
-        rows = rows & torch.isfinite(logits)
-        at_target = None
-        if target is not None:
-            column = F.one_hot(target.to(logits.device).long(), k).bool().reshape(b, 1, 1, k)
-            positions = query_positions.to(logits.device).reshape(1, 1, q, 1)
-            itself = positions == target.to(logits.device).reshape(b, 1, 1, 1)
-            at_target = rows & column & ~itself
-        self.layer_stats(layer).add_logits(logits, rows, at_target)
 
     def hidden_hook(self, layer: int):
         """Forward hook on a block: its output's values on real tokens feed the layer's massive

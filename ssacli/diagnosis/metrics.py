@@ -1,23 +1,12 @@
-"""Saturation metrics of attention rows, reduced as they stream past, and :data:`METRICS`, the table
+"""Saturation metrics of attention rows, summed as they stream past, and :data:`METRICS`, the table
 of what each metric is (:class:`MetricSpec`: description, direction, bounds, labels).
 
-:func:`row_sums` turns one block of attention weights ``[batch, heads, q, k]`` into per-head sums
-(a few numbers per head), so diagnose never keeps a weight map beyond the attention call that made
-it. :class:`HeadStats` adds those sums up across blocks, batches and calls, and divides at the end.
-
-Which rows count: valid queries only (padding queries are excluded), with at least two visible
-keys (a row with one key has nothing to choose) and positive mass. Shape metrics read the row
-normalized to sum to one, p = w / Σw, so scorers whose rows do not sum to one (sigmoid, softpick)
-are compared on the shape of their attention; ``row_mass`` reports Σw itself.
-
-* entropy: H(p) / log N_i, with N_i the row's visible keys (1 = uniform, 0 = one key);
-* max_weight: max p; collapse_rate: share of rows with max p >= tau;
-* effective_tokens: exp H(p); topk_mass: sum of the k largest p (k capped by N_i);
-* sink_mass: p at key 0; outlier_capture: p at the probe's target key, over the rows that see it
-  (the target's own row excluded);
-* learned_sink (models with learned sinks, gpt-oss): the weight the row gave the sink key, under
-  softmax 1 - Σ_j w_j, over every real query row (a row that parks all its mass there included);
-  NaN for models without learned sinks. The shape metrics above read the real keys renormalized.
+Every path of diagnose reduces an attention call to per-row statistics
+(:class:`ssacli.kernels.row_stats.RowStatistics`), and :func:`ssacli.diagnosis.row_metrics.row_sums`
+derives per-head sums of every metric from them (a few numbers per head; which rows count and each
+formula are said there), so diagnose never keeps a weight map beyond the attention call that made it.
+:class:`HeadStats` adds those sums up across blocks, batches and calls, and divides at the end;
+:class:`LayerStats` does the same for the per-layer metrics.
 """
 
 from __future__ import annotations
@@ -28,12 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..defaults import SINK_EPS, TAU, TOP_K
+from ..defaults import SINK_EPS
 
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """Everything said about one metric outside its formula (:func:`row_sums` computes it).
+    """Everything said about one metric outside its formula (:func:`~ssacli.diagnosis.row_metrics.row_sums`
+    derives it).
 
     Every reader imports it from here: the JSON schema (``description``), the terminal and HTML
     reports (``header``, ``short``, ``key``, ``compared``, ``bounded``, the direction colors) and
@@ -137,88 +127,9 @@ def metric_spec(name: str) -> MetricSpec:
     raise KeyError(name)
 
 
-@torch.no_grad()
-def row_sums(
-    weights: torch.Tensor,
-    visible: torch.Tensor | None = None,
-    *,
-    query_valid: torch.Tensor | None = None,
-    query_positions: torch.Tensor | None = None,
-    target: torch.Tensor | None = None,
-    tau: float = TAU,
-    top_k: int = TOP_K,
-    sink: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """Per-head sums of every metric over the counted rows of one block.
-
-    weights [b, h, q, k]; visible bool, broadcastable to it (None = all visible); query_valid
-    [b, q] bool (None = all valid); query_positions [q]: each row's key index (to exclude the
-    target's own row; default: bottom-right aligned, q rows ending at key k-1); target [b]: the
-    key index whose captured mass ``outlier_capture`` measures (None = not measured); sink [b, h, q]:
-    the weight each row gave the model's learned sink key (None = the model has none), summed over
-    valid query rows into ``learned_sink`` and counted in ``sink_rows``.
-    Returns float64 tensors [h]: ``<metric>`` sums, ``rows`` and ``capture_rows`` counts.
-    """
-    b, h, q, k = weights.shape
-    w = weights.float()
-    if visible is None:
-        n_visible = torch.full((1, 1, q), k, device=w.device)
-    else:  # count before broadcasting (cheap), and never let content at hidden keys in
-        n_visible = visible.sum(-1)
-        w = torch.where(visible, w, 0.0)
-    n_visible = n_visible.expand(b, h, q)
-    mass = w.sum(-1)
-    counted = (n_visible >= 2) & (mass > 0) & torch.isfinite(mass)
-    if query_valid is not None:
-        counted &= query_valid.to(torch.bool).reshape(b, 1, q)
-    # Shape metrics of p = w / m without building p: H(p) = log m - sum(w log w) / m.
-    m = torch.where(counted, mass, 1.0)
-    entropy = (torch.log(m) - torch.special.xlogy(w, w).sum(-1) / m).clamp_min(0.0)  # rounding
-    max_p = w.amax(-1) / m
-    k_top = min(top_k, k)
-    per_row = {
-        "entropy": entropy / torch.log(n_visible.clamp_min(2).float()),
-        "max_weight": max_p,
-        "collapse_rate": (max_p >= tau).float(),
-        "effective_tokens": torch.exp(entropy),
-        "topk_mass": w.topk(k_top, dim=-1).values.sum(-1) / m,
-        "sink_mass": w[..., 0] / m,
-        "row_mass": mass,
-    }
-    sums = {name: _sum_heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
-    sums["rows"] = _sum_heads(counted.double())
-    if sink is not None:  # every real query row: one that gives the sink everything counts most
-        sink_rows = torch.isfinite(sink).expand(b, h, q)
-        if query_valid is not None:
-            sink_rows = sink_rows & query_valid.to(torch.bool).reshape(b, 1, q)
-        sums["learned_sink"] = _sum_heads(torch.where(sink_rows, sink.float(), 0.0))
-        sums["sink_rows"] = _sum_heads(sink_rows.double())
-    if target is None:
-        sums["outlier_capture"] = torch.zeros(h, dtype=torch.float64, device=w.device)
-        sums["capture_rows"] = torch.zeros(h, dtype=torch.float64, device=w.device)
-        return sums
-    if query_positions is None:
-        query_positions = torch.arange(k - q, k, device=w.device)
-    target = target.to(w.device).long().reshape(b, 1, 1, 1)
-    at_target = w.gather(-1, target.expand(b, h, q, 1)).squeeze(-1) / m
-    if visible is None:
-        sees_target = torch.ones(1, 1, q, dtype=torch.bool, device=w.device)
-    else:  # gather from a broadcast view: [b, heads of the mask (1 or h), q]
-        view = visible.expand(b, visible.shape[1], q, k)
-        sees_target = view.gather(-1, target.expand(b, view.shape[1], q, 1)).squeeze(-1)
-    not_itself = query_positions.to(w.device).reshape(1, 1, q) != target.reshape(b, 1, 1)
-    capture_rows = counted & sees_target & not_itself
-    sums["outlier_capture"] = _sum_heads(torch.where(capture_rows, at_target, 0.0))
-    sums["capture_rows"] = _sum_heads(capture_rows.double())
-    return sums
-
-
-def _sum_heads(x: torch.Tensor) -> torch.Tensor:
-    return x.double().sum(dim=(0, 2))
-
-
 class HeadStats:
-    """Running sums of :func:`row_sums` for one attention layer; ``means()`` gives [h] per metric."""
+    """Running sums of :func:`~ssacli.diagnosis.row_metrics.row_sums` for one attention layer; ``means()``
+    gives [h] per metric."""
 
     def __init__(self, num_heads: int) -> None:
         self.num_heads = num_heads
@@ -285,27 +196,15 @@ def top3_and_median(magnitude: torch.Tensor) -> tuple[torch.Tensor, float]:
 
 
 class LayerStats:
-    """Running per-layer sums: the logits' sum of squares (all and at the target key) and the
-    layer output's top-3 |h|, per-batch medians and central moments (for the kurtosis)."""
+    """Running per-layer sums: the logits' sum of squares (all and at the target key, added from the
+    row statistics by :func:`~ssacli.diagnosis.row_metrics.logit_sums`) and the layer output's top-3
+    |h|, per-batch medians and central moments (for the kurtosis)."""
 
     def __init__(self) -> None:
         self.sums = dict.fromkeys(("logit_sq", "logit_n", "target_sum", "target_sq", "target_n",
                                    "median_sum", "median_n"), 0.0)  # fmt: skip
         self.top: torch.Tensor | None = None
         self.moments = Moments()
-
-    def add_logits(self, logits: torch.Tensor, rows: torch.Tensor, at_target: torch.Tensor | None) -> None:
-        """logits [b, h, q, k]; rows: bool broadcastable to it (the entries that count); at_target:
-        bool, the entries on the target key of rows that see it (None: no target)."""
-        x = logits.double()
-        rows = rows.expand_as(x)
-        self.sums["logit_sq"] += float(torch.where(rows, x * x, 0.0).sum())
-        self.sums["logit_n"] += float(rows.sum())
-        if at_target is not None:
-            at_target = at_target.expand_as(x)
-            self.sums["target_sum"] += float(torch.where(at_target, x, 0.0).sum())
-            self.sums["target_sq"] += float(torch.where(at_target, x * x, 0.0).sum())
-            self.sums["target_n"] += float(at_target.sum())
 
     def add_hidden(self, values: torch.Tensor) -> None:
         """values: the layer output's entries on real tokens, flattened."""

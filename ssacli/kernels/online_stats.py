@@ -20,21 +20,24 @@ transform; after it the max, e^(t − m), the total, the spread and the top-k) r
 float32, through the native row pass (ssacli.kernels.native: two passes per row in C); elsewhere as
 two torch functions registered with ssacli.kernels.compiled, compiled for long CPU calls, so that a
 block is read a few times instead of once per PyTorch op. Both compute the same statistics.
-What a block is — its logits as the scorer sees them, which keys are visible, the transform — comes in
-as callables, so this module knows no model, scorer or probe (ssacli.attention.online supplies them).
+Plain softmax over a causal band or every key (:attr:`StatisticsCall.plain`) takes one native loop
+instead, float32 on the CPU: logits, statistics and p·v per cached tile (ssacli.kernels.native).
+What a call is — its mask, the logits' form, the probe, the transform, the keyless terms — comes in as
+one :class:`~ssacli.kernels.stats_call.StatisticsCall` (ssacli.attention.online builds it), and what
+comes out is the :class:`~ssacli.kernels.row_stats.RowStatistics` every path of diagnose produces.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from . import native
 from .compiled import register_block, run_block, should_compile
+from .row_stats import RowStatistics
+from .stats_call import CallBlocks, StatisticsCall
 
 # Key columns per block: with the default 256 query rows, one [b, h, 256, 1024] fp32 tile per
 # temporary (8 MB on an 8-head model, whatever the sequence length).
@@ -47,31 +50,9 @@ STATS_BLOCK_KEYS = 1024
 STATS_COMPILE_MIN_LOGITS = 2**23
 # Columns per group in the top-k search (row_top).
 TOP_GROUP = 32
-# Query rows per task of the one-loop native path (plain_softmax_statistics): a [64, 1024] fp32 logit
-# tile (256 KB) stays in a core's L2 cache between its two products.
+# Query rows per task (at most) of the one-loop native path of plain calls: a [64, 1024] fp32 logit tile
+# (256 KB) stays in a core's L2 cache between its two products.
 FLASH_BLOCK_ROWS = 64
-
-
-@dataclass
-class RowStatistics:
-    """Per query row of one attention call, [b, h, q] float64 unless said otherwise.
-
-    t is the transformed logit; rows with no visible key have ``max`` −inf and ``total`` 0."""
-
-    max: torch.Tensor  # m: the largest t over visible keys
-    total: torch.Tensor  # l = Σ e^(t − m) over visible keys
-    spread: torch.Tensor  # Σ e^(t − m)·(m − t) ≥ 0, so H = log l + spread / l
-    top: torch.Tensor  # [b, h, q, k] the k largest t (−inf where the row sees fewer keys)
-    first: torch.Tensor  # t at key 0 (−inf where hidden)
-    target: torch.Tensor | None  # t at each sample's target key (−inf where hidden); None without one
-    visible: torch.Tensor  # [b, h|1, q] keys each row sees
-    extra: torch.Tensor | None  # [b, h, q] t of the denominator's keyless terms, log-summed; None: none
-    logit_sq: torch.Tensor  # Σ x² over the visible, finite logits x (before the transform)
-    logit_n: torch.Tensor  # how many such logits
-    target_logit: torch.Tensor | None  # x at the target key (NaN where hidden or not finite)
-    finite_logits: bool  # every computed logit was finite
-    finite_output: bool  # every output and running sum was finite
-    keys: int  # the call's key length
 
 
 def row_top(
@@ -150,209 +131,173 @@ def _record_target(t, raw, vis, target, c0: int, c1: int, t_target: torch.Tensor
     x_target.copy_(torch.where(sel, torch.where(x_ok, x_at, math.nan), x_target))
 
 
-def _native_state(b: int, h: int, r: int, k: int, dev: torch.device) -> dict[str, torch.Tensor]:
-    """The running per-row state the native pass updates in place, for one query block."""
+register_block("stats_scale", _scale_block)
+register_block("stats_softmax", _softmax_block)
+
+
+def _row_state(b: int, h: int, r: int, k: int, d: int, compute: torch.dtype, dev: torch.device):
+    """The running state of one query block's rows, as the native pass updates it in place: m, l,
+    spread, shrink, top, the logit-scale sums sq and cnt, and the output accumulator acc."""
     f64 = dict(dtype=torch.float64, device=dev)
     return {
         "m": torch.full((b, h, r), -math.inf, **f64), "l": torch.zeros((b, h, r), **f64),
         "spread": torch.zeros((b, h, r), **f64), "shrink": torch.zeros((b, h, r), device=dev),
         "top": torch.full((b, h, r, k), -math.inf, **f64), "sq": torch.zeros((b, h, r), **f64),
-        "cnt": torch.zeros((b, h, r), **f64),
+        "cnt": torch.zeros((b, h, r), **f64), "acc": torch.zeros((b, h, r, d), dtype=compute, device=dev),
     }  # fmt: skip
 
 
-register_block("stats_scale", _scale_block)
-register_block("stats_softmax", _softmax_block)
+def _torch_update(state: dict, t, raw, vis, value_cols, compile: bool) -> torch.Tensor:
+    """One key block into the rows' state through the torch block math; returns whether every raw
+    logit was finite (a tensor, read once at the end: a bool() per block syncs a GPU)."""
+    square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
+    state["sq"] += square
+    state["cnt"] += counted
+    m = state["m"]
+    t, new_max, ref, p, block_total, block_spread, group_max = run_block("stats_softmax", compile, t, vis, m)
+    k_top = state["top"].shape[-1]
+    block_top = row_top(t, k_top, group_max=group_max).double()
+    state["top"] = torch.cat([state["top"], block_top], dim=-1).topk(k_top, dim=-1).values
+    pv = torch.matmul(p, value_cols)
+    empty = m == -math.inf  # rows that had no key before this block
+    delta = ref - torch.where(empty, 0.0, m)  # ≥ 0 where the row had keys before
+    shrink = torch.where(empty, 0.0, torch.exp(-delta))
+    state["spread"] = shrink * (state["spread"] + torch.where(empty, 0.0, delta) * state["l"]) + block_spread
+    state["l"] = shrink * state["l"] + block_total
+    state["acc"] = state["acc"] * shrink.unsqueeze(-1).to(state["acc"].dtype) + pv
+    state["m"] = new_max
+    return all_finite
+
+
+def _native_update(state: dict, t, raw, vis, value_cols) -> torch.Tensor:
+    """One key block into the rows' state through the native row pass (float32 on the CPU); p is
+    written over t (a block formed for this call alone, its key 0 and target already read)."""
+    raw, t = raw.contiguous(), t.contiguous()
+    finite = native.row_stats(t, raw, vis, t, state)
+    state["acc"].mul_(state["shrink"].unsqueeze(-1)).add_(torch.matmul(t, value_cols))
+    return torch.tensor(finite)
 
 
 def softmax_statistics(
+    query: torch.Tensor,
+    key: torch.Tensor,
     value: torch.Tensor,
-    q_len: int,
+    call: StatisticsCall,
     *,
-    logits: Callable[[slice, slice], torch.Tensor],
-    visible: Callable[[slice, slice], torch.Tensor | None],
-    transform: Callable[[torch.Tensor, slice], torch.Tensor],
-    count: torch.Tensor,
-    key_span: Callable[[slice], list[int]],
-    extra: torch.Tensor | None = None,
-    target: torch.Tensor | None = None,
-    top_k: int = 5,
     block_rows: int = 256,
     block_keys: int = STATS_BLOCK_KEYS,
     compile: bool | None = None,
-    native_pass: bool | None = None,
-    overwrite_logits: bool = False,
 ) -> tuple[torch.Tensor, RowStatistics]:
     """(output [b, h, q, d] in value's dtype, :class:`RowStatistics`) of softmax(t) attention.
 
-    ``logits(rows, cols)``: the logits x [b, h, r, c] as the scorer sees them; ``visible(rows, cols)``:
-    bool broadcastable to them, or None (all visible); ``transform(x, rows)``: t from float32 x
-    (hidden entries are 0 there and −inf after); ``count`` [b|1, h|1, q]: visible keys per row;
-    ``key_span(rows)``: the sorted edges [lo, …, hi] of the key range the rows can see at all (blocks
-    outside it are never formed; blocks never straddle an edge, so a caller can cut off the part that
-    every row sees whole and answer None for its visibility);
-    ``extra`` [b|1, h|1, q|1]: t of keyless denominator terms (a learned sink, a sink
-    scorer's s; their value is zero), log-summed; ``target`` [b]: key index per sample.
-    ``compile``: compile the block math (None: SSACLI_COMPILE, else CPU calls of at least
-    STATS_COMPILE_MIN_LOGITS logits). ``native_pass``: run each block's statistics through the native
-    row pass (ssacli.kernels.native) where it applies — float32 math on the CPU, the kernel built —
-    (None: unless SSACLI_NATIVE=0); otherwise, and on other devices and dtypes, the torch path.
-    ``overwrite_logits``: each ``logits`` call returns a new tensor that this function may overwrite
-    (the native pass then writes the weights over the logits, one block of memory fewer per block).
-    """
-    b, h, k_len, d = value.shape
-    dev = value.device
-    f64 = dict(dtype=torch.float64, device=dev)
-    row_max = torch.full((b, h, q_len), -math.inf, **f64)
-    total = torch.zeros((b, h, q_len), **f64)
-    spread = torch.zeros((b, h, q_len), **f64)
-    logit_sq = torch.zeros((b, h, q_len), **f64)
-    logit_n = torch.zeros((b, h, q_len), **f64)
-    first = torch.full((b, h, q_len), -math.inf, **f64)
-    k_top = max(1, min(top_k, k_len))
-    top = torch.full((b, h, q_len, k_top), -math.inf, **f64)
-    t_target = x_target = None
-    if target is not None:
-        target = target.to(dev).long()
-        t_target = torch.full((b, h, q_len), -math.inf, **f64)
-        x_target = torch.full((b, h, q_len), math.nan, **f64)
+    query [b, h, q, d], key/value [b, h_kv, k, d] (h a multiple of h_kv), ``call`` the rest. Blocks of
+    ``block_rows`` queries × ``block_keys`` keys. Plain calls (:attr:`StatisticsCall.plain`) in float32
+    on the CPU run the one native loop where it is built and torch's sgemm found (at most
+    FLASH_BLOCK_ROWS rows a task); other float32 CPU calls take the native row pass per block where it
+    is built; the rest, or all under ``ssacli.kernels.native.disabled()``, the torch block math.
+    ``compile``: compile that block math (None: SSACLI_COMPILE, else CPU calls of at least
+    STATS_COMPILE_MIN_LOGITS logits)."""
     compute = torch.promote_types(value.dtype, torch.float32)  # the eager scorer's dtype
-    out = torch.zeros((b, h, q_len, d), dtype=compute, device=dev)
-    finite_flags: list[torch.Tensor] = []
-    v32 = value.to(compute)
+    cpu_float32 = value.device.type == "cpu" and compute == torch.float32
+    if call.plain and cpu_float32 and query.dtype == torch.float32 and native.flash_available():
+        blocks = CallBlocks(call, query, key, compute)  # the loop reads grouped K/V heads itself
+        return _one_loop(blocks, value, min(max(1, block_rows), FLASH_BLOCK_ROWS), max(1, block_keys))
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each K/V head serves `groups` query heads
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    blocks = CallBlocks(call, query, key, compute)
+    b, h, k_len, d = value.shape
+    q_len, dev = blocks.q_len, value.device
     if compile is None:
         compile = should_compile(dev.type == "cpu" and b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
     # native.available() is False under SSACLI_NATIVE=0 (nothing is built) and where the build failed
-    cpu_float32 = dev.type == "cpu" and compute == torch.float32
-    use_native = native_pass is not False and cpu_float32 and native.available()
+    use_native = cpu_float32 and native.available()
+    f64 = dict(dtype=torch.float64, device=dev)
+    k_top = max(1, min(call.top_k, k_len))
+    rows_max = torch.full((b, h, q_len), -math.inf, **f64)
+    total, spread, logit_sq, logit_n = (torch.zeros((b, h, q_len), **f64) for _ in range(4))
+    first = torch.full((b, h, q_len), -math.inf, **f64)
+    top = torch.full((b, h, q_len, k_top), -math.inf, **f64)
+    target = t_target = x_target = None
+    if call.target is not None:
+        target = call.target.to(dev).long()
+        t_target = torch.full((b, h, q_len), -math.inf, **f64)
+        x_target = torch.full((b, h, q_len), math.nan, **f64)
+    sink_t, extra = blocks.keyless_terms(b, h, compute)
+    out = torch.zeros((b, h, q_len, d), dtype=compute, device=dev)
+    finite_flags: list[torch.Tensor] = []
+    v32 = value.to(compute)
     for r0 in range(0, q_len, max(1, block_rows)):
         rows = slice(r0, min(r0 + max(1, block_rows), q_len))
-        edges = key_span(rows)
-        spans = [
-            slice(c0, min(c0 + max(1, block_keys), hi))
-            for lo, hi in zip(edges[:-1], edges[1:], strict=True)
-            for c0 in range(lo, hi, max(1, block_keys))
-        ]
-        if use_native:
-            state = _native_state(b, h, rows.stop - rows.start, k_top, dev)
-            acc = torch.zeros((b, h, rows.stop - rows.start, d), dtype=compute, device=dev)
-            m = None
-        else:
-            acc = m = l_ = s_ = None
-        for cols in spans:
-            c0 = cols.start
-            vis = visible(rows, cols)
-            if vis is not None and not bool(vis.any()):
-                continue  # nothing visible in this block (padding, the causal future)
-            x = logits(rows, cols)
-            raw = x.to(compute)
-            t = transform(raw if vis is None else torch.where(vis, raw, 0.0), rows)
-            if c0 == 0:
-                first[:, :, rows] = _hidden_to_inf(t[..., 0], None if vis is None else vis[..., 0])
-            if target is not None:
-                _record_target(t, raw, vis, target, c0, cols.stop, t_target[:, :, rows], x_target[:, :, rows])
-            if use_native:
-                raw, t = raw.contiguous(), t.contiguous()
-                # p over t when the caller's logits are ours to overwrite (first and target read above)
-                p = t if overwrite_logits else torch.empty_like(t)
-                finite_flags.append(torch.tensor(native.row_stats(t, raw, vis, p, state)))
-                acc.mul_(state["shrink"].unsqueeze(-1)).add_(torch.matmul(p, v32[:, :, cols]))
-                m = state["m"]
-            else:
-                square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
-                finite_flags.append(all_finite)  # read once at the end: a bool() per block syncs a GPU
-                logit_sq[:, :, rows] += square
-                logit_n[:, :, rows] += counted
-                running = torch.full(t.shape[:-1], -math.inf, **f64) if m is None else m
-                t, new_max, ref, p, block_total, block_spread, group_max = run_block(
-                    "stats_softmax", compile, t, vis, running
-                )
-                block_top = row_top(t, k_top, group_max=group_max).double()
-                top[:, :, rows] = torch.cat([top[:, :, rows], block_top], dim=-1).topk(k_top, dim=-1).values
-                pv = torch.matmul(p, v32[:, :, cols])
-                if m is None:
-                    acc, m, l_, s_ = pv, new_max, block_total, block_spread
+        edges = blocks.key_span(rows)
+        state = _row_state(b, h, rows.stop - rows.start, k_top, d, compute, dev)
+        formed = False
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            for c0 in range(lo, hi, max(1, block_keys)):
+                cols = slice(c0, min(c0 + max(1, block_keys), hi))
+                vis = blocks.visible(rows, cols)
+                if vis is not None and not bool(vis.any()):
+                    continue  # nothing visible in this block (padding, the causal future)
+                formed = True
+                raw = blocks.logits(rows, cols).to(compute)
+                t = blocks.transformed(raw, vis, rows)
+                if c0 == 0:
+                    first[:, :, rows] = _hidden_to_inf(t[..., 0], None if vis is None else vis[..., 0])
+                if target is not None:
+                    at = (t_target[:, :, rows], x_target[:, :, rows])
+                    _record_target(t, raw, vis, target, c0, cols.stop, *at)
+                if use_native:
+                    finite_flags.append(_native_update(state, t, raw, vis, v32[:, :, cols]))
                 else:
-                    old = torch.where(m == -math.inf, 0.0, m)
-                    delta = ref - old  # ≥ 0 where the row had keys before
-                    shrink = torch.where(m == -math.inf, 0.0, torch.exp(-delta))
-                    s_ = shrink * (s_ + torch.where(m == -math.inf, 0.0, delta) * l_) + block_spread
-                    l_ = shrink * l_ + block_total
-                    acc = acc * shrink.unsqueeze(-1).to(compute) + pv
-                    m = new_max
-        if use_native:
-            logit_sq[:, :, rows], logit_n[:, :, rows] = state["sq"], state["cnt"]
-            top[:, :, rows] = state["top"]
-            m, l_, s_ = state["m"], state["l"], state["spread"]
-        if m is None:
+                    finite_flags.append(_torch_update(state, t, raw, vis, v32[:, :, cols], compile))
+        if not formed:
             continue  # no block visible: the rows keep max −inf, total 0, output 0
+        logit_sq[:, :, rows], logit_n[:, :, rows], top[:, :, rows] = state["sq"], state["cnt"], state["top"]
+        m, l_ = state["m"], state["l"]
         denominator = l_
         if extra is not None:
             e = extra.expand(b, h, q_len)[:, :, rows].double()
-            ref = torch.where(m == -math.inf, 0.0, m)
-            denominator = l_ + torch.exp(e - ref)
-        out[:, :, rows] = acc / torch.where(denominator > 0, denominator, 1.0).unsqueeze(-1).to(compute)
-        row_max[:, :, rows], total[:, :, rows], spread[:, :, rows] = m, l_, s_
-    finite_logits = bool(torch.stack(finite_flags).all()) if finite_flags else True
-    finite_output = bool(torch.isfinite(out).all()) and bool(torch.isfinite(total).all())
+            denominator = l_ + torch.exp(e - torch.where(m == -math.inf, 0.0, m))
+        denominator = torch.where(denominator > 0, denominator, 1.0)
+        out[:, :, rows] = state["acc"] / denominator.unsqueeze(-1).to(compute)
+        rows_max[:, :, rows], total[:, :, rows], spread[:, :, rows] = m, l_, state["spread"]
     stats = RowStatistics(
-        max=row_max, total=total, spread=spread, top=top, first=first, target=t_target,
-        visible=count.double(),
+        max=rows_max, total=total, spread=spread, top=top, first=first, visible=blocks.count.double(),
+        keys=k_len, target=t_target, target_seen=None if t_target is None else t_target > -math.inf,
         extra=None if extra is None else extra.expand(b, h, q_len).double(),
-        logit_sq=logit_sq, logit_n=logit_n, target_logit=x_target,
-        finite_logits=finite_logits, finite_output=finite_output, keys=k_len,
+        sink=None if sink_t is None else sink_t.double(), logit_sq=logit_sq, logit_n=logit_n,
+        target_logit=x_target,
+        finite_logits=bool(torch.stack(finite_flags).all()) if finite_flags else True,
+        finite_output=bool(torch.isfinite(out).all()) and bool(torch.isfinite(total).all()),
     )  # fmt: skip
     return out.to(value.dtype), stats
 
 
-def plain_softmax_available(query: torch.Tensor) -> bool:
-    """Whether :func:`plain_softmax_statistics` can run for this query: float32 on the CPU, the
-    native pass built and torch's own sgemm found (ssacli.kernels.native.flash_available)."""
-    return query.device.type == "cpu" and query.dtype == torch.float32 and native.flash_available()
-
-
-def plain_softmax_statistics(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scaling: float,
-    *,
-    causal: bool,
-    window: int | None,
-    count: torch.Tensor,
-    target: torch.Tensor | None = None,
-    top_k: int = 5,
-    block_rows: int = FLASH_BLOCK_ROWS,
-    block_keys: int = STATS_BLOCK_KEYS,
-) -> tuple[torch.Tensor, RowStatistics]:
-    """:func:`softmax_statistics` for the commonest call — softmax of x = (query·keyᵀ)·scaling with no
-    mask tensor (``causal``, bottom-right aligned, and ``window``, or every key visible), no probe on
-    the logits, no keyless term — in one native loop (ssacli.kernels.native.stats_flash): each
-    [rows, keys] logit tile is formed by torch's own sgemm (the products round as torch.matmul's on
-    some CPUs, and within float32 rounding of them on others: ssacli.kernels.native), reduced while
-    it sits in cache, and multiplied by v. query [b, h, q, d], key/value [b, h_kv, k, d] float32 on
-    the CPU (see :func:`plain_softmax_available`); ``count`` [b|1, h|1, q] the keys each row sees;
-    ``target`` [b]. The same :class:`RowStatistics` as :func:`softmax_statistics` (t = x)."""
+def _one_loop(blocks: CallBlocks, value: torch.Tensor, block_rows: int, block_keys: int):
+    """:func:`softmax_statistics` of a plain call in one native loop (ssacli.kernels.native.stats_flash):
+    each [rows, keys] logit tile is formed by torch's own sgemm (the products round as torch.matmul's
+    on some CPUs, and within float32 rounding of them on others: ssacli.kernels.native), reduced while
+    it sits in cache, and multiplied by v."""
+    call, query = blocks.call, blocks.query
     b, h, q_len, _ = query.shape
-    k_len = key.shape[-2]
-    k_top = max(1, min(top_k, k_len))
+    k_top = max(1, min(call.top_k, blocks.k_len))
     f64 = dict(dtype=torch.float64, device=query.device)
-    state = _native_state(b, h, q_len, k_top, query.device)  # as the row pass starts its rows
+    state = _row_state(b, h, q_len, k_top, 0, torch.float32, query.device)  # as the row pass starts its rows
     state["first"] = torch.full((b, h, q_len), -math.inf, **f64)
     state["t_target"] = torch.full((b, h, q_len), -math.inf, **f64)
     state["x_target"] = torch.full((b, h, q_len), math.nan, **f64)
-    if target is not None:
-        target = target.to(query.device).long()
+    target = None if call.target is None else call.target.to(query.device).long()
     out, finite_logits, finite_output = native.stats_flash(
-        query, key, value, scaling, state, causal=causal, window=window, target=target,
-        block_rows=max(1, block_rows), block_keys=max(1, block_keys),
+        query, blocks.key, value, float(call.scaling), state, causal=call.causal, window=call.window,
+        target=target, block_rows=block_rows, block_keys=block_keys,
     )  # fmt: skip
+    t_target = None if target is None else state["t_target"]
     stats = RowStatistics(
         max=state["m"], total=state["l"], spread=state["spread"], top=state["top"], first=state["first"],
-        target=None if target is None else state["t_target"], visible=count.double(), extra=None,
-        logit_sq=state["sq"], logit_n=state["cnt"],
-        target_logit=None if target is None else state["x_target"],
-        finite_logits=finite_logits, finite_output=finite_output, keys=k_len,
+        visible=blocks.count.double(), keys=blocks.k_len, target=t_target,
+        target_seen=None if t_target is None else t_target > -math.inf, logit_sq=state["sq"],
+        logit_n=state["cnt"], target_logit=None if target is None else state["x_target"],
+        finite_logits=finite_logits, finite_output=finite_output,
     )  # fmt: skip
     return out.to(value.dtype), stats
 
@@ -362,8 +307,7 @@ __all__ = [
     "STATS_BLOCK_KEYS",
     "STATS_COMPILE_MIN_LOGITS",
     "RowStatistics",
-    "plain_softmax_available",
-    "plain_softmax_statistics",
+    "StatisticsCall",
     "row_top",
     "softmax_statistics",
 ]

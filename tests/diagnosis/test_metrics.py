@@ -1,5 +1,7 @@
-"""ssacli.diagnosis.metrics by hand: small weight tensors written out below, expectations worked out with
-plain ``math`` from the definitions in the module docstring (never read back from the code)."""
+"""The row metrics by hand: small weight tensors written out below, reduced to row statistics
+(ssacli.kernels.row_stats.weight_statistics) and derived (ssacli.diagnosis.row_metrics.row_sums), with
+expectations worked out with plain ``math`` from the definitions in row_metrics' docstring (never
+read back from the code); and ssacli.diagnosis.metrics' streaming sums."""
 
 from __future__ import annotations
 
@@ -9,9 +11,21 @@ import numpy as np
 import pytest
 import torch
 
-from ssacli.diagnosis.metrics import METRICS, HeadStats, LayerStats, Moments, row_sums
+from ssacli.defaults import TAU, TOP_K
+from ssacli.diagnosis.metrics import METRICS, HeadStats, LayerStats, Moments
+from ssacli.diagnosis.row_metrics import row_sums
+from ssacli.kernels.row_stats import weight_statistics
 
 J = 0.7  # junk written where a key is not visible: the metrics must ignore it
+
+
+def _sums(weights, visible=None, *, query_valid=None, query_positions=None, target=None, tau=TAU,
+          top_k=TOP_K, sink=None):  # fmt: skip
+    """The per-head sums of a block of weights, as diagnose's eager path computes them."""
+    stats = weight_statistics(weights, visible, target=target, top_k=top_k, sink=sink)
+    return row_sums(
+        stats, query_valid=query_valid, query_positions=query_positions, target=target, tau=tau, top_k=top_k
+    )
 
 
 def _entropy(p: list[float]) -> float:
@@ -63,7 +77,7 @@ HEAD_ROWS = [
 
 @pytest.mark.parametrize("top_k", [1, 2, 5])
 def test_every_row_metric_by_hand(top_k):
-    sums = row_sums(WEIGHTS, CAUSAL, query_valid=VALID, tau=0.9, top_k=top_k)
+    sums = _sums(WEIGHTS, CAUSAL, query_valid=VALID, tau=0.9, top_k=top_k)
     assert sums["rows"].tolist() == [2.0, 2.0]
     assert sums["capture_rows"].tolist() == [0.0, 0.0]  # no target given
     means = _stats(sums, 2)
@@ -83,28 +97,28 @@ def test_every_row_metric_by_hand(top_k):
 def test_padding_and_junk_matter_when_counted():
     """The same tensor with every query valid counts row 3 too, and changing junk at invisible
     keys changes nothing."""
-    sums = row_sums(WEIGHTS, CAUSAL, tau=0.9, top_k=2)
+    sums = _sums(WEIGHTS, CAUSAL, tau=0.9, top_k=2)
     assert sums["rows"].tolist() == [3.0, 3.0]
     means = _stats(sums, 2)
     head0 = [*HEAD_ROWS[0], ([0.1, 0.2, 0.3, 0.4], 1.0)]
     assert means["entropy"][0] == pytest.approx(_means(head0, 0.9, 2)["entropy"], abs=1e-6)
     junk = torch.where(CAUSAL, WEIGHTS, 123.0)
-    again = row_sums(junk, CAUSAL, query_valid=VALID, tau=0.9, top_k=2)
-    base = row_sums(WEIGHTS, CAUSAL, query_valid=VALID, tau=0.9, top_k=2)
+    again = _sums(junk, CAUSAL, query_valid=VALID, tau=0.9, top_k=2)
+    base = _sums(WEIGHTS, CAUSAL, query_valid=VALID, tau=0.9, top_k=2)
     for name in base:
         assert torch.allclose(again[name], base[name], atol=1e-12), name
 
 
 def test_tau_is_inclusive_and_moves_the_collapse_rate():
-    loose = _stats(row_sums(WEIGHTS, CAUSAL, query_valid=VALID, tau=0.75), 2)
+    loose = _stats(_sums(WEIGHTS, CAUSAL, query_valid=VALID, tau=0.75), 2)
     assert loose["collapse_rate"].tolist() == [1.0, 0.5]  # 0.75 >= 0.75 and 0.96; head 1: 0.8
-    strict = _stats(row_sums(WEIGHTS, CAUSAL, query_valid=VALID, tau=0.97), 2)
+    strict = _stats(_sums(WEIGHTS, CAUSAL, query_valid=VALID, tau=0.97), 2)
     assert strict["collapse_rate"].tolist() == [0.0, 0.0]
 
 
 def test_zero_and_non_finite_rows_are_not_counted():
     w = torch.tensor([[[[0.5, 0.5], [0.0, 0.0]], [[0.3, 0.7], [float("nan"), 0.2]]]])  # [1, 2, 2, 2]
-    sums = row_sums(w)  # everything visible, every query valid
+    sums = _sums(w)  # everything visible, every query valid
     assert sums["rows"].tolist() == [1.0, 1.0]
     stats = HeadStats(2)
     stats.add(sums)
@@ -119,7 +133,7 @@ def test_empty_stats_and_heads_without_rows_are_nan():
     assert HeadStats(3).rows == 0
     w = torch.tensor([[[[0.4, 0.6]], [[0.0, 0.0]]]])  # head 1 has no mass at all
     stats = HeadStats(2)
-    stats.add(row_sums(w))
+    stats.add(_sums(w))
     means = stats.means()
     assert stats.rows == 1
     assert means["max_weight"][0] == pytest.approx(0.6) and math.isnan(means["max_weight"][1])
@@ -159,7 +173,7 @@ EXPECTED_CAPTURE = (0.6 + 0.2 + 0.25 + 0.7) / 4
 
 
 def test_outlier_capture_by_hand():
-    sums = row_sums(CAPTURE_W, CAUSAL5, query_valid=VALID5, target=TARGET)
+    sums = _sums(CAPTURE_W, CAUSAL5, query_valid=VALID5, target=TARGET)
     assert sums["capture_rows"].item() == 4.0
     assert sums["rows"].item() == 4 + 3  # rows 1..4 of sample 0, rows 1..3 of sample 1
     means = _stats(sums, 1)
@@ -169,12 +183,12 @@ def test_outlier_capture_by_hand():
 def test_blocks_with_query_positions_add_up_to_the_whole_map():
     """Streaming: rows 0-1 and 2-4 sent as two blocks (with their key indices) give the same means
     as the whole map at once, capture included."""
-    whole = _stats(row_sums(CAPTURE_W, CAUSAL5, query_valid=VALID5, target=TARGET), 1)
+    whole = _stats(_sums(CAPTURE_W, CAUSAL5, query_valid=VALID5, target=TARGET), 1)
     stats = HeadStats(1)
     for rows in (slice(0, 2), slice(2, 5)):
         positions = torch.arange(5)[rows]
         stats.add(
-            row_sums(
+            _sums(
                 CAPTURE_W[:, :, rows], CAUSAL5[:, :, rows], query_valid=VALID5[:, rows],
                 query_positions=positions, target=TARGET,
             )
@@ -193,9 +207,37 @@ def test_default_query_positions_are_bottom_right_aligned():
     """Two query rows against five keys (a KV cache) are keys 3 and 4: with target 3, row 3 is the
     target's own row and only row 4 counts."""
     w = CAPTURE_W[:1, :, 3:]  # sample 0, rows 3 and 4
-    sums = row_sums(w, CAUSAL5[:, :, 3:], target=torch.tensor([3]))
+    sums = _sums(w, CAUSAL5[:, :, 3:], target=torch.tensor([3]))
     assert sums["capture_rows"].item() == 1.0
     assert sums["outlier_capture"].item() == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "collapsed", "sigmoid", "sparse"])
+def test_entropy_of_the_row_statistics_is_the_xlogy_entropy_in_float64(kind):
+    """float64 weights reduced to (m, l, spread): H = log l + spread / l is the entropy of the
+    normalized row computed the plain way, log Σw − Σ xlogy(w, w) / Σw, within 1e-12 relative
+    (within rounding of the plain way's own cancellation, 1e-14 absolute, on collapsed rows)."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(2, 3, 9, 40, generator=gen, dtype=torch.float64)
+    visible = torch.rand(2, 1, 9, 40, generator=gen) > 0.3
+    visible[..., :2] = True
+    hidden = logits.masked_fill(~visible, -math.inf)
+    weights = {
+        "softmax": torch.softmax(hidden, -1),
+        "collapsed": torch.softmax(hidden * 40, -1),
+        "sigmoid": torch.sigmoid(logits) * visible,  # rows summing to anything
+        "sparse": torch.softmax(hidden, -1) * (torch.rand(2, 3, 9, 40, generator=gen) > 0.5),  # exact zeros
+    }[kind]
+    stats = weight_statistics(weights, visible)
+    entropy = torch.log(stats.total) + stats.spread / stats.total
+    w = torch.where(visible, weights, 0.0)
+    mass = w.sum(-1)
+    plain = torch.log(mass) - torch.special.xlogy(w, w).sum(-1) / mass
+    assert stats.total.dtype == torch.float64 and (mass > 0).all()
+    assert ((entropy - plain).abs() <= 1e-12 * plain.abs() + 1e-14).all(), (entropy - plain).abs().max()
+    assert torch.allclose(stats.total * torch.exp(stats.max), mass, rtol=1e-14, atol=0)  # l·e^m = Σw
+    if kind == "collapsed":
+        assert (plain < 1e-6).any()  # the case really has collapsed rows
 
 
 def test_the_metric_table_says_what_the_metrics_do():
@@ -206,7 +248,7 @@ def test_the_metric_table_says_what_the_metrics_do():
     # Uniform rows over 8 keys with mass 3 (an unnormalized scorer), then random rows.
     weights = torch.cat([torch.full((1, 1, 4, 8), 3 / 8), torch.rand(1, 1, 4, 8, generator=generator)], 2)
     sink = torch.rand(1, 1, 8, generator=generator)  # a learned sink's weight per row
-    means = _stats(row_sums(weights, target=torch.tensor([2]), sink=sink), 1)
+    means = _stats(_sums(weights, target=torch.tensor([2]), sink=sink), 1)
     for name, spec in METRICS.items():
         inside = 0 <= means[name][0] <= 1
         assert inside if spec.bounded else not inside, name
@@ -214,7 +256,7 @@ def test_the_metric_table_says_what_the_metrics_do():
     # uniform (max 0.14 < tau, top-2 0.27) to nearly one key: every metric moves, or stays.
     logits = -torch.arange(8.0)
     sums = [
-        row_sums(torch.softmax(logits * a, -1).reshape(1, 1, 1, 8), target=torch.tensor([0]), top_k=2)
+        _sums(torch.softmax(logits * a, -1).reshape(1, 1, 1, 8), target=torch.tensor([0]), top_k=2)
         for a in (0.05, 10.0)
     ]
     soft, sharp = _stats(sums[0], 1), _stats(sums[1], 1)

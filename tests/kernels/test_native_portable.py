@@ -27,7 +27,7 @@ import json, math, sys, torch
 sys.path.insert(0, sys.argv[1])
 from ssacli.kernels import native
 from ssacli.kernels.fused import ssa_attention
-from ssacli.kernels.online_stats import plain_softmax_statistics, softmax_statistics
+from ssacli.kernels.online_stats import StatisticsCall, softmax_statistics
 from tests.helpers.float_reference import excess, plain_softmax_reference
 from tests.kernels.test_fused import naive_ssa
 
@@ -52,17 +52,12 @@ report["ssa"] = max(((a - b).abs().max() / b.abs().max().clamp_min(1)).item() fo
 # diagnose's statistics, the row pass (on torch.matmul's logits) and the one loop (on sgemm tiles)
 qs, ks, vs = (torch.randn(1, 3, 70, 8, generator=gen) * 3 for _ in range(3))
 shown = torch.ones(70, 70, dtype=torch.bool).tril()
-count = shown.sum(-1).reshape(1, 1, 70)
 want, bound = plain_softmax_reference(qs, ks, vs, 0.5, shown, None, top_k=5)
-args = dict(
-    logits=lambda r, c: torch.matmul(qs[:, :, r], ks[:, :, c].transpose(-1, -2)).mul_(0.5),
-    visible=lambda r, c: shown[r, c][None, None], transform=lambda x, r: x, count=count,
-    key_span=lambda r: [0, 70], top_k=5, block_rows=9, block_keys=23, compile=False,
-)
-runs = {"row_pass": softmax_statistics(vs, 70, native_pass=True, **args)}
+call = StatisticsCall(scaling=0.5, causal=True, top_k=5)
+with native.disabled(flash_only=True):  # the row pass, on torch.matmul's logits
+    runs = {"row_pass": softmax_statistics(qs, ks, vs, call, block_rows=9, block_keys=23, compile=False)}
 if native.flash_available():
-    runs["one_loop"] = plain_softmax_statistics(qs, ks, vs, 0.5, causal=True, window=None, count=count,
-                                                block_rows=9, block_keys=23)
+    runs["one_loop"] = softmax_statistics(qs, ks, vs, call, block_rows=9, block_keys=23)
 fields = ("max", "total", "spread", "top", "first", "logit_sq", "logit_n")
 for name, (out, got) in runs.items():
     gaps = [excess(out, want["out"], bound["out"])]

@@ -28,11 +28,20 @@ from ssacli.diagnosis.metrics import METRICS
 from ssacli.diagnosis.probes import PROBES
 from ssacli.errors import UsageError
 from ssacli.kernels import native
-from ssacli.kernels.online_stats import softmax_statistics
+from ssacli.kernels.online_stats import StatisticsCall, softmax_statistics
 from ssacli.testing.tiny_models import build_tiny
 from tests.helpers.float_reference import excess, plain_softmax_reference
 
 ABS = 1e-6
+
+
+def _given_logits(t: torch.Tensor, value: torch.Tensor, **call):
+    """softmax_statistics of a call whose logits are exactly t [b, h, q, k] (finite): query t against
+    identity keys, q·kᵀ = t·I, every product but one an exact zero."""
+    b, h, _, k = t.shape
+    keys = torch.eye(k, dtype=t.dtype).expand(b, h, k, k)
+    blocks = {name: call.pop(name) for name in ("block_rows", "block_keys", "compile") if name in call}
+    return softmax_statistics(t, keys, value, StatisticsCall(scaling=1.0, **call), **blocks)
 
 
 # ---- the kernel against a naive float64 formula --------------------------------------------------
@@ -61,11 +70,7 @@ def test_kernel_matches_the_naive_formula_on_collapsing_rows(scale):
     visible = torch.rand(b, 1, q, k) > 0.3
     visible[..., 0] = True
     value = torch.randn(b, h, k, d)
-    out, stats = softmax_statistics(
-        value, q, logits=lambda r, c: t[:, :, r, c], visible=lambda r, c: visible[:, :, r, c],
-        transform=lambda x, r: x, count=visible.sum(-1), key_span=lambda r: [0, k], top_k=5,
-        block_rows=4, block_keys=3,
-    )  # fmt: skip
+    out, stats = _given_logits(t, value, mask=visible, top_k=5, block_rows=4, block_keys=3)
     ref = _naive(t, visible, 5)
     l_, m = stats.total, stats.max
     entropy = torch.log(l_) + stats.spread / l_
@@ -95,34 +100,26 @@ def test_kernel_rows_without_keys_are_empty_not_zero_entropy():
     b, h, q, k = 1, 1, 3, 5
     visible = torch.ones(b, 1, q, k, dtype=torch.bool)
     visible[..., 1, :] = False
-    out, stats = softmax_statistics(
-        torch.ones(b, h, k, 2), q, logits=lambda r, c: torch.zeros(b, h, r.stop - r.start, c.stop - c.start),
-        visible=lambda r, c: visible[:, :, r, c], transform=lambda x, r: x, count=visible.sum(-1),
-        key_span=lambda r: [0, k], block_rows=1,
-    )  # fmt: skip
+    out, stats = _given_logits(torch.zeros(b, h, q, k), torch.ones(b, h, k, 2), mask=visible, block_rows=1)
     assert stats.max[0, 0, 1] == -math.inf and stats.total[0, 0, 1] == 0
     assert torch.equal(out[0, 0, 1], torch.zeros(2))
 
 
 def _statistics_case(seed: int = 3):
-    """A call with blocks with and without a visibility mask, a ragged last top-k group, a non-finite
-    logit, a target, a moving max and collapsing rows; run(**options) computes its statistics."""
+    """A causal call with a window: blocks that every row sees whole (no mask formed) and blocks cut by
+    the band, a ragged last top-k group, one infinite logit (a position bias of +inf), a target seen
+    by some rows, a moving max and collapsing rows; run(**options) computes its statistics."""
     torch.manual_seed(seed)
     b, h, q, k, d = 2, 3, 40, 300, 8
     t = torch.randn(b, h, q, k) * 8
     t[1, :, :, 250] += 200.0  # a dominant key in the last block: the max moves, rows collapse
-    t[0, 1, 3, 7] = math.inf  # a non-finite logit (counted out of the logit scale)
-    causal = torch.ones(q, k, dtype=torch.bool).tril(diagonal=k - q)[None, None]
-    visible = causal & (torch.rand(b, 1, q, k) > 0.2)
-    visible[..., :100] = True  # what the mask-free blocks below say
+    bias = torch.zeros(b, h, q, k)
+    bias[0, 1, 3, 255] = math.inf  # a non-finite logit (counted out of the logit scale)
     value = torch.randn(b, h, k, d)
 
     def run(**options):
-        return softmax_statistics(
-            value, q, logits=lambda r, c: t[:, :, r, c],
-            # whole blocks below the diagonal of sample 0 see everything (the mask-free variant)
-            visible=lambda r, c: None if c.stop <= 100 else visible[:, :, r, c],
-            transform=lambda x, r: x * 0.5, count=visible.sum(-1), key_span=lambda r: [0, 100, k],
+        return _given_logits(
+            t, value, causal=True, window=200, position_bias=bias, transform=lambda x, count: x * 0.5,
             target=torch.tensor([250, 5]), top_k=5, block_rows=16, block_keys=130, **options,
         )  # fmt: skip
 
@@ -138,10 +135,11 @@ def test_native_row_pass_equals_the_torch_path():
     from ssacli.kernels import native
 
     run = _statistics_case()
-    want_out, want = run(compile=False, native_pass=False)
+    with native.disabled():
+        want_out, want = run(compile=False)
     if not native.available():
         pytest.skip("the native kernel could not be built here (no C compiler)")
-    out, got = run(native_pass=True)
+    out, got = run()
     assert torch.allclose(out, want_out, rtol=1e-5, atol=1e-6, equal_nan=True)
     for name in STAT_FIELDS:
         have, expect = getattr(got, name), getattr(want, name)
@@ -165,20 +163,19 @@ def test_native_row_pass_on_ragged_blocks_masks_and_many_threads():
     visible = torch.rand(b, 1, 1, k) > 0.25  # a padding-like mask, broadcast over heads and rows
     value = torch.randn(b, h, k, d)
 
-    def run(native_pass: bool, top_k: int):
-        return softmax_statistics(
-            value, q, logits=lambda r, c: t[:, :, r, c], visible=lambda r, c: visible[..., c],
-            transform=lambda x, r: x.tanh() * 3, count=visible.sum(-1).expand(b, 1, q),
-            key_span=lambda r: [0, k],
-            top_k=top_k, block_rows=7, block_keys=67, compile=False, native_pass=native_pass,
+    def run(top_k: int):
+        return _given_logits(
+            t, value, mask=visible, transform=lambda x, count: x.tanh() * 3, top_k=top_k, block_rows=7,
+            block_keys=67, compile=False,
         )  # fmt: skip
 
     threads = torch.get_num_threads()
     try:
         for n_threads, top_k in ((1, 5), (2, 20)):
             torch.set_num_threads(n_threads)
-            want_out, want = run(False, top_k)
-            out, got = run(True, top_k)
+            with native.disabled():
+                want_out, want = run(top_k)
+            out, got = run(top_k)
             assert torch.allclose(out, want_out, rtol=1e-5, atol=1e-6)
             for name in STAT_FIELDS:
                 have, expect = getattr(got, name), getattr(want, name)
@@ -199,17 +196,17 @@ def test_native_build_failure_warns_once_and_keeps_the_torch_path(tmp_path):
     script = (
         "import warnings, torch\n"
         "from ssacli.kernels import native\n"
-        "from ssacli.kernels.online_stats import softmax_statistics\n"
-        "t = torch.randn(1, 2, 8, 40); v = torch.randn(1, 2, 40, 4)\n"
-        "def run(flag):\n"
-        "    return softmax_statistics(v, 8, logits=lambda r, c: t[:, :, r, c], visible=lambda r, c: None,\n"
-        "        transform=lambda x, r: x, count=torch.full((1, 1, 8), 40), key_span=lambda r: [0, 40],\n"
-        "        compile=False, native_pass=flag)[1].total\n"
+        "from ssacli.kernels.online_stats import StatisticsCall, softmax_statistics\n"
+        "q, k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 4)\n"
+        "def run():\n"
+        "    return softmax_statistics(q, k, v, StatisticsCall(scaling=0.25), compile=False)[1].total\n"
         "with warnings.catch_warnings(record=True) as seen:\n"
         "    warnings.simplefilter('always')\n"
-        "    a = run(True); b = run(True)\n"
+        "    a = run(); b = run()\n"
+        "with native.disabled():\n"
+        "    torch_path = run()\n"
         "print(sum('native kernels failed' in str(w.message) for w in seen), native.available(),\n"
-        "      bool(torch.equal(a, run(False))))\n"
+        "      bool(torch.equal(a, torch_path)))\n"
     )
     env = {**os.environ, "CC": "false", "SSACLI_CACHE": str(tmp_path)}
     env.pop("SSACLI_NATIVE", None)  # the attempt is the point, whatever the caller's setting
@@ -256,7 +253,8 @@ def test_compiled_block_math_equals_the_eager_block_math():
     case = _statistics_case()
 
     def run(compiled: bool):
-        return case(compile=compiled, native_pass=False)
+        with native.disabled():
+            return case(compile=compiled)
 
     eager_out, eager = run(False)
     out, got = run(True)
@@ -444,21 +442,21 @@ def test_unmasked_softmax_calls_run_in_one_native_loop_and_match_the_eager_path(
 @pytest.mark.parametrize(
     "heads,kv_heads,q_len,k_len,causal,window",
     [
-        (4, 2, 45, 45, True, None), (3, 3, 45, 45, True, 9), (2, 1, 30, 30, False, None),
+        (4, 2, 45, 45, True, None),
+        (3, 3, 45, 45, True, 9),
+        (2, 1, 30, 30, False, None),
         (2, 2, 7, 40, True, 12),
     ],  # fmt: skip
     ids=["gqa-causal", "window", "non-causal", "kv-offset-window"],
 )
 def test_plain_softmax_statistics_equal_the_float64_reference(heads, kv_heads, q_len, k_len, causal, window):
-    """The one-loop native statistics, and softmax_statistics' torch path on the same logits
-    (torch.matmul, then the scaling, as ssacli.attention.online forms them), against a float64
+    """The one-loop native statistics of a plain call, and softmax_statistics' torch path on the same
+    call (torch.matmul, then the scaling, as ssacli.attention.forward forms the logits), against a float64
     computation from the same float32 inputs, within what float32 rounding can do in any summation
     order (tests/helpers/float_reference.py: the sgemm's tile products need not round as
     torch.matmul's on every CPU): ragged row and key tiles, grouped K/V heads, a causal band with a
     window and a KV-cache offset, a target, a key dominant enough to collapse rows, one thread and
     two."""
-    from ssacli.kernels.online_stats import plain_softmax_statistics
-
     if not native.flash_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     gen = torch.Generator().manual_seed(11)
@@ -468,7 +466,6 @@ def test_plain_softmax_statistics_equal_the_float64_reference(heads, kv_heads, q
     dominant = k_len - q_len + 2  # query 2's own key: visible to the rows after it in every case
     k[1, :, dominant] *= 40.0  # it dominates sample 1: those rows collapse onto it
     v = torch.randn(b, kv_heads, k_len, d, generator=gen)
-    k_rep, v_rep = (t.repeat_interleave(heads // kv_heads, 1) for t in (k, v))
     pos = torch.arange(k_len - q_len, k_len)[:, None]
     keys = torch.arange(k_len)[None]
     shown = torch.ones(q_len, k_len, dtype=torch.bool)
@@ -477,29 +474,19 @@ def test_plain_softmax_statistics_equal_the_float64_reference(heads, kv_heads, q
     if window is not None:
         shown &= pos - keys < window
     target = torch.tensor([min(5, k_len - 1), dominant])
-    count = shown.sum(-1).reshape(1, 1, q_len)
     want, bound = plain_softmax_reference(q, k, v, scaling, shown, target, top_k=5)
     # the bounds are tight enough to catch a wrong kernel: ~1e-6 of the largest logit
     assert bound["max"].max() < 1e-5 * want["max"].abs().max()
 
-    def logits(r, c):
-        return torch.matmul(q[:, :, r], k_rep[:, :, c].transpose(-1, -2)).mul_(scaling)
-
-    torch_out, torch_stats = softmax_statistics(
-        v_rep, q_len, logits=logits,
-        visible=lambda r, c: shown[r, c][None, None], transform=lambda x, r: x,
-        count=count, key_span=lambda r: [0, k_len], target=target,
-        top_k=5, block_rows=7, block_keys=13, compile=False, native_pass=False,
-    )  # fmt: skip
-    runs = {"torch": (torch_out, torch_stats)}
+    call = StatisticsCall(scaling=scaling, causal=causal, window=window, target=target, top_k=5)
+    assert call.plain
+    with native.disabled():
+        runs = {"torch": softmax_statistics(q, k, v, call, block_rows=7, block_keys=13, compile=False)}
     threads = torch.get_num_threads()
     try:
         for n_threads in (1, 2):
             torch.set_num_threads(n_threads)
-            runs[f"one-loop/{n_threads}"] = plain_softmax_statistics(
-                q, k, v, scaling, causal=causal, window=window, count=count,
-                target=target, block_rows=7, block_keys=13,
-            )  # fmt: skip
+            runs[f"one-loop/{n_threads}"] = softmax_statistics(q, k, v, call, block_rows=7, block_keys=13)
     finally:
         torch.set_num_threads(threads)
     for path, (out, got) in runs.items():
@@ -515,22 +502,15 @@ def test_plain_softmax_statistics_flag_overflowed_logits_as_the_torch_path_does(
     """A query row large enough that its logits overflow (±inf, and NaN where infinities cancel): the
     one-loop statistics mark the same rows broken and the same logits non-finite as the torch path,
     and every other row keeps its values."""
-    from ssacli.kernels.online_stats import plain_softmax_statistics
-
     if not native.flash_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 40, 8, generator=gen) for _ in range(3))
     q[0, 1, 17] = 3e38  # row 17 of head 1: logits past float32's range
-    shown = torch.ones(40, 40, dtype=torch.bool).tril()
-    count = shown.sum(-1).reshape(1, 1, 40)
-    want_out, want = softmax_statistics(
-        v, 40, logits=lambda r, c: torch.matmul(q[:, :, r], k[:, :, c].transpose(-1, -2)).mul_(0.5),
-        visible=lambda r, c: shown[r, c][None, None], transform=lambda x, r: x, count=count,
-        key_span=lambda r: [0, 40], block_rows=7, block_keys=13, compile=False, native_pass=False,
-    )  # fmt: skip
-    out, got = plain_softmax_statistics(q, k, v, 0.5, causal=True, window=None, count=count, block_rows=7,
-                                        block_keys=13)  # fmt: skip
+    call = StatisticsCall(scaling=0.5, causal=True)
+    with native.disabled():
+        want_out, want = softmax_statistics(q, k, v, call, block_rows=7, block_keys=13, compile=False)
+    out, got = softmax_statistics(q, k, v, call, block_rows=7, block_keys=13)
     assert not want.finite_logits and not got.finite_logits
     assert got.finite_output == want.finite_output
     # (not logit_sq: a finite logit over 1.8e19 squares to inf in the torch path's float32, to a

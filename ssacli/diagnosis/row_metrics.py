@@ -1,0 +1,149 @@
+"""The one derivation of diagnose's row metrics: :func:`row_sums` turns one attention call's
+:class:`~ssacli.kernels.row_stats.RowStatistics` (from the fused pass, the native kernels or a block of
+eager weights: every path produces them) into per-head sums of every metric of
+:data:`~ssacli.diagnosis.metrics.METRICS`; :func:`logit_sums` does the same for the layer's logit scale.
+
+Which rows count: valid queries only (padding queries are excluded), with at least two visible keys (a
+row with one key has nothing to choose) and positive mass. Shape metrics read the row normalized over
+its keys, p_j = e^(t_j − m) / l, so scorers whose rows do not sum to one (sigmoid, softpick; a learned
+sink) are compared on the shape of their attention; ``row_mass`` reports the keys' share itself.
+
+* entropy: H(p) / log N_i with H = log l + spread / l, N_i the row's visible keys (1 = uniform, 0 = one
+  key); max_weight: max p = 1 / l; collapse_rate: share of rows with max p >= tau;
+* effective_tokens: exp H; topk_mass: Σ e^(top − m) / l over the k largest (k capped by N_i);
+* sink_mass: p at key 0; outlier_capture: p at the probe's target key, over the rows that see it (the
+  target's own row excluded);
+* row_mass: the keys' weight: under a softmax l·e^m over the denominator l·e^m + e^extra (a keyless
+  term with logit e: learned sink, sink scorer), so a dominant keyless term cannot overflow it;
+  otherwise l·e^(m − z);
+* learned_sink: the weight of the learned sink key, over every real query row (a row that parks all
+  its mass there included).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..defaults import TAU, TOP_K
+from ..kernels.row_stats import RowStatistics
+
+
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    return x.double().sum(dim=(0, 2))
+
+
+def _denominator(stats: RowStatistics, seen: torch.Tensor):
+    """(stabilizer s, the keys' part of the denominator, the denominator), all at e^s: a term with
+    logit u weighs e^(u − s) / denominator. None where the keys are the whole softmax (mass 1)."""
+    m, l_ = stats.max, stats.total
+    if stats.log_normalizer is not None:  # weights e^(t − z): the denominator is e^z
+        z = stats.log_normalizer
+        keys = torch.where(seen, l_ * torch.exp(m - z), 0.0)
+        return z, keys, torch.ones((), dtype=keys.dtype, device=keys.device)
+    if stats.extra is None:
+        return None
+    top = torch.maximum(torch.where(seen, m, -torch.inf), stats.extra)
+    keys = l_ * torch.exp(torch.where(seen, m - top, -torch.inf))
+    return top, keys, keys + torch.exp(stats.extra - top)
+
+
+@torch.no_grad()
+def row_sums(
+    stats: RowStatistics,
+    *,
+    query_valid: torch.Tensor | None = None,
+    query_positions: torch.Tensor | None = None,
+    target: torch.Tensor | None = None,
+    tau: float = TAU,
+    top_k: int = TOP_K,
+) -> dict[str, torch.Tensor]:
+    """Per-head sums of every row metric over the counted rows of one attention call.
+
+    query_valid [b, q] bool (None = all valid); query_positions [q]: each row's key index (to exclude
+    the target's own row; default: bottom-right aligned, q rows ending at the last key); target [b]:
+    the key index whose captured mass ``outlier_capture`` measures (None = not measured). Returns
+    float64 tensors [h]: ``<metric>`` sums, and the counts ``rows``, ``capture_rows`` and, where the
+    statistics hold a learned sink, ``sink_rows``."""
+    m, l_, spread = stats.max, stats.total, stats.spread
+    b, h, q = m.shape
+    n_visible = stats.visible.expand(b, h, q)
+    seen = l_ > 0
+    safe_l = torch.where(seen, l_, 1.0)
+    ref = torch.where(seen, m, 0.0)
+    parts = _denominator(stats, seen)
+    mass = seen.double() if parts is None else parts[1] / parts[2]
+    counted = (n_visible >= 2) & (mass > 0) & torch.isfinite(mass) & seen
+    if query_valid is not None:
+        counted &= query_valid.to(torch.bool).reshape(b, 1, q)
+    entropy = (torch.log(safe_l) + spread / safe_l).clamp_min(0.0)  # rounding
+    k_top = min(top_k, stats.top.shape[-1])
+    max_p = 1.0 / safe_l
+    per_row = {
+        "entropy": entropy / torch.log(n_visible.clamp_min(2)),
+        "max_weight": max_p,
+        "collapse_rate": (max_p >= tau).double(),
+        "effective_tokens": torch.exp(entropy),
+        "topk_mass": torch.exp(stats.top[..., :k_top] - ref.unsqueeze(-1)).sum(-1) / safe_l,
+        "sink_mass": torch.exp(stats.first - ref) / safe_l,
+        "row_mass": mass,
+    }
+    sums = {name: _heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
+    sums["rows"] = _heads(counted.double())
+    if stats.sink is not None and parts is not None:
+        # every real query row: one that gives the sink everything counts most (a sink logit of −inf
+        # is a zero share; NaN or +inf: the row is broken and does not count)
+        sink_rows = ~torch.isnan(stats.sink) & (stats.sink != math.inf)
+        if query_valid is not None:
+            sink_rows = sink_rows & query_valid.to(torch.bool).reshape(b, 1, q)
+        share = torch.exp(stats.sink - parts[0]) / parts[2]
+        sums["learned_sink"] = _heads(torch.where(sink_rows, share, 0.0))
+        sums["sink_rows"] = _heads(sink_rows.double())
+    zeros = torch.zeros(h, dtype=torch.float64, device=m.device)
+    if target is None or stats.target is None:
+        sums["outlier_capture"], sums["capture_rows"] = zeros, zeros.clone()
+        return sums
+    at_target = torch.exp(stats.target - ref) / safe_l
+    if query_positions is None:
+        query_positions = torch.arange(stats.keys - q, stats.keys, device=m.device)
+    not_itself = query_positions.to(m.device).reshape(1, 1, q) != target.to(m.device).long().reshape(b, 1, 1)
+    capture_rows = counted & stats.target_seen & not_itself
+    sums["outlier_capture"] = _heads(torch.where(capture_rows, at_target, 0.0))
+    sums["capture_rows"] = _heads(capture_rows.double())
+    return sums
+
+
+@torch.no_grad()
+def logit_sums(
+    stats: RowStatistics,
+    *,
+    query_valid: torch.Tensor | None,
+    query_positions: torch.Tensor,
+    target: torch.Tensor | None,
+) -> dict[str, float]:
+    """The layer's logit-scale sums (:class:`ssacli.diagnosis.metrics.LayerStats`' ``logit_sq``,
+    ``logit_n`` and, with a target, ``target_sum``, ``target_sq``, ``target_n``) over the valid rows;
+    empty where the statistics saw no logits."""
+    if stats.logit_sq is None or stats.logit_n is None:
+        return {}
+    b, h, q = stats.logit_sq.shape
+    rows = torch.ones(b, 1, q, dtype=torch.bool, device=stats.logit_sq.device)
+    if query_valid is not None:
+        rows = rows & query_valid.to(torch.bool).reshape(b, 1, q)
+    out = {
+        "logit_sq": float(torch.where(rows, stats.logit_sq, 0.0).sum()),
+        "logit_n": float(torch.where(rows, stats.logit_n, 0.0).sum()),
+    }
+    if target is not None and stats.target_logit is not None:
+        positions = query_positions.to(rows.device).reshape(1, 1, q)
+        itself = positions == target.to(rows.device).long().reshape(b, 1, 1)
+        x = stats.target_logit
+        at = rows & ~itself & torch.isfinite(x)
+        out["target_sum"] = float(torch.where(at, x, 0.0).sum())
+        out["target_sq"] = float(torch.where(at, x * x, 0.0).sum())
+        out["target_n"] = float(at.sum())
+    return out
+
+
+__all__ = ["logit_sums", "row_sums"]
