@@ -107,9 +107,13 @@ def main() -> None:
 
 # ---- issue 41's table ------------------------------------------------------------------------------
 
-# A derivation of the per-row attention metrics (entropy, max weight, collapse, ... from one row):
-# a Python function named *row_sums* / *row_statistics*, or a C function named row.
-ROW_DERIVATION = re.compile(r"^def (\w*row_sums|\w*row_statistics)\(|^static [^;{]*\brow\(", re.M | re.S)
+# A derivation of the per-row attention metrics (entropy, max weight, collapse, ... from a row's
+# statistics): a Python function named *row_sums*. Apart from them, the producers of the statistics a
+# derivation reads: Python functions that build a RowStatistics, and the C function named row (the
+# native kernels' row pass). Issue 41 first counted the C row() and *row_statistics functions among
+# the derivations; since the statistics became one type they are its producers, not derivations.
+ROW_DERIVATION = re.compile(r"^def (\w*row_sums)\(", re.M)
+ROW_PRODUCER_C = re.compile(r"^static [^;{]*\brow\(", re.M | re.S)
 SHARED_OWNERS = {"ssacli", "ssacli.errors", "ssacli.defaults"}  # what the CLI may import (issue 41)
 PARAMETER_LIMIT = 12
 
@@ -117,12 +121,16 @@ PARAMETER_LIMIT = 12
 def one_representation_table(files: list[Path]) -> None:
     """Issue 41's measures: row-metric derivations, the largest parameter counts, the CLI's imports of
     internal modules, the files in scripts/."""
-    derivations = []
+    derivations, producers = [], []
     for path in sorted(PKG.rglob("*")):
-        if path.suffix in (".py", ".c") and "checkpoints" not in path.parts:
-            for match in ROW_DERIVATION.finditer(path.read_text()):
-                line = path.read_text()[: match.start()].count("\n") + 1
-                derivations.append(f"{path.relative_to(PKG.parent)}:{line}")
+        if path.suffix not in (".py", ".c") or "checkpoints" in path.parts:
+            continue
+        text, where = path.read_text(), path.relative_to(PKG.parent)
+        if path.suffix == ".c":
+            producers += [f"{where}:{_line(text, m)}" for m in ROW_PRODUCER_C.finditer(text)]
+            continue
+        derivations += [f"{where}:{_line(text, m)}" for m in ROW_DERIVATION.finditer(text)]
+        producers += [f"{where}:{line}" for line in _row_statistics_builders(text)]
     counts = []
     internal = []
     submodules = {module_name(f) for f in files}
@@ -148,6 +156,7 @@ def one_representation_table(files: list[Path]) -> None:
     over = [c for c in counts if c[0] > PARAMETER_LIMIT]
     scripts = sorted((PKG.parent / "scripts").glob("*"))
     print(f"row-metric derivations: {len(derivations)} ({', '.join(derivations)})")
+    print(f"row-statistic producers: {len(producers)} ({', '.join(producers)})")
     print(f"functions over {PARAMETER_LIMIT} parameters: {len(over)}; largest: "
           + ", ".join(f"{name} {n}" for n, name in counts[:5]))  # fmt: skip
     print(
@@ -155,6 +164,26 @@ def one_representation_table(files: list[Path]) -> None:
         f"{len({i.split(' <- ')[1] for i in internal})} modules"
     )
     print(f"files in scripts/: {len(scripts)}")
+
+
+def _line(text: str, match: re.Match) -> int:
+    return text[: match.start()].count("\n") + 1
+
+
+def _row_statistics_builders(text: str) -> list[int]:
+    """The lines of the functions in ``text`` that build a RowStatistics (the innermost function)."""
+    lines = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inner = {id(n) for child in node.body for n in ast.walk(child)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}  # fmt: skip
+            calls = [
+                n for child in node.body for n in ast.walk(child)
+                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "RowStatistics"
+            ]  # fmt: skip
+            if calls and not inner:
+                lines.append(node.lineno)
+    return sorted(lines)
 
 
 # ---- issue 23's table ------------------------------------------------------------------------------
