@@ -7,10 +7,11 @@ as its name, its size and its bytes, streamed (never read whole). A folder's nam
 its tokenizer are not part of it: the same weights copied elsewhere hash the same, and what is
 measured is the weights.
 
-Hashing reads every byte (about 1 s per GB here), so a digest is kept in ssacli's cache
-(``$SSACLI_CACHE``, else ~/.cache/ssacli: ``weights-sha256.json``) under the files' names, sizes,
-modification times and inodes: a file rewritten in place changes at least its time, and a load of
-an unchanged folder reads nothing but that list. Torch-free.
+Hashing reads every byte (364 MiB/s on this project's 2-core machine: 0.4 ms for
+builtin:every-softmax, 2 ms for builtin:wikitext-softmax, ~40 s for a 14 GB 7B model), so a digest
+is kept in ssacli's cache (``$SSACLI_CACHE``, else ~/.cache/ssacli: ``weights-sha256.json``) under
+the files' names, sizes, modification times and inodes: a file rewritten in place changes at least
+its time, and a load of an unchanged folder reads nothing but that list (0.1 ms). Torch-free.
 """
 
 from __future__ import annotations

@@ -194,3 +194,16 @@ def test_the_console_script_reads_hf_home_and_hf_hub_offline(hf_home, tmp_path):
     assert done.returncode == EXIT_INPUT and len(lines) == 1, done.stderr
     assert str(hf_home / "hub") in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]
     assert time.perf_counter() - started < 60  # a fresh interpreter, but no retries
+
+
+def test_check_warns_when_the_baseline_measured_another_commit(cache, tmp_path, monkeypatch, capsys):
+    base, require = tmp_path / "base.json", ["-r", "entropy@outlier:1 >= 0"]
+    code, _, stderr = run_main(["diagnose", f"{REPO}@v2", *QUICK, "--json", str(base)], monkeypatch, capsys)
+    assert code == 0, stderr
+    args = ["check", REPO, *require, "--random", "--baseline", str(base)]
+    code, _, stderr = run_main(args, monkeypatch, capsys)
+    warned = [line for line in stderr.splitlines() if "other weights" in line]
+    assert code == 0 and len(warned) == 1, stderr  # one line, and the gate still passes
+    assert f"at commit {V2[:12]}" in warned[0] and f"at commit {MAIN[:12]}" in warned[0]
+    code, _, stderr = run_main([*args[:2], "--revision", "v2", *args[2:]], monkeypatch, capsys)
+    assert code == 0 and "other weights" not in stderr, stderr
