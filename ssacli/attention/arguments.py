@@ -47,6 +47,12 @@ ARGUMENTS: dict[str, str] = {
 }
 # Arguments ssacli understands but cannot reproduce: refused (with this reason) when not None.
 REFUSED_ARGUMENTS: dict[str, str] = {
+    # Since transformers 5.24 an attention module takes its KV cache as `cache` and never passes it on;
+    # before, it read `past_key_values`, and a `cache=` given to the model (5.24's name) went through
+    # **kwargs to here unread: this call's keys lack the cached ones, so ignoring it would be a
+    # silently wrong result. ssacli's own decoding passes the release's name (cache_argument).
+    "cache": "a KV cache the attention module did not read (before transformers 5.24 the model's "
+    "keyword is past_key_values: pass the cache under that name)",
     "indices": "sparse top-k key indices (DeepSeek sparse attention) chosen outside the attention call",
     "block_indices": "block-sparse key indices chosen outside the attention call",
 }
@@ -102,3 +108,27 @@ def passed_arguments(cls: type) -> frozenset[str]:
         return attention_call_arguments(inspect.getsource(cls.forward))
     except (OSError, TypeError):
         return frozenset()
+
+
+# ---- the KV cache's name: `cache` since transformers 5.24, `past_key_values` before -----------------
+
+
+def cache_argument(model: nn.Module, cache) -> dict:
+    """The keyword that hands ``cache`` to ``model``'s forward on the installed transformers:
+    ``cache`` where its forward takes that name (5.24 on), else ``past_key_values``."""
+    try:
+        names = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        names = {}
+    if "cache" in names or "past_key_values" in names:
+        return {"cache" if "cache" in names else "past_key_values": cache}
+    import transformers  # a forward that names neither (**kwargs): the release decides
+
+    renamed = tuple(int(p) for p in transformers.__version__.split(".")[:2]) >= (5, 24)
+    return {"cache" if renamed else "past_key_values": cache}
+
+
+def returned_cache(output):
+    """The KV cache a forward returned: ``output.cache`` (5.24 on) or ``output.past_key_values``."""
+    found = output.get("cache")
+    return found if found is not None else output.get("past_key_values")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..attention.arguments import cache_argument, returned_cache
 from ..attention.forward import observing
 from ..errors import UsageError
 from ..models.kinds import ModelKind
@@ -201,14 +202,14 @@ def _decode(loaded, route, ids, steps, recorders, options, block_size, stats) ->
         prefill = Recorder(layer_of, block_size=block_size, stats=stats, **options)  # same path, dropped
         with observing(prefill):
             out = model(input_ids=ids, use_cache=True, **extra)
-        cache = out.cache
+        cache = returned_cache(out)
         sequence = ids
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         for recorder in recorders:
             sequence = torch.cat([sequence, token], dim=1)
             with observing(recorder):
-                out = model(input_ids=token, cache=cache, use_cache=True, **extra)
-            cache = out.cache
+                out = model(input_ids=token, use_cache=True, **cache_argument(model, cache), **extra)
+            cache = returned_cache(out)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
     return sequence
 

@@ -9,6 +9,7 @@ from transformers import AttentionInterface, AutoConfig, AutoModel
 from transformers.masking_utils import AttentionMaskInterface
 
 import ssacli
+from ssacli.attention.arguments import cache_argument, returned_cache
 from ssacli.attention.forward import SCORER_ATTR, visibility
 from ssacli.attention.interface import ATTENTION_NAME, register
 from ssacli.errors import UnsupportedModelError
@@ -85,9 +86,9 @@ def test_kv_cache_decoding_is_bottom_right_causal():
         full = model(ids).logits
         out = model(ids[:, :3], use_cache=True)
         steps = [out.logits]
-        cache = out.past_key_values  # output field keeps its name; the input kwarg is `cache`
+        cache = returned_cache(out)  # `cache` since transformers 5.24, `past_key_values` before
         for t in range(3, 6):
-            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], use_cache=True, **cache_argument(model, cache))
             steps.append(out.logits)
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= TOL
 

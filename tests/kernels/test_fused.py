@@ -16,6 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ssacli
+from ssacli.attention.arguments import cache_argument, returned_cache
 from ssacli.attention.backend import eager_reason
 from ssacli.attention.forward import SCORER_ATTR, Observer, observing
 from ssacli.errors import UsageError
@@ -632,9 +633,9 @@ def test_fused_kv_cache_decoding_equals_one_eager_pass():
             full = model(ids).logits
         with ssacli.attention_backend("fused"):
             out = model(ids[:, :3], use_cache=True)
-            steps, cache = [out.logits], out.past_key_values
+            steps, cache = [out.logits], returned_cache(out)
             for t in range(3, 6):
-                out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+                out = model(ids[:, t : t + 1], use_cache=True, **cache_argument(model, cache))
                 steps.append(out.logits)
     assert_close(torch.cat(steps, dim=1), full, OUT_TOL, "cached logits")
 
