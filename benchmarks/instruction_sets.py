@@ -42,7 +42,8 @@ from _common import interleaved_best
 import torch.nn.functional as F
 from ssacli.kernels import native
 from ssacli.kernels.fused import ssa_attention
-from ssacli.kernels.online_stats import StatisticsCall, softmax_statistics
+from ssacli.kernels.online_stats import softmax_statistics
+from ssacli.kernels.stats_call import StatisticsCall
 
 length, repeats = int(sys.argv[2]), int(sys.argv[3])
 gen = torch.Generator().manual_seed(0)

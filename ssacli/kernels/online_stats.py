@@ -306,8 +306,6 @@ __all__ = [
     "FLASH_BLOCK_ROWS",
     "STATS_BLOCK_KEYS",
     "STATS_COMPILE_MIN_LOGITS",
-    "RowStatistics",
-    "StatisticsCall",
     "row_top",
     "softmax_statistics",
 ]

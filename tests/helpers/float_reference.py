@@ -43,7 +43,7 @@ def plain_softmax_reference(
     """(values, bounds) of diagnose's plain-softmax row statistics, float64, for query [b, h, q, d] and
     key/value [b, h_kv, k, d] (grouped heads repeated here), ``shown`` [q, k] the visible keys and
     ``target`` [b] one key per sample. ``values`` names the fields of
-    ssacli.kernels.online_stats.RowStatistics plus ``out``; ``bounds`` the largest difference a float32
+    ssacli.kernels.row_stats.RowStatistics plus ``out``; ``bounds`` the largest difference a float32
     implementation may show for each, elementwise."""
     heads = q.shape[1]
     q64 = q.double()

@@ -27,7 +27,8 @@ import json, math, sys, torch
 sys.path.insert(0, sys.argv[1])
 from ssacli.kernels import native
 from ssacli.kernels.fused import ssa_attention
-from ssacli.kernels.online_stats import StatisticsCall, softmax_statistics
+from ssacli.kernels.online_stats import softmax_statistics
+from ssacli.kernels.stats_call import StatisticsCall
 from tests.helpers.float_reference import excess, plain_softmax_reference
 from tests.kernels.test_fused import naive_ssa
 

@@ -28,7 +28,8 @@ from ssacli.diagnosis.metrics import METRICS
 from ssacli.diagnosis.probes import PROBES
 from ssacli.errors import UsageError
 from ssacli.kernels import native
-from ssacli.kernels.online_stats import StatisticsCall, softmax_statistics
+from ssacli.kernels.online_stats import softmax_statistics
+from ssacli.kernels.stats_call import StatisticsCall
 from ssacli.testing.tiny_models import build_tiny
 from tests.helpers.float_reference import excess, plain_softmax_reference
 
@@ -196,7 +197,8 @@ def test_native_build_failure_warns_once_and_keeps_the_torch_path(tmp_path):
     script = (
         "import warnings, torch\n"
         "from ssacli.kernels import native\n"
-        "from ssacli.kernels.online_stats import StatisticsCall, softmax_statistics\n"
+        "from ssacli.kernels.online_stats import softmax_statistics\n"
+        "from ssacli.kernels.stats_call import StatisticsCall\n"
         "q, k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 4)\n"
         "def run():\n"
         "    return softmax_statistics(q, k, v, StatisticsCall(scaling=0.25), compile=False)[1].total\n"
