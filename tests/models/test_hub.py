@@ -207,3 +207,19 @@ def test_check_warns_when_the_baseline_measured_another_commit(cache, tmp_path, 
     assert f"at commit {V2[:12]}" in warned[0] and f"at commit {MAIN[:12]}" in warned[0]
     code, _, stderr = run_main([*args[:2], "--revision", "v2", *args[2:]], monkeypatch, capsys)
     assert code == 0 and "other weights" not in stderr, stderr
+
+
+def test_loading_keeps_the_hubs_download_bars_and_quiets_the_per_layer_ones():
+    """transformers' switch turns both off; a multi-GB download with no bar would look hung."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    from ssacli.models.hub import quiet_progress
+
+    if constants.HF_HUB_DISABLE_PROGRESS_BARS:
+        pytest.skip("HF_HUB_DISABLE_PROGRESS_BARS is set: the bars are off here by the user's choice")
+    hf_logging.enable_progress_bar()  # both on, as in a fresh process
+    with quiet_progress():
+        assert not hf_logging.is_progress_bar_enabled()  # no "Loading weights" bar
+        assert not are_progress_bars_disabled()  # huggingface_hub's download bars
+    assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
