@@ -31,7 +31,7 @@ from ..train import DATA_FORMS
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
-MODEL_HELP = "HF folder, builtin:NAME ({builtins}), or Hub id org/name[@REV]."
+MODEL_HELP = r"HF folder, builtin:NAME ({builtins}), or Hub id org/name\[@REV]."  # \[: not rich markup
 TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
 DATA_HELP = f"Training data: {DATA_FORMS}."
 

@@ -173,6 +173,10 @@ def test_without_a_network_a_cached_id_loads_and_a_missing_one_is_one_line_at_on
 def test_allow_download_is_accepted_and_changes_nothing(cache, monkeypatch, capsys):
     code, _, stderr = run_main(["diagnose", REPO, "--allow-download", *QUICK], monkeypatch, capsys)
     assert code == 0, stderr
+    monkeypatch.setenv("COLUMNS", "200")
+    code, page, _ = run_main(["diagnose", "--help"], monkeypatch, capsys)
+    assert code == 0 and "org/name[@REV]" in page  # not eaten as rich markup
+    assert "--offline" in page and "Deprecated, no effect" in page
     code, _, stderr = run_main(["diagnose", f"{REPO}@v2", "--revision", "main", *QUICK], monkeypatch, capsys)
     assert code == EXIT_USAGE and len(stderr.strip().splitlines()) == 1, stderr
 
