@@ -115,7 +115,7 @@ def check_command(
             code = _init(model_ref, config, given(device=device, dtype=dtype, random_ids=random_ids) | load)
         else:
             check_outputs(("--junit", junit), ("--json", json_out))  # before anything heavy is imported
-            check_inputs(scorers=[scorer], models=[model_ref])
+            check_inputs(scorers=[scorer], models=[model_ref], offline=offline, revision=revision)
             settings = dict(
                 config=config, requires=require, baseline=baseline, max_regression=max_regression,
                 samples=samples, seed=seed, length=length, tau=tau, scorer=scorer, device=device,

@@ -154,7 +154,7 @@ def convert_command(
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
     check_outputs(("--json", json_out))
-    check_inputs(scorers=[scorer], models=[model_ref])
+    check_inputs(scorers=[scorer], models=[model_ref], offline=offline, revision=revision)
     options = given(
         data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
         batch_size=batch_size, seq_len=seq_len,

@@ -159,7 +159,7 @@ def diagnose_command(
     check_figure_outputs(png, svg)
     probes = [parse_probe(p) for p in probe] if probe else None  # torch-free, like check_inputs
     other_model = None if compare is None or _is_result_file(compare) else compare
-    check_inputs(scorers=[scorer], models=[model_ref, other_model])
+    check_inputs(scorers=[scorer], models=[model_ref, other_model], offline=offline, revision=revision)
     from ..diagnosis.metrics import METRICS
     from ..quality.inputs import read_text_file
 

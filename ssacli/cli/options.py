@@ -264,17 +264,25 @@ def check_outputs(*outputs: tuple[str, Any]) -> None:
             check_writable(path, option)
 
 
-def check_inputs(*, scorers: Iterable[str | None] = (), models: Iterable[str | None] = ()) -> None:
+def check_inputs(
+    *,
+    scorers: Iterable[str | None] = (),
+    models: Iterable[str | None] = (),
+    offline: bool = False,
+    revision: str | None = None,
+) -> None:
     """Fail at once, before torch is imported, on a bad scorer spec (exit 2) and on a MODEL that
-    names nothing (a local path that does not exist: exit 4; a builtin:NAME not bundled: exit 2),
-    with the messages building the scorer and loading the model would give (None: not given).
-    Commands call this after :func:`check_outputs`, before they import the model stack."""
+    names nothing (a local path that does not exist: exit 4; a builtin:NAME not bundled: exit 2;
+    offline, a Hub id not in the cache: exit 4), with the messages building the scorer and loading
+    the model would give (None: not given). ``revision`` is the first model's (--revision); the
+    others name theirs as org/name@REV. Commands call this after :func:`check_outputs`, before they
+    import the model stack."""
     for spec in scorers:
         if spec is not None:
             parse_spec(spec)
-    for ref in models:
+    for index, ref in enumerate(models):
         if ref is not None:
-            check_reference(ref)
+            check_reference(ref, offline, revision if index == 0 else None)
 
 
 # ---- --debug and the one-line error report ----------------------------------------------------------

@@ -147,7 +147,7 @@ def report_command(
     check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
     check_figure_outputs(png, svg)
     probes = [str(parse_probe(p)) for p in probe] if probe else None
-    check_inputs(models=[before, after, control])
+    check_inputs(models=[before, after, control], offline=offline)
     from .. import compare_models
     from ..icl.evaluate import parse_outlier
 

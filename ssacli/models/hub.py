@@ -125,11 +125,7 @@ def resolve(ref: str, revision: str | None = None, offline: bool = False) -> Hub
     why_offline = offline_reason(offline)
     if why_offline is not None:
         if cached is None:
-            raise InputError(
-                f"'{repo_id}' (revision {rev}) is not in the Hugging Face cache ({hub_cache()}) and "
-                f"offline mode is on ({why_offline}); download it once online (without --offline and "
-                "HF_HUB_OFFLINE), point HF_HOME at the cache that holds it, or give a local folder"
-            )
+            raise _not_cached_offline(repo_id, rev, why_offline)
         return HubModel(repo_id, rev, cached, cache_only=True)
     if cached is not None and cached == rev:  # a commit hash already cached: nothing to ask the Hub
         return HubModel(repo_id, rev, cached, cache_only=True)
@@ -146,6 +142,25 @@ def resolve(ref: str, revision: str | None = None, offline: bool = False) -> Hub
             "--offline) with a model already in the cache or a local folder"
         ) from None
     return HubModel(repo_id, rev, commit, cache_only=False)
+
+
+def check_available(ref: str, revision: str | None = None, offline: bool = False) -> None:
+    """Refuse, as :func:`resolve` would, what can be told without the network or torch: two
+    revisions, or offline a Hub id not in the cache (the CLI checks MODEL here before the model
+    stack loads, so the line comes in a second, not after importing torch)."""
+    repo_id, _ = split_revision(ref)
+    rev = asked_revision(ref, revision)
+    why_offline = offline_reason(offline)
+    if why_offline is not None and cached_commit(repo_id, rev) is None:
+        raise _not_cached_offline(repo_id, rev, why_offline)
+
+
+def _not_cached_offline(repo_id: str, revision: str, why: str) -> InputError:
+    return InputError(
+        f"'{repo_id}' (revision {revision}) is not in the Hugging Face cache ({hub_cache()}) and offline "
+        f"mode is on ({why}); download it once online (without --offline and HF_HUB_OFFLINE), point "
+        "HF_HOME at the cache that holds it, or give a local folder"
+    )
 
 
 class _Unreachable(Exception):

@@ -38,9 +38,16 @@ def local_model_path(ref: str) -> Path | None:
     return path if path.exists() else None
 
 
-def check_reference(ref: str) -> None:
-    """Refuse, as loading would, a ``builtin:NAME`` that is not bundled and a local path that does
+def check_reference(ref: str, offline: bool = False, revision: str | None = None) -> None:
+    """Refuse, as loading would, a ``builtin:NAME`` that is not bundled, a local path that does
     not exist (:func:`ssacli.models.kinds.is_local_reference`: ``./nope``, ``models/nope`` beside a
-    ``models/`` folder); a Hub id, and anything that exists (a folder, a .gguf file), pass."""
+    ``models/`` folder), and offline a Hub id not in the cache (:func:`ssacli.models.hub.check_available`,
+    no network asked); anything that exists (a folder, a .gguf file) passes."""
+    if revision is not None and is_local_reference(ref):
+        raise UsageError(f"--revision applies to Hub ids (org/name), not to the local model '{ref}'")
     if ref.startswith(BUILTIN_PREFIX) or (is_local_reference(ref) and not Path(ref).expanduser().exists()):
         resolve_model_path(ref)
+    elif not is_local_reference(ref):
+        from .hub import check_available
+
+        check_available(ref, revision, offline)

@@ -173,6 +173,18 @@ BAD_INPUTS = {
         "error: model path './nope' does not exist",
     ),
     "diagnose builtin:nope": (["diagnose", "builtin:nope"], EXIT_USAGE, "error: no bundled model"),
+    "diagnose, offline, a Hub id not cached": (
+        ["diagnose", "org/nope", "--offline"], EXIT_INPUT,
+        "error: 'org/nope' (revision main) is not in the Hugging Face cache",
+    ),
+    "check, two revisions": (
+        ["check", "org/nope@v1", "--revision", "v2", "-r", "entropy@outlier:1 >= 0"], EXIT_USAGE,
+        "error: 'org/nope@v1' names revision 'v1' and --revision names 'v2'",
+    ),
+    "diagnose, a revision of a local model": (
+        ["diagnose", "builtin:every-softmax", "--revision", "v2"], EXIT_USAGE,
+        "error: --revision applies to Hub ids",
+    ),
     "report, a missing AFTER": (
         ["report", "builtin:every-softmax", "./nope"], EXIT_INPUT, "error: model path './nope' does not"
     ),
