@@ -86,3 +86,14 @@ def test_check_warns_in_one_line_when_the_baseline_measured_other_weights(tmp_pa
     report = json.loads(out.read_text())
     assert any("other weights" in w for w in report["warnings"])
     assert report["result"]["weights"] == identity.content_record(other)  # the next baseline's
+
+
+def test_a_converted_folder_records_the_weights_it_came_from(tmp_path):
+    import ssacli
+    from ssacli.models.checkpoint import read_meta
+
+    out = tmp_path / "converted"
+    ssacli.convert("builtin:wikitext-softmax", "ssa", out, samples=1, length=16)
+    source = read_meta(out)["source_weights"]
+    assert source == identity.content_record(BUILTIN_DIR / "wikitext-softmax")
+    assert identity.content_record(out) != source  # the converted folder is other weights
