@@ -25,7 +25,7 @@ from ..errors import SsacliError, UsageError
 from ..files import check_writable
 from ..models.device_map import DEVICE_MAPS
 from ..models.options import LoadOptions
-from ..models.references import check_reference
+from ..models.references import check_reference, fetch_reference
 from ..scorers.specs import parse_spec
 from ..train import DATA_FORMS
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
@@ -275,14 +275,19 @@ def check_inputs(
     names nothing (a local path that does not exist: exit 4; a builtin:NAME not bundled: exit 2;
     offline, a Hub id not in the cache: exit 4), with the messages building the scorer and loading
     the model would give (None: not given). ``revision`` is the first model's (--revision); the
-    others name theirs as org/name@REV. Commands call this after :func:`check_outputs`, before they
-    import the model stack."""
+    others name theirs as org/name@REV. Then a Hub id not in the cache is downloaded, its bars on
+    stderr before the command's live display starts (which would hold them back). Commands call
+    this after :func:`check_outputs`, before they import the model stack."""
     for spec in scorers:
         if spec is not None:
             parse_spec(spec)
+    models = list(models)
     for index, ref in enumerate(models):
         if ref is not None:
             check_reference(ref, offline, revision if index == 0 else None)
+    for index, ref in enumerate(models):  # all are valid: now what must be downloaded, with its bars
+        if ref is not None:
+            fetch_reference(ref, offline, revision if index == 0 else None)
 
 
 # ---- --debug and the one-line error report ----------------------------------------------------------

@@ -15,8 +15,9 @@ transformers does; an uncached one fails at once with one line naming offline mo
 huggingface_hub enters when a file is neither reachable nor cached (5 retries a file, ~2 minutes a
 model) is never reached.
 
-:func:`quiet_progress`: transformers' per-layer "Loading weights" bars stay out of ssacli's output,
-huggingface_hub's download bars stay visible (a multi-GB download must not look hung).
+:func:`fetch` (the CLI, before its live display starts) downloads what is missing with
+huggingface_hub's own bars, and :func:`quiet_progress` keeps transformers' per-layer "Loading weights"
+bars out of ssacli's output while the Hub's stay visible: a multi-GB download must not look hung.
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ def resolve(ref: str, revision: str | None = None, offline: bool = False) -> Hub
     unreachable and nothing cached, no such repository, revision or config.json."""
     repo_id, _ = split_revision(ref)
     rev = asked_revision(ref, revision)
+    fetched = _fetched.pop((repo_id, rev, offline), None)
+    if fetched is not None:  # the CLI's fetch just resolved it: no second request
+        return fetched
     cached = cached_commit(repo_id, rev)
     why_offline = offline_reason(offline)
     if why_offline is not None:
@@ -161,6 +165,38 @@ def _not_cached_offline(repo_id: str, revision: str, why: str) -> InputError:
         f"mode is on ({why}); download it once online (without --offline and HF_HUB_OFFLINE), point "
         "HF_HOME at the cache that holds it, or give a local folder"
     )
+
+
+# Resolutions the CLI's fetch made, each taken by the one load that follows it (a long-lived process
+# that loads again asks again: a branch may have moved)
+_fetched: dict[tuple[str, str, bool], HubModel] = {}
+# What a download fetches: config, tokenizer and safetensors weights (a pickle-only repository is
+# refused at load unless --allow-pickle, and then transformers fetches its .bin itself); never the
+# ONNX, GGUF, TensorFlow or Flax copies many repositories also hold
+FETCHED = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+def fetch(ref: str, revision: str | None = None, offline: bool = False) -> HubModel:
+    """Download the Hub id ``ref`` into the cache unless it is there (the one-line errors of
+    :func:`resolve`, else a failed download in one line). The CLI calls this before it starts its
+    live display, whose redirected stderr holds back a line until it ends: huggingface_hub's bars,
+    drawn with carriage returns, would only show once the download is over."""
+    hub = resolve(ref, revision, offline)
+    if not hub.cache_only:
+        from huggingface_hub import snapshot_download
+
+        try:
+            snapshot_download(hub.repo_id, revision=hub.commit, allow_patterns=FETCHED)
+        except Exception as err:
+            raise InputError(
+                f"downloading '{hub.repo_id}' at {hub.commit[:12]} failed ({_first_line(err)}); run again "
+                "to resume, or work offline (HF_HUB_OFFLINE=1 or --offline) with a model in the cache"
+            ) from None
+        hub = HubModel(
+            hub.repo_id, hub.revision, hub.commit, cache_only=complete_snapshot(hub.repo_id, hub.commit)
+        )
+    _fetched[(hub.repo_id, hub.revision, offline)] = hub  # the load that follows in this process
+    return hub
 
 
 class _Unreachable(Exception):

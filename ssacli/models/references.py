@@ -51,3 +51,12 @@ def check_reference(ref: str, offline: bool = False, revision: str | None = None
         from .hub import check_available
 
         check_available(ref, revision, offline)
+
+
+def fetch_reference(ref: str, offline: bool = False, revision: str | None = None) -> None:
+    """A Hub id downloaded into the cache now, unless it is there (:func:`ssacli.models.hub.fetch`:
+    its download bars before any live display); anything else is left to loading."""
+    if not ref.startswith(BUILTIN_PREFIX) and not is_local_reference(ref):
+        from .hub import fetch
+
+        fetch(ref, revision, offline)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ import torch
 from huggingface_hub import constants
 
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE, InputError, UsageError
-from ssacli.models.hub import split_revision
+from ssacli.models.hub import FETCHED, split_revision
 from ssacli.models.loading import load_model
 from tests.helpers.cli import run_main
 from tests.helpers.models import build_model
@@ -227,3 +228,46 @@ def test_loading_keeps_the_hubs_download_bars_and_quiets_the_per_layer_ones():
         assert not hf_logging.is_progress_bar_enabled()  # no "Loading weights" bar
         assert not are_progress_bars_disabled()  # huggingface_hub's download bars
     assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
+
+
+def test_a_missing_snapshot_is_downloaded_before_the_live_display_then_loaded(
+    online, cache, monkeypatch, capsys
+):
+    """The Hub says main is at a commit the cache lacks: the command downloads it first (check_inputs,
+    before any live display holds back huggingface_hub's bars), then loads it from the cache."""
+    new = "c" * 40
+    fetched = []
+
+    class Answer:
+        commit_hash = new
+
+    asked = []
+
+    def metadata(url, timeout=None, **_):
+        asked.append(url)
+        return Answer()
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", metadata)
+
+    def download(repo_id, revision=None, allow_patterns=None, **_):
+        fetched.append((repo_id, revision, allow_patterns))
+        snapshot = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / revision
+        shutil.copytree(cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / MAIN, snapshot)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    out = cache.parent / "r.json"
+    code, _, stderr = run_main(["diagnose", REPO, *QUICK, "--json", str(out)], monkeypatch, capsys)
+    assert code == 0, stderr
+    assert fetched == [(REPO, new, FETCHED)]  # once, at the resolved commit, safetensors not pickles
+    assert len(asked) == 1  # one request: the load takes the resolution the download made
+    assert json.loads(out.read_text())["weights"]["commit"] == new
+    shutil.rmtree(cache / f"models--{REPO.replace('/', '--')}" / "snapshots" / new)
+
+    def broken(*_, **__):
+        raise OSError("Connection reset by peer")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", broken)
+    code, _, stderr = run_main(["diagnose", REPO, *QUICK], monkeypatch, capsys)
+    lines = stderr.strip().splitlines()
+    assert code == EXIT_INPUT and len(lines) == 1 and "downloading 'ssacli-test/tiny'" in lines[0], stderr
