@@ -36,6 +36,9 @@ The public API (the CLI is a thin layer over it: every command is one of these c
 
 Every name but the errors and ``__version__`` is loaded on first use (PEP 562): ``import ssacli``
 imports neither torch nor transformers, so the CLI can refuse bad options in well under a second.
+It does register ssacli's attention with transformers, at once if transformers is imported, else as
+soon as its modeling code is (:mod:`ssacli.transformers_hook`): converted folders then load in plain
+transformers.
 """
 
 from __future__ import annotations
@@ -44,8 +47,13 @@ import importlib
 from typing import TYPE_CHECKING
 
 from . import display as _display
+from . import transformers_hook as _transformers_hook
 from .errors import BrokenModelError, InputError, SpecError, SsacliError, UnsupportedModelError
 from .version import __version__
+
+# Converted folders load in plain transformers after `import ssacli`: registered now if transformers is
+# imported, else right after its import (ssacli/transformers_hook.py; torch-free until then)
+_transformers_hook.install()
 
 # What draws each result type in a notebook (`_repr_html_`, `.plot`): the report layer, named here,
 # above every layer, so that diagnosis, quality and check never import it (ssacli/display.py says why)

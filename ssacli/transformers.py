@@ -1,4 +1,4 @@
-"""Converted folders in plain transformers: ``import ssacli.transformers`` is the one line.
+"""Converted folders in plain transformers: ssacli's attention registered with transformers.
 
 A folder whose scorer is not softmax (after ``ssacli convert --finetune``, any training, a conversion
 that missed its fidelity target) says ``attn_implementation: "ssacli"`` in its config.json
@@ -7,7 +7,7 @@ that missed its fidelity target) says ``attn_implementation: "ssacli"`` in its c
 ``AutoModelForCausalLM.from_pretrained(DIR)``, the concrete class (``LlamaForCausalLM``) and
 ``pipeline("text-generation", model=DIR)`` build it with its scorer and the learned values:
 
->>> import ssacli.transformers
+>>> import ssacli
 >>> from transformers import AutoModelForCausalLM
 >>> model = AutoModelForCausalLM.from_pretrained("my-model-ssa")
 
@@ -17,9 +17,9 @@ computes. :func:`attach` attaches them all at once, for code that needs the scor
 before any forward (an optimizer built before training). An explicit ``attn_implementation=``
 argument to ``from_pretrained`` replaces the saved one: the model then runs that softmax attention.
 
-``import ssacli`` alone registers nothing: it stays free of torch and transformers (the CLI refuses
-bad options in well under a second), and transformers has no plugin hook that would run this on its
-own import.
+``import ssacli`` imports this module as soon as transformers is imported (at once if it already
+is: :mod:`ssacli.transformers_hook`), so ``import ssacli`` is the one line; ``import ssacli`` itself
+stays free of torch and transformers until then (the CLI refuses bad options in well under a second).
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def ssacli_attention_forward(
         if _scorer_source is None:
             raise RuntimeError(
                 f"{type(module).__name__} has no ssacli scorer: load a converted folder with "
-                "ssacli.load_model(DIR), or `import ssacli.transformers` before transformers' "
+                "ssacli.load_model(DIR), or `import ssacli` before transformers' "
                 "from_pretrained; in memory use ssacli.apply_scorer(model, spec), not "
                 "attn_implementation='ssacli' by hand"
             )

@@ -43,7 +43,7 @@ from .guard import LAYER_FIELD, LAYOUT_KEY
 def _no_scorer(module: nn.Module, why: str) -> RuntimeError:
     return RuntimeError(
         f"{type(module).__name__} has no ssacli scorer ({why}): load a converted folder with "
-        "ssacli.load_model(DIR), or `import ssacli.transformers` before transformers' from_pretrained; "
+        "ssacli.load_model(DIR), or `import ssacli` before transformers' from_pretrained; "
         "in memory use ssacli.apply_scorer(model, spec), not attn_implementation='ssacli' by hand"
     )
 

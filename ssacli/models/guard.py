@@ -12,7 +12,7 @@ folder with a saved scorer, which it is):
   (``LlamaForCausalLM``), ``AutoModel*`` and ``pipeline`` all resolve the architecture; config.json
   adds ``"attn_implementation": "ssacli"`` (:data:`ATTENTION_KEY`), which transformers reads back
   from config.json and refuses at model construction ("Specified `attn_implementation="ssacli"` is
-  not supported") unless ssacli registered that attention (``import ssacli.transformers``); then the
+  not supported") unless ssacli registered that attention (``import ssacli``); then the
   model loads with its scorer (attached on its first forward, :mod:`ssacli.models.first_use`, from
   the layout in :data:`LAYOUT_KEY` and SCORER_FILE). Layout 1 left the concrete class loading the
   folder as softmax with only a warning about the model type: a silent wrong model.
@@ -49,7 +49,8 @@ GUARD_NOTE_KEY = "ssacli_note"
 # conversion recipe's ``recipe``, whatever a later writer adds) means the weights or the scorer
 # changed after the fidelity was measured, so the folder is guarded (safe by default: the recipe's
 # n = 4 model once loaded silently as softmax because only ``training`` was looked for).
-PLAIN_CONVERSION_KEYS = frozenset({"source", "fidelity"})
+# ``source_weights`` (the source's commit or content hash) is provenance, not a change.
+PLAIN_CONVERSION_KEYS = frozenset({"source", "source_weights", "fidelity"})
 
 
 def plain_loadable(scorer: str, meta: dict[str, Any]) -> bool:
@@ -91,7 +92,7 @@ def guard_config(file: Path, scorer: str, layout: dict[str, str] | None) -> None
     config[ATTENTION_KEY] = ATTENTION_NAME
     config[GUARD_NOTE_KEY] = (
         f"attention scorer {scorer}, not softmax: transformers builds attn_implementation 'ssacli' "
-        "only after `import ssacli.transformers` (then with the scorer); with softmax it would be "
+        "only after `import ssacli` (then with the scorer); with softmax it would be "
         "another model. ssacli.load_model and every ssacli command load it too"
     )
     if layout is not None:

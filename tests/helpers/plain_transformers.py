@@ -1,14 +1,15 @@
 """Folders loaded the ways a user of plain transformers loads them, in a fresh interpreter.
 
-    python tests/helpers/plain_transformers.py OUT [--register] DIR ...
+    python tests/helpers/plain_transformers.py OUT [--register|--register-after] DIR ...
 
 For each DIR: ``AutoConfig``, ``AutoModelForCausalLM``, the concrete class config.json's
 ``architectures`` names (``LlamaForCausalLM``, ``GPT2LMHeadModel``) and ``pipeline("text-generation")``,
 each ``from_pretrained(DIR)`` with no other argument. Without ``--register`` ssacli is never imported
-(checked at the end); with it, ``import ssacli.transformers`` comes first. OUT/result.json says per
-folder and way: ``{"refused": message}``, ``{"config": attn_implementation}`` or ``{"logits": file,
-"dtype": …}`` with the model's logits (no cache) on :data:`IDS`, saved in OUT. The test side
-(:func:`plain_loads`) runs it and reads the result back.
+(checked at the end); with it, ``import ssacli`` comes first, before torch and transformers (its
+hook registers when transformers is imported); ``--register-after`` imports transformers first.
+OUT/result.json says per folder and way: ``{"refused": message}``, ``{"config":
+attn_implementation}`` or ``{"logits": file, "dtype": …}`` with the model's logits (no cache) on
+:data:`IDS`, saved in OUT. The test side (:func:`plain_loads`) runs it and reads the result back.
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ WAYS = ("AutoConfig", "AutoModelForCausalLM", "concrete", "pipeline")
 IDS = [[1, 5, 9, 33, 2, 7, 100, 12, 40, 3], [3, 3, 8, 60, 21, 9, 1, 4, 77, 15]]  # < every test vocab
 
 
-def plain_loads(folders: list[Path], out: Path, register: bool) -> dict[str, dict[str, dict]]:
+def plain_loads(folders: list[Path], out: Path, register: bool | str) -> dict[str, dict[str, dict]]:
     """Run this script on ``folders`` in a fresh interpreter; {folder: {way: outcome}}, where an
-    outcome with logits holds them as a tensor under "tensor"."""
+    outcome with logits holds them as a tensor under "tensor". ``register``: False, True (``import
+    ssacli`` first) or "after" (``import transformers``, then ``import ssacli``)."""
     from safetensors.torch import load_file
 
-    args = [sys.executable, str(Path(__file__)), str(out), *(["--register"] if register else [])]
+    flag = {False: [], True: ["--register"], "after": ["--register-after"]}[register]
+    args = [sys.executable, str(Path(__file__)), str(out), *flag]
     done = subprocess.run([*args, *map(str, folders)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
-    assert result.pop("ssacli imported") is register
+    assert result.pop("ssacli imported") is bool(register)
     for outcomes in result.values():
         for outcome in outcomes.values():
             if "logits" in outcome:
@@ -53,11 +56,16 @@ def _load(way: str, folder: str):
     return transformers.pipeline("text-generation", model=folder).model
 
 
-def main(out: Path, register: bool, folders: list[str]) -> None:
-    if register:
-        import ssacli.transformers  # noqa: F401 (the one line that registers ssacli's attention)
+def main(out: Path, register: bool | str, folders: list[str]) -> None:
+    if register is True:
+        import ssacli  # noqa: F401 (the one line: it registers ssacli's attention once transformers loads)
+
+        assert "torch" not in sys.modules and "transformers" not in sys.modules
     import torch
     import transformers
+
+    if register == "after":
+        import ssacli  # noqa: F401, F811 (transformers is imported: it registers at once)
     from safetensors.torch import save_file
 
     transformers.logging.set_verbosity_error()
@@ -91,6 +99,6 @@ def _scorers(model) -> list[str]:
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]
-    register = "--register" in arguments
-    arguments = [a for a in arguments if a != "--register"]
+    register = "after" if "--register-after" in arguments else "--register" in arguments
+    arguments = [a for a in arguments if a not in ("--register", "--register-after")]
     main(Path(arguments[0]), register, arguments[1:])

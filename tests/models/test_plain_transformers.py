@@ -76,7 +76,7 @@ def test_the_guard_is_an_attention_implementation_only_ssacli_registers(folders)
     for kind in MOVED:
         config = json.loads((folders[kind] / "config.json").read_text())
         assert config[ATTENTION_KEY] == "ssacli" and not config["model_type"].startswith("ssacli-")
-        assert LAYOUT_KEY in config and "import ssacli.transformers" in config["ssacli_note"]
+        assert LAYOUT_KEY in config and "`import ssacli`" in config["ssacli_note"]
     assert ATTENTION_KEY not in json.loads((folders["faithful"] / "config.json").read_text())
     # ssacli reads it back as an ordinary config of the original type, with no implementation chosen
     config = saved_config(folders["recipe"])
@@ -103,8 +103,9 @@ def test_without_ssacli_no_plain_path_runs_a_moved_scorer_as_softmax(folders, tm
         torch.testing.assert_close(outcome["tensor"], softmax, rtol=1e-5, atol=1e-5)
 
 
-def test_after_import_ssacli_transformers_every_way_loads_the_scorer_and_its_values(folders, tmp_path):
-    result = plain_loads([folders[k] for k in MOVED], tmp_path, register=True)
+@pytest.mark.parametrize("order", [True, "after"], ids=["import-ssacli-first", "import-ssacli-after"])
+def test_after_import_ssacli_every_way_loads_the_scorer_and_its_values(folders, tmp_path, order):
+    result = plain_loads([folders[k] for k in MOVED], tmp_path, register=order)
     for kind in MOVED:
         spec = json.loads((folders[kind] / "ssacli.json").read_text())["scorer"]
         architecture = "GPT2LMHeadModel" if kind == "gpt2" else "LlamaForCausalLM"
