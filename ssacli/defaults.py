@@ -96,8 +96,8 @@ RECIPE_LORA_RANK = 8
 RECIPE_LR = 5e-4  # LoRA's learning rate (the adapters start at zero)
 RECIPE_B = "learned"  # SSA's b: learned (rescaled with n, then trained) or tied (b = 1/n)
 # distillation loss = KL + this · the text's cross-entropy. 1, not 0: KL to the original alone gives a
-# softmax control no gradient, and on issue 37's TinyStories Llama KL alone ended +2.0 % in-domain and
-# +2.1 % out-of-domain perplexity where KL + LM ended -6.1 % and -6.7 % (one seed; the trade-off study
-# decides it)
+# softmax control no gradient, and in docs/results/convert-tradeoff.md (8 paired seeds, n = 4) KL alone
+# was worse than KL + 1 × LM on held-out (+1.2 %), out-of-domain (+2.9 %) and minimal pairs (-0.3
+# points), while 4 × LM was better on none of them
 RECIPE_LM_WEIGHT = 1.0
 RECIPE_CHECKPOINT_EVERY = 50  # recipe steps between checkpoints (each writes the model whole)
