@@ -52,8 +52,8 @@ def main() -> None:
         # the whole run's schedule is --steps; each segment stops at `step` (the curriculum and
         # the learning rate follow the full run, so the curve is the one run's, not shorter runs')
         extra = {} if args.scorer_lr is None else {"scorer_lr": args.scorer_lr}
-        config = TrainConfig(task=args.task, scorer=args.scorer, steps=args.steps, lr=args.lr,
-                             seed=args.seed, checkpoint_every=args.every, arch=args.arch, **extra)  # fmt: skip
+        config = TrainConfig(task=args.task, scorer=args.scorer, steps=args.steps, lr=args.lr, seed=args.seed,
+                             checkpoint_every=args.every, arch=args.arch, **extra)  # fmt: skip
         train(config, out, resume=True, device="cpu", stop_at=step)
         seconds = time.perf_counter() - began
         (cell,) = evaluate(load_icl(out, "cpu"), lengths=(args.length,), prompts=args.prompts, seed=12345)
