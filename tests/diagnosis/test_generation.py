@@ -114,8 +114,8 @@ def test_cli_generate_json_frames_terminal_and_html(tmp_path):
     assert run.exit_code == 0, run.output
     assert "generation · 5 greedy tokens after 2 prompts · keys 17→21" in run.output
     assert "model means per generated position" in run.output
-    for line in run.output.splitlines():
-        assert len(line) <= 80, line
+    for line in run.output.splitlines():  # "wrote PATH" names a file: a path is never broken, and
+        assert len(line) <= 80 or line.startswith("wrote "), line  # pytest-xdist's are 83+ characters
     data = json.loads(out.read_text())
     assert schema_errors(data) == []
     section = data["generation"]
