@@ -285,6 +285,7 @@ def test_flags_override_the_config(tmp_path, monkeypatch):
     assert runner.invoke(app, ["check", "--quiet"]).exit_code == 1  # the config's requirement: 0.6 > 0.01
     assert calls[-1] == ("builtin:every-ssa", ["outlier:100"], dict(samples=3, seed=7))
     # the file is for builtin:every-ssa: it applies to "other" only when named with --config
+    Path("other").mkdir()  # a folder here (the fake diagnose never reads it), not an uncached Hub id
     args = ["check", "other", "--config", "ssacli.toml", "--samples", "2", "--quiet"]
     args += ["-r", "entropy@embed-scale:16 min >= 0.3"]
     assert runner.invoke(app, args).exit_code == 0  # 0.4 >= 0.3; the config's list is replaced
