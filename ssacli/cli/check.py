@@ -46,7 +46,7 @@ from .outputs import write_output
 
 def check_command(
     model_ref: str = typer.Argument(
-        None, metavar="MODEL", help=r"HF folder, builtin:NAME, Hub id org/name\[@REV] (default: the config's)."
+        None, metavar="MODEL", help=r"HF folder, builtin:NAME, Hub id org/name\[@REV] (default: config's)."
     ),
     config: Path = typer.Option(None, help=f"Config file (default: ./{CONFIG_FILE} when it exists)."),
     require: list[str] = typer.Option(
