@@ -73,19 +73,22 @@ def _digest(files: list[Path]) -> str:
     return total.hexdigest()
 
 
-def difference(then: dict[str, Any] | None, now: dict[str, Any] | None) -> str | None:
-    """Why a baseline (``then``) measured other weights than this run (``now``), or None when they
-    are the same or cannot be compared (one side unrecorded, or a Hub commit against a folder's hash)."""
+def difference(
+    then: dict[str, Any] | None, now: dict[str, Any] | None, what: str = "the baseline"
+) -> str | None:
+    """Why ``what`` (a baseline: ``then``) measured other weights than this run (``now``), or None
+    when they are the same or cannot be compared (one side unrecorded, or a Hub commit against a
+    folder's hash)."""
     if not isinstance(then, dict) or not isinstance(now, dict):
         return None
     if then.get("commit") and now.get("commit") and then["commit"] != now["commit"]:
         return (
-            f"the baseline measured {then.get('repo')} at commit {then['commit'][:12]}, this run "
+            f"{what} measured {then.get('repo')} at commit {then['commit'][:12]}, this run "
             f"{now.get('repo')} at commit {now['commit'][:12]}: other weights"
         )
     if then.get("sha256") and now.get("sha256") and then["sha256"] != now["sha256"]:
         return (
-            f"the baseline measured weights with sha256 {then['sha256'][:12]}, this model's are "
+            f"{what} measured weights with sha256 {then['sha256'][:12]}, this model's are "
             f"{now['sha256'][:12]}: other weights"
         )
     return None

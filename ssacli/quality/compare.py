@@ -31,6 +31,7 @@ from ..defaults import (
 )
 from ..errors import InputError, UsageError
 from ..models.device_map import MaxMemory
+from ..models.identity import difference
 from ..models.integrity import require_finite_weights
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_with
@@ -143,6 +144,9 @@ def compare_models(
                             pairs_limit=pairs_limit, probes=probe_names, builtin=defaults,
                             lm_eval=lm_eval_settings)  # fmt: skip
             check_reusable(earlier, loaded.name, settings, text_id, text_ood, groups, text_builtin)
+            other = difference(earlier.get("before", {}).get("weights"), loaded.weights, "the report")
+            if other is not None:  # the same name, other weights: its measurements are not BEFORE's
+                raise UsageError(f"--reuse-before: {other}; measure BEFORE again (drop --reuse-before)")
             measured["before"] = earlier["measurements"]["before"]
             diagnosed.append(DiagnoseResult.from_dict(earlier["diagnose"]["a"]))
             say(f"before: reused from an earlier report of {loaded.name}")
@@ -345,7 +349,8 @@ def _same_vocab(a: LoadedModel, b: LoadedModel) -> bool:
 
 
 def _describe(loaded: LoadedModel, result) -> dict[str, Any]:
-    return {"model": loaded.name, "family": loaded.family, "kind": loaded.kind, "scorer": result.scorer}
+    return {"model": loaded.name, "weights": loaded.weights, "family": loaded.family, "kind": loaded.kind,
+            "scorer": result.scorer}  # fmt: skip
 
 
 __all__ = ["compare_models", "quality_rows"]

@@ -97,3 +97,17 @@ def test_a_converted_folder_records_the_weights_it_came_from(tmp_path):
     source = read_meta(out)["source_weights"]
     assert source == identity.content_record(BUILTIN_DIR / "wikitext-softmax")
     assert identity.content_record(out) != source  # the converted folder is other weights
+
+
+def test_reuse_before_refuses_a_report_of_the_same_name_but_other_weights(tmp_path):
+    from ssacli.errors import UsageError
+    from ssacli.quality.compare import compare_models
+
+    before, after = str(copy_model(tmp_path, "before")), "builtin:every-ssa"
+    common = dict(probes=["outlier:1"], samples=1, prompts=2, icl_length=4, sigmas=[1.0], outliers=[])
+    earlier = compare_models(before, after, **common).to_dict()
+    assert earlier["before"]["weights"] == identity.content_record(tmp_path / "before")
+    shutil.rmtree(tmp_path / "before")
+    copy_model(tmp_path, "before", nudge=True)  # the same folder name, retrained
+    with pytest.raises(UsageError, match="--reuse-before: the report measured weights with sha256"):
+        compare_models(before, after, before_report=earlier, **common)
