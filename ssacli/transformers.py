@@ -37,8 +37,8 @@ def register() -> None:
     """Register ssacli's attention and mask functions with transformers under the name "ssacli",
     with the saved scorer as what a module without one takes on its first call (done on import;
     idempotent)."""
-    _register_attention()
-    set_scorer_source(scorer_on_first_use)
+    set_scorer_source(scorer_on_first_use)  # first: a forwarder being replaced may be running
+    _register_attention(replace=True)
 
 
 def attach(model: nn.Module) -> nn.Module:

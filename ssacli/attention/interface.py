@@ -54,10 +54,22 @@ TESTED_FAMILIES = (
 # ---- registration ---------------------------------------------------------------------------------
 
 
-def register() -> None:
-    """Register the attention and the mask function under ATTENTION_NAME (idempotent)."""
-    AttentionInterface.register(ATTENTION_NAME, ssacli_attention_forward)
-    AttentionMaskInterface.register(ATTENTION_NAME, ssacli_mask)
+def register(replace: bool = False) -> None:
+    """Register the attention and the mask function under ATTENTION_NAME (idempotent), except over
+    the forwarders that ``import ssacli`` registers (ssacli.transformers_hook) unless ``replace``:
+    those import :mod:`ssacli.transformers` on their first call, so that plain transformers' models
+    find their saved scorers, and replacing them here would skip that (:mod:`ssacli.transformers`
+    replaces them with these functions)."""
+    for interface, function in (
+        (AttentionInterface, ssacli_attention_forward),
+        (AttentionMaskInterface, ssacli_mask),
+    ):
+        current = interface().get(ATTENTION_NAME)
+        if replace or getattr(current, "__module__", None) != FORWARDERS_MODULE:
+            interface.register(ATTENTION_NAME, function)
+
+
+FORWARDERS_MODULE = "ssacli.transformers_hook"
 
 
 # ---- finding attention modules --------------------------------------------------------------------
