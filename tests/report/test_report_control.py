@@ -90,8 +90,12 @@ def test_json_puts_the_control_beside_before_and_after(folders, three):
     _, data, _ = three
     assert data["schema"] == "ssacli-report" and data["schema_version"] == 1
     assert list(data)[2:5] == ["before", "after", "control"]
-    assert data["control"] == {"model": folders["control"], "family": "llama", "kind": "causal",
-                               "scorer": "softmax"}  # fmt: skip
+    control_side = dict(data["control"])
+    weights = control_side.pop("weights")  # which weights were measured: the folder's content hash
+    assert weights["files"] == 1 and len(weights["sha256"]) == 64
+    assert weights != data["after"]["weights"]  # the control's weights are not the SSA arm's
+    expected = {"model": folders["control"], "family": "llama", "kind": "causal", "scorer": "softmax"}
+    assert control_side == expected
     assert list(data["measurements"]) == list(data["conversion"]) == ["before", "after", "control"]
     assert data["conversion"]["control"]["recipe"]["control"] is True
     assert "control" not in data["conversion"]["after"]["recipe"]  # an SSA arm's record as it was
