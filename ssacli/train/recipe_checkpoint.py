@@ -57,9 +57,14 @@ def restore_tensors(
     if not adapters:
         saved = {k: v for k, v in saved.items() if ADAPTER_KEY not in k}
     state = model.state_dict()
-    missing = sorted(set(saved) - set(state))
-    if missing or not saved:
-        raise InputError(f"{file} does not match the model being converted ({missing[:2] or 'no tensors'})")
+    # what this model would have saved: a softmax control before its adapters has nothing to restore
+    expected = {k for k in state if (adapters and ADAPTER_KEY in k) or SCORER_KEY in f".{k}"}
+    unknown, absent = sorted(set(saved) - set(state)), sorted(expected - set(saved))
+    if unknown or absent:
+        raise InputError(
+            f"{file} does not match the model being converted "
+            f"({'unknown ' + ', '.join(unknown[:2]) if unknown else 'lacks ' + ', '.join(absent[:2])})"
+        )
     with torch.no_grad():
         for name, value in saved.items():
             state[name].copy_(value)

@@ -19,7 +19,7 @@ from ssacli.cli import app
 from ssacli.errors import InterruptedJobError, UsageError
 from ssacli.files import lock_path, writer_lock
 from ssacli.models.loading import load_model
-from ssacli.train.recipe import RecipeConfig, convert_with_recipe
+from ssacli.train.recipe import RecipeConfig, convert_with_recipe, softmax_control
 from tests.helpers.cli import run_main
 
 MODEL = "builtin:wikitext-softmax"
@@ -93,6 +93,26 @@ def test_a_crash_mid_distillation_leaves_a_checkpoint_and_resuming_ends_as_the_u
     assert recorded(out)["evaluations"] == record["evaluations"]
     assert not (out / "trainer.safetensors").exists()  # a finished run keeps no resume state
     assert (out / "stages" / "transfer" / "ssacli.json").is_file()
+
+
+def test_a_crashed_softmax_control_resumes_to_the_uninterrupted_control(text, tmp_path):
+    """The control has no scorer tensors to restore, only its adapters and optimizer."""
+    settings = config(text, distill_steps=8, transfer_steps=None)
+    _, expected_record = softmax_control(MODEL, tmp_path / "ref", settings, device="cpu")
+    expected = weights(load_model(str(tmp_path / "ref"), dtype="float32").model)
+
+    def power_cut():
+        raise RuntimeError("power cut")
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="power cut"):
+        softmax_control(MODEL, out, settings, device="cpu", on_step=stop_at("distill", 6, power_cut))
+    assert recorded(out)["at"] == {"stage": "distill", "step": 4}
+    _, record = softmax_control(MODEL, out, settings, resume=True, device="cpu")
+    state = weights(load_model(str(out), dtype="float32").model)
+    assert state.keys() == expected.keys()
+    assert all(torch.equal(state[k], expected[k]) for k in state)
+    assert record["history"] == expected_record["history"] and record["control"] is True
 
 
 @pytest.mark.parametrize(
