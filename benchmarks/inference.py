@@ -6,11 +6,11 @@ SDPA softmax, no-grad forward, per shape: the crossover behind ``ssa_attention(b
 
 H = 8 heads of 64, fp32, random inputs; each candidate once per round, rounds interleaved, best of
 ``--repeats`` (benchmarks/_common.interleaved_best); × = time / SDPA's in the same round. "blocked"
-is ``backend="blocked"`` with its forward block through the native pass (ssacli.kernels.native, the
-CPU float32 default); "torch blocks" the same kernel with its torch block math (uncompiled at
+is ``backend="blocked"``: the native kernels (ssacli.kernels.native, the CPU float32 default);
+"torch blocks" is ``backend="torch-blocks"``, the same kernel with its torch block math (uncompiled at
 inference, as ``should_compile`` decides: what runs where the native pass cannot be built); "flex"
 is ``backend="flex"``: one ``torch.compile`` with dynamic shapes serves every length (its cost is
-printed first). The last column is what ``auto`` picks (``ssacli.kernels.fused.choose_backend``).
+printed first). The last column is what ``auto`` picks (``ssacli.kernels.routing.choose_backend``).
 The machine and its load are printed.
 """
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved_best  # noqa: E402
 
-from ssacli.kernels import fused, native  # noqa: E402
+from ssacli.kernels import fused, native, routing  # noqa: E402
 
 HEADS, DIM = 8, 64
 B_SSA, N_SSA = 1.0, 1.5
@@ -72,15 +72,11 @@ def main() -> None:
             def sdpa(causal=causal, q=q, k=k, v=v):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-            def torch_blocks(run=ssa("blocked")):
-                with native.disabled():
-                    return run()
-
             with torch.no_grad():
-                candidates = {"sdpa": sdpa, "blocked": ssa("blocked"), "torch": torch_blocks}
+                candidates = {"sdpa": sdpa, "blocked": ssa("blocked"), "torch": ssa("torch-blocks")}
                 candidates["flex"] = ssa("flex")
                 best = interleaved_best(candidates, args.repeats)
-                picked = fused.choose_backend(fused.Call("cpu", q.dtype, logits, training=False))
+                picked = routing.choose_backend(routing.Call("cpu", q.dtype, logits, training=False))
             base = best["sdpa"]
             print(
                 f"| {batch} | {length} | {'yes' if causal else 'no'} | {logits:,} | {base * 1e3:.2f} "
@@ -88,8 +84,8 @@ def main() -> None:
                 f"| {best['flex'] / base:.2f} | {best['flex'] / best['blocked']:.2f} | {picked} |",
                 flush=True,
             )
-    print(f"\nauto on the CPU: blocked where the native pass is built (here: {native.available()}); "
-          f"without it flex for inference calls of >= {fused.FLEX_CPU_MIN_LOGITS:,} logits "
+    print(f"\nauto on the CPU: the native kernels where they are built (here: {native.available()}); "
+          f"without them flex for inference calls of >= {routing.FLEX_CPU_MIN_LOGITS:,} logits "
           "(FLEX_CPU_MIN_LOGITS). Goal (issue 24): SSA forward <= 1.3× SDPA at B = 1, T = 1024")  # fmt: skip
 
 

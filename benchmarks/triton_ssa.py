@@ -286,17 +286,17 @@ def finetune(bench: Bench) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import ssacli
-    from ssacli.kernels import fused
+    from ssacli.kernels import routing
 
     length = 8192 if not bench.args.quick else 32
     sizes = SMOLLM2 if not bench.args.quick else TINY_LM
     dtype = torch.bfloat16 if bench.cuda else torch.float32
     head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
-    call = fused.Call(bench.device.type, dtype, length * length, training=True, n_grad=True,
-                      head_dim=head_dim, triton=fused.triton_installed())  # fmt: skip
+    call = routing.Call(bench.device.type, dtype, length * length, training=True, n_grad=True,
+                        head_dim=head_dim, triton=routing.triton_installed())  # fmt: skip
     print(f"\n## finetune: one AdamW step of a random-init SmolLM2-135M-config model "
           f"({sizes['num_hidden_layers']} layers), T={length}, {dtype}; SSA's attention: "
-          f"backend='auto' -> {fused.choose_backend(call)}")  # fmt: skip
+          f"backend='auto' -> {routing.choose_backend(call)}")  # fmt: skip
     ids = torch.randint(0, sizes["vocab_size"], (1, length), device=bench.device)
     times = {}
     for arm in ("softmax", "ssa:preset=authors"):

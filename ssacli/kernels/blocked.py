@@ -64,18 +64,10 @@ register_block("fwd", _forward_block)
 register_block("bwd", _backward_block)
 
 
-def _native_exponents(query: torch.Tensor, n: torch.Tensor) -> torch.Tensor | None:
-    """n [H] as the native blocks take it, where they serve this call (CPU, float32, built); None:
-    the registered torch block math."""
-    if query.device.type == "cpu" and query.dtype == torch.float32 and native.available():
-        return n.detach().to(torch.float32).contiguous()
-    return None
-
-
-def _one_loop(n_heads: torch.Tensor | None, mask, dropout: float) -> bool:
-    """Whether the native one-loop kernels serve this call: native exponents, no mask tensor, no
-    dropout, torch's sgemm found (the forward and the backward ask the same)."""
-    return n_heads is not None and mask is None and dropout == 0.0 and native.flash_available()
+def _native_exponents(n: torch.Tensor, form: str) -> torch.Tensor | None:
+    """n [H] as the native kernels take it where ``form`` (ssacli.kernels.routing.choose_backend's
+    choice: "one-loop", "native-blocks" or "torch-blocks") runs them; None: the torch block math."""
+    return None if form == "torch-blocks" else n.detach().to(torch.float32).contiguous()
 
 
 # ---- the blocked kernel ---------------------------------------------------------------------------
@@ -181,15 +173,16 @@ class BlockedSSA(torch.autograd.Function):
             return BlockedSSA._backward(ctx, grad_out)
 
     @staticmethod
-    def _forward(ctx, query, key, value, n, mask, causal, window, rows, keys, compiled, dropout, seed):
+    def _forward(ctx, query, key, value, n, mask, causal, window, rows, keys, compiled, dropout, seed, form):
         kv_heads = key.shape[1]
         q5 = _group(query, kv_heads)
         batch, _, groups, q_len, dim = q5.shape
         n4 = n.reshape(1, -1, 1, 1)  # kernels see [B, H, rows, keys]: fewer shapes to compile for
         mask5 = None if mask is None else _mask_view(mask, kv_heads)
         plan = _Plan(q5.shape, key.shape[-2], causal, window, rows, keys, dropout, seed)
-        n_heads = _native_exponents(query, n)
-        if _one_loop(n_heads, mask, dropout):
+        n_heads = _native_exponents(n, form)
+        ctx.form = form
+        if form == "one-loop":
             # the whole forward in one native loop: each logit tile stays in cache between its two
             # products (the block loop below writes it to memory and reads it back)
             out, lse = native.ssa_flash_forward(
@@ -240,14 +233,13 @@ class BlockedSSA(torch.autograd.Function):
         batch, _, groups, _, dim = q5.shape
         n4 = n.reshape(1, -1, 1, 1)
         delta = (go5 * _group(out, kv_heads)).sum(dim=-1, keepdim=True)  # rowsum(dO ∘ O)
-        n_heads = _native_exponents(query, n)
-        # one task per query head: with fewer heads than threads the block loop spreads better
-        if _one_loop(n_heads, mask5, plan.dropout) and batch * query.shape[1] >= torch.get_num_threads():
+        n_heads = _native_exponents(n, ctx.form)
+        if ctx.form == "one-loop":
             dq, dk, dv, dn = native.ssa_flash_backward(
                 query, key, value, grad_out, n_heads, lse, delta, causal=plan.causal, window=plan.window,
                 block_rows=plan.q_block, block_keys=min(plan.k_block, FLASH_BACKWARD_KEYS),
             )  # fmt: skip
-            return dq, dk, dv, dn.to(n.dtype), *([None] * 8)
+            return dq, dk, dv, dn.to(n.dtype), *([None] * 9)
         dq = torch.zeros_like(q5)
         dk, dv, dn = torch.zeros_like(key), torch.zeros_like(value), torch.zeros_like(n4)
         key_t = key.transpose(-1, -2).contiguous()
@@ -278,4 +270,4 @@ class BlockedSSA(torch.autograd.Function):
                 part = torch.matmul(dy, key[..., cols, :])
                 dqb = part if dqb is None else dqb + part
             dq[:, :, :, rows] = dqb.view(batch, kv_heads, groups, width, dim)
-        return dq.view_as(query), dk, dv, dn.view(-1), *([None] * 8)
+        return dq.view_as(query), dk, dv, dn.view(-1), *([None] * 9)

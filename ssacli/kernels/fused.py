@@ -2,18 +2,21 @@
 
 SSA is a softmax of a pointwise transform of the logit, so it has the same online-normalized
 structure as FlashAttention: scan key blocks, keep a running max and sum per query row, and never
-store more than one block of logits. Two implementations, both checked against the eager scorer
-(tests/kernels/test_fused.py):
+store more than one block of logits. Three implementations, each checked against the eager scorer
+(tests/kernels/test_fused.py, tests/kernels/test_triton_ssa.py); which one runs a call is decided by
+:func:`ssacli.kernels.routing.choose_backend` alone:
 
-* :class:`~ssacli.kernels.blocked.BlockedSSA` (ssacli/blocked.py), plain PyTorch on any device: forward and
+* :class:`~ssacli.kernels.blocked.BlockedSSA` (ssacli/kernels/blocked.py), on any device: forward and
   backward over query blocks × key blocks with the log-sum-exp saved for the backward
-  (FlashAttention-2's recomputation scheme). Extra memory is one block, so peak memory grows
-  linearly in T. It is the CPU path (flex_attention has no CPU backward) and the fallback everywhere.
+  (FlashAttention-2's recomputation scheme), in one of three forms: the native one-loop kernels, the
+  block loop with the native block math (both CPU, float32) or with the torch block math. Extra
+  memory is one block, so peak memory grows linearly in T. It is the CPU path and the fallback.
 * :func:`flex_ssa`, torch's ``flex_attention`` with an SSA ``score_mod`` (per-head b and n indexed by
-  the head index), compiled: the CUDA path where n needs no gradient.
+  the head index), compiled: the CUDA path where n needs no gradient, and CPU inference where
+  nothing native is built.
 * ``backend="triton"`` (ssacli/kernels/triton_ssa.py, the optional ``triton`` package): FlashAttention-2
   forward and backward in Triton with SSA's transform, registered as torch.library custom ops; on
-  CUDA the ``auto`` path of calls that learn n (see :func:`choose_backend`).
+  CUDA the ``auto`` path of calls that learn n.
 
 ``b`` is folded into the query (b·x = (b·scale·q)·k), so a kernel only needs n; autograd carries the
 gradient of b through that product. GQA keys and values are never repeated: query heads are grouped
@@ -22,28 +25,19 @@ under their K/V head and b, n broadcast per group.
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import replace
 
 import torch
 
-from . import native
+from . import routing
 from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
 from .compiled import compile_enabled
 from .compiled import should_compile as setting_allows
 
-# Where the native row pass cannot be built, CPU inference calls of at least this many logits
-# (batch × heads × queries × keys) go through compiled flex_attention, smaller ones and every training
-# call through the blocked kernel: the crossover of `python benchmarks/inference.py` with the blocked
-# kernel's torch block math (docs/performance.md "Inference on the CPU"). With the native pass the
-# blocked kernel is faster than flex at every shape measured, and needs no compiling.
-FLEX_CPU_MIN_LOGITS = 2**19
-_FLEX_CPU_FAILED: list[str] = []  # why compiling flex on the CPU failed in this process, if it did
-# Below this many logits per call (batch × heads × queries × keys) the block math runs uncompiled:
-# compiling saves a few ms per call at most there, against seconds of compiling (crossover measured
-# in docs/performance.md).
+# Below this many logits per call (batch × heads × queries × keys) the torch block math runs
+# uncompiled: compiling saves a few ms per call at most there, against seconds of compiling (crossover
+# measured in docs/performance.md).
 COMPILE_MIN_LOGITS = 2**20
 
 
@@ -75,13 +69,17 @@ def ssa_attention(
     transformers' eager path; its mask is drawn from a seed taken from torch's default generator, so
     ``torch.manual_seed`` makes it reproducible (the backward regenerates it from the seed).
 
-    ``backend``: ``"blocked"`` (any device, forward and backward), ``"flex"`` (torch flex_attention,
-    compiled; forward and backward on CUDA, forward only on the CPU), ``"triton"`` (the Triton
-    kernels, CUDA; float16, bfloat16 or float32; no window or dropout; needs the ``triton`` package)
-    or ``"auto"`` (:func:`choose_backend`: on CUDA triton where n is learned, else flex; on the CPU
-    flex for inference calls of at least FLEX_CPU_MIN_LOGITS logits, blocked otherwise).
-    ``compile``: compile the blocked path's per-block math (None: :func:`should_compile` decides); on
-    the CPU's flex path, False runs flex uncompiled (it then materializes every score).
+    ``backend``: ``"auto"`` (the path :func:`ssacli.kernels.routing.choose_backend` picks; each of its
+    rules cites the benchmark row that shows its path winning there), ``"blocked"`` (the blocked
+    kernel, any device, forward and backward, in the best of its three forms here) or one path forced
+    (tests and benchmarks): ``"one-loop"`` (the native one-loop kernels: CPU, float32 math, torch's
+    sgemm found; no mask tensor or dropout), ``"native-blocks"`` (the block loop with the native block
+    math: CPU, float32 math), ``"torch-blocks"`` (the block loop with the torch block math: anywhere),
+    ``"flex"`` (torch flex_attention, compiled; forward and backward on CUDA, forward only on the CPU,
+    no dropout) or ``"triton"`` (the Triton kernels, CUDA; float16, bfloat16 or float32; no window or
+    dropout; needs the ``triton`` package). A forced path that cannot run here is a ValueError.
+    ``compile``: compile the torch block math (None: :func:`should_compile` decides); on the CPU's
+    flex path, False runs flex uncompiled (it then materializes every score).
     """
     batch, heads, q_len, dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[-2]
@@ -107,16 +105,15 @@ def ssa_attention(
     n = _per_head(n, heads, dtype, query.device)
     leaves = (query, key, value, b, n)
     training = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
-    if backend == "auto":
-        # CPU flex only for self-attention without a window or mask tensor: a key/value cache's offset
-        # is a constant of flex's mask, so each new offset would compile again.
-        plain = mask is None and window is None and q_len == k_len
-        call = Call(
-            device=query.device.type, dtype=query.dtype, logits=batch * heads * q_len * k_len,
-            training=training, n_grad=torch.is_grad_enabled() and n.requires_grad, dropout=dropout,
-            masked=not plain, window=window is not None, head_dim=dim, triton=triton_installed(),
-        )  # fmt: skip
-        backend = choose_backend(call)
+    call = routing.Call(
+        device=query.device.type, dtype=query.dtype, logits=batch * heads * q_len * k_len,
+        training=training, n_grad=torch.is_grad_enabled() and n.requires_grad, dropout=dropout,
+        # a key/value cache's offset is a constant of flex's mask: each new offset would compile again
+        masked=mask is not None or window is not None or q_len != k_len, window=window is not None,
+        head_dim=dim, triton=routing.triton_installed(),
+        mask=mask is not None, backend=backend,
+    )  # fmt: skip
+    backend = routing.choose_backend(call)
     if backend == "triton":
         if window is not None or dropout > 0.0:
             raise ValueError("backend='triton' has no window or dropout yet: use 'blocked' or 'flex'")
@@ -129,8 +126,12 @@ def ssa_attention(
     if backend == "flex":
         if training and not query.is_cuda:
             raise ValueError("backend='flex' has no backward on the CPU: use 'blocked' (or 'auto') to train")
+        if dropout > 0.0:
+            raise ValueError("backend='flex' has no dropout: use 'blocked'")
         # Compiled on the CPU only without a window or mask tensor: with either, torch 2.13's CPU code
-        # generation fails ("cur_kvSplitSize0 was not declared"), so such calls run flex uncompiled.
+        # generation fails ("cur_kvSplitSize0 was not declared"), so such calls (forced: auto never
+        # sends them to flex) run flex uncompiled, which checks flex's score_mod and mask_mod on the
+        # CPU for the CUDA path.
         structured = mask is not None or window is not None
         compiled = compile is not False and (query.is_cuda or (compile_enabled() and not structured))
         try:
@@ -139,87 +140,22 @@ def ssa_attention(
         except Exception as err:  # noqa: BLE001 - a compiler failure on the CPU means "use blocked"
             if query.is_cuda or not compiled:
                 raise
-            _FLEX_CPU_FAILED.append(f"{type(err).__name__}: {err}".splitlines()[0][:200])
+            routing.FLEX_CPU_FAILED.append(f"{type(err).__name__}: {err}".splitlines()[0][:200])
             warnings.warn(
-                f"ssacli: compiling flex_attention on the CPU failed ({_FLEX_CPU_FAILED[0]}); using the "
-                "blocked kernel (same results, slower).",
+                f"ssacli: compiling flex_attention on the CPU failed ({routing.FLEX_CPU_FAILED[0]}); using "
+                "the blocked kernel (same results, slower).",
                 RuntimeWarning,
                 stacklevel=2,
             )
-            backend = "blocked"
-    if backend != "blocked":
-        raise ValueError(f"backend must be auto, blocked, flex or triton, got {backend!r}")
+            backend = routing.choose_backend(replace(call, backend="blocked"))
     if compile is None:
         compile = should_compile(batch * heads * q_len * k_len, training)
     # b·scale folded into q: the kernel sees y = b·x, and autograd takes ∂/∂b through this product.
     scaled = query.to(dtype) * (b * scale).view(1, heads, 1, 1)
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout > 0 else 0
-    geometry = (causal, window, block_rows, block_keys, compile, dropout, seed)
+    geometry = (causal, window, block_rows, block_keys, compile, dropout, seed, backend)
     out = BlockedSSA.apply(scaled, key.to(dtype), value.to(dtype), n, mask, *geometry)
     return out.to(query.dtype)
-
-
-@dataclass(frozen=True)
-class Call:
-    """What ``backend="auto"`` decides on: the facts of one call (plain values, so the decision for a
-    CUDA call can be tested without a GPU)."""
-
-    device: str  # the query's device type: "cuda", "cpu", ...
-    dtype: torch.dtype
-    logits: int  # batch × heads × queries × keys
-    training: bool  # some input needs a gradient
-    n_grad: bool = False  # n itself needs one (a learned n)
-    dropout: float = 0.0
-    masked: bool = False  # a mask tensor, a window or q_len != k_len
-    window: bool = False
-    head_dim: int = 64
-    triton: bool = False  # the triton package can be imported
-
-
-@cache
-def triton_installed() -> bool:
-    """Whether the optional ``triton`` package is there (found, not imported: importing costs ~1 s)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def triton_fits(call: Call) -> bool:
-    """Whether the Triton kernels take this call: float16/bfloat16/float32, no window or dropout, and
-    the head sizes tuned for (D ≤ 128; larger ones run with ``backend="triton"`` but untuned)."""
-    supported = call.dtype in (torch.float16, torch.bfloat16, torch.float32)
-    return call.triton and supported and not call.window and call.dropout == 0.0 and call.head_dim <= 128
-
-
-def choose_backend(call: Call) -> str:
-    """``backend="auto"``. On CUDA: flex_attention, except where n needs a gradient: flex's backward
-    scatters the gradient of a tensor captured by ``score_mod`` with one atomic add per score element
-    (pytorch/pytorch#137452), and every element of a head adds to the one address n[h], so its cost
-    grows with the number of scores: 12-187× SDPA forward+backward on an H200
-    (docs/results/gpu-h200/gpu_bench-2.log). Such calls go to the Triton kernels where ``triton`` is
-    installed and the call fits them (:func:`triton_fits`; their dn is a per-block partial sum, no
-    atomics), else to the blocked kernel (memory-linear, its GPU speed not measured yet). n fixed (the
-    conversion recipe's distillation) and b (folded into q) pay no atomics, so those calls stay on
-    flex until a GPU run times the Triton kernels against it (``bash scripts/gpu_bench.sh``, whose
-    ``flex`` section times all four on one shape).
-
-    On the CPU the blocked kernel, whose forward block runs through the native pass
-    (ssacli.kernels.native) in float32: faster than compiled flex at every shape measured, without its
-    seconds of compiling (docs/performance.md, ``python benchmarks/inference.py``). Where that pass is
-    not available (no C compiler, float64), compiled flex for inference (no gradient needed, no
-    dropout, self-attention without a mask tensor or window) of at least FLEX_CPU_MIN_LOGITS logits
-    per call, where it measured faster than the torch block math and saves enough per call to repay
-    its compilation; else the blocked kernel: flex has no CPU backward, and torch 2.13's CPU code
-    generation fails on dynamic-shape flex with a window or a mask tensor (checked:
-    "cur_kvSplitSize0 was not declared")."""
-    if call.dropout > 0.0:
-        return "blocked"
-    if call.device == "cuda":
-        if not call.n_grad:
-            return "flex"
-        return "triton" if triton_fits(call) else "blocked"
-    if torch.promote_types(call.dtype, torch.float32) == torch.float32 and native.available():
-        return "blocked"
-    flex = not call.training and not call.masked and call.logits >= FLEX_CPU_MIN_LOGITS
-    return "flex" if flex and compile_enabled() and not _FLEX_CPU_FAILED else "blocked"
 
 
 def should_compile(logits: int, training: bool) -> bool:

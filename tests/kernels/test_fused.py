@@ -340,6 +340,59 @@ def test_native_flash_backward_does_not_depend_on_the_thread_count():
         assert torch.equal(g1, g2), label
 
 
+@pytest.mark.parametrize("path", ["blocked", "one-loop", "native-blocks", "torch-blocks", "flex"])
+@pytest.mark.parametrize("name", ["gqa2-padding", "kv-cache", "window", "large-logits"])
+def test_each_forced_path_matches_the_reference(path, name):
+    """backend= forces each CPU path of ssacli.kernels.routing.choose_backend; each gives the
+    reference, forward and (but flex, forward only on the CPU) every gradient, or is refused where it
+    cannot run (one-loop with a mask tensor; the native paths where nothing native is built)."""
+    case = CASES[name]
+    (q, k, v, b, n), mask, upstream = make_inputs(case)
+    geometry = dict(scale=case.dim**-0.5, causal=case.causal, window=case.window, mask=mask)
+    ref = naive_ssa(q, k, v, b, n, **geometry)
+    unavailable = (path == "one-loop" and (mask is not None or not native.flash_available())) or (
+        path == "native-blocks" and not native.available()
+    )
+    if unavailable:
+        with pytest.raises(ValueError, match=path):
+            ssa_attention(q, k, v, b, n, backend=path, compile=False, **geometry)
+        return
+    if path == "flex":
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # flex uncompiled (a mask tensor or window on the CPU)
+            out = ssa_attention(q, k, v, b, n, backend=path, **geometry)
+        assert_close(out, ref, OUT_TOL, "flex output")
+        return
+    out = ssa_attention(q, k, v, b, n, backend=path, compile=False, block_rows=8, block_keys=16, **geometry)
+    assert_close(out, ref, OUT_TOL, f"{path} output")
+    inputs = (q, k, v, b, n)
+    for label, got, want in zip("qkvbn", grads(out, inputs, upstream), grads(ref, inputs, upstream)):
+        assert_close(got, want, GRAD_TOL, f"{path} grad {label}")
+
+
+def test_the_one_loop_backward_serves_fewer_heads_than_threads(monkeypatch):
+    """No thread-count switch: a one-loop forward is followed by the one-loop backward even where
+    batch × heads is below torch's thread count (no benchmark row showed the block loop faster there)."""
+    if not native.flash_available():
+        pytest.skip("the native kernel or torch's sgemm is not available here")
+    called = []
+    backward = native.ssa_flash_backward
+    monkeypatch.setattr(native, "ssa_flash_backward", lambda *a, **k: called.append(1) or backward(*a, **k))
+    case = Case(batch=1, heads=1, kv_heads=1)
+    (q, k, v, b, n), _, upstream = make_inputs(case)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(2, threads))
+        out = ssa_attention(q, k, v, b, n, compile=False, **case.kwargs())
+        got = grads(out, (q, k, v, b, n), upstream)
+    finally:
+        torch.set_num_threads(threads)
+    assert called
+    ref = naive_ssa(q, k, v, b, n, scale=case.dim**-0.5, causal=True)
+    for label, g, w in zip("qkvbn", got, grads(ref, (q, k, v, b, n), upstream)):
+        assert_close(g, w, GRAD_TOL, f"grad {label}")
+
+
 def test_compiling_is_for_large_training_calls(monkeypatch, torch_block_math):
     """compile=None: training calls of at least COMPILE_MIN_LOGITS logits compile; evaluation (no
     grad) and small calls do not; SSACLI_COMPILE=0/1 overrides."""
@@ -811,12 +864,13 @@ def test_auto_keeps_the_blocked_kernel_on_the_cpu_where_the_native_pass_runs(mon
     """backend="auto" on the CPU with the native pass built: the blocked kernel (faster than compiled
     flex there, docs/performance.md), for large inference calls too; it gives the reference."""
     import ssacli.kernels.fused as fused
+    from ssacli.kernels import routing
 
     if not native.available():
         pytest.skip("the native kernel could not be built here (no C compiler)")
     seen = []
     monkeypatch.setattr(fused, "flex_ssa", lambda *a, **k: seen.append(1))
-    monkeypatch.setattr(fused, "FLEX_CPU_MIN_LOGITS", 1)
+    monkeypatch.setattr(routing, "FLEX_CPU_MIN_LOGITS", 1)
     (q, k, v, b, n), _, _ = make_inputs(Case(kv_heads=2))
     with torch.no_grad():
         out = ssa_attention(q, k, v, b, n, scale=Case.dim**-0.5, causal=True)
@@ -832,6 +886,7 @@ def test_auto_runs_cpu_inference_through_flex_and_everything_else_through_the_bl
     masks, windows, a key/value cache's offset, dropout, small calls and SSACLI_COMPILE=0. Both give
     the reference."""
     import ssacli.kernels.fused as fused
+    from ssacli.kernels import routing
 
     seen = []
     original = fused.flex_ssa
@@ -841,7 +896,7 @@ def test_auto_runs_cpu_inference_through_flex_and_everything_else_through_the_bl
         return original(*args, **{**kwargs, "compiled": False})
 
     monkeypatch.setattr(fused, "flex_ssa", spy)
-    monkeypatch.setattr(fused, "FLEX_CPU_MIN_LOGITS", 2 * 4 * 37 * 37)  # Case()'s logits
+    monkeypatch.setattr(routing, "FLEX_CPU_MIN_LOGITS", 2 * 4 * 37 * 37)  # Case()'s logits
     monkeypatch.delenv("SSACLI_COMPILE", raising=False)
 
     def flex_ran(case: Case, grad=False, dropout=0.0, env=None) -> bool:
