@@ -34,7 +34,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import native
+from . import native, routing
 from .compiled import register_block, run_block, should_compile
 from .row_stats import RowStatistics
 from .stats_call import CallBlocks, StatisticsCall
@@ -194,12 +194,16 @@ def softmax_statistics(
     ``block_rows`` queries × ``block_keys`` keys. Plain calls (:attr:`StatisticsCall.plain`) in float32
     on the CPU run the one native loop where it is built and torch's sgemm found (at most
     FLASH_BLOCK_ROWS rows a task); other float32 CPU calls take the native row pass per block where it
-    is built; the rest, or all under ``ssacli.kernels.native.disabled()``, the torch block math.
+    is built; the rest, or all under ``ssacli.kernels.native.disabled()``, the torch block math
+    (ssacli.kernels.routing.choose_backend decides).
     ``compile``: compile that block math (None: SSACLI_COMPILE, else CPU calls of at least
     STATS_COMPILE_MIN_LOGITS logits)."""
     compute = torch.promote_types(value.dtype, torch.float32)  # the eager scorer's dtype
-    cpu_float32 = value.device.type == "cpu" and compute == torch.float32
-    if call.plain and cpu_float32 and query.dtype == torch.float32 and native.flash_available():
+    path = routing.choose_backend(routing.Call(  # the one loop reads float32 queries as they are
+        value.device.type, compute, query.shape[:-1].numel() * key.shape[-2],
+        mask=not call.plain or query.dtype != torch.float32, backend="blocked",
+    ))  # fmt: skip
+    if path == "one-loop":
         blocks = CallBlocks(call, query, key, compute)  # the loop reads grouped K/V heads itself
         return _one_loop(blocks, value, min(max(1, block_rows), FLASH_BLOCK_ROWS), max(1, block_keys))
     groups = query.shape[1] // key.shape[1]
@@ -210,8 +214,7 @@ def softmax_statistics(
     q_len, dev = blocks.q_len, value.device
     if compile is None:
         compile = should_compile(dev.type == "cpu" and b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
-    # native.available() is False under SSACLI_NATIVE=0 (nothing is built) and where the build failed
-    use_native = cpu_float32 and native.available()
+    use_native = path == "native-blocks"
     f64 = dict(dtype=torch.float64, device=dev)
     k_top = max(1, min(call.top_k, k_len))
     rows_max = torch.full((b, h, q_len), -math.inf, **f64)
