@@ -3,7 +3,7 @@
     python scripts/bundle_lm.py --plan docs/results/lm-plan.json --study runs/lm-study \
         wikitext-softmax=softmax-s0 wikitext-ssa=ssa-authors-s0
 
-For each NAME=RUN (a folder STUDY/runs/RUN written by `ssacli train` through scripts/lm_study.py):
+For each NAME=RUN (a folder STUDY/runs/RUN written by `ssacli train` through studies/lm/run.py):
 
 1. refuse a run that has not reached the plan's steps, or whose record disagrees with the plan;
 2. copy what inference needs (config, tokenizer, ssacli.json, the scorer's parameters; no optimizer
@@ -281,7 +281,7 @@ rows whose largest weight lies within {tol["attention_max_abs"]:g} of τ.
 ## Reproduce
 
 ```bash
-python scripts/lm_study.py --plan {plan_path} --out runs/lm-study   # trains (and evaluates) every run
+python studies/lm/run.py --plan {plan_path} --out runs/lm-study   # trains (and evaluates) every run
 python scripts/bundle_lm.py --plan {plan_path} --study runs/lm-study {name}={run}
 ```
 

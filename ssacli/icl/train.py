@@ -110,7 +110,7 @@ def train(
     """Train and write checkpoints to ``out`` (every ``checkpoint_every`` steps and at the end).
 
     ``stop_at``: stop (with a checkpoint) after that step of the run's ``config.steps`` schedule,
-    so a resumed run continues it; learning curves measure one run this way (scripts/icl_curve.py).
+    so a resumed run continues it; learning curves measure one run this way (studies/icl-v3/curve.py).
 
     ``resume`` continues the run saved in ``out`` (a fresh start if there is none); without it an
     existing checkpoint in ``out`` is only replaced when ``overwrite`` is set. SIGINT/SIGTERM

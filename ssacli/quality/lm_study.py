@@ -1,6 +1,6 @@
 """The language-model study (issue 16, part 2): tiny decoders trained from scratch with `ssacli train`,
 paired by seed across scorers, evaluated and aggregated on the study engine (:mod:`ssacli.study`).
-``scripts/lm_study.py`` is its command line; :mod:`ssacli.report.lm_study` renders its tables.
+``studies/lm/run.py`` is its command line; :mod:`ssacli.report.lm_study` renders its tables.
 
 Per arm (scorer) and seed, in OUT/runs/{label}-s{seed}/:
 

@@ -1,4 +1,4 @@
-"""The language-model study's report (``scripts/lm_study.py --report``): tables.md and its figures
+"""The language-model study's report (``studies/lm/run.py --report``): tables.md and its figures
 (:func:`ssacli.report.plots.plot_lm_context`, :func:`~ssacli.report.plots.plot_lm_paired`) from a
 results.json of :mod:`ssacli.quality.lm_study`. The aggregate and the pairs are recomputed from the
 runs, so files written before a test existed render with it."""

@@ -1,6 +1,6 @@
 """Figures of the studies, as files: an ICL evaluation (``ssacli icl eval --plot``), an ICL sweep
 (:func:`plot_sweep`, ``ssacli icl sweep``) and the language-model study (:func:`plot_lm_context`,
-:func:`plot_lm_paired`, ``scripts/lm_study.py --report``). Files are written to a temp name first,
+:func:`plot_lm_paired`, ``studies/lm/run.py --report``). Files are written to a temp name first,
 then renamed, so a crash never leaves half a figure. Figures are :class:`matplotlib.figure.Figure`
 objects drawn directly (no pyplot, no backend to select), so importing this changes nothing."""
 

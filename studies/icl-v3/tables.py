@@ -1,7 +1,7 @@
 """Tables of ICL v3 (docs/results/icl.md, v3): paired differences with Holm over each task's family,
 per-seed errors, and every run's learned b and n with convergence.
 
-    python scripts/icl_v3_tables.py runs/icl-v3-quant runs/icl-v3-linear --out docs/results/icl-v3
+    python studies/icl-v3/tables.py runs/icl-v3-quant runs/icl-v3-linear --out docs/results/icl-v3
 
 Reads each sweep's results.json (``ssacli icl sweep``) and each run's ssacli.json (its training
 record: the learned scorer per layer and whether it converged, |Δ| < 1 % over the last 10 % of
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("sweeps", nargs="+")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    lines = ["# ICL v3: tables", "", f"Regenerate: `python scripts/icl_v3_tables.py {' '.join(args.sweeps)} "
+    lines = ["# ICL v3: tables", "", f"Regenerate: `python studies/icl-v3/tables.py {' '.join(args.sweeps)} "
              f"--out {args.out}`.", ""]  # fmt: skip
     every_learned = {}
     for sweep in map(Path, args.sweeps):

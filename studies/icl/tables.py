@@ -1,7 +1,7 @@
 """Markdown tables (and figures) of an ICL sweep's results.json, paired by seed.
 
-    python scripts/icl_report.py runs/icl-v2/results.json > /tmp/tables.md
-    python scripts/icl_report.py runs/icl-v2/results.json --figures docs/results/icl-v2 \
+    python studies/icl/tables.py runs/icl-v2/results.json > /tmp/tables.md
+    python studies/icl/tables.py runs/icl-v2/results.json --figures docs/results/icl-v2 \
         --per-seed docs/results/icl-v2/per-seed.md > /tmp/tables.md
 
 For every task, backbone and view (σ, length, planted outlier scored after the outlier, and for

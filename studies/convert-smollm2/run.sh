@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M-Instruct before/after study (docs/results/convert-smollm2.md).
 # Resumable: rerun it and finished steps are skipped, an interrupted arm continues from its last
-# checkpoint (--resume). Usage: bash scripts/study_convert_smollm2.sh [convert|finetune|report|all]
+# checkpoint (--resume). Usage: bash studies/convert-smollm2/run.sh [convert|finetune|report|all]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 . .venv/bin/activate
 R=runs/convert-smollm2
 M=runs/smollm2-135m-instruct

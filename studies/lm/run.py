@@ -1,8 +1,8 @@
 """The language-model study (issue 16, part 2): tiny decoders trained from scratch with `ssacli train`,
 paired by seed across scorers, evaluated and aggregated with the paired statistics of ssacli.stats.
 
-    python scripts/lm_study.py --plan docs/results/lm-plan.json --out runs/lm-study --jobs 2
-    python scripts/lm_study.py --plan docs/results/lm-plan.json --out runs/lm-study --report docs/results/lm
+    python studies/lm/run.py --plan docs/results/lm-plan.json --out runs/lm-study --jobs 2
+    python studies/lm/run.py --plan docs/results/lm-plan.json --out runs/lm-study --report docs/results/lm
 
 Per arm (scorer) and seed, in OUT/runs/{label}-s{seed}/:
 

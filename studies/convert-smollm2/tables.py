@@ -1,10 +1,10 @@
 """The tables of docs/results/convert-smollm2.md, from the study's files (runs/convert-smollm2).
 
-    python scripts/study_convert_smollm2_tables.py [RUNS] > tables.md
-    python scripts/study_convert_smollm2_tables.py [RUNS] --json docs/results/convert-smollm2.json
+    python studies/convert-smollm2/tables.py [RUNS] > tables.md
+    python studies/convert-smollm2/tables.py [RUNS] --json docs/results/convert-smollm2.json
 
 Reads the converted folders' ssacli.json (fidelity per layer), the fine-tuned folders' trajectories,
-logs/walltimes.txt and the report-*.json files written by scripts/study_convert_smollm2.sh; prints
+logs/walltimes.txt and the report-*.json files written by studies/convert-smollm2/run.sh; prints
 markdown. Missing pieces (an arm still running) are skipped and said so.
 """
 

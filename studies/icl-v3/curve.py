@@ -1,6 +1,6 @@
 """Learning curves of ICL training: in-distribution error every K steps, to size a study's budget.
 
-    python scripts/icl_curve.py --task linear --scorer softmax --steps 3000 --every 250 \
+    python studies/icl-v3/curve.py --task linear --scorer softmax --steps 3000 --every 250 \
         --lr 1e-3 --out runs/icl-curve --results docs/results/icl-v3/curves.json
 
 One run per (task, scorer, seed), trained in segments of --every steps with ``ssacli.icl.train``

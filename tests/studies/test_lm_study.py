@@ -1,7 +1,7 @@
 """The language-model study (ssacli.quality.lm_study) on a tiny budget: two arms × two seeds of a
 tiny Llama trained by `ssacli train` on text this test writes, evaluated (ID/OOD perplexity at 1× and
 2× the context, minimal pairs, diagnose), paired, reported (ssacli.report.lm_study, and again through
-scripts/lm_study.py --from-results), and resumed without training again."""
+studies/lm/run.py --from-results), and resumed without training again."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_tiny_lm_study_trains_evaluates_pairs_and_resumes(tmp_path, tiny_plan):
     assert (tmp_path / "doc" / "lm-context.png").stat().st_size > 1000
     assert (tmp_path / "doc" / "lm-paired.png").stat().st_size > 1000
     # the command line renders the same tables from the results.json
-    script = [sys.executable, str(ROOT / "scripts" / "lm_study.py"), "--report", str(tmp_path / "cli"),
+    script = [sys.executable, str(ROOT / "studies" / "lm" / "run.py"), "--report", str(tmp_path / "cli"),
               "--from-results", str(out / "results.json")]  # fmt: skip
     subprocess.run(script, check=True, capture_output=True)
     assert (tmp_path / "cli" / "tables.md").read_text() == tables

@@ -1,7 +1,7 @@
 """The conversion trade-off study (docs/results/convert-tradeoff.md): per n, quality and robustness
 against the softmax control with the same budget, 8 paired seeds.
 
-    python scripts/convert_tradeoff.py --data ../shared/data/wikitext2/test.txt \
+    python studies/convert-tradeoff/run.py --data ../shared/data/wikitext2/test.txt \
         --ood-text ../shared/data/tinyshakespeare.txt --out runs/convert-tradeoff \
         --record docs/results/convert-tradeoff --seeds 0 1 2 3 4 5 6 7 --jobs 2
 

@@ -1,9 +1,9 @@
 """Tables and figures of the conversion-recipe study (docs/results/convert-recipe.md).
 
-    python scripts/convert_recipe_report.py docs/results/convert-recipe/results.json \
+    python studies/convert-recipe/tables.py docs/results/convert-recipe/results.json \
         --smollm2 docs/results/convert-recipe/smollm2.json --out docs/results/convert-recipe
 
-Reads what scripts/convert_recipe_study.py wrote and writes ``tables.md`` (per-seed numbers, the
+Reads what studies/convert-recipe/run.py wrote and writes ``tables.md`` (per-seed numbers, the
 paired comparisons of the recipe against every other arm: differences, bootstrap interval,
 sign-flip and t-test p, Holm over the family) and ``stages.png`` (n, KL to the original and held-out
 perplexity at every evaluation of every run, transfer then distillation on one step axis).
@@ -177,7 +177,7 @@ def main() -> None:
     out = Path(args.out)
     paired, summaries = paired_tables(results)
     lines = ["# Conversion-recipe study: tables", "",
-             f"Regenerate: `python scripts/convert_recipe_report.py {args.results}"
+             f"Regenerate: `python studies/convert-recipe/tables.py {args.results}"
              + (f" --smollm2 {args.smollm2}" if args.smollm2 else "") + f" --out {args.out}`.", "",
              "## builtin:wikitext-softmax, per seed", "", *per_seed_table(results), "",
              f"## Paired: {REFERENCE} against every other arm (lower is better for every metric)", "",

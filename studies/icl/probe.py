@@ -1,6 +1,6 @@
 """The planted-outlier probe of docs/results/icl.md on bundled (or any) ICL checkpoints.
 
-    python scripts/icl_probe.py builtin:every-softmax builtin:every-ssa
+    python studies/icl/probe.py builtin:every-softmax builtin:every-ssa
 
 For each outlier value planted at x_3 (σ = 1, 41 points, 1000 prompts): prompt accuracy (no wrong
 sign from position 3 on), position accuracy, and the attention mass that later tokens put on the

@@ -1,6 +1,6 @@
 """Does saturation predict failure? ICL v3 (issue 22, item 3; docs/results/icl.md).
 
-    python scripts/icl_saturation.py runs/icl-v3-quant runs/icl-v3-linear \
+    python studies/icl-v3/saturation.py runs/icl-v3-quant runs/icl-v3-linear \
         --out docs/results/icl-v3/saturation.json --figure docs/results/icl-v3/saturation.png
 
 For every trained run of the sweeps (``OUT/runs/*/eval.json``, written by ``ssacli icl sweep``) it

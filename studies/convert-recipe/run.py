@@ -1,6 +1,6 @@
 """The conversion-recipe study (docs/results/convert-recipe.md): arms × seeds on a softmax LM.
 
-    python scripts/convert_recipe_study.py --model builtin:wikitext-softmax \
+    python studies/convert-recipe/run.py --model builtin:wikitext-softmax \
         --data ../shared/data/wikitext2/valid.txt --id-text ../shared/data/wikitext2/test.txt \
         --ood-text ../shared/data/tinyshakespeare.txt --out runs/convert-recipe \
         --results docs/results/convert-recipe/results.json --seeds 0 1 2

@@ -1,4 +1,4 @@
-"""The prepared GPU run of issue 22, item 6 (entry point: scripts/gpu_study.sh, which calls this).
+"""The prepared GPU run of issue 22, item 6 (entry point: studies/gpu-study/run.sh, which calls this).
 
 On one GPU, in about 8 minutes: (1) the ICL tasks `every` and `linear` at the paper's size (GPT-2,
 12 layers × 8 heads × 256), softmax against SSA in the authors' GPT-2 setting (b = e, n = e^0.4,
@@ -6,7 +6,7 @@ one pair per layer, both learned: `ssa:b=2.718282,n=1.491825,share=layer`; the a
 parameterize b = e^a, n = e^ν, ssacli by softplus, so the start is theirs, the optimizer's path is
 not), ≥ 3 paired seeds, through `ssacli.run_icl_sweep`; (2) a language-model pair (softmax against
 `ssa:preset=authors`, 4 × 4 × 128 Llama) sized to the training text given: `--passes` over it,
-through scripts/lm_study.py. Writes OUT/icl/ and OUT/lm/ (each study's own results.json and
+through studies/lm/run.py. Writes OUT/icl/ and OUT/lm/ (each study's own results.json and
 tables.md), and OUT/results.json (the design: steps, tokens, passes, the calibration; every run's
 learned b and n per layer) with OUT/tables.md (both studies' tables).
 
@@ -15,10 +15,10 @@ number that fits --icl-budget seconds as if the runs were serial, sized by the s
 parallel on one GPU finish sooner; the measured seconds per step are recorded). Not yet run on a
 GPU: the first run's learning curves (each run's ssacli.json) say whether `linear` was learned.
 
-    scripts/gpu_study.sh OUT --data ../shared/data/wikitext2/valid.txt \
+    studies/gpu-study/run.sh OUT --data ../shared/data/wikitext2/valid.txt \
         --id-text ../shared/data/wikitext2/test.txt --ood-text ../shared/data/tinyshakespeare.txt \
         --blimp ../shared/data/blimp
-    scripts/gpu_study.sh OUT --tiny --data train.txt --id-text id.txt --ood-text ood.txt   # CPU, < 1 min
+    studies/gpu-study/run.sh OUT --tiny --data train.txt --id-text id.txt --ood-text ood.txt   # CPU, < 1 min
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 from ssacli.defaults import SCORER_LR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SSA_GPT2 = "ssa:b=2.718282,n=1.491825,share=layer"  # e and e^0.4, per layer, learned (learn=all)
 ICL_ARMS = [{"label": "softmax", "spec": "softmax"}, {"label": "ssa-gpt2", "spec": SSA_GPT2}]
 LM_ARMS = [{"label": "softmax", "spec": "softmax"}, {"label": "ssa-authors", "spec": "ssa:preset=authors"}]
@@ -49,7 +49,7 @@ TINY_LM_MODEL = {**LM_MODEL, "num_hidden_layers": 1, "num_attention_heads": 2, "
 
 def icl_plan(args: argparse.Namespace, steps: int) -> dict[str, Any]:
     return {
-        "_comment": "scripts/gpu_study.sh (issue 22, item 6): ICL, paper size, softmax vs SSA (GPT-2)",
+        "_comment": "studies/gpu-study/run.sh (issue 22, item 6): ICL, paper size, softmax vs SSA (GPT-2)",
         "tasks": ["every", "linear"], "archs": ["gpt2"],
         "scorers": [{**arm, "seeds": args.seeds} for arm in ICL_ARMS], "reference": "softmax",
         "steps": steps, "lr": args.icl_lr, "scorer_lr": SCORER_LR, "batch_size": 64,
@@ -69,13 +69,13 @@ def lm_plan(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     estimated = int(0.9 * Path(args.data).stat().st_size / BYTES_PER_TOKEN)
     steps = 2 if args.tiny else max(2, round(args.passes * estimated / (seq_len * batch)))
     plan = {
-        "_comment": "scripts/gpu_study.sh (issue 22, item 6): an LM pair sized to the data",
+        "_comment": "studies/gpu-study/run.sh (issue 22, item 6): an LM pair sized to the data",
         "data": args.data, "id_text": args.id_text, "ood_text": args.ood_text, "blimp": args.blimp,
         "model": TINY_LM_MODEL if args.tiny else LM_MODEL, "vocab_size": 300 if args.tiny else 1024,
         "seq_len": seq_len, "steps": steps, "lr": 1e-3, "batch_size": batch, "seeds": args.seeds,
         "arms": LM_ARMS, "reference": "softmax", "contexts": [1, 2, 4],
         "max_tokens": 256 if args.tiny else 16384, "blimp_limit": 3 if args.tiny else 200,
-        # tiny: two fewer processes a run (tests/scripts/test_lm_study.py covers it)
+        # tiny: two fewer processes a run (tests/studies/test_lm_study.py covers it)
         "diagnose": not args.tiny,
         "diagnose_args": ["--samples", "4"],
     }  # fmt: skip
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                jobs=1 if args.tiny else args.jobs, device=args.device)  # fmt: skip
     design["icl"]["wall_s"] = round(time.perf_counter() - icl_began, 1)
     with open(args.out / "icl" / "tables.md", "w") as tables:
-        report = ROOT / "scripts" / "icl_report.py"
+        report = ROOT / "studies" / "icl" / "tables.py"
         subprocess.run(
             [sys.executable, str(report), str(args.out / "icl" / "results.json")], check=True, stdout=tables
         )
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lm, sizing = lm_plan(args)
     (args.out / "lm-plan.json").write_text(json.dumps(lm, indent=1) + "\n")
     lm_began = time.perf_counter()
-    run([sys.executable, str(ROOT / "scripts" / "lm_study.py"), "--plan", str(args.out / "lm-plan.json"),
+    run([sys.executable, str(ROOT / "studies" / "lm" / "run.py"), "--plan", str(args.out / "lm-plan.json"),
          "--out", str(args.out / "lm"), "--jobs", str(args.jobs), "--device", args.device,
          "--report", str(args.out / "lm")])  # fmt: skip
     lm_results = json.loads((args.out / "lm" / "results.json").read_text())
@@ -236,7 +236,8 @@ def tables_page(summary: dict[str, Any], out: Path) -> str:
     lm = d["lm"]
     icl, calibrated = summary["icl_plan"], d["icl"]["seconds_per_step"]
     head = [
-        "# GPU study (scripts/gpu_study.sh; issue 22)" + (" — TINY mode, not a result" if d["tiny"] else ""),
+        "# GPU study (studies/gpu-study/run.sh; issue 22)"
+        + (" — TINY mode, not a result" if d["tiny"] else ""),
         "",
         f"Device {d['device']}, {d['jobs']} runs in parallel, {d['seeds']} paired seeds; "
         f"wall {d['wall_s']:.0f} s (ICL {d['icl']['wall_s']:.0f} s, LM {lm['wall_s']:.0f} s).",

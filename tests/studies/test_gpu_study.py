@@ -1,4 +1,4 @@
-"""scripts/gpu_study.sh in its TINY mode, end to end on the CPU: the ICL sweep (every, linear;
+"""studies/gpu-study/run.sh in its TINY mode, end to end on the CPU: the ICL sweep (every, linear;
 softmax and SSA in the authors' GPT-2 setting) and the LM pair on text this test writes. Checks that
 results.json holds every arm and seed of both studies with their learned scorer parameters, that
 the LM's passes are measured with the run's own tokenizer, and that the tables render."""
@@ -31,7 +31,8 @@ def test_tiny_gpu_study_runs_end_to_end(tmp_path):
     pair = {"sentence_good": "the cat sat on a mat", "sentence_bad": "cat the mat a on sat"}
     (blimp / "agreement.jsonl").write_text((json.dumps(pair) + "\n") * 3)
     out = tmp_path / "study"
-    cmd = ["bash", str(ROOT / "scripts" / "gpu_study.sh"), str(out), "--data", str(tmp_path / "train.txt"),
+    runner = ROOT / "studies" / "gpu-study" / "run.sh"
+    cmd = ["bash", str(runner), str(out), "--data", str(tmp_path / "train.txt"),
            "--id-text", str(tmp_path / "id.txt"), "--ood-text", str(tmp_path / "ood.txt"),
            "--blimp", str(blimp)]  # fmt: skip
     env = {**os.environ, "GPU_STUDY_TINY": "1", "PYTHON": sys.executable}
