@@ -20,6 +20,15 @@ TOP_K = 5  # k of the top-k mass metric
 STATS = "auto"  # how attention weights become metrics: fused statistics where a call allows them
 HEATMAP = "max_weight"  # the metric diagnose's and render's heatmap shows
 SINK_EPS = 0.3  # a head is an attention sink when its mean weight on the first token exceeds this (Gu et al.)
+# diagnose's sink and position metrics (docs/diagnose.md, "Sinks and positions"; ssacli.kernels.positions)
+SINK_K = 4  # the first k keys whose share is the sink share (StreamingLLM keeps 4 initial tokens)
+POSITION_BINS = 64  # key bins after the first k: a run's are ceil((length - k) / 64) tokens wide
+LOCAL_DISTANCE = 8  # local_share: the mass on keys at distance < 8 (distance bins 0, 1, 2-3, 4-7)
+SECONDARY_SINKS = 3  # the key bins past the first k receiving most mass above uniform, per head
+# head classes, first that applies (per head, at the unshifted level): sink, local, focused, distributed
+CLASS_SINK_SHARE = 0.5  # sink: at least half of each row's mass on the first k keys, on average
+CLASS_LOCAL_SHARE = 0.5  # local/recency: at least half within LOCAL_DISTANCE tokens
+CLASS_FOCUSED_ENTROPY = 0.5  # focused (retrieval-like): normalized entropy at most this, on other keys
 
 # report: BEFORE vs AFTER (ssacli.quality)
 LM_SEQ_LEN = 128  # tokens per LM-loss window (capped at the model's positions), and per training window

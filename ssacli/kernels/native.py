@@ -126,18 +126,35 @@ def _block(y: torch.Tensor, diagonal: int, causal: bool, window: int | None) -> 
                 window=window or 0, threads=_threads(rows))  # fmt: skip
 
 
+def _position_fields(state: dict) -> dict:
+    """The position-term fields (native_abi.h's SSACLI_POSITIONS) of a state: its ``kb``, ``db`` and
+    ``dist`` sums (float64, contiguous, updated in place) and ``bins`` (a PositionBins), or NULL ``kb``
+    where the state has none (the terms are not measured)."""
+    if "kb" not in state:
+        return dict(sink_k=0, bin_width=0, key_bins=0, distance_bins=0, kb=None, db=None, dist=None)
+    bins = state["bins"]
+    return dict(sink_k=bins.sink_k, bin_width=bins.bin_width, key_bins=state["kb"].shape[-1],
+                distance_bins=state["db"].shape[-1], kb=state["kb"].data_ptr(), db=state["db"].data_ptr(),
+                dist=state["dist"].data_ptr())  # fmt: skip
+
+
 def row_stats(
     t: torch.Tensor,
     raw: torch.Tensor,
     vis: torch.Tensor | None,
     p: torch.Tensor,
     state: dict[str, torch.Tensor],
+    *,
+    key0: int = 0,
+    pos0: int = 0,
 ) -> bool:
     """One key block through the native pass: t, raw [b, h, r, c] float32 contiguous; vis bool
     broadcastable to them or None; p [b, h, r, c] float32 written with e^(t − ref); ``state`` holds
     the rows' running m, l, spread (float64 [b, h, r]), shrink (float32 [b, h, r], written), top
     (float64 [b, h, r, k], descending) and the logit-scale sums sq, cnt (float64 [b, h, r]), all
-    contiguous and updated in place. Returns whether every raw logit was finite. The rows are split
+    contiguous and updated in place; with ``kb``, ``db``, ``dist`` and ``bins`` in it, the position terms
+    too (:func:`_position_fields`), for rows at key positions pos0 + (row index mod r) and columns from
+    key ``key0``. Returns whether every raw logit was finite. The rows are split
     over torch's intra-op threads where the kernel was built with OpenMP (gcc, clang on Linux), else
     one thread runs them all."""
     lib = library()
@@ -161,8 +178,8 @@ def row_stats(
     finite = native_abi.call(
         lib, "ssacli_row_stats",
         t=t.data_ptr(), raw=raw.data_ptr(), vis=vis_ptr, vis_off=off_ptr, C=c, r0=0, r1=rows,
-        top_k=state["top"].shape[-1], p=p.data_ptr(), threads=_threads(rows),
-        **{name: state[name].data_ptr() for name in names},
+        top_k=state["top"].shape[-1], p=p.data_ptr(), threads=_threads(rows), key0=key0, pos0=pos0, width=r,
+        **{name: state[name].data_ptr() for name in names}, **_position_fields(state),
     )  # fmt: skip
     return bool(finite)
 
@@ -381,7 +398,8 @@ def stats_flash(
     key/value [B, H_kv, K, D|Dv] float32; query i at key K − Q + i, ``causal``/``window`` as there
     (neither: every key visible); ``target`` [B] a key index per sample or None. ``state`` holds the
     rows' m, l, spread, top [B, H, Q, k], sq, cnt, first, t_target, x_target (float64 [B, H, Q],
-    initialized as ssacli.kernels.online_stats starts them) and is updated in place. Returns
+    initialized as ssacli.kernels.online_stats starts them; with ``kb``, ``db``, ``dist`` and ``bins``
+    the position terms too) and is updated in place. Returns
     (output [B, H, Q, Dv] normalized by l, a transposed view of [B, Q, H, Dv] memory; whether every
     logit formed was finite; whether every output and l is)."""
     lib, sgemm = library(), _torch_sgemm()
@@ -399,7 +417,7 @@ def stats_flash(
         lib, "ssacli_stats_flash",
         strides=strides.data_ptr(), scaling=scaling, target=target_ptr, top_k=state["top"].shape[-1],
         rows=block_rows, cols=block_keys, out=out.data_ptr(), threads=max(1, torch.get_num_threads()),
-        **{name: state[name].data_ptr() for name in names},
+        **{name: state[name].data_ptr() for name in names}, **_position_fields(state),
         **native_abi.flash_fields(sgemm, query, key, value, causal, window),
     )  # fmt: skip
     if status < 0:

@@ -14,6 +14,17 @@
 #define SSACLI_NATIVE_ABI_H
 #include <stdint.h>
 
+/* Where the mass lands (native_positions.h), shared by both statistics kernels: the bins, and the
+ * per-row sums they add to (kb NULL: not measured). */
+#define SSACLI_POSITIONS(F, X)                                                                        \
+    F(X, int64_t, sink_k)           /* key bin 0: the first sink_k keys */                         \
+    F(X, int64_t, bin_width)        /* keys per key bin after them */                              \
+    F(X, int64_t, key_bins)                                                                        \
+    F(X, int64_t, distance_bins)                                                                   \
+    F(X, double *, kb)              /* [rows, key_bins] Σp per key bin; NULL: no position terms */ \
+    F(X, double *, db)              /* [rows, distance_bins] Σp per distance bin */                \
+    F(X, double *, dist)            /* [rows] Σp·|pos - j| */
+
 /* ssacli_row_stats: rows [r0, r1) of a block of rows × C keys (native_stats.c). */
 #define SSACLI_ROW_STATS_ARGS(F, X)                                                                   \
     F(X, const float *, t)          /* transformed logits [rows, C] */                             \
@@ -32,6 +43,10 @@
     F(X, double *, top)             /* [rows, top_k], descending */                                \
     F(X, double *, sq)                                                                             \
     F(X, double *, cnt)                                                                            \
+    F(X, int64_t, key0)             /* the block's first key */                                    \
+    F(X, int64_t, pos0)             /* key position of row r: pos0 + r % width */                  \
+    F(X, int64_t, width)                                                                           \
+    SSACLI_POSITIONS(F, X)                                                                         \
     F(X, int, threads)
 
 /* ssacli_ssa_forward: one SSA forward block (native_ssa.c). */
@@ -120,6 +135,7 @@
     F(X, double *, first)                                                                          \
     F(X, double *, t_target)                                                                       \
     F(X, double *, x_target)                                                                       \
+    SSACLI_POSITIONS(F, X)                                                                         \
     F(X, int, threads)
 
 /* ssacli_ssa_flash_backward: SSA's whole backward in one loop per query head (native_ssa.c). */

@@ -57,13 +57,14 @@ def _fields(spec: str) -> list[tuple[str, type]]:
 # The order is the C order (native_abi.h); layout_problems checks it against the library.
 _FLASH_HEAD = "gemm:p q:p k:p v:p"
 _FLASH_SHAPE = "B:i H:i Hkv:i Q:i K:i D:i Dv:i causal:int window:i"
+_POSITIONS = "sink_k:i bin_width:i key_bins:i distance_bins:i kb:p db:p dist:p"  # kb None: not measured
 
 
 class RowStatsArgs(Args):
     __slots__ = ()
     _fields_ = _fields(
         "t:p raw:p vis:p vis_off:p C:i r0:i r1:i top_k:i p:p m:p l:p spread:p shrink:p top:p sq:p cnt:p "
-        "threads:int"
+        f"key0:i pos0:i width:i {_POSITIONS} threads:int"
     )
 
 
@@ -93,7 +94,7 @@ class StatsFlashArgs(Args):
     __slots__ = ()
     _fields_ = _fields(
         f"{_FLASH_HEAD} strides:p scaling:f {_FLASH_SHAPE} target:p top_k:i rows:i cols:i out:p m:p l:p "
-        "spread:p top:p sq:p cnt:p first:p t_target:p x_target:p threads:int"
+        f"spread:p top:p sq:p cnt:p first:p t_target:p x_target:p {_POSITIONS} threads:int"
     )
 
 

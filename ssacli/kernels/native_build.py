@@ -34,7 +34,9 @@ from pathlib import Path
 # (native_math.h) and the argument structs of the entry points (native_abi.h, whose layout table
 # native_abi.c exports for ssacli.kernels.native_abi to check).
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("native_stats.c", "native_ssa.c", "native_abi.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("native_math.h", "native_abi.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(name) for name in ("native_math.h", "native_positions.h", "native_abi.h")
+)
 # -fopenmp links libgomp.so.1 by its soname, which resolves to the libgomp torch has already loaded:
 # the row pass then runs on torch's own thread pool instead of competing with its spinning threads.
 _FLAG_SETS = (

@@ -12,9 +12,12 @@
  *   arithmetic would.
  * - ssacli_stats_flash: the same rows for plain softmax, in one loop whose logit tiles torch's sgemm
  *   forms and whose p·v it adds, no [rows, keys] block ever written to memory.
+ *
+ * Both add, where asked, the position terms of native_positions.h to each row.
  */
 #include "native_abi.h"
 #include "native_math.h"
+#include "native_positions.h"
 
 static inline void insert_top(double *top, int64_t k, double value) {
     /* top: k values, descending; value > top[k - 1]. */
@@ -127,11 +130,12 @@ static inline vf weight_step(vf t, vf ref_v, vi vis, int masked, vf *tot_v, vf *
 
 /* The statistics of one row of n keys, visibility vr (NULL: all visible). With `scaled` (the flash
  * loop's rows, where t, raw and p are all that one row of logits) pass 1 first multiplies each
- * vector by `scale` and writes it back: the scaling costs no pass of its own. */
+ * vector by `scale` and writes it back: the scaling costs no pass of its own. With P (not NULL) the
+ * row's position terms (row r of P's sums; its keys from key0, its query at key position pos) too. */
 static inline __attribute__((always_inline)) int row(
     const float *tr, const float *xr, const uint8_t *restrict vr, int64_t n, int64_t k, float *pr,
     double *m, double *l, double *spread, float *shrink, double *restrict topr, double *sq, double *cnt,
-    float *scaled, float scale) {
+    float *scaled, float scale, const struct positions *P, int64_t r, int64_t key0, int64_t pos) {
     const vf ninf = splat(-INFINITY);
     /* Pass 1, fast sums: Σx² and the count over visible raw, the max of visible t and the chunk
      * maxima for the top-k; x·0 and t·0 summed are NaN exactly when a value is NaN or ±inf, and only
@@ -189,6 +193,7 @@ static inline __attribute__((always_inline)) int row(
     if (t_bad) {
         for (int64_t c = 0; c < n; c++) pr[c] = NAN;
         *m = INFINITY, *l = NAN, *spread = NAN, *shrink = NAN;
+        if (P) position_terms_broken(P, r);
         return raw_finite;
     }
     double old = *m;
@@ -211,14 +216,17 @@ static inline __attribute__((always_inline)) int row(
         gap_d += wide(gap_v);
     }
     double total = lanes_sum(&total_d), gap_sum = lanes_sum(&gap_d);
+    double s = 0.0;
     if (old == -INFINITY) {
         *shrink = 0.0f, *l = total, *spread = gap_sum;
     } else {
-        double delta = ref - old, s = exp(-delta);
+        double delta = ref - old;
+        s = exp(-delta);
         *shrink = (float)s;
         *spread = s * (*spread + delta * *l) + gap_sum;
         *l = s * *l + total;
     }
+    if (P) position_terms(P, r, pr, n, key0, pos, s);
     *m = new_max;
     return raw_finite;
 }
@@ -239,13 +247,17 @@ int ssacli_row_stats(const struct ssacli_row_stats_args *a) {
     float *restrict shrink = a->shrink;
     double *restrict top = a->top, *restrict sq = a->sq, *restrict cnt = a->cnt;
     const int threads = a->threads;
+    const struct positions where = {a->sink_k, a->bin_width, a->key_bins, a->distance_bins, a->kb, a->db, a->dist};
+    const struct positions *P = a->kb ? &where : NULL;
+    const int64_t key0 = a->key0, pos0 = a->pos0, width = a->width > 0 ? a->width : 1;
     int all_finite = 1;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(& : all_finite) if (threads > 1)
 #endif
     for (int64_t r = r0; r < r1; r++) {
         all_finite &= row(t + r * C, raw + r * C, vis ? vis + vis_off[r] : NULL, C, k, p + r * C,
-                          m + r, l + r, spread + r, shrink + r, top + r * k, sq + r, cnt + r, NULL, 1.0f);
+                          m + r, l + r, spread + r, shrink + r, top + r * k, sq + r, cnt + r, NULL, 1.0f,
+                          P, r, key0, pos0 + r % width);
     }
     (void)threads;
     return all_finite;
@@ -281,6 +293,8 @@ int ssacli_stats_flash(const struct ssacli_stats_flash_args *a) {
     double *m = a->m, *l = a->l, *spread = a->spread, *top = a->top, *sq = a->sq, *cnt = a->cnt;
     double *first = a->first, *t_target = a->t_target, *x_target = a->x_target;
     const int threads = a->threads;
+    const struct positions where = {a->sink_k, a->bin_width, a->key_bins, a->distance_bins, a->kb, a->db, a->dist};
+    const struct positions *P = a->kb ? &where : NULL;
     const int64_t offset = K - Q, blocks = (Q + rows - 1) / rows, tasks = B * H * blocks;
     int failed = 0, all_finite = 1, all_finite_out = 1;
 #ifdef _OPENMP
@@ -334,7 +348,8 @@ int ssacli_stats_flash(const struct ssacli_stats_flash_args *a) {
                     if (rlo > 0) memset(x, 0, rlo * sizeof(float));
                     if (rhi + 1 < C) memset(x + rhi + 1, 0, (C - rhi - 1) * sizeof(float));
                     all_finite &= row(x + rlo, x + rlo, NULL, rhi + 1 - rlo, k, x + rlo, m + r, l + r,
-                                      spread + r, shrink + i, top + r * k, sq + r, cnt + r, x + rlo, scaling);
+                                      spread + r, shrink + i, top + r * k, sq + r, cnt + r, x + rlo, scaling,
+                                      P, r, c0 + rlo, pos);
                 }
                 /* acc·shrink + p·v, rounded as the torch path's acc.mul_(shrink).add_(p @ v) */
                 gemm_rows(gemm, (int)width, (int)Dv, (int)C, tile, (int)C, vb + c0 * st[VR], (int)st[VR], 0.0f,

@@ -12,7 +12,10 @@ per query row, over query blocks × key blocks:
   H ≈ 1e-9), this form does not. When the max grows by δ the old terms become
   e^(−δ)·(spread + δ·l);
 * the running top-k of t, t at key 0 and at each sample's target key;
-* for the layer's logit scale: Σ x² and the count of the visible, finite logits x, and x at the target.
+* for the layer's logit scale: Σ x² and the count of the visible, finite logits x, and x at the target;
+* where the call asks (:attr:`StatisticsCall.positions`), the position terms of
+  ssacli.kernels.positions: Σ e^(t − m) per key bin and per distance bin and Σ e^(t − m)·|i − j|,
+  rescaled with l (a vector of bins per row, never a [rows, keys] map).
 
 Block math runs in float32, or the model's dtype if wider (as the eager scorer computes its weights);
 the running sums are float64. The elementwise work of a block (the logit-scale sums before the
@@ -36,6 +39,7 @@ import torch.nn.functional as F
 
 from . import native, routing
 from .compiled import register_block, run_block, should_compile
+from .positions import PositionBins, block_terms
 from .row_stats import RowStatistics
 from .stats_call import CallBlocks, StatisticsCall
 
@@ -135,11 +139,19 @@ register_block("stats_scale", _scale_block)
 register_block("stats_softmax", _softmax_block)
 
 
-def _row_state(b: int, h: int, r: int, k: int, d: int, compute: torch.dtype, dev: torch.device):
+def _row_state(
+    b: int, h: int, r: int, k: int, d: int, compute: torch.dtype, dev: torch.device,
+    bins: PositionBins | None = None, keys: int = 0,
+):  # fmt: skip
     """The running state of one query block's rows, as the native pass updates it in place: m, l,
-    spread, shrink, top, the logit-scale sums sq and cnt, and the output accumulator acc."""
+    spread, shrink, top, the logit-scale sums sq and cnt, and the output accumulator acc; with
+    ``bins`` (for a call of ``keys`` keys) the position terms kb, db and dist too."""
     f64 = dict(dtype=torch.float64, device=dev)
-    return {
+    positions = {} if bins is None else {
+        "bins": bins, "kb": torch.zeros((b, h, r, bins.key_bins(keys)), **f64),
+        "db": torch.zeros((b, h, r, bins.distance_bins(keys)), **f64), "dist": torch.zeros((b, h, r), **f64),
+    }  # fmt: skip
+    return positions | {
         "m": torch.full((b, h, r), -math.inf, **f64), "l": torch.zeros((b, h, r), **f64),
         "spread": torch.zeros((b, h, r), **f64), "shrink": torch.zeros((b, h, r), device=dev),
         "top": torch.full((b, h, r, k), -math.inf, **f64), "sq": torch.zeros((b, h, r), **f64),
@@ -147,9 +159,11 @@ def _row_state(b: int, h: int, r: int, k: int, d: int, compute: torch.dtype, dev
     }  # fmt: skip
 
 
-def _torch_update(state: dict, t, raw, vis, value_cols, compile: bool) -> torch.Tensor:
-    """One key block into the rows' state through the torch block math; returns whether every raw
-    logit was finite (a tensor, read once at the end: a bool() per block syncs a GPU)."""
+def _torch_update(state: dict, t, raw, vis, value_cols, compile: bool, where: tuple) -> torch.Tensor:
+    """One key block into the rows' state through the torch block math (``where``: the rows' key
+    positions [r], the block's first key and the call's key count, for the position terms); returns
+    whether every raw logit was finite (a tensor, read once at the end: a bool() per block syncs a
+    GPU)."""
     square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
     state["sq"] += square
     state["cnt"] += counted
@@ -166,14 +180,20 @@ def _torch_update(state: dict, t, raw, vis, value_cols, compile: bool) -> torch.
     state["l"] = shrink * state["l"] + block_total
     state["acc"] = state["acc"] * shrink.unsqueeze(-1).to(state["acc"].dtype) + pv
     state["m"] = new_max
+    if "kb" in state:
+        key_mass, distance_mass, distance_sum = block_terms(p, state["bins"], *where)
+        state["kb"] = shrink.unsqueeze(-1) * state["kb"] + key_mass
+        state["db"] = shrink.unsqueeze(-1) * state["db"] + distance_mass
+        state["dist"] = shrink * state["dist"] + distance_sum
     return all_finite
 
 
-def _native_update(state: dict, t, raw, vis, value_cols) -> torch.Tensor:
+def _native_update(state: dict, t, raw, vis, value_cols, key0: int, pos0: int) -> torch.Tensor:
     """One key block into the rows' state through the native row pass (float32 on the CPU); p is
-    written over t (a block formed for this call alone, its key 0 and target already read)."""
+    written over t (a block formed for this call alone, its key 0 and target already read). The
+    block's columns start at key ``key0``, its rows at key position ``pos0``."""
     raw, t = raw.contiguous(), t.contiguous()
-    finite = native.row_stats(t, raw, vis, t, state)
+    finite = native.row_stats(t, raw, vis, t, state, key0=key0, pos0=pos0)
     state["acc"].mul_(state["shrink"].unsqueeze(-1)).add_(torch.matmul(t, value_cols))
     return torch.tensor(finite)
 
@@ -221,6 +241,12 @@ def softmax_statistics(
     total, spread, logit_sq, logit_n = (torch.zeros((b, h, q_len), **f64) for _ in range(4))
     first = torch.full((b, h, q_len), -math.inf, **f64)
     top = torch.full((b, h, q_len, k_top), -math.inf, **f64)
+    bins, positions = call.positions, blocks.positions()
+    terms = None if bins is None else {
+        "kb": torch.zeros((b, h, q_len, bins.key_bins(k_len)), **f64),
+        "db": torch.zeros((b, h, q_len, bins.distance_bins(k_len)), **f64),
+        "dist": torch.zeros((b, h, q_len), **f64),
+    }  # fmt: skip
     target = t_target = x_target = None
     if call.target is not None:
         target = call.target.to(dev).long()
@@ -233,7 +259,7 @@ def softmax_statistics(
     for r0 in range(0, q_len, max(1, block_rows)):
         rows = slice(r0, min(r0 + max(1, block_rows), q_len))
         edges = blocks.key_span(rows)
-        state = _row_state(b, h, rows.stop - rows.start, k_top, d, compute, dev)
+        state = _row_state(b, h, rows.stop - rows.start, k_top, d, compute, dev, bins, k_len)
         formed = False
         for lo, hi in zip(edges[:-1], edges[1:], strict=True):
             for c0 in range(lo, hi, max(1, block_keys)):
@@ -250,9 +276,11 @@ def softmax_statistics(
                     at = (t_target[:, :, rows], x_target[:, :, rows])
                     _record_target(t, raw, vis, target, c0, cols.stop, *at)
                 if use_native:
-                    finite_flags.append(_native_update(state, t, raw, vis, v32[:, :, cols]))
+                    pos0 = blocks.offset + rows.start
+                    finite_flags.append(_native_update(state, t, raw, vis, v32[:, :, cols], c0, pos0))
                 else:
-                    finite_flags.append(_torch_update(state, t, raw, vis, v32[:, :, cols], compile))
+                    where = (positions[rows], c0, k_len)
+                    finite_flags.append(_torch_update(state, t, raw, vis, v32[:, :, cols], compile, where))
         if not formed:
             continue  # no block visible: the rows keep max −inf, total 0, output 0
         logit_sq[:, :, rows], logit_n[:, :, rows], top[:, :, rows] = state["sq"], state["cnt"], state["top"]
@@ -264,6 +292,9 @@ def softmax_statistics(
         denominator = torch.where(denominator > 0, denominator, 1.0)
         out[:, :, rows] = state["acc"] / denominator.unsqueeze(-1).to(compute)
         rows_max[:, :, rows], total[:, :, rows], spread[:, :, rows] = m, l_, state["spread"]
+        if terms is not None:
+            for name, values in terms.items():
+                values[:, :, rows] = state[name]
     stats = RowStatistics(
         max=rows_max, total=total, spread=spread, top=top, first=first, visible=blocks.count.double(),
         keys=k_len, target=t_target, target_seen=None if t_target is None else t_target > -math.inf,
@@ -273,7 +304,16 @@ def softmax_statistics(
         finite_logits=bool(torch.stack(finite_flags).all()) if finite_flags else True,
         finite_output=bool(torch.isfinite(out).all()) and bool(torch.isfinite(total).all()),
     )  # fmt: skip
+    if terms is not None:
+        _position_statistics(stats, blocks, terms)
     return out.to(value.dtype), stats
+
+
+def _position_statistics(stats: RowStatistics, blocks: CallBlocks, terms: dict) -> None:
+    """The position terms (kb, db, dist of the call's rows) and the call's geometry into ``stats``."""
+    stats.positions = blocks.call.positions
+    stats.key_mass, stats.distance_mass, stats.distance_sum = terms["kb"], terms["db"], terms["dist"]
+    stats.key_visible = blocks.key_visible()
 
 
 def _one_loop(blocks: CallBlocks, value: torch.Tensor, block_rows: int, block_keys: int):
@@ -285,7 +325,8 @@ def _one_loop(blocks: CallBlocks, value: torch.Tensor, block_rows: int, block_ke
     b, h, q_len, _ = query.shape
     k_top = max(1, min(call.top_k, blocks.k_len))
     f64 = dict(dtype=torch.float64, device=query.device)
-    state = _row_state(b, h, q_len, k_top, 0, torch.float32, query.device)  # as the row pass starts its rows
+    # as the row pass starts its rows
+    state = _row_state(b, h, q_len, k_top, 0, torch.float32, query.device, call.positions, blocks.k_len)
     state["first"] = torch.full((b, h, q_len), -math.inf, **f64)
     state["t_target"] = torch.full((b, h, q_len), -math.inf, **f64)
     state["x_target"] = torch.full((b, h, q_len), math.nan, **f64)
@@ -302,6 +343,8 @@ def _one_loop(blocks: CallBlocks, value: torch.Tensor, block_rows: int, block_ke
         logit_n=state["cnt"], target_logit=None if target is None else state["x_target"],
         finite_logits=finite_logits, finite_output=finite_output,
     )  # fmt: skip
+    if "kb" in state:
+        _position_statistics(stats, blocks, state)
     return out.to(value.dtype), stats
 
 

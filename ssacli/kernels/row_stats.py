@@ -10,11 +10,12 @@ in each producer.
 With t a row's transformed logits over its visible keys, the statistics are m = max t,
 l = Σ e^(t − m) and spread = Σ e^(t − m)·(m − t) (so the entropy of the row's shape is
 H = log l + spread / l, without the cancellation of m + log l − Σ e^(t − m)·t / l), its top-k t, t at
-key 0 and at the target key, and what the denominator holds besides the keys. A block of weights w is
-the same thing with t = log w (a zero weight is t = −inf): l = Σw / max w, e^(t − m) = w / max w
-computed as that quotient, and the spread −Σ xlogy(w / max w, w / max w), so H is the xlogy-based
-entropy of w to rounding (and keeps its digits where a row collapses, where the plain
-log Σw − Σ xlogy(w, w) / Σw cancels).
+key 0 and at the target key, what the denominator holds besides the keys and, where asked, where the
+mass lands by key position and distance (ssacli.kernels.positions: three more sums like l). A block
+of weights w is the same thing with t = log w (a zero weight is t = −inf): l = Σw / max w,
+e^(t − m) = w / max w computed as that quotient, and the spread −Σ xlogy(w / max w, w / max w), so H
+is the xlogy-based entropy of w to rounding (and keeps its digits where a row collapses, where the
+plain log Σw − Σ xlogy(w, w) / Σw cancels).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from .positions import PositionBins, block_terms, visible_per_bin
 
 
 @dataclass(kw_only=True)
@@ -52,6 +55,14 @@ class RowStatistics:
     target_logit: torch.Tensor | None = None  # x at the target key (NaN where hidden or not finite)
     finite_logits: bool = True  # every computed logit was finite (eager: checked where they are formed)
     finite_output: bool = True  # every output and running sum (the eager path: every weight) was finite
+    # Where the mass lands (ssacli.kernels.positions), all None where not measured: the bins, and
+    # Σ e^(t − m) per key bin [b, h, q, B] and per distance bin [b, h, q, D], Σ e^(t − m)·|i − j|, and the
+    # keys each row sees per key bin [b|1, h|1, q, B] (the uniform reference)
+    positions: PositionBins | None = None
+    key_mass: torch.Tensor | None = None
+    distance_mass: torch.Tensor | None = None
+    distance_sum: torch.Tensor | None = None
+    key_visible: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -63,13 +74,17 @@ def weight_statistics(
     target: torch.Tensor | None = None,
     top_k: int = 5,
     sink: torch.Tensor | None = None,
+    positions: PositionBins | None = None,
+    query_positions: torch.Tensor | None = None,
 ) -> RowStatistics:
     """One block of any scorer's weights [b, h, q, k] as :class:`RowStatistics` (t = log w, z = 0).
 
     ``visible`` bool broadcastable to the weights (None: every key visible); weights at hidden keys
     never count. ``logits`` [b, h, q, k]: the logits the scorer saw, for the logit-scale sums (None: not
     measured); ``target`` [b]: a key index per sample; ``sink`` [b, h, q]: the weight each row gave
-    the model's learned sink key (None: the model has none). The element math and each row's sums in
+    the model's learned sink key (None: the model has none); ``positions``: the bins of the position
+    terms (None: not measured), with the rows' key positions ``query_positions`` [q] (None: the last q
+    keys). The element math and each row's sums in
     the weights' precision (at least float32, the fused pass's block precision; float64 weights give
     the entropy of float64 xlogy to ~1e-13), the statistics in float64."""
     b, h, q, k = weights.shape
@@ -95,6 +110,13 @@ def weight_statistics(
     )  # fmt: skip
     if sink is not None:  # the learned sink is the row's one keyless term
         stats.sink = stats.extra = torch.log(sink.double()).expand(b, h, q)
+    if positions is not None:
+        at = torch.arange(k - q, k, device=dev) if query_positions is None else query_positions.to(dev)
+        stats.positions = positions
+        stats.key_mass, stats.distance_mass, stats.distance_sum = block_terms(scaled, positions, at, 0, k)
+        stats.key_visible = visible_per_bin(
+            positions, k, at, mask=None if visible is None else visible.expand(*visible.shape[:-2], q, k)
+        )
     column = None if target is None else target.to(dev).long().reshape(b, 1, 1, 1).expand(b, h, q, 1)
     if column is not None:
         stats.target = torch.log(w.gather(-1, column).squeeze(-1).double())

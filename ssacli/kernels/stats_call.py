@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .positions import PositionBins, visible_per_bin
+
 
 @dataclass(frozen=True)
 class StatisticsCall:
@@ -38,6 +40,7 @@ class StatisticsCall:
     keyless: torch.Tensor | None = None  # t of a scorer's keyless term (sink scorer, softmax1) [1, h, 1]
     target: torch.Tensor | None = None  # [b] a key index per sample: t and x there are tracked
     top_k: int = 5  # the running top-k of t
+    positions: PositionBins | None = None  # the position terms' bins (ssacli.kernels.positions); None: none
 
     @property
     def plain(self) -> bool:
@@ -74,6 +77,18 @@ class CallBlocks:
         self.count = count  # [b|1, h|1, q] visible keys per row
         # what the transform counts: the keys, plus the learned sink's column where there is one
         self.transform_count = (count + (0 if call.sink is None else 1)).to(compute).unsqueeze(-1)
+
+    def positions(self) -> torch.Tensor:
+        """Each query row's key position [q]: bottom-right aligned (query i at key K − Q + i)."""
+        return torch.arange(self.offset, self.k_len, device=self.query.device)
+
+    def key_visible(self) -> torch.Tensor | None:
+        """The keys each row sees per key bin [b|1, h|1, q, B] (None: no position terms asked)."""
+        call = self.call
+        if call.positions is None:
+            return None
+        return visible_per_bin(call.positions, self.k_len, self.positions(), mask=self.mask,
+                               causal=call.causal, window=call.window)  # fmt: skip
 
     def rows_of(self, t: torch.Tensor, rows: slice) -> torch.Tensor:
         return t[..., rows, :] if t.shape[-2] == self.q_len else t
