@@ -149,7 +149,7 @@ def ssa_attention(
             )
             backend = routing.choose_backend(replace(call, backend="blocked"))
     if compile is None:
-        compile = should_compile(batch * heads * q_len * k_len, training)
+        compile = should_compile(batch * heads * q_len * k_len, training, query.device.type)
     # b·scale folded into q: the kernel sees y = b·x, and autograd takes ∂/∂b through this product.
     scaled = query.to(dtype) * (b * scale).view(1, heads, 1, 1)
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout > 0 else 0
@@ -158,11 +158,15 @@ def ssa_attention(
     return out.to(query.dtype)
 
 
-def should_compile(logits: int, training: bool) -> bool:
-    """The default for ``compile=None``. SSACLI_COMPILE=0 never compiles, =1 always does; unset (or
-    auto), only training calls with at least COMPILE_MIN_LOGITS logits: a training run makes enough
-    such calls to repay the seconds of compiling, a one-off evaluation usually does not."""
-    return setting_allows(training and logits >= COMPILE_MIN_LOGITS)
+def should_compile(logits: int, training: bool, device: str = "cpu") -> bool:
+    """The default for ``compile=None`` (the torch block math only). SSACLI_COMPILE=0 never compiles,
+    =1 always does; unset (or auto), only CPU training calls with at least COMPILE_MIN_LOGITS logits:
+    a training run makes enough such calls to repay the seconds of compiling, a one-off evaluation
+    usually does not (docs/performance.md, "Compiling the block math: the crossover", measured on the
+    CPU). Not on a GPU: no row shows compiled block math winning there, and the one GPU row that
+    compiled it (diagnose's statistics, H200 run 2: 257.5 ms compiled, 192.9 ms eager at 4,096
+    tokens) shows it losing: each block is microseconds of work and a compiled call's guards cost more."""
+    return setting_allows(device == "cpu" and training and logits >= COMPILE_MIN_LOGITS)
 
 
 def _per_head(value: torch.Tensor | float, heads: int, dtype, device) -> torch.Tensor:

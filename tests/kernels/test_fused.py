@@ -394,8 +394,8 @@ def test_the_one_loop_backward_serves_fewer_heads_than_threads(monkeypatch):
 
 
 def test_compiling_is_for_large_training_calls(monkeypatch, torch_block_math):
-    """compile=None: training calls of at least COMPILE_MIN_LOGITS logits compile; evaluation (no
-    grad) and small calls do not; SSACLI_COMPILE=0/1 overrides."""
+    """compile=None: CPU training calls of at least COMPILE_MIN_LOGITS logits compile; evaluation (no
+    grad), small calls and GPU calls do not; SSACLI_COMPILE=0/1 overrides."""
     import ssacli.kernels.blocked
     import ssacli.kernels.fused
 
@@ -425,6 +425,12 @@ def test_compiling_is_for_large_training_calls(monkeypatch, torch_block_math):
     assert not compiled_when(grad=True, env="0") and compiled_when(grad=False, env="1")
     monkeypatch.setattr(ssacli.kernels.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37 + 1)
     assert not compiled_when(grad=True)
+    # never on a GPU by default (no row shows it winning there), unless SSACLI_COMPILE=1 says so
+    monkeypatch.delenv("SSACLI_COMPILE", raising=False)
+    assert not ssacli.kernels.fused.should_compile(2**30, True, "cuda")
+    assert ssacli.kernels.fused.should_compile(2**30, True, "cpu")
+    monkeypatch.setenv("SSACLI_COMPILE", "1")
+    assert ssacli.kernels.fused.should_compile(2**30, True, "cuda")
 
 
 def test_bf16_autocast_keeps_the_block_math_in_fp32():
