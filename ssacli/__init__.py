@@ -10,7 +10,8 @@ The public API (the CLI is a thin layer over it: every command is one of these c
 * :func:`ssa_attention`: fused SSA attention (blocked on CPU, flex_attention on CUDA), no [q, k]
   weight matrix, forward and backward.
 * :func:`diagnose` -> :class:`DiagnoseResult`: probe a model with magnitude shifts and measure
-  per-layer, per-head saturation; :func:`load_model` resolves MODEL references;
+  per-layer, per-head saturation (:func:`diagnose_with`: the same with a :class:`DiagnoseSettings`
+  and a :class:`LoadOptions`); :func:`load_model` resolves MODEL references;
   :func:`compare_results` puts two results side by side (``ssacli diagnose``); :func:`load_saved`
   reads a saved result back, :func:`render` / :func:`render_html` draw it again,
   :func:`render_figures` gives its page's figures by name (``--png`` / ``--svg``) and
@@ -27,12 +28,24 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   :func:`train_from_scratch`: a fresh language model and tokenizer, then the same loop
   (``ssacli train``); :class:`SaturationCallback` logs per-layer saturation inside a
   ``transformers.Trainer`` every N steps, :class:`SaturationMonitor` is the same for any loop.
-* :func:`compare_models` -> :class:`QualityReport`: the before/after report (``ssacli report``);
+* :func:`compare_models` -> :class:`QualityReport`: the before/after report (``ssacli report``;
+  :func:`compare_models_with` takes its settings as a :class:`ReportSettings` and a LoadOptions);
   :func:`lm_eval` runs lm-evaluation-harness tasks on a model with its scorer (``report
   --lm-eval``, with an :class:`LMEvalPlan`; the optional extra ``ssacli[eval]``).
 * :func:`train_icl` with an :class:`ICLTrainConfig`, :func:`evaluate_icl`, :func:`run_icl_sweep`
   with an :class:`ICLSweepPlan`: the in-context-learning experiments (``ssacli icl``);
   :func:`plot_icl_sweep` draws a sweep's figures from its summary, as ``ssacli icl sweep`` does.
+
+* Settings as values: :class:`DiagnoseSettings` (what a diagnosis probes with and how it reduces),
+  :class:`LoadOptions` (how a MODEL loads); :class:`ModelKind` and :data:`METRICS` (the per-head
+  metrics, with their descriptions) name what results hold.
+* Drawing what the calls return, as the commands do: :func:`render_quality_report` /
+  :func:`quality_report_html` (``ssacli report``), :func:`icl_evaluation_tables`,
+  :func:`icl_evaluation_legend`, :func:`plot_icl_evaluation` (``icl eval``), :func:`figure_files` (named
+  figures as PNG/SVG files marked as ssacli's), :func:`describe_model` (a model's one line),
+  :func:`folder_record` / :func:`training_record` (what ssacli keeps in a folder it wrote).
+* :mod:`ssacli.preflight`: the checks the commands run before the model stack loads (MODEL
+  references, output folders, input files), public so any front end refuses as fast.
 
 Every name but the errors and ``__version__`` is loaded on first use (PEP 562): ``import ssacli``
 imports neither torch nor transformers, so the CLI can refuse bad options in well under a second.
@@ -79,6 +92,7 @@ _LAZY = {
     "attention_backend": "attention.backend",
     "ssa_attention": "kernels.fused",
     "diagnose": "diagnosis.run",
+    "diagnose_with": "diagnosis.run",
     "load_model": "models.loading",
     "load": "models.loading",
     "convert": "conversion",
@@ -98,6 +112,8 @@ _LAZY = {
     "CheckSettings": "check.settings",
     "write_check_config": "check.config",
     "compare_models": "quality.compare",
+    "compare_models_with": "quality.compare",
+    "ReportSettings": "quality.settings",
     "QualityReport": "quality.result",
     "lm_eval": "quality.harness",
     "LMEvalPlan": "quality.harness",
@@ -121,6 +137,19 @@ _LAZY = {
     "run_icl_sweep": "icl.sweep:run_sweep",
     "ICLSweepPlan": "icl.sweep:SweepPlan",
     "plot_icl_sweep": "report.plots:plot_sweep",
+    "LoadOptions": "models.options",
+    "DiagnoseSettings": "diagnosis.settings",
+    "ModelKind": "models.kinds",
+    "METRICS": "diagnosis.metrics",
+    "render_quality_report": "report.before_after:render_report",
+    "quality_report_html": "report.before_after:report_html",
+    "icl_evaluation_tables": "report.icl:icl_tables",
+    "icl_evaluation_legend": "report.icl:icl_legend",
+    "plot_icl_evaluation": "report.plots:plot_eval",
+    "figure_files": "report.figure_files",
+    "describe_model": "train.scratch:describe",
+    "folder_record": "models.checkpoint",
+    "training_record": "models.checkpoint",
 }
 
 if TYPE_CHECKING:
@@ -131,22 +160,34 @@ if TYPE_CHECKING:
     from .check.settings import CheckSettings, check_settings
     from .conversion import convert, save_model
     from .diagnosis.comparison import compare_results
+    from .diagnosis.metrics import METRICS
     from .diagnosis.probe_kinds import parse_probe
     from .diagnosis.probe_result import ProbeResult
     from .diagnosis.result import DiagnoseResult
-    from .diagnosis.run import diagnose
+    from .diagnosis.run import diagnose, diagnose_with
+    from .diagnosis.settings import DiagnoseSettings
     from .icl.evaluate import ICLEvaluation, evaluate_icl
     from .icl.sweep import SweepPlan as ICLSweepPlan
     from .icl.sweep import run_sweep as run_icl_sweep
     from .icl.train import TrainConfig as ICLTrainConfig
     from .icl.train import train as train_icl
     from .kernels.fused import ssa_attention
+    from .models.checkpoint import folder_record, training_record
+    from .models.kinds import ModelKind
     from .models.loading import load, load_model
-    from .quality.compare import compare_models
+    from .models.options import LoadOptions
+    from .quality.compare import compare_models, compare_models_with
     from .quality.harness import LMEvalPlan, lm_eval
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
     from .quality.result import QualityReport
+    from .quality.settings import ReportSettings
+    from .report.before_after import render_report as render_quality_report
+    from .report.before_after import report_html as quality_report_html
+    from .report.figure_files import figure_files
+    from .report.icl import icl_legend as icl_evaluation_legend
+    from .report.icl import icl_tables as icl_evaluation_tables
     from .report.notebook import figure_set as render_figures
+    from .report.plots import plot_eval as plot_icl_evaluation
     from .report.plots import plot_sweep as plot_icl_sweep
     from .report.saved import load_saved, render, render_html
     from .scorers import (
@@ -162,6 +203,7 @@ if TYPE_CHECKING:
     from .train.monitor import SaturationMonitor
     from .train.recipe import RecipeConfig, convert_with_recipe, softmax_control
     from .train.runs import convert_and_finetune, finetune_config, train_from_scratch
+    from .train.scratch import describe as describe_model
     from .train.trainer_callback import SaturationCallback
 
 
@@ -202,6 +244,8 @@ __all__ = [
     "attention_modules",
     "check_settings",
     "compare_models",
+    "compare_models_with",
+    "ReportSettings",
     "compare_results",
     "convert",
     "convert_and_finetune",
@@ -210,6 +254,7 @@ __all__ = [
     "RecipeConfig",
     "describe_scorer",
     "diagnose",
+    "diagnose_with",
     "evaluate_icl",
     "finetune",
     "finetune_config",
@@ -240,4 +285,17 @@ __all__ = [
     "train_from_scratch",
     "train_icl",
     "write_check_config",
+    "LoadOptions",
+    "DiagnoseSettings",
+    "ModelKind",
+    "METRICS",
+    "render_quality_report",
+    "quality_report_html",
+    "icl_evaluation_tables",
+    "icl_evaluation_legend",
+    "plot_icl_evaluation",
+    "figure_files",
+    "describe_model",
+    "folder_record",
+    "training_record",
 ]

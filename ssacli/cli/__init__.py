@@ -16,8 +16,8 @@ import traceback
 
 import typer
 
+from .. import __version__
 from ..errors import InterruptError, exit_code
-from ..version import __version__
 from . import check, convert, diagnose, icl, render, report, train
 from .options import HelpCommand, HelpGroup, ModelCommand, debugging, print_error, set_debug
 

@@ -19,10 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import defaults
-from ..check.config import CONFIG_FILE
 from ..defaults import DEFAULT_MODEL
 from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, check_exit_code
-from ..models.kinds import ModelKind
+from ..preflight import CHECK_CONFIG_FILE
 from .options import (
     AllowDownload,
     AllowPickle,
@@ -48,7 +47,7 @@ def check_command(
     model_ref: str = typer.Argument(
         None, metavar="MODEL", help=r"HF folder, builtin:NAME, Hub id org/name\[@REV] (default: config's)."
     ),
-    config: Path = typer.Option(None, help=f"Config file (default: ./{CONFIG_FILE} when it exists)."),
+    config: Path = typer.Option(None, help=f"Config file (default: ./{CHECK_CONFIG_FILE} when it exists)."),
     require: list[str] = typer.Option(
         None,
         "--require",
@@ -85,7 +84,9 @@ def check_command(
     max_memory: MaxMemory = None,
     strict: Strict = False,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures, errors and written files."),
-    init: bool = typer.Option(False, "--init", help=f"Write {CONFIG_FILE} with defaults for MODEL, exit."),
+    init: bool = typer.Option(
+        False, "--init", help=f"Write {CHECK_CONFIG_FILE} with defaults for MODEL, exit."
+    ),
 ) -> None:
     r"""Check MODEL against attention-saturation requirements; exit 0 if all pass, 1 if any fails.
 
@@ -200,9 +201,9 @@ def _num(value: float | None) -> str:
 
 def _init(model_ref: str | None, config: Path | None, load: dict) -> int:
     """--init: write a commented ssacli.toml measured on MODEL; never overwrite one."""
-    from .. import write_check_config
+    from .. import ModelKind, write_check_config
 
-    model, target = model_ref or DEFAULT_MODEL, config or Path(CONFIG_FILE)
+    model, target = model_ref or DEFAULT_MODEL, config or Path(CHECK_CONFIG_FILE)
     with progress(f"measuring {model} for {target}", quiet=False):
         kind = write_check_config(model, target, **load)
     article = "an" if kind == ModelKind.ICL else "a"

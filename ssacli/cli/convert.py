@@ -196,10 +196,9 @@ def convert_command(
 
     if not do_finetune:
         from .. import convert
-        from ..conversion import check_out
-        from ..models.loading import local_model_path
+        from ..preflight import check_model_out, local_model_path
 
-        check_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
+        check_model_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
         _, report = convert(
             model_ref, scorer, out, overwrite=overwrite, text=calibration, max_error=max_error, strict=strict,
             **load.keywords(),
@@ -303,7 +302,7 @@ def finetune_command(
 
 def _read_text(path: Path) -> str:
     """--text: the calibration text file, read as ``diagnose --text`` reads it (InputError, exit 4)."""
-    from ..quality.inputs import read_text_file
+    from ..preflight import read_text_file
 
     return read_text_file(path.expanduser(), "--text")
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import defaults
-from ..diagnosis.probe_kinds import parse_probe
+from .. import defaults, parse_probe
 from ..errors import UsageError
 from ..files import json_text
 from .options import (
@@ -160,33 +161,34 @@ def diagnose_command(
     probes = [parse_probe(p) for p in probe] if probe else None  # torch-free, like check_inputs
     other_model = None if compare is None or _is_result_file(compare) else compare
     check_inputs(scorers=[scorer], models=[model_ref, other_model], offline=offline, revision=revision)
-    from ..diagnosis.metrics import METRICS
-    from ..quality.inputs import read_text_file
+    from .. import METRICS, DiagnoseSettings
+    from ..preflight import read_text_file
 
     metric, _, heat_probe = heatmap.partition("@")
     if metric not in METRICS:
         raise UsageError(f"unknown metric '{metric}' for --heatmap; choose from: {', '.join(METRICS)}")
     if heat_probe and probes and heat_probe not in {p.name for p in probes}:
         raise UsageError(f"--heatmap names probe '{heat_probe}', which is not among the --probe options")
-    settings = dict(
-        probes=probes, scorer=scorer, text=read_text_file(text) if text else None, random_ids=random_ids,
-        samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
-        block_size=block_size, stats=stats, strict=strict, generate=generate,
-        **load_options(
+    run = _Run(
+        probes,
+        DiagnoseSettings(
+            text=read_text_file(text) if text else None, random_ids=random_ids, samples=samples,
+            length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k, block_size=block_size,
+            stats=stats,
+        ),
+        load_options(
             device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,
             offline=offline, revision=revision,
-        ).keywords(),
+        ),
+        scorer, strict, generate,
     )  # fmt: skip
     console = Console()
-    result = _diagnose(model_ref, settings, quiet)
-    other = None if compare is None else _compare_target(compare, settings, quiet)
+    result = _diagnose(model_ref, run, quiet)
+    other = None if compare is None else _compare_target(compare, run, quiet)
     if not quiet:
-        from ..report.terminal import render_comparison, render_diagnose
+        from .. import render
 
-        if other is None:
-            render_diagnose(result, console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
-        else:
-            render_comparison(result, other, console)
+        render(result, other, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
     # every output rendered before the first is written: one that cannot be rendered leaves none
     outputs = []
     if json_out is not None:
@@ -195,9 +197,9 @@ def diagnose_command(
         data = result.to_dict() if other is None else compare_results(result, other)
         outputs.append((json_text(data), json_out))
     if html_out is not None:
-        from ..report.html import comparison_html, diagnose_html
+        from .. import render_html
 
-        outputs.append((diagnose_html(result) if other is None else comparison_html(result, other), html_out))
+        outputs.append((render_html(result, other), html_out))
     figures = figure_outputs(lambda: _figures(result, other), png, svg)
     for text, path in outputs:
         write_output(text, path, console)
@@ -206,18 +208,29 @@ def diagnose_command(
 
 def _figures(*results) -> list:
     """The report's named figures (--png, --svg): one result's, or a comparison's."""
-    from ..report.notebook import figure_set
+    from .. import render_figures
 
-    return figure_set(*results)
+    return render_figures(*results)
 
 
-def _compare_target(ref: str, settings: dict, quiet: bool):
+class _Run(NamedTuple):
+    """One diagnose_with call's arguments but the model (--compare runs the same on another)."""
+
+    probes: list | None
+    settings: Any  # DiagnoseSettings
+    load: Any  # LoadOptions
+    scorer: str | None
+    strict: bool
+    generate: int | None
+
+
+def _compare_target(ref: str, run: _Run, quiet: bool):
     """--compare: a --json result file, or another model diagnosed with the same settings."""
     from .. import DiagnoseResult
 
     if _is_result_file(ref):
         return DiagnoseResult.load(ref)
-    return _diagnose(ref, settings | {"revision": None}, quiet)  # --revision is MODEL's: REF@REV here
+    return _diagnose(ref, run._replace(load=replace(run.load, revision=None)), quiet)  # --revision is MODEL's
 
 
 def _is_result_file(ref: str) -> bool:
@@ -233,9 +246,9 @@ def diagnose_columns() -> list:
     return bar_columns(TimeElapsedColumn(), TimeRemainingColumn())
 
 
-def _diagnose(model_ref: str, settings: dict, quiet: bool):
-    """diagnose() with a progress bar on stderr (only on a terminal, and not --quiet)."""
-    from .. import diagnose
+def _diagnose(model_ref: str, run: _Run, quiet: bool):
+    """diagnose_with() with a progress bar on stderr (only on a terminal, and not --quiet)."""
+    from .. import diagnose_with
 
     columns = diagnose_columns()
     with progress(f"loading {model_ref}", columns, quiet=quiet, total=None) as update:
@@ -243,4 +256,7 @@ def _diagnose(model_ref: str, settings: dict, quiet: bool):
         def on_progress(what: str, done: int, total: int) -> None:
             update(description=f"{model_ref}: {what}", completed=done, total=total)
 
-        return diagnose(model_ref, progress=None if update is None else on_progress, **settings)
+        return diagnose_with(
+            model_ref, run.probes, run.settings, run.load, scorer=run.scorer, strict=run.strict,
+            generate=run.generate, progress=None if update is None else on_progress,
+        )  # fmt: skip

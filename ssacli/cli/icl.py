@@ -120,9 +120,8 @@ def icl_eval(
         raise UsageError("--plot needs a file name: its suffix (png, pdf, svg) picks the format")
     check_outputs(("--json", json_out), ("--plot", plot))  # before anything heavy is imported
     check_inputs(models=[model_ref])
-    from .. import evaluate_icl
-    from ..icl.evaluate import parse_outlier
-    from ..report.icl import icl_legend, icl_tables
+    from .. import evaluate_icl, icl_evaluation_legend, icl_evaluation_tables
+    from ..preflight import parse_outlier
 
     lengths = tuple(int(v) for v in floats(length, "length"))
     try:
@@ -136,16 +135,16 @@ def icl_eval(
     )  # fmt: skip
     model, cells = result.model, result.cells
     console = Console()
-    for table in icl_tables(cells, model.spec.task, model.spec.scorer):
+    for table in icl_evaluation_tables(cells, model.spec.task, model.spec.scorer):
         console.print(table)
-    console.print(icl_legend(model.spec.task), style="dim")
+    console.print(icl_evaluation_legend(model.spec.task), style="dim")
     if json_out is not None:
         write_output(json_text(result.to_dict()), json_out, console)
     if plot is not None:
-        from ..report.plots import plot_eval
+        from .. import plot_icl_evaluation
 
         metric = "sequence error rate" if model.spec.task != "linear" else "MSE / Var(y)"
-        plot_eval(cells, f"{model_ref}: {model.spec.task}, {model.spec.scorer}", metric, plot)
+        plot_icl_evaluation(cells, f"{model_ref}: {model.spec.task}, {model.spec.scorer}", metric, plot)
         console.print(f"wrote {plot}")
 
 

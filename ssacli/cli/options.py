@@ -20,14 +20,11 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from .. import LoadOptions, parse_spec
 from .. import defaults as D
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
-from ..models.device_map import DEVICE_MAPS
-from ..models.options import LoadOptions
-from ..models.references import check_reference, fetch_reference
-from ..scorers.specs import parse_spec
-from ..train import DATA_FORMS
+from ..preflight import DATA_FORMS, DEVICE_MAPS, check_model_reference, fetch_model_reference
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
@@ -206,11 +203,11 @@ class ModelCommand(HelpCommand):
     which a command that fails on its options must not wait for."""
 
     def format_help(self, ctx, formatter) -> None:
-        from ..models.builtins import builtin_names  # torch-free: --help stays fast
+        from ..preflight import builtin_model_names  # torch-free: --help stays fast
 
         for param in self.params:
             if param.help is not None and "{builtins}" in param.help:
-                param.help = param.help.format(builtins=", ".join(builtin_names()))
+                param.help = param.help.format(builtins=", ".join(builtin_model_names()))
         super().format_help(ctx, formatter)
 
 
@@ -284,10 +281,10 @@ def check_inputs(
     models = list(models)
     for index, ref in enumerate(models):
         if ref is not None:
-            check_reference(ref, offline, revision if index == 0 else None)
+            check_model_reference(ref, offline, revision if index == 0 else None)
     for index, ref in enumerate(models):  # all are valid: now what must be downloaded, with its bars
         if ref is not None:
-            fetch_reference(ref, offline, revision if index == 0 else None)
+            fetch_model_reference(ref, offline, revision if index == 0 else None)
 
 
 # ---- --debug and the one-line error report ----------------------------------------------------------

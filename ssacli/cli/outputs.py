@@ -74,7 +74,7 @@ def write_output(content: str | bytes, path: str | Path, console: Console | None
 def check_figure_outputs(png: str | Path | None, svg: str | Path | None) -> None:
     """``--png DIR`` / ``--svg DIR`` (None: not asked for), before any work: the folder can be
     written, and no file ssacli would write there is someone else's (exit 4, exit 2)."""
-    from ..report.figure_files import check_figure_folder  # torch- and matplotlib-free
+    from ..preflight import check_figure_folder  # torch- and matplotlib-free
 
     check_figure_folder(png, "--png")
     check_figure_folder(svg, "--svg")
@@ -86,7 +86,7 @@ def figure_outputs(figures: Callable[[], list], png: Any, svg: Any) -> list[tupl
     after every output has been rendered."""
     if png is None and svg is None:
         return []
-    from ..report.figure_files import figure_files
+    from .. import figure_files
 
     return figure_files(figures(), {"png": png, "svg": svg})
 
@@ -116,13 +116,11 @@ def run_document(
     training run with its loss history, held-out losses and tokens/s; a recipe's stages), as
     written; a conversion's ``fidelity`` as it was measured (an ICL folder does not keep it); with
     a recipe's ``control``, that folder and its record too."""
-    from ..models.checkpoint import ICL_FORMAT, MODEL_FORMAT, folder_format, read_icl_meta, read_meta
+    from .. import folder_record
 
     def side(folder: str | Path) -> dict[str, Any]:
         folder = Path(folder).expanduser()
-        format = folder_format(folder)
-        record = read_icl_meta(folder) if format == ICL_FORMAT else read_meta(folder, MODEL_FORMAT)
-        return {"out": str(folder.absolute()), "record": record}
+        return {"out": str(folder.absolute()), "record": folder_record(folder)}
 
     document: dict[str, Any] = {
         "schema": RUN_SCHEMA,

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from .. import LoadOptions
 from .. import defaults as D
 from ..errors import UsageError
-from ..models.options import LoadOptions
-from ..models.references import local_model_path
+from ..preflight import local_model_path
 from .training import training_display
 
 AUTO = "auto"  # --stages not given: the recipe for SSA on a causal LM's text, else one fine-tune
@@ -73,7 +73,7 @@ Control = Annotated[
 def wants_recipe(stages: str | None, scorer: str, data: str | None) -> bool:
     """Whether ``--stages`` (None: auto) asks for the recipe rather than one fine-tune."""
     if stages in (None, AUTO):
-        from ..scorers import make_scorer
+        from .. import make_scorer
 
         return make_scorer(scorer).name == "ssa" and bool(data) and not data.startswith("icl:")
     return stages != "lm"
@@ -81,8 +81,7 @@ def wants_recipe(stages: str | None, scorer: str, data: str | None) -> bool:
 
 def recipe_config(stages: str | None, scorer: str, options: dict[str, Any], recipe: dict[str, Any]):
     """The RecipeConfig of the call; refuses plain fine-tuning options the recipe does not take."""
-    from ..scorers import make_scorer
-    from ..train.recipe import RecipeConfig
+    from .. import RecipeConfig, make_scorer
 
     plain_only = ("steps", "monitor_every", "grad_accum", "warmup", "schedule", "weight_decay", "train",
                   "anneal_n", "log_every", "attention")  # fmt: skip
@@ -139,8 +138,8 @@ def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, resume: bo
                control: Path | None = None) -> None:  # fmt: skip
     """The recipe from the command line: the SSA arm into ``out``, then (``control``) the softmax
     control, trained or reused; the last line reads quality against the original and the control."""
-    from ..train.recipe import convert_with_recipe, softmax_control
-    from ..train.recipe_checkpoint import reusable_control
+    from .. import convert_with_recipe, softmax_control
+    from ..preflight import reusable_control
 
     stderr = Console(stderr=True, quiet=quiet)
 

@@ -55,12 +55,11 @@ def render_command(
     ]
     if len(set(given)) < len(given):
         raise UsageError("--html, --csv and --parquet name the same file; give each its own")
-    from ..diagnosis.frames import require_frame_format
-    from ..report.saved import check_replaceable
+    from ..preflight import check_replaceable_file, require_frame_format
 
     for option, path in outputs:
         if not is_stdout(path):
-            check_replaceable(path, option)
+            check_replaceable_file(path, option)
     if parquet_out is not None:
         require_frame_format("parquet")
 
@@ -80,7 +79,7 @@ def render_command(
         )
     metric, _, heat_probe = heatmap.partition("@")
     if len(results) == 1:  # a heatmap that names nothing in the result fails before any work
-        from ..report.summary import pick_heatmap
+        from ..preflight import pick_heatmap
 
         pick_heatmap(results[0], metric, heat_probe or None)
     console = Console()
@@ -92,9 +91,9 @@ def render_command(
     if parquet_out is not None:
         files.append((parquet_out, results[0].to_parquet()))
     if png is not None or svg is not None:
-        from ..report.notebook import figure_set
+        from .. import render_figures
 
-        figures = figure_outputs(lambda: figure_set(*results), png, svg)
+        figures = figure_outputs(lambda: render_figures(*results), png, svg)
     else:
         figures = []
     if not quiet:

@@ -14,8 +14,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from .. import defaults
-from ..diagnosis.probe_kinds import parse_probe
+from .. import defaults, parse_probe
 from ..errors import UsageError
 from .options import (
     ICL_OUTLIERS_TEXT,
@@ -148,8 +147,8 @@ def report_command(
     check_figure_outputs(png, svg)
     probes = [str(parse_probe(p)) for p in probe] if probe else None
     check_inputs(models=[before, after, control], offline=offline)
-    from .. import compare_models
-    from ..icl.evaluate import parse_outlier
+    from .. import ReportSettings, compare_models_with
+    from ..preflight import parse_outlier
 
     sigmas = floats(sigma, "sigma")
     if not sigmas or any(not s > 0 for s in sigmas):
@@ -160,42 +159,43 @@ def report_command(
         raise UsageError(str(err)) from None
     plan = None
     if lm_eval is not None:
-        from ..quality.harness import LMEvalPlan, parse_tasks, require_harness
+        from .. import LMEvalPlan
+        from ..preflight import parse_lm_eval_tasks, require_lm_eval
 
-        require_harness()  # before any model loads
+        require_lm_eval()  # before any model loads
         include = None if lm_eval_include is None else str(lm_eval_include)
-        plan = LMEvalPlan(parse_tasks(lm_eval), lm_eval_fewshot, lm_eval_limit, include, batch_size)
+        plan = LMEvalPlan(parse_lm_eval_tasks(lm_eval), lm_eval_fewshot, lm_eval_limit, include, batch_size)
     elif lm_eval_fewshot is not None or lm_eval_limit is not None or lm_eval_include is not None:
         raise UsageError("--lm-eval-fewshot, --lm-eval-limit and --lm-eval-include need --lm-eval TASKS")
     # the files as paths: compare_models reads them (before a model loads) and names them in the report
-    settings = dict(
+    settings = ReportSettings(
         text_id=text_id, text_ood=text_ood, heldout_of=heldout_of, pairs=pairs,
         pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples, seq_len=seq_len,
         max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
         icl_length=icl_length, prompts=prompts, builtin=not no_builtin, lm_eval_plan=plan,
         random_ids=random_ids,
-        **load_options(
-            device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,
-            offline=offline,  # no --revision: two models; each takes its own as org/name@REV
-        ).keywords(),
+    )  # fmt: skip
+    load = load_options(
+        device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,
+        offline=offline,  # no --revision: two models; each takes its own as org/name@REV
     )  # fmt: skip
     with progress("ssacli report", quiet=quiet) as update:
-        report = compare_models(
-            before, after, control, progress=update, before_report=reuse_before, **settings
+        report = compare_models_with(
+            before, after, control, settings, load, progress=update, before_report=reuse_before
         )
     data = report.to_dict()  # what is rendered and written: the JSON document
     console = Console()
     if not quiet:
-        from ..report.before_after import render_report
+        from .. import render_quality_report
 
-        render_report(data, console)
+        render_quality_report(data, console)
     outputs = []
     if json_out is not None:
         outputs.append((json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", json_out))
     if html_out is not None:
-        from ..report.before_after import report_html
+        from .. import quality_report_html
 
-        outputs.append((report_html(data), html_out))
+        outputs.append((quality_report_html(data), html_out))
     figures = figure_outputs(lambda: _figures(data), png, svg)
     for text, path in outputs:  # every output rendered before the first is written
         write_output(text, path, console)
@@ -204,6 +204,6 @@ def report_command(
 
 def _figures(data: dict) -> list:
     """The report page's named figures (--png, --svg)."""
-    from ..report.notebook import figure_set
+    from .. import render_figures
 
-    return figure_set(data)
+    return render_figures(data)

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from .. import defaults as D
 from ..files import check_writable_folder
-from ..train import MIN_VOCAB
+from ..preflight import MIN_VOCAB
 from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device, RunJson, check_inputs, check_outputs
 from .outputs import write_run_json
 from .training import print_trained, training_display
@@ -75,12 +75,11 @@ def train_command(
     check_writable_folder(out, "--out")  # before anything heavy is imported
     check_outputs(("--json", json_out))
     check_inputs(scorers=[scorer])
-    from .. import FinetuneConfig, train_from_scratch
-    from ..train.scratch import describe
+    from .. import FinetuneConfig, describe_model, train_from_scratch
 
     def show_built(model) -> None:
         if not quiet:
-            Console(stderr=True).print(describe(model), highlight=False, soft_wrap=True)
+            Console(stderr=True).print(describe_model(model), highlight=False, soft_wrap=True)
 
     loop = dict(
         steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, grad_accum=grad_accum, warmup=warmup,

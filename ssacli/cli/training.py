@@ -74,7 +74,7 @@ def _duration(seconds: float) -> str:
 
 def print_trained(out: Path, path: Path | None) -> None:
     """The summary line of every training command: where ``out`` is, from the record in ``path``."""
-    from ..models.checkpoint import training_record
+    from .. import training_record
 
     if not is_rank0():
         return

@@ -113,27 +113,46 @@ def diagnose(
     every decoding step's attention against the KV cache (``DiagnoseResult.generation``,
     :mod:`ssacli.diagnosis.generation`), checked against a full recomputation without cache.
     """
-    started = time.perf_counter()
     settings = DiagnoseSettings(
         text=text, random_ids=random_ids, inputs=inputs, samples=samples, length=length,
         batch_size=batch_size, seed=seed, tau=tau, top_k=top_k, block_size=block_size, stats=stats,
     )  # fmt: skip
-    probe_list = [p if isinstance(p, Probe) else parse_probe(p) for p in (probes or default_probes())]
-    names = [p.name for p in probe_list]
-    if len(set(names)) != len(names):
-        raise UsageError("each probe may be given once; put all its levels in one --probe NAME:L1,L2")
     load = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
         offline=offline, revision=revision,
     )  # fmt: skip
+    return diagnose_with(model, probes, settings, load, scorer=scorer, tokenizer=tokenizer, strict=strict,
+                         generate=generate, progress=progress)  # fmt: skip
+
+
+def diagnose_with(
+    model: str | Path | nn.Module | LoadedModel,
+    probes: Sequence[str | Probe] | None,
+    settings: DiagnoseSettings,
+    load: LoadOptions,
+    *,
+    scorer: str | None = None,
+    tokenizer: Any = None,
+    strict: bool = False,
+    generate: int | None = None,
+    progress: Progress | None = None,
+) -> DiagnoseResult:
+    """:func:`diagnose` with its settings as values: what it probes with and how it reduces
+    (:class:`~ssacli.diagnosis.settings.DiagnoseSettings`) and how a MODEL reference loads
+    (:class:`~ssacli.models.options.LoadOptions`); ``ssacli diagnose`` builds both from its flags."""
+    started = time.perf_counter()
+    probe_list = [p if isinstance(p, Probe) else parse_probe(p) for p in (probes or default_probes())]
+    names = [p.name for p in probe_list]
+    if len(set(names)) != len(names):
+        raise UsageError("each probe may be given once; put all its levels in one --probe NAME:L1,L2")
     loaded = as_loaded(model, tokenizer, load)
     root = loaded.attention_root
     route = choose_route(root, loaded.family, scorer)
     unaudited = route_unaudited_reason(getattr(root.config, "model_type", loaded.family), route)
     if unaudited is not None and strict:
         raise UnsupportedModelError(f"{unaudited}; --strict refuses it (drop --strict to measure it, marked)")
-    if loaded.kind != ModelKind.ICL and inputs is None and not random_ids:
+    if loaded.kind != ModelKind.ICL and settings.inputs is None and not settings.random_ids:
         loaded.require_tokenizer("probing with text")  # never random ids the user did not ask for
     require_finite_weights(loaded.model, loaded.name)  # not "overflow at every level"
     training = loaded.model.training

@@ -165,6 +165,12 @@ def read_icl_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
+def folder_record(path: str | Path) -> dict[str, Any] | None:
+    """The record ssacli keeps in the ssacli.json of a folder it wrote: an ICL checkpoint's
+    (:func:`read_icl_meta`), else a model folder's (:func:`read_meta`: None for any other folder)."""
+    return read_icl_meta(path) if folder_format(path) == ICL_FORMAT else read_meta(path, MODEL_FORMAT)
+
+
 def training_record(path: str | Path) -> dict[str, Any] | None:
     """The ``training`` record a fine-tuning run left in a folder's ssacli.json, or None.
 

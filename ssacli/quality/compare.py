@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from ..defaults import (
 )
 from ..errors import InputError, UsageError
 from ..models.device_map import MaxMemory
-from ..models.identity import difference
 from ..models.integrity import require_finite_weights
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_with
@@ -40,8 +40,10 @@ from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, buil
 from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
 from .inputs import read_pairs, read_text_file
 from .measures import LM_KINDS, icl_error_by_sigma, language_model_loss, minimal_pairs
-from .result import REPORT_SCHEMA, QualityReport, read_report
+from .result import QualityReport
+from .reuse import check_reusable, reusable_report, reused_before
 from .rows import quality_rows
+from .settings import ReportSettings
 
 
 def compare_models(
@@ -90,105 +92,173 @@ def compare_models(
     InputError, one with another vocabulary when text is measured a UsageError. Without it the
     report is the two-model one, key for key.
     """
-    from ..diagnosis.comparison import compare_results
-    from ..diagnosis.probes import parse_probe
-    from ..diagnosis.run import diagnose, software_versions
-
-    started = time.perf_counter()
-    say = progress or (lambda message: None)
-    parsed = [parse_probe(p) for p in probes] if probes else None  # bad specs fail before loading
-    text_id, text_ood, groups, names = _read_inputs(text_id, text_ood, heldout_of, pairs, pairs_limit)
-    earlier = _reusable(before_report, names)
+    settings = ReportSettings(
+        text_id=text_id, text_ood=text_ood, heldout_of=heldout_of, pairs=pairs, pairs_limit=pairs_limit,
+        probes=probes, seed=seed, samples=samples, seq_len=seq_len, max_tokens=max_tokens,
+        batch_size=batch_size, sigmas=sigmas, outliers=outliers, icl_length=icl_length, prompts=prompts,
+        builtin=builtin, lm_eval_plan=lm_eval_plan, random_ids=random_ids,
+    )  # fmt: skip
     load = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
         offline=offline, revision=revision,
     )  # fmt: skip
-    if lm_eval_plan is not None:
-        say(f"lm-eval: checking {', '.join(lm_eval_plan.tasks)}")
-        check_tasks(lm_eval_plan, offline=load.offline)
-    lm_eval_settings = lm_eval_plan.as_dict() if lm_eval_plan is not None else None
+    return compare_models_with(before, after, control, settings, load, progress=progress,
+                               before_report=before_report)  # fmt: skip
+
+
+@dataclass
+class _Inputs:
+    """What every side is measured on: the texts (a file's content read), the minimal-pair groups, the
+    built-in measures chosen (``builtin``: {"texts": name, "pairs": name}) and the input files' names."""
+
+    text_id: str | None
+    text_ood: str | None
+    groups: Any
+    names: dict[str, str | None]
+    text_builtin: str | None = None
+    builtin: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def any_text(self) -> bool:
+        return any(x is not None for x in (self.text_id, self.text_ood, self.text_builtin, self.groups))
+
+
+def compare_models_with(
+    before: str | Path | LoadedModel,
+    after: str | Path | LoadedModel,
+    control: str | Path | LoadedModel | None,
+    settings: ReportSettings,
+    load: LoadOptions,
+    *,
+    progress: Callable[[str], None] | None = None,
+    before_report: QualityReport | dict[str, Any] | str | Path | None = None,
+) -> QualityReport:
+    """:func:`compare_models` with its settings as values: what is measured (:class:`ReportSettings`)
+    and how MODEL references load (:class:`~ssacli.models.options.LoadOptions`); ``ssacli report``
+    builds both from its flags and calls this."""
+    from ..diagnosis.probes import parse_probe
+
+    started = time.perf_counter()
+    say = progress or (lambda message: None)
+    parsed = [parse_probe(p) for p in settings.probes] if settings.probes else None  # fail before loading
+    probe_names = [str(p) for p in parsed] if parsed else "default"
+    inputs = _Inputs(*_read_inputs(settings.text_id, settings.text_ood, settings.heldout_of, settings.pairs,
+                                   settings.pairs_limit))  # fmt: skip
+    earlier = reusable_report(before_report, inputs.names)
+    plan = settings.lm_eval_plan
+    if plan is not None:
+        say(f"lm-eval: checking {', '.join(plan.tasks)}")
+        check_tasks(plan, offline=load.offline)
+    sides = ("before", "after") + (("control",) if control is not None else ())
+    models = _load_sides(dict(zip(sides, (before, after, control))), load, say)
+    notes = _choose_inputs(models, inputs, settings)
+    measured: dict[str, dict[str, Any]] = {side: {} for side in sides}
+    diagnosed = []
+    for side, loaded in zip(sides, models):
+        if side == "before" and earlier is not None:
+            check_reusable(earlier, loaded.name, settings.reuse_key(probe_names, inputs.builtin),
+                           inputs.text_id, inputs.text_ood, inputs.groups, inputs.text_builtin)  # fmt: skip
+            measured["before"], reused = reused_before(earlier, loaded)
+            diagnosed.append(reused)
+            say(f"before: reused from an earlier report of {loaded.name}")
+            continue
+        measured[side] = _measure(side, loaded, inputs, settings, load, say)
+        say(f"{side}: attention probes")
+        diagnosed.append(_probe(loaded, parsed, settings))
+    if inputs.any_text and not _same_vocab(*models[:2]):
+        notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
+    recorded = settings.recorded(probe_names, inputs.builtin, inputs.names)
+    report = _assemble(models, measured, diagnosed, recorded, notes, lm_eval=settings.lm_eval_settings())
+    report.elapsed_s = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _load_sides(refs: dict[str, Any], load: LoadOptions, say: Callable[[str], None]) -> list[LoadedModel]:
+    """BEFORE, AFTER and (when given) CONTROL loaded in that order, each refused at once when a weight is
+    not finite."""
     models = []
-    sides = (("before", before), ("after", after)) + ((("control", control),) if control is not None else ())
-    for side, ref in sides:
+    for side, ref in refs.items():
+        if ref is None:
+            continue
         say(f"loading {side}: {ref}")
         models.append(ref if isinstance(ref, LoadedModel) else load_with(str(ref), load))
         require_finite_weights(models[-1].model, models[-1].name)
-    asked = dict(text=text_id is not None or text_ood is not None, pairs=groups is not None)
+    return models
+
+
+def _choose_inputs(models: list[LoadedModel], inputs: _Inputs, settings: ReportSettings) -> list[str]:
+    """Check the models compare on what was asked (one kind; a CONTROL with AFTER's vocabulary where text
+    is measured; models the harness scores), pick the built-in measures into ``inputs``, and return the
+    report's notes so far."""
+    no_text = inputs.text_id is None and inputs.text_ood is None
+    asked = dict(text=not no_text, pairs=inputs.groups is not None)
     _check_compatible(*models[:2], **asked)
-    if control is not None:
+    if len(models) > 2:
         _check_compatible(*models[1:], **asked, names=("AFTER", "CONTROL"))
-    if lm_eval_plan is not None:
+    if settings.lm_eval_plan is not None:
         for loaded in models:
             check_harness_kind(loaded)
-    defaults, notes = {}, []
-    if builtin:
-        defaults, notes = _builtin_defaults(models, text_id is None and text_ood is None, groups is None)
-    if "pairs" in defaults:
-        groups = BUILTIN_PAIRS
-    text_builtin = builtin_text() if "texts" in defaults else None
-    texts = text_id is not None or text_ood is not None or text_builtin is not None or groups is not None
-    if control is not None and texts and not _same_vocab(models[1], models[2]):
+    notes = []
+    if settings.builtin:
+        inputs.builtin, notes = _builtin_defaults(models, no_text, inputs.groups is None)
+    if "pairs" in inputs.builtin:
+        inputs.groups = BUILTIN_PAIRS
+    inputs.text_builtin = builtin_text() if "texts" in inputs.builtin else None
+    if len(models) > 2 and inputs.any_text and not _same_vocab(models[1], models[2]):
         raise UsageError(
             f"CONTROL '{models[2].name}' has another vocabulary than AFTER '{models[1].name}': "
             "its per-token losses do not compare; give a control of the same model"
         )
-    measured: dict[str, dict[str, Any]] = {side: {} for side, _ in sides}
-    diagnosed = []
-    for side, loaded in zip(measured, models):
-        if side == "before" and earlier is not None:
-            from ..diagnosis.result import DiagnoseResult
+    return notes
 
-            probe_names = [str(p) for p in parsed] if parsed else "default"
-            settings = dict(seed=seed, samples=samples, seq_len=seq_len, max_tokens=max_tokens,
-                            pairs_limit=pairs_limit, probes=probe_names, builtin=defaults,
-                            lm_eval=lm_eval_settings)  # fmt: skip
-            check_reusable(earlier, loaded.name, settings, text_id, text_ood, groups, text_builtin)
-            other = difference(earlier.get("before", {}).get("weights"), loaded.weights, "the report")
-            if other is not None:  # the same name, other weights: its measurements are not BEFORE's
-                raise UsageError(f"--reuse-before: {other}; measure BEFORE again (drop --reuse-before)")
-            measured["before"] = earlier["measurements"]["before"]
-            diagnosed.append(DiagnoseResult.from_dict(earlier["diagnose"]["a"]))
-            say(f"before: reused from an earlier report of {loaded.name}")
-            continue
-        out = measured[side]
-        if loaded.kind == ModelKind.ICL:
-            say(f"{side}: ICL error by σ and outlier")
-            out["icl"] = icl_error_by_sigma(
-                loaded, sigmas=sigmas, outliers=outliers, length=icl_length, prompts=prompts, seed=seed
-            )
-        lm = dict(seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed)
-        for key, text in (("lm_id", text_id), ("lm_ood", text_ood), ("lm_builtin", text_builtin)):
-            if text is not None:
-                say(f"{side}: LM loss on {key.removeprefix('lm_')} text")
-                out[key] = language_model_loss(loaded, text, **lm)
-        if groups is not None:
-            say(f"{side}: minimal pairs")
-            out["pairs"] = minimal_pairs(loaded, groups, limit=pairs_limit, batch_size=4 * batch_size)
-            if "pairs" in defaults:
-                out["pairs"]["source"] = BUILTIN_PAIRS_NAME
-        if lm_eval_plan is not None:
-            say(f"{side}: lm-eval {', '.join(lm_eval_plan.tasks)}")
-            out["lm_eval"] = run_plan(loaded, lm_eval_plan, seed=seed, offline=load.offline)
-        say(f"{side}: attention probes")
-        diagnosed.append(diagnose(loaded, parsed, seed=seed, samples=samples, random_ids=random_ids))
-    if texts and not _same_vocab(*models[:2]):
-        notes.append("BEFORE and AFTER have different tokenizers: per-token losses do not compare")
-    settings = dict(
-        seed=seed,
-        samples=samples,
-        seq_len=seq_len,
-        max_tokens=max_tokens,
-        pairs_limit=pairs_limit,
-        probes=[str(p) for p in parsed] if parsed else "default",
-        icl_sigmas=list(sigmas),
-        icl_outliers=[list(o) for o in outliers],
-        icl_length=icl_length,
-        icl_prompts=prompts,
-        builtin=defaults,
-        lm_eval=lm_eval_settings,
-        **names,
-    )  # fmt: skip
+
+def _measure(side: str, loaded: LoadedModel, inputs: _Inputs, settings: ReportSettings, load: LoadOptions,
+             say: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """Every quality measure that applies to one side's model: ICL error, LM loss on each text,
+    minimal pairs, lm-eval tasks."""
+    out: dict[str, Any] = {}
+    if loaded.kind == ModelKind.ICL:
+        say(f"{side}: ICL error by σ and outlier")
+        out["icl"] = icl_error_by_sigma(
+            loaded, sigmas=settings.sigmas, outliers=settings.outliers, length=settings.icl_length,
+            prompts=settings.prompts, seed=settings.seed,
+        )  # fmt: skip
+    lm = dict(seq_len=settings.seq_len, max_tokens=settings.max_tokens, batch_size=settings.batch_size,
+              seed=settings.seed)  # fmt: skip
+    texts = (("lm_id", inputs.text_id), ("lm_ood", inputs.text_ood), ("lm_builtin", inputs.text_builtin))
+    for key, text in texts:
+        if text is not None:
+            say(f"{side}: LM loss on {key.removeprefix('lm_')} text")
+            out[key] = language_model_loss(loaded, text, **lm)
+    if inputs.groups is not None:
+        say(f"{side}: minimal pairs")
+        out["pairs"] = minimal_pairs(
+            loaded, inputs.groups, limit=settings.pairs_limit, batch_size=4 * settings.batch_size
+        )
+        if "pairs" in inputs.builtin:
+            out["pairs"]["source"] = BUILTIN_PAIRS_NAME
+    if settings.lm_eval_plan is not None:
+        say(f"{side}: lm-eval {', '.join(settings.lm_eval_plan.tasks)}")
+        out["lm_eval"] = run_plan(loaded, settings.lm_eval_plan, seed=settings.seed, offline=load.offline)
+    return out
+
+
+def _probe(loaded: LoadedModel, parsed, settings: ReportSettings):
+    """The diagnose probes on one side's model, with the report's seed and samples."""
+    from ..diagnosis.run import diagnose
+
+    seed, samples, random_ids = settings.seed, settings.samples, settings.random_ids
+    return diagnose(loaded, parsed, seed=seed, samples=samples, random_ids=random_ids)
+
+
+def _assemble(models: list[LoadedModel], measured: dict[str, dict[str, Any]], diagnosed: list, settings: dict,
+              notes: list[str], lm_eval: dict[str, Any] | None) -> QualityReport:  # fmt: skip
+    """The report of the measured sides: the quality rows, the probe comparison (and CONTROL's against
+    AFTER), each side's conversion record, lm-eval's paired rows."""
+    from ..diagnosis.comparison import compare_results
+    from ..diagnosis.run import software_versions
+
     report = QualityReport(
         before=_describe(models[0], diagnosed[0]),
         after=_describe(models[1], diagnosed[1]),
@@ -199,15 +269,15 @@ def compare_models(
         notes=notes,
         conversion={side: conversion_record(m) for side, m in zip(measured, models)},
         versions=software_versions(),
-        elapsed_s=round(time.perf_counter() - started, 3),
+        elapsed_s=0.0,  # the caller's clock
     )
-    if control is not None:
+    if len(models) > 2:
         report.control = _describe(models[2], diagnosed[2])
         report.diagnose_control = compare_results(diagnosed[2], diagnosed[1])  # A CONTROL, B AFTER
-    if lm_eval_plan is not None:
+    if lm_eval is not None:
         rows = paired_rows(measured["before"]["lm_eval"], measured["after"]["lm_eval"])
-        report.lm_eval = {"settings": lm_eval_settings, "rows": rows}
-        if control is not None:
+        report.lm_eval = {"settings": lm_eval, "rows": rows}
+        if len(models) > 2:
             after_runs = measured["after"]["lm_eval"]
             report.lm_eval["control_rows"] = paired_rows(measured["control"]["lm_eval"], after_runs)
     return report
@@ -232,42 +302,6 @@ def _read_inputs(
     named = isinstance(pairs, str | Path)
     groups = read_pairs(pairs, pairs_limit) if named else pairs
     return texts["text_id"], texts["text_ood"], groups, {**({"pairs": str(pairs)} if named else {}), **names}
-
-
-def _reusable(report: QualityReport | dict[str, Any] | str | Path | None, names: dict[str, str | None]):
-    """``before_report`` as its JSON document (read when a path), once the input files it was
-    measured on are the ones given (the rest is :func:`check_reusable`'s, once BEFORE is loaded)."""
-    if report is None:
-        return None
-    if isinstance(report, QualityReport):
-        report = report.to_dict()
-    elif isinstance(report, str | Path):
-        report = read_report(report)
-    recorded = report.get("settings", {})
-    for key in ("text_id", "text_ood", "pairs"):
-        if recorded.get(key) != names.get(key):
-            raise UsageError(
-                f"--reuse-before: the report's {key} is {recorded.get(key)!r}, not {names.get(key)}"
-            )
-    return report
-
-
-def check_reusable(
-    report: dict[str, Any], name: str, settings: dict[str, Any], text_id, text_ood, groups,
-    text_builtin=None,
-) -> None:  # fmt: skip
-    """UsageError unless ``report`` measured BEFORE ``name`` with the same settings and inputs."""
-    if report.get("schema") != REPORT_SCHEMA or report.get("before", {}).get("model") != name:
-        raise UsageError(f"--reuse-before: the report is not one of BEFORE {name}")
-    recorded = report.get("settings", {})
-    differ = [k for k, v in settings.items() if recorded.get(k) != v]
-    measured = report.get("measurements", {}).get("before", {})
-    given_inputs = (("lm_id", text_id), ("lm_ood", text_ood), ("lm_builtin", text_builtin), ("pairs", groups))
-    for key, given in given_inputs:
-        if (given is not None) != (key in measured):
-            differ.append(key)
-    if differ:
-        raise UsageError(f"--reuse-before: the report was measured with other settings ({', '.join(differ)})")
 
 
 def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
@@ -353,4 +387,4 @@ def _describe(loaded: LoadedModel, result) -> dict[str, Any]:
             "scorer": result.scorer}  # fmt: skip
 
 
-__all__ = ["compare_models", "quality_rows"]
+__all__ = ["compare_models", "compare_models_with", "quality_rows"]

@@ -68,7 +68,7 @@ class QualityReport(Displayed):  # Displayed: _repr_html_ and plot(kind) in a no
 def read_report(path: str | Path) -> dict[str, Any]:
     """An earlier ``--json`` report, as its JSON document (``--reuse-before``); UsageError when the
     file is not readable JSON. Whether it is a report of the same BEFORE, measured with the same
-    settings, is :func:`~ssacli.quality.compare.check_reusable`'s."""
+    settings, is :func:`~ssacli.quality.reuse.check_reusable`'s."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:

@@ -1,0 +1,111 @@
+"""Checks a front end runs before the model stack loads: public, so that any caller (the CLI, a
+service, a notebook) refuses bad input as fast and with the same messages as ``ssacli`` does.
+
+Every name is loaded on first use (PEP 562), like the names of :mod:`ssacli`; ``import
+ssacli.preflight`` imports nothing else, and most checks stay torch-free (those that are not say so).
+
+MODEL references and model folders:
+
+* :func:`check_model_reference` (a builtin that is not bundled, a local path that does not exist, an
+  offline Hub id not in the cache: refused as loading would), :func:`fetch_model_reference` (a Hub id
+  downloaded now, before any live display), :func:`local_model_path` (the folder MODEL names, or
+  None), :func:`builtin_model_names` (the bundled models);
+* :func:`check_model_out` (``--out`` of a command that writes a model folder: never over its input,
+  over someone else's folder, or where nothing can be written), :func:`reusable_control` (a finished
+  softmax control in a folder that a recipe run can read instead of training it again; imports torch).
+
+Outputs:
+
+* :func:`check_figure_folder` (``--png`` / ``--svg`` folders), :func:`check_replaceable_file` (an
+  output file is replaced only when ssacli wrote it), :func:`require_frame_format` (Parquet needs the
+  ``ssacli[frame]`` extra).
+
+Inputs and options:
+
+* :func:`read_text_file` (a UTF-8 text with some text in it), :func:`parse_outlier` (an ICL outlier
+  ``SIGMA@POSITION``; imports torch), :func:`pick_heatmap` (the probe a heatmap ``METRIC[@PROBE]`` is
+  drawn from, or a UsageError), :func:`require_lm_eval` and :func:`parse_lm_eval_tasks` (the optional
+  lm-evaluation-harness and its task list);
+* :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data`` takes),
+  :data:`MIN_VOCAB` (the smallest vocabulary a fresh model's tokenizer can have),
+  :data:`CHECK_CONFIG_FILE` (what ``check`` reads from the working folder when no config is given).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# public name -> "module:name" under ssacli (the owner keeps its own name where it says what it is)
+_LAZY = {
+    "check_model_reference": "models.references:check_reference",
+    "fetch_model_reference": "models.references:fetch_reference",
+    "local_model_path": "models.references:local_model_path",
+    "builtin_model_names": "models.builtins:builtin_names",
+    "check_model_out": "conversion:check_out",
+    "reusable_control": "train.recipe_checkpoint:reusable_control",
+    "check_figure_folder": "report.figure_files:check_figure_folder",
+    "check_replaceable_file": "report.saved:check_replaceable",
+    "require_frame_format": "diagnosis.frames:require_frame_format",
+    "read_text_file": "quality.inputs:read_text_file",
+    "parse_outlier": "icl.evaluate:parse_outlier",
+    "pick_heatmap": "report.summary:pick_heatmap",
+    "require_lm_eval": "quality.harness:require_harness",
+    "parse_lm_eval_tasks": "quality.harness:parse_tasks",
+    "DEVICE_MAPS": "models.device_map:DEVICE_MAPS",
+    "DATA_FORMS": "train:DATA_FORMS",
+    "MIN_VOCAB": "train:MIN_VOCAB",
+    "CHECK_CONFIG_FILE": "check.config:CONFIG_FILE",
+}
+
+if TYPE_CHECKING:
+    from .check.config import CONFIG_FILE as CHECK_CONFIG_FILE
+    from .conversion import check_out as check_model_out
+    from .diagnosis.frames import require_frame_format
+    from .icl.evaluate import parse_outlier
+    from .models.builtins import builtin_names as builtin_model_names
+    from .models.device_map import DEVICE_MAPS
+    from .models.references import check_reference as check_model_reference
+    from .models.references import fetch_reference as fetch_model_reference
+    from .models.references import local_model_path
+    from .quality.harness import parse_tasks as parse_lm_eval_tasks
+    from .quality.harness import require_harness as require_lm_eval
+    from .quality.inputs import read_text_file
+    from .report.figure_files import check_figure_folder
+    from .report.saved import check_replaceable as check_replaceable_file
+    from .report.summary import pick_heatmap
+    from .train import DATA_FORMS, MIN_VOCAB
+    from .train.recipe_checkpoint import reusable_control
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ssacli.preflight' has no attribute {name!r}")
+    module, _, attribute = _LAZY[name].partition(":")
+    return getattr(importlib.import_module(f"ssacli.{module}"), attribute)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+__all__ = [
+    "CHECK_CONFIG_FILE",
+    "DATA_FORMS",
+    "DEVICE_MAPS",
+    "MIN_VOCAB",
+    "builtin_model_names",
+    "check_figure_folder",
+    "check_model_out",
+    "check_model_reference",
+    "check_replaceable_file",
+    "fetch_model_reference",
+    "local_model_path",
+    "parse_lm_eval_tasks",
+    "parse_outlier",
+    "pick_heatmap",
+    "read_text_file",
+    "require_frame_format",
+    "require_lm_eval",
+    "reusable_control",
+]
