@@ -126,7 +126,7 @@ THIN_WRAPPER_LINES = 15
 
 def one_representation_table(files: list[Path]) -> None:
     """Issue 41's measures: row-metric derivations, the largest parameter counts, the CLI's imports of
-    internal modules, the files in scripts/."""
+    internal modules, the files in scripts/ and studies/."""
     derivations, producers = [], []
     for path in sorted(PKG.rglob("*")):
         if path.suffix not in (".py", ".c") or "checkpoints" in path.parts:
@@ -171,7 +171,10 @@ def one_representation_table(files: list[Path]) -> None:
                 internal.append(f"{mod} <- {target}")
     counts.sort(reverse=True)
     over = [c for c in counts if c[0] > PARAMETER_LIMIT]
-    scripts = sorted((PKG.parent / "scripts").glob("*"))
+    # the tools and the studies' files; READMEs (what each is for) and caches are not counted
+    scripts = [p for p in (PKG.parent / "scripts").glob("*") if p.is_file() and p.suffix != ".md"]
+    studies = sorted(p for p in (PKG.parent / "studies").glob("*") if p.is_dir())
+    study_files = [p for s in studies for p in s.glob("*") if p.is_file() and p.suffix != ".md"]
     print(f"row-metric derivations: {len(derivations)} ({', '.join(derivations)})")
     print(f"row-statistic producers: {len(producers)} ({', '.join(producers)})")
     print(f"functions over {PARAMETER_LIMIT} parameters: {len(over)}; largest: "
@@ -189,7 +192,7 @@ def one_representation_table(files: list[Path]) -> None:
         f"CLI imports of internal modules: {len(internal)} statements from "
         f"{len({i.split(' <- ')[1] for i in internal})} modules"
     )
-    print(f"files in scripts/: {len(scripts)}")
+    print(f"files in scripts/: {len(scripts)}; studies/: {len(studies)} studies, {len(study_files)} files")
 
 
 def _commands_and_keyword_wrappers() -> set[tuple[str, str]]:
