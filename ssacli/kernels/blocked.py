@@ -17,6 +17,7 @@ expanded to full query and key axes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -156,6 +157,22 @@ def _mask_view(mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return mask.reshape(mask.shape[0], kv_heads, mask.shape[1] // kv_heads, *mask.shape[2:])
 
 
+@dataclass(frozen=True)
+class BlockedCall:
+    """The non-tensor arguments of :class:`BlockedSSA` as one value (``BlockedSSA.apply(query, key,
+    value, n, mask, call)``): autograd passes it through as it is, and the backward returns None for it
+    once instead of once per option. ``form`` is the blocked path :mod:`~ssacli.kernels.routing` chose."""
+
+    causal: bool
+    window: int | None
+    block_rows: int
+    block_keys: int
+    compiled: bool
+    dropout: float
+    seed: int
+    form: str
+
+
 class BlockedSSA(torch.autograd.Function):
     """out = softmax(n·sgn(y)·log1p|y|) @ v with y = q·kᵀ, blocked; saves only out and the LSE.
 
@@ -163,9 +180,9 @@ class BlockedSSA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, n, mask, *geometry):
+    def forward(ctx, query, key, value, n, mask, call: BlockedCall):
         with torch.autocast(query.device.type, enabled=False):  # fp32 block math under autocast too
-            return BlockedSSA._forward(ctx, query, key, value, n, mask, *geometry)
+            return BlockedSSA._forward(ctx, query, key, value, n, mask, call)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -173,21 +190,24 @@ class BlockedSSA(torch.autograd.Function):
             return BlockedSSA._backward(ctx, grad_out)
 
     @staticmethod
-    def _forward(ctx, query, key, value, n, mask, causal, window, rows, keys, compiled, dropout, seed, form):
+    def _forward(ctx, query, key, value, n, mask, call: BlockedCall):
+        form, compiled = call.form, call.compiled
         kv_heads = key.shape[1]
         q5 = _group(query, kv_heads)
         batch, _, groups, q_len, dim = q5.shape
         n4 = n.reshape(1, -1, 1, 1)  # kernels see [B, H, rows, keys]: fewer shapes to compile for
         mask5 = None if mask is None else _mask_view(mask, kv_heads)
-        plan = _Plan(q5.shape, key.shape[-2], causal, window, rows, keys, dropout, seed)
+        plan = _Plan(q5.shape, key.shape[-2], call.causal, call.window, call.block_rows, call.block_keys,
+                     call.dropout, call.seed)  # fmt: skip
         n_heads = _native_exponents(n, form)
         ctx.form = form
         if form == "one-loop":
             # the whole forward in one native loop: each logit tile stays in cache between its two
             # products (the block loop below writes it to memory and reads it back)
             out, lse = native.ssa_flash_forward(
-                query, key, value, n_heads, causal=causal, window=window, block_rows=rows, block_keys=keys
-            )
+                query, key, value, n_heads, causal=call.causal, window=call.window,
+                block_rows=call.block_rows, block_keys=call.block_keys,
+            )  # fmt: skip
             ctx.save_for_backward(query, key, value, n, out, lse.view(batch, kv_heads, groups, q_len, 1))
             ctx.mask, ctx.plan, ctx.compiled = mask5, plan, compiled
             return out
@@ -239,7 +259,7 @@ class BlockedSSA(torch.autograd.Function):
                 query, key, value, grad_out, n_heads, lse, delta, causal=plan.causal, window=plan.window,
                 block_rows=plan.q_block, block_keys=min(plan.k_block, FLASH_BACKWARD_KEYS),
             )  # fmt: skip
-            return dq, dk, dv, dn.to(n.dtype), *([None] * 9)
+            return dq, dk, dv, dn.to(n.dtype), None, None
         dq = torch.zeros_like(q5)
         dk, dv, dn = torch.zeros_like(key), torch.zeros_like(value), torch.zeros_like(n4)
         key_t = key.transpose(-1, -2).contiguous()
@@ -270,4 +290,4 @@ class BlockedSSA(torch.autograd.Function):
                 part = torch.matmul(dy, key[..., cols, :])
                 dqb = part if dqb is None else dqb + part
             dq[:, :, :, rows] = dqb.view(batch, kv_heads, groups, width, dim)
-        return dq.view_as(query), dk, dv, dn.view(-1), *([None] * 9)
+        return dq.view_as(query), dk, dv, dn.view(-1), None, None

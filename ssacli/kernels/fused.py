@@ -31,7 +31,7 @@ from dataclasses import replace
 import torch
 
 from . import routing
-from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedSSA
+from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedCall, BlockedSSA
 from .compiled import compile_enabled
 from .compiled import should_compile as setting_allows
 
@@ -153,8 +153,8 @@ def ssa_attention(
     # b·scale folded into q: the kernel sees y = b·x, and autograd takes ∂/∂b through this product.
     scaled = query.to(dtype) * (b * scale).view(1, heads, 1, 1)
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout > 0 else 0
-    geometry = (causal, window, block_rows, block_keys, compile, dropout, seed, backend)
-    out = BlockedSSA.apply(scaled, key.to(dtype), value.to(dtype), n, mask, *geometry)
+    blocked = BlockedCall(causal, window, block_rows, block_keys, compile, dropout, seed, backend)
+    out = BlockedSSA.apply(scaled, key.to(dtype), value.to(dtype), n, mask, blocked)
     return out.to(query.dtype)
 
 
