@@ -9,7 +9,8 @@ eager attention implementations (places that multiply attention weights by value
 kernels), places that define each default or fact (help texts that restate one:
 :data:`RESTATED_DEFAULT`), string comparisons of model kinds and routes, CLI options whose default
 is a literal (:func:`_literal_defaults`), public names, re-exports (names in a module's ``__all__``
-it only imports; the lazy public API of ``ssacli/__init__.py`` aside), ``duplicates`` pairs, and
+it only imports; the lazy public names of ``ssacli/__init__.py`` and ``ssacli/preflight.py`` aside:
+:data:`LAZY_PUBLIC_MODULES`), ``duplicates`` pairs, and
 (``--trace``) the files the diagnose tensor crosses: every ssacli file (scorers aside: the plug-in
 being measured) with a function that receives a 4-d tensor between the attention function's entry
 and ``row_sums``, plus the files on the call stack when ``row_sums`` runs, measured with
@@ -122,6 +123,14 @@ PARAMETER_LIMIT = 12
 # A keyword wrapper of ssacli.__all__ is exempt from the limit only while it is thin: it builds the
 # settings objects and calls the function that takes them, in at most this many lines (docstring aside)
 THIN_WRAPPER_LINES = 15
+# Documented public entries of ssacli.__all__ whose keyword options are the API itself rather than a
+# wrapper over a settings value (issue 41 item 2 exempts the documented keyword API), each with why
+DOCUMENTED_KEYWORD_ENTRIES = {
+    ("ssacli.kernels.fused", "ssa_attention"): "ssacli.ssa_attention in docs/api.md: tensors positional, "
+    "options keywords, as torch's scaled_dot_product_attention",
+}
+# Modules whose __all__ names are loaded on first use (PEP 562): public names, not re-exports
+LAZY_PUBLIC_MODULES = ("__init__.py", "preflight.py")
 
 
 def one_representation_table(files: list[Path]) -> None:
@@ -137,7 +146,7 @@ def one_representation_table(files: list[Path]) -> None:
             continue
         derivations += [f"{where}:{_line(text, m)}" for m in ROW_DERIVATION.finditer(text)]
         producers += [f"{where}:{line}" for line in _row_statistics_builders(text)]
-    counts, kernels, exceptions = [], [], []
+    counts, kernels, exceptions, entries = [], [], [], []
     internal = []
     exempt = _commands_and_keyword_wrappers()
     submodules = {module_name(f) for f in files}
@@ -152,6 +161,8 @@ def one_representation_table(files: list[Path]) -> None:
                 entry = (len(names), f"{mod}.{node.name}")
                 if any(ast.unparse(d).endswith("triton.jit") for d in node.decorator_list):
                     kernels.append(entry)  # Triton's calling convention: one argument per pointer and stride
+                elif (mod, node.name) in DOCUMENTED_KEYWORD_ENTRIES and (mod, node.name) in exempt:
+                    entries.append((*entry, DOCUMENTED_KEYWORD_ENTRIES[mod, node.name]))
                 elif (mod, node.name) in exempt and (
                     mod.startswith("ssacli.cli") or _body_lines(node) <= THIN_WRAPPER_LINES
                 ):
@@ -185,6 +196,9 @@ def one_representation_table(files: list[Path]) -> None:
     kernels = [k for k in kernels if k[0] > PARAMETER_LIMIT]
     print(f"  exceptions: {len(exceptions)} Typer commands and thin keyword wrappers of ssacli.__all__ ("
           + ", ".join(f"{name.removeprefix('ssacli.')} {n}" for n, name in exceptions) + ")")  # fmt: skip
+    entries = [e for e in sorted(entries, reverse=True) if e[0] > PARAMETER_LIMIT]
+    shown = ", ".join(f"{name.removeprefix('ssacli.')} {n}: {why}" for n, name, why in entries)
+    print(f"  documented keyword entries over {PARAMETER_LIMIT}: {len(entries)} ({shown})")
     shown = ", ".join(f"{name.rpartition('.')[2]} {n}" for n, name in kernels)
     print(f"  Triton kernels over {PARAMETER_LIMIT} (@triton.jit: pointers and strides, Triton's calling "
           f"convention): {len(kernels)} ({shown})")  # fmt: skip
@@ -297,8 +311,8 @@ def restructure_table(files: list[Path]) -> None:
         names = _all_names(tree)
         if names is None:
             continue
-        if path.name == "__init__.py" and path.parent == PKG:
-            public = len(names)
+        if path.parent == PKG and path.name in LAZY_PUBLIC_MODULES:
+            public = len(names) if path.name == "__init__.py" else public
             continue
         defined = {
             n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
