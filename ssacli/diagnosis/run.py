@@ -2,8 +2,10 @@
 
 (This module is named ``diagnosis`` so that importing it does not shadow the function.)
 
-It holds the run: checking the options, routing the model, planning each probe level's inputs,
-looping over them and assembling the :class:`~ssacli.diagnosis.result.DiagnoseResult`. One forward pass
+It holds the run: checking the options and routing the model, then three steps in this order:
+plan (:func:`~ssacli.diagnosis.plan.plan_run`, in :mod:`ssacli.diagnosis.plan`: each probe level's
+inputs), execute (:func:`_execute`: the forwards, level by level) and aggregate (:class:`ProbeTables`
+per probe, :func:`_assemble`: the :class:`~ssacli.diagnosis.result.DiagnoseResult`). One forward pass
 under a probe, and the :class:`~ssacli.diagnosis.forward.Recorder` that reduces its attention, are in
 :mod:`ssacli.diagnosis.forward`.
 
@@ -13,11 +15,10 @@ family's own eager attention), one reduction (:mod:`ssacli.diagnosis.metrics`).
 
 from __future__ import annotations
 
-import math
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, reattach, scor
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.device_map import MaxMemory
-from ..models.icl_task import TOKENS_PER_POINT
 from ..models.integrity import require_finite_weights
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
@@ -38,26 +38,15 @@ from ..models.options import LoadOptions
 from ..scorers import make_scorer
 from ..version import __version__
 from .forward import OutputReference, Recorder, forward_batch
-from .generation import check_generate, generate
+from .generation import generate
 from .metrics import LAYER_METRICS, METRICS
 from .outputs import reference_index
+from .plan import RunPlan, describe_inputs, plan_run
+from .positions import PositionProfiles, level_profiles, run_bins
 from .probe_result import ProbeResult
-from .probes import (
-    PROBES,
-    ActsOn,
-    Probe,
-    ProbeBatch,
-    TokenSource,
-    default_probes,
-    icl_batches,
-    numeric_sequences,
-    pad_sequences,
-    parse_probe,
-    pick_targets,
-    scorer_insensitivity,
-)
+from .probes import ActsOn, Probe, default_probes, parse_probe, scorer_insensitivity
 from .result import DiagnoseResult
-from .routes import Route, absorber, attention_layers, choose_route, layer_heads, route_unaudited_reason
+from .routes import Route, absorber, choose_route, route_unaudited_reason
 from .settings import DiagnoseSettings
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -78,6 +67,7 @@ def diagnose(
     seed: int = defaults.SEED,
     tau: float = defaults.TAU,
     top_k: int = defaults.TOP_K,
+    sink_k: int = defaults.SINK_K,
     block_size: int = defaults.BLOCK_ROWS,
     stats: str = defaults.STATS,
     device: str = defaults.DEVICE,
@@ -112,10 +102,13 @@ def diagnose(
     ``generate``: also greedy-generate this many tokens after each (unshifted) prompt and measure
     every decoding step's attention against the KV cache (``DiagnoseResult.generation``,
     :mod:`ssacli.diagnosis.generation`), checked against a full recomputation without cache.
+    ``sink_k``: the first k tokens of the sink and position metrics (sink_share, sink_boost;
+    ``DiagnoseResult.position_profiles()``: ssacli.diagnosis.positions).
     """
     settings = DiagnoseSettings(
         text=text, random_ids=random_ids, inputs=inputs, samples=samples, length=length,
         batch_size=batch_size, seed=seed, tau=tau, top_k=top_k, block_size=block_size, stats=stats,
+        sink_k=sink_k,
     )  # fmt: skip
     load = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
@@ -192,45 +185,46 @@ def _run(
     route: Route,
     settings: DiagnoseSettings,
     started: float,
-    progress,
+    progress: Progress | None,
     steps: int | None = None,
 ) -> DiagnoseResult:
-    root = loaded.attention_root
-    layers = attention_layers(root, route)
-    layer_of = {id(m): i for i, (_, m) in enumerate(layers)}
-    heads = [layer_heads(m, root, route) for _, m in layers]
-    icl = loaded.kind == ModelKind.ICL
-    length = settings.base_length(icl)
-    cap = _position_cap(loaded)
-    asked = None
-    if cap and length > cap:  # said in one line of every report (settings.length_asked), not a title
-        asked, length = length, cap
-    source = None
-    if not icl and settings.inputs is None:
-        vocab = getattr(root.config, "vocab_size", None) or 2
-        source = TokenSource(
-            loaded.tokenizer,
-            text=settings.text,
-            random_ids=settings.random_ids,
-            vocab_size=vocab,
-            seed=settings.seed,
-        )
-    prompt_length = None if steps is None else check_generate(loaded, route, steps, length)
-    probes = [_fit_length_levels(p, loaded, length) for p in probes]
-    scorers = list(scorers_of(root).values()) if route is Route.SSACLI else []
-    plans = [(p, _plan(p, loaded, route, source, length, settings)) for p in probes]
-    total = sum(len(batches) for _, plan in plans for batches, _ in plan.values() if batches)
-    done = 0
+    """Plan every probe level's inputs, execute them (one :class:`ProbeTables` filled per probe),
+    then generate (``steps``) and assemble the result."""
+    plan = plan_run(loaded, probes, route, settings, steps)
+    executed = _execute(loaded, route, plan, settings, progress)
+    generation = None
+    if steps is not None:  # the probes' prompts, unshifted, shortened to leave room for the tokens
+        source = plan.source
+        prompts = source.sequences(settings.samples, plan.prompt_length) if source else settings.inputs
+        generation = generate(
+            loaded, route, plan.layers, plan.heads, [list(p) for p in prompts], steps, tau=settings.tau,
+            top_k=settings.top_k, block_size=settings.block_size, stats=settings.stats,
+            batch_size=settings.batch_size,
+        )  # fmt: skip
+    return _assemble(loaded, route, plan, executed, settings, started, generation)
+
+
+# ---- execute: the forwards of each probe level, reduced as they pass ----------------------------
+
+
+@dataclass
+class Executed:
+    """What the forwards measured: one result per probe, and what the run learned on the way."""
+
+    probes: list[ProbeResult]
+    calls: dict[str, int]  # attention calls measured by each path ("fused", "eager"), over every probe
+    norms_before: dict[int, list[str]]  # per layer: the norms that ran before it (structural)
+
+
+def _execute(
+    loaded: LoadedModel, route: Route, plan: RunPlan, settings: DiagnoseSettings, progress: Progress | None
+) -> Executed:
+    total, done = plan.total_batches, 0
     results = []
-    calls = {"fused": 0, "eager": 0}  # attention calls measured by each path, over every probe
-    norms_before: dict[int, list[str]] = {}  # per layer: the norms that ran before it (structural)
-    for probe, plan in plans:
-        metrics = {name: np.full((len(probe.levels), len(layers), max(heads)), np.nan) for name in METRICS}
-        rows = np.zeros((len(probe.levels), len(layers)), dtype=np.int64)
-        layer_metrics = {name: np.full((len(probe.levels), len(layers)), np.nan) for name in LAYER_METRICS}
-        overflow: list[dict | None] = [None] * len(probe.levels)
-        extras: dict[str, list[float | None]] = {}
-        note = None
+    calls = {"fused": 0, "eager": 0}
+    norms_before: dict[int, list[str]] = {}
+    for probe, levels in plan.probes:
+        tables = ProbeTables.empty(len(probe.levels), len(plan.layers), max(plan.heads))
         # Probes that keep the tokens (they shift embeddings, keys or logits) compare every level's
         # outputs with the first level's; ICL models predict points, not distributions.
         # The reference is the unshifted (neutral) level when it was asked for, else the first; it
@@ -240,24 +234,25 @@ def _run(
         first = reference_index(probe.name, probe.levels)
         for li in sorted(range(len(probe.levels)), key=lambda i: i != first):
             level = probe.levels[li]
-            batches, why = plan[level]
+            batches, why = levels[level]
             if batches is None:
-                note = why
+                tables.note = why
                 continue
-            note = note or why
+            tables.note = tables.note or why
             if probe.kind.acts_on is ActsOn.INPUT_LENGTH:
                 real = [float(b.valid.sum(1).float().mean()) for b in batches]
-                extras.setdefault("tokens", [None] * len(probe.levels))[li] = float(np.mean(real))
+                tables.extra("tokens")[li] = float(np.mean(real))
             recorder = Recorder(
-                layer_of, tau=settings.tau, top_k=settings.top_k, block_size=settings.block_size,
+                plan.layer_of, tau=settings.tau, top_k=settings.top_k, block_size=settings.block_size,
                 causal=loaded.kind == ModelKind.CAUSAL, stats=settings.stats,
+                positions=run_bins(plan.length, settings.sink_k),  # where attention lands
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
             if reference is not None:
                 reference.recording = li == first
             for bi, batch in enumerate(batches):
                 for key, (value, count) in forward_batch(
-                    loaded, route, probe, level, batch, recorder, layers, reference, bi
+                    loaded, route, probe, level, batch, recorder, plan.layers, reference, bi
                 ).items():
                     acc = totals.setdefault(key, [0.0, 0.0])
                     acc[0] += value
@@ -268,41 +263,86 @@ def _run(
             for path, count in recorder.calls.items():
                 calls[path] += count
             norms_before = norms_before or recorder.norms_before
-            if recorder.overflow.first is not None:  # no finite-looking numbers from an overflowed forward
-                where = dict(recorder.overflow.first)
-                if where["layer"] is not None and where["layer"] < len(layers):
-                    where["module"] = layers[where["layer"]][0]
-                overflow[li] = where
-                continue
-            for key, (value, count) in totals.items():
-                extras.setdefault(key, [None] * len(probe.levels))[li] = value / count if count else None
-            for layer, stats in recorder.stats.items():
-                means = stats.means()
-                for name in METRICS:
-                    metrics[name][li, layer, : stats.num_heads] = means[name]
-                rows[li, layer] = stats.rows
-            for layer, stats in recorder.layers.items():
-                for name, value in stats.means().items():
-                    layer_metrics[name][li, layer] = value
-        results.append(
-            ProbeResult(
-                probe.name, [float(v) for v in probe.levels], metrics, rows, extras, note,
-                layer_metrics=layer_metrics, overflow=overflow,
-                insensitive=scorer_insensitivity(probe.kind, scorers),
-            )
+            tables.add_level(li, recorder, totals, plan.layers)
+            if li == first:  # where attention lands, at the reference (unshifted) level
+                tables.positions = level_profiles(probe.name, level, recorder, tables.metrics, li)
+        results.append(tables.result(probe, plan.scorers))
+    return Executed(results, calls, norms_before)
+
+
+# ---- aggregate: each level's recorder into a probe's arrays, the probes into the result ---------
+
+
+@dataclass
+class ProbeTables:
+    """One probe's numbers as its levels run: [level, layer, head] per-head metrics, rows measured,
+    [level, layer] layer metrics, per-level extras (LM loss, output KL, tokens) and overflow."""
+
+    metrics: dict[str, np.ndarray]
+    rows: np.ndarray
+    layer_metrics: dict[str, np.ndarray]
+    overflow: list[dict | None]
+    extras: dict[str, list[float | None]] = field(default_factory=dict)
+    note: str | None = None
+    positions: PositionProfiles | None = None  # at the reference level (ssacli.diagnosis.positions)
+
+    @classmethod
+    def empty(cls, levels: int, layers: int, heads: int) -> ProbeTables:
+        """NaN where nothing is measured (a level that did not run, a layer with fewer heads)."""
+        return cls(
+            metrics={name: np.full((levels, layers, heads), np.nan) for name in METRICS},
+            rows=np.zeros((levels, layers), dtype=np.int64),
+            layer_metrics={name: np.full((levels, layers), np.nan) for name in LAYER_METRICS},
+            overflow=[None] * levels,
+        )
+
+    def extra(self, key: str) -> list[float | None]:
+        return self.extras.setdefault(key, [None] * len(self.overflow))
+
+    def add_level(
+        self, li: int, recorder: Recorder, totals: dict[str, list[float]], layers: list[tuple[str, nn.Module]]
+    ) -> None:
+        """Level ``li``'s means; an overflowed level keeps only where it overflowed."""
+        if recorder.overflow.first is not None:  # no finite-looking numbers from an overflowed forward
+            where = dict(recorder.overflow.first)
+            if where["layer"] is not None and where["layer"] < len(layers):
+                where["module"] = layers[where["layer"]][0]
+            self.overflow[li] = where
+            return
+        for key, (value, count) in totals.items():
+            self.extra(key)[li] = value / count if count else None
+        for layer, stats in recorder.stats.items():
+            means = stats.means()
+            for name in METRICS:
+                self.metrics[name][li, layer, : stats.num_heads] = means[name]
+            self.rows[li, layer] = stats.rows
+        for layer, stats in recorder.layers.items():
+            for name, value in stats.means().items():
+                self.layer_metrics[name][li, layer] = value
+
+    def result(self, probe: Probe, scorers: list) -> ProbeResult:
+        return ProbeResult(
+            probe.name, [float(v) for v in probe.levels], self.metrics, self.rows, self.extras, self.note,
+            layer_metrics=self.layer_metrics, overflow=self.overflow,
+            insensitive=scorer_insensitivity(probe.kind, scorers), positions=self.positions,
         )  # fmt: skip
+
+
+def _assemble(
+    loaded: LoadedModel,
+    route: Route,
+    plan: RunPlan,
+    executed: Executed,
+    settings: DiagnoseSettings,
+    started: float,
+    generation: Any,
+) -> DiagnoseResult:
+    root = loaded.attention_root
+    layers = plan.layers
     # Where a probe that did not arrive was absorbed: each layer's normalization, in forward order.
-    absorbers = [absorber(norms_before.get(i, []), name) for i, (name, _) in enumerate(layers)]
-    for result in results:
+    absorbers = [absorber(executed.norms_before.get(i, []), name) for i, (name, _) in enumerate(layers)]
+    for result in executed.probes:
         result.absorbers = absorbers
-    generation = None
-    if steps is not None:  # the probes' prompts, unshifted, shortened to leave room for the tokens
-        prompts = source.sequences(settings.samples, prompt_length) if source else settings.inputs
-        generation = generate(
-            loaded, route, layers, heads, [list(p) for p in prompts], steps, tau=settings.tau,
-            top_k=settings.top_k, block_size=settings.block_size, stats=settings.stats,
-            batch_size=settings.batch_size,
-        )  # fmt: skip
     return DiagnoseResult(
         model=loaded.name,
         weights=loaded.weights,
@@ -310,14 +350,14 @@ def _run(
         scorer=getattr(root.config, CONFIG_SPEC_ATTR, None) or "softmax",
         route=route,
         layers=[name for name, _ in layers],
-        heads=heads,
-        probes=results,
+        heads=plan.heads,
+        probes=executed.probes,
         settings={
             **settings.recorded(),
-            "length": length,
-            **({"length_asked": asked} if asked is not None else {}),
-            "length_unit": "points" if icl else "tokens",
-            "inputs": _describe_inputs(loaded, source, settings),
+            "length": plan.length,
+            **({"length_asked": plan.length_asked} if plan.length_asked is not None else {}),
+            "length_unit": "points" if plan.icl else "tokens",
+            "inputs": describe_inputs(loaded, plan.source, settings),
             "vocab_size": _vocab_size(root)
             if loaded.kind == ModelKind.CAUSAL
             else None,  # uniform loss: log V
@@ -327,7 +367,7 @@ def _run(
             # --stats as asked, and how many attention calls each path measured (auto: fused where
             # the call allows it)
             "stats": settings.stats,
-            "stats_calls": calls,
+            "stats_calls": executed.calls,
         },
         versions=software_versions(),
         # to the millisecond, as the JSON keeps it: a report rendered from the saved result then
@@ -348,97 +388,6 @@ def _vocab_size(root: nn.Module) -> int | None:
     config = getattr(root, "config", None)
     size = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None)
     return size if isinstance(size, int) and size > 1 else None
-
-
-def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
-    """The length probe's default levels double the base length up to the model's maximum
-    positions (ICL: points): keep those that fit, and the maximum itself as the last level."""
-    kind = probe.kind
-    if kind.acts_on is not ActsOn.INPUT_LENGTH or probe.levels != PROBES[probe.name].defaults:
-        return probe
-    cap = _position_cap(loaded)
-    if not cap:
-        return probe
-    levels = [m for m in probe.levels if length * m <= cap]
-    if cap // length > (levels[-1] if levels else 0) and cap // length >= 1:
-        levels.append(float(cap // length))
-    return Probe(probe.name, tuple(levels or (1.0,)))
-
-
-def _plan(
-    probe: Probe, loaded: LoadedModel, route: Route, source, length: int, settings: DiagnoseSettings
-) -> dict:
-    """level -> (batches or None, note): the inputs each level runs on, or why it cannot run."""
-    kind = probe.kind
-    skip = None
-    if kind.needs_route and route is not Route.SSACLI:
-        skip = f"needs ssacli's attention function; family '{loaded.family}' runs on the eager fallback"
-    elif kind.needs_tokenizer and loaded.tokenizer is None:
-        skip = (
-            "needs a tokenizer (the model folder has none)"
-            if loaded.kind != ModelKind.ICL
-            else "not for ICL models"
-        )
-    elif kind.acts_on is ActsOn.INPUT_LENGTH and settings.inputs is not None:
-        skip = "not run on explicit inputs (their lengths are given)"
-    if skip:
-        return {level: (None, skip) for level in probe.levels}
-    cap = _position_cap(loaded)
-    unit = "points" if loaded.kind == ModelKind.ICL else "positions"
-    plan, note = {}, None
-    for level in probe.levels:
-        size = int(length * level) if kind.acts_on is ActsOn.INPUT_LENGTH else length
-        if cap and size > cap:
-            size, note = cap, f"inputs capped at the model's {cap} {unit}"
-        level_settings = settings
-        if kind.acts_on is ActsOn.INPUT_LENGTH and size > length:  # about the same tokens per level
-            level_settings = replace(settings, samples=max(1, math.ceil(settings.samples * length / size)))
-        batches = _inputs(probe, level, loaded, source, size, level_settings)
-        if cap and any(b.input_ids is not None and b.input_ids.shape[1] > cap for b in batches):
-            batches = [_truncate(b, cap) for b in batches]
-            note = f"inputs truncated to the model's {cap} {unit}"
-        if kind.has_target:
-            pick_targets(batches, settings.seed)
-        plan[level] = (batches, note)
-    return plan
-
-
-def _position_cap(loaded: LoadedModel) -> int | None:
-    """The longest input the model's position table covers (ICL: in points); None: no limit known."""
-    cap = loaded.max_positions
-    if cap and loaded.kind == ModelKind.ICL:
-        cap //= TOKENS_PER_POINT
-    return cap
-
-
-def _truncate(batch: ProbeBatch, cap: int) -> ProbeBatch:
-    """Keep the first ``cap`` tokens (batches are right-padded, so real tokens come first)."""
-    return ProbeBatch(input_ids=batch.input_ids[:, :cap], attention_mask=batch.attention_mask[:, :cap])
-
-
-def _inputs(
-    probe: Probe, level: float, loaded: LoadedModel, source, size: int, settings: DiagnoseSettings
-) -> list[ProbeBatch]:
-    samples, batch_size, seed = settings.samples, settings.batch_size, settings.seed
-    if loaded.kind == ModelKind.ICL:
-        return icl_batches(loaded.model.spec.task, samples, size, batch_size, seed)
-    pad = loaded.pad_id
-    side = "right"  # one forward, no generation: real tokens keep positions 0..n-1 and key 0 (the sink)
-    if probe.kind.acts_on is ActsOn.INPUT_TEXT:
-        return pad_sequences(
-            numeric_sequences(loaded.tokenizer, int(level), samples, seed), pad, batch_size, side
-        )
-    if settings.inputs is not None:
-        return pad_sequences([list(s) for s in settings.inputs], pad, batch_size, side)
-    return pad_sequences(source.sequences(samples, size), pad, batch_size, side)
-
-
-def _describe_inputs(loaded: LoadedModel, source, settings: DiagnoseSettings) -> str:
-    if loaded.kind == ModelKind.ICL:
-        return f"icl:{loaded.model.spec.task} prompts (seed {settings.seed})"
-    if settings.inputs is not None:
-        return f"{len(settings.inputs)} given sequences"
-    return source.description
 
 
 def software_versions() -> dict[str, str]:

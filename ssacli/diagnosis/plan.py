@@ -1,0 +1,188 @@
+"""What one :func:`ssacli.diagnose` run will do, decided before any forward: the attention layers and
+their heads, the base length (capped at the model's positions), where the tokens come from, and per
+probe level the batches it runs on or why it cannot run.
+
+:func:`plan_run` builds the :class:`RunPlan`; :mod:`ssacli.diagnosis.run` executes it level by level
+and aggregates what the forwards measured into a :class:`~ssacli.diagnosis.result.DiagnoseResult`.
+Nothing here runs the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from torch import nn
+
+from ..attention.interface import scorers_of
+from ..models.icl_task import TOKENS_PER_POINT
+from ..models.kinds import ModelKind
+from ..models.loading import LoadedModel
+from .generation import check_generate
+from .probes import (
+    PROBES,
+    ActsOn,
+    Probe,
+    ProbeBatch,
+    TokenSource,
+    icl_batches,
+    numeric_sequences,
+    pad_sequences,
+    pick_targets,
+)
+from .routes import Route, attention_layers, layer_heads
+from .settings import DiagnoseSettings
+
+# level -> (batches, note): the inputs a probe level runs on (None: it cannot run, the note says why)
+LevelPlan = dict[float, tuple[list[ProbeBatch] | None, str | None]]
+
+
+@dataclass
+class RunPlan:
+    """Everything the loop over probe levels needs, fixed before the first forward."""
+
+    layers: list[tuple[str, nn.Module]]  # the attention modules, in forward order, with their names
+    layer_of: dict[int, int]  # id(module) -> layer index
+    heads: list[int]  # heads per layer
+    icl: bool
+    length: int  # the base length (ICL: points), capped at the model's positions
+    length_asked: int | None  # the length asked for when the cap shortened it, else None
+    source: TokenSource | None  # where text probes' tokens come from (None: ICL prompts or given inputs)
+    prompt_length: int | None  # generate's prompt length (None: no generation)
+    probes: list[tuple[Probe, LevelPlan]]
+    scorers: list  # the scorers of ssacli's route (which probes they make insensitive)
+
+    @property
+    def total_batches(self) -> int:
+        """The forwards the probes will run (what progress counts to)."""
+        return sum(len(batches) for _, levels in self.probes for batches, _ in levels.values() if batches)
+
+
+def plan_run(
+    loaded: LoadedModel, probes: list[Probe], route: Route, settings: DiagnoseSettings, steps: int | None
+) -> RunPlan:
+    """The plan of a run over ``probes``; ``steps``: tokens to generate afterwards (None: none)."""
+    root = loaded.attention_root
+    layers = attention_layers(root, route)
+    icl = loaded.kind == ModelKind.ICL
+    length = settings.base_length(icl)
+    cap = position_cap(loaded)
+    asked = None
+    if cap and length > cap:  # said in one line of every report (settings.length_asked), not a title
+        asked, length = length, cap
+    source = None
+    if not icl and settings.inputs is None:
+        vocab = getattr(root.config, "vocab_size", None) or 2
+        source = TokenSource(
+            loaded.tokenizer,
+            text=settings.text,
+            random_ids=settings.random_ids,
+            vocab_size=vocab,
+            seed=settings.seed,
+        )
+    prompt_length = None if steps is None else check_generate(loaded, route, steps, length)
+    probes = [_fit_length_levels(p, loaded, length) for p in probes]
+    return RunPlan(
+        layers=layers,
+        layer_of={id(m): i for i, (_, m) in enumerate(layers)},
+        heads=[layer_heads(m, root, route) for _, m in layers],
+        icl=icl,
+        length=length,
+        length_asked=asked,
+        source=source,
+        prompt_length=prompt_length,
+        probes=[(p, _plan_levels(p, loaded, route, source, length, settings)) for p in probes],
+        scorers=list(scorers_of(root).values()) if route is Route.SSACLI else [],
+    )
+
+
+def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
+    """The length probe's default levels double the base length up to the model's maximum
+    positions (ICL: points): keep those that fit, and the maximum itself as the last level."""
+    kind = probe.kind
+    if kind.acts_on is not ActsOn.INPUT_LENGTH or probe.levels != PROBES[probe.name].defaults:
+        return probe
+    cap = position_cap(loaded)
+    if not cap:
+        return probe
+    levels = [m for m in probe.levels if length * m <= cap]
+    if cap // length > (levels[-1] if levels else 0) and cap // length >= 1:
+        levels.append(float(cap // length))
+    return Probe(probe.name, tuple(levels or (1.0,)))
+
+
+def _plan_levels(
+    probe: Probe, loaded: LoadedModel, route: Route, source, length: int, settings: DiagnoseSettings
+) -> LevelPlan:
+    """level -> (batches or None, note): the inputs each level runs on, or why it cannot run."""
+    kind = probe.kind
+    skip = None
+    if kind.needs_route and route is not Route.SSACLI:
+        skip = f"needs ssacli's attention function; family '{loaded.family}' runs on the eager fallback"
+    elif kind.needs_tokenizer and loaded.tokenizer is None:
+        skip = (
+            "needs a tokenizer (the model folder has none)"
+            if loaded.kind != ModelKind.ICL
+            else "not for ICL models"
+        )
+    elif kind.acts_on is ActsOn.INPUT_LENGTH and settings.inputs is not None:
+        skip = "not run on explicit inputs (their lengths are given)"
+    if skip:
+        return {level: (None, skip) for level in probe.levels}
+    cap = position_cap(loaded)
+    unit = "points" if loaded.kind == ModelKind.ICL else "positions"
+    plan, note = {}, None
+    for level in probe.levels:
+        size = int(length * level) if kind.acts_on is ActsOn.INPUT_LENGTH else length
+        if cap and size > cap:
+            size, note = cap, f"inputs capped at the model's {cap} {unit}"
+        level_settings = settings
+        if kind.acts_on is ActsOn.INPUT_LENGTH and size > length:  # about the same tokens per level
+            level_settings = replace(settings, samples=max(1, math.ceil(settings.samples * length / size)))
+        batches = _inputs(probe, level, loaded, source, size, level_settings)
+        if cap and any(b.input_ids is not None and b.input_ids.shape[1] > cap for b in batches):
+            batches = [_truncate(b, cap) for b in batches]
+            note = f"inputs truncated to the model's {cap} {unit}"
+        if kind.has_target:
+            pick_targets(batches, settings.seed)
+        plan[level] = (batches, note)
+    return plan
+
+
+def position_cap(loaded: LoadedModel) -> int | None:
+    """The longest input the model's position table covers (ICL: in points); None: no limit known."""
+    cap = loaded.max_positions
+    if cap and loaded.kind == ModelKind.ICL:
+        cap //= TOKENS_PER_POINT
+    return cap
+
+
+def _truncate(batch: ProbeBatch, cap: int) -> ProbeBatch:
+    """Keep the first ``cap`` tokens (batches are right-padded, so real tokens come first)."""
+    return ProbeBatch(input_ids=batch.input_ids[:, :cap], attention_mask=batch.attention_mask[:, :cap])
+
+
+def _inputs(
+    probe: Probe, level: float, loaded: LoadedModel, source, size: int, settings: DiagnoseSettings
+) -> list[ProbeBatch]:
+    samples, batch_size, seed = settings.samples, settings.batch_size, settings.seed
+    if loaded.kind == ModelKind.ICL:
+        return icl_batches(loaded.model.spec.task, samples, size, batch_size, seed)
+    pad = loaded.pad_id
+    side = "right"  # one forward, no generation: real tokens keep positions 0..n-1 and key 0 (the sink)
+    if probe.kind.acts_on is ActsOn.INPUT_TEXT:
+        return pad_sequences(
+            numeric_sequences(loaded.tokenizer, int(level), samples, seed), pad, batch_size, side
+        )
+    if settings.inputs is not None:
+        return pad_sequences([list(s) for s in settings.inputs], pad, batch_size, side)
+    return pad_sequences(source.sequences(samples, size), pad, batch_size, side)
+
+
+def describe_inputs(loaded: LoadedModel, source, settings: DiagnoseSettings) -> str:
+    """What the probes ran on, as the result's settings record it."""
+    if loaded.kind == ModelKind.ICL:
+        return f"icl:{loaded.model.spec.task} prompts (seed {settings.seed})"
+    if settings.inputs is not None:
+        return f"{len(settings.inputs)} given sequences"
+    return source.description
