@@ -22,11 +22,14 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   merges an ``ssacli.toml`` with explicit options first, :func:`write_check_config` writes one
   measured on a model (``ssacli check``, ``check --init``).
 * :func:`convert`: swap a model's scorer and measure its fidelity; :func:`convert_and_finetune`
-  fine-tunes the converted model (``ssacli convert [--finetune]``).
+  fine-tunes the converted model (``ssacli convert [--finetune]``); :func:`convert_with` and
+  :func:`convert_and_finetune_with` take their settings as a :class:`ConvertSettings` and a
+  LoadOptions.
 * :func:`finetune` with a :class:`FinetuneConfig` (:func:`finetune_config` fills it from the run
   recorded in a folder): fine-tune, or continue a run (``ssacli finetune``);
   :func:`train_from_scratch`: a fresh language model and tokenizer, then the same loop
-  (``ssacli train``); :class:`SaturationCallback` logs per-layer saturation inside a
+  (``ssacli train``; :func:`train_from_scratch_with`: a :class:`ScratchSettings` and a
+  FinetuneConfig); :class:`SaturationCallback` logs per-layer saturation inside a
   ``transformers.Trainer`` every N steps, :class:`SaturationMonitor` is the same for any loop.
 * :func:`compare_models` -> :class:`QualityReport`: the before/after report (``ssacli report``;
   :func:`compare_models_with` takes its settings as a :class:`ReportSettings` and a LoadOptions);
@@ -37,8 +40,9 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   :func:`plot_icl_sweep` draws a sweep's figures from its summary, as ``ssacli icl sweep`` does.
 
 * Settings as values: :class:`DiagnoseSettings` (what a diagnosis probes with and how it reduces),
-  :class:`LoadOptions` (how a MODEL loads); :class:`ModelKind` and :data:`METRICS` (the per-head
-  metrics, with their descriptions) name what results hold.
+  :class:`ConvertSettings` (what a conversion measures fidelity on), :class:`ScratchSettings` (what
+  ``ssacli train`` builds), :class:`LoadOptions` (how a MODEL loads); :class:`ModelKind` and
+  :data:`METRICS` (the per-head metrics, with their descriptions) name what results hold.
 * Drawing what the calls return, as the commands do: :func:`render_quality_report` /
   :func:`quality_report_html` (``ssacli report``), :func:`icl_evaluation_tables`,
   :func:`icl_evaluation_legend`, :func:`plot_icl_evaluation` (``icl eval``), :func:`figure_files` (named
@@ -96,6 +100,8 @@ _LAZY = {
     "load_model": "models.loading",
     "load": "models.loading",
     "convert": "conversion",
+    "convert_with": "conversion",
+    "ConvertSettings": "conversion.settings",
     "save_model": "conversion",
     "DiagnoseResult": "diagnosis.result",
     "ProbeResult": "diagnosis.result",
@@ -126,10 +132,13 @@ _LAZY = {
     "FinetuneConfig": "train.finetune",
     "finetune_config": "train.runs",
     "convert_and_finetune": "train.runs",
+    "convert_and_finetune_with": "train.runs",
     "convert_with_recipe": "train.recipe",
     "softmax_control": "train.recipe",
     "RecipeConfig": "train.recipe",
     "train_from_scratch": "train.runs",
+    "train_from_scratch_with": "train.runs",
+    "ScratchSettings": "train.settings",
     "train_icl": "icl.train:train",
     "ICLTrainConfig": "icl.train:TrainConfig",
     "evaluate_icl": "icl.evaluate",
@@ -158,7 +167,8 @@ if TYPE_CHECKING:
     from .check.config import write_check_config
     from .check.requirements import CheckReport, parse_requirement, run_check
     from .check.settings import CheckSettings, check_settings
-    from .conversion import convert, save_model
+    from .conversion import convert, convert_with, save_model
+    from .conversion.settings import ConvertSettings
     from .diagnosis.comparison import compare_results
     from .diagnosis.metrics import METRICS
     from .diagnosis.probe_kinds import parse_probe
@@ -202,8 +212,15 @@ if TYPE_CHECKING:
     from .train.finetune import FinetuneConfig, finetune
     from .train.monitor import SaturationMonitor
     from .train.recipe import RecipeConfig, convert_with_recipe, softmax_control
-    from .train.runs import convert_and_finetune, finetune_config, train_from_scratch
+    from .train.runs import (
+        convert_and_finetune,
+        convert_and_finetune_with,
+        finetune_config,
+        train_from_scratch,
+        train_from_scratch_with,
+    )
     from .train.scratch import describe as describe_model
+    from .train.settings import ScratchSettings
     from .train.trainer_callback import SaturationCallback
 
 
@@ -298,4 +315,9 @@ __all__ = [
     "describe_model",
     "folder_record",
     "training_record",
+    "ConvertSettings",
+    "convert_with",
+    "convert_and_finetune_with",
+    "ScratchSettings",
+    "train_from_scratch_with",
 ]

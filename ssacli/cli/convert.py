@@ -195,14 +195,12 @@ def convert_command(
             console.print(line, highlight=False, soft_wrap=True)
 
     if not do_finetune:
-        from .. import convert
+        from .. import ConvertSettings, convert_with
         from ..preflight import check_model_out, local_model_path
 
         check_model_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
-        _, report = convert(
-            model_ref, scorer, out, overwrite=overwrite, text=calibration, max_error=max_error, strict=strict,
-            **load.keywords(),
-        )  # fmt: skip
+        conversion = ConvertSettings(text=calibration, max_error=max_error, strict=strict)
+        _, report = convert_with(model_ref, scorer, conversion, load, out, overwrite=overwrite)
         show_fidelity(report)
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
         write_run_json("convert", json_out, out, **measured)
@@ -213,15 +211,14 @@ def convert_command(
                    show_fidelity=show_fidelity, load=load, strict=strict, control=control)  # fmt: skip
         write_run_json("convert", json_out, out, control=control, **measured)
         return
-    from .. import convert_and_finetune, finetune_config
+    from .. import ConvertSettings, convert_and_finetune_with, finetune_config
 
     config = finetune_config(**options)  # bad values fail before loading
-    # one device per process: --device-map and --max-memory were refused with --finetune above
-    unplaced = {k: v for k, v in load.keywords().items() if k not in ("device_map", "max_memory")}
+    conversion = ConvertSettings(text=calibration, max_error=max_error, strict=strict)
     with training_display(config.steps, config.log_every, quiet) as on_step:
-        trained, _ = convert_and_finetune(
-            model_ref, scorer, out, config, overwrite=overwrite, resume=resume, text=calibration,
-            max_error=max_error, strict=strict, on_converted=show_fidelity, on_step=on_step, **unplaced,
+        trained, _ = convert_and_finetune_with(
+            model_ref, scorer, out, config, conversion, load, overwrite=overwrite, resume=resume,
+            on_converted=show_fidelity, on_step=on_step,
         )  # fmt: skip
     print_trained(out, trained.path)
     write_run_json("convert", json_out, out, **measured)

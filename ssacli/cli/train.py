@@ -75,21 +75,22 @@ def train_command(
     check_writable_folder(out, "--out")  # before anything heavy is imported
     check_outputs(("--json", json_out))
     check_inputs(scorers=[scorer])
-    from .. import FinetuneConfig, describe_model, train_from_scratch
+    from .. import FinetuneConfig, ScratchSettings, describe_model, train_from_scratch_with
 
     def show_built(model) -> None:
         if not quiet:
             Console(stderr=True).print(describe_model(model), highlight=False, soft_wrap=True)
 
-    loop = dict(
-        steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, grad_accum=grad_accum, warmup=warmup,
-        weight_decay=weight_decay, checkpoint_every=checkpoint_every, attention=attention,
+    build = ScratchSettings(arch=arch, size=size, scorer=scorer, vocab_size=vocab_size, seq_len=seq_len)
+    config = FinetuneConfig(
+        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, grad_accum=grad_accum,
+        warmup=warmup, weight_decay=weight_decay, seed=seed, checkpoint_every=checkpoint_every,
+        attention=attention, train="all",
     )  # fmt: skip
-    with training_display(steps, FinetuneConfig.log_every, quiet) as on_step:
-        trained = train_from_scratch(
-            data, out, arch=arch, size=size, scorer=scorer, vocab_size=vocab_size, seq_len=seq_len,
-            seed=seed, resume=resume, overwrite=overwrite, device=device, on_built=show_built,
-            on_step=on_step, **loop,
+    with training_display(steps, config.log_every, quiet) as on_step:
+        trained = train_from_scratch_with(
+            build, config, out, resume=resume, overwrite=overwrite, device=device, on_built=show_built,
+            on_step=on_step,
         )  # fmt: skip
     print_trained(out, trained.path)
     write_run_json("train", json_out, out)

@@ -34,8 +34,9 @@ from ..models.options import LoadOptions
 from ..scorers import make_scorer
 from .calibration import calibration_inputs, fidelity, model_outputs, target_of
 from .m_auto import attention_row_kl, choose_m, wants_m_auto
+from .settings import ConvertSettings
 
-__all__ = ["check_out", "convert", "save_model"]
+__all__ = ["check_out", "convert", "convert_with", "save_model"]
 
 # ---- saving --------------------------------------------------------------------------------------------
 
@@ -146,20 +147,38 @@ def convert(
     (:class:`~ssacli.models.options.LoadOptions`; ``device_map``: across devices and the disk). A
     family the all-family audit does not cover is converted with ``report["unaudited"]`` saying why;
     with ``strict`` it is refused (UnsupportedModelError) before anything is measured or written.
+    :func:`convert_with` is the same with its settings as values.
     """
-    if max_error is not None and not (0 < max_error < float("inf")):
-        raise UsageError(f"--max-error must be a positive number, got {max_error}")
+    settings = ConvertSettings(
+        text=text, samples=samples, length=length, seed=seed, max_error=max_error, strict=strict
+    )
+    load = LoadOptions(
+        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+        offline=offline, revision=revision,
+    )  # fmt: skip
+    return convert_with(model, scorer, settings, load, out, overwrite=overwrite, tokenizer=tokenizer)
+
+
+def convert_with(
+    model: str | Path | nn.Module | LoadedModel,
+    scorer: str,
+    settings: ConvertSettings,
+    load: LoadOptions,
+    out: str | Path | None = None,
+    *,
+    overwrite: bool = False,
+    tokenizer: Any = None,
+) -> tuple[LoadedModel, dict[str, Any]]:
+    """:func:`convert` with its settings as values: what fidelity is measured on and against which
+    target (:class:`~ssacli.conversion.settings.ConvertSettings`) and how a MODEL reference loads
+    (:class:`~ssacli.models.options.LoadOptions`); ``ssacli convert`` builds both from its flags."""
     auto = wants_m_auto(make_scorer(scorer))  # a bad spec fails before loading
     if out is not None:  # cheap checks before loading anything
         reference = isinstance(model, str | Path)
         source = local_model_path(str(model)) if reference else getattr(model, "path", None)
         check_out(Path(out).expanduser(), source, overwrite)
     with writer_lock(Path(out).expanduser()) if out is not None else nullcontext():  # one writer of out
-        load = LoadOptions(
-            device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
-            offline=offline, revision=revision,
-        )  # fmt: skip
         loaded = as_loaded(model, tokenizer, load)
         root = loaded.attention_root
         if not supports(root):
@@ -169,14 +188,14 @@ def convert(
                 "(docs/models.md lists supported families)"
             )
         unaudited = unaudited_reason(getattr(root.config, "model_type", loaded.family))
-        if unaudited is not None and strict:
+        if unaudited is not None and settings.strict:
             raise UnsupportedModelError(
                 f"{unaudited}; --strict refuses it (drop --strict to convert it, marked)"
             )
         if out is not None:
             check_out(Path(out).expanduser(), loaded.path, overwrite)
         loaded.model.eval()
-        batches = calibration_inputs(loaded, samples, length, seed, text)
+        batches = calibration_inputs(loaded, settings.samples, settings.length, settings.seed, settings.text)
         before_spec = _spec_of(loaded)
         if not any(SCORER_KEY in k for k in loaded.model.state_dict()) and before_spec == "softmax":
             apply_scorer(root, "softmax")  # measure "before" through the same attention function
@@ -184,19 +203,14 @@ def convert(
         grid = attention_row_kl(loaded, batches) if auto else None
         apply_scorer(root, scorer, parameters_follow=grid is not None)  # choose_m sets m next
         if grid is not None:
-            after, report = choose_m(loaded, batches, before, grid, max_error)
+            after, report = choose_m(loaded, batches, before, grid, settings.max_error)
         else:
             after = model_outputs(loaded, batches)
             report = fidelity(loaded.kind, before, after, batches)
-            metric, target = target_of(report, max_error)
+            metric, target = target_of(report, settings.max_error)
             report["target"] = {"metric": metric, "max": target, "met": bool(report[metric] <= target)}
         report = {"from": before_spec, "to": _spec_of(loaded), **report, "unaudited": unaudited}
-        report["calibration"] = {
-            "text": "--text file" if text is not None else "built-in probe texts",
-            "samples": samples,
-            "length": length,
-            "seed": seed,
-        }
+        report["calibration"] = settings.recorded()
         if out is not None:
             source = str(loaded.path or loaded.name)
             meta = {"source": source, "source_weights": loaded.weights, "fidelity": report}

@@ -8,16 +8,21 @@
   (on the start of the training text unless a calibration text is given), fine-tune, and save.
 * :func:`finetune_config` (``ssacli finetune``): the :class:`FinetuneConfig` of a call that may
   continue a recorded run: settings not given are the run's, so a larger ``steps`` extends it.
+
+The first two are keyword wrappers for users; the commands call their ``_with`` forms, which take the
+settings as values (:class:`FinetuneConfig`, with :class:`~ssacli.train.settings.ScratchSettings`, or
+:class:`~ssacli.conversion.settings.ConvertSettings` and :class:`~ssacli.models.options.LoadOptions`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..conversion import check_out, convert
+from ..conversion import check_out, convert_with
+from ..conversion.settings import ConvertSettings
 from ..defaults import DEVICE, SCORER, SEED
 from ..errors import UsageError
 from ..files import check_writable_folder, writer_lock
@@ -30,6 +35,7 @@ from .data import read_documents
 from .finetune import FinetuneConfig, finetune
 from .folders import training_folder
 from .scratch import SIZES, new_model, training_texts
+from .settings import ScratchSettings
 
 SCRATCH_RECORD = "scratch"  # key in ssacli.json: how a from-scratch model was built
 CALIBRATION_CHARS = 200_000  # of text training data, when it is the calibration text
@@ -106,28 +112,53 @@ def convert_and_finetune(
     folder, an existing one only with ``overwrite``). ``text`` is the calibration text (None: the
     start of ``config.data`` for text data, else the built-in probe texts). ``dtype="auto"`` loads
     float32. ``on_converted(report)`` is called between the two stages; ``strict``: as for convert.
-    ``resume``: continue the fine-tuning run stopped in ``out`` (a missing ``out`` starts afresh)."""
+    ``resume``: continue the fine-tuning run stopped in ``out`` (a missing ``out`` starts afresh).
+    :func:`convert_and_finetune_with` is the same with its settings as values."""
+    conversion = ConvertSettings(text=text, max_error=max_error, strict=strict)
+    load = LoadOptions(
+        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code, offline=offline, revision=revision,
+    )  # fmt: skip
+    return convert_and_finetune_with(model, scorer, out, config, conversion, load, overwrite=overwrite,
+                                     resume=resume, on_converted=on_converted, on_step=on_step)  # fmt: skip
+
+
+def convert_and_finetune_with(
+    model: str | LoadedModel,
+    scorer: str,
+    out: str | Path,
+    config: FinetuneConfig,
+    conversion: ConvertSettings,
+    load: LoadOptions,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    on_converted: Callable[[dict[str, Any]], None] | None = None,
+    on_step: OnStep | None = None,
+) -> tuple[LoadedModel, dict[str, Any]]:
+    """:func:`convert_and_finetune` with its settings as values: the loop's (``config``), the
+    conversion's (:class:`~ssacli.conversion.settings.ConvertSettings`; its ``text`` None: the start
+    of ``config.data``, as there) and how MODEL loads (:class:`~ssacli.models.options.LoadOptions`,
+    on one device: fine-tuning takes no ``device_map`` or ``max_memory``); ``ssacli convert
+    --finetune`` builds them from its flags."""
     make_scorer(scorer)  # a bad spec fails before loading
     config.validate()
+    placed = [name for name in ("device_map", "max_memory") if getattr(load, name) is not None]
+    if placed:
+        raise UsageError(f"{placed[0]} applies to convert without fine-tuning (fine-tuning trains on one "
+                         "device per process; use torchrun or accelerate launch for several)")  # fmt: skip
     out = Path(out).expanduser()
     if resume and out.exists():  # the conversion is done: its fine-tuning run continues
-        trained = finetune(str(out), config, out, resume=True, device=device, on_step=on_step,
-                           trust_remote_code=trust_remote_code)  # fmt: skip
+        trained = finetune(str(out), config, out, resume=True, device=load.device, on_step=on_step,
+                           trust_remote_code=load.trust_remote_code)  # fmt: skip
         return trained, (read_meta(out) or {}).get("fidelity") or {}
     check_out(out, model.path if isinstance(model, LoadedModel) else local_model_path(model), overwrite)
-    load = LoadOptions(
-        device=device,
-        # "auto" is float32 here: AdamW on bf16/fp16 weights loses small updates; autocast covers speed
-        dtype="float32" if dtype == "auto" else dtype,
-        allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-        offline=offline, revision=revision,
-    )  # fmt: skip
+    if load.dtype == "auto":  # float32: AdamW on bf16/fp16 weights loses small updates; autocast covers speed
+        load = replace(load, dtype="float32")
     with writer_lock(out):  # one writer of out, from the conversion on
-        calibration = text if text is not None else calibration_text(config.data)
-        loaded, report = convert(
-            model, scorer, None, overwrite=overwrite, text=calibration, max_error=max_error, strict=strict,
-            **load.keywords(),
-        )  # fmt: skip
+        if conversion.text is None:
+            conversion = replace(conversion, text=calibration_text(config.data))
+        loaded, report = convert_with(model, scorer, conversion, load, None, overwrite=overwrite)
         if on_converted is not None:
             on_converted(report)
         meta = {
@@ -166,8 +197,32 @@ def train_from_scratch(
     defaults are FinetuneConfig's). The held-out loss (last tenth of ``data``) is measured before
     the first step and at every checkpoint. ``resume`` continues the run in ``out``: build
     settings left None are the recorded ones, others must match them. ``on_built(model)`` is called
-    once a new model is built."""
-    spec = make_scorer(scorer).spec  # a bad spec fails before the tokenizer is trained
+    once a new model is built. :func:`train_from_scratch_with` is the same with its settings as values."""
+    build = ScratchSettings(arch=arch, size=size, scorer=scorer, vocab_size=vocab_size, seq_len=seq_len)
+    config = FinetuneConfig(data=str(data), seed=seed, train="all", **settings)
+    return train_from_scratch_with(build, config, out, resume=resume, overwrite=overwrite, device=device,
+                                   on_built=on_built, on_step=on_step)  # fmt: skip
+
+
+def train_from_scratch_with(
+    build: ScratchSettings,
+    config: FinetuneConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    device: str = DEVICE,
+    on_built: Callable[[LoadedModel], None] | None = None,
+    on_step: OnStep | None = None,
+) -> LoadedModel:
+    """:func:`train_from_scratch` with its settings as values: how the model is built
+    (:class:`~ssacli.train.settings.ScratchSettings`) and the loop (``config``: its ``data`` also
+    trains the tokenizer, its ``seed`` also seeds the weights; its ``seq_len`` is the model's
+    positions, ``build.seq_len`` or the size's, and it trains every weight, ``train="all"``);
+    ``ssacli train`` builds both from its flags."""
+    spec = make_scorer(build.scorer).spec  # a bad spec fails before the tokenizer is trained
+    if config.train != "all":
+        raise UsageError(f"a model from scratch trains all its weights (train='all'), got {config.train!r}")
     if resume and overwrite:
         raise UsageError("--resume continues the run in --out and --overwrite replaces it; give one of them")
     out = Path(out)
@@ -177,28 +232,39 @@ def train_from_scratch(
         raise UsageError(f"--out {out} already exists ({hint}); pass --overwrite to replace it")
     if recorded is None:
         check_replaceable(out)  # --overwrite replaces only a folder ssacli wrote, or an empty one
+    build = replace(build, scorer=spec)
     if recorded is not None:
-        _check_same_build(out, recorded, arch=arch, size=size, scorer=spec, vocab_size=vocab_size, seed=seed)
-        seq_len = seq_len or recorded["seq_len"]
+        _check_same_build(out, recorded, arch=build.arch, size=build.size, scorer=build.scorer,
+                          vocab_size=build.vocab_size, seed=config.seed)  # fmt: skip
+        build = replace(build, seq_len=build.seq_len or recorded["seq_len"])
     # seq_len: the model's positions, known once it is built (2 passes validation until then)
-    config = FinetuneConfig(data=str(data), seq_len=seq_len or 2, seed=seed, train="all", **settings)
+    config = replace(config, seq_len=build.seq_len or 2)
     config.validate()  # before the tokenizer is trained
     check_writable_folder(out, "--out")
     with writer_lock(out):  # one writer of out, from the tokenizer on
-        return _train_into(data, out, config, recorded, arch, size, spec, vocab_size, seq_len, seed, resume,
-                           overwrite, device, on_built, on_step)  # fmt: skip
+        return _train_into(out, build, config, recorded, resume, overwrite, device, on_built, on_step)
 
 
-def _train_into(data, out, config, recorded, arch, size, spec, vocab_size, seq_len, seed, resume, overwrite,
-                device, on_built, on_step) -> LoadedModel:  # fmt: skip
+def _train_into(
+    out: Path,
+    build: ScratchSettings,
+    config: FinetuneConfig,
+    recorded: dict[str, Any] | None,
+    resume: bool,
+    overwrite: bool,
+    device: str,
+    on_built: Callable[[LoadedModel], None] | None,
+    on_step: OnStep | None,
+) -> LoadedModel:
+    """The run itself: the recorded model reloaded (``recorded``), or a new one built, then the loop."""
     if recorded is not None:
         model: str | LoadedModel = str(out)  # finetune reloads the model, tokenizer and optimizer
         meta = None
     else:
-        model, meta = _build(arch, size or "tiny", spec, str(data), vocab_size, seq_len, seed)
+        model, meta = _build(build, config.data, config.seed)
         if on_built is not None:
             on_built(model)
-        config.seq_len = model.max_positions
+        config = replace(config, seq_len=model.max_positions)
     return finetune(
         model, config, out, resume=resume, overwrite=overwrite, device=device, meta=meta, on_step=on_step
     )
@@ -231,14 +297,16 @@ def _check_same_build(out: Path, recorded: dict[str, Any], **given: Any) -> None
         )
 
 
-def _build(arch, size, spec, data, vocab_size, seq_len, seed) -> tuple[LoadedModel, dict[str, Any]]:
+def _build(build: ScratchSettings, data: str, seed: int) -> tuple[LoadedModel, dict[str, Any]]:
+    size = build.size or "tiny"
     texts = training_texts(data)
-    loaded = new_model(arch, size, spec, texts=texts, vocab_size=vocab_size, seq_len=seq_len, seed=seed)
+    loaded = new_model(build.arch, size, build.scorer, texts=texts, vocab_size=build.vocab_size,
+                       seq_len=build.seq_len, seed=seed)  # fmt: skip
     record = {
         "arch": loaded.family,
         "size": size if size in SIZES else "config",
         "size_path": None if size in SIZES else size,
-        "vocab_size": vocab_size,
+        "vocab_size": build.vocab_size,
         "tokenizer_vocab": len(loaded.tokenizer),
         "seq_len": loaded.max_positions,
         "seed": seed,
