@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError, UsageError
+from ..kernels.positions import PositionBins
 from ..scorers import Scorer, make_scorer
 from .arguments import check_arguments, family_name
 from .backend import fused_output
@@ -50,6 +51,7 @@ class Observer:
     block_size: int = 256  # query rows scored at a time
     stats_mode: str = "eager"  # "eager" | "fused" | "auto" (ssacli.attention.online.STATS_MODES)
     top_k: int = 5  # the running top-k the fused statistics keep
+    positions: PositionBins | None = None  # the bins of where the mass lands (None: not measured)
     target: torch.Tensor | None = None  # [b] a key index per sequence (diagnose's target metrics)
 
     def transform_key(self, key: torch.Tensor, module: nn.Module) -> torch.Tensor:

@@ -63,7 +63,7 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
         probe=probe if observer.changes_logits(module) else None,
         transform=None if type(scorer).transformed_logits is Softmax.transformed_logits
         else scorer.transformed_logits,
-        sink=sink, keyless=keyless, target=target, top_k=int(observer.top_k),
+        sink=sink, keyless=keyless, target=target, top_k=int(observer.top_k), positions=observer.positions,
     )  # fmt: skip
     out, stats = softmax_statistics(
         query, key, value, call, block_rows=max(1, int(observer.block_size)), block_keys=STATS_BLOCK_KEYS

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 
 from ..attention.forward import Observer, observing
 from ..errors import UnsupportedModelError
+from ..kernels.positions import PositionBins
 from ..kernels.row_stats import RowStatistics, weight_statistics
 from ..models.icl_task import TOKENS_PER_POINT, interleave, labels, prediction_errors
 from ..models.kinds import ModelKind
@@ -103,10 +104,11 @@ class Recorder(Observer):
 
     def __init__(
         self, layer_of: dict[int, int], *, tau: float, top_k: int, block_size: int, causal: bool,
-        stats: str = "eager",
+        stats: str = "eager", positions: PositionBins | None = None,
     ):  # fmt: skip
         self.layer_of = layer_of
         self.tau, self.top_k, self.block_size, self.causal = tau, top_k, block_size, causal
+        self.positions = positions  # the bins of the sink and position metrics (None: not measured)
         # "eager": blocks of weights reduced to row statistics; "fused": those of one blocked pass
         # (ssacli.attention.online), refused where a call cannot; "auto": fused where a call can.
         self.stats_mode = stats
@@ -188,7 +190,10 @@ class Recorder(Observer):
         target = None
         if self.valid is not None and self.valid.shape[-1] == weights.shape[-1]:  # keys: this batch's tokens
             target = self.target
-        stats = weight_statistics(weights, visible, logits=logits, target=target, top_k=self.top_k, sink=sink)
+        stats = weight_statistics(
+            weights, visible, logits=logits, target=target, top_k=self.top_k, sink=sink,
+            positions=self.positions, query_positions=query_positions,
+        )  # fmt: skip
         self._add(layer, stats, query_positions, "eager")
 
     def record_rows(self, module, stats: RowStatistics, query_positions) -> None:

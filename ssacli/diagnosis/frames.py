@@ -7,7 +7,10 @@ result of P probes with L levels each, N layers, H heads (the widest layer) and 
 sum over probes of L × N × H × M rows, and a group-by never silently drops a head. ``layer`` is the
 index into ``result.layers``. Rows are ordered by probe (as run), metric, level, layer, head. A
 ``--generate`` run adds probe ``generation`` last: one level per decoding step, the step's key
-length (prompt + generated tokens so far, the query's own included).
+length (prompt + generated tokens so far, the query's own included). Where the run measured where
+attention lands (``result.position_profiles()``), one metric per bin follows at the level it was
+measured: ``received@A-B``, ``received_boost@A-B`` (keys A … B − 1) and ``distance@A-B`` (distances
+A … B − 1), with the probe the profiles name.
 
 :func:`records` needs nothing but the standard library; :func:`frame_csv` writes CSV with it (floats
 as Python writes them, which read back exactly). :func:`to_frame` (pandas) and :func:`frame_parquet`
@@ -52,6 +55,16 @@ def _cells(result: DiagnoseResult) -> Iterator[tuple[str, str, np.ndarray, np.nd
         keys = np.asarray(generation.key_lengths(), dtype=np.float64)
         for metric, values in generation.metrics.items():
             yield GENERATION_PROBE, metric, keys, np.asarray(values, dtype=np.float64)
+    profiles = result.position_profiles() if hasattr(result, "position_profiles") else None
+    if profiles is not None:
+        level = np.asarray([profiles.level], dtype=np.float64)
+        for name, values, edges in (
+            ("received", profiles.received, profiles.key_edges),
+            ("received_boost", profiles.received_boost, profiles.key_edges),
+            ("distance", profiles.distance, profiles.distance_edges),
+        ):
+            for b in range(values.shape[-1]):
+                yield profiles.probe, f"{name}@{edges[b]}-{edges[b + 1]}", level, values[None, :, :, b]
 
 
 def _columns(result: DiagnoseResult) -> dict[str, np.ndarray]:

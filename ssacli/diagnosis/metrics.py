@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..defaults import SINK_EPS
+from ..defaults import LOCAL_DISTANCE, SINK_EPS, SINK_K
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,21 @@ METRICS: dict[str, MetricSpec] = {
                    f"1 if the head's mean weight on the first token exceeds {SINK_EPS} (Gu et al. 2024), "
                    "else 0: the layer or model mean is the share of sink heads", True, True, "sink rate",
                    "sinkr", compared=True),
+        # where the mass lands (the position terms; NaN where a run did not measure them)
+        MetricSpec("sink_share", f"weight on the first k keys (k = settings.sink_k, default {SINK_K}; "
+                   "StreamingLLM's initial tokens)", True, True, "sink@k", "sink@k"),
+        MetricSpec("sink_boost", "sink_share over the share uniform weights would give the first k keys "
+                   "(1 = no sink; head mean of each, then their ratio)", True, False, "sink boost", "boost"),
+        MetricSpec("local_share", f"weight on keys within {LOCAL_DISTANCE} tokens of the query "
+                   f"(distance < {LOCAL_DISTANCE}, the query's own key included)", None, True, "local",
+                   "local"),
+        MetricSpec("attention_distance", "mean distance |i - j| in tokens between a query and the keys it "
+                   "weighs", None, False, "distance", "dist"),
     )
 }  # fmt: skip
+POSITION_METRICS = ("sink_share", "sink_boost", "local_share", "attention_distance")
+# The sums of the position metrics that are vectors per head (ssacli.diagnosis.positions reads them)
+POSITION_PROFILES = ("received", "received_uniform", "distance_profile")
 
 # Per layer (not per head): the logits' scale (where a probe acts) and the hidden states (massive
 # activations, Sun et al. 2024; kurtosis). Arrays [level, layer]; read by the same reports.
@@ -138,10 +151,15 @@ class HeadStats:
     def add(self, sums: dict[str, torch.Tensor]) -> None:
         for name, value in sums.items():
             value = value.detach().cpu()
-            if name in self.sums:
-                self.sums[name] += value
-            else:
+            if name not in self.sums:
                 self.sums[name] = value.clone()
+                continue
+            kept = self.sums[name]
+            if value.dim() == 2 and value.shape[-1] != kept.shape[-1]:  # a longer call has more bins
+                width = max(value.shape[-1], kept.shape[-1])
+                kept = torch.nn.functional.pad(kept, (0, width - kept.shape[-1]))
+                value = torch.nn.functional.pad(value, (0, width - value.shape[-1]))
+            self.sums[name] = kept + value
 
     @property
     def rows(self) -> int:
@@ -156,7 +174,10 @@ class HeadStats:
             return {name: empty.copy() for name in METRICS}
         out = {}
         for name in METRICS:
-            if name == "sink_rate":
+            if name in ("sink_rate", "sink_boost"):
+                continue
+            if name in POSITION_METRICS and name not in self.sums:
+                out[name] = empty.copy()  # the run did not measure where the mass lands
                 continue
             if name == "learned_sink" and "sink_rows" not in self.sums:
                 out[name] = empty.copy()  # no learned sink in this layer
@@ -167,7 +188,29 @@ class HeadStats:
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[name] = np.where(count > 0, total / np.maximum(count, 1), math.nan)
         out["sink_rate"] = sink_indicator(out["sink_mass"])
+        out["sink_boost"] = empty.copy()
+        if "sink_uniform" in self.sums:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share, uniform = self.sums["sink_share"].numpy(), self.sums["sink_uniform"].numpy()
+                out["sink_boost"] = np.where(uniform > 0, share / np.where(uniform > 0, uniform, 1), math.nan)
         return out
+
+    def profiles(self) -> dict[str, np.ndarray] | None:
+        """Per head the position profiles [h, bins], means over the counted rows (``received``: share
+        per key bin; ``received_boost``: that over the uniform share; ``distance_profile``: share per
+        distance bin); None where the run did not measure them."""
+        if "received" not in self.sums:
+            return None
+        rows = np.maximum(self.sums["rows"].numpy(), 1)[:, None]
+        received, uniform = self.sums["received"].numpy(), self.sums["received_uniform"].numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            boost = np.where(uniform > 0, received / np.where(uniform > 0, uniform, 1), math.nan)
+        empty = (self.sums["rows"].numpy() == 0)[:, None]
+        return {
+            "received": np.where(empty, math.nan, received / rows),
+            "received_boost": np.where(empty, math.nan, boost),
+            "distance_profile": np.where(empty, math.nan, self.sums["distance_profile"].numpy() / rows),
+        }
 
 
 def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:

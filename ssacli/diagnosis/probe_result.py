@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .metrics import sink_indicator
+from .positions import PositionProfiles
 from .probes import PROBES
 
 COLLAPSE_SHARE = 0.5  # collapse point: first level where the collapse rate reaches this share
@@ -46,6 +47,8 @@ class ProbeResult:
     overflow: list[dict[str, Any] | None] = field(default_factory=list)  # per level: where it overflowed
     insensitive: str | None = None  # why the scorer cannot respond to this probe by construction
     absorbers: list[str | None] = field(default_factory=list)  # per layer: the norm a shift meets before it
+    # where attention lands at the probe's reference level (in memory; a result keeps the baseline's)
+    positions: PositionProfiles | None = None
 
     def __post_init__(self) -> None:
         if not self.overflow:

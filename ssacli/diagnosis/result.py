@@ -26,6 +26,7 @@ from .findings import baseline_probe, findings
 from .generation import GenerationResult
 from .metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
 from .outputs import OUTPUT_KL_HELD, degenerate, outputs_held, quality_values, reference_index
+from .positions import PositionProfiles
 from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
 from .probes import RANDOM_INPUTS
 
@@ -52,6 +53,9 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
     # which weights were measured: {repo, revision, commit} of a Hub model, {sha256, files} of a local
     # one (ssacli.models.identity); None for a model in memory without a Hub commit, or an older file
     weights: dict[str, Any] | None = None
+    # where attention lands at the unshifted level (ssacli.diagnosis.positions); None: read from the
+    # baseline probe (:meth:`position_profiles`)
+    positions: PositionProfiles | None = None
 
     # ---- lookups -------------------------------------------------------------------------------
     def probe(self, name: str) -> ProbeResult:
@@ -59,6 +63,15 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
             if probe.name == name:
                 return probe
         raise KeyError(f"no probe '{name}' in this result (have: {', '.join(p.name for p in self.probes)})")
+
+    def position_profiles(self) -> PositionProfiles | None:
+        """Where attention lands per head, at the unshifted level: the received profile, the distance
+        histogram, the secondary sinks and the head classes; None where the run did not measure them
+        (an older file, or a run without the position terms)."""
+        if self.positions is not None:
+            return self.positions
+        probe = baseline_probe(self.probes)
+        return None if probe is None else probe.positions
 
     def collapse_points(self) -> dict[str, float | None]:
         return {p.name: p.collapse_point() for p in self.probes if not p.skipped}
@@ -142,6 +155,7 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
             "quality_metrics": {name: spec.description for name, spec in QUALITY_METRICS.items()},
             "findings": self.findings(),
             "probes": [_probe_dict(p) for p in self.probes],
+            "positions": None if (profiles := self.position_profiles()) is None else profiles.to_dict(),
             "summary": {
                 "collapse_share": COLLAPSE_SHARE,
                 "collapse_points": self.collapse_points(),
@@ -216,6 +230,7 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             unaudited=data.get("unaudited"),
             generation=GenerationResult.from_dict(data["generation"]) if data.get("generation") else None,
+            positions=PositionProfiles.from_dict(data["positions"]) if data.get("positions") else None,
         )
 
     def to_json(self) -> str:

@@ -17,7 +17,13 @@ sink) are compared on the shape of their attention; ``row_mass`` reports the key
   term with logit e: learned sink, sink scorer), so a dominant keyless term cannot overflow it;
   otherwise l·e^(m − z);
 * learned_sink: the weight of the learned sink key, over every real query row (a row that parks all
-  its mass there included).
+  its mass there included);
+* where the statistics hold the position terms (ssacli.kernels.positions), over the same rows and the
+  same p: sink_share, p on the first k keys, and its uniform counterpart (the share of those keys among
+  the row's visible ones, N_k,i / N_i) whose ratio is sink_boost; local_share, p within
+  ``local_distance`` of the query; attention_distance, Σ p·|i − j|; and per head the vectors
+  ``received`` (Σ p per key bin), ``received_uniform`` (N_b,i / N_i per key bin) and
+  ``distance_profile`` (Σ p per distance bin). Without the terms these sums are absent (not measured).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import math
 
 import torch
 
-from ..defaults import TAU, TOP_K
+from ..defaults import LOCAL_DISTANCE, TAU, TOP_K
 from ..kernels.row_stats import RowStatistics
 
 
@@ -58,6 +64,7 @@ def row_sums(
     target: torch.Tensor | None = None,
     tau: float = TAU,
     top_k: int = TOP_K,
+    local_distance: int = LOCAL_DISTANCE,
 ) -> dict[str, torch.Tensor]:
     """Per-head sums of every row metric over the counted rows of one attention call.
 
@@ -65,7 +72,8 @@ def row_sums(
     the target's own row; default: bottom-right aligned, q rows ending at the last key); target [b]:
     the key index whose captured mass ``outlier_capture`` measures (None = not measured). Returns
     float64 tensors [h]: ``<metric>`` sums, and the counts ``rows``, ``capture_rows`` and, where the
-    statistics hold a learned sink, ``sink_rows``."""
+    statistics hold a learned sink, ``sink_rows``; with the position terms, the position sums
+    (``received``, ``received_uniform``: [h, key bins]; ``distance_profile``: [h, distance bins])."""
     m, l_, spread = stats.max, stats.total, stats.spread
     b, h, q = m.shape
     n_visible = stats.visible.expand(b, h, q)
@@ -91,6 +99,8 @@ def row_sums(
     }
     sums = {name: _heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
     sums["rows"] = _heads(counted.double())
+    if stats.key_mass is not None:
+        sums.update(_position_sums(stats, counted, safe_l, n_visible, local_distance))
     if stats.sink is not None and parts is not None:
         # every real query row: one that gives the sink everything counts most (a sink logit of −inf
         # is a zero share; NaN or +inf: the row is broken and does not count)
@@ -111,6 +121,27 @@ def row_sums(
     capture_rows = counted & stats.target_seen & not_itself
     sums["outlier_capture"] = _heads(torch.where(capture_rows, at_target, 0.0))
     sums["capture_rows"] = _heads(capture_rows.double())
+    return sums
+
+
+def _position_sums(stats: RowStatistics, counted, safe_l, n_visible, local_distance: int) -> dict:
+    """The position sums of :func:`row_sums` over its counted rows (p normalized over the keys)."""
+    b, h, q = counted.shape
+    key_share = stats.key_mass / safe_l.unsqueeze(-1)  # [b, h, q, B]
+    distance_share = stats.distance_mass / safe_l.unsqueeze(-1)  # [b, h, q, D]
+    uniform = stats.key_visible.expand(b, h, q, -1) / n_visible.clamp_min(1).unsqueeze(-1)
+    near = max(1, local_distance - 1).bit_length() + 1  # distance bins 0 … that cover d < local_distance
+    per_row = {
+        "sink_share": key_share[..., 0],
+        "sink_uniform": uniform[..., 0],
+        "local_share": distance_share[..., :near].sum(-1),
+        "attention_distance": stats.distance_sum / safe_l,
+    }
+    sums = {name: _heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
+    rows = counted.unsqueeze(-1)
+    profiles = {"received": key_share, "received_uniform": uniform, "distance_profile": distance_share}
+    for name, value in profiles.items():
+        sums[name] = torch.where(rows, value, 0.0).sum(dim=(0, 2))  # [h, bins]
     return sums
 
 

@@ -18,7 +18,7 @@ from ..errors import UsageError
 class DiagnoseSettings:
     """Inputs (the built-in texts, ``text``, ``random_ids``, or token-id lists ``inputs``), how many
     and how long (``samples`` sequences per probe level of ``length`` tokens, ICL: points; None: the
-    model kind's default), and the reduction (``tau``, ``top_k``, ``block_size``, ``stats``): as
+    model kind's default), and the reduction (``tau``, ``top_k``, ``block_size``, ``stats``, ``sink_k``): as
     :func:`ssacli.diagnose`'s keywords of those names. A bad value is a UsageError here, before any
     model loads."""
 
@@ -33,6 +33,7 @@ class DiagnoseSettings:
     top_k: int = defaults.TOP_K
     block_size: int = defaults.BLOCK_ROWS
     stats: str = defaults.STATS
+    sink_k: int = defaults.SINK_K  # the first k keys of the sink and position metrics
 
     def __post_init__(self) -> None:
         for name, low in (("samples", 1), ("batch_size", 1), ("block_size", 1)):
@@ -45,6 +46,8 @@ class DiagnoseSettings:
             raise UsageError(f"tau must be in (0, 1], got {self.tau}")
         if self.top_k < 1:
             raise UsageError(f"top-k must be >= 1, got {self.top_k}")
+        if self.sink_k < 1:
+            raise UsageError(f"sink-k must be >= 1, got {self.sink_k}")
 
     def base_length(self, icl: bool) -> int:
         """``length``, or the default for the model's kind: ICL prompts in points, else tokens."""
@@ -52,4 +55,5 @@ class DiagnoseSettings:
 
     def recorded(self) -> dict[str, Any]:
         """The settings a result records first (``DiagnoseResult.settings``), in its order."""
-        return {k: getattr(self, k) for k in ("seed", "tau", "top_k", "samples", "batch_size", "block_size")}
+        names = ("seed", "tau", "top_k", "sink_k", "samples", "batch_size", "block_size")
+        return {k: getattr(self, k) for k in names}

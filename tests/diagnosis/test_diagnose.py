@@ -28,6 +28,7 @@ from ssacli.attention.forward import SCORER_ATTR, observing
 from ssacli.attention.interface import apply_scorer, attention_modules, scorers_of
 from ssacli.cli import app
 from ssacli.diagnosis.forward import Recorder
+from ssacli.defaults import LOCAL_DISTANCE, SINK_K
 from ssacli.diagnosis.metrics import METRICS
 from ssacli.diagnosis.probes import (
     PROBES,
@@ -130,12 +131,18 @@ def naive_metrics(maps, visible, valid, target=None, tau=TAU, top_k=TOP_K):
                     acc["topk_mass"] += sum(sorted(p, reverse=True)[:top_k])
                     acc["sink_mass"] += p[0] if keys[0] == 0 else 0.0
                     acc["row_mass"] += mass
+                    # the sink and position metrics (query i at key i: right padding keeps positions)
+                    acc["sink_share"] += sum(x for x, j in zip(p, keys) if j < SINK_K)
+                    acc["sink_uniform"] += sum(j < SINK_K for j in keys) / len(keys)
+                    acc["local_share"] += sum(x for x, j in zip(p, keys) if abs(i - j) < LOCAL_DISTANCE)
+                    acc["attention_distance"] += sum(x * abs(i - j) for x, j in zip(p, keys))
                     count += 1
                     if target is not None and target[s] in keys and i != target[s]:
                         captured += p[keys.index(target[s])]
                         capture_rows += 1
             for name in ROW_METRICS:
                 out[name][layer, head] = acc[name] / count if count else np.nan
+            out["sink_boost"][layer, head] = acc["sink_share"] / acc["sink_uniform"] if count else np.nan
             if capture_rows:
                 out["outlier_capture"][layer, head] = captured / capture_rows
             rows[layer] = max(rows[layer], count)

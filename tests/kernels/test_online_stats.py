@@ -29,11 +29,14 @@ from ssacli.diagnosis.probes import PROBES
 from ssacli.errors import UsageError
 from ssacli.kernels import native
 from ssacli.kernels.online_stats import softmax_statistics
+from ssacli.kernels.positions import PositionBins
 from ssacli.kernels.stats_call import StatisticsCall
 from ssacli.testing.tiny_models import build_tiny
 from tests.helpers.float_reference import excess, plain_softmax_reference
 
 ABS = 1e-6
+# the sink and position metrics' bins, small enough that these short inputs span several
+POSITIONS = PositionBins(sink_k=3, bin_width=4)
 
 
 def _given_logits(t: torch.Tensor, value: torch.Tensor, **call):
@@ -288,7 +291,7 @@ def _dual_forward(model, ids, mask, probe=None, level=None, target=None, block=5
     layers = [m for _, m in attention_modules(model)]
     layer_of = {id(m): i for i, m in enumerate(layers)}
     recorders = [
-        Recorder(layer_of, tau=0.9, top_k=5, block_size=block, causal=True, stats=mode)
+        Recorder(layer_of, tau=0.9, top_k=5, block_size=block, causal=True, stats=mode, positions=POSITIONS)
         for mode in ("fused", "eager")
     ]
     for rec in recorders:
@@ -328,7 +331,9 @@ def _assert_same(fused: Recorder, eager: Recorder):
             x, y = a[name], b[name]
             assert np.array_equal(np.isnan(x), np.isnan(y)), (layer, name, x, y)
             # effective tokens count keys (up to the row length): the same 1e-6, relative
-            big = float(np.nanmax(np.abs(y), initial=0)) if name == "effective_tokens" else 1.0
+            # (and the unbounded position metrics: a distance in tokens, a ratio to uniform)
+            unbounded = ("effective_tokens", "attention_distance", "sink_boost")
+            big = float(np.nanmax(np.abs(y), initial=0)) if name in unbounded else 1.0
             tol = ABS * max(1.0, big)
             assert np.nanmax(np.abs(x - y), initial=0) <= tol, (layer, name, x, y)
         la, lb = fused.layers[layer].means(), eager.layers[layer].means()
@@ -337,6 +342,12 @@ def _assert_same(fused: Recorder, eager: Recorder):
             same = (math.isnan(x) and math.isnan(y)) or abs(x - y) <= ABS * max(1.0, abs(y))
             assert same, (layer, name, x, y)
         assert fused.stats[layer].rows == eager.stats[layer].rows
+        pa, pb = fused.stats[layer].profiles(), eager.stats[layer].profiles()
+        for name in pb:  # the position profiles: shares within ABS, the boost relative
+            x, y = pa[name], pb[name]
+            assert np.array_equal(np.isnan(x), np.isnan(y)), (layer, name)
+            scale = np.maximum(1.0, np.abs(np.nan_to_num(y))) if name == "received_boost" else 1.0
+            assert np.nanmax(np.abs(x - y) / scale, initial=0) <= ABS, (layer, name, x, y)
 
 
 def _padded(batch=3, length=19, vocab=128, seed=1):
