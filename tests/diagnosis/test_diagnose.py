@@ -27,8 +27,8 @@ from ssacli import diagnose
 from ssacli.attention.forward import SCORER_ATTR, observing
 from ssacli.attention.interface import apply_scorer, attention_modules, scorers_of
 from ssacli.cli import app
-from ssacli.diagnosis.forward import Recorder
 from ssacli.defaults import LOCAL_DISTANCE, SINK_K
+from ssacli.diagnosis.forward import Recorder
 from ssacli.diagnosis.metrics import METRICS
 from ssacli.diagnosis.probes import (
     PROBES,
