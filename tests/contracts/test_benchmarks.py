@@ -35,7 +35,7 @@ TINY = {
     "decode_speed": (["--models", "bundled", "--batch", "1", "--new-tokens", "3", "--repeats", "1"],
                      "converted (ssacli)"),
     "gpu_stats": (["--device", "cpu", "--quick"], "exactness: every comparison within 1e-6"),
-    "inference": (["--quick", "--repeats", "1"], "auto on the CPU: blocked where"),
+    "inference": (["--quick", "--repeats", "1"], "auto on the CPU: the native kernels where"),
     # one path (a kernel build of its own); x86 only, like the paths themselves
     "instruction_sets": (["--paths", "avx2", "--length", "64", "--repeats", "1"], "| avx2 |"),
     "long_context": (["--device", "cpu", "--quick"], "longest length that fit: 256 tokens"),
