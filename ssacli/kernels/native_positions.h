@@ -46,9 +46,11 @@ static inline void segment_sums(const float *p, int64_t a, int64_t b, float d0, 
 static void position_terms(const struct positions *P, int64_t r, const float *p, int64_t n, int64_t key0,
                            int64_t pos, double shrink) {
     double *kb = P->kb + r * P->key_bins, *db = P->db + r * P->distance_bins, *dist = P->dist + r;
-    for (int64_t b = 0; b < P->key_bins; b++) kb[b] *= shrink;
-    for (int64_t b = 0; b < P->distance_bins; b++) db[b] *= shrink;
-    *dist *= shrink;
+    if (shrink != 1.0) { /* most tiles after a row's first few leave its max where it was */
+        for (int64_t b = 0; b < P->key_bins; b++) kb[b] *= shrink;
+        for (int64_t b = 0; b < P->distance_bins; b++) db[b] *= shrink;
+        *dist *= shrink;
+    }
     for (int64_t c = 0; c < n;) {
         int64_t j = key0 + c, kbin, kend, dend;
         if (j < P->sink_k) {
