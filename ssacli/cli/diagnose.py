@@ -109,6 +109,9 @@ def diagnose_command(
     seed: int = typer.Option(defaults.SEED, help="Seed of inputs, targets and numbers."),
     tau: float = typer.Option(defaults.TAU, help="A row has collapsed when its largest weight is >= tau."),
     top_k: int = typer.Option(defaults.TOP_K, min=1, help="k of the top-k mass metric."),
+    sink_k: int = typer.Option(
+        defaults.SINK_K, min=1, help="The first k tokens of the sink metrics (sink@k, boost)."
+    ),
     block_size: int = typer.Option(
         defaults.BLOCK_ROWS, min=1, help="Query rows scored at a time (memory O(block × keys))."
     ),
@@ -174,7 +177,7 @@ def diagnose_command(
         DiagnoseSettings(
             text=read_text_file(text) if text else None, random_ids=random_ids, samples=samples,
             length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k, block_size=block_size,
-            stats=stats,
+            stats=stats, sink_k=sink_k,
         ),
         load_options(
             device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,

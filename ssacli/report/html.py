@@ -23,6 +23,7 @@ from ..diagnosis.probe_result import ProbeResult
 from ..diagnosis.result import DiagnoseResult
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .figures import compare_figure, heatmap_figure, line_figure, overview_figure, png_img
+from .positions import class_grid, position_legend, position_rows, profiles_figure
 from .summary import (
     collapse_detail,
     comparison_columns,
@@ -152,6 +153,17 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
         from .generation import generation_body
 
         sections.append(Section("generation (KV cache)", generation_body(result.generation, labels)))
+    positions = position_rows(result)
+    if positions is not None:  # where attention lands: the terminal's table, class grid and legend
+        title, header, rows = positions
+        profiles = result.position_profiles()
+        grid = [[labels[layer], *row] for layer, row in enumerate(class_grid(profiles))]
+        heads = max(map(len, profiles.classes), default=0)
+        figure = png_img(profiles_figure(profiles), "received and distance profiles")
+        body = [html_table(header, rows), figure,
+                html_table(["layer \\ head", *map(str, range(heads))], grid),
+                f'<p class="note">{escape(position_legend(profiles))}</p>']  # fmt: skip
+        sections.append(Section(title, body))
     heads = result.most_saturated(10)
     if heads:
         keys = ("probe", "level", "layer", "head", "collapse_rate", "max_weight", "entropy")

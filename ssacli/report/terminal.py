@@ -25,6 +25,7 @@ from ..diagnosis.metrics import METRICS
 from ..diagnosis.probe_result import ProbeResult
 from ..diagnosis.result import DiagnoseResult
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
+from .positions import render_positions
 from .summary import (
     collapse_cell,
     collapse_detail,
@@ -137,6 +138,7 @@ def render_diagnose(
         for table in heatmap_tables(result, chosen, heatmap_metric, console.width, index):
             console.print(table)
         console.print(Text(heatmap_legend(chosen, heatmap_metric, index), style="dim"))
+    render_positions(result, console)  # where attention lands (sinks, distance, head classes)
     if result.generation is not None:
         from .generation import generation_tables
 

@@ -14,6 +14,7 @@ import torch
 from ssacli.defaults import TAU, TOP_K
 from ssacli.diagnosis.metrics import METRICS, HeadStats, LayerStats, Moments
 from ssacli.diagnosis.row_metrics import row_sums
+from ssacli.kernels.positions import PositionBins
 from ssacli.kernels.row_stats import weight_statistics
 
 J = 0.7  # junk written where a key is not visible: the metrics must ignore it
@@ -21,11 +22,18 @@ J = 0.7  # junk written where a key is not visible: the metrics must ignore it
 
 def _sums(weights, visible=None, *, query_valid=None, query_positions=None, target=None, tau=TAU,
           top_k=TOP_K, sink=None):  # fmt: skip
-    """The per-head sums of a block of weights, as diagnose's eager path computes them."""
-    stats = weight_statistics(weights, visible, target=target, top_k=top_k, sink=sink)
+    """The per-head sums of a block of weights, as diagnose's eager path computes them (the position
+    terms over the first 2 keys and bins of 2)."""
+    stats = weight_statistics(
+        weights, visible, target=target, top_k=top_k, sink=sink, positions=POSITIONS,
+        query_positions=query_positions,
+    )  # fmt: skip
     return row_sums(
         stats, query_valid=query_valid, query_positions=query_positions, target=target, tau=tau, top_k=top_k
     )
+
+
+POSITIONS = PositionBins(sink_k=2, bin_width=2)
 
 
 def _entropy(p: list[float]) -> float:
@@ -265,7 +273,9 @@ def test_the_metric_table_says_what_the_metrics_do():
         if name == "learned_sink":  # not a property of the row's shape; no sink here: NaN
             assert np.isnan(before) and np.isnan(after)
             continue
-        if spec.higher_is_saturated is None:
+        if name == "attention_distance":  # where the mass lands, not how sharp: onto key 0, 7 away
+            assert before < after == pytest.approx(7.0, abs=1e-3)
+        elif spec.higher_is_saturated is None:
             assert after == pytest.approx(before), name
         else:
             assert (after > before) == spec.higher_is_saturated and after != before, name

@@ -122,7 +122,8 @@ def test_api_render_equals_the_command(saved):
 
 
 def expected_rows(document: dict) -> list[tuple]:
-    """The table read straight from the JSON: every metric cell, None where null."""
+    """The table read straight from the JSON: every metric cell, None where null; then the position
+    profiles' bins, one metric per bin at the level they were measured."""
     rows = []
     for probe in document["probes"]:
         for metric, cube in probe["metrics"].items():
@@ -130,6 +131,16 @@ def expected_rows(document: dict) -> list[tuple]:
                 for layer, heads in enumerate(cube[li]):
                     for head, value in enumerate(heads):
                         rows.append((document["model"], probe["name"], level, layer, head, metric, value))
+    positions = document.get("positions")
+    bins = {"received": "key_edges", "received_boost": "key_edges", "distance": "distance_edges"}
+    for name, edges in bins.items():
+        cube = positions[name] if positions else []
+        for b in range(len(cube[0][0]) if cube else 0):
+            metric = f"{name}@{positions[edges][b]}-{positions[edges][b + 1]}"
+            for layer, heads in enumerate(cube):
+                for head, values in enumerate(heads):
+                    where = (document["model"], positions["probe"], positions["level"], layer, head)
+                    rows.append((*where, metric, values[b]))
     return rows
 
 
@@ -138,6 +149,8 @@ def test_frame_has_every_cell_of_the_json(saved, family):
     document = json.loads(saved[family].read_text())
     layers, heads = len(document["layers"]), max(document["heads"])
     count = sum(len(p["levels"]) * layers * heads * len(p["metrics"]) for p in document["probes"])
+    profiles = document["positions"]
+    count += sum(len(profiles[k][0][0]) * layers * heads for k in ("received", "received_boost", "distance"))
     result = ssacli.DiagnoseResult.load(saved[family])
     records = result.to_records()
     assert len(records) == count > 0
