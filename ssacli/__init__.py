@@ -129,7 +129,7 @@ _LAZY = {
     "finetune": "train.finetune",
     "SaturationCallback": "train.trainer_callback",
     "SaturationMonitor": "train.monitor",
-    "FinetuneConfig": "train.finetune",
+    "FinetuneConfig": "train.finetune_config",
     "finetune_config": "train.runs",
     "convert_and_finetune": "train.runs",
     "convert_and_finetune_with": "train.runs",
@@ -209,7 +209,8 @@ if TYPE_CHECKING:
         register_scorer,
         scorer_table,
     )
-    from .train.finetune import FinetuneConfig, finetune
+    from .train.finetune import finetune
+    from .train.finetune_config import FinetuneConfig
     from .train.monitor import SaturationMonitor
     from .train.recipe import RecipeConfig, convert_with_recipe, softmax_control
     from .train.runs import (

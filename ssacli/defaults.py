@@ -53,7 +53,7 @@ SCORER_LR = 1e-2
 SCORER = "softmax"  # the scorer a model is trained with unless told (train, icl train)
 ATTENTION = "auto"  # attention kernels while training: fused where no weights are needed
 
-# finetune, convert --finetune: FinetuneConfig's (ssacli/train/finetune.py); train uses its loop
+# finetune, convert --finetune: FinetuneConfig's (ssacli/train/finetune_config.py); train uses its loop
 FINETUNE_STEPS = 1000
 FINETUNE_LR = 1e-4  # peak AdamW learning rate
 MIN_LR_RATIO = 0.1  # the cosine schedule ends at this share of the peak learning rate

@@ -2,7 +2,7 @@
 are measured on and against which target, as one frozen value (:class:`ConvertSettings`). How the
 model loads is :class:`~ssacli.models.options.LoadOptions`'; the model, the scorer spec, where the
 result is written and an in-memory model's tokenizer stay arguments of the run. A fine-tuning run's
-settings are :class:`~ssacli.train.finetune.FinetuneConfig`'s and the recipe's
+settings are :class:`~ssacli.train.finetune_config.FinetuneConfig`'s and the recipe's
 :class:`~ssacli.train.recipe_config.RecipeConfig`'s; this holds only what the conversion measures.
 Importing it loads the conversion package (torch among it): the commands build one once their fast
 checks have passed, when they are about to convert."""

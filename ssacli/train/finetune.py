@@ -1,6 +1,7 @@
 """Fine-tuning a (converted) model: causal-LM, masked-LM or ICL objective, resumable checkpoints.
 
-This module is the run: :class:`FinetuneConfig`, :func:`finetune` and its checkpoints. The steps
+This module is the run: :func:`finetune` and its checkpoints; its settings, :class:`FinetuneConfig`
+(importable from here too), are :mod:`ssacli.train.finetune_config`'s. The steps
 are :class:`ssacli.train.loop.StepLoop`'s (ICL training's too): a non-finite loss or gradient stops
 with JobFailedError (exit 5) before the bad update, SIGINT/SIGTERM with a checkpoint and
 InterruptedJobError (exit 130). What the run sets up around the loop (the process group, n
@@ -36,39 +37,20 @@ annealing) is in :mod:`ssacli.train.runtime`.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..attention.backend import attention_backend, check_backend
+from ..attention.backend import attention_backend
 from ..conversion import save_model
-from ..defaults import (
-    ATTENTION,
-    CHECKPOINT_EVERY,
-    DEVICE,
-    FINETUNE_LR,
-    FINETUNE_STEPS,
-    GRAD_ACCUM,
-    LM_SEQ_LEN,
-    LOG_EVERY,
-    MIN_LR_RATIO,
-    SCHEDULE,
-    SCORER_LR,
-    SEED,
-    TRAIN_BATCH_SIZE,
-    TRAIN_WHAT,
-    WARMUP_DIVISOR,
-    WARMUP_MAX,
-    WEIGHT_DECAY,
-)
+from ..defaults import DEVICE
 from ..errors import JobFailedError, UsageError
 from ..files import check_writable_folder, writer_lock
 from ..models.checkpoint import (
@@ -81,16 +63,10 @@ from ..models.checkpoint import (
 )
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_with, resolve_device
-from ..models.optim import (
-    check_rates,
-    learned_names,
-    learned_scorer,
-    legacy_order,
-    make_optimizer,
-)
+from ..models.optim import learned_names, learned_scorer, legacy_order, make_optimizer
 from ..models.options import LoadOptions
-from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
+from .finetune_config import FinetuneConfig, check_resumable
 from .folders import plan_output, training_folder
 from .loop import StepLoop
 from .monitor import SaturationMonitor
@@ -99,62 +75,6 @@ from .trajectory import Trajectory, write_trajectory
 
 CLIP_NORM = 1.0
 RATE_WINDOW = 20  # steps over which on_step's tokens/s is measured
-# Settings a resumed run may change; every other one must match the recorded run.
-_FREE = ("steps", "checkpoint_every", "log_every", "attention", "monitor_every")
-
-
-@dataclass
-class FinetuneConfig:
-    data: str
-    steps: int = FINETUNE_STEPS
-    lr: float = FINETUNE_LR
-    # The scorer's own AdamW group (ssacli.models.optim); None: at ``lr``, the layout of runs written
-    # before that group, which resume with it.
-    scorer_lr: float | None = SCORER_LR
-    batch_size: int = TRAIN_BATCH_SIZE
-    seq_len: int = LM_SEQ_LEN  # text only; ICL prompts have the length of their data spec (ICL_POINTS)
-    grad_accum: int = GRAD_ACCUM
-    warmup: int | None = None  # None: steps // WARMUP_DIVISOR, at most WARMUP_MAX (warmup_steps)
-    seed: int = SEED
-    train: str = TRAIN_WHAT  # "all" or "scorer"
-    anneal_n: float | None = None
-    checkpoint_every: int = CHECKPOINT_EVERY
-    log_every: int = LOG_EVERY
-    weight_decay: float = WEIGHT_DECAY
-    schedule: str = SCHEDULE  # or "constant"
-    objective: str = "auto"  # auto: causal LM, masked LM or the ICL loss, from the model's kind
-    attention: str = ATTENTION  # attention backend: auto (fused kernels), eager or fused
-    monitor_every: int = 0  # saturation measured every N steps into the record's "monitor" (0: off)
-
-    def validate(self) -> None:
-        for name in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "log_every"):
-            if getattr(self, name) < (2 if name == "seq_len" else 1):
-                raise UsageError(f"--{name.replace('_', '-')} must be >= {2 if name == 'seq_len' else 1}")
-        check_rates(lr=self.lr, scorer_lr=self.scorer_lr)
-        if self.weight_decay < 0:
-            raise UsageError(f"--weight-decay must be >= 0, got {self.weight_decay}")
-        if self.warmup is not None and self.warmup < 0:
-            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.train not in ("all", "scorer"):
-            raise UsageError(f"--train takes all or scorer, got {self.train!r}")
-        if self.schedule not in ("cosine", "constant"):
-            raise UsageError(f"--schedule takes cosine or constant, got {self.schedule!r}")
-        if self.anneal_n is not None:
-            positive_raw(self.anneal_n, "ssa", "--anneal-n target n")
-        check_backend(self.attention)
-
-    def warmup_steps(self) -> int:
-        return self.warmup if self.warmup is not None else min(WARMUP_MAX, self.steps // WARMUP_DIVISOR)
-
-    def lr_at(self, step: int) -> float:
-        """Learning rate of step ``step`` (0-based)."""
-        warmup = self.warmup_steps()
-        if step < warmup:
-            return self.lr * (step + 1) / warmup
-        if self.schedule == "constant":
-            return self.lr
-        progress = min(1.0, (step - warmup) / max(1, self.steps - warmup))
-        return self.lr * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def finetune(
@@ -440,15 +360,7 @@ class _Run:
 
     def _restore(self, optimizer) -> dict:
         record = training_record(self.out) or {}
-        recorded = record.get("config", {})
-        given = asdict(self.config)
-        changed = [k for k in given if k not in _FREE and recorded.get(k) != given[k]]
-        if changed:
-            diffs = ", ".join(f"{k} {recorded.get(k)!r} -> {given[k]!r}" for k in changed)
-            raise UsageError(
-                f"{self.out} holds a run with other settings ({diffs}); resume with the same "
-                "settings or pick a new --out"
-            )
+        check_resumable(self.config, record.get("config", {}), self.out)
         legacy = self.config.scorer_lr is None
         order = legacy_order(self.model, self.params, grouped=True) if legacy else None
         step, tensors = restore_trainer_state(self.out, optimizer, saved_order=order)

@@ -32,7 +32,8 @@ from ..models.options import LoadOptions
 from ..scorers import make_scorer
 from . import DATA_FORMS
 from .data import read_documents
-from .finetune import FinetuneConfig, finetune
+from .finetune import finetune
+from .finetune_config import FinetuneConfig
 from .folders import training_folder
 from .scratch import SIZES, new_model, training_texts
 from .settings import ScratchSettings

@@ -1,5 +1,5 @@
 """How ``ssacli train`` builds a fresh model (:class:`ScratchSettings`), as one frozen value; the loop
-that trains it is :class:`~ssacli.train.finetune.FinetuneConfig`'s (its ``data`` also trains the
+that trains it is :class:`~ssacli.train.finetune_config.FinetuneConfig`'s (its ``data`` also trains the
 tokenizer, its ``seed`` also seeds the weights). Cheap to import (no torch)."""
 
 from __future__ import annotations
