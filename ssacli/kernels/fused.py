@@ -110,7 +110,9 @@ def ssa_attention(
         training=training, n_grad=torch.is_grad_enabled() and n.requires_grad, dropout=dropout,
         # a key/value cache's offset is a constant of flex's mask: each new offset would compile again
         masked=mask is not None or window is not None or q_len != k_len, window=window is not None,
-        head_dim=dim, triton=routing.triton_installed(),
+        # (triton looked up for auto only: a forced backend decides nothing, and torch.compile's
+        # full graph cannot trace the lookup)
+        head_dim=dim, triton=backend == "auto" and routing.triton_installed(),
         mask=mask is not None, backend=backend,
     )  # fmt: skip
     backend = routing.choose_backend(call)

@@ -96,6 +96,10 @@ def choose_backend(call: Call) -> str:
     is the docs/performance.md row (or GPU log) that shows its path winning there."""
     if call.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {call.backend!r}")
+    if call.backend in ("torch-blocks", "flex", "triton"):
+        # forced (tests, benchmarks), and they check their own limits; nothing else is looked up, so a
+        # forced call traces under torch.compile(fullgraph=True)
+        return call.backend
     here = native_here(call)
     if call.backend == "one-loop" and (here != "one-loop" or call.mask or call.dropout > 0.0):
         raise ValueError(
@@ -104,8 +108,8 @@ def choose_backend(call: Call) -> str:
         )
     if call.backend == "native-blocks" and not here:
         raise ValueError("backend='native-blocks' needs the native kernels (CPU, float32, built): use 'auto'")
-    if call.backend not in ("auto", "blocked"):
-        return call.backend  # forced (tests, benchmarks); flex and triton check their own limits
+    if call.backend in ("one-loop", "native-blocks"):
+        return call.backend
     if call.backend == "auto" and call.dropout == 0.0 and call.device == "cuda":
         # n fixed (the recipe's distillation) or inference: flex. Its forward is 4.2-5.5x SDPA where
         # eager SSA is 5.9-39x (docs/results/gpu-h200/gpu_bench-2.log, the `table` rows; performance.md
