@@ -27,94 +27,31 @@ q, k, v (and b, n for SSA). Eager candidates whose [B, H, T, T] weights would ex
 are skipped (the reason is printed). Peak memory (CPU): fwd+bwd, B = 1, causal, each in a fresh
 process (benchmarks/_common.py), after one warm-up call of the same shape (so compiling is not
 counted); CUDA: torch.cuda.max_memory_allocated.
+
+The candidates and their inputs are _attention_cases.py's; --profile, --blocks and --crossover are
+_attention_tuning.py's sweeps.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import math
 import os
 import platform
 import sys
-import time
 
 import torch
+from _attention_cases import DIM, HEADS, candidates, make_inputs, switch, sync
+from _attention_tuning import blocks, crossover, profile
 from _common import interleaved_best, measure_peak, run_child
-from torch.nn import functional as F
 
 from ssacli.kernels import fused, native
 from ssacli.scorers import make_scorer
 
-HEADS, DIM = 8, 64
 # Issue 24's goals on the CPU (B = 1, T = 1,024, causal and not); the CUDA ones are an earlier issue's.
 GOALS = {"cpu": {"fwd": 1.3, "fwd+bwd": 1.8}, "cuda": {"fwd": 1.3, "fwd+bwd": 1.5}}
-B_SSA, N_SSA = 0.8, 1.5  # the paper's init
-
-
-def make_inputs(batch, length, device, dtype, grad):
-    gen = torch.Generator().manual_seed(0)
-    shape = (batch, HEADS, length, DIM)
-    q, k, v = (torch.randn(shape, generator=gen).to(device, dtype).requires_grad_(grad) for _ in range(3))
-    return q, k, v
-
-
-def candidates(batch, length, causal, device, dtype, eager_max_gb):
-    """name -> (forward fn(q, k, v, params), params) for every candidate that fits."""
-    scale = DIM**-0.5
-    ssa_scorer = make_scorer(f"ssa:b={B_SSA},n={N_SSA}", num_heads=HEADS).to(device)
-    softmax_scorer = make_scorer("softmax")
-    b = torch.full((HEADS,), B_SSA, device=device)
-    n = torch.full((HEADS,), N_SSA, device=device)
-    visible = None
-    if causal:
-        visible = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-
-    def eager(scorer):
-        def run(q, k, v):
-            logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-            return torch.matmul(scorer(logits, visible).to(v.dtype), v)
-
-        return run
-
-    found = {
-        "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "softmax eager": eager(softmax_scorer),
-        "ssa eager": eager(ssa_scorer),
-        "ssa fused": lambda q, k, v: fused.ssa_attention(
-            q, k, v, b, n, scale=scale, causal=causal, compile=device == "cpu"
-        ),
-    }
-    if device == "cpu" and native.flash_available():  # what the one-loop forward adds over the block loop
-        found["ssa block loop"] = lambda q, k, v: block_loop(q, k, v, b, n, scale, causal)
-    weights_gb = batch * HEADS * length * length * 4 / 2**30
-    skipped = {}
-    if weights_gb > eager_max_gb:
-        for name in ("softmax eager", "ssa eager"):
-            found.pop(name)
-            skipped[name] = f"{weights_gb:.1f} GB of weights > --eager-max-gb {eager_max_gb:g}"
-    params = {"ssa eager": list(ssa_scorer.parameters()), "ssa fused": [b, n], "ssa block loop": [b, n]}
-    return found, params, skipped
-
-
-def switch(name):
-    """The context a candidate's forward and backward run in: the block loop's backward too (autograd
-    runs it after block_loop's own switch is closed)."""
-    return native.disabled(flash_only=True) if name == "ssa block loop" else contextlib.nullcontext()
-
-
-def block_loop(q, k, v, b, n, scale, causal):
-    """ssa fused with the forward in the block loop (torch's matmuls and the native block pass), as
-    before the one-loop kernel or where torch's sgemm is not found."""
-    with native.disabled(flash_only=True):
-        return fused.ssa_attention(q, k, v, b, n, scale=scale, causal=causal)
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def time_shape(batch, length, causal, args, dtype):
@@ -260,151 +197,6 @@ def memory_section(args, names) -> None:
             f"ssa fused: x{growth:.1f} from T={first} to T={last} (linear x{last // first}, quadratic "
             f"x{(last // first) ** 2}): grows as T^{exponent:.2f}"
         )
-
-
-def profile(args) -> None:
-    """Operator profile of the fused forward at B=1, T=1024, causal, next to SDPA; and torch's
-    compiled flex_attention with the same score_mod on the CPU (forward only: no CPU backward)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    from torch.profiler import profile as torch_profile
-
-    q, k, v = make_inputs(1, 1024, args.device, torch.float32, grad=False)
-    b, n = torch.full((HEADS,), B_SSA), torch.full((HEADS,), N_SSA)
-    flex = torch.compile(flex_attention, dynamic=False)
-    causal_blocks = create_block_mask(lambda _b, _h, qi, ki: qi >= ki, None, None, 1024, 1024, device="cpu")
-    scaled = q * (b * DIM**-0.5).view(1, HEADS, 1, 1)
-
-    def score_mod(score, _b, h, _q, _k):
-        return n[h] * torch.sign(score) * torch.log1p(torch.abs(score))
-
-    def fused_forward():
-        return fused.ssa_attention(q, k, v, b, n, causal=True, compile=True)
-
-    with torch.no_grad():
-        half = torch.rand(1, HEADS, 512, 1024)  # as many logits as a causal T=1024 call scores
-        for _ in range(3):
-            fused_forward()
-        start = time.perf_counter()
-        flex(scaled, k, v, score_mod=score_mod, block_mask=causal_blocks, scale=1.0)
-        print(f"compiling flex_attention with the SSA score_mod (CPU): {time.perf_counter() - start:.1f} s")
-        best = interleaved_best(
-            {
-                "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                "ssa fused": fused_forward,
-                "flex_attention SSA, compiled (CPU)": lambda: flex(
-                    scaled, k, v, score_mod=score_mod, block_mask=causal_blocks, scale=1.0
-                ),
-                "log1p alone, 1 pass over T*T/2 logits": lambda: torch.log1p(half),
-                "exp alone, same": lambda: torch.exp(half),
-                "q.kT alone, all T*T logits (bmm)": lambda: torch.matmul(q, k.transpose(-1, -2)),
-            },
-            args.repeats,
-        )
-        for name, seconds in best.items():
-            print(f"{name:>40}: {seconds * 1e3:7.2f} ms")
-        with torch_profile() as prof:
-            for _ in range(5):
-                fused_forward()
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-
-
-def blocks(args) -> None:
-    """Time of the blocked kernel / SDPA for a few block sizes (rows x keys), B = 1, forward and
-    forward+backward: the sweep behind ssacli.kernels.blocked.BLOCK_ROWS / BLOCK_KEYS."""
-    from ssacli.kernels import blocked
-
-    default = (blocked.BLOCK_ROWS, blocked.BLOCK_KEYS, blocked.FLASH_BACKWARD_KEYS)
-    others = [(64, 1024, 256), (256, 1024, 256), (128, 512, 256), (128, 2048, 256), (128, 1024, 128),
-              (128, 1024, 512)]  # fmt: skip
-    settings = [default] + [s for s in others if s != default]
-    b, n = torch.full((HEADS,), B_SSA), torch.full((HEADS,), N_SSA)
-    print(
-        "blocked SSA / sdpa, B=1, for block_rows x block_keys / the one-loop backward's keys "
-        f"(default {default[0]}x{default[1]}/{default[2]}; the backward's keys matter only in fwd+bwd):"
-    )
-
-    def run(fn, grad, upstream, backward_keys=None):
-        def call():
-            before = blocked.FLASH_BACKWARD_KEYS
-            blocked.FLASH_BACKWARD_KEYS = backward_keys or before  # read when the backward runs
-            try:
-                out = fn()
-                if grad:
-                    out.backward(upstream)
-            finally:
-                blocked.FLASH_BACKWARD_KEYS = before
-
-        return call
-
-    for length in (1024, 4096):
-        for grad in (False, True):
-            qkv = make_inputs(1, length, "cpu", torch.float32, grad=grad)
-            upstream = torch.randn_like(qkv[0])
-            for causal in (True, False):
-                fns = {
-                    "sdpa": run(
-                        lambda c=causal, qkv=qkv: F.scaled_dot_product_attention(*qkv, is_causal=c),
-                        grad,
-                        upstream,
-                    )
-                }
-                for r, c, back in settings:
-                    call = lambda r=r, c=c, causal=causal, qkv=qkv: fused.ssa_attention(  # noqa: E731
-                        *qkv, b, n, causal=causal, block_rows=r, block_keys=c, backend="blocked"
-                    )
-                    fns[f"{r}x{c}/{back}"] = run(call, grad, upstream, back)
-                with torch.set_grad_enabled(grad):
-                    best = interleaved_best(fns, args.repeats)
-                cells = " ".join(
-                    f"{name} {t / best['sdpa']:.2f}" for name, t in best.items() if name != "sdpa"
-                )
-                kind = "fwd+bwd" if grad else "fwd"
-                print(f"  T={length} {kind:>7} causal={causal!s:>5}: {cells}", flush=True)
-
-
-def crossover(args) -> None:
-    """Per-call time of the blocked kernel with eager vs compiled torch block math, and compile cost:
-    the rule for where the native pass is not built (so it is switched off here)."""
-    from ssacli.kernels import native
-
-    with native.disabled():
-        _crossover(args)
-
-
-def _crossover(args) -> None:
-    q, k, v = make_inputs(2, 64, "cpu", torch.float32, grad=True)
-
-    def first(compiled):
-        start = time.perf_counter()
-        fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=True, compile=compiled).sum().backward()
-        return time.perf_counter() - start
-
-    first(False)  # libraries loaded
-    compile_cost = first(True) - first(False)
-    print(
-        f"compiling the forward and backward block kernels: {compile_cost:.1f} s (cold the first time on "
-        "a machine; later processes reuse torch's on-disk inductor cache)"
-    )
-    columns = ("logits", "eager ms", "compiled ms", "saved ms", "calls to repay")
-    print(f"{'B':>2} {'T':>5} " + " ".join(f"{c:>{max(9, len(c))}}" for c in columns))
-    for batch, length in [(8, 32), (8, 64), (8, 128), (8, 256), (1, 512), (8, 512), (1, 1024), (8, 1024)]:
-        q, k, v = make_inputs(batch, length, "cpu", torch.float32, grad=True)
-
-        def step(compiled, q=q, k=k, v=v):
-            def run():
-                out = fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=True, compile=compiled)
-                torch.autograd.grad(out.sum(), (q, k, v))
-
-            return run
-
-        best = interleaved_best({"eager": step(False), "compiled": step(True)}, args.repeats)
-        saved = best["eager"] - best["compiled"]
-        repay = f"{compile_cost / saved:14.0f}" if saved > 0 else f"{'never':>14}"
-        print(
-            f"{batch:>2} {length:>5} {batch * HEADS * length * length:>9} {best['eager'] * 1e3:9.2f} "
-            f"{best['compiled'] * 1e3:11.2f} {saved * 1e3:9.2f} {repay}"
-        )
-    print("(calls to repay: the compile time above divided by the time saved per fwd+bwd call)")
 
 
 def check(args) -> bool:
