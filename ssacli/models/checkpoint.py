@@ -1,3 +1,4 @@
+# Long on purpose: the folder format's one owner (docs/architecture.md); a split spreads it or adds a cycle.
 """The checkpoint format: ssacli's part of every folder it writes, read and written only here.
 
 Every folder holds ``ssacli.json`` (:data:`META_FILE`), whose ``format`` says which of two layouts
