@@ -20,97 +20,25 @@ they share), built at first use and called through ctypes.
   keys that can hold one. The SSA blocks do the same for the transform n·sgn(y)·log1p|y| and its
   softmax, with the causal band applied in the loop instead of by a mask.
 
-The sources are C99 with GCC/Clang vector extensions and no library but libm, compiled once per
-machine (the C compiler torch.compile would use, -O3 for the host CPU) into the user's cache and
-loaded only where no one else could have written it: ssacli.kernels.native_build says how;
-``$SSACLI_NATIVE_CFLAGS`` adds compiler flags (a separate build). ``SSACLI_NATIVE=0``
-(:func:`native_setting`) never builds or loads them, whatever ``SSACLI_COMPILE`` says (that switch is
-torch.compile's alone, ssacli.kernels.compiled). Each entry point takes one argument struct, filled
-by field name, whose layout is checked against the library's at load (ssacli.kernels.native_abi). A
-failed build, or a library whose structs differ from Python's, is said once, as a warning, and the
-callers keep their torch block math, which computes the same things. :func:`disabled` switches the
-kernels off for the current thread or asyncio task only (a context variable).
+How the library is built, loaded, checked and switched off (``SSACLI_NATIVE=0``, :func:`disabled`) is
+:mod:`ssacli.kernels.native_library`'s; its functions are importable from here too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-import os
-import threading
-import warnings
 
 import torch
 
-from . import native_abi, native_build
-
-_LOCK = threading.RLock()  # one build and one sgemm probe per process; re-entered by the probe
-
-
-def native_setting() -> str:
-    """The SSACLI_NATIVE environment variable, read here only: "0" never builds or loads the native
-    kernels; anything else (unset: "auto") builds them at first use where a C compiler is found."""
-    return "0" if os.environ.get("SSACLI_NATIVE") == "0" else "auto"
-
-
-@functools.cache
-def _load():
-    """The built, loaded and checked library, or None after one RuntimeWarning saying why."""
-    stage = "building"
-    try:
-        compiler = native_build.compiler()
-        if compiler is None:
-            raise RuntimeError("no C compiler found ($CC, cc, gcc or clang)")
-        path = native_build.build(compiler)
-        stage = "loading"
-        lib = native_build.load(path)
-        problems = native_abi.layout_problems(lib)
-        if problems:
-            raise RuntimeError(f"its argument structs differ from ssacli.kernels.native_abi's: {problems[0]}")
-        native_abi.declare(lib)
-        return lib
-    except Exception as err:  # noqa: BLE001 - any failure means "use the torch path"
-        warnings.warn(
-            f"ssacli: {stage} ssacli's native kernels failed ({err}); using the torch block "
-            "math (same results, slower). Set SSACLI_NATIVE=0 to skip the attempt.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return None
-
-
-def library():
-    """The loaded kernels (a ctypes.CDLL), built on first use; None if SSACLI_NATIVE=0, or the build
-    failed, or the library's argument structs differ from Python's."""
-    if native_setting() == "0":
-        return None
-    with _LOCK:
-        return _load()
-
-
-# "" on, "flash" the one-loop kernels off, "all" everything off: per thread and per asyncio task, so
-# one caller's comparison run never switches the kernels off under another's feet.
-_OFF: contextvars.ContextVar[str] = contextvars.ContextVar("ssacli_native_off", default="")
-
-
-def available() -> bool:
-    """Whether callers should use the native pass: built here and not switched off by :func:`disabled`."""
-    return _OFF.get() != "all" and library() is not None
-
-
-@contextlib.contextmanager
-def disabled(flash_only: bool = False):
-    """Within this block callers take their torch path (benchmarks and tests compare the two); with
-    ``flash_only`` they keep the native block pass but not the one-loop kernels (:func:`flash_available`
-    is False), so the block loop's torch matmuls run as without torch's sgemm. The switch is a context
-    variable: it holds in this thread or asyncio task only (and in tasks it creates, which copy its
-    context); an inner block never switches on what an outer one switched off."""
-    token = _OFF.set("flash" if flash_only and _OFF.get() != "all" else "all")
-    try:
-        yield
-    finally:
-        _OFF.reset(token)
+from . import native_abi
+from .native_library import (  # noqa: F401 (available, disabled, library, native_setting: used as native.*)
+    LOCK,
+    available,
+    disabled,
+    library,
+    native_setting,
+    one_loop_switched_off,
+)
 
 
 def _threads(rows: int) -> int:
@@ -263,7 +191,7 @@ def _torch_sgemm() -> int | None:
     and one small SSA forward through the kernel on it
     matches the same math in torch within float32 rounding (:func:`_matches_matmul`: the symbol
     multiplies as an sgemm, with the argument order and transposes the kernels assume)."""
-    with _LOCK:
+    with LOCK:
         return _sgemm()
 
 
@@ -307,7 +235,7 @@ def _flash(lib, sgemm, q, k, v, n, causal, window, rows, cols):
 def flash_available() -> bool:
     """Whether :func:`ssa_flash_forward` can run here: the native pass is built and torch's own
     ``sgemm_`` was found and checked (:func:`_torch_sgemm`)."""
-    return available() and _OFF.get() != "flash" and _torch_sgemm() is not None
+    return available() and not one_loop_switched_off() and _torch_sgemm() is not None
 
 
 def ssa_flash_forward(
@@ -426,6 +354,6 @@ def stats_flash(
 
 
 __all__ = [
-    "available", "disabled", "flash_available", "library", "native_setting", "row_stats",
-    "ssa_backward", "ssa_flash_backward", "ssa_flash_forward", "ssa_forward", "stats_flash",
+    "flash_available", "row_stats", "ssa_backward", "ssa_flash_backward", "ssa_flash_forward", "ssa_forward",
+    "stats_flash",
 ]  # fmt: skip
