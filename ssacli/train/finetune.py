@@ -387,4 +387,4 @@ class _Run:
         return replace(self.loaded, path=self.out, name=str(self.out))
 
 
-__all__ = ["FinetuneConfig", "finetune"]
+__all__ = ["finetune"]  # FinetuneConfig imports from here too; finetune_config.py owns it
