@@ -11,7 +11,9 @@ route, every attention map reaches :meth:`Recorder.record`, is reduced to per-ro
 :meth:`Recorder.record_rows` receives) and leaves as per-head sums
 (:func:`ssacli.diagnosis.row_metrics.row_sums`): through ssacli's attention function in query blocks,
 or, on the eager fallback, through the forward hook of :mod:`ssacli.diagnosis.routes` on each
-attention module, which drops the map once reduced.
+attention module, which drops the map once reduced. What the forward's output logits say (the KL to
+the reference level, the LM loss) is :mod:`ssacli.diagnosis.output_measures`'; :class:`OutputReference`
+imports from here too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..models.icl_task import TOKENS_PER_POINT, interleave, labels, prediction_e
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
 from .metrics import HeadStats, LayerStats
+from .output_measures import OutputReference, next_token_losses
 from .probes import ActsOn, Probe, ProbeBatch, ProbeKind, Shift
 from .routes import Route, fallback_hooks, forward_arguments, is_norm
 from .row_metrics import logit_sums, row_sums
@@ -272,34 +275,6 @@ def all_finite(values: torch.Tensor) -> bool:
     return bool(torch.isfinite(low) & torch.isfinite(high))
 
 
-class OutputReference:
-    """The reference level's output logits of one probe, per batch, so that every other level (the
-    same inputs: the probe changes embeddings, keys or logits, not the tokens) reports
-    KL(reference ‖ level) per real token: how far the probe moved what the model outputs. The logits
-    are kept as the model returned them (on the CPU, one probe at a time: samples × tokens ×
-    vocabulary values) and both sides are normalized in float64, since a small KL is a difference of
-    nearly equal log-probabilities that float32 log-probs would blur to ~1e-2 relative."""
-
-    def __init__(self) -> None:
-        self.first: dict[int, torch.Tensor] = {}  # batch index -> [real tokens, vocabulary] logits
-        self.recording = True  # the reference level records; the others compare
-
-    def compare(self, index: int, logits: torch.Tensor, keep: torch.Tensor) -> tuple[float, float] | None:
-        """(sum of KL over ``keep``'s tokens, their count); the reference level records and reads 0."""
-        kept = logits[keep]
-        if self.recording:
-            self.first[index] = kept.detach().cpu()
-            return 0.0, float(kept.shape[0])
-        ref = self.first.get(index)
-        if ref is None or ref.shape != kept.shape:
-            return None
-        ref_logp = F.log_softmax(ref.to(kept.device, torch.float64), dim=-1)
-        logp = F.log_softmax(kept.double(), dim=-1)
-        p = ref_logp.exp()
-        kl = torch.where(p > 0, p * (ref_logp - logp), torch.zeros_like(p)).sum(-1)
-        return float(kl.sum()), float(kl.numel())
-
-
 def forward_batch(
     loaded: LoadedModel, route: Route, probe: Probe, level: float, batch: ProbeBatch, recorder: Recorder,
     layers: list[tuple[str, nn.Module]], reference: OutputReference | None = None, index: int = 0,
@@ -391,30 +366,11 @@ def _hf_forward(
     if loaded.kind != ModelKind.CAUSAL:
         return extras
     keep = (mask[:, 1:] * mask[:, :-1]).bool()
-    losses = _next_token_losses(logits, ids)[keep]
+    losses = next_token_losses(logits, ids)[keep]
     if not torch.isfinite(losses).all():
         recorder.overflow.note(None, "loss")
     extras["loss"] = (float(losses.sum()), float(losses.numel()))
     return extras
-
-
-# Positions per float32 piece of the LM loss: a float32 copy of all the logits would be the largest
-# tensor of a long-context diagnose (32,000 × 4 bytes per token: 16 GB at 128k tokens).
-LOSS_CHUNK = 2048
-
-
-def _next_token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """[b, n − 1] cross-entropy of each next token, in float32, a few positions at a time."""
-    before = logits[:, :-1]  # a view: each position's prediction of the next token
-    pieces = [
-        F.cross_entropy(
-            before[:, start : start + LOSS_CHUNK].float().transpose(1, 2),
-            ids[:, start + 1 : start + 1 + LOSS_CHUNK],
-            reduction="none",
-        )
-        for start in range(0, ids.shape[1] - 1, LOSS_CHUNK)
-    ]
-    return torch.cat(pieces, dim=1) if pieces else logits.new_zeros(ids.shape[0], 0, dtype=torch.float32)
 
 
 def _icl_forward(
@@ -434,6 +390,4 @@ def _icl_forward(
     return {"error": (float(errors.sum()), float(errors.numel()))}
 
 
-__all__ = [
-    "OutputReference", "Overflow", "Recorder", "block_name", "forward_batch",
-]  # fmt: skip
+__all__ = ["Overflow", "Recorder", "block_name", "forward_batch"]

@@ -241,14 +241,14 @@ def test_identity_levels_of_every_probe_are_the_unprobed_model():
 def test_the_lm_loss_is_the_models_own_loss_in_pieces_of_any_size(monkeypatch):
     """diagnose's LM loss (computed a few positions at a time, so that no float32 copy of every
     logit exists at long lengths) equals the model's own mean next-token loss, whatever the piece."""
-    import ssacli.diagnosis.forward as diagnosis_forward
+    import ssacli.diagnosis.output_measures as output_measures
 
     model = build_model("gpt2")
     ids = torch.randint(3, 100, (2, 23), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         expected = float(model(input_ids=ids, labels=ids).loss)
     for piece in (3, 22, 4096):
-        monkeypatch.setattr(diagnosis_forward, "LOSS_CHUNK", piece)
+        monkeypatch.setattr(output_measures, "LOSS_CHUNK", piece)
         (loss,) = diagnose(model, ["embed-scale:1"], inputs=ids.tolist()).probes[0].extras["loss"]
         assert loss == pytest.approx(expected, rel=1e-5)
 
