@@ -17,6 +17,7 @@ from ssacli.diagnosis.positions import PositionProfiles, head_class, run_bins
 from ssacli.diagnosis.row_metrics import row_sums
 from ssacli.kernels.positions import PositionBins
 from ssacli.kernels.row_stats import weight_statistics
+from tests.helpers.cli import run_main
 from tests.helpers.result_schema import schema_errors
 
 
@@ -146,3 +147,19 @@ def test_secondary_sinks_are_the_most_received_bins_past_the_first_k():
     sinks = profiles.secondary_sinks(2)[0][0]
     assert [s["keys"] for s in sinks] == [[5, 8], [2, 5]]
     assert sinks[0]["share"] == pytest.approx(0.3) and sinks[0]["boost"] == pytest.approx(0.6)
+
+
+def test_the_cli_takes_sink_k_and_reports_where_attention_lands(monkeypatch, capsys, tmp_path):
+    """``ssacli diagnose --sink-k 3`` at 80 columns: the section, its legend, the JSON's setting."""
+    out = tmp_path / "out.json"
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["diagnose", "builtin:every-softmax", "--probe", "logit-scale:1", "--samples", "1",
+            "--sink-k", "3", "--json", str(out)]  # fmt: skip
+    code, stdout, stderr = run_main(args, monkeypatch, capsys)
+    assert code == 0, stderr
+    assert "where attention lands" in stdout and "first k = 3" in stdout and "head classes" in stdout
+    assert max(len(line) for line in stdout.splitlines()) <= 80
+    document = json.loads(out.read_text())
+    assert document["settings"]["sink_k"] == 3 and document["positions"]["sink_k"] == 3
+    code, _, stderr = run_main([*args[:-2], "--sink-k", "0"], monkeypatch, capsys)
+    assert code != 0
