@@ -27,7 +27,8 @@ measure every stage.
 Both stages run on :class:`ssacli.train.loop.StepLoop`, so a stopped run keeps its work: OUT is a
 checkpoint every ``checkpoint_every`` steps, at each stage's end and after SIGINT/SIGTERM, and
 ``resume=True`` continues it exactly (:mod:`ssacli.train.recipe_checkpoint`). Randomness: batches
-come from (seed, step) as in :mod:`ssacli.train.finetune`. One process only.
+come from (seed, step) as in :mod:`ssacli.train.finetune`. One process only. How n and b move
+through the stages is :mod:`ssacli.train.recipe_scorers`'.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..attention.interface import scorers_of
 from ..attention.teacher import AttentionTransfer, scoring_as_softmax, transferring
 from ..conversion import check_out, convert, save_model
 from ..errors import UsageError
@@ -54,9 +54,9 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded, local_model_path
 from ..models.optim import make_optimizer, scorer_values
 from ..models.options import LoadOptions
-from ..scorers.base import positive_raw
 from .data import make_objective, seeded_rng, step_seeds
-from .finetune import CLIP_NORM, FinetuneConfig
+from .finetune import CLIP_NORM
+from .finetune_config import FinetuneConfig
 from .loop import StepLoop
 from .recipe_checkpoint import (
     check_same_start,
@@ -66,7 +66,8 @@ from .recipe_checkpoint import (
     unfinished_run,
 )
 from .recipe_config import RECIPE_START, STAGE_DIR, STAGES, OnStep, RecipeConfig, recipe_trajectory
-from .recipe_eval import HeldOut, HeldOutMeasure
+from .recipe_eval import HeldOut, HeldOutMeasure, final_measures
+from .recipe_scorers import NAnnealing, ssa_scorers, train_n_and_b
 from .runtime import StopSignals
 
 
@@ -162,9 +163,8 @@ class _Recipe:
         self.on_step, self.on_eval = on_step, on_eval
         self.model: nn.Module = loaded.model
         self.device = next(self.model.parameters()).device
-        # SSA's scorers (a softmax control has none: a bundled folder's Softmax scorer is not one)
-        self.scorers = [s for s in scorers_of(loaded.attention_root).values() if s.name == "ssa"]
-        self.n0 = [s.n.detach().double().cpu() for s in self.scorers]
+        self.scorers = ssa_scorers(loaded.attention_root)  # a softmax control has none
+        self.anneal = NAnnealing(self.scorers, config.target_n, config.b).apply
         self.evaluations: list[dict[str, Any]] = []
         self.history: dict[str, list] = {}  # per stage: [step, train loss, lr] rows
         self.stage_seconds: dict[str, float] = {}
@@ -232,30 +232,10 @@ class _Recipe:
                    meta={**self.meta, "recipe": record}, overwrite=True)  # fmt: skip
         self.stages_written = True
 
-    # ---- n and b -----------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def anneal(self, progress: float) -> None:
-        """n = n0·(target/n0)^progress per layer (geometric: each step the same ratio); b = 1/n
-        (tied) or b·(n_old/n_new) (learned: the product b·n is kept, the gradient corrects b)."""
-        target = self.config.target_n
-        for scorer, n0 in zip(self.scorers, self.n0):
-            n_old = scorer.n.detach().double().cpu()
-            n = n0 * (target / n0) ** min(progress, 1.0) if progress < 1 else torch.full_like(n0, target)
-            scorer.n_raw.copy_(_raw(n))
-            if self.config.b == "tied":
-                scorer.b_raw.copy_(_raw(1.0 / n))
-            else:
-                b = scorer.b.detach().double().cpu() * n_old / n
-                scorer.b_raw.copy_(_raw(b))
-
     def _scorer_params(self, stage: str) -> list[nn.Parameter]:
         """b (when learned) and, while distilling with ``learn_n``, n; otherwise n is the schedule's."""
         learn_n = stage == "distill" and self.config.learn_n
-        for scorer in self.scorers:
-            scorer.n_raw.requires_grad_(learn_n)
-            scorer.b_raw.requires_grad_(self.config.b == "learned")
-        return [p for s in self.scorers for p in (s.b_raw, s.n_raw) if p.requires_grad]
+        return train_n_and_b(self.scorers, learn_n=learn_n, learn_b=self.config.b == "learned")
 
     # ---- the stages --------------------------------------------------------------------------------
 
@@ -408,13 +388,12 @@ class _Recipe:
     def record(self, *, finished: bool, at: dict[str, Any] | None = None) -> dict[str, Any]:
         """The recipe record: settings, evaluations, loss history, seconds, and the final measures
         (of the last evaluation); ``finished`` false with ``at`` for a checkpoint."""
-        last = self.evaluations[-1]
-        n_final = last["n"] or []
-        kl = last.get("kl")
         seconds = self.seconds + time.perf_counter() - self.began
-        loss_change = None if kl is None else last["heldout_loss"] - last["original_loss"]
+        config = self.config
+        final = final_measures(self.evaluations[-1], max_loss=config.max_loss, target_n=config.target_n,
+                               learn_n=config.learn_n)  # fmt: skip
         return {
-            "config": self.config.recorded(),
+            "config": config.recorded(),
             "control": not self.scorers,  # a softmax arm: the same budget spent without SSA
             "finished": finished,
             "heldout": self.heldout.describe() if self.heldout is not None else None,
@@ -422,23 +401,8 @@ class _Recipe:
             "evaluations": self.evaluations,
             "history": self.history,
             "seconds": {**self.stage_seconds, "total": round(seconds, 1)},
-            "final": {
-                "n_max": max(n_final) if n_final else None,
-                "kl": kl,
-                "heldout_ppl": last.get("heldout_ppl"),
-                "original_ppl": last.get("original_ppl"),
-                "ppl_ratio": None if kl is None else last["heldout_ppl"] / last["original_ppl"],
-                "loss_change": loss_change,  # held-out loss minus the original's (nats/token)
-                "met_max_loss": None if kl is None else loss_change <= self.config.max_loss,
-                "at_target_n": None
-                if self.config.target_n is None or self.config.learn_n
-                else bool(n_final) and max(n_final) <= self.config.target_n * (1 + 1e-5),
-            },
+            "final": final,
         }
-
-
-def _raw(values: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([positive_raw(float(v), "ssa", "n or b") for v in values], dtype=torch.float32)
 
 
 __all__ = ["STAGES", "RecipeConfig", "convert_with_recipe", "recipe_trajectory", "softmax_control"]

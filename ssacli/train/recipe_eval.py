@@ -1,5 +1,6 @@
 """What the conversion recipe measures on held-out text: the model's loss and perplexity, the
-original's, the KL from the original per token, and the attention-transfer error.
+original's, the KL from the original per token, and the attention-transfer error; and the record's
+final measures (:func:`final_measures`).
 
 The held-out text is the last tenth of ``--data`` (:func:`ssacli.train.data.split_heldout`), which
 no stage trains on: ``heldout_tokens`` of it (HELDOUT_TOKENS by default; all of it when it is
@@ -110,4 +111,25 @@ class HeldOutMeasure:
         return out
 
 
-__all__ = ["HeldOut", "HeldOutMeasure"]
+def final_measures(last: dict[str, Any], *, max_loss: float, target_n: float | None, learn_n: bool) -> dict:
+    """The recipe record's ``final``: the last evaluation's measures against the budget
+    (``max_loss``, nats/token over the original's) and whether n ended at ``target_n`` (None where
+    no target was set or n was learned)."""
+    n_final = last["n"] or []
+    kl = last.get("kl")
+    loss_change = None if kl is None else last["heldout_loss"] - last["original_loss"]
+    return {
+        "n_max": max(n_final) if n_final else None,
+        "kl": kl,
+        "heldout_ppl": last.get("heldout_ppl"),
+        "original_ppl": last.get("original_ppl"),
+        "ppl_ratio": None if kl is None else last["heldout_ppl"] / last["original_ppl"],
+        "loss_change": loss_change,  # held-out loss minus the original's (nats/token)
+        "met_max_loss": None if kl is None else loss_change <= max_loss,
+        "at_target_n": None
+        if target_n is None or learn_n
+        else bool(n_final) and max(n_final) <= target_n * (1 + 1e-5),
+    }
+
+
+__all__ = ["HeldOut", "HeldOutMeasure", "final_measures"]
