@@ -45,6 +45,7 @@ TINY = {
          "--block-size", "16", "--timeout", "120"],
         "goal",
     ),
+    "positions": (["--length", "96", "--repeats", "1", "--check-rows", "16"], "one-loop + positions"),
     "scorer_lr": (["--steps", "20"], "scorer lr"),
     "scorers": (["--heads", "1", "--length", "32", "--dim", "8", "--repeats", "1"], "ssa"),
     "training": (["--steps", "3", "--warmup", "1", "--rounds", "1", "--data", "{text}"], "speed-up"),
