@@ -51,13 +51,14 @@ def paired_differences(a: Mapping[Any, float], b: Mapping[Any, float]) -> dict[A
 def bootstrap_ci(
     differences: Sequence[float], *, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0
 ) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the mean of ``differences`` (None when there are none).
+    """Percentile bootstrap interval of the mean of ``differences`` (None with fewer than two: one
+    pair resampled is itself every time, a zero-width "interval" that says nothing about spread).
 
     Each resample draws len(differences) values with replacement (numpy's PCG64 from ``seed``); the
     interval is the (1 - level)/2 and (1 + level)/2 quantiles of the resampled means (numpy's
     default linear interpolation between order statistics)."""
     values = np.asarray(list(differences), dtype=np.float64)
-    if values.size == 0:
+    if values.size < 2:
         return None
     if not 0 < level < 1 or resamples < 1:
         raise ValueError(f"level must be in (0, 1) and resamples >= 1, got {level}, {resamples}")

@@ -48,6 +48,7 @@ def test_bootstrap_of_a_constant_difference_is_a_point():
     assert bootstrap_ci([0.25] * 8) == (0.25, 0.25)
     assert bootstrap_ci([0.0] * 3, resamples=50) == (0.0, 0.0)
     assert bootstrap_ci([]) is None
+    assert bootstrap_ci([0.3]) is None  # one pair has no spread to resample: no interval
 
 
 def test_bootstrap_interval_on_two_values_by_hand():

@@ -180,8 +180,9 @@ def _plot_paired(rows: list[dict], column: str, title: str, ylabel: str, path: P
         factor = 1 + 0.04 * (index - (len(labels) - 1) / 2)
         xs = [r[column] * factor for r in sel]
         means = [r["mean_difference"] for r in sel]
-        low = [m - r["ci_low"] for m, r in zip(means, sel)]
-        high = [r["ci_high"] - m for m, r in zip(means, sel)]
+        # no interval (fewer than two seeds paired): the point alone, no bar
+        low = [0.0 if r["ci_low"] is None else m - r["ci_low"] for m, r in zip(means, sel)]
+        high = [0.0 if r["ci_high"] is None else r["ci_high"] - m for m, r in zip(means, sel)]
         name = f"{label} − {sel[0]['reference']}"
         ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=3, label=name)
     ax.axhline(0.0, color="black", lw=0.8)
