@@ -98,13 +98,17 @@ class FinetuneConfig:
 def check_resumable(config: FinetuneConfig, recorded: dict[str, Any], out: Path) -> None:
     """Refuse to resume the run in ``out`` (its recorded config, ``recorded``) with settings other
     than those it was started with, :data:`RESUMABLE_CHANGES` aside."""
-    given = asdict(config)
-    changed = [k for k in given if k not in RESUMABLE_CHANGES and recorded.get(k) != given[k]]
+    refuse_changed_settings(asdict(config), recorded, RESUMABLE_CHANGES, f"{out} holds a run")
+
+
+def refuse_changed_settings(given: dict[str, Any], recorded: dict[str, Any], free, holder: str) -> None:
+    """The one refusal of every resumable run (fine-tuning, the recipe): ``given`` settings that
+    differ from the ``recorded`` ones, those in ``free`` aside, are a UsageError naming each."""
+    changed = [k for k in given if k not in free and recorded.get(k) != given[k]]
     if changed:
         diffs = ", ".join(f"{k} {recorded.get(k)!r} -> {given[k]!r}" for k in changed)
         raise UsageError(
-            f"{out} holds a run with other settings ({diffs}); resume with the same "
-            "settings or pick a new --out"
+            f"{holder} with other settings ({diffs}); resume with the same settings or pick a new --out"
         )
 
 

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..errors import InputError, UsageError
 from ..models.checkpoint import SCORER_KEY, TRAINER_FILE, read_meta
+from .finetune_config import refuse_changed_settings
 
 MODEL_PREFIX = "model."  # trainer.safetensors: the model's tensors a continuation restores
 ADAPTER_KEY = "lora_"  # peft's LoRA parameters: lora_A, lora_B
@@ -96,14 +97,7 @@ def unfinished_run(out: Path, config: dict[str, Any]) -> dict[str, Any] | None:
         )
     if not (out / TRAINER_FILE).is_file():
         raise InputError(f"{out} has no {TRAINER_FILE} to resume from; pass --overwrite to start again")
-    recorded = record.get("config", {})
-    changed = [k for k in config if k not in FREE and recorded.get(k) != config[k]]
-    if changed:
-        diffs = ", ".join(f"{k} {recorded.get(k)!r} -> {config[k]!r}" for k in changed)
-        raise UsageError(
-            f"{out} holds a conversion with other settings ({diffs}); resume with the same settings or "
-            "pick a new --out"
-        )
+    refuse_changed_settings(config, record.get("config", {}), FREE, f"{out} holds a conversion")
     return meta
 
 
