@@ -11,13 +11,15 @@ and relative difference, and the logits of the tiny model under ``apply_scorer(.
 ``"ssa:share=layer"``; (3) diagnose's per-layer, per-head metrics on the families with an exactness
 test and the eager-fallback families. ``compare`` prints every difference: texts and HTML line by
 line with timings masked, JSON numbers exactly (timings aside), tensors as max |a - b|, and exits 1
-if any text differs or any tensor differs by more than 1e-7.
+if any text differs or any tensor differs by more than 1e-7. What only the later snapshot has (a new
+JSON field, inserted lines: a new metric or section) is listed apart and is not a difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import json
 import os
 import re
@@ -142,12 +144,17 @@ def _untimed(data):
     return data
 
 
+ADDED = -1.0  # _numbers' mark of a key only the later snapshot has (a new field, not a change)
+
+
 def _numbers(a, b, path=""):
-    """Yield (path, |a-b| or None for a structural difference)."""
+    """Yield (path, |a-b|, None for a structural difference, or ADDED for a key only ``b`` has)."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
+            if key not in b:
                 yield f"{path}/{key}", None
+            elif key not in a:
+                yield f"{path}/{key}", ADDED
             else:
                 yield from _numbers(a[key], b[key], f"{path}/{key}")
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
@@ -174,23 +181,35 @@ def compare(a: Path, b: Path) -> int:
             diffs = list(
                 _numbers(_untimed(json.loads(left.read_text())), _untimed(json.loads(right.read_text())))
             )
-            worst = max((d for _, d in diffs if d is not None), default=0.0)
-            structural = [p for p, d in diffs if d is None]
+            added = [p for p, d in diffs if d == ADDED]
+            changed = [(p, d) for p, d in diffs if d != ADDED]
+            worst = max((d for _, d in changed if d is not None), default=0.0)
+            structural = [p for p, d in changed if d is None]
             print(
-                f"{left.name}: {len(diffs)} differing values, max {worst:.3g}, {len(structural)} structural"
+                f"{left.name}: {len(changed)} differing values, max {worst:.3g}, {len(structural)} "
+                f"structural; {len(added)} added fields"
             )
             bad += bool(structural) or worst > TOLERANCE
-            for p in structural[:5]:
+            for p in structural[:5] + added[:3]:
                 print(f"  {p}")
         else:
             ta = [TIMING.sub("<t>", line) for line in left.read_text().replace(str(a), "<dir>").splitlines()]
             tb = [TIMING.sub("<t>", line) for line in right.read_text().replace(str(b), "<dir>").splitlines()]
-            diff = [(i, x, y) for i, (x, y) in enumerate(zip(ta, tb)) if x != y]
-            if len(ta) != len(tb) or diff:
-                bad += 1
-                print(f"{left.name}: {len(diff)} differing lines ({len(ta)} vs {len(tb)} lines)")
-                for i, x, y in diff[:3]:
-                    print(f"  {i}: {x[:150]}\n  {i}: {y[:150]}")
+            # inserted lines (a new section) are listed apart; a changed or removed line is a difference
+            ops = difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes()
+            changed = [
+                (i1, j1, ta[i1:i2], tb[j1:j2]) for tag, i1, i2, j1, j2 in ops if tag in ("replace", "delete")
+            ]
+            inserted = sum(j2 - j1 for tag, _, _, j1, j2 in ops if tag == "insert")
+            if changed or inserted:
+                print(f"{left.name}: {sum(len(x) for *_, x, _ in changed)} changed or removed lines, "
+                      f"{inserted} inserted ({len(ta)} vs {len(tb)} lines)")  # fmt: skip
+                bad += bool(changed)
+                for i, j, x, y in changed[:3]:
+                    print(f"  {i}: {' | '.join(x)[:150]}\n  {j}: {' | '.join(y)[:150]}")
+    if not (a / "families.json").exists() or not (b / "families.json").exists():
+        print("families: not in both snapshots (not compared)")
+        return bad
     fa, fb = json.loads((a / "families.json").read_text()), json.loads((b / "families.json").read_text())
     for section in ("verdicts", "metrics"):
         diffs = list(_numbers(fa[section], fb[section]))
