@@ -26,7 +26,7 @@ TINY = {
     "diagnose": (
         [
             "--layers", "1", "--heads", "2", "--samples", "1", "--batch-size", "1", "--time-length", "32",
-            "--block-size", "16", "--repeats", "1", "--lengths", "64,128", "--full-maps-max", "64",
+            "--block-size", "16", "--repeats", "1", "--lengths", "64", "--full-maps-max", "64",
             "--length-models", "llama", "--length-longest", "128", "--length-layers", "1",
             "--max-positions", "128", "--child-timeout", "120",
         ],
