@@ -31,7 +31,7 @@ from .outputs import (
     reference_index,
     robust_index,
 )
-from .probe_result import COLLAPSE_SHARE, ProbeResult
+from .probe_result import COLLAPSE_SHARE, ProbeResult, nanmean
 from .probes import ActsOn
 
 MAX_FINDINGS = 8
@@ -162,8 +162,7 @@ def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) ->
         index = probe.levels.index(point)
         rates = probe.metrics["collapse_rate"].copy()
         rates[:, probe.baseline_collapsed()] = np.nan
-        with np.errstate(invalid="ignore"):
-            layer_rates = np.nanmean(rates, axis=2) if rates.size else rates
+        layer_rates = nanmean(rates, axis=2) if rates.size else rates
         # the layers that collapse there: their own rate reaches the share that marks the point
         first_layers = [int(i) for i in np.nonzero(np.nan_to_num(layer_rates[index]) >= COLLAPSE_SHARE)[0]]
         if not first_layers:

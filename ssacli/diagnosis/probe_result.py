@@ -94,7 +94,7 @@ class ProbeResult:
         ratio = self.reach()
         if ratio is None:
             return [None] * len(self.levels)
-        return json_ready(_nanmean(ratio, axis=1))
+        return json_ready(nanmean(ratio, axis=1))
 
     def reach_measure(self) -> str | None:
         """The layer metric a magnitude probe's reach is read from, where the probe acts: the target
@@ -191,7 +191,7 @@ class ProbeResult:
         """Per level: the mean collapse rate over the heads not collapsed at the first level."""
         rates = self.metrics["collapse_rate"].copy()
         rates[:, self.baseline_collapsed()] = np.nan
-        return _nanmean(rates.reshape(len(self.levels), -1), axis=1)
+        return nanmean(rates.reshape(len(self.levels), -1), axis=1)
 
     def change_from_first(self, metric: str) -> np.ndarray:
         mean = self.model_mean(metric)
@@ -199,11 +199,11 @@ class ProbeResult:
 
     def model_mean(self, metric: str) -> np.ndarray:
         """Mean over every head of every layer, per level (each head counts once)."""
-        return _nanmean(self.metrics[metric].reshape(len(self.levels), -1), axis=1)
+        return nanmean(self.metrics[metric].reshape(len(self.levels), -1), axis=1)
 
     def layer_mean(self, metric: str) -> np.ndarray:
         """[level, layer]: mean over the heads of each layer."""
-        return _nanmean(self.metrics[metric], axis=2)
+        return nanmean(self.metrics[metric], axis=2)
 
     def collapse_point(self) -> float | None:
         """Smallest level after the first at which the mean collapse rate of the heads not
@@ -250,7 +250,7 @@ class ProbeResult:
         if self.insensitive:
             return [None] * rates.shape[1]
         rates[:, self.baseline_collapsed()] = np.nan
-        layer_rates = _nanmean(rates, axis=2)
+        layer_rates = nanmean(rates, axis=2)
         return [_first_level(self.levels[1:], layer_rates[1:, layer]) for layer in range(rates.shape[1])]
 
     def head_spread(self) -> dict[str, np.ndarray]:
@@ -299,7 +299,9 @@ class ProbeResult:
 # ---- helpers ---------------------------------------------------------------------------------------
 
 
-def _nanmean(values: np.ndarray, axis: int) -> np.ndarray:
+def nanmean(values: np.ndarray, axis: int) -> np.ndarray:
+    """``np.nanmean`` without its "Mean of empty slice" warning: an all-NaN slice is NaN, quietly
+    (a layer whose heads were all collapsed at baseline has no fresh rate; that is not an error)."""
     finite = np.isfinite(values)
     count = finite.sum(axis=axis)
     total = np.where(finite, values, 0.0).sum(axis=axis)

@@ -262,3 +262,29 @@ def test_no_collapse_with_unmeasured_outputs_is_not_coloured_like_a_pass():
     assert '<tr class="held"><th>key-scale' in html and '<tr class="unconfirmed"><th>length' in html
     assert "tr.held td" in CSS and "unconfirmed" not in CSS
     assert VERDICT_STYLES["held"] == "green" and VERDICT_STYLES["unconfirmed"] == ""
+
+
+def test_a_layer_collapsed_at_baseline_gives_its_finding_without_a_numpy_warning():
+    """Layer 1's heads are all collapsed before any shift (an attention-only ICL model has whole
+    layers so): the collapse finding names layer 0 from its own rates and no "Mean of empty slice"
+    warning reaches the user's terminal (it leaked there from the fresh per-layer mean)."""
+    import math
+    import warnings
+
+    import numpy as np
+
+    from ssacli.diagnosis.probe_result import ProbeResult
+    from ssacli.diagnosis.result import DiagnoseResult
+
+    rates = np.zeros((3, 2, 2))
+    rates[:, 1, :] = 0.9  # layer 1: collapsed at every level, baseline included
+    rates[1:, 0, :] = [0.6, 0.8]  # layer 0: collapses from σ = 4
+    metrics = {"collapse_rate": rates, "max_weight": np.full((3, 2, 2), 0.95), "entropy": np.full((3, 2, 2), 0.2)}
+    probe = ProbeResult("embed-scale", [1.0, 4.0, 16.0], metrics, np.full((3, 2), 10),
+                        layer_metrics={"logit_rms": np.array([[1.0, 1.0], [4.0, 4.0], [16.0, 16.0]])})  # fmt: skip
+    result = DiagnoseResult("m", "gpt2", "softmax", "ssacli", ["l0", "l1"], [2, 2], [probe])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = [f for f in result.findings() if f["kind"] == "collapse"]
+    assert [f["layers"] for f in found] == [[0]]
+    assert found[0]["level"] == 4.0 and math.isclose(found[0]["value"], (0.6 + 0.8) / 2)
