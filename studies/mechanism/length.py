@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mechanism_common import association as seed_association
+from mechanism_common import interval, soften_heads
 
 from ssacli.files import write_json
 from ssacli.stats import paired_summary
@@ -53,7 +55,6 @@ LEVELS = (1, 2, 4)
 MEASURES = ("collapse_rate", "max_weight", "sink_mass", "entropy")
 PPL_KEYS = {1: "heldout_ppl", 2: "ppl_2x", 4: "ppl_4x"}
 CONTROL = "control"
-RESAMPLES = 2000
 HEADS = 4  # heads softened per control model (of 16)
 TEMPERATURE = 2.0
 
@@ -110,31 +111,12 @@ def measure_models(runs: Path, record: Path, data: str, seq: int, samples: int, 
     return rows
 
 
-def spearman(x, y) -> float | None:
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return None
-    rx, ry = (np.argsort(np.argsort(v)).astype(float) for v in (x, y))
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
 def association(rows: list[dict], measure, level: int) -> dict[str, Any]:
     """Spearman ρ across the rows of (measure at level, failure at level); seeds resampled."""
-    by_seed: dict[int, list[tuple[float, float]]] = {}
+    points: dict[int, list[tuple[float, float]]] = {}
     for r in rows:
-        by_seed.setdefault(r["seed"], []).append((measure(r, level), r["failure"][level]))
-
-    def rho(groups) -> float | None:
-        points = [p for g in groups for p in g]
-        return spearman([p[0] for p in points], [p[1] for p in points])
-
-    seeds = sorted(by_seed)
-    value = rho(by_seed.values())
-    rng = np.random.default_rng(0)
-    draws = [v for v in (rho([by_seed[s] for s in rng.choice(seeds, len(seeds))]) for _ in range(RESAMPLES))
-             if v is not None]  # fmt: skip
-    low, high = np.percentile(draws, [2.5, 97.5]).tolist() if draws else (None, None)
-    return {"rho": value, "ci_low": low, "ci_high": high, "models": sum(map(len, by_seed.values()))}
+        points.setdefault(r["seed"], []).append((measure(r, level), r["failure"][level]))
+    return seed_association(points)
 
 
 def measure_at(name: str):
@@ -142,21 +124,6 @@ def measure_at(name: str):
     if name == "delta_collapse":
         return lambda r, lv: r["saturation"]["collapse_rate"][index(lv)] - r["saturation"]["collapse_rate"][0]
     return lambda r, lv: r["saturation"][name][index(lv)]
-
-
-def soften(loaded, heads: list[tuple[int, int]], temperature: float):
-    """The model with softmax(x / T) on ``heads`` ((layer, head)), softmax elsewhere (exactly)."""
-    import torch
-
-    from ssacli.attention.interface import apply_scorer, scorers_of
-
-    apply_scorer(loaded.model, "temperature:t=1")
-    scorers = list(scorers_of(loaded.model).values())
-    with torch.no_grad():
-        for layer, head in heads:
-            raw = scorers[layer].t_raw
-            raw.view(-1)[head if raw.numel() > 1 else 0] = math.log(temperature)
-    return loaded
 
 
 def temperature_intervention(runs: Path, rows: list[dict], data: str, seq: int, samples: int, tokens: int):
@@ -176,7 +143,7 @@ def temperature_intervention(runs: Path, rows: list[dict], data: str, seq: int, 
         loaded = load(str(folder / "model"))
         held = TextData.load(data, loaded.tokenizer).heldout_stream[:tokens]
         before = {f"{lv}x": perplexity(loaded, held, lv * seq) for lv in (1, 4)}
-        soften(loaded, heads, TEMPERATURE)
+        soften_heads(loaded.model, heads, TEMPERATURE)
         after = {f"{lv}x": perplexity(loaded, held, lv * seq) for lv in (1, 4)}
         sat = saturation(loaded, TextData.load(data, loaded.tokenizer).heldout_text, seq, samples)
         entry = {
@@ -190,12 +157,6 @@ def temperature_intervention(runs: Path, rows: list[dict], data: str, seq: int, 
               f"4x {before['4x']:.3f}->{after['4x']:.3f}", flush=True)  # fmt: skip
         out.append(json.loads(cache.read_text()))
     return out
-
-
-def _rho(row: dict[str, Any]) -> str:
-    if row.get("rho") is None:
-        return "n/a (a measure did not vary)"
-    return f"{row['rho']:+.2f} [{row['ci_low']:+.2f}, {row['ci_high']:+.2f}]"
 
 
 def _ci(summary: dict[str, Any]) -> str:
@@ -212,12 +173,12 @@ def tables(summary: dict[str, Any]) -> str:
         "to 1×), 95 % bootstrap over seeds.", "", "| measure | 2× | 4× |", "|---|---|---|",
     ]  # fmt: skip
     for name in (*MEASURES, "delta_collapse"):
-        cells = [_rho(summary["associations"][f"{name}@{lv}x"]) for lv in (2, 4)]
+        cells = [interval(summary["associations"][f"{name}@{lv}x"]) for lv in (2, 4)]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out += ["", "## Within each arm, across its seeds (collapse at 4× vs failure at 4×)", "",
             "| arm | models | ρ [95 % CI] |", "|---|---:|---|"]  # fmt: skip
     for arm, row in summary["within_arm"].items():
-        out.append(f"| {arm} | {row['models']} | {_rho(row)} |")
+        out.append(f"| {arm} | {row['models']} | {interval(row)} |")
     out += ["", "## Intervention 1: each arm against the softmax control, paired by seed", "",
             "| arm | seeds | Δ collapse at 4× [95 % CI] | Δ failure at 4× [95 % CI] |",
             "|---|---:|---|---|"]  # fmt: skip
