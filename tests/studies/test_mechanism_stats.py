@@ -28,8 +28,8 @@ def test_ranks_average_ties_and_spearman_is_pearson_of_them():
     assert common.ranks(values).tolist() == naive_ranks(values)
     x, y = [0.0, 0.0, 0.1, 0.2, 0.2, 0.5], [3.0, 1.0, 2.0, 5.0, 4.0, 6.0]
     rx, ry = np.array(naive_ranks(x)), np.array(naive_ranks(y))
-    reference = float(((rx - rx.mean()) * (ry - ry.mean())).sum() / math.sqrt(((rx - rx.mean()) ** 2).sum()
-                                                                              * ((ry - ry.mean()) ** 2).sum()))  # fmt: skip
+    dx, dy = rx - rx.mean(), ry - ry.mean()
+    reference = float((dx * dy).sum() / math.sqrt((dx**2).sum() * (dy**2).sum()))
     assert common.spearman(x, y) == pytest.approx(reference, rel=1e-12)
     assert common.spearman([1, 2, 3, 4], [1, 1, 1, 1]) is None  # one side does not vary
     assert common.spearman([1, 2], [2, 1]) is None  # fewer than 3 points
