@@ -166,7 +166,9 @@ def _work(run: StudyRun, folder: Path) -> dict:
         arch=arch,
     )
     done = _trained(run, folder)
-    model = load_icl(folder, device) if done else train(config, folder, resume=True, device=device)
+    advice = "the same sweep again (finished runs are skipped; this one resumes from its checkpoint)"
+    model = load_icl(folder, device) if done else train(config, folder, resume=True, device=device,
+                                                        resume_advice=advice)  # fmt: skip
     began = time.perf_counter()
     # σ at the trained length, length at σ = 1, outliers at the trained length and σ = 1,
     # coefficient σ (linear) at the trained length and σ_x = 1.

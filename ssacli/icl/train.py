@@ -106,8 +106,12 @@ def train(
     device: str = "auto",
     on_step: Callable[[int, float, int], None] | None = None,
     stop_at: int | None = None,
+    resume_advice: str = "the same command with --resume",
 ) -> ICLModel:
     """Train and write checkpoints to ``out`` (every ``checkpoint_every`` steps and at the end).
+
+    ``resume_advice``: how the interrupted-run message says to continue (a sweep resumes by running
+    again, with no --resume flag).
 
     ``stop_at``: stop (with a checkpoint) after that step of the run's ``config.steps`` schedule,
     so a resumed run continues it; learning curves measure one run this way (studies/icl-v3/curve.py).
@@ -121,11 +125,18 @@ def train(
     config.validate()
     check_writable_folder(out, "--out")  # before the first step, not at the first checkpoint
     with writer_lock(out):  # one writer of out: a second job is refused at once
-        return _train_into(config, out, resume, overwrite, device, on_step, stop_at)
+        return _train_into(config, out, resume, overwrite, device, on_step, stop_at, resume_advice)
 
 
 def _train_into(
-    config: TrainConfig, out: Path, resume: bool, overwrite: bool, device: str, on_step, stop_at
+    config: TrainConfig,
+    out: Path,
+    resume: bool,
+    overwrite: bool,
+    device: str,
+    on_step,
+    stop_at,
+    resume_advice: str,
 ) -> ICLModel:
     check_replaceable(out)  # a folder ssacli did not write is never replaced, --overwrite or not
     exists = (out / META_FILE).is_file()
@@ -200,7 +211,7 @@ def _train_into(
         scorer_root=model.backbone,
         folder=out,
         advice="lower --lr or check the scorer spec",
-        resume="the same command with --resume",
+        resume=resume_advice,
         checkpoint_every=config.checkpoint_every,
         log_every=config.log_every,
         history=history,

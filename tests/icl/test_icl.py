@@ -200,6 +200,20 @@ def test_a_signal_checkpoints_the_step_and_resuming_finishes_like_the_uninterrup
     assert resumed.spec.training["history"] == full.spec.training["history"]
 
 
+def test_an_interrupted_run_says_how_its_caller_resumes(tmp_path):
+    """A sweep resumes by running again (it has no --resume flag): its runs' message says so."""
+
+    def interrupt(step, loss, points):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    advice = "the same sweep again (finished runs are skipped; this one resumes from its checkpoint)"
+    with pytest.raises(InterruptedJobError, match=r"interrupted at step 2; .*the same sweep again") as err:
+        train(TrainConfig(steps=6, **TINY), tmp_path / "run", device="cpu", on_step=interrupt,
+              resume_advice=advice)
+    assert "--resume" not in str(err.value)
+
+
 def test_a_nan_loss_stops_before_the_update_and_keeps_the_last_checkpoint(tmp_path):
     poisoned = {}
 
