@@ -160,6 +160,8 @@ def temperature_intervention(runs: Path, rows: list[dict], data: str, seq: int, 
 
 
 def _ci(summary: dict[str, Any]) -> str:
+    if summary.get("ci_low") is None:  # one seed (the SmolLM2 models): the point, no interval
+        return f"{summary['mean_difference']:+.4f} (1 seed: no interval)"
     return f"{summary['mean_difference']:+.4f} [{summary['ci_low']:+.4f}, {summary['ci_high']:+.4f}]"
 
 
