@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tiny", action="store_true", default=os.environ.get("GPU_STUDY_TINY") == "1",
                         help="a tiny end-to-end run on the CPU (also GPU_STUDY_TINY=1)")  # fmt: skip
     parser.add_argument("--device", help="default: cuda (cpu with --tiny)")
-    parser.add_argument("--jobs", type=int, help="runs in parallel (default 4 on a GPU, 2 with --tiny)")
+    parser.add_argument("--jobs", type=int, help="runs in parallel (default 4 on a GPU, 1 with --tiny)")
     parser.add_argument("--seeds", type=int, help="paired seeds (default 3; 2 with --tiny)")
     parser.add_argument("--icl-steps", type=int, help="fix the ICL steps (default: calibrated to the budget)")
     parser.add_argument("--icl-budget", type=float, default=270.0, help="ICL training s (serial-equivalent)")
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--passes", type=float, default=4.0, help="LM passes over the training text")
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.tiny else "cuda")
-    args.jobs = args.jobs or (2 if args.tiny else 4)
+    args.jobs = args.jobs or (1 if args.tiny else 4)  # tiny: workers would each import torch again
     args.seeds = args.seeds or (2 if args.tiny else 3)
     began = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (args.out / "icl-plan.json").write_text(json.dumps(plan, indent=1) + "\n")
     import ssacli
 
-    icl_began = time.perf_counter()  # tiny: one process (workers would each import torch again)
+    icl_began = time.perf_counter()
     icl = ssacli.run_icl_sweep(ssacli.ICLSweepPlan.from_json(args.out / "icl-plan.json"), args.out / "icl",
-                               jobs=1 if args.tiny else args.jobs, device=args.device)  # fmt: skip
+                               jobs=args.jobs, device=args.device)  # fmt: skip
     design["icl"]["wall_s"] = round(time.perf_counter() - icl_began, 1)
     with open(args.out / "icl" / "tables.md", "w") as tables:
         report = ROOT / "studies" / "icl" / "tables.py"
