@@ -120,7 +120,11 @@ def profiles_figure(profiles: PositionProfiles):
                         cmap="magma", interpolation="nearest")  # fmt: skip
     fig.colorbar(image, ax=left, fraction=0.04, pad=0.02).ax.tick_params(labelsize=7)
     edges = profiles.key_edges
-    ticks = sorted({0, len(edges) - 2, *range(1, len(edges) - 1, max(1, (len(edges) - 1) // 8))})
+    bins = len(edges) - 1
+    step = max(1, bins // 8)  # about 8 labels, evenly spaced from bin 0 (labels of adjacent bins collide)
+    ticks = sorted({0, *range(step, bins, step)})
+    if bins - 1 - ticks[-1] >= max(1, step // 2):
+        ticks.append(bins - 1)
     left.set_xticks(ticks, [str(edges[t]) for t in ticks], size=7)
     left.set_title(f"received ÷ uniform by key position (bin 0: the first {profiles.sink_k})", size=9)
     left.set_xlabel("first key of the bin", size=8)
