@@ -289,51 +289,65 @@ def tables(summary: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+SECOND = (
+    4.0  # the figure's second row: below the error ceiling that σ = 8 reaches on the classification tasks
+)
+
+
 def figure(records: list[dict], summary: dict[str, Any], path: Path) -> None:
-    """Per task: collapse at σ = 8 against the failure there (one colour per arm); the last panel,
-    the temperature intervention's difference in differences per T, per task."""
+    """Per task, collapse against the failure at σ = 8 (top) and at σ = SECOND (bottom), one colour
+    per arm. Last column: the temperature intervention's difference in differences per T (top), and
+    each softmax head's collapse rise against its own softening effect (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tasks = list(summary["tasks"])
-    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(4.2 * (len(tasks) + 1), 4))
+    fig, axes = plt.subplots(2, len(tasks) + 1, figsize=(4.2 * (len(tasks) + 1), 7.6), squeeze=False)
     colours = {REFERENCE: "tab:blue", SSA: "tab:orange"}
-    for ax, task in zip(axes, tasks):
-        for arm, colour in colours.items():
-            mine = [r for r in records if r["task"] == task and r["arm"] == arm]
-            ax.scatter(
-                [measure(r, "embed-scale", "collapse_rate", SIGMA) for r in mine],
-                [failure(r, "embed-scale", SIGMA) for r in mine],
-                s=16,
-                color=colour,
-                label=arm,
-            )
-        rho = summary["tasks"][task]["associations"][f"embed-scale@{level_key(SIGMA)}/collapse_rate"]
-        ax.set_title(f"{task}: ρ = {interval(rho)}", size=9)
-        ax.set_xlabel(f"collapse rate at σ = {SIGMA:g} (rows with max weight >= 0.9)", size=8)
-        ax.set_ylabel(f"failure at σ = {SIGMA:g} (error − baseline)", size=8)
-        ax.axhline(FAILED, color="grey", lw=0.6, ls=":")
-    axes[0].legend(fontsize=7)
-    ax = axes[-1]
+    for row, level in enumerate((SIGMA, SECOND)):
+        for ax, task in zip(axes[row], tasks):
+            for arm, colour in colours.items():
+                mine = [r for r in records if r["task"] == task and r["arm"] == arm]
+                xs = [measure(r, "embed-scale", "collapse_rate", level) for r in mine]
+                ax.scatter(
+                    xs, [failure(r, "embed-scale", level) for r in mine], s=16, color=colour, label=arm
+                )
+            rho = summary["tasks"][task]["associations"][f"embed-scale@{level_key(level)}/collapse_rate"]
+            ax.set_title(f"{task}, σ = {level:g}: ρ = {interval(rho)}", size=9)
+            ax.set_xlabel(f"collapse rate at σ = {level:g} (rows with max weight >= 0.9)", size=8)
+            ax.set_ylabel(f"failure at σ = {level:g} (error − baseline)", size=8)
+            ax.axhline(FAILED, color="grey", lw=0.6, ls=":")
+    axes[0][0].legend(fontsize=7)
+    ax = axes[0][-1]
     for index, task in enumerate(tasks):
         temp = summary["tasks"][task].get("temperature", {})
+        rows = list(temp.values())
         xs = [math.log2(float(t)) + 0.08 * (index - 1) for t in temp]
-        ys = [row["did"]["mean_difference"] for row in temp.values()]
-        low = [
-            y - (row["did"]["ci_low"] if row["did"]["ci_low"] is not None else y)
-            for y, row in zip(ys, temp.values())
-        ]
-        high = [
-            (row["did"]["ci_high"] if row["did"]["ci_high"] is not None else y) - y
-            for y, row in zip(ys, temp.values())
-        ]
+        ys = [r["did"]["mean_difference"] for r in rows]
+        low = [y - (r["did"]["ci_low"] if r["did"]["ci_low"] is not None else y) for y, r in zip(ys, rows)]
+        high = [(r["did"]["ci_high"] if r["did"]["ci_high"] is not None else y) - y for y, r in zip(ys, rows)]
         ax.errorbar(xs, ys, yerr=[low, high], fmt="o", capsize=3, label=task)
     ax.axhline(0, color="grey", lw=0.6)
     ax.set_xlabel("log2 T on the 4 heads whose collapse rises most (softmax models)", size=8)
     ax.set_ylabel("Δ error(σ=8) − Δ error(σ=1), mean [95 % CI]", size=8)
     ax.set_title("softening the collapsing heads at a fixed shift", size=9)
+    ax.legend(fontsize=7)
+    ax = axes[1][-1]
+    for task in tasks:
+        heads = [
+            h
+            for r in records
+            if r["task"] == task and "intervention" in r
+            for h in r["intervention"]["per_head"]
+        ]
+        ax.scatter([h["rise"] for h in heads], [h["did"] for h in heads], s=8, alpha=0.6, label=task)
+    ax.axhline(0, color="grey", lw=0.6)
+    ax.set_xlabel(f"a head's collapse rise, σ 1 → {SIGMA:g}", size=8)
+    ax.set_ylabel(f"its softening effect (T = 8): Δ error(σ={SIGMA:g}) − Δ error(σ=1)", size=8)
+    ax.set_yscale("symlog", linthresh=0.05)  # a few heads' effects are 100x the rest's
+    ax.set_title("each softmax head softened alone (symlog)", size=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
