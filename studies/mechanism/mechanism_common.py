@@ -115,7 +115,8 @@ def level_key(level: float) -> str:
 def interval(row: dict[str, Any]) -> str:
     """'+0.12 [−0.30, +0.50]', the point alone without an interval, or why there is no value."""
     if row.get("rho") is None:
-        return "n/a (a measure did not vary)"
+        few = row.get("models") is not None and row["models"] < 3
+        return "n/a (fewer than 3 models)" if few else "n/a (a measure did not vary)"
     if row.get("ci_low") is None:
         return f"{row['rho']:+.2f} (no interval: 1 seed)"
     return f"{row['rho']:+.2f} [{row['ci_low']:+.2f}, {row['ci_high']:+.2f}]"
