@@ -347,6 +347,8 @@ def figure(records: list[dict], summary: dict[str, Any], path: Path) -> None:
     ax.set_xlabel(f"a head's collapse rise, σ 1 → {SIGMA:g}", size=8)
     ax.set_ylabel(f"its softening effect (T = 8): Δ error(σ={SIGMA:g}) − Δ error(σ=1)", size=8)
     ax.set_yscale("symlog", linthresh=0.05)  # a few heads' effects are 100x the rest's
+    ticks = [-1.0, -0.1, 0.0, 0.1, 1.0]
+    ax.set_yticks(ticks, [f"{v:g}" for v in ticks])
     ax.set_title("each softmax head softened alone (symlog)", size=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
