@@ -279,9 +279,11 @@ def test_a_layer_collapsed_at_baseline_gives_its_finding_without_a_numpy_warning
     rates = np.zeros((3, 2, 2))
     rates[:, 1, :] = 0.9  # layer 1: collapsed at every level, baseline included
     rates[1:, 0, :] = [0.6, 0.8]  # layer 0: collapses from σ = 4
-    metrics = {"collapse_rate": rates, "max_weight": np.full((3, 2, 2), 0.95), "entropy": np.full((3, 2, 2), 0.2)}
+    grid = np.full((3, 2, 2), 0.95)
+    metrics = {"collapse_rate": rates, "max_weight": grid, "entropy": np.full((3, 2, 2), 0.2)}
+    rms = np.array([[1.0, 1.0], [4.0, 4.0], [16.0, 16.0]])
     probe = ProbeResult("embed-scale", [1.0, 4.0, 16.0], metrics, np.full((3, 2), 10),
-                        layer_metrics={"logit_rms": np.array([[1.0, 1.0], [4.0, 4.0], [16.0, 16.0]])})  # fmt: skip
+                        layer_metrics={"logit_rms": rms})  # fmt: skip
     result = DiagnoseResult("m", "gpt2", "softmax", "ssacli", ["l0", "l1"], [2, 2], [probe])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
