@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mechanism_common import level_key, soften_heads
+from mechanism_common import level_key, load, soften_heads
 
 from ssacli.files import write_json
 
@@ -100,14 +100,6 @@ def diagnose_saturation(loaded, plan: dict, probes: list[str] | None = None) -> 
         ]
     result = ssacli.diagnose(loaded, probes, samples=SAMPLES, seed=0)
     return {probe.name: probe_summary(probe) for probe in result.probes}
-
-
-def load(folder: Path):
-    from ssacli.models.loading import load_model
-
-    loaded = load_model(str(folder), dtype="float32", device="cpu")
-    loaded.model.eval()
-    return loaded
 
 
 def errors_at(model, plan: dict, sigmas: tuple[float, ...]) -> list[float]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from mechanism_common import association as seed_association
-from mechanism_common import interval, soften_heads
+from mechanism_common import interval, load, soften_heads
 
 from ssacli.files import write_json
 from ssacli.stats import paired_summary
@@ -77,14 +77,6 @@ def saturation(loaded, text: str, seq: int, samples: int) -> dict[str, Any]:
     slopes = None if fading is None else np.asarray(fading["entropy"], float)
     out["fading_entropy"] = None if slopes is None else float(np.nanmean(slopes))
     return out
-
-
-def load(model: str):
-    from ssacli.models.loading import load_model
-
-    loaded = load_model(model, dtype="float32", device="cpu")
-    loaded.model.eval()
-    return loaded
 
 
 def measure_models(runs: Path, record: Path, data: str, seq: int, samples: int, model0: str) -> list[dict]:

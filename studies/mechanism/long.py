@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from length import LEVELS, load, perplexity, saturation
-from mechanism_common import soften_heads
+from length import LEVELS, perplexity, saturation
+from mechanism_common import load, soften_heads
 
 from ssacli.files import write_json
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,6 +90,15 @@ def partial_association(points: dict[Any, list[tuple[float, float, float]]]) -> 
         return partial_spearman(*([p[i] for p in flat] for i in range(3)))
 
     return seed_bootstrap(points, rho)
+
+
+def load(model: str | Path):
+    """A model for measuring: float32 on the CPU, in eval mode (both parts load every model so)."""
+    from ssacli.models.loading import load_model
+
+    loaded = load_model(str(model), dtype="float32", device="cpu")
+    loaded.model.eval()
+    return loaded
 
 
 def soften_heads(model, heads: Sequence[tuple[int, int]], temperature: float):
