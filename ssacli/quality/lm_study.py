@@ -1,19 +1,20 @@
-"""The language-model study (issue 16, part 2): tiny decoders trained from scratch with `ssacli train`,
+"""The language-model study: tiny decoders trained from scratch as `ssacli train` trains them,
 paired by seed across scorers, evaluated and aggregated on the study engine (:mod:`ssacli.study`).
 ``studies/lm/run.py`` is its command line; :mod:`ssacli.report.lm_study` renders its tables.
 
 Per arm (scorer) and seed, in OUT/runs/{label}-s{seed}/:
 
-1. train (:func:`train_run`): `ssacli train --size OUT/model-config.json --data PLAN.data --scorer
-   SPEC --seed SEED …` (the plan's `model` is written as the config; same steps, batch, tokens and
-   tokenizer for every arm: the tokenizer depends only on the data and the vocabulary size). A
-   finished run (its training record at the plan's steps) is not trained again, an interrupted one
-   continues (--resume).
+1. train (:func:`train_run`): :func:`ssacli.train.runs.train_from_scratch` in this process, what
+   `ssacli train --size OUT/model-config.json --data PLAN.data --scorer SPEC --seed SEED …` runs (the
+   plan's `model` is written as the config; same steps, batch, tokens and tokenizer for every arm:
+   the tokenizer depends only on the data and the vocabulary size). A finished run (its training
+   record at the plan's steps) is not trained again, an interrupted one continues (resume).
 2. evaluate (:func:`evaluate_folder`, eval.json): perplexity of the in-distribution text (`id_text`)
    and the out-of-distribution text (`ood_text`) at the training context and at each multiple in
    `contexts` (windows longer than the trained positions: RoPE models run them, that is the
    length-shift test), the BLiMP paradigms in `blimp` (accuracy per paradigm and their mean), and
-   `ssacli diagnose` of the model (diagnose.json; its collapse summary per probe).
+   :func:`ssacli.diagnose` of the model with the plan's `diagnose_args` (the options of `ssacli
+   diagnose` that :data:`DIAGNOSE_OPTIONS` names; diagnose.json, its collapse summary per probe).
 3. aggregate (:func:`summarize`, results.json): every metric per run (:func:`run_metrics`), mean ±
    std per arm, and each arm against the plan's `reference` paired by seed.
 
@@ -26,20 +27,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..files import write_json
+from ..diagnosis.run import diagnose
+from ..errors import SsacliError, UsageError
+from ..files import write_json, write_text
 from ..models.checkpoint import training_record
 from ..models.loading import load_model
 from ..stats import verdict
 from ..study import StudyRun, by_seed, check_arms, execute, write_results
 from ..study import summarize as summarize_groups
+from ..train.runs import train_from_scratch
 from .measures import language_model_loss, minimal_pairs
 
 LOWER_IS_BETTER_PREFIXES = ("ppl", "nll", "collapse")
@@ -54,6 +55,7 @@ def load_plan(path: Path) -> dict[str, Any]:
     plan.setdefault("blimp_limit", None)
     plan.setdefault("diagnose", True)
     plan.setdefault("diagnose_args", ["--samples", "4"])
+    diagnose_options(plan["diagnose_args"])  # a bad one is refused before any run trains
     return plan
 
 
@@ -70,17 +72,6 @@ def run_name(label: str, seed: int) -> str:
     return f"{label}-s{seed}"
 
 
-def ssacli_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ssacli", *args]
-
-
-def child_env() -> dict[str, str]:
-    """The environment of the processes a run starts: this process's thread budget (one in a
-    parallel study's worker, every core otherwise)."""
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, os.cpu_count() or 1))
-    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-
-
 def finished_steps(folder: Path) -> int | None:
     return (training_record(folder) or {}).get("step")
 
@@ -90,26 +81,44 @@ def _trained(run: StudyRun, folder: Path) -> bool:
 
 
 def train_run(plan: dict[str, Any], arm: dict[str, Any], seed: int, folder: Path, device: str) -> float:
-    """Train (or continue) one run with `ssacli train`; the seconds it took (0 when it was done)."""
+    """Train (or continue) one run as `ssacli train` does; the seconds it took (0 when it was done)."""
     if finished_steps(folder) == plan["steps"]:
         return 0.0
-    args = [
-        "train", "--data", plan["data"], "--out", str(folder),
-        "--size", str(folder.parent.parent / "model-config.json"),
-        "--scorer", arm["spec"], "--steps", str(plan["steps"]), "--lr", str(plan["lr"]),
-        "--batch-size", str(plan["batch_size"]), "--seq-len", str(plan["seq_len"]),
-        "--vocab-size", str(plan["vocab_size"]), "--seed", str(seed), "--device", device,
-        "--checkpoint-every", str(max(1, plan["steps"] // 4)), "--quiet",
-    ]  # fmt: skip
+    options: dict[str, Any] = {}
     if plan.get("attention"):  # eager is faster than the blocked SSA kernel at 128 tokens on CPU
-        args += ["--attention", plan["attention"]]
+        options["attention"] = plan["attention"]
     if plan.get("warmup") is not None:
-        args += ["--warmup", str(plan["warmup"])]
-    if folder.exists():
-        args.append("--resume")
+        options["warmup"] = plan["warmup"]
     began = time.perf_counter()
-    subprocess.run(ssacli_cmd(*args), check=True, env=child_env())
+    train_from_scratch(
+        plan["data"], folder, size=str(folder.parent.parent / "model-config.json"), scorer=arm["spec"],
+        steps=plan["steps"], lr=plan["lr"], batch_size=plan["batch_size"], seq_len=plan["seq_len"],
+        vocab_size=plan["vocab_size"], seed=seed, device=device, resume=folder.exists(),
+        checkpoint_every=max(1, plan["steps"] // 4), **options,
+    )  # fmt: skip
     return time.perf_counter() - began
+
+
+# The options of `ssacli diagnose` a plan's diagnose_args may hold: flag -> (keyword, how it parses).
+DIAGNOSE_OPTIONS = {"--samples": ("samples", int), "--length": ("length", int), "--probe": ("probes", str),
+                    "--seed": ("seed", int), "--batch-size": ("batch_size", int)}  # fmt: skip
+
+
+def diagnose_options(args: list[str]) -> dict[str, Any]:
+    """diagnose's keywords from a plan's ``diagnose_args`` (``--probe`` may repeat); another flag is a
+    UsageError, so a plan cannot ask for something the study would silently not do."""
+    options: dict[str, Any] = {}
+    if len(args) % 2:
+        raise UsageError(f"diagnose_args {args}: each option takes one value")
+    for flag, value in zip(args[::2], args[1::2]):
+        if flag not in DIAGNOSE_OPTIONS:
+            raise UsageError(f"diagnose_args: {flag} is not one of {', '.join(DIAGNOSE_OPTIONS)}")
+        key, parse = DIAGNOSE_OPTIONS[flag]
+        if key == "probes":
+            options.setdefault("probes", []).append(value)
+        else:
+            options[key] = parse(value)
+    return options
 
 
 def _work(run: StudyRun, folder: Path) -> dict[str, Any]:
@@ -146,15 +155,14 @@ def evaluate_folder(plan: dict[str, Any], folder: Path, device: str) -> dict[str
             "pairs": pairs["pairs"],
         }
     if plan.get("diagnose"):
-        target = folder / "diagnose.json"
-        cmd = ssacli_cmd("diagnose", str(folder), "--json", str(target), "--device", device,
-                         *plan["diagnose_args"])  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
-        result["diagnose"] = (
-            diagnose_summary(json.loads(target.read_text()))
-            if done.returncode == 0 and target.is_file()
-            else {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
-        )
+        try:
+            diagnosed = diagnose(loaded, device=device, **diagnose_options(plan["diagnose_args"]))
+        except SsacliError as err:  # recorded in the run's evaluation, as a failed `ssacli diagnose` was
+            result["diagnose"] = {"error": [str(err)]}
+        else:
+            text = diagnosed.to_json()
+            write_text(text, folder / "diagnose.json")
+            result["diagnose"] = diagnose_summary(json.loads(text))
     result["eval_seconds"] = round(time.perf_counter() - began, 1)
     return result
 

@@ -24,13 +24,14 @@ GPU: the first run's learning curves (each run's ssacli.json) say whether `linea
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from ssacli.defaults import SCORER_LR
@@ -129,9 +130,12 @@ def train_tokens(folder: Path, text: str) -> int:
     return len(tokenizer(text[: int(0.9 * len(text))])["input_ids"])
 
 
-def run(cmd: list[str]) -> None:
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+def study_script(study: str, name: str) -> ModuleType:
+    """studies/STUDY/NAME.py as a module, so its main() runs in this process (no second torch import)."""
+    spec = importlib.util.spec_from_file_location(f"{study}_{name}", ROOT / "studies" / study / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -174,18 +178,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     icl = ssacli.run_icl_sweep(ssacli.ICLSweepPlan.from_json(args.out / "icl-plan.json"), args.out / "icl",
                                jobs=args.jobs, device=args.device)  # fmt: skip
     design["icl"]["wall_s"] = round(time.perf_counter() - icl_began, 1)
-    with open(args.out / "icl" / "tables.md", "w") as tables:
-        report = ROOT / "studies" / "icl" / "tables.py"
-        subprocess.run(
-            [sys.executable, str(report), str(args.out / "icl" / "results.json")], check=True, stdout=tables
-        )
+    with open(args.out / "icl" / "tables.md", "w") as tables, contextlib.redirect_stdout(tables):
+        study_script("icl", "tables").main([str(args.out / "icl" / "results.json")])
 
     lm, sizing = lm_plan(args)
     (args.out / "lm-plan.json").write_text(json.dumps(lm, indent=1) + "\n")
     lm_began = time.perf_counter()
-    run([sys.executable, str(ROOT / "studies" / "lm" / "run.py"), "--plan", str(args.out / "lm-plan.json"),
-         "--out", str(args.out / "lm"), "--jobs", str(args.jobs), "--device", args.device,
-         "--report", str(args.out / "lm")])  # fmt: skip
+    study_script("lm", "run").main(["--plan", str(args.out / "lm-plan.json"), "--out", str(args.out / "lm"),
+                                    "--jobs", str(args.jobs), "--device", args.device,
+                                    "--report", str(args.out / "lm")])  # fmt: skip
     lm_results = json.loads((args.out / "lm" / "results.json").read_text())
     first = args.out / "lm" / "runs" / f"{LM_ARMS[0]['label']}-s0"
     sizing["train_tokens"] = train_tokens(first, Path(args.data).read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""The language-model study (issue 16, part 2): tiny decoders trained from scratch with `ssacli train`,
+"""The language-model study: tiny decoders trained from scratch as `ssacli train` trains them,
 paired by seed across scorers, evaluated and aggregated with the paired statistics of ssacli.stats.
 
     python studies/lm/run.py --plan docs/results/lm-plan.json --out runs/lm-study --jobs 2
@@ -6,10 +6,11 @@ paired by seed across scorers, evaluated and aggregated with the paired statisti
 
 Per arm (scorer) and seed, in OUT/runs/{label}-s{seed}/:
 
-1. train: `ssacli train --size OUT/model-config.json --data PLAN.data --scorer SPEC --seed SEED …`
-   (the plan's `model` is written as the config; same steps, batch, tokens and tokenizer for every
-   arm: the tokenizer depends only on the data and the vocabulary size). Resumable: a finished run
-   (its training record at the plan's steps) is skipped, an interrupted one continues (--resume).
+1. train, in this process: what `ssacli train --size OUT/model-config.json --data PLAN.data --scorer
+   SPEC --seed SEED …` runs (the plan's `model` is written as the config; same steps, batch, tokens
+   and tokenizer for every arm: the tokenizer depends only on the data and the vocabulary size).
+   Resumable: a finished run (its training record at the plan's steps) is skipped, an interrupted one
+   continues.
 2. evaluate (eval.json): perplexity of the in-distribution text (`id_text`) and the out-of-
    distribution text (`ood_text`) at the training context and at each multiple in `contexts`
    (windows longer than the trained positions: RoPE models run them, that is the length-shift

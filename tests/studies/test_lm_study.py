@@ -1,18 +1,18 @@
 """The language-model study (ssacli.quality.lm_study) on a tiny budget: two arms × two seeds of a
-tiny Llama trained by `ssacli train` on text this test writes, evaluated (ID/OOD perplexity at 1× and
-2× the context, minimal pairs, diagnose), paired, reported (ssacli.report.lm_study, and again through
-studies/lm/run.py --from-results), and resumed without training again."""
+tiny Llama trained as `ssacli train` trains it, on text this test writes, evaluated (ID/OOD perplexity
+at 1× and 2× the context, minimal pairs, diagnose), paired, reported (ssacli.report.lm_study, and
+again through studies/lm/run.py --from-results), and resumed without training again."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from ssacli.errors import UsageError
 from ssacli.quality import lm_study
 from ssacli.report.lm_study import write_report
 
@@ -63,7 +63,7 @@ def tiny_plan(tmp_path):
 
 def test_tiny_lm_study_trains_evaluates_pairs_and_resumes(tmp_path, tiny_plan):
     out = tmp_path / "study"
-    returned = lm_study.run_study(tiny_plan, out, jobs=2)
+    returned = lm_study.run_study(tiny_plan, out)  # jobs > 1: tests/test_study.py
     write_report(returned, tmp_path / "doc")
     results = json.loads((out / "results.json").read_text())
     assert results == returned
@@ -88,10 +88,11 @@ def test_tiny_lm_study_trains_evaluates_pairs_and_resumes(tmp_path, tiny_plan):
     assert "ssa − softmax" in tables and "ppl id@2x" in tables
     assert (tmp_path / "doc" / "lm-context.png").stat().st_size > 1000
     assert (tmp_path / "doc" / "lm-paired.png").stat().st_size > 1000
-    # the command line renders the same tables from the results.json
-    script = [sys.executable, str(ROOT / "studies" / "lm" / "run.py"), "--report", str(tmp_path / "cli"),
-              "--from-results", str(out / "results.json")]  # fmt: skip
-    subprocess.run(script, check=True, capture_output=True)
+    # the command line renders the same tables from the results.json (its main(), in this process)
+    spec = importlib.util.spec_from_file_location("lm_run", ROOT / "studies" / "lm" / "run.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--report", str(tmp_path / "cli"), "--from-results", str(out / "results.json")])
     assert (tmp_path / "cli" / "tables.md").read_text() == tables
     # resumable: a second call trains nothing and evaluates nothing
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval.json")}
@@ -99,6 +100,15 @@ def test_tiny_lm_study_trains_evaluates_pairs_and_resumes(tmp_path, tiny_plan):
     assert lm_study.run_study(tiny_plan, out)["runs"] == results["runs"]
     assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval.json")}
     assert weights == {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.safetensors")}
+
+
+def test_a_plan_asking_diagnose_for_an_option_the_study_does_not_pass_is_refused(tmp_path, tiny_plan):
+    plan = json.loads(tiny_plan.read_text())
+    plan["diagnose_args"] = ["--samples", "1", "--html", "x.html"]
+    tiny_plan.write_text(json.dumps(plan))
+    with pytest.raises(UsageError, match="--html"):
+        lm_study.run_study(tiny_plan, tmp_path / "study")
+    assert not (tmp_path / "study" / "runs").exists()
 
 
 def test_the_committed_lm_plan_is_paired():
