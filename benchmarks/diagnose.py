@@ -208,6 +208,12 @@ def profile(scored, run_observed: Callable[[], None], args) -> None:
 # ---- memory ----------------------------------------------------------------------------------------
 
 
+def ratio(value: float | None, base: float | None) -> float:
+    """value / base, NaN where either is missing or the base peak is 0 MB (a tiny run can fit in memory
+    the process already holds)."""
+    return value / base if value is not None and base else float("nan")
+
+
 def child(args) -> None:
     """One measured call in this (fresh) process; prints a JSON line."""
     mode, length = args.child, args.length
@@ -270,16 +276,16 @@ def memory_section(args) -> float | None:
         sdpa, diag, maps = rows[n]["sdpa"], rows[n]["diagnose"], rows[n]["eager-maps"]
         maps_alone = layers * heads * n * n * 4 / 2**20  # fp32 [1, h, n, n] per layer
         if maps:
-            eager_text = f"{maps['peak_mb']:14.1f} {maps['peak_mb'] / base_maps:7.1f}"
+            eager_text = f"{maps['peak_mb']:14.1f} {ratio(maps['peak_mb'], base_maps):7.1f}"
         elif measured_maps:  # computed, not run: the largest measured figure scaled quadratically
             top = measured_maps[-1]
             scaled = rows[top]["eager-maps"]["peak_mb"] * (n / top) ** 2
-            eager_text = f"{'~' + format(scaled, '.0f') + ' (calc)':>14} {scaled / base_maps:7.1f}"
+            eager_text = f"{'~' + format(scaled, '.0f') + ' (calc)':>14} {ratio(scaled, base_maps):7.1f}"
         else:
             eager_text = f"{'-':>14} {'-':>7}"
         print(
             f"{n:>6} {_mb(sdpa):>8} {_mb(diag):>12} "
-            f"{(diag['peak_mb'] / base_diag if diag and base_diag else float('nan')):7.1f} "
+            f"{ratio(diag['peak_mb'] if diag else None, base_diag):7.1f} "
             f"{(diag['seconds'] if diag else float('nan')):6.1f} {eager_text} {maps_alone:14.1f} "
             f"{(n / first) ** 2:12.0f}"
         )

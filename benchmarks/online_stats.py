@@ -167,7 +167,7 @@ def memory_section(args) -> None:
         eager_text = "skipped" if got["eager"] is None else f"{eager:.1f}"
         print(
             f"| {length} | {sdpa:.1f} | {eager_text} | {fused:.1f} | {seconds:.1f} | "
-            f"**{fused / sdpa:.2f}** | {fused / length * 1000:.1f} |",
+            f"**{(fused / sdpa if sdpa else float('nan')):.2f}** | {fused / length * 1000:.1f} |",
             flush=True,
         )
     print(f"goal: fused ≤ {GOAL_MEMORY:g}× sdpa's peak at 8192 tokens")

@@ -1,17 +1,28 @@
 """Every benchmark script runs, at a tiny size, against the current package: a move or a renamed
 function cannot break one unseen (benchmarks/attention.py once did: `from ssacli import fused`).
-Each runs in a fresh interpreter as a user runs it (`python benchmarks/NAME.py …`), with options
-that shrink the work to seconds; the numbers it prints are not checked (benchmarks time, tests do
-not), only that it ran to the end and printed its table."""
+Each runs with options that shrink the work to seconds; the numbers it prints are not checked
+(benchmarks time, tests do not), only that it ran to the end and printed its table.
+
+They run in this process (the script's main() with its argv, its stdout captured, the environment,
+torch's thread count and the modules it loaded restored afterwards), and so do the children some of
+them start to measure a fresh process's memory (``run_child``): a fresh interpreter per script would
+import torch and transformers fifteen times. One test runs a script as a user runs it
+(`python benchmarks/attention.py …`, whose memory children are real processes too), so the scripts'
+own start-up and ``run_child`` stay covered."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # The smoke runs check that each script runs against the package, not the compiled block math
@@ -19,6 +30,9 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # script that trains (attention.py 48 s -> 21 s, training.py 25 s -> 7.5 s on 2 cores).
 SMOKE_ENV = {**os.environ, "SSACLI_COMPILE": "0"}
 SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+# a script that must run in a fresh interpreter of its own: it builds the native kernels for each
+# instruction set in child processes whose environment forces the build (and torch's MKL) to it
+SPAWNED = {"instruction_sets"}
 
 # name -> (arguments that make it tiny, a string its output must contain)
 TINY = {
@@ -60,14 +74,75 @@ def test_every_benchmark_has_a_tiny_run():
     assert set(SCRIPTS) == set(TINY), "give each benchmark a tiny configuration in TINY"
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_benchmark_runs_at_a_tiny_size(name, tmp_path):
+def load_script(path: Path):
+    """A benchmark script as a fresh module (its module-level code runs again, as in a new process)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def call_main(path: Path, args: list[str]) -> tuple[int, str]:
+    """``python PATH ARGS`` in this process: (exit code, stdout)."""
+    saved_argv = sys.argv
+    sys.argv = [str(path), *args]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            load_script(path).main()
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        if not isinstance(done.code, int | None):
+            out.write(str(done.code))
+    finally:
+        sys.argv = saved_argv
+    return code, out.getvalue()
+
+
+def child_in_process(arguments: list[str], script: str, default_malloc: bool = False, timeout: int = 900):
+    """benchmarks/_common.run_child, in this process: the child's last stdout line is its JSON."""
+    code, out = call_main(Path(script), arguments)
+    assert code == 0, f"child {arguments} of {script} exited {code}:\n{out[-2000:]}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def in_this_process(monkeypatch):
+    """What a benchmark changes in the process (environment, threads, modules, sys.path) undone."""
+    environ, threads, modules = dict(os.environ), torch.get_num_threads(), set(sys.modules)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for key, value in SMOKE_ENV.items():
+        monkeypatch.setenv(key, value)
+    common = importlib.import_module("_common")
+    monkeypatch.setattr(common, "run_child", child_in_process)
+    yield
+    os.environ.clear()
+    os.environ.update(environ)
+    torch.set_num_threads(threads)
+    for name in set(sys.modules) - modules:  # the scripts' own helper modules (`_common`, `diagnose`, …)
+        if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(BENCHMARKS)):
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("name", sorted(set(TINY) - SPAWNED))
+def test_benchmark_runs_at_a_tiny_size(name, tmp_path, in_this_process, monkeypatch):
     if name in NEEDS:
         pytest.importorskip(NEEDS[name])
+    monkeypatch.chdir(tmp_path)
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     args, expected = TINY[name]
-    args = [a.replace("{text}", str(text)) for a in args]
+    code, out = call_main(BENCHMARKS / f"{name}.py", [a.replace("{text}", str(text)) for a in args])
+    assert code == 0, out[-3000:]
+    assert expected in out, out[-2000:]
+
+
+@pytest.mark.parametrize("name", sorted(SPAWNED | {"attention"}))
+def test_benchmark_runs_as_a_user_runs_it(name, tmp_path):
+    """`python benchmarks/NAME.py …` in a fresh interpreter: the script's own start-up, and its memory
+    children as real processes (attention.py's run_child)."""
+    args, expected = TINY[name]
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / f"{name}.py"), *args],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=SMOKE_ENV,
@@ -76,15 +151,12 @@ def test_benchmark_runs_at_a_tiny_size(name, tmp_path):
     assert expected in done.stdout, done.stdout[-2000:]
 
 
-def test_training_crossover_runs_at_a_tiny_size(tmp_path):
+def test_training_crossover_runs_at_a_tiny_size(tmp_path, in_this_process):
     """benchmarks/training.py --crossover (the table behind --attention auto when training)."""
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     args = ["--crossover", "16", "--steps", "3", "--warmup", "1", "--rounds", "1", "--batch-size", "2",
             "--data", str(text)]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "training.py"), *args],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=SMOKE_ENV,
-    )  # fmt: skip
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    assert "| 16 | 2 |" in done.stdout, done.stdout[-2000:]
+    code, out = call_main(BENCHMARKS / "training.py", args)
+    assert code == 0, out[-3000:]
+    assert "| 16 | 2 |" in out, out[-2000:]
