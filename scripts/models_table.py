@@ -6,7 +6,9 @@
 It writes ssacli/attention/audited.py too: the families the audit found exact, which every output
 marks as audited (the rest that ssacli accepts on structure alone read "unaudited"), and AUDITED_ON,
 the transformers release the audit ran on (the page says it; on another release the drift tests skip
-as stale, ssacli.testing.audit.stale_table).
+as stale, ssacli.testing.audit.stale_table). And ssacli/testing/audit-record.json: the results with
+the fingerprint of what decided them (ssacli.testing.audit_record), which the suite reads instead of
+auditing every family again while nothing in that fingerprint changed.
 
 tests/contracts/test_families.py::test_models_md_is_the_audit_table compares the committed page with
 :func:`render` of the audit it runs, so the page cannot drift from what the code does.
@@ -168,6 +170,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/models.md differs")
     args = parser.parse_args()
+    from ssacli.testing import audit_record
     from ssacli.testing.audit import audit, summary
 
     results = audit()
@@ -176,8 +179,12 @@ def main() -> int:
     audited = render_audited(results)
     if args.check:
         committed = PAGE.read_text()
-        if committed == page and AUDITED.read_text() == audited:
+        recorded, stale = audit_record.load()
+        same = recorded is not None and audit_record.verdicts(recorded) == audit_record.verdicts(results)
+        if committed == page and AUDITED.read_text() == audited and same:
             return 0
+        if not same:
+            print(f"ssacli/testing/audit-record.json is not this audit ({stale or 'other results'})")
         rows = [
             line for line in difflib.unified_diff(committed.splitlines(), page.splitlines(), lineterm="", n=0)
             if line[:2] in ("-|", "+|")
@@ -189,13 +196,15 @@ def main() -> int:
             f" (the table was measured on transformers {AUDITED_ON}; installed {installed_release()})"
         )  # fmt: skip
         print(
-            f"docs/models.md or audited.py differs from the audit{stale}: run python scripts/models_table.py",
+            f"docs/models.md, audited.py or the audit record differs from the audit{stale}: run python scripts/models_table.py",
             file=sys.stderr,
         )
         return 1
     PAGE.write_text(page)
     AUDITED.write_text(audited)
-    print(f"wrote {PAGE} and {AUDITED}")
+    # after audited.py is written: it is one of the sources the record's fingerprint hashes
+    audit_record.RECORD.write_text(audit_record.record_text(results, audit_record.loaded_sources()))
+    print(f"wrote {PAGE}, {AUDITED} and {audit_record.RECORD}")
     return 0
 
 
