@@ -196,7 +196,8 @@ def main() -> int:
             f" (the table was measured on transformers {AUDITED_ON}; installed {installed_release()})"
         )  # fmt: skip
         print(
-            f"docs/models.md, audited.py or the audit record differs from the audit{stale}: run python scripts/models_table.py",
+            f"docs/models.md, audited.py or the audit record differs from the audit{stale}: "
+            "run python scripts/models_table.py",
             file=sys.stderr,
         )
         return 1
