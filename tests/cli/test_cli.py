@@ -6,20 +6,27 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 import ssacli
 from ssacli.cli import app
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE
+from tests.helpers.cli import run_main
 
 runner = CliRunner()
 
 
-def run_cli(*args):
-    """Run the real entry point in a subprocess (what a user's shell sees)."""
-    return subprocess.run(
-        [sys.executable, "-m", "ssacli", *args], capture_output=True, text=True, timeout=120
-    )
+@pytest.fixture
+def run_cli(monkeypatch, capsys):
+    """The console script's main() in this process, as a shell would see it: exit code, stdout, stderr
+    (test_entry_point_runs runs `python -m ssacli` itself, once)."""
+
+    def run(*args) -> subprocess.CompletedProcess:
+        code, out, err = run_main(list(args), monkeypatch, capsys)
+        return subprocess.CompletedProcess(["ssacli", *args], code, out, err)
+
+    return run
 
 
 def test_version():
@@ -47,19 +54,21 @@ def test_scorers_json_is_valid_and_complete():
     assert ssa["trainable"] == ["b", "n"] and "init" in ssa["options"]
 
 
-def test_unknown_command_is_a_usage_error_without_traceback():
+def test_unknown_command_is_a_usage_error_without_traceback(run_cli):
     result = run_cli("no-such-command")
     assert result.returncode == EXIT_USAGE
     assert "Traceback" not in result.stderr + result.stdout
 
 
 def test_entry_point_runs():
-    result = run_cli("scorers", "--json")
+    """`python -m ssacli` in a fresh interpreter: the one test of this file that starts a process."""
+    result = subprocess.run([sys.executable, "-m", "ssacli", "scorers", "--json"], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)) == len(ssacli.SCORERS)
 
 
-def test_spec_is_resolved_with_initial_values():
+def test_spec_is_resolved_with_initial_values(run_cli):
     result = run_cli("scorers", "ssa:init=faithful,m=256", "--json")
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
@@ -69,7 +78,7 @@ def test_spec_is_resolved_with_initial_values():
     assert info["learned"] == ["b", "n"]
 
 
-def test_bad_spec_is_one_line_with_the_valid_keys_and_exit_code():
+def test_bad_spec_is_one_line_with_the_valid_keys_and_exit_code(run_cli):
     result = run_cli("scorers", "ssa:bogus=1")
     assert result.returncode == EXIT_USAGE
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -91,7 +100,7 @@ def test_every_command_that_loads_a_model_takes_trust_remote_code():
         assert result.exit_code == 0 and "--trust-remote-code" in result.output, command
 
 
-def test_debug_shows_the_traceback():
+def test_debug_shows_the_traceback(run_cli):
     result = run_cli("--debug", "scorers", "ssa:bogus=1")
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "SpecError" in result.stderr
@@ -119,13 +128,13 @@ def test_icl_train_then_eval_writes_json_and_figure(tmp_path):
     assert (tmp_path / "r.png").stat().st_size > 1000
 
 
-def test_icl_eval_of_a_missing_folder_is_an_input_error(tmp_path):
+def test_icl_eval_of_a_missing_folder_is_an_input_error(tmp_path, run_cli):
     result = run_cli("icl", "eval", str(tmp_path / "nowhere"))
     assert result.returncode == EXIT_INPUT
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_icl_bad_option_values_are_usage_errors(tmp_path):
+def test_icl_bad_option_values_are_usage_errors(tmp_path, run_cli):
     for args in (
         ["icl", "train", "--task", "nope", "--out", str(tmp_path / "x")],
         ["icl", "train", "--task", "every", "--scorer", "ssa:zzz=1", "--out", str(tmp_path / "x")],
@@ -139,26 +148,30 @@ def test_icl_bad_option_values_are_usage_errors(tmp_path):
 
 
 HELP_PROBE = r"""
-import sys
-sys.argv = ["ssacli", *sys.argv[1:]]
+import json, sys
 from ssacli.cli import main
-try:
-    main()
-except SystemExit as done:
-    code = done.code
-heavy = sorted(m for m in ("torch", "transformers", "safetensors", "numpy") if m in sys.modules)
-print("HEAVY", ",".join(heavy) or "-", "EXIT", code, file=sys.stderr)
+for args in json.loads(sys.argv[1]):
+    sys.argv = ["ssacli", *args]
+    print("=====", file=sys.stdout, flush=True)
+    try:
+        main()
+    except SystemExit as done:
+        code = done.code
+    heavy = sorted(m for m in ("torch", "transformers", "safetensors", "numpy") if m in sys.modules)
+    print("HEAVY", ",".join(heavy) or "-", "EXIT", code, file=sys.stderr, flush=True)
 """
 
 
 def test_help_answers_before_torch_is_imported():
     """`--help` (the root's and every command's, the bundled model names included) needs no model
-    stack: neither torch nor transformers is imported, so it answers in a fraction of a second."""
-    for args in (["--help"], ["diagnose", "--help"], ["convert", "--help"], ["check", "--help"],
-                 ["report", "--help"], ["train", "--help"], ["icl", "--help"]):  # fmt: skip
-        done = subprocess.run(
-            [sys.executable, "-c", HELP_PROBE, *args], capture_output=True, text=True, timeout=120
-        )
-        last = done.stderr.strip().splitlines()[-1]
-        assert last == "HEAVY - EXIT 0", (args, done.stderr[-2000:])
-        assert "Usage:" in done.stdout
+    stack: neither torch nor transformers is imported, so it answers in a fraction of a second. One
+    fresh interpreter asks for each help in turn: none may import them, so neither may all of them."""
+    asked = [["--help"], ["diagnose", "--help"], ["convert", "--help"], ["check", "--help"],
+             ["report", "--help"], ["train", "--help"], ["icl", "--help"]]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE, json.dumps(asked)], capture_output=True, text=True, timeout=120
+    )
+    answers = [line for line in done.stderr.splitlines() if line.startswith("HEAVY")]
+    assert answers == ["HEAVY - EXIT 0"] * len(asked), done.stderr[-2000:]
+    helps = done.stdout.split("=====")[1:]
+    assert len(helps) == len(asked) and all("Usage:" in text for text in helps), done.stdout[-2000:]
