@@ -93,12 +93,17 @@ def plain_name(name: str, what: str, where: str | Path = "its folder") -> str:
     return name
 
 
-def confined(base: str | Path, name: str, what: str) -> Path:
-    """``base / name`` once ``name`` is a :func:`plain_name` and the path, resolved, stays in
-    ``base`` (an existing link there that leads elsewhere is refused): a UsageError otherwise."""
+def confined(base: str | Path, name: str, what: str, root: str | Path | None = None) -> Path:
+    """``base / name`` once ``name`` is a :func:`plain_name` and the path, resolved, is directly in
+    ``base`` and inside ``root`` (default ``base``: the output the user named), so that no link on
+    the way leads elsewhere; a UsageError otherwise."""
     path = Path(base) / plain_name(name, what, base)
-    if path.expanduser().resolve().parent != Path(base).expanduser().resolve():
-        raise UsageError(f"{what} {path} leads outside {base} (a symbolic link); remove the link")
+    resolved = path.expanduser().resolve()
+    top = Path(root if root is not None else base).expanduser().resolve()
+    if resolved.parent != Path(base).expanduser().resolve() or not resolved.is_relative_to(top):
+        raise UsageError(
+            f"{what} {path} leads outside {root or base} (a symbolic link); remove the link"
+        )
     return path
 
 

@@ -81,7 +81,7 @@ def execute(
     if len(set(names)) != len(names):
         raise UsageError(f"run names must be unique, got {names}")
     by_name = {run.name: run for run in runs}
-    items = [(work, finished, run, confined(Path(out) / "runs", run.name, "run")) for run in runs]
+    items = [(work, finished, run, confined(Path(out) / "runs", run.name, "run", out)) for run in runs]
     results: dict[str, dict] = {}
 
     def collect(name: str, result: dict) -> None:

@@ -214,3 +214,26 @@ def test_a_sigterm_after_the_command_ended_keeps_its_exit_code(args, code, tmp_p
     cmd = [sys.executable, "-c", textwrap.dedent(SIGTERM_AT_SHUTDOWN), *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == code, (done.returncode, done.stderr)
+
+
+def test_a_leftover_old_folder_beside_a_complete_out_is_removed_and_nothing_else(tmp_path):
+    """.OUT.old beside a complete OUT (a kill after the new folder was renamed in) goes with the next
+    job's lock; one that is a link, or another user's, is not ssacli's to remove."""
+    from ssacli.files import writer_lock
+
+    for name, make in [("mine", None), ("link", "link"), ("theirs", "chown")]:
+        out = tmp_path / name
+        out.mkdir()
+        old = tmp_path / f".{name}.old"
+        if make == "link":
+            (tmp_path / "target").mkdir(exist_ok=True)
+            old.symlink_to(tmp_path / "target", target_is_directory=True)
+        else:
+            old.mkdir()
+            (old / "ssacli.json").write_text("{}")
+            if make == "chown":
+                os.chown(old, 65534, 65534)
+        with writer_lock(out):
+            pass
+        assert os.path.lexists(old) == (make is not None), name
+    assert (tmp_path / "target").is_dir()

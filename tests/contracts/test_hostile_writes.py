@@ -202,16 +202,22 @@ def test_a_study_refuses_run_names_and_labels_that_are_not_plain(name, tmp_path)
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "out").exists()
 
 
-def test_a_study_refuses_a_run_folder_that_links_out(tmp_path):
+@pytest.mark.parametrize("linked", ["runs/a-s0", "runs"])
+def test_a_study_refuses_a_run_folder_that_links_out(linked, tmp_path):
+    """A run's folder, or OUT/runs itself, that is a link leading out of OUT is refused."""
     from ssacli.study import StudyRun, execute
 
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (tmp_path / "out" / "runs").mkdir(parents=True)
-    (tmp_path / "out" / "runs" / "a-s0").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "a-s0").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    if linked == "runs":
+        (tmp_path / "out" / "runs").symlink_to(elsewhere, target_is_directory=True)
+    else:
+        (tmp_path / "out" / "runs").mkdir()
+        (tmp_path / "out" / linked).symlink_to(elsewhere / "a-s0", target_is_directory=True)
     with pytest.raises(UsageError, match="leads outside"):
         execute([StudyRun("a-s0", "a", 0)], tmp_path / "out", lambda run, folder: {"x": 1})
-    assert list(elsewhere.iterdir()) == []
+    assert list((elsewhere / "a-s0").iterdir()) == []
 
 
 # ---- ssacli's cache ------------------------------------------------------------------------------------
