@@ -1,3 +1,5 @@
+# Long on purpose: the one owner of how ssacli writes (docs/architecture.md); the lock and publishing
+# share the temp-file naming and the writer records, which a split would spread over two modules.
 """Writing outputs atomically: a temp file (or folder) beside the target, then a rename.
 
 A write that fails (a full disk, a read-only folder) or is interrupted leaves the target as it was
@@ -108,7 +110,8 @@ def confined(base: str | Path, name: str, what: str, root: str | Path | None = N
 
 
 def warn(message: str) -> None:
-    """One warning line (``ssacli: RuntimeWarning: …``), for what ssacli skipped and why."""
+    """One warning line (``ssacli:0: RuntimeWarning: …``, no source line under it), for what ssacli
+    skipped and why."""
     warnings.warn_explicit(message, RuntimeWarning, "ssacli", 0, module="ssacli", registry={})
 
 
@@ -251,7 +254,7 @@ def replace_folder(tmp: str | Path, out: str | Path) -> None:
         publish(tmp, out, directory=True)
         return
     old = moved_aside(out)
-    shutil.rmtree(old, ignore_errors=True)
+    _remove_aside(old)
     out.rename(old)
     try:
         publish(tmp, out, directory=True)
@@ -259,7 +262,16 @@ def replace_folder(tmp: str | Path, out: str | Path) -> None:
         if not out.exists():
             old.rename(out)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    _remove_aside(old)
+
+
+def _remove_aside(old: Path) -> None:
+    """Remove what :func:`replace_folder` moved aside: a folder with what is in it, or a symbolic
+    link (an OUT that was one) itself, never what it points to."""
+    if old.is_symlink():
+        old.unlink()
+    else:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def recover_moved_aside(out: str | Path) -> None:

@@ -119,13 +119,12 @@ def _at_shutdown() -> None:
         signal.signal(signal.SIGTERM, _exit_ended)
 
 
-def _ended(done: BaseException | None) -> None:
+def _ended(done: SystemExit) -> None:
     """Note the command's exit code, and that from interpreter shutdown on SIGTERM keeps it
     (:func:`_exit_ended`); the first command of a process registers that (atexit runs it first)."""
-    code = done.code if isinstance(done, SystemExit) else exit_code(done) if done else 0
     if not _ENDED:
         atexit.register(_at_shutdown)
-    _ENDED.append(code if isinstance(code, int) else 0 if code is None else 1)
+    _ENDED.append(done.code if isinstance(done.code, int) else 0 if done.code is None else 1)
 
 
 def main() -> None:
@@ -134,9 +133,10 @@ def main() -> None:
     once the command has ended leaves that code (:func:`_exit_ended`), not 143."""
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
-    done: BaseException | None = None
+    done: SystemExit | None = None
     try:
         app()
+        done = SystemExit(0)
     except SystemExit as err:
         done = err
         raise
@@ -148,7 +148,6 @@ def main() -> None:
         sys.exit(exit_code(err))
     finally:
         if in_main_thread:
-            _ended(done)
-            if done is not None:  # the command has ended: no KeyboardInterrupt from here on
-                signal.signal(signal.SIGTERM, _exit_ended)
+            if done is not None:
+                _ended(done)
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -324,3 +324,20 @@ def test_stale_offload_folders_of_other_users_and_links_are_left_alone(tmp_path,
     fresh = device_map.offload_folder()
     assert not mine.exists() and theirs.is_dir() and untouched(victim)
     fresh.rmdir()
+
+
+def test_replacing_an_out_that_is_a_link_never_touches_what_it_points_to(tmp_path):
+    """replace_folder (every checkpoint write) on an OUT that is a symbolic link: the link is
+    replaced by the new folder, the folder it pointed to and its private file stay as they were, and
+    no .OUT.old is left behind."""
+    from ssacli.files import replace_folder
+
+    target = private_file(tmp_path)
+    out = tmp_path / "out"
+    out.symlink_to(target.parent, target_is_directory=True)
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "ssacli.json").write_text("{}")
+    replace_folder(new, out)
+    assert untouched(target) and not out.is_symlink() and (out / "ssacli.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "private"]
