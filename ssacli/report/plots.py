@@ -14,7 +14,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ..files import write_bytes
+from ..files import confined, write_bytes
 from ..icl.evaluate import Cell
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 2^0 or 1.0
@@ -135,7 +135,7 @@ def plot_sweep(summary: dict, folder: str | Path) -> list[Path]:
                 sel = [r for r in mine if r.get("metric", "error") == metric and keep(r)]
                 if not sel:
                     continue
-                path = folder / f"{stem}-{name}.png"
+                path = confined(folder, f"{stem}-{name}.png", "a figure of the plan's task")
                 _plot_view(sel, column, f"{stem}: {name}", _metric_label(task, metric), path)
                 written.append(path)
                 pairs = [
@@ -143,7 +143,7 @@ def plot_sweep(summary: dict, folder: str | Path) -> list[Path]:
                     if r["task"] == task and r["arch"] == arch and r["metric"] == metric and keep(r)
                 ]  # fmt: skip
                 if pairs:
-                    path = folder / f"{stem}-{name}-paired.png"
+                    path = confined(folder, f"{stem}-{name}-paired.png", "a figure of the plan's task")
                     _plot_paired(pairs, column, f"{stem}: {name}, paired", _metric_label(task, metric), path)
                     written.append(path)
     return written

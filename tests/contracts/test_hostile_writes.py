@@ -341,3 +341,17 @@ def test_replacing_an_out_that_is_a_link_never_touches_what_it_points_to(tmp_pat
     replace_folder(new, out)
     assert untouched(target) and not out.is_symlink() and (out / "ssacli.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "private"]
+
+
+def test_sweep_figures_named_from_a_results_file_stay_in_their_folder(tmp_path):
+    """plot_sweep names its files after the plan's tasks (read back from a results.json): a task
+    with '/' or '..' is refused before any figure is drawn."""
+    from ssacli.report.plots import plot_sweep
+
+    row = {"task": "../../escaped", "arch": "gpt2", "metric": "error", "outlier": None, "sigma": 1,
+           "length": 5, "label": "a", "mean": 0.5, "std": None, "seeds": 1, "values": [0.5],
+           "seed_ids": [0]}  # fmt: skip
+    summary = {"aggregate": [row], "paired": [], "plan": {"tasks": ["../../escaped"], "points_end": 5}}
+    with pytest.raises(UsageError, match="plain name"):
+        plot_sweep(summary, tmp_path / "a" / "figures")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []
