@@ -27,7 +27,8 @@ from tests.helpers.cli import run_main
 ROOT = Path(__file__).resolve().parents[2]
 CONVERT = ["convert", "builtin:every-softmax", "--scorer", "ssa"]
 DIAGNOSE = ["diagnose", "builtin:every-softmax", "--probe", "outlier:1", "--samples", "1", "--length", "4"]
-ICL_TRAIN = ["icl", "train", "--task", "every", "--steps", "2", "--checkpoint-every", "1", "--device", "cpu"]
+ICL_TRAIN = ["icl", "train", "--task", "every", "--steps", "2", "--checkpoint-every", "1", "--device", "cpu",
+             "--layers", "1", "--heads", "1", "--width", "8", "--batch-size", "4"]  # fmt: skip
 
 
 def one_error_line(stderr: str) -> str:
