@@ -130,7 +130,10 @@ def _read_cache() -> dict[str, str] | None:
     except UnsafeLibrary as err:
         if str(err) not in _WARNED:
             _WARNED.add(str(err))
-            warn(f"ignoring ssacli's cache {err.path}: {err.reason}; hashing the weights instead")
+            warn(
+                f"ignoring ssacli's cache {err.path}: {err.reason}; hashing the weights instead "
+                "(make it yours and private, chmod go-w, or point SSACLI_CACHE at a folder of yours)"
+            )
         return None
     except OSError:
         return {}
