@@ -292,6 +292,7 @@ def test_diagnose_records_the_measured_digest_under_a_planted_cache(weights, tmp
 
     model_dir = tmp_path / "llama"
     build_model("llama", num_hidden_layers=1).save_pretrained(model_dir)
+    monkeypatch.setenv("SSACLI_NATIVE", "0")  # the kernels would refuse this cache too (and build a copy)
     cache = tmp_path / "cache"
     truth = _forged(cache, model_dir, monkeypatch)
     cache.chmod(0o1777)
