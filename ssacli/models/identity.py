@@ -155,5 +155,6 @@ def _write_cache(entries: dict[str, str]) -> None:
         path = _cache_path()
         os.makedirs(path.parent, mode=0o700, exist_ok=True)
         write_text(json.dumps(kept), path)
+        os.chmod(path, 0o600)  # never group-writable (umask 002), which the next read would refuse
     except (OSError, OutputError):  # a cache is never worth a failed command
         pass

@@ -356,3 +356,23 @@ def test_sweep_figures_named_from_a_results_file_stay_in_their_folder(tmp_path):
     with pytest.raises(UsageError, match="plain name"):
         plot_sweep(summary, tmp_path / "a" / "figures")
     assert sorted(p.name for p in tmp_path.rglob("*")) == []
+
+
+def test_the_digest_cache_ssacli_writes_passes_its_own_check_under_umask_002(weights, tmp_path, monkeypatch):
+    """A user whose umask lets the group write (002) still gets a cache the next read trusts: the
+    digest file is written private, the folder made 0700."""
+    import warnings
+
+    from ssacli.models import identity
+
+    monkeypatch.setenv("SSACLI_CACHE", str(tmp_path / "cache"))
+    previous = os.umask(0o002)
+    try:
+        first = _record(weights, monkeypatch)
+    finally:
+        os.umask(previous)
+    path = tmp_path / "cache" / identity.CACHE_FILE
+    assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _record(weights, monkeypatch) == first
