@@ -15,8 +15,9 @@ its time, and a load of an unchanged folder reads nothing but that list (0.1 ms)
 
 The cache is trusted as the kernel cache is (:func:`ssacli.kernels.native_build.open_checked`): a
 digest file someone else could have written (another owner, writable by group or others, a
-symbolic link, in a folder that is any of these) is ignored with one warning line, the weights are
-hashed again, and nothing is written there.
+symbolic link, in a folder that is any of these) is ignored with one warning line and the weights
+are hashed again; the file is then replaced by a private one where its folder passes the check,
+and nothing is written where the folder fails it.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ _WARNED: set[str] = set()  # one warning per untrusted cache file and process
 
 def _read_cache() -> dict[str, str] | None:
     """The cached digests ({} when there are none or they cannot be read), or None when the cache
-    file or its folder fails the kernel cache's check (one warning line: not read, not written)."""
+    folder fails the kernel cache's check (then nothing is written there either). A digest file
+    that fails it while its folder passes is ignored and will be replaced by a private one. Either
+    is said in one warning line, once per process."""
     from ..files import warn
     from ..kernels.native_build import UnsafeLibrary, cache_root, open_checked
 
@@ -128,13 +131,16 @@ def _read_cache() -> dict[str, str] | None:
     try:
         fd = open_checked(path, cache_root())
     except UnsafeLibrary as err:
+        replaced = err.path == path  # the folders passed: this user's own, private cache
         if str(err) not in _WARNED:
             _WARNED.add(str(err))
-            warn(
-                f"ignoring ssacli's cache {err.path}: {err.reason}; hashing the weights instead "
-                "(make it yours and private, chmod go-w, or point SSACLI_CACHE at a folder of yours)"
-            )
-        return None
+            fix = (
+                "replacing it with a private one" if replaced else
+                "hashing the weights instead (make the folder yours and private, or point SSACLI_CACHE "
+                "at a folder of yours)"
+            )  # fmt: skip
+            warn(f"ignoring ssacli's cache {err.path}: {err.reason}; {fix}")
+        return {} if replaced else None
     except OSError:
         return {}
     try:

@@ -259,19 +259,20 @@ def test_a_digest_cache_someone_else_could_have_written_is_ignored_with_one_warn
     how, weights, tmp_path, monkeypatch
 ):
     """The issue's case (a 1777 SSACLI_CACHE holding a weights-sha256.json of uid 65534 that maps
-    the model to 64 zeros) and each condition alone: the digest is measured again, one warning
-    line says why, and the planted file is not rewritten."""
+    the model to 64 zeros) and each condition alone: the digest is measured again and one warning
+    line says why. In the user's own private folder the file is replaced by a private one (a link:
+    the link itself, its target untouched); in a shared folder nothing is written."""
     from ssacli.models import identity
 
     cache = tmp_path / "cache"
     truth = _forged(cache, weights, monkeypatch)
     path = cache / identity.CACHE_FILE
+    planted = tmp_path / "planted.json"
     if how == "other-owner":
         os.chown(path, OTHER_UID, OTHER_UID)
     elif how == "world-writable-file":
         path.chmod(0o666)
     elif how == "symlink":
-        planted = tmp_path / "planted.json"
         path.rename(planted)
         path.symlink_to(planted)
     else:
@@ -282,7 +283,16 @@ def test_a_digest_cache_someone_else_could_have_written_is_ignored_with_one_warn
         record = _record(weights, monkeypatch)
     assert record["sha256"] == truth
     assert len(caught) == 1 and len(str(caught[0].message).splitlines()) == 1
-    assert path.read_bytes() == before
+    if how == "shared-1777-folder":
+        assert path.read_bytes() == before
+    else:
+        st = path.lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+        from ssacli.kernels.native_build import safe_to_load
+
+        assert safe_to_load(path, cache) is None  # the next read trusts it
+        if how == "symlink":
+            assert planted.read_bytes() == before
 
 
 def test_diagnose_records_the_measured_digest_under_a_planted_cache(weights, tmp_path, monkeypatch, capsys):
