@@ -207,7 +207,7 @@ SIGTERM_AT_SHUTDOWN = """
 """
 
 
-@pytest.mark.parametrize("args, code", [(["scorers"], 0), (["diagnose", "no-such-model"], EXIT_INPUT)])
+@pytest.mark.parametrize("args, code", [(["scorers"], 0), (["diagnose", "./no-such-folder"], EXIT_INPUT)])
 def test_a_sigterm_after_the_command_ended_keeps_its_exit_code(args, code, tmp_path):
     """A SIGTERM that arrives once the outputs are complete (torch and Python still shutting down) ends
     the process with the command's own exit code, not 143."""
