@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .files import write_json
+from .files import confined, plain_name, write_json
 from .stats import paired_summary
 
 RESULT = "eval.json"  # a run's evaluation, in its folder; its presence marks the run evaluated
@@ -49,6 +49,8 @@ def check_arms(labels: list[str], reference: str | None) -> str:
     and the reference is one of them."""
     if len(set(labels)) != len(labels):
         raise UsageError(f"arm labels must be unique, got {labels}")
+    for label in labels:  # labels name the runs' folders
+        plain_name(label, "arm label", "the study's --out")
     if reference is not None and reference not in labels:
         raise UsageError(f"reference '{reference}' is not one of the arm labels {labels}")
     return reference or labels[0]
@@ -79,7 +81,7 @@ def execute(
     if len(set(names)) != len(names):
         raise UsageError(f"run names must be unique, got {names}")
     by_name = {run.name: run for run in runs}
-    items = [(work, finished, run, Path(out) / "runs" / run.name) for run in runs]
+    items = [(work, finished, run, confined(Path(out) / "runs", run.name, "run", out)) for run in runs]
     results: dict[str, dict] = {}
 
     def collect(name: str, result: dict) -> None:

@@ -9,6 +9,8 @@ their documented code (ssacli.errors.exit_code); anything else prints one line t
 
 from __future__ import annotations
 
+import atexit
+import os
 import signal
 import sys
 import threading
@@ -98,18 +100,54 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM ends a command like Ctrl-C: cleanups run, one line, exit 130
 
 
+_ENDED: list[int] = []  # the exit code of the command this process ran, once it has ended
+
+
+def _exit_ended(signum, frame) -> None:
+    """SIGTERM after the command ended (its outputs complete; Python, torch and the rest shutting
+    down, which takes a while): the process ends at once with the command's own exit code, not 143."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(_ENDED[-1])
+
+
+def _at_shutdown() -> None:
+    if _ENDED and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_ended)
+
+
+def _ended(done: SystemExit) -> None:
+    """Note the command's exit code, and that from interpreter shutdown on SIGTERM keeps it
+    (:func:`_exit_ended`); the first command of a process registers that (atexit runs it first)."""
+    if not _ENDED:
+        atexit.register(_at_shutdown)
+    _ENDED.append(done.code if isinstance(done.code, int) else 0 if done.code is None else 1)
+
+
 def main() -> None:
     """Console-script entry point: map errors to one line and a documented exit code; with --debug
-    the traceback comes first, and the exit code stays the documented one."""
+    the traceback comes first, and the exit code stays the documented one. A SIGTERM that arrives
+    once the command has ended leaves that code (:func:`_exit_ended`), not 143."""
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    done: SystemExit | None = None
     try:
         app()
+        done = SystemExit(0)
+    except SystemExit as err:
+        done = err
+        raise
     except Exception as err:  # SsacliError: its own code; anything else is a bug (exit 1)
+        done = SystemExit(exit_code(err))
         if debugging():
             traceback.print_exc()
         print_error(err)
         sys.exit(exit_code(err))
     finally:
         if in_main_thread:
+            if done is not None:
+                _ended(done)
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -52,8 +52,9 @@ _LOADS = itertools.count(1)  # libraries loaded by this process, for :func:`load
 
 
 class UnsafeLibrary(Exception):
-    """A cached library, or a folder holding it, that someone other than the current user could have
-    written; ``path`` is the file or folder, ``reason`` why."""
+    """A cached library (or another file of ssacli's cache: the weight digests of
+    ssacli.models.identity, checked the same way), or a folder holding it, that someone other than
+    the current user could have written; ``path`` is the file or folder, ``reason`` why."""
 
     def __init__(self, path: Path, reason: str):
         super().__init__(f"{path}: {reason}")

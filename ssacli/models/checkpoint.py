@@ -45,6 +45,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -59,7 +60,7 @@ from torch import nn
 from ..attention.forward import SCORER_ATTR
 from ..attention.interface import apply_scorer
 from ..errors import InputError, UsageError
-from ..files import output_error, replace_folder, writer_gone
+from ..files import output_error, replace_folder, warn, writer_gone
 from .builtins import META_FILE
 from .device_map import save_options
 from .guard import (  # noqa: F401 (the guard's names are the format's: importable from here too)
@@ -223,35 +224,42 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
 Best = str | None  # "this": the folder being written is the new best; "keep": carry out's best over
 
 
+def _link_or_copy(source: str | Path, target: str | Path) -> None:
+    """``source`` (a regular file) at ``target``: hard-linked where the filesystem allows, never
+    through a symbolic link."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(source, target, follow_symlinks=False)
+
+
 def _place_best(tmp: Path, out: Path, best: Best) -> None:
     """Fill ``tmp/BEST_DIR``: from ``tmp`` itself (without its trainer state) or from ``out``'s
-    current one. Files are hard-linked where the filesystem allows (no second copy on disk)."""
+    current one. Files are hard-linked where the filesystem allows (no second copy on disk); an
+    entry that is not a regular file (a symbolic link planted in ``out/best/``) is left behind with
+    one warning line."""
     source = tmp if best == "this" else out / BEST_DIR
-    if best is None or not source.is_dir():
+    if best is None or not source.is_dir() or source.is_symlink():
         return
     skip = {TRAINER_FILE, TEMP_MARKER, BEST_DIR}
     (tmp / BEST_DIR).mkdir()
     for file in source.iterdir():
-        if file.is_file() and file.name not in skip:
-            try:
-                os.link(file, tmp / BEST_DIR / file.name)
-            except OSError:
-                shutil.copy2(file, tmp / BEST_DIR / file.name)
+        if file.name in skip:
+            continue
+        if stat.S_ISREG(file.lstat().st_mode):
+            _link_or_copy(file, tmp / BEST_DIR / file.name)
+        elif not file.is_dir() or file.is_symlink():
+            kind = "a symbolic link" if file.is_symlink() else "not a regular file"
+            warn(f"not carrying {file} over: {kind}, which ssacli never writes through")
 
 
 def _carry_folders(tmp: Path, out: Path, names: tuple[str, ...]) -> None:
     """Put ``out``'s sub-folders ``names`` (those that exist) into ``tmp`` as they are, hard-linked
-    where the filesystem allows: what an earlier write of the same job left (a recipe's stages/)."""
-
-    def link(source: str, target: str) -> None:
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copy2(source, target)
-
+    where the filesystem allows: what an earlier write of the same job left (a recipe's stages/).
+    Symbolic links are copied as links, which publishing drops (:func:`ssacli.files.publish`)."""
     for name in names:
-        if (out / name).is_dir() and not (tmp / name).exists():
-            shutil.copytree(out / name, tmp / name, copy_function=link)
+        if (out / name).is_dir() and not (out / name).is_symlink() and not (tmp / name).exists():
+            shutil.copytree(out / name, tmp / name, symlinks=True, copy_function=_link_or_copy)
 
 
 def _write_folder(

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import shutil
+import stat
 import tempfile
 import weakref
 from collections.abc import Iterable, Mapping
@@ -157,13 +158,23 @@ def from_pretrained_placed(cls: Any, source: Any, kwargs: dict[str, Any], placed
 
 def offload_folder() -> Path:
     """A fresh folder for disk-offloaded weights, owned by this process (its pid in the name);
-    folders of processes that are gone are removed first."""
+    folders of processes that are gone are removed first: real folders (not links) of the current
+    user only, since anyone can plant that name in a shared temp folder."""
     root = Path(tempfile.gettempdir())
     for stale in root.glob(OFFLOAD_PREFIX + "*"):
         owner = stale.name[len(OFFLOAD_PREFIX) :].partition("-")[0]
-        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)):
+        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)) and _ours(stale):
             shutil.rmtree(stale, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{OFFLOAD_PREFIX}{os.getpid()}-"))
+
+
+def _ours(folder: Path) -> bool:
+    """Whether ``folder`` is a real folder (not a symbolic link) of the current user."""
+    try:
+        st = folder.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid())
 
 
 def own_offload_folder(model: Any, folder: Path) -> None:

@@ -12,6 +12,12 @@ builtin:every-softmax, 2 ms for builtin:wikitext-softmax, ~40 s for a 14 GB 7B m
 is kept in ssacli's cache (``$SSACLI_CACHE``, else ~/.cache/ssacli: ``weights-sha256.json``) under
 the files' names, sizes, modification times and inodes: a file rewritten in place changes at least
 its time, and a load of an unchanged folder reads nothing but that list (0.1 ms). Torch-free.
+
+The cache is trusted as the kernel cache is (:func:`ssacli.kernels.native_build.open_checked`): a
+digest file someone else could have written (another owner, writable by group or others, a
+symbolic link, in a folder that is any of these) is ignored with one warning line and the weights
+are hashed again; the file is then replaced by a private one where its folder passes the check,
+and nothing is written where the folder fails it.
 """
 
 from __future__ import annotations
@@ -52,14 +58,15 @@ def content_record(path: str | Path) -> dict[str, Any] | None:
         return None
     key = json.dumps([str(path.resolve()), [(n, s.st_size, s.st_mtime_ns, s.st_ino) for n, s in stats]])
     cached = _read_cache()
-    digest = cached.get(key)
+    digest = cached.get(key) if cached is not None else None
     if digest is None:
         try:
             digest = _digest(files)
         except OSError:
             return None
-        cached[key] = digest
-        _write_cache(cached)
+        if cached is not None:
+            cached[key] = digest
+            _write_cache(cached)
     return {"sha256": digest, "files": len(files)}
 
 
@@ -109,9 +116,36 @@ def _cache_path() -> Path:
     return cache_root() / CACHE_FILE
 
 
-def _read_cache() -> dict[str, str]:
+_WARNED: set[str] = set()  # one warning per untrusted cache file and process
+
+
+def _read_cache() -> dict[str, str] | None:
+    """The cached digests ({} when there are none or they cannot be read), or None when the cache
+    folder fails the kernel cache's check (then nothing is written there either). A digest file
+    that fails it while its folder passes is ignored and will be replaced by a private one. Either
+    is said in one warning line, once per process."""
+    from ..files import warn
+    from ..kernels.native_build import UnsafeLibrary, cache_root, open_checked
+
+    path = _cache_path()
     try:
-        data = json.loads(_cache_path().read_text(encoding="utf-8"))
+        fd = open_checked(path, cache_root())
+    except UnsafeLibrary as err:
+        replaced = err.path == path  # the folders passed: this user's own, private cache
+        if str(err) not in _WARNED:
+            _WARNED.add(str(err))
+            fix = (
+                "replacing it with a private one" if replaced else
+                "hashing the weights instead (make the folder yours and private, or point SSACLI_CACHE "
+                "at a folder of yours)"
+            )  # fmt: skip
+            warn(f"ignoring ssacli's cache {err.path}: {err.reason}; {fix}")
+        return {} if replaced else None
+    except OSError:
+        return {}
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"))
     except (OSError, ValueError):
         return {}
     return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
@@ -125,7 +159,8 @@ def _write_cache(entries: dict[str, str]) -> None:
     kept = dict(list(entries.items())[-CACHE_ENTRIES:])
     try:
         path = _cache_path()
-        os.makedirs(path.parent, exist_ok=True)
+        os.makedirs(path.parent, mode=0o700, exist_ok=True)
         write_text(json.dumps(kept), path)
+        os.chmod(path, 0o600)  # never group-writable (umask 002), which the next read would refuse
     except (OSError, OutputError):  # a cache is never worth a failed command
         pass

@@ -6,8 +6,7 @@ objects drawn directly (no pyplot, no backend to select), so importing this chan
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,23 +14,18 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ..files import publish
+from ..files import confined, write_bytes
 from ..icl.evaluate import Cell
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 2^0 or 1.0
 
 
 def save_figure(fig: Figure, path: str | Path) -> None:
+    """``fig`` at ``path`` in the format its suffix names, written whole (ssacli.files.write_bytes)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        publish(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lstrip(".").lower() or "png", dpi=120, bbox_inches="tight")
+    write_bytes(buffer.getvalue(), path)
 
 
 def plot_eval(cells: Sequence[Cell], title: str, metric: str, path: str | Path) -> None:
@@ -141,7 +135,7 @@ def plot_sweep(summary: dict, folder: str | Path) -> list[Path]:
                 sel = [r for r in mine if r.get("metric", "error") == metric and keep(r)]
                 if not sel:
                     continue
-                path = folder / f"{stem}-{name}.png"
+                path = confined(folder, f"{stem}-{name}.png", "a figure of the plan's task")
                 _plot_view(sel, column, f"{stem}: {name}", _metric_label(task, metric), path)
                 written.append(path)
                 pairs = [
@@ -149,7 +143,7 @@ def plot_sweep(summary: dict, folder: str | Path) -> list[Path]:
                     if r["task"] == task and r["arch"] == arch and r["metric"] == metric and keep(r)
                 ]  # fmt: skip
                 if pairs:
-                    path = folder / f"{stem}-{name}-paired.png"
+                    path = confined(folder, f"{stem}-{name}-paired.png", "a figure of the plan's task")
                     _plot_paired(pairs, column, f"{stem}: {name}, paired", _metric_label(task, metric), path)
                     written.append(path)
     return written
