@@ -30,6 +30,7 @@ from .options import (
     Dtype,
     MaxMemory,
     Offline,
+    OverwriteFiles,
     Revision,
     Strict,
     TrustRemoteCode,
@@ -63,6 +64,7 @@ def check_command(
     json_out: Path = typer.Option(
         None, "--json", help="Write the check (and its result) as JSON; - for stdout."
     ),
+    overwrite: OverwriteFiles = False,
     samples: int = typer.Option(None, min=1, help=f"Inputs per probe level (default {defaults.SAMPLES})."),
     seed: int = typer.Option(None, help=f"Seed of the probe inputs (default {defaults.SEED})."),
     length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points)."),
@@ -115,7 +117,7 @@ def check_command(
             check_inputs(models=[model_ref])  # before anything heavy is imported
             code = _init(model_ref, config, given(device=device, dtype=dtype, random_ids=random_ids) | load)
         else:
-            check_outputs(("--junit", junit), ("--json", json_out))  # before anything heavy is imported
+            check_outputs(("--junit", junit), ("--json", json_out), overwrite=overwrite)  # before torch
             check_inputs(scorers=[scorer], models=[model_ref], offline=offline, revision=revision)
             settings = dict(
                 config=config, requires=require, baseline=baseline, max_regression=max_regression,

@@ -153,7 +153,7 @@ def convert_command(
           --finetune --data c.txt --anneal-n 8
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out))
+    check_outputs(("--json", json_out), overwrite=overwrite)
     check_inputs(scorers=[scorer], models=[model_ref], offline=offline, revision=revision)
     options = given(
         data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
@@ -277,7 +277,7 @@ def finetune_command(
     """
     if out is not None:
         check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out))
+    check_outputs(("--json", json_out), overwrite=overwrite)
     options = given(
         data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
         batch_size=batch_size, seq_len=seq_len,

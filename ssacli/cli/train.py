@@ -73,7 +73,7 @@ def train_command(
           --data childes/ --out runs/bb
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out))
+    check_outputs(("--json", json_out), overwrite=overwrite)
     check_inputs(scorers=[scorer])
     from .. import FinetuneConfig, ScratchSettings, describe_model, train_from_scratch_with
 

@@ -17,6 +17,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ..files import publish
 from ..icl.evaluate import Cell
+from .figure_files import METADATA
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 2^0 or 1.0
 
@@ -27,7 +28,8 @@ def save_figure(fig: Figure, path: str | Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        marked = METADATA.get(path.suffix.lstrip(".").lower())  # so a later run knows it may replace it
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", metadata=marked)
         publish(tmp, path)
     finally:
         if os.path.exists(tmp):
