@@ -115,12 +115,17 @@ class Probe:
 
 def parse_probe(text: str) -> Probe:
     """``NAME`` (default levels) or ``NAME:L1,L2,…``; levels are sorted and de-duplicated."""
-    name, _, raw = text.strip().partition(":")
+    name, colon, raw = text.strip().partition(":")
     kind = PROBES.get(name.strip())
     if kind is None:
         raise UsageError(f"unknown probe '{name}'; choose from: {', '.join(PROBES)}")
-    if not raw.strip():
+    if not colon:
         return Probe(kind.name, kind.defaults)
+    if not raw.strip():  # a list cut short, not a request for the defaults
+        raise UsageError(
+            f"probe '{kind.name}:' has no levels after ':'; give them ({_example(kind)}), or '{kind.name}' "
+            "alone for the defaults"
+        )
     levels = []
     for item in raw.split(","):
         try:

@@ -41,6 +41,7 @@ MASK_PROB = 0.15  # BERT's masking: 15 % of tokens, of which 80 % [MASK], 10 % r
 EVAL_WINDOWS = 8  # held-out windows (text) per evaluation
 EVAL_PROMPTS = 256  # held-out prompts (ICL) per evaluation
 EVAL_SEED = 20_260_000  # fixed, so held-out losses compare across runs and seeds
+DATA_GIVE = "give a text file, a .jsonl file, a folder or icl:TASK"
 _TOKENIZE_PIECE = 1 << 20  # characters per tokenizer call, so huge files do not need one giant call
 
 
@@ -51,9 +52,7 @@ def read_documents(path: str | Path) -> list[str]:
     """The documents under ``path``: one per .txt file, one per .jsonl line."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise InputError(
-            f"--data {path} does not exist; give a text file, a .jsonl file, a folder or icl:TASK"
-        )
+        raise InputError(f"--data {path} does not exist; {DATA_GIVE}")
     files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl") and p.is_file())
     if path.is_file():
         files = [path]
@@ -173,7 +172,17 @@ class ICLData:
     points: int = ICL_POINTS
 
 
-def parse_icl(spec: str, model_task: str, max_points: int) -> ICLData:
+def check_data(spec: str) -> None:
+    """What ``--data`` names, checked before any model loads: an ``icl:TASK[:points=N]`` spec's task and
+    options (the model's own limits are checked when it has loaded, :func:`parse_icl`), or a path that
+    exists."""
+    if spec.startswith("icl:"):
+        _icl_parts(spec, None)
+    elif not Path(spec).expanduser().exists():
+        raise InputError(f"--data {spec} does not exist; {DATA_GIVE}")
+
+
+def _icl_parts(spec: str, max_points: int | None) -> tuple[str, int]:
     from ..models.icl_task import check_task
 
     _, _, rest = spec.partition(":")
@@ -182,9 +191,15 @@ def parse_icl(spec: str, model_task: str, max_points: int) -> ICLData:
     points = ICL_POINTS
     for item in filter(None, options.split(",")):
         key, _, value = item.partition("=")
-        if key != "points" or not value.isdigit() or not 1 <= int(value) <= max_points:
-            raise UsageError(f"--data {spec}: the only option is points=N with 1 <= N <= {max_points}")
+        if key != "points" or not value.isdigit() or not 1 <= int(value) <= (max_points or int(value)):
+            most = f" <= {max_points}" if max_points else ""
+            raise UsageError(f"--data {spec}: the only option is points=N with 1 <= N{most}")
         points = int(value)
+    return task, points
+
+
+def parse_icl(spec: str, model_task: str, max_points: int) -> ICLData:
+    task, points = _icl_parts(spec, max_points)
     if task != model_task:
         raise UsageError(
             f"--data {spec} does not match the model's task '{model_task}'; fine-tune on icl:{model_task}, "
