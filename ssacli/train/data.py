@@ -41,7 +41,6 @@ MASK_PROB = 0.15  # BERT's masking: 15 % of tokens, of which 80 % [MASK], 10 % r
 EVAL_WINDOWS = 8  # held-out windows (text) per evaluation
 EVAL_PROMPTS = 256  # held-out prompts (ICL) per evaluation
 EVAL_SEED = 20_260_000  # fixed, so held-out losses compare across runs and seeds
-DATA_GIVE = "give a text file, a .jsonl file, a folder or icl:TASK"
 _TOKENIZE_PIECE = 1 << 20  # characters per tokenizer call, so huge files do not need one giant call
 
 
@@ -52,7 +51,9 @@ def read_documents(path: str | Path) -> list[str]:
     """The documents under ``path``: one per .txt file, one per .jsonl line."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise InputError(f"--data {path} does not exist; {DATA_GIVE}")
+        raise InputError(
+            f"--data {path} does not exist; give a text file, a .jsonl file, a folder or icl:TASK"
+        )
     files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl") and p.is_file())
     if path.is_file():
         files = [path]
@@ -174,12 +175,10 @@ class ICLData:
 
 def check_data(spec: str) -> None:
     """What ``--data`` names, checked before any model loads: an ``icl:TASK[:points=N]`` spec's task and
-    options (the model's own limits are checked when it has loaded, :func:`parse_icl`), or a path that
-    exists."""
+    options (the model's own limits are checked when it has loaded, :func:`parse_icl`). A file is read
+    when the model has loaded, which decides first whether it takes text at all."""
     if spec.startswith("icl:"):
         _icl_parts(spec, None)
-    elif not Path(spec).expanduser().exists():
-        raise InputError(f"--data {spec} does not exist; {DATA_GIVE}")
 
 
 def _icl_parts(spec: str, max_points: int | None) -> tuple[str, int]:

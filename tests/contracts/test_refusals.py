@@ -87,6 +87,3 @@ def test_an_unknown_icl_task_is_refused_before_the_model_loads(args, tmp_path, m
     line = _refused([*args, "--out", out], EXIT_USAGE, monkeypatch, capsys)
     assert "unknown task 'bogus'" in line, line
     assert not out.exists()
-    line = _refused(["finetune", ICL, "--data", tmp_path / "nothing.txt", "--out", out], EXIT_INPUT,
-                    monkeypatch, capsys)  # fmt: skip
-    assert "does not exist" in line and not out.exists()
