@@ -13,7 +13,8 @@ dispatch on those, never on a probe's name.
   receives them (after projection, norm and rotary): the magnitude outlier as attention sees it.
 * ``logit-scale`` α: every attention logit times α, inside the attention function (Theorem 1).
 * ``dominant-key`` M: M added to one key's logit for every query (Theorem 2); M = 0 is no change.
-* ``length`` ×m: inputs m times the base length, capped by the model's maximum positions.
+* ``length`` ×m: inputs m times the base length, up to the model's maximum positions (a level
+  given beyond them is refused).
 * ``numeric`` d: sentence templates holding d-digit numbers (models with a tokenizer).
 """
 
