@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +25,8 @@ from ..errors import BrokenModelError
 from .loaded import LoadedModel
 
 SHOWN = 3  # tensors named in the message; the rest are counted
+# how transformers' loading report gives a mismatched tensor's shapes
+_SHAPES = re.compile(r"ckpt:\s*torch\.Size\((\[.*?\])\)\s*vs model:\s*torch\.Size\((\[.*?\])\)")
 # the files a tokenizer loads from, the one named first when it does not fit
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
 
@@ -53,6 +56,23 @@ def require_complete(model: nn.Module, name: str, report: dict[str, Any]) -> Non
             f"'{name}': its weights hold {_named(extra)}, which its config.json does not build (config "
             "and weights disagree); use the config.json saved with these weights"
         )
+
+
+def mismatched_shapes(name: str, report: str) -> BrokenModelError:
+    """The error for weights whose shapes are not those the config builds, naming the tensors from
+    transformers' loading report (``report``, its text: "KEY | MISMATCH | … ckpt: … vs model: …")."""
+    found = []
+    for line in report.splitlines():
+        if "| MISMATCH" in line:
+            key, _, detail = line.partition("|")
+            shapes = _SHAPES.search(detail)
+            sizes = f" ({shapes[1]} in the weights, {shapes[2]} built)" if shapes else ""
+            found.append(key.strip() + sizes)
+    named = _named(found) if found else "some tensors"
+    return BrokenModelError(
+        f"'{name}': its weights do not have the shapes its config.json builds: {named}; use the "
+        "config.json saved with these weights"
+    )
 
 
 def unbuilt(model: nn.Module, key: str) -> bool:

@@ -36,7 +36,7 @@ from .first_use import attach_pending
 from .hub import HubModel, load_keywords, quiet_progress, resolve
 from .icl_task import TOKENS_PER_POINT
 from .identity import content_record
-from .integrity import TOKENIZER_FILES, require_tokenizer_fits, require_whole
+from .integrity import TOKENIZER_FILES, mismatched_shapes, require_tokenizer_fits, require_whole
 from .kinds import ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 from .loaded import LoadedModel
 from .options import LoadOptions
@@ -338,8 +338,9 @@ def _load_transformers(
     else:
         kwargs["use_safetensors"] = True
     kwargs["output_loading_info"] = True  # what the checkpoint lacked: require_whole, not a logged table
+    report_log = _LoadReport()
     try:
-        with quiet_progress(), _no_load_report():
+        with quiet_progress(), report_log.held():
             model, report = from_pretrained_placed(cls, source, kwargs, placed)
     except SafetensorError as err:  # a corrupt or truncated .safetensors file
         raise InputError(
@@ -347,6 +348,8 @@ def _load_transformers(
             "re-create or re-download it"
         ) from None
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        if "ignore_mismatched_sizes" in str(err):  # transformers names the tensors only in its report
+            raise mismatched_shapes(ref, report_log.text) from None
         hint = "" if allow_pickle else " (only safetensors weights are read unless --allow-pickle)"
         raise InputError(
             f"cannot load the weights of '{ref}': {_first_line(err)}{hint}; check that the checkpoint is "
@@ -364,23 +367,29 @@ def _load_transformers(
     return loaded
 
 
-@contextmanager
-def _no_load_report() -> Iterator[None]:
-    """transformers logs its loading report (missing, unexpected tensors) as a table; ssacli reads the
-    same report (require_whole) and refuses in one line what makes the model not its checkpoint."""
-    logger = logging.getLogger("transformers.modeling_utils")
-    # a filter, not a level: that logger's level switches other checks of transformers' on
-    drop = _DropLoadReport()
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
+class _LoadReport(logging.Filter):
+    """transformers logs its loading report (missing, unexpected, mismatched tensors) as a table;
+    ssacli reads the same report (require_whole) and refuses in one line what makes the model not its
+    checkpoint, so the table is held back (``text``) instead of printed."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.text = ""
 
-class _DropLoadReport(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "LOAD REPORT" not in str(record.msg)
+        if "LOAD REPORT" not in str(record.msg):
+            return True
+        self.text = record.getMessage()
+        return False
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        logger = logging.getLogger("transformers.modeling_utils")
+        logger.addFilter(self)  # a filter, not a level: that logger's level turns other checks on
+        try:
+            yield
+        finally:
+            logger.removeFilter(self)
 
 
 def _model_class(config, transformers) -> type | None:

@@ -1,9 +1,9 @@
 """A checkpoint is whole or refused (issue 50, part B): a folder whose weights lack a tensor the
-architecture builds, hold tensors its config does not build, ship a tokenizer with more ids than the
-embedding has rows, or hold a NaN is refused as it loads, in every command that loads a model, with
-exit 4 (``check``: 3, a model that cannot be checked) and one line naming the tensor or the file.
-Tied weights and the buffers transformers computes itself are not flagged: whole folders of several
-families, and the bundled models, load.
+architecture builds, hold tensors its config does not build or of other shapes, ship a tokenizer
+with more ids than the embedding has rows, or hold a NaN is refused as it loads, in every command
+that loads a model, with exit 4 (``check``: 3, a model that cannot be checked) and one line naming
+the tensor or the file. Tied weights and the buffers transformers computes itself are not flagged:
+whole folders of several families, and the bundled models, load.
 """
 
 from __future__ import annotations
@@ -40,14 +40,16 @@ def _one_line(stderr: str) -> str:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     """A tiny Llama saved whole, then: without one attention weight, with a layer its config does not
-    build, with a NaN; and the bundled WikiText LM with a tokenizer grown past its embedding."""
+    build, with a weight of another shape, with a NaN; and the bundled WikiText LM with a tokenizer
+    grown past its embedding."""
     root = tmp_path_factory.mktemp("whole")
     made = {}
-    for name in ("whole", "missing", "extra", "nan"):
+    for name in ("whole", "missing", "extra", "shape", "nan"):
         build_model("llama").save_pretrained(root / name)
         made[name] = root / name
     _edit(made["missing"], lambda w: w.pop(Q_PROJ))
     _edit(made["extra"], lambda w: w.update({"model.layers.9.self_attn.q_proj.weight": w[Q_PROJ].clone()}))
+    _edit(made["shape"], lambda w: w.update({Q_PROJ: w[Q_PROJ][:-1].clone()}))
 
     def poison(w):
         w[Q_PROJ][0, 0] = math.nan
@@ -66,6 +68,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     [
         ("missing", ["not whole", Q_PROJ, "initialized at random"]),
         ("extra", ["model.layers.9.self_attn.q_proj.weight", "does not build"]),
+        ("shape", ["do not have the shapes", Q_PROJ, "in the weights", "built"]),
         ("nan", ["non-finite weights", Q_PROJ]),
     ],
 )
