@@ -1,5 +1,6 @@
 """Whether a loaded model is the checkpoint, whole, before any command works on it
-(:func:`require_whole`, called where every model loads: :mod:`ssacli.models.loading`).
+(:func:`require_whole`, called where every model loads: :mod:`ssacli.models.loading`, and for ICL
+checkpoints :func:`ssacli.models.icl.load_icl`).
 
 * Every tensor the architecture builds came from the checkpoint: transformers initializes a missing
   one at random and only logs it, so measurements, conversions and fine-tunes would be of a partly

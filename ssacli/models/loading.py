@@ -138,10 +138,9 @@ def load_with(ref: str, options: LoadOptions) -> LoadedModel:
             if isinstance(torch_dtype, torch.dtype):
                 model = model.to(torch_dtype)
             positions = TOKENS_PER_POINT * model.spec.max_points
-            icl = LoadedModel(model, ref, ICL_FAMILY, ModelKind.ICL, None, positions, path,
-                              weights=content_record(path))  # fmt: skip
-            require_whole(icl)  # load_icl itself refuses missing and unexpected tensors
-            return icl
+            # load_icl refused missing, unexpected and non-finite tensors (an ICL model has no tokenizer)
+            return LoadedModel(model, ref, ICL_FAMILY, ModelKind.ICL, None, positions, path,
+                               weights=content_record(path))  # fmt: skip
         if not (path / "config.json").is_file():
             raise InputError(
                 f"'{ref}' has no config.json; give a folder written by save_pretrained (or builtin:NAME)"

@@ -152,3 +152,17 @@ def test_the_bundled_models_load_whole_and_a_nan_in_one_is_refused(name, tmp_pat
     _edit(folder, poison)
     with pytest.raises(BrokenModelError, match=first.replace(".", r"\.")):
         ssacli.load_model(str(folder))
+
+
+def test_icl_eval_refuses_a_nan_in_an_icl_checkpoint(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "every"
+    shutil.copytree(BUILTIN_DIR / "every-softmax", folder)
+    first = next(iter(load_file(folder / "model.safetensors")))
+
+    def poison(w):
+        w[first].view(-1)[0] = math.nan
+
+    _edit(folder, poison)
+    code, _, stderr = run_main(["icl", "eval", str(folder), "--prompts", "4"], monkeypatch, capsys)
+    line = _one_line(stderr)
+    assert code == EXIT_INPUT and "non-finite weights" in line and first in line, line
