@@ -54,7 +54,9 @@ def icl_train(
     ),
     attention: str = typer.Option(D.ATTENTION, help=f"{ATTENTION_HELP}."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a checkpoint already in --out."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace a checkpoint already in --out, and a --json file."
+    ),
     device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
     json_out: RunJson = None,
 ) -> None:
