@@ -15,8 +15,10 @@ checkpoints :func:`ssacli.models.icl.load_icl`).
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -57,6 +59,31 @@ def require_complete(model: nn.Module, name: str, report: dict[str, Any]) -> Non
             f"'{name}': its weights hold {_named(extra)}, which its config.json does not build (config "
             "and weights disagree); use the config.json saved with these weights"
         )
+
+
+class HeldLoadReport(logging.Filter):
+    """transformers logs its loading report (missing, unexpected, mismatched tensors) as a table;
+    ssacli reads the same report (require_whole) and refuses in one line what makes the model not its
+    checkpoint, so the table is held back (``text``) instead of printed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" not in str(record.msg):
+            return True
+        self.text = record.getMessage()
+        return False
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        logger = logging.getLogger("transformers.modeling_utils")
+        logger.addFilter(self)  # a filter, not a level: that logger's level turns other checks on
+        try:
+            yield
+        finally:
+            logger.removeFilter(self)
 
 
 def mismatched_shapes(name: str, report: str) -> BrokenModelError:

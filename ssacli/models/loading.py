@@ -15,11 +15,8 @@ from its repository (``auto_map`` in config.json) is refused unless ``trust_remo
 from __future__ import annotations
 
 import json
-import logging
 import pickle
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +33,13 @@ from .first_use import attach_pending
 from .hub import HubModel, load_keywords, quiet_progress, resolve
 from .icl_task import TOKENS_PER_POINT
 from .identity import content_record
-from .integrity import TOKENIZER_FILES, mismatched_shapes, require_tokenizer_fits, require_whole
+from .integrity import (
+    TOKENIZER_FILES,
+    HeldLoadReport,
+    mismatched_shapes,
+    require_tokenizer_fits,
+    require_whole,
+)
 from .kinds import ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 from .loaded import LoadedModel
 from .options import LoadOptions
@@ -337,7 +340,7 @@ def _load_transformers(
     else:
         kwargs["use_safetensors"] = True
     kwargs["output_loading_info"] = True  # what the checkpoint lacked: require_whole, not a logged table
-    report_log = _LoadReport()
+    report_log = HeldLoadReport()
     try:
         with quiet_progress(), report_log.held():
             model, report = from_pretrained_placed(cls, source, kwargs, placed)
@@ -364,31 +367,6 @@ def _load_transformers(
     loaded = LoadedModel(model, ref, family, kind_of(model), tokenizer, positions, path, missing, weights)
     require_whole(loaded, report)
     return loaded
-
-
-class _LoadReport(logging.Filter):
-    """transformers logs its loading report (missing, unexpected, mismatched tensors) as a table;
-    ssacli reads the same report (require_whole) and refuses in one line what makes the model not its
-    checkpoint, so the table is held back (``text``) instead of printed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.text = ""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "LOAD REPORT" not in str(record.msg):
-            return True
-        self.text = record.getMessage()
-        return False
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        logger = logging.getLogger("transformers.modeling_utils")
-        logger.addFilter(self)  # a filter, not a level: that logger's level turns other checks on
-        try:
-            yield
-        finally:
-            logger.removeFilter(self)
 
 
 def _model_class(config, transformers) -> type | None:

@@ -2,9 +2,9 @@
 which files there ssacli may replace.
 
 Every figure file says in its own metadata that ssacli wrote it (PNG: the ``Software`` text chunk,
-SVG: the ``dc:creator`` title), which is how a later run tells its own files, which it replaces,
-from a user's, which it refuses to touch (:func:`check_figure_folder`, before any work): the rule
-``render`` applies to its HTML and tables (:func:`ssacli.report.saved.check_replaceable`). Only the
+SVG: the ``dc:creator`` title, PDF: its ``Creator``), which is how a later run tells its own files,
+which it replaces, from a user's, which it refuses to touch (:func:`check_figure_folder`, before any
+work): the rule every output file follows (:func:`ssacli.report.replaceable.check_replaceable`). Only the
 names ssacli writes are checked (:data:`NAMES`); other files in the folder are left alone.
 Importing this module imports neither matplotlib nor torch, so a bad folder is refused at once.
 """
