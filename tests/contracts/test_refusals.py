@@ -1,5 +1,6 @@
 """Bad input is refused (issue 50, part B): in one line, with the documented exit code, before any model
-loads where the command line alone decides: an empty level list, flags that cancel each other, a
+loads where the command line alone decides: an empty level list, flags that cancel each other
+(``--text`` with ``--random``; ``check --init`` with an option only a check run reads), a
 fine-tuning folder that does not exist, an unknown ``icl:TASK``; a length probe level beyond what the
 model can take is refused as soon as the model's positions are known, before any probe runs.
 """
@@ -87,3 +88,18 @@ def test_an_unknown_icl_task_is_refused_before_the_model_loads(args, tmp_path, m
     line = _refused([*args, "--out", out], EXIT_USAGE, monkeypatch, capsys)
     assert "unknown task 'bogus'" in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, option",
+    [(["--json", "c.json"], "--json"), (["-r", "collapse_rate@key-scale:8 max <= 1"], "--require"),
+     (["--baseline", "b.json"], "--baseline"), (["--samples", "2"], "--samples")],
+)  # fmt: skip
+def test_check_init_refuses_options_only_a_check_run_reads(extra, option, tmp_path, monkeypatch, capsys):
+    """--init measures MODEL with its own settings and writes ssacli.toml: a report file, requirements
+    or probe settings given with it would be dropped without a word."""
+    monkeypatch.chdir(tmp_path)
+    _no_model_loads(monkeypatch)
+    line = _refused(["check", "--init", ICL, *extra], EXIT_USAGE, monkeypatch, capsys)
+    assert f"{option} applies to running a check" in line and "without --init" in line, line
+    assert list(tmp_path.iterdir()) == []  # no ssacli.toml, no c.json

@@ -7,6 +7,8 @@ before any model loads, to replace a file ssacli did not write (exit 2, one line
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -106,3 +108,22 @@ def test_icl_eval_replaces_its_own_json_and_figure(tmp_path, monkeypatch, capsys
         code, _, stderr = run_main(args, monkeypatch, capsys)
         assert code == 0, stderr
     assert json.loads(out.read_text())["schema"] == "ssacli-icl-eval"
+
+
+def test_the_refusal_comes_before_torch_is_imported(tmp_path):
+    """Checked first, like an unwritable output: the console script refuses without the model stack."""
+    mine = tmp_path / "mine.json"
+    mine.write_text(MINE["json"])
+    script = (
+        "import sys\n"
+        "from ssacli.cli import main\n"
+        f"sys.argv = ['ssacli', 'diagnose', '{ICL}', '--json', {str(mine)!r}]\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print('STACK', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert "STACK []" in done.stdout and "--overwrite" in done.stderr, (done.stdout, done.stderr)
+    assert mine.read_text() == MINE["json"]
