@@ -19,7 +19,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
 EXIT_CHECK_PASSED = 0  # every requirement passed
 EXIT_CHECK_FAILED = 1  # a requirement failed
 EXIT_CHECK_USAGE = 2  # usage or input error: fix the invocation, the config or its files
-EXIT_CHECK_UNCHECKABLE = 3  # the model cannot be checked (unsupported, non-finite weights, or ssacli broke)
+EXIT_CHECK_UNCHECKABLE = 3  # the model cannot be checked (unsupported, not whole, or ssacli broke)
 
 
 class SsacliError(Exception):
@@ -51,8 +51,10 @@ class InputError(SsacliError):
 
 
 class BrokenModelError(InputError):
-    """The model cannot be measured at all: weights that are NaN or ±inf. ``check`` reads it as a
-    model that cannot be checked (neither a passed nor a failed gate)."""
+    """The model is not its checkpoint whole, so nothing about it can be measured or trained: a tensor
+    missing or one its config does not build, a tokenizer past its embedding, weights that are NaN or
+    ±inf (:mod:`ssacli.models.integrity`). ``check`` reads it as a model that cannot be checked
+    (neither a passed nor a failed gate)."""
 
 
 class OutputError(SsacliError):

@@ -17,8 +17,8 @@ MODEL references and model folders:
 Outputs:
 
 * :func:`check_figure_folder` (``--png`` / ``--svg`` folders), :func:`check_replaceable_file` (an
-  output file is replaced only when ssacli wrote it), :func:`require_frame_format` (Parquet needs the
-  ``ssacli[frame]`` extra).
+  output file is replaced only when ssacli wrote it, or with ``overwrite``), :func:`require_frame_format`
+  (Parquet needs the ``ssacli[frame]`` extra).
 
 Inputs and options:
 
@@ -45,7 +45,7 @@ _LAZY = {
     "check_model_out": "conversion:check_out",
     "reusable_control": "train.recipe_checkpoint:reusable_control",
     "check_figure_folder": "report.figure_files:check_figure_folder",
-    "check_replaceable_file": "report.saved:check_replaceable",
+    "check_replaceable_file": "report.replaceable:check_replaceable",
     "require_frame_format": "diagnosis.frames:require_frame_format",
     "read_text_file": "quality.inputs:read_text_file",
     "parse_outlier": "icl.evaluate:parse_outlier",
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from .quality.harness import require_harness as require_lm_eval
     from .quality.inputs import read_text_file
     from .report.figure_files import check_figure_folder
-    from .report.saved import check_replaceable as check_replaceable_file
+    from .report.replaceable import check_replaceable as check_replaceable_file
     from .report.summary import pick_heatmap
     from .train import DATA_FORMS, MIN_VOCAB
     from .train.recipe_checkpoint import reusable_control

@@ -28,6 +28,7 @@ from ..diagnosis.result import DiagnoseResult
 from ..display import Displayed
 from ..errors import InputError, UsageError
 from ..models.identity import difference
+from . import JUNIT_SUITE
 from .expressions import Outcome, Requirement, parse_requirement, required_probes
 
 SCHEMA = "ssacli-check"
@@ -100,7 +101,7 @@ class CheckReport(Displayed):  # Displayed: _repr_html_ and plot(kind) in a note
 
     def junit_xml(self) -> str:
         """One <testsuite> with one <testcase> per requirement, as CI test-report viewers read it."""
-        suite = ET.Element("testsuite", name="ssacli check", tests=str(len(self.outcomes)),
+        suite = ET.Element("testsuite", name=JUNIT_SUITE, tests=str(len(self.outcomes)),
                            failures=str(self.failures), errors="0", skipped="0",
                            time=f"{self.result.elapsed_s:.3f}")  # fmt: skip
         props = ET.SubElement(suite, "properties")

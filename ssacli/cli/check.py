@@ -20,7 +20,7 @@ from rich.table import Table
 
 from .. import defaults
 from ..defaults import DEFAULT_MODEL
-from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, check_exit_code
+from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, UsageError, check_exit_code
 from ..preflight import CHECK_CONFIG_FILE
 from .options import (
     AllowDownload,
@@ -30,6 +30,7 @@ from .options import (
     Dtype,
     MaxMemory,
     Offline,
+    OverwriteFiles,
     Revision,
     Strict,
     TrustRemoteCode,
@@ -63,6 +64,7 @@ def check_command(
     json_out: Path = typer.Option(
         None, "--json", help="Write the check (and its result) as JSON; - for stdout."
     ),
+    overwrite: OverwriteFiles = False,
     samples: int = typer.Option(None, min=1, help=f"Inputs per probe level (default {defaults.SAMPLES})."),
     seed: int = typer.Option(None, help=f"Seed of the probe inputs (default {defaults.SEED})."),
     length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points)."),
@@ -112,10 +114,20 @@ def check_command(
     )  # fmt: skip
     try:
         if init:
+            unused = given(
+                require=require or None, baseline=baseline, max_regression=max_regression, junit=junit,
+                json=json_out, overwrite=overwrite or None, samples=samples, seed=seed, length=length,
+                tau=tau, scorer=scorer, strict=strict or None,
+            )  # fmt: skip
+            if unused:  # --init measures with its own settings and writes no report: these would be dropped
+                raise UsageError(
+                    f"--{next(iter(unused)).replace('_', '-')} applies to running a check; --init only "
+                    f"measures MODEL and writes {CHECK_CONFIG_FILE}: drop it, or run the check without --init"
+                )
             check_inputs(models=[model_ref])  # before anything heavy is imported
             code = _init(model_ref, config, given(device=device, dtype=dtype, random_ids=random_ids) | load)
         else:
-            check_outputs(("--junit", junit), ("--json", json_out))  # before anything heavy is imported
+            check_outputs(("--junit", junit), ("--json", json_out), overwrite=overwrite)  # before torch
             check_inputs(scorers=[scorer], models=[model_ref], offline=offline, revision=revision)
             settings = dict(
                 config=config, requires=require, baseline=baseline, max_regression=max_regression,

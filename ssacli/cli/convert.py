@@ -77,7 +77,9 @@ def convert_command(
     out: Path = typer.Option(
         ..., help="Folder to write (plain transformers loads it only while its scorer is a faithful softmax)."
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out (ssacli's or empty only)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace --out (ssacli's or empty only) and a --json file."
+    ),
     do_finetune: bool = typer.Option(False, "--finetune", help="Fine-tune after converting (needs --data)."),
     resume: bool = typer.Option(
         False, "--resume", help="With --finetune: continue the run stopped in --out (give the same options)."
@@ -153,7 +155,7 @@ def convert_command(
           --finetune --data c.txt --anneal-n 8
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out))
+    check_outputs(("--json", json_out), overwrite=overwrite)
     check_inputs(scorers=[scorer], models=[model_ref], offline=offline, revision=revision)
     options = given(
         data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
@@ -234,7 +236,9 @@ def finetune_command(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run recorded in --out (without --out: in DIR)."
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists (ssacli's only)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace --out if it exists (ssacli's only) and a --json file."
+    ),
     steps: int = typer.Option(
         None, min=1, help=f"Total optimizer steps of the run (default {FINETUNE_STEPS})."
     ),
@@ -277,7 +281,7 @@ def finetune_command(
     """
     if out is not None:
         check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out))
+    check_outputs(("--json", json_out), overwrite=overwrite)
     options = given(
         data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
         batch_size=batch_size, seq_len=seq_len,

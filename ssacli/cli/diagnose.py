@@ -24,6 +24,7 @@ from .options import (
     MaxMemory,
     Offline,
     OptionalModel,
+    OverwriteFiles,
     PngDir,
     QuietOutput,
     Revision,
@@ -143,6 +144,7 @@ def diagnose_command(
         None, "--json", help="Write the result (versioned schema) to this file; - for stdout."
     ),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML report to this file."),
+    overwrite: OverwriteFiles = False,
     png: PngDir = None,
     svg: SvgDir = None,
     heatmap: str = typer.Option(defaults.HEATMAP, help=HEATMAP_HELP),
@@ -159,7 +161,7 @@ def diagnose_command(
 
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
     """
-    check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
+    check_outputs(("--json", json_out), ("--html", html_out), overwrite=overwrite)  # before any heavy import
     check_figure_outputs(png, svg)
     probes = [parse_probe(p) for p in probe] if probe else None  # torch-free, like check_inputs
     other_model = None if compare is None or _is_result_file(compare) else compare

@@ -15,6 +15,7 @@ from .options import (
     ATTENTION_HELP,
     ICL_SIGMAS_TEXT,
     SCORER_LR_HELP,
+    OverwriteFiles,
     RunJson,
     bar_columns,
     check_inputs,
@@ -53,13 +54,15 @@ def icl_train(
     ),
     attention: str = typer.Option(D.ATTENTION, help=f"{ATTENTION_HELP}."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a checkpoint already in --out."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace a checkpoint already in --out, and a --json file."
+    ),
     device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
     json_out: RunJson = None,
 ) -> None:
     """Train an ICL model from scratch with any scorer."""
     check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out))
+    check_outputs(("--json", json_out), overwrite=overwrite)
     check_inputs(scorers=[scorer])
     from rich.progress import TextColumn, TimeRemainingColumn
 
@@ -113,12 +116,13 @@ def icl_eval(
         None, "--json", help="Write the results as JSON to this file; - for stdout."
     ),
     plot: Path = typer.Option(None, help="Write a figure (png, pdf, svg) to this file."),
+    overwrite: OverwriteFiles = False,
     device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
 ) -> None:
     """Evaluate an ICL model over σ × length, and with planted outliers."""
     if is_stdout(plot):
         raise UsageError("--plot needs a file name: its suffix (png, pdf, svg) picks the format")
-    check_outputs(("--json", json_out), ("--plot", plot))  # before anything heavy is imported
+    check_outputs(("--json", json_out), ("--plot", plot), overwrite=overwrite)  # before any heavy import
     check_inputs(models=[model_ref])
     from .. import evaluate_icl, icl_evaluation_legend, icl_evaluation_tables
     from ..preflight import parse_outlier

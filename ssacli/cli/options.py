@@ -77,6 +77,8 @@ QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress 
 FIGURES_HELP = "Write the report's figures as {} files into DIR (replacing only ssacli's own)."
 PngDir = Annotated[Path, typer.Option("--png", metavar="DIR", help=FIGURES_HELP.format("PNG"))]
 SvgDir = Annotated[Path, typer.Option("--svg", metavar="DIR", help=FIGURES_HELP.format("SVG"))]
+OVERWRITE_FILES_HELP = "Replace output files (--json, --html, …) even where ssacli did not write them."
+OverwriteFiles = Annotated[bool, typer.Option("--overwrite", help=OVERWRITE_FILES_HELP)]
 RUN_JSON_HELP = "Write the folder's record (its ssacli.json: fidelity, training) as JSON; - for stdout."
 RunJson = Annotated[Path, typer.Option("--json", help=RUN_JSON_HELP)]  # convert, finetune, train, icl train
 
@@ -249,16 +251,21 @@ def floats(text: str, option: str) -> tuple[float, ...]:
         raise UsageError(f"--{option} takes comma-separated numbers, e.g. 1,2,4; got {text!r}") from None
 
 
-def check_outputs(*outputs: tuple[str, Any]) -> None:
-    """Fail at once (exit 4) when an output file (``(option, path)``, path None = not asked for)
-    could not be written: commands call this first, before they import the model stack. ``-`` is
-    stdout (:mod:`ssacli.cli.outputs`), which one output at most may take (exit 2)."""
+def check_outputs(*outputs: tuple[str, Any], overwrite: bool = False) -> None:
+    """Fail at once when an output file (``(option, path)``, path None = not asked for) could not be
+    written (exit 4) or is a file ssacli did not write and ``overwrite`` was not given (exit 2):
+    commands call this first, before they import the model stack. ``-`` is stdout
+    (:mod:`ssacli.cli.outputs`), which one output at most may take (exit 2)."""
     to_stdout = [option for option, path in outputs if is_stdout(path)]
     if len(to_stdout) > 1:
         raise UsageError(f"{' and '.join(to_stdout)} both ask for stdout ('-'); give all but one a file name")
     for option, path in outputs:
         if path is not None and not is_stdout(path):
             check_writable(path, option)
+            if Path(path).expanduser().is_file():
+                from ..preflight import check_replaceable_file  # torch-free
+
+                check_replaceable_file(path, option, overwrite)
 
 
 def check_inputs(

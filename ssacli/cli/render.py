@@ -15,7 +15,7 @@ from rich.console import Console
 
 from ..defaults import HEATMAP
 from ..errors import UsageError
-from .options import HEATMAP_HELP, PngDir, QuietOutput, SvgDir, check_outputs
+from .options import HEATMAP_HELP, OverwriteFiles, PngDir, QuietOutput, SvgDir, check_outputs
 from .outputs import check_figure_outputs, figure_outputs, is_stdout, write_figure_outputs, write_output
 
 
@@ -29,6 +29,7 @@ def render_command(
     parquet_out: Path = typer.Option(
         None, "--parquet", help=r'The same table as Parquet (pip install "ssacli\[frame]").'
     ),
+    overwrite: OverwriteFiles = False,
     png: PngDir = None,
     svg: SvgDir = None,
     heatmap: str = typer.Option(HEATMAP, help=HEATMAP_HELP),
@@ -48,18 +49,15 @@ def render_command(
       ssacli render softmax.json --compare ssa.json --html compare.html
     """
     outputs = (("--html", html_out), ("--csv", csv_out), ("--parquet", parquet_out))
-    check_outputs(*outputs)  # before anything heavy is imported
+    check_outputs(*outputs, overwrite=overwrite)  # before anything heavy is imported
     check_figure_outputs(png, svg)
     given = [
         Path(path).expanduser().absolute() for _, path in outputs if path is not None and not is_stdout(path)
     ]
     if len(set(given)) < len(given):
         raise UsageError("--html, --csv and --parquet name the same file; give each its own")
-    from ..preflight import check_replaceable_file, require_frame_format
+    from ..preflight import require_frame_format
 
-    for option, path in outputs:
-        if not is_stdout(path):
-            check_replaceable_file(path, option)
     if parquet_out is not None:
         require_frame_format("parquet")
 

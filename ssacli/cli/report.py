@@ -26,6 +26,7 @@ from .options import (
     Dtype,
     MaxMemory,
     Offline,
+    OverwriteFiles,
     PngDir,
     QuietOutput,
     SvgDir,
@@ -98,6 +99,7 @@ def report_command(
         None, "--json", help="Write the report (schema ssacli-report) here; - for stdout."
     ),
     html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
+    overwrite: OverwriteFiles = False,
     png: PngDir = None,
     svg: SvgDir = None,
     reuse_before: Path = typer.Option(
@@ -143,7 +145,7 @@ def report_command(
 
       ssacli report ./gpt2 ./gpt2-ssa ./gpt2-control --heldout-of wiki.txt
     """
-    check_outputs(("--json", json_out), ("--html", html_out))  # before anything heavy is imported
+    check_outputs(("--json", json_out), ("--html", html_out), overwrite=overwrite)  # before any heavy import
     check_figure_outputs(png, svg)
     probes = [str(parse_probe(p)) for p in probe] if probe else None
     check_inputs(models=[before, after, control], offline=offline)

@@ -55,7 +55,9 @@ def train_command(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out (same options, --steps may grow)."
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --out."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace a model already in --out, and a --json file."
+    ),
     json_out: RunJson = None,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -73,7 +75,7 @@ def train_command(
           --data childes/ --out runs/bb
     """
     check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out))
+    check_outputs(("--json", json_out), overwrite=overwrite)
     check_inputs(scorers=[scorer])
     from .. import FinetuneConfig, ScratchSettings, describe_model, train_from_scratch_with
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from ..attention.interface import scorers_of
+from ..errors import UsageError
 from ..models.icl_task import TOKENS_PER_POINT
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
@@ -98,12 +99,22 @@ def plan_run(
 
 def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
     """The length probe's default levels double the base length up to the model's maximum
-    positions (ICL: points): keep those that fit, and the maximum itself as the last level."""
+    positions (ICL: points): keep those that fit, and the maximum itself as the last level. Levels
+    asked for run as asked: one beyond the maximum is refused (UsageError), since its inputs would be
+    capped and its verdict would name a length that never ran."""
     kind = probe.kind
-    if kind.acts_on is not ActsOn.INPUT_LENGTH or probe.levels != PROBES[probe.name].defaults:
-        return probe
     cap = position_cap(loaded)
-    if not cap:
+    if kind.acts_on is not ActsOn.INPUT_LENGTH or not cap:
+        return probe
+    if probe.levels != PROBES[probe.name].defaults:  # asked for: each level runs as asked, or is refused
+        beyond = [m for m in probe.levels if length * m > cap]
+        if beyond:
+            unit = "points" if loaded.kind == ModelKind.ICL else "tokens"
+            raise UsageError(
+                f"probe 'length': level ×{beyond[0]:g} asks for {int(length * beyond[0]):,} {unit} "
+                f"(×{beyond[0]:g} the base length {length}), but '{loaded.name}' takes at most {cap:,}; give "
+                f"levels up to ×{cap // length}"
+            )
         return probe
     levels = [m for m in probe.levels if length * m <= cap]
     if cap // length > (levels[-1] if levels else 0) and cap // length >= 1:

@@ -13,7 +13,8 @@ dispatch on those, never on a probe's name.
   receives them (after projection, norm and rotary): the magnitude outlier as attention sees it.
 * ``logit-scale`` α: every attention logit times α, inside the attention function (Theorem 1).
 * ``dominant-key`` M: M added to one key's logit for every query (Theorem 2); M = 0 is no change.
-* ``length`` ×m: inputs m times the base length, capped by the model's maximum positions.
+* ``length`` ×m: inputs m times the base length, up to the model's maximum positions (a level
+  given beyond them is refused).
 * ``numeric`` d: sentence templates holding d-digit numbers (models with a tokenizer).
 """
 
@@ -115,12 +116,17 @@ class Probe:
 
 def parse_probe(text: str) -> Probe:
     """``NAME`` (default levels) or ``NAME:L1,L2,…``; levels are sorted and de-duplicated."""
-    name, _, raw = text.strip().partition(":")
+    name, colon, raw = text.strip().partition(":")
     kind = PROBES.get(name.strip())
     if kind is None:
         raise UsageError(f"unknown probe '{name}'; choose from: {', '.join(PROBES)}")
-    if not raw.strip():
+    if not colon:
         return Probe(kind.name, kind.defaults)
+    if not raw.strip():  # a list cut short, not a request for the defaults
+        raise UsageError(
+            f"probe '{kind.name}:' has no levels after ':'; give them ({_example(kind)}), or '{kind.name}' "
+            "alone for the defaults"
+        )
     levels = []
     for item in raw.split(","):
         try:

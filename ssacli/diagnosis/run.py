@@ -31,7 +31,6 @@ from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, reattach, scor
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.device_map import MaxMemory
-from ..models.integrity import require_finite_weights
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
@@ -147,7 +146,6 @@ def diagnose_with(
         raise UnsupportedModelError(f"{unaudited}; --strict refuses it (drop --strict to measure it, marked)")
     if loaded.kind != ModelKind.ICL and settings.inputs is None and not settings.random_ids:
         loaded.require_tokenizer("probing with text")  # never random ids the user did not ask for
-    require_finite_weights(loaded.model, loaded.name)  # not "overflow at every level"
     training = loaded.model.training
     loaded.model.eval()
     undo = _prepare_scorer(root, scorer) if route is Route.SSACLI else None

@@ -36,6 +36,14 @@ class DiagnoseSettings:
     sink_k: int = defaults.SINK_K  # the first k keys of the sink and position metrics
 
     def __post_init__(self) -> None:
+        sources = {"--text": self.text is not None, "--random": self.random_ids,
+                   "inputs": self.inputs is not None}  # fmt: skip
+        given = [name for name, chosen in sources.items() if chosen]
+        if len(given) > 1:  # each alone decides what the probes read: the others would be dropped unsaid
+            raise UsageError(
+                f"{' and '.join(given)} each choose the probe inputs (text=, random_ids=, inputs= in the "
+                "API); give one"
+            )
         for name, low in (("samples", 1), ("batch_size", 1), ("block_size", 1)):
             value = getattr(self, name)
             if value < low:

@@ -228,6 +228,9 @@ def cells_to_json(model: ICLModel, cells: list[Cell]) -> dict:
     }
 
 
+EVAL_SCHEMA = "ssacli-icl-eval"  # `icl eval --json`'s document
+
+
 @dataclass
 class ICLEvaluation:
     """An ICL model's cells (:func:`evaluate_icl`); :meth:`to_dict` is ``ssacli icl eval --json``."""
@@ -237,7 +240,8 @@ class ICLEvaluation:
     source: str | None = None  # the MODEL reference the model was loaded from
 
     def to_dict(self) -> dict:
-        return {"model": self.source, **cells_to_json(self.model, self.cells)}
+        return {"schema": EVAL_SCHEMA, "schema_version": 1, "model": self.source,
+                **cells_to_json(self.model, self.cells)}  # fmt: skip
 
 
 def _refuse_other_kinds(ref: str, path) -> None:

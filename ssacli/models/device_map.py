@@ -148,12 +148,12 @@ def from_pretrained_placed(cls: Any, source: Any, kwargs: dict[str, Any], placed
         return cls.from_pretrained(source, **kwargs)
     folder = offload_folder()
     try:
-        model = cls.from_pretrained(source, **kwargs, **placed, offload_folder=str(folder))
+        loaded = cls.from_pretrained(source, **kwargs, **placed, offload_folder=str(folder))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    own_offload_folder(model, folder)
-    return model
+    own_offload_folder(loaded[0] if isinstance(loaded, tuple) else loaded, folder)  # output_loading_info
+    return loaded
 
 
 def offload_folder() -> Path:

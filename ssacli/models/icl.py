@@ -43,6 +43,7 @@ from .checkpoint import (
     write_icl_folder,
 )
 from .icl_task import TOKENS_PER_POINT
+from .integrity import require_finite_weights
 
 
 @dataclass
@@ -161,4 +162,5 @@ def load_icl(directory: str | Path, device: torch.device | str = "cpu") -> ICLMo
             f"{directory / WEIGHTS_FILE} does not match its {META_FILE} (missing {len(missing)}, unexpected "
             f"{len(unexpected)} tensors, e.g. {(missing or unexpected)[0]}); re-create the checkpoint"
         )
+    require_finite_weights(model, str(directory))  # every ICL load (eval, sweep, resume) comes here
     return model.to(device).eval()

@@ -33,6 +33,13 @@ from .first_use import attach_pending
 from .hub import HubModel, load_keywords, quiet_progress, resolve
 from .icl_task import TOKENS_PER_POINT
 from .identity import content_record
+from .integrity import (
+    TOKENIZER_FILES,
+    HeldLoadReport,
+    mismatched_shapes,
+    require_tokenizer_fits,
+    require_whole,
+)
 from .kinds import ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 from .loaded import LoadedModel
 from .options import LoadOptions
@@ -45,7 +52,6 @@ DTYPES = {
     "float16": torch.float16,
     "float64": torch.float64,
 }
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -135,6 +141,7 @@ def load_with(ref: str, options: LoadOptions) -> LoadedModel:
             if isinstance(torch_dtype, torch.dtype):
                 model = model.to(torch_dtype)
             positions = TOKENS_PER_POINT * model.spec.max_points
+            # load_icl refused missing, unexpected and non-finite tensors (an ICL model has no tokenizer)
             return LoadedModel(model, ref, ICL_FAMILY, ModelKind.ICL, None, positions, path,
                                weights=content_record(path))  # fmt: skip
         if not (path / "config.json").is_file():
@@ -161,21 +168,25 @@ def as_loaded(
     """What every API function takes as MODEL, as a :class:`LoadedModel`: a reference (path,
     ``builtin:NAME``, Hub id) is loaded with ``options``; a transformers model (with ``.config``) or
     an ssacli ICL model is wrapped as it is, in memory. ``tokenizer`` replaces the loaded one, or
-    goes with a module."""
+    goes with a module. Each is refused unless whole (:func:`~ssacli.models.integrity.require_whole`);
+    a LoadedModel is taken as it is (it was checked where it was made)."""
     if isinstance(model, LoadedModel):
         return model
     if isinstance(model, str | Path):
         loaded = load_with(str(model), options)
         if tokenizer is not None:
             loaded.tokenizer = tokenizer
+            require_tokenizer_fits(loaded)
         return loaded
     if not isinstance(model, nn.Module):
         raise UsageError(f"model must be a path, a model id or a torch module, got {type(model).__name__}")
     spec = getattr(model, "spec", None)
     if spec is not None and hasattr(model, "backbone"):  # an ICL model
-        return LoadedModel(
+        icl = LoadedModel(
             model, "ICLModel", ICL_FAMILY, ModelKind.ICL, None, TOKENS_PER_POINT * spec.max_points
         )
+        require_whole(icl)
+        return icl
     config = getattr(model, "config", None)
     if config is None:
         raise UsageError("model must be a transformers model (with .config) or an ssacli ICL model")
@@ -183,9 +194,11 @@ def as_loaded(
     name = getattr(config, "name_or_path", "") or type(model).__name__
     commit = getattr(config, "_commit_hash", None)  # set by from_pretrained of a Hub id
     weights = {"repo": name, "revision": None, "commit": commit} if isinstance(commit, str) else None
-    return LoadedModel(
+    loaded = LoadedModel(
         model, name, config.model_type, kind_of(model), tokenizer, max_positions(config), weights=weights
     )
+    require_whole(loaded)  # built in memory: no loading report, but its numbers and tokenizer
+    return loaded
 
 
 # ---- GGUF checkpoints (optional extra: pip install "ssacli[gguf]") -----------------------------------
@@ -241,8 +254,10 @@ def load_gguf(ref: str, file: Path, device: torch.device, torch_dtype) -> Loaded
         tokenizer, missing = None, f"its GGUF tokenizer did not load ({_first_line(err)})"
     model = model.to(device).eval()
     positions = max_positions(config)
-    return LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, positions, folder, missing,
-                       content_record(file))  # fmt: skip
+    loaded = LoadedModel(model, ref, config.model_type, kind_of(model), tokenizer, positions, folder, missing,
+                         content_record(file))  # fmt: skip
+    require_whole(loaded)
+    return loaded
 
 
 def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
@@ -324,15 +339,19 @@ def _load_transformers(
         kwargs["weights_only"] = True  # torch.load refuses anything but tensors and plain containers
     else:
         kwargs["use_safetensors"] = True
+    kwargs["output_loading_info"] = True  # what the checkpoint lacked: require_whole, not a logged table
+    report_log = HeldLoadReport()
     try:
-        with quiet_progress():
-            model = from_pretrained_placed(cls, source, kwargs, placed)
+        with quiet_progress(), report_log.held():
+            model, report = from_pretrained_placed(cls, source, kwargs, placed)
     except SafetensorError as err:  # a corrupt or truncated .safetensors file
         raise InputError(
             f"cannot load the weights of '{ref}': {_first_line(err)}; the file is corrupt or truncated, "
             "re-create or re-download it"
         ) from None
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        if "ignore_mismatched_sizes" in str(err):  # transformers names the tensors only in its report
+            raise mismatched_shapes(ref, report_log.text) from None
         hint = "" if allow_pickle else " (only safetensors weights are read unless --allow-pickle)"
         raise InputError(
             f"cannot load the weights of '{ref}': {_first_line(err)}{hint}; check that the checkpoint is "
@@ -345,7 +364,9 @@ def _load_transformers(
     tokenizer, missing = _tokenizer(source, path, at, trust, guarded)
     weights = hub.record() if hub is not None else content_record(path)
     family, positions = config.model_type, max_positions(config)
-    return LoadedModel(model, ref, family, kind_of(model), tokenizer, positions, path, missing, weights)
+    loaded = LoadedModel(model, ref, family, kind_of(model), tokenizer, positions, path, missing, weights)
+    require_whole(loaded, report)
+    return loaded
 
 
 def _model_class(config, transformers) -> type | None:
@@ -360,8 +381,8 @@ def _model_class(config, transformers) -> type | None:
 def _tokenizer(source, path: Path | None, at: dict[str, Any], trust: bool = False, config: Any = None):
     """(the tokenizer, None) or (None, why there is none: what :meth:`LoadedModel.require_tokenizer`
     says)."""
-    if path is not None and not any((path / f).is_file() for f in _TOKENIZER_FILES):
-        return None, f"its folder has none of {', '.join(_TOKENIZER_FILES)}"
+    if path is not None and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        return None, f"its folder has none of {', '.join(TOKENIZER_FILES)}"
     from transformers import AutoTokenizer
 
     extra = {} if config is None else {"config": config}  # a guarded config.json is not read

@@ -32,7 +32,6 @@ from ..defaults import (
 )
 from ..errors import InputError, UsageError
 from ..models.device_map import MaxMemory
-from ..models.integrity import require_finite_weights
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_with
 from ..models.options import LoadOptions
@@ -175,15 +174,14 @@ def compare_models_with(
 
 
 def _load_sides(refs: dict[str, Any], load: LoadOptions, say: Callable[[str], None]) -> list[LoadedModel]:
-    """BEFORE, AFTER and (when given) CONTROL loaded in that order, each refused at once when a weight is
-    not finite."""
+    """BEFORE, AFTER and (when given) CONTROL loaded in that order, each refused as it loads unless whole
+    (:func:`ssacli.models.integrity.require_whole`)."""
     models = []
     for side, ref in refs.items():
         if ref is None:
             continue
         say(f"loading {side}: {ref}")
         models.append(ref if isinstance(ref, LoadedModel) else load_with(str(ref), load))
-        require_finite_weights(models[-1].model, models[-1].name)
     return models
 
 

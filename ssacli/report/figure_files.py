@@ -2,9 +2,9 @@
 which files there ssacli may replace.
 
 Every figure file says in its own metadata that ssacli wrote it (PNG: the ``Software`` text chunk,
-SVG: the ``dc:creator`` title), which is how a later run tells its own files, which it replaces,
-from a user's, which it refuses to touch (:func:`check_figure_folder`, before any work): the rule
-``render`` applies to its HTML and tables (:func:`ssacli.report.saved.check_replaceable`). Only the
+SVG: the ``dc:creator`` title, PDF: its ``Creator``), which is how a later run tells its own files,
+which it replaces, from a user's, which it refuses to touch (:func:`check_figure_folder`, before any
+work): the rule every output file follows (:func:`ssacli.report.replaceable.check_replaceable`). Only the
 names ssacli writes are checked (:data:`NAMES`); other files in the folder are left alone.
 Importing this module imports neither matplotlib nor torch, so a bad folder is refused at once.
 """
@@ -22,9 +22,15 @@ from ..version import __version__
 FORMATS = ("png", "svg")
 CREATOR = f"ssacli {__version__}"
 # how each format carries CREATOR (matplotlib's metadata keys), and how it reads in the file's head
-METADATA = {"png": {"Software": CREATOR}, "svg": {"Creator": CREATOR, "Date": None}}  # no date: same bytes
-MARKS = {"png": b"tEXtSoftware\x00ssacli ", "svg": b"<dc:title>ssacli "}
-HEAD = 8192  # the metadata sits before the image data: PNG's text chunk precedes IDAT, SVG's <metadata>
+# (PDF: `icl eval --plot`, whose suffix picks the format)
+METADATA = {
+    "png": {"Software": CREATOR},
+    "svg": {"Creator": CREATOR, "Date": None},  # no date: same bytes
+    "pdf": {"Creator": CREATOR, "CreationDate": None},
+}
+MARKS = {"png": b"tEXtSoftware\x00ssacli ", "svg": b"<dc:title>ssacli ", "pdf": b"/Creator (ssacli "}
+# PNG's text chunk precedes IDAT, SVG's <metadata> the drawing; PDF's info dictionary comes last
+HEAD = 8192
 DPI = 120  # a little finer than the pages' embedded figures: a file is looked at on its own
 # The figure names ssacli writes (:func:`ssacli.report.notebook.figure_set`): overview, lines-PROBE,
 # heatmap-PROBE, generation, generation-compare, compare-PROBE, compare-control-PROBE, trajectory,
@@ -38,16 +44,19 @@ def file_stem(name: str) -> str:
 
 
 def figure_written_by_ssacli(path: str | Path) -> bool:
-    """Whether the existing file ``path`` (.png or .svg) is a figure ssacli wrote, or empty."""
+    """Whether the existing file ``path`` (.png, .svg or .pdf) is a figure ssacli wrote, or empty."""
     path = Path(path)
     try:
         if path.stat().st_size == 0:
             return True
         with path.open("rb") as handle:
             head = handle.read(HEAD)
+            handle.seek(max(0, path.stat().st_size - HEAD))
+            tail = handle.read(HEAD)
     except OSError:
         return False
-    return MARKS.get(path.suffix.lstrip(".").lower(), b"\0never") in head
+    mark = MARKS.get(path.suffix.lstrip(".").lower(), b"\0never")
+    return mark in head or mark in tail
 
 
 def check_figure_folder(folder: str | Path | None, option: str) -> None:

@@ -24,6 +24,7 @@ from ..diagnosis.result import DiagnoseResult
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .figures import compare_figure, heatmap_figure, line_figure, overview_figure, png_img
 from .positions import class_grid, position_legend, position_rows, profiles_figure
+from .replaceable import PAGE_HEAD
 from .summary import (
     collapse_detail,
     comparison_columns,
@@ -81,9 +82,6 @@ class Section:
         return "\n".join([*parts, *self.body])
 
 
-# How every page ssacli writes begins (its titles start with "ssacli"): how `render` tells a page
-# it may replace from a file it did not write (ssacli.report.saved.check_replaceable).
-PAGE_HEAD = '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
 
 
 def page(title: str, sections: Sequence[Section]) -> str:

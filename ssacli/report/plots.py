@@ -16,6 +16,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ..files import confined, write_bytes
 from ..icl.evaluate import Cell
+from .figure_files import METADATA
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")  # 1, 2, 4 rather than 2^0 or 1.0
 
@@ -24,7 +25,9 @@ def save_figure(fig: Figure, path: str | Path) -> None:
     """``fig`` at ``path`` in the format its suffix names, written whole (ssacli.files.write_bytes)."""
     path = Path(path)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=path.suffix.lstrip(".").lower() or "png", dpi=120, bbox_inches="tight")
+    kind = path.suffix.lstrip(".").lower() or "png"
+    marked = METADATA.get(kind)  # so a later run knows it may replace it
+    fig.savefig(buffer, format=kind, dpi=120, bbox_inches="tight", metadata=marked)
     write_bytes(buffer.getvalue(), path)
 
 

@@ -5,8 +5,7 @@ tables (:mod:`ssacli.diagnosis.frames`).
 A saved file is one result (``diagnose --json``) or a comparison of two (``diagnose --compare …
 --json``): :func:`load_saved` returns one or two results, and :func:`render` / :func:`render_html`
 draw one result, or A against B, exactly as ``diagnose`` did. Outputs are ssacli's to replace only
-when ssacli wrote them (:func:`check_replaceable`): an HTML page of ssacli's, a frame CSV with its
-header line, a Parquet file with ssacli's metadata, or an empty file.
+when ssacli wrote them, as every command's (:mod:`ssacli.report.replaceable`).
 """
 
 from __future__ import annotations
@@ -18,11 +17,10 @@ from rich.console import Console
 from ..check.requirements import SCHEMA as CHECK_SCHEMA
 from ..defaults import HEATMAP
 from ..diagnosis.comparison import COMPARISON_SCHEMA
-from ..diagnosis.frames import frame_written_by_ssacli
 from ..diagnosis.result import SCHEMA, DiagnoseResult, read_json_file
-from ..errors import InputError, UsageError
+from ..errors import InputError
 from ..quality.result import REPORT_SCHEMA
-from .html import PAGE_HEAD, comparison_html, diagnose_html
+from .html import comparison_html, diagnose_html
 from .summary import pick_heatmap
 from .terminal import render_comparison, render_diagnose
 
@@ -69,33 +67,3 @@ def render_html(result: DiagnoseResult, other: DiagnoseResult | None = None) -> 
     """``result``'s self-contained HTML page as ``diagnose --html`` writes it, or with ``other`` the
     comparison page (``diagnose --compare … --html``)."""
     return diagnose_html(result) if other is None else comparison_html(result, other)
-
-
-def written_by_ssacli(path: str | Path, kind: str) -> bool:
-    """Whether the existing file ``path`` is an output of ``kind`` ("html", "csv", "parquet") that
-    ssacli wrote, or empty: the only files :func:`check_replaceable` lets a command replace."""
-    path = Path(path)
-    if path.stat().st_size == 0:
-        return True
-    if kind == "html":
-        try:
-            with path.open("rb") as handle:
-                start = handle.read(len(PAGE_HEAD.encode()) + len("<title>ssacli"))
-        except OSError:
-            return False
-        return start == (PAGE_HEAD + "<title>ssacli").encode()
-    return frame_written_by_ssacli(path, kind)
-
-
-def check_replaceable(path: str | Path | None, option: str) -> None:
-    """Refuse (UsageError, exit 2) before any work when the output ``path`` of ``option`` (``--html``,
-    ``--csv``, ``--parquet``) exists and ssacli did not write it; None or a new path passes."""
-    if path is None or not Path(path).is_file():
-        return
-    kind = option.lstrip("-")
-    if not written_by_ssacli(path, kind):
-        what = {"html": "an HTML page", "csv": "a table CSV", "parquet": "a Parquet table"}[kind]
-        raise UsageError(
-            f"{option} '{path}' exists and is not {what} ssacli wrote; ssacli replaces only its own "
-            "outputs: choose another name or remove it"
-        )

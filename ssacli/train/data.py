@@ -173,7 +173,15 @@ class ICLData:
     points: int = ICL_POINTS
 
 
-def parse_icl(spec: str, model_task: str, max_points: int) -> ICLData:
+def check_data(spec: str) -> None:
+    """What ``--data`` names, checked before any model loads: an ``icl:TASK[:points=N]`` spec's task and
+    options (the model's own limits are checked when it has loaded, :func:`parse_icl`). A file is read
+    when the model has loaded, which decides first whether it takes text at all."""
+    if spec.startswith("icl:"):
+        _icl_parts(spec, None)
+
+
+def _icl_parts(spec: str, max_points: int | None) -> tuple[str, int]:
     from ..models.icl_task import check_task
 
     _, _, rest = spec.partition(":")
@@ -182,9 +190,15 @@ def parse_icl(spec: str, model_task: str, max_points: int) -> ICLData:
     points = ICL_POINTS
     for item in filter(None, options.split(",")):
         key, _, value = item.partition("=")
-        if key != "points" or not value.isdigit() or not 1 <= int(value) <= max_points:
-            raise UsageError(f"--data {spec}: the only option is points=N with 1 <= N <= {max_points}")
+        if key != "points" or not value.isdigit() or not 1 <= int(value) <= (max_points or int(value)):
+            most = f" <= {max_points}" if max_points else ""
+            raise UsageError(f"--data {spec}: the only option is points=N with 1 <= N{most}")
         points = int(value)
+    return task, points
+
+
+def parse_icl(spec: str, model_task: str, max_points: int) -> ICLData:
+    task, points = _icl_parts(spec, max_points)
     if task != model_task:
         raise UsageError(
             f"--data {spec} does not match the model's task '{model_task}'; fine-tune on icl:{model_task}, "

@@ -80,6 +80,9 @@ class FinetuneConfig:
         if self.anneal_n is not None:
             positive_raw(self.anneal_n, "ssa", "--anneal-n target n")
         check_backend(self.attention)
+        from .data import check_data  # torch: the objectives live there
+
+        check_data(self.data)  # an unknown icl:TASK before the model loads, not after a conversion
 
     def warmup_steps(self) -> int:
         return self.warmup if self.warmup is not None else min(WARMUP_MAX, self.steps // WARMUP_DIVISOR)

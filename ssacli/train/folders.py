@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from ..models.builtins import BUILTIN_DIR
 from ..models.checkpoint import TRAINER_FILE, check_replaceable, remove_stale_temps, training_record
 from ..models.loading import LoadedModel
@@ -40,6 +40,11 @@ def training_folder(
         return out, resume or same, same
     if not own:
         name = model.name if isinstance(model, LoadedModel) else model
+        if path is not None and not path.exists():  # a MODEL that names nothing, as every command reads it
+            raise InputError(
+                f"'{name}' does not exist; give the model folder to fine-tune (or --out DIR with a "
+                "builtin:NAME or a Hub id)"
+            )
         raise UsageError(f"{name} is not a folder to train in place or beside; give --out DIR")
     if in_place or resume:
         return path, True, in_place

@@ -373,9 +373,12 @@ def test_disk_full_during_icl_train_leaves_the_old_checkpoint(kind, tmp_path, mo
     assert leftovers(tmp_path, "run") == []
 
 
+OLD_RESULT = '{"schema": "ssacli-diagnose"}\n'
+
+
 def test_disk_full_while_writing_json_leaves_no_file(tmp_path, monkeypatch, capsys):
     out = tmp_path / "r.json"
-    out.write_text("old\n")
+    out.write_text(OLD_RESULT)  # an earlier result of ssacli's, which it may replace
     real_fdopen = os.fdopen
 
     class FullDisk:
@@ -402,7 +405,7 @@ def test_disk_full_while_writing_json_leaves_no_file(tmp_path, monkeypatch, caps
         ["diagnose", "builtin:every-softmax", *QUICK, "--json", str(out)], monkeypatch, capsys
     )
     assert_one_line(stderr, code, EXIT_INPUT, "cannot write", "No space left on device")
-    assert out.read_text() == "old\n" and not leftovers(tmp_path, "r.json")
+    assert out.read_text() == OLD_RESULT and not leftovers(tmp_path, "r.json")
 
 
 # ---- 4. device ----------------------------------------------------------------------------------------

@@ -813,11 +813,12 @@ def test_cli_off_registry_scorer_is_exit_3(tmp_path, monkeypatch, capsys):
 def test_inputs_longer_than_the_model_are_capped_not_crashing():
     config = AutoConfig.for_model("gpt2", vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    probes = ["embed-scale:1", "length:1,2", "outlier:1"]
+    probes = ["embed-scale:1", "length:1", "outlier:1"]
     result = diagnose(model, probes, samples=2, length=40, random_ids=True)
     # the base length itself is capped, and the result says what was asked (the summary's one line)
     assert result.settings["length"] == 16 and result.settings["length_asked"] == 40
-    assert result.probe("length").note == "inputs capped at the model's 16 positions"  # ×2 of 16
+    with pytest.raises(UsageError, match="at most 16; give levels up to ×1"):  # ×2 of 16 would be capped
+        diagnose(model, ["length:1,2"], samples=2, length=40, random_ids=True)
     for probe in result.probes:
         # Causal rows that see >= 2 keys: 15 of 16 per sequence.
         assert probe.rows[:, 0].tolist() == [2 * 15] * len(probe.levels), probe.name
