@@ -69,21 +69,30 @@ class HeldLoadReport(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.text = ""
+        self.floor = logging.WARNING  # the level below which a record would not have been printed
 
     def filter(self, record: logging.LogRecord) -> bool:
         if "LOAD REPORT" not in str(record.msg):
-            return True
+            return record.levelno >= self.floor
         self.text = record.getMessage()
         return False
 
     @contextmanager
     def held(self) -> Iterator[None]:
+        """The report is read whatever transformers' verbosity: it is a warning, so the logger is let
+        down to WARNING for the load where a quieter verbosity would drop it before any filter (the
+        other records are still dropped below that verbosity). Not lower: at INFO transformers walks
+        the whole model for its report."""
         logger = logging.getLogger("transformers.modeling_utils")
-        logger.addFilter(self)  # a filter, not a level: that logger's level turns other checks on
+        level, self.floor = logger.level, logger.getEffectiveLevel()
+        if self.floor > logging.WARNING:
+            logger.setLevel(logging.WARNING)
+        logger.addFilter(self)  # a filter: the table is held back, not printed
         try:
             yield
         finally:
             logger.removeFilter(self)
+            logger.setLevel(level)
 
 
 def mismatched_shapes(name: str, report: str) -> BrokenModelError:

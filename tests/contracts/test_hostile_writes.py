@@ -113,12 +113,16 @@ def test_publishing_never_changes_the_mode_of_a_hard_linked_file(tmp_path):
 
 
 def test_a_file_output_that_is_a_link_is_replaced_not_written_through(tmp_path, monkeypatch, capsys):
-    """--json LINK: the link is replaced by the result; the file it pointed to is as it was.
-    (A regression guard: ssacli's rename never followed the link.)"""
+    """--json LINK: refused as a file ssacli did not write (docs/faults.md); with --overwrite the link
+    is replaced by the result and the file it pointed to is as it was (a regression guard: ssacli's
+    rename never followed the link)."""
     target = private_file(tmp_path)
     out = tmp_path / "r.json"
     out.symlink_to(target)
     args = ["diagnose", "builtin:every-softmax", "--probe", "outlier:1", "--samples", "1", "--length", "4"]
+    code, _, stderr = run_main([*args, "--random", "--quiet", "--json", str(out)], monkeypatch, capsys)
+    assert code == 2 and "--overwrite" in stderr and untouched(target) and out.is_symlink(), stderr
+    args += ["--overwrite"]
     code, _, stderr = run_main([*args, "--random", "--quiet", "--json", str(out)], monkeypatch, capsys)
     assert code == 0, stderr
     assert untouched(target) and not out.is_symlink() and json.loads(out.read_text())

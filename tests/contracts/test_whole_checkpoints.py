@@ -97,6 +97,24 @@ def test_a_checkpoint_that_is_not_whole_is_refused_by_every_command(
     assert not out.exists() and not (tmp_path / "conv").exists() and not (tmp_path / "ft").exists()
 
 
+@pytest.mark.parametrize("verbosity", ["error", "warning", "info"])
+def test_the_shape_refusal_names_the_tensor_whatever_transformers_verbosity(verbosity, folders, capsys):
+    """transformers names mismatched tensors only in its logged report: the refusal reads it at
+    any verbosity (a test or a user that set transformers' logging to errors made it read 'some
+    tensors'), and a quiet verbosity prints nothing of the report."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    getattr(hf_logging, f"set_verbosity_{verbosity}")()
+    try:
+        with pytest.raises(ssacli.InputError, match="in the weights") as refused:
+            ssacli.load_model(str(folders["shape"]))
+    finally:
+        hf_logging.set_verbosity(before)
+    assert Q_PROJ in str(refused.value)
+    assert "LOAD REPORT" not in "".join(capsys.readouterr())
+
+
 def test_a_tokenizer_with_more_ids_than_the_embedding_is_refused(folders, monkeypatch, capsys):
     ref = str(folders["tokens"])
     for args in (["diagnose", ref, *QUICK[:4]], ["report", ref, "builtin:wikitext-softmax", *QUICK[:4]]):
