@@ -18,6 +18,7 @@ from ssacli.models.checkpoint import META_FILE, MODEL_FORMAT, SCORER_FILE
 from ssacli.models.guard import attention_layout
 from ssacli.models.kinds import kind_of, max_positions
 from ssacli.models.loading import LoadedModel
+from tests.helpers.cli import run_main
 from tests.helpers.models import FAMILIES, VOCAB, build_model
 from tests.helpers.naive import float32_kl_resolution
 
@@ -286,10 +287,7 @@ def test_m_auto_with_a_planted_sink_head():
     assert kl <= 1e-3 and report["target"]["met"]
 
 
-def test_an_unmeetable_target_exits_5_and_writes_nothing(tmp_path):
-    import subprocess
-    import sys
-
+def test_an_unmeetable_target_exits_5_and_writes_nothing(tmp_path, monkeypatch, capsys):
     from ssacli.errors import JobFailedError
 
     folder, out = tmp_path / "llama", tmp_path / "out"
@@ -297,19 +295,11 @@ def test_an_unmeetable_target_exits_5_and_writes_nothing(tmp_path):
     with pytest.raises(JobFailedError, match="cannot meet the fidelity target"):
         convert(str(folder), "ssa:init=faithful", out, max_error=1e-30)
     assert not out.exists()
-    args = [
-        "convert",
-        str(folder),
-        "--scorer",
-        "ssa:init=faithful",
-        "--max-error",
-        "1e-30",
-        "--out",
-        str(out),
-    ]
-    result = subprocess.run([sys.executable, "-m", "ssacli", *args], capture_output=True, text=True)
-    assert result.returncode == 5, result.stderr
-    lines = [line for line in result.stderr.splitlines() if "fidelity target" in line]
+    args = ["convert", str(folder), "--scorer", "ssa:init=faithful", "--max-error", "1e-30",
+            "--out", str(out)]  # fmt: skip
+    code, _, stderr = run_main(args, monkeypatch, capsys)
+    assert code == 5, stderr
+    lines = [line for line in stderr.splitlines() if "fidelity target" in line]
     assert len(lines) == 1 and "nothing was written" in lines[0]
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["llama"]
 
