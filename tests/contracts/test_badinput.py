@@ -39,6 +39,7 @@ from ssacli.errors import (
 from ssacli.scorers import SCORERS
 from ssacli.scorers.base import Scorer
 from tests.helpers.cli import run_main
+from tests.helpers.faults import full_disk
 from tests.helpers.models import build_model
 
 pytestmark = pytest.mark.badinput
@@ -379,28 +380,7 @@ OLD_RESULT = '{"schema": "ssacli-diagnose"}\n'
 def test_disk_full_while_writing_json_leaves_no_file(tmp_path, monkeypatch, capsys):
     out = tmp_path / "r.json"
     out.write_text(OLD_RESULT)  # an earlier result of ssacli's, which it may replace
-    real_fdopen = os.fdopen
-
-    class FullDisk:
-        def __init__(self, handle):
-            self.handle = handle
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.handle.close()
-
-        def write(self, text):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    def fdopen(fd, *args, **kwargs):
-        handle = real_fdopen(fd, *args, **kwargs)
-        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".r.json."):
-            return FullDisk(handle)
-        return handle
-
-    monkeypatch.setattr(os, "fdopen", fdopen)
+    full_disk(monkeypatch, name_starts=".r.json.")
     code, _, stderr = run_main(
         ["diagnose", "builtin:every-softmax", *QUICK, "--json", str(out)], monkeypatch, capsys
     )

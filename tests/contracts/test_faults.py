@@ -23,6 +23,7 @@ import pytest
 
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE
 from tests.helpers.cli import run_main
+from tests.helpers.faults import full_disk
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERT = ["convert", "builtin:every-softmax", "--scorer", "ssa"]
@@ -52,36 +53,11 @@ def in_a_killed_process(code: str, *args: str) -> None:
 # ---- a full disk ----------------------------------------------------------------------------------------
 
 
-def _full_disk_for(monkeypatch, part: str) -> None:
-    """Every file ssacli opens for writing whose name holds ``part`` raises ENOSPC on write."""
-    real = os.fdopen
-
-    class Full:
-        def __init__(self, handle):
-            self.handle = handle
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.handle.close()
-
-        def write(self, data):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    def fdopen(fd, *args, **kwargs):
-        handle = real(fd, *args, **kwargs)
-        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        return Full(handle) if part in name else handle
-
-    monkeypatch.setattr(os, "fdopen", fdopen)
-
-
 def test_a_full_disk_while_taking_the_lock_is_exit_4_and_leaves_no_lock(tmp_path, monkeypatch, capsys):
     """The issue's case: ENOSPC writing .OUT.lock was `internal error: OSError` (exit 1) and left an
     empty lock that refused the next run. Now: exit 4 naming OUT, nothing left, the next run works."""
     out = tmp_path / "out"
-    _full_disk_for(monkeypatch, ".out.lock")
+    full_disk(monkeypatch, name_holds=".out.lock")
     code, _, stderr = run_main([*CONVERT, "--out", str(out)], monkeypatch, capsys)
     line = one_error_line(stderr)
     assert code == EXIT_INPUT and str(out) in line and "No space left on device" in line
