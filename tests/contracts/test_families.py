@@ -23,6 +23,7 @@ from ssacli.attention.arguments import ARGUMENTS, REFUSED_ARGUMENTS, attention_c
 from ssacli.attention.audited import AUDITED_FAMILIES, AUDITED_ON
 from ssacli.attention.forward import SCORER_ATTR, scores_and_sink, ssacli_attention_forward
 from ssacli.attention.interface import unaudited_reason, unsupported_reason
+from ssacli.attention.masks import EAGER_MASK_FAMILIES
 from ssacli.errors import UnsupportedModelError
 from ssacli.testing import audit, audit_record, tiny_models
 
@@ -34,9 +35,10 @@ TOL = 1e-5
 
 
 # Re-audited on every run even while the record is current: a decoder, an encoder, an
-# encoder-decoder, the learned-sink family, and the first refused and first not-buildable family of the
+# encoder-decoder, the learned-sink family, the families that take eager's float mask (a path of
+# ssacli's own that only they reach), and the first refused and first not-buildable family of the
 # record (the audit's other two outcomes). The record cannot see the CPU; these rows can.
-SAMPLE = ("llama", "bert", "t5", "gpt_oss")
+SAMPLE = ("llama", "bert", "t5", "gpt_oss", *EAGER_MASK_FAMILIES)
 
 
 @pytest.fixture(scope="module")
