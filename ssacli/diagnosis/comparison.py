@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..defaults import SINK_EPS
-from .findings import MAX_FINDINGS, baseline_probe, level_text
+from .findings import baseline_probe, level_text
 from .generation import EXACT_METRICS
 from .probe_result import ProbeResult, json_ready
 from .result import DiagnoseResult
@@ -96,7 +96,7 @@ def _finite_mean(values: np.ndarray) -> float | None:
     return float(finite.mean()) if finite.size else None
 
 
-# Most telling first; within a kind, in A's probe order. At most MAX_FINDINGS are kept.
+# Most telling first; within a kind, in A's probe order. All are kept (the terminal lists --findings).
 CHANGE_ORDER = ("sink_change", "baseline_collapse_change", "collapse_change", "layer_collapse_change",
                 "saturation_change", "generation_change")  # fmt: skip
 SATURATION_STEP = 0.05  # a model-mean collapse rate or max weight that moved less is not a finding
@@ -126,7 +126,7 @@ def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, 
     if generating is not None:
         out.append(generating)
     out.sort(key=lambda f: CHANGE_ORDER.index(f["kind"]))
-    return out[:MAX_FINDINGS]
+    return out
 
 
 def _point_text(probe: ProbeResult, point: float | None) -> str:

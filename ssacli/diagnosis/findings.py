@@ -1,8 +1,9 @@
-"""Findings: the 3-8 plain-language statements a diagnose report opens with, computed from a result.
+"""Findings: the plain-language statements a diagnose report opens with, computed from a result.
 
 Each finding is a dict: ``kind`` (a stable machine-readable type), ``text`` (one sentence), and the
 numbers behind it (``probe``, ``level``, ``layers``, ``value``, …). Terminal, HTML and JSON show the
-same list (``DiagnoseResult.findings``); what changed between two runs is
+same list (``DiagnoseResult.findings``), most important first: JSON and HTML all of it, the terminal
+the first ``--findings`` (defaults.FINDINGS) and a count of the rest; what changed between two runs is
 :func:`ssacli.diagnosis.comparison.comparison_findings`, written with the helpers here.
 
 Kinds: ``degenerate``, ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``,
@@ -34,7 +35,6 @@ from .outputs import (
 from .probe_result import COLLAPSE_SHARE, ProbeResult, nanmean
 from .probes import ActsOn
 
-MAX_FINDINGS = 8
 MASSIVE_MAGNITUDE = 100.0  # Sun et al. 2024: activations above ~100 and ~1000x the median
 MASSIVE_RATIO = 1000.0
 
@@ -112,12 +112,20 @@ def findings(
     massive = _massive(base)
     if massive is not None:
         out.append(massive)
-    # Most informative first: problems with the measurement, then what saturates.
-    order = ["degenerate", "overflow", "absorbed", "insensitive", "collapse", "outputs_broke",
-             "sink_heads", "collapsed_at_baseline", "fading", "massive_activations",
-             "no_collapse"]  # fmt: skip
-    out.sort(key=lambda f: order.index(f["kind"]) if f["kind"] in order else len(order))
-    return out[:MAX_FINDINGS]
+    rank = {kind: i for i, kind in enumerate(FINDING_ORDER)}
+    out.sort(key=lambda f: rank.get(f["kind"], len(rank)))
+    return out
+
+
+# Most important first, which is what the terminal keeps when it lists only some (--findings): a
+# measurement that means nothing (degenerate, overflow), then what saturates, then what is wrong with
+# the model before any shift; a probe that cannot test this model (absorbed; insensitive: n/a by
+# construction, true of any model) says nothing about the model itself, and every verdict line says it
+# again, so it comes after the model's own facts (it came before them and pushed the heads collapsed at
+# baseline and the massive activations out of an 8-line report with many probes, issue 51).
+FINDING_ORDER = ("degenerate", "overflow", "collapse", "outputs_broke", "collapsed_at_baseline",
+                 "sink_heads", "massive_activations", "absorbed", "fading", "insensitive",
+                 "no_collapse")  # fmt: skip
 
 
 def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) -> list[dict[str, Any]]:
