@@ -104,7 +104,7 @@ SATURATION_STEP = 0.05  # a model-mean collapse rate or max weight that moved le
 
 def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, Any]]:
     """What changed from A to B, as findings (``kind``, ``text``, and the numbers: A's under
-    ``a``, B's under ``b``): sink heads and heads collapsed at baseline, each probe's collapse point,
+    ``a``, B's under ``b``): first-token heads and heads collapsed at baseline, each probe's collapse point,
     the layers whose collapse point moved, and saturation at the common level where A and B differ
     most. Kinds in :data:`CHANGE_ORDER`, most telling first."""
     out = _baseline_changes(a, b)
@@ -138,7 +138,7 @@ def _same_point(x: float | None, y: float | None) -> bool:
 
 
 def _baseline_changes(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, Any]]:
-    """Sink heads (Gu ε) and heads collapsed at the first level, on each side's unshifted probe."""
+    """First-token heads (Gu ε) and heads collapsed at the first level, on each side's unshifted probe."""
     base_a, base_b = baseline_probe(a.probes), baseline_probe(b.probes)
     if base_a is None or base_b is None:
         return []
@@ -149,7 +149,8 @@ def _baseline_changes(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, An
         na = int(np.nansum(base_a.metrics["sink_rate"][0]))
         nb = int(np.nansum(base_b.metrics["sink_rate"][0]))
         if na != nb:
-            text = f"sink heads at baseline: {na} → {nb} {of} (Gu ε = {SINK_EPS:g})"
+            # first-token heads, not the head class "sink" (ssacli.diagnosis.findings says why)
+            text = f"first-token heads at baseline: {na} → {nb} {of} (mean weight on it > {SINK_EPS:g})"
             out.append({"kind": "sink_change", "a": na, "b": nb, "of_a": of_a, "of_b": of_b, "eps": SINK_EPS,
                         "text": text})  # fmt: skip
     heads_a, heads_b = base_a.baseline_collapsed_heads(), base_b.baseline_collapsed_heads()

@@ -6,7 +6,8 @@ same list (``DiagnoseResult.findings``), most important first: JSON and HTML all
 the first ``--findings`` (defaults.FINDINGS) and a count of the rest; what changed between two runs is
 :func:`ssacli.diagnosis.comparison.comparison_findings`, written with the helpers here.
 
-Kinds: ``degenerate``, ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``,
+Kinds: ``degenerate``, ``sink_heads`` (first-token heads; the kind keeps its JSON name),
+``collapsed_at_baseline``, ``overflow``, ``insensitive``,
 ``absorbed``, ``collapse``, ``outputs_broke``, ``no_collapse`` (its ``verdict``: robust, degenerate
 or unmeasured; :mod:`ssacli.diagnosis.outputs` decides), ``fading``, ``massive_activations``.
 """
@@ -90,9 +91,17 @@ def findings(
         sinks = base.metrics["sink_rate"][0]
         count = int(np.nansum(sinks))
         layers = sorted({int(layer) for layer, _ in zip(*np.nonzero(sinks == 1))})
-        text = f"{count} of {total_heads} heads are attention sinks at baseline (Gu ε = {SINK_EPS:g}" + (
-            f"; layers {span(layers)})" if layers else ")"
-        )
+        # Two measures of "sink", two names (issue 51: a BERT read "37 of 72 heads are attention sinks"
+        # here and "12 sink" in the head classes). This one is Gu et al.'s count: a head whose mean
+        # weight on the first token exceeds SINK_EPS (0.3), whatever else it does; a head can be one and
+        # local too. The head class "sink" (ssacli.diagnosis.positions) is a head that parks at least
+        # half its mass on the first k tokens, the first class that holds in a partition: what the head
+        # mostly does. Both are right for what they answer (how many heads lean on token 0; what each
+        # head is), so neither replaces the other: this one is "first-token heads" in every text.
+        text = f"{count} of {total_heads} heads are first-token heads at baseline (mean weight on the " + (
+            f"first token > {SINK_EPS:g}, Gu et al.; layers {span(layers)})" if layers
+            else f"first token > {SINK_EPS:g}, Gu et al.)"
+        )  # fmt: skip
         out.append({"kind": "sink_heads", "text": text, "probe": base.name, "level": base.levels[0],
                     "value": count, "of": total_heads, "layers": layers, "eps": SINK_EPS})  # fmt: skip
         collapsed = base.baseline_collapsed_heads()
