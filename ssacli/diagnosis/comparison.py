@@ -150,7 +150,8 @@ def _baseline_changes(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, An
         nb = int(np.nansum(base_b.metrics["sink_rate"][0]))
         if na != nb:
             # first-token heads, not the head class "sink" (ssacli.diagnosis.findings says why)
-            text = f"first-token heads at baseline: {na} → {nb} {of} (mean weight on it > {SINK_EPS:g})"
+            text = (f"first-token heads at baseline: {na} → {nb} {of} (mean weight on the first token > "
+                    f"{SINK_EPS:g})")  # fmt: skip
             out.append({"kind": "sink_change", "a": na, "b": nb, "of_a": of_a, "of_b": of_b, "eps": SINK_EPS,
                         "text": text})  # fmt: skip
     heads_a, heads_b = base_a.baseline_collapsed_heads(), base_b.baseline_collapsed_heads()
