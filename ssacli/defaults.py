@@ -19,7 +19,8 @@ TAU = 0.9  # a row has collapsed when its largest weight is >= TAU
 TOP_K = 5  # k of the top-k mass metric
 STATS = "auto"  # how attention weights become metrics: fused statistics where a call allows them
 HEATMAP = "max_weight"  # the metric diagnose's and render's heatmap shows
-SINK_EPS = 0.3  # a head is an attention sink when its mean weight on the first token exceeds this (Gu et al.)
+FINDINGS = 8  # findings the terminal report lists (--findings); the rest are counted, JSON and HTML hold all
+SINK_EPS = 0.3  # a first-token head: mean weight on the first token above this (Gu et al.'s sink ε)
 # diagnose's sink and position metrics (docs/diagnose.md, "Sinks and positions"; ssacli.kernels.positions)
 SINK_K = 4  # the first k keys whose share is the sink share (StreamingLLM keeps 4 initial tokens)
 POSITION_BINS = 64  # key bins after the first k: a run's are ceil((length - k) / 64) tokens wide

@@ -21,6 +21,22 @@ EXIT_CHECK_FAILED = 1  # a requirement failed
 EXIT_CHECK_USAGE = 2  # usage or input error: fix the invocation, the config or its files
 EXIT_CHECK_UNCHECKABLE = 3  # the model cannot be checked (unsupported, not whole, or ssacli broke)
 
+# Every code `ssacli check` ends with and its meaning, in order: the one list `check --help`, README and
+# docs/ci.md show (tests/contracts/test_exit_codes.py holds them to it). An output that cannot be
+# written is EXIT_INPUT, as in every command (check_exit_code); Ctrl-C is EXIT_INTERRUPTED everywhere.
+CHECK_EXIT_CODES = (
+    (EXIT_CHECK_PASSED, "pass"),
+    (EXIT_CHECK_FAILED, "a requirement failed"),
+    (EXIT_CHECK_USAGE, "usage or input error"),
+    (EXIT_CHECK_UNCHECKABLE, "the model cannot be checked"),
+    (EXIT_INPUT, "an output cannot be written"),
+)
+
+
+def check_exit_codes_text() -> str:
+    """ "0 pass, 1 a requirement failed, …": CHECK_EXIT_CODES in one line, as help and docs say it."""
+    return ", ".join(f"{code} {meaning}" for code, meaning in CHECK_EXIT_CODES)
+
 
 class SsacliError(Exception):
     """Base class: a user-facing problem with a one-line message and an exit code."""

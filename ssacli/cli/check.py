@@ -20,7 +20,7 @@ from rich.table import Table
 
 from .. import defaults
 from ..defaults import DEFAULT_MODEL
-from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, UsageError, check_exit_code
+from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, UsageError, check_exit_code, check_exit_codes_text
 from ..preflight import CHECK_CONFIG_FILE
 from .options import (
     AllowDownload,
@@ -93,8 +93,8 @@ def check_command(
     r"""Check MODEL against attention-saturation requirements; exit 0 if all pass, 1 if any fails.
 
     A requirement is METRIC@PROBE:LEVEL\[layer=A-B,head=H] \[mean|max|min] OP VALUE. Only the
-    probe levels the requirements name are run. Exit codes: 0 pass, 1 a requirement failed,
-    2 usage or input error, 3 the model cannot be checked. Grammar and CI recipes: docs/ci.md.
+    probe levels the requirements name are run. Exit codes: {exit_codes}.
+    Grammar and CI recipes: docs/ci.md.
 
     Examples:
 
@@ -141,6 +141,11 @@ def check_command(
         code = check_exit_code(err)
         print_error(err)
     raise typer.Exit(code)
+
+
+# the exit codes come from their one owner (ssacli.errors.CHECK_EXIT_CODES); the braces of the
+# requirement grammar are not format fields, so the one field is replaced by name
+check_command.__doc__ = check_command.__doc__.replace("{exit_codes}", check_exit_codes_text())
 
 
 def _check(model_ref, settings, *, junit, json_out, quiet) -> int:

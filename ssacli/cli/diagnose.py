@@ -21,6 +21,7 @@ from .options import (
     Device,
     DeviceMap,
     Dtype,
+    FindingsShown,
     MaxMemory,
     Offline,
     OptionalModel,
@@ -34,6 +35,7 @@ from .options import (
     bar_columns,
     check_inputs,
     check_outputs,
+    findings_budget,
     load_options,
     progress,
 )
@@ -148,6 +150,7 @@ def diagnose_command(
     png: PngDir = None,
     svg: SvgDir = None,
     heatmap: str = typer.Option(defaults.HEATMAP, help=HEATMAP_HELP),
+    findings: FindingsShown = None,
     quiet: QuietOutput = False,
 ) -> None:
     r"""Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.
@@ -164,6 +167,7 @@ def diagnose_command(
     check_outputs(("--json", json_out), ("--html", html_out), overwrite=overwrite)  # before any heavy import
     check_figure_outputs(png, svg)
     probes = [parse_probe(p) for p in probe] if probe else None  # torch-free, like check_inputs
+    shown = findings_budget(findings)
     other_model = None if compare is None or _is_result_file(compare) else compare
     check_inputs(scorers=[scorer], models=[model_ref, other_model], offline=offline, revision=revision)
     from .. import METRICS, DiagnoseSettings
@@ -193,7 +197,10 @@ def diagnose_command(
     if not quiet:
         from .. import render
 
-        render(result, other, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
+        render(
+            result, other, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None,
+            findings=shown,
+        )
     # every output rendered before the first is written: one that cannot be rendered leaves none
     outputs = []
     if json_out is not None:

@@ -67,6 +67,26 @@ Strict = Annotated[bool, typer.Option("--strict", help=STRICT_HELP)]
 ICL_SIGMAS_TEXT = ",".join(f"{s:g}" for s in D.ICL_SIGMAS)
 ICL_OUTLIERS_TEXT = ",".join(f"{value:g}@{position}" for value, position in D.ICL_OUTLIERS)
 HEATMAP_HELP = r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."  # diagnose, render
+FINDINGS_HELP = (
+    f"Findings the terminal lists, N or all (default {D.FINDINGS}); the rest are counted on a last "
+    "line. JSON and HTML hold all."
+)  # diagnose, render
+FindingsShown = Annotated[str, typer.Option("--findings", metavar="all|N", help=FINDINGS_HELP)]
+
+
+def findings_budget(text: str | None) -> int | None:
+    """--findings as render() takes it: None for "all", else a count of 0 or more (default FINDINGS)."""
+    if text is None:
+        return D.FINDINGS
+    if text.strip().lower() == "all":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise UsageError(f"--findings '{text}': give all or a count of 0 or more, e.g. --findings all")
+    return count
 
 # ---- output -------------------------------------------------------------------------------------
 

@@ -15,7 +15,16 @@ from rich.console import Console
 
 from ..defaults import HEATMAP
 from ..errors import UsageError
-from .options import HEATMAP_HELP, OverwriteFiles, PngDir, QuietOutput, SvgDir, check_outputs
+from .options import (
+    HEATMAP_HELP,
+    FindingsShown,
+    OverwriteFiles,
+    PngDir,
+    QuietOutput,
+    SvgDir,
+    check_outputs,
+    findings_budget,
+)
 from .outputs import check_figure_outputs, figure_outputs, is_stdout, write_figure_outputs, write_output
 
 
@@ -33,6 +42,7 @@ def render_command(
     png: PngDir = None,
     svg: SvgDir = None,
     heatmap: str = typer.Option(HEATMAP, help=HEATMAP_HELP),
+    findings: FindingsShown = None,
     quiet: QuietOutput = False,
 ) -> None:
     r"""Render a saved `ssacli diagnose --json` RESULT as diagnose did, or export it as a table.
@@ -51,6 +61,7 @@ def render_command(
     outputs = (("--html", html_out), ("--csv", csv_out), ("--parquet", parquet_out))
     check_outputs(*outputs, overwrite=overwrite)  # before anything heavy is imported
     check_figure_outputs(png, svg)
+    shown = findings_budget(findings)
     given = [
         Path(path).expanduser().absolute() for _, path in outputs if path is not None and not is_stdout(path)
     ]
@@ -95,7 +106,9 @@ def render_command(
     else:
         figures = []
     if not quiet:
-        render(*results, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None)
+        render(
+            *results, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None, findings=shown
+        )
     for path, content in files:
         write_output(content, path, console)
     write_figure_outputs(figures, console)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..defaults import SINK_EPS
-from .findings import MAX_FINDINGS, baseline_probe, level_text
+from .findings import baseline_probe, level_text
 from .generation import EXACT_METRICS
 from .probe_result import ProbeResult, json_ready
 from .result import DiagnoseResult
@@ -96,7 +96,7 @@ def _finite_mean(values: np.ndarray) -> float | None:
     return float(finite.mean()) if finite.size else None
 
 
-# Most telling first; within a kind, in A's probe order. At most MAX_FINDINGS are kept.
+# Most telling first; within a kind, in A's probe order. All are kept (the terminal lists --findings).
 CHANGE_ORDER = ("sink_change", "baseline_collapse_change", "collapse_change", "layer_collapse_change",
                 "saturation_change", "generation_change")  # fmt: skip
 SATURATION_STEP = 0.05  # a model-mean collapse rate or max weight that moved less is not a finding
@@ -104,7 +104,7 @@ SATURATION_STEP = 0.05  # a model-mean collapse rate or max weight that moved le
 
 def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, Any]]:
     """What changed from A to B, as findings (``kind``, ``text``, and the numbers: A's under
-    ``a``, B's under ``b``): sink heads and heads collapsed at baseline, each probe's collapse point,
+    ``a``, B's under ``b``): first-token heads and heads collapsed at baseline, each probe's collapse point,
     the layers whose collapse point moved, and saturation at the common level where A and B differ
     most. Kinds in :data:`CHANGE_ORDER`, most telling first."""
     out = _baseline_changes(a, b)
@@ -126,7 +126,7 @@ def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, 
     if generating is not None:
         out.append(generating)
     out.sort(key=lambda f: CHANGE_ORDER.index(f["kind"]))
-    return out[:MAX_FINDINGS]
+    return out
 
 
 def _point_text(probe: ProbeResult, point: float | None) -> str:
@@ -138,7 +138,7 @@ def _same_point(x: float | None, y: float | None) -> bool:
 
 
 def _baseline_changes(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, Any]]:
-    """Sink heads (Gu ε) and heads collapsed at the first level, on each side's unshifted probe."""
+    """First-token heads (Gu ε) and heads collapsed at the first level, on each side's unshifted probe."""
     base_a, base_b = baseline_probe(a.probes), baseline_probe(b.probes)
     if base_a is None or base_b is None:
         return []
@@ -149,7 +149,9 @@ def _baseline_changes(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, An
         na = int(np.nansum(base_a.metrics["sink_rate"][0]))
         nb = int(np.nansum(base_b.metrics["sink_rate"][0]))
         if na != nb:
-            text = f"sink heads at baseline: {na} → {nb} {of} (Gu ε = {SINK_EPS:g})"
+            # first-token heads, not the head class "sink" (ssacli.diagnosis.findings says why)
+            text = (f"first-token heads at baseline: {na} → {nb} {of} (mean weight on the first token > "
+                    f"{SINK_EPS:g})")  # fmt: skip
             out.append({"kind": "sink_change", "a": na, "b": nb, "of_a": of_a, "of_b": of_b, "eps": SINK_EPS,
                         "text": text})  # fmt: skip
     heads_a, heads_b = base_a.baseline_collapsed_heads(), base_b.baseline_collapsed_heads()

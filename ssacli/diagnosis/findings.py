@@ -1,11 +1,13 @@
-"""Findings: the 3-8 plain-language statements a diagnose report opens with, computed from a result.
+"""Findings: the plain-language statements a diagnose report opens with, computed from a result.
 
 Each finding is a dict: ``kind`` (a stable machine-readable type), ``text`` (one sentence), and the
 numbers behind it (``probe``, ``level``, ``layers``, ``value``, …). Terminal, HTML and JSON show the
-same list (``DiagnoseResult.findings``); what changed between two runs is
+same list (``DiagnoseResult.findings``), most important first: JSON and HTML all of it, the terminal
+the first ``--findings`` (defaults.FINDINGS) and a count of the rest; what changed between two runs is
 :func:`ssacli.diagnosis.comparison.comparison_findings`, written with the helpers here.
 
-Kinds: ``degenerate``, ``sink_heads``, ``collapsed_at_baseline``, ``overflow``, ``insensitive``,
+Kinds: ``degenerate``, ``sink_heads`` (first-token heads; the kind keeps its JSON name),
+``collapsed_at_baseline``, ``overflow``, ``insensitive``,
 ``absorbed``, ``collapse``, ``outputs_broke``, ``no_collapse`` (its ``verdict``: robust, degenerate
 or unmeasured; :mod:`ssacli.diagnosis.outputs` decides), ``fading``, ``massive_activations``.
 """
@@ -34,7 +36,6 @@ from .outputs import (
 from .probe_result import COLLAPSE_SHARE, ProbeResult, nanmean
 from .probes import ActsOn
 
-MAX_FINDINGS = 8
 MASSIVE_MAGNITUDE = 100.0  # Sun et al. 2024: activations above ~100 and ~1000x the median
 MASSIVE_RATIO = 1000.0
 
@@ -90,9 +91,17 @@ def findings(
         sinks = base.metrics["sink_rate"][0]
         count = int(np.nansum(sinks))
         layers = sorted({int(layer) for layer, _ in zip(*np.nonzero(sinks == 1))})
-        text = f"{count} of {total_heads} heads are attention sinks at baseline (Gu ε = {SINK_EPS:g}" + (
-            f"; layers {span(layers)})" if layers else ")"
-        )
+        # Two measures of "sink", two names (issue 51: a BERT read "37 of 72 heads are attention sinks"
+        # here and "12 sink" in the head classes). This one is Gu et al.'s count: a head whose mean
+        # weight on the first token exceeds SINK_EPS (0.3), whatever else it does; a head can be one and
+        # local too. The head class "sink" (ssacli.diagnosis.positions) is a head that parks at least
+        # half its mass on the first k tokens, the first class that holds in a partition: what the head
+        # mostly does. Both are right for what they answer (how many heads lean on token 0; what each
+        # head is), so neither replaces the other: this one is "first-token heads" in every text.
+        text = f"{count} of {total_heads} heads are first-token heads at baseline (mean weight on the " + (
+            f"first token > {SINK_EPS:g}, Gu et al.; layers {span(layers)})" if layers
+            else f"first token > {SINK_EPS:g}, Gu et al.)"
+        )  # fmt: skip
         out.append({"kind": "sink_heads", "text": text, "probe": base.name, "level": base.levels[0],
                     "value": count, "of": total_heads, "layers": layers, "eps": SINK_EPS})  # fmt: skip
         collapsed = base.baseline_collapsed_heads()
@@ -112,12 +121,20 @@ def findings(
     massive = _massive(base)
     if massive is not None:
         out.append(massive)
-    # Most informative first: problems with the measurement, then what saturates.
-    order = ["degenerate", "overflow", "absorbed", "insensitive", "collapse", "outputs_broke",
-             "sink_heads", "collapsed_at_baseline", "fading", "massive_activations",
-             "no_collapse"]  # fmt: skip
-    out.sort(key=lambda f: order.index(f["kind"]) if f["kind"] in order else len(order))
-    return out[:MAX_FINDINGS]
+    rank = {kind: i for i, kind in enumerate(FINDING_ORDER)}
+    out.sort(key=lambda f: rank.get(f["kind"], len(rank)))
+    return out
+
+
+# Most important first, which is what the terminal keeps when it lists only some (--findings): a
+# measurement that means nothing (degenerate, overflow), then what saturates, then what is wrong with
+# the model before any shift; a probe that cannot test this model (absorbed; insensitive: n/a by
+# construction, true of any model) says nothing about the model itself, and every verdict line says it
+# again, so it comes after the model's own facts (it came before them and pushed the heads collapsed at
+# baseline and the massive activations out of an 8-line report with many probes, issue 51).
+FINDING_ORDER = ("degenerate", "overflow", "collapse", "outputs_broke", "collapsed_at_baseline",
+                 "sink_heads", "massive_activations", "absorbed", "fading", "insensitive",
+                 "no_collapse")  # fmt: skip
 
 
 def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) -> list[dict[str, Any]]:

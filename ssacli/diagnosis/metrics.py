@@ -71,8 +71,8 @@ METRICS: dict[str, MetricSpec] = {
                    "for models without learned sinks", True, True, "learned sink", "lsink"),
         MetricSpec("sink_rate",
                    f"1 if the head's mean weight on the first token exceeds {SINK_EPS} (Gu et al. 2024), "
-                   "else 0: the layer or model mean is the share of sink heads", True, True, "sink rate",
-                   "sinkr", compared=True),
+                   "else 0: the layer or model mean is the share of first-token heads (not the head "
+                   "class sink)", True, True, "first-tok", "sinkr", compared=True),
         # where the mass lands (the position terms; NaN where a run did not measure them)
         MetricSpec("sink_share", f"weight on the first k keys (k = settings.sink_k, default {SINK_K}; "
                    "StreamingLLM's initial tokens)", True, True, "sink@k", "sink@k"),

@@ -11,7 +11,9 @@ local_share, attention_distance) are per level in every probe's arrays, like eve
 Head classes (the first that applies; thresholds in ssacli.defaults, stated in every result):
 
 * ``sink``: sink_share >= CLASS_SINK_SHARE (StreamingLLM's attention sinks: mass parked on the first
-  tokens whatever their content);
+  tokens whatever their content). Not the findings' "first-token heads" (``sink_rate``, Gu et al.:
+  mean weight on token 0 > SINK_EPS, whatever else the head does): this is what the head mostly does,
+  so it counts fewer heads (ssacli.diagnosis.findings says why both are kept, under two names);
 * ``local``: local_share >= CLASS_LOCAL_SHARE (recency / previous-token heads: TransformerLens's
   head detector's previous- and current-token patterns are the extreme);
 * ``focused``: normalized entropy <= CLASS_FOCUSED_ENTROPY (sharp attention on a few keys that are

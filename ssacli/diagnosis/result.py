@@ -77,7 +77,8 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
         return {p.name: p.collapse_point() for p in self.probes if not p.skipped}
 
     def findings(self) -> list[dict[str, Any]]:
-        """3-8 plain-language statements computed from the result (see ssacli.diagnosis.findings)."""
+        """Every plain-language statement computed from the result, most important first (see
+        ssacli.diagnosis.findings); the terminal lists the first --findings of them."""
         return findings(self.probes, self.heads, self._uniform_vocab())
 
     def degenerate(self) -> dict[str, Any] | None:

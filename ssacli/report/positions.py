@@ -92,7 +92,8 @@ def position_legend(profiles: PositionProfiles) -> str:
     counts = profiles.class_counts()
     total = ", ".join(f"{counts[name]} {name}" for name in HEAD_CLASSES)
     return (
-        f"heads: {total}. Classes, the first that holds: {rules}. sink@k: weight on the first "
+        f"heads: {total}. Classes, the first that holds: {rules} (the findings' first-token heads are "
+        f"another count: weight on token 0 > {defaults.SINK_EPS:g}). sink@k: weight on the first "
         f"{profiles.sink_k} tokens; boost: that over what uniform weights give them; local: weight "
         f"within {defaults.LOCAL_DISTANCE} tokens; distance: mean |i − j|. Most received past k: the "
         f"head whose key bin past the first k gets the largest mean share (keys, share, × over uniform); "

@@ -15,10 +15,10 @@ from pathlib import Path
 from rich.console import Console
 
 from ..check.requirements import SCHEMA as CHECK_SCHEMA
-from ..defaults import HEATMAP
+from ..defaults import FINDINGS, HEATMAP
 from ..diagnosis.comparison import COMPARISON_SCHEMA
 from ..diagnosis.result import SCHEMA, DiagnoseResult, read_json_file
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..quality.result import REPORT_SCHEMA
 from .html import comparison_html, diagnose_html
 from .summary import pick_heatmap
@@ -51,16 +51,22 @@ def render(
     console: Console | None = None,
     heatmap_metric: str = HEATMAP,
     heatmap_probe: str | None = None,
+    findings: int | None = FINDINGS,
 ) -> None:
-    """Print ``result``'s terminal report as ``ssacli diagnose`` does (verdict, facts, findings,
-    tables, heatmap of ``heatmap_metric`` [at ``heatmap_probe``]), or with ``other`` the comparison
-    of the two (A = ``result``, B = ``other``), as ``diagnose --compare`` does."""
+    """Print ``result``'s terminal report as ``ssacli diagnose`` does (verdict, facts, the first
+    ``findings`` findings (None: all) and a count of the rest, tables, heatmap of ``heatmap_metric``
+    [at ``heatmap_probe``]), or with ``other`` the comparison of the two (A = ``result``, B =
+    ``other``), as ``diagnose --compare`` does."""
+    if findings is not None and (isinstance(findings, bool) or not isinstance(findings, int) or findings < 0):
+        raise UsageError(f"findings={findings!r}: give a count of 0 or more, or None for all")
     console = console or Console()
     if other is not None:
-        render_comparison(result, other, console)
+        render_comparison(result, other, console, findings)
         return
     pick_heatmap(result, heatmap_metric, heatmap_probe)  # a bad metric or probe fails before printing
-    render_diagnose(result, console, heatmap_metric=heatmap_metric, heatmap_probe=heatmap_probe)
+    render_diagnose(
+        result, console, heatmap_metric=heatmap_metric, heatmap_probe=heatmap_probe, findings=findings
+    )
 
 
 def render_html(result: DiagnoseResult, other: DiagnoseResult | None = None) -> str:

@@ -18,7 +18,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..defaults import HEATMAP
+from ..defaults import FINDINGS, HEATMAP
 from ..diagnosis.comparison import common_levels, comparison_findings, generation_comparison
 from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
@@ -97,8 +97,10 @@ def render_diagnose(
     heatmap_metric: str = HEATMAP,
     heatmap_probe: str | None = None,
     top: int = 5,
+    findings: int | None = FINDINGS,
 ) -> None:
-    """The verdict (one line per probe, most severe first), summary panel, the findings, one table
+    """The verdict (one line per probe, most severe first), summary panel, the first ``findings``
+    findings (None: all) and a count of the rest, one table
     per probe (split to fit the width), the heads collapsed at baseline, a layer × head grid of
     per-head collapse points and a heatmap at the level where heads differ most, the most
     saturated heads."""
@@ -106,9 +108,9 @@ def render_diagnose(
     if verdicts:
         console.print(verdict_panel(verdicts))
     console.print(facts_panel(summary_facts(result), "ssacli diagnose"))
-    findings = summary_findings(result)
-    if findings:
-        console.print(findings_panel(findings))
+    texts = summary_findings(result)
+    if texts:
+        console.print(findings_panel(texts, findings))
     for probe in result.probes:
         if probe.skipped:
             console.print(Text(f"{probe.name}: skipped — {probe.note or 'no countable rows'}", style="dim"))
@@ -183,18 +185,26 @@ def paired_verdict_panel(a: DiagnoseResult, b: DiagnoseResult) -> Panel:
     return Panel(grid, title="verdict (A, B)", title_align="left", expand=False)
 
 
-def findings_panel(findings: list[str]) -> Panel:
+def findings_panel(findings: list[str], budget: int | None = FINDINGS) -> Panel:
+    """The first ``budget`` findings (None: all), most important first, and a last line counting the
+    rest, so none is dropped without a word (JSON and HTML hold them all)."""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
-    for text in findings:
+    shown = findings if budget is None else findings[:budget]
+    for text in shown:
         grid.add_row("•", Text(text))
+    if len(findings) > len(shown):
+        grid.add_row("", Text(f"and {len(findings) - len(shown)} more: --findings all", style="dim"))
     return Panel(grid, title="findings", title_align="left", expand=False)
 
 
-def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) -> None:
-    """A panel naming A and B, then per shared probe A, B and Δ = B − A of the key metrics on the
-    levels both swept, and both collapse points."""
+def render_comparison(
+    a: DiagnoseResult, b: DiagnoseResult, console: Console, findings: int | None = FINDINGS
+) -> None:
+    """A panel naming A and B, the first ``findings`` changes (None: all) and a count of the rest,
+    then per shared probe A, B and Δ = B − A of the key metrics on the levels both swept, and both
+    collapse points."""
     facts = [
         ("A", f"{a.model} · {a.scorer} · {a.route}"),
         ("B", f"{b.model} · {b.scorer} · {b.route}"),
@@ -205,7 +215,7 @@ def render_comparison(a: DiagnoseResult, b: DiagnoseResult, console: Console) ->
     console.print(facts_panel(facts, "ssacli diagnose: comparison"))
     changes = [f["text"] for f in comparison_findings(a, b)]
     if changes:
-        console.print(findings_panel(changes))
+        console.print(findings_panel(changes, findings))
     names_b = {p.name for p in b.probes}
     for pa in a.probes:
         if pa.name not in names_b:

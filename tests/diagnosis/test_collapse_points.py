@@ -174,7 +174,7 @@ def test_compare_says_what_changed_with_the_numbers(runs):
     count_a, count_b = int((sinks_a[0] > SINK_EPS).sum()), int((sinks_b[0] > SINK_EPS).sum())
     assert sinks_b[0][1, 0] > 0.9 and count_b == count_a + 1
     assert (found["sink_change"]["a"], found["sink_change"]["b"]) == (count_a, count_b)
-    assert f"sink heads at baseline: {count_a} → {count_b} of 8" in found["sink_change"]["text"]
+    assert f"first-token heads at baseline: {count_a} → {count_b} of 8" in found["sink_change"]["text"]
     # Collapsed before any shift: A's head scaled × 64 in layer 0, B's planted sink in layer 1.
     base_a, base_b = (np.argwhere(rates[0] >= 0.5).tolist() for rates in (rates_a, rates_b))
     assert (base_a, base_b) == ([[0, 3]], [[1, 0]])
