@@ -35,10 +35,11 @@ TOL = 1e-5
 
 
 # Re-audited on every run even while the record is current: a decoder, an encoder, an
-# encoder-decoder, the learned-sink family, the families that take eager's float mask (a path of
-# ssacli's own that only they reach), and the first refused and first not-buildable family of the
-# record (the audit's other two outcomes). The record cannot see the CPU; these rows can.
-SAMPLE = ("llama", "bert", "t5", "gpt_oss", *EAGER_MASK_FAMILIES)
+# encoder-decoder, the learned-sink family, the paths of ssacli's own that only some families reach
+# (eager's float mask; a sink logit per query row with a sliding window: inkling2_text), and the first
+# refused and first not-buildable family of the record (the audit's other two outcomes). The record
+# cannot see the CPU; these rows can.
+SAMPLE = ("llama", "bert", "t5", "gpt_oss", "inkling2_text", *EAGER_MASK_FAMILIES)
 
 
 @pytest.fixture(scope="module")
