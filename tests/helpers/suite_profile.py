@@ -2,10 +2,11 @@
 
     python -m pytest -p tests.helpers.suite_profile --suite-profile=profile.json
 
-It records, for every test module, the seconds its tests took (setup, call and teardown), the number of
-processes its tests started (``subprocess.Popen`` and ``multiprocessing`` spawns, counted in the
-worker that ran the test) and the seconds pytest spent importing it at collection (what importing it
-added on top of the modules imported before it). Under pytest-xdist each worker writes its own part;
+It records, for every test module, the seconds its tests took (setup, call and teardown), the
+number of processes its tests started through ``subprocess.Popen`` in the worker that ran them (not
+``multiprocessing``'s spawns, which do not go through it, nor what those processes start in turn)
+and the seconds pytest spent importing it at collection (what importing it added on top of the
+modules imported before it). Under pytest-xdist each worker writes its own part;
 ``python -m tests.helpers.suite_profile profile.json`` merges them into a table, slowest module first.
 Nothing here changes what a test does: it wraps Popen.__init__ to count, and calls the original.
 """
@@ -40,7 +41,7 @@ def pytest_configure(config):
         _processes[_current[0] or "(collection)"] += 1
         original(self, *args, **kwargs)
 
-    subprocess.Popen.__init__ = counting_init  # multiprocessing's spawn goes through it too
+    subprocess.Popen.__init__ = counting_init
 
 
 def pytest_collectstart(collector):
