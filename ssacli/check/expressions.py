@@ -104,7 +104,10 @@ class Requirement:
         return values[:, _pick(self.heads, values.shape[1], "head", self.text)]
 
     def worst_head(self, result: DiagnoseResult) -> tuple[int, int, float] | None:
-        """(layer, head, value) of the most saturated selected head at this level (None if undefined)."""
+        """(layer, head, value) of the selected head furthest past the bound at this level: the largest
+        for ``<=`` / ``<``, the smallest for ``>=`` / ``>``, the most saturated for ``==`` (None if
+        undefined). The bound's direction decides, not the metric's: an upper bound on entropy fails
+        on the most uniform head, not on the most saturated one."""
         probe = result.probe(self.probe)
         index = self._index(probe)
         if index is None or self.metric not in probe.metrics:  # quality metrics have no heads
@@ -112,7 +115,12 @@ class Requirement:
         values = self._selected(probe, index)
         if not np.isfinite(values).any():
             return None
-        sign = -1.0 if self.direction == "low" else 1.0
+        if self.op in ("<=", "<"):
+            sign = 1.0
+        elif self.op in (">=", ">"):
+            sign = -1.0
+        else:
+            sign = -1.0 if self.direction == "low" else 1.0
         flat = int(np.nanargmax(np.where(np.isfinite(values), sign * values, -np.inf)))
         layer, head = np.unravel_index(flat, values.shape)
         layer0 = self.layers[0] if self.layers else 0

@@ -257,6 +257,22 @@ def test_requirement_failure_names_the_worst_head():
     assert not outcome.passed and f"worst: layer {layer} head {head}" in outcome.message
 
 
+@pytest.mark.parametrize("op", ["<=", ">="])
+def test_the_worst_head_is_the_one_past_the_bound_whatever_the_metric(op):
+    """An upper bound on entropy (high = spread out, the metric's good side) fails on the most
+    uniform head, a lower bound on the most saturated one: "worst" follows the bound, and names the
+    head the eager result's own grid says is furthest past it."""
+    result = diagnose("builtin:every-softmax", ["dominant-key:0,16"], samples=2)
+    grid = result.probe("dominant-key").metrics["entropy"][1]
+    finite = grid[np.isfinite(grid)]
+    bound = float(finite.min()) - 1 if op == "<=" else float(finite.max()) + 1  # every head fails
+    outcome = parse_requirement(f"entropy@dominant-key:16 max {op} {bound}").evaluate(result)
+    pick = np.nanargmax(grid) if op == "<=" else np.nanargmin(grid)
+    layer, head = np.unravel_index(int(pick), grid.shape)
+    worst = f"worst: layer {layer} head {head} = {grid[layer, head]:.4g}"
+    assert not outcome.passed and worst in outcome.message, outcome.message
+
+
 # ---- outputs first, exit codes, check --init ---------------------------------------------------------
 
 
