@@ -78,11 +78,13 @@ def break_lm_head(model: nn.Module, seed: int = 0) -> None:
         model.config.tie_word_embeddings = False
 
 
-# Graded damage, mildest first within each kind: what docs/ci.md's gate table applies.
+# Graded damage, mildest first within each kind: what docs/ci.md's gate table applies. The last one
+# sharpens attention instead: a model made more prone to saturate, which the output-change gates are for.
 DAMAGE: dict[str, Callable[[nn.Module], None]] = {
     "temperature 1.5 (every head)": lambda m: temper(m, 1.5),
     "temperature 3 (every head)": lambda m: temper(m, 3.0),
     "half the heads uniform": lambda m: uniform_heads(m, 0.5),
     "uniform attention (every head)": lambda m: uniform_heads(m, 1.0),
     "broken LM head (rows permuted)": break_lm_head,
+    "temperature 1/2 (every head: sharper)": lambda m: temper(m, 0.5),
 }
