@@ -30,17 +30,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2LMHeadModel, pipe
 import ssacli
 import ssacli.transformers
 from ssacli.models.checkpoint import ORIGINAL_TYPE_KEY, saved_config
-from ssacli.models.guard import ATTENTION_KEY, GUARD_NOTE_KEY, LAYOUT_KEY, attention_layout
+from ssacli.models.guard import ATTENTION_KEY, GUARD_NOTE_KEY, LAYOUT_KEY, attention_layout, guarded_type
 from ssacli.models.references import resolve_model_path
 from ssacli.train.finetune import FinetuneConfig
 from ssacli.train.recipe import RecipeConfig, convert_with_recipe
 from tests.helpers.models import build_model
-from tests.helpers.plain_transformers import EXPLICIT, IDS, WAYS, plain_loads
+from tests.helpers.plain_transformers import EXPLICIT, IDS, NEEDS, WAYS, plain_loads, refuses_naming_ssacli
 
 MODEL = "builtin:wikitext-softmax"
 MOVED = ("ssa", "finetune", "recipe", "train", "gpt2")  # folders whose scorer is not softmax
-REFUSAL = 'attn_implementation="ssacli"'  # what transformers' refusal says, naming ssacli
-NEEDS = "import ssacli"  # what every Auto class's and pipeline's refusal must say (issue 51)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -101,12 +99,11 @@ def softmax_logits(folder: Path, dtype: str = "float32") -> torch.Tensor:
 
 
 def test_without_ssacli_no_auto_class_runs_a_moved_scorer_as_softmax(folders, tmp_path):
-    result = plain_loads([folders[k] for k in (*MOVED, "faithful")], tmp_path, register=False)
+    result = plain_loads([folders[k] for k in (*MOVED, "faithful")], tmp_path, register=False, explicit=True)
     for kind in MOVED:
         outcomes = result[str(folders[kind])]
-        for way in ("AutoConfig", "AutoModelForCausalLM", "pipeline", *EXPLICIT[:3]):
-            assert NEEDS in outcomes[way].get("refused", ""), (kind, way, outcomes[way])
-        assert REFUSAL in outcomes["concrete"].get("refused", ""), (kind, outcomes["concrete"])
+        for way in [w for w in (*WAYS, *EXPLICIT) if w != "concrete:sdpa"]:
+            assert refuses_naming_ssacli(way, outcomes[way]), (kind, way, outcomes[way])
         # The concrete class given "sdpa" reads config.json whatever its model type: the softmax
         # model, with transformers' warning quoting the guarded type (README, docs/convert.md)
         outcome = outcomes["concrete:sdpa"]
@@ -257,6 +254,7 @@ def test_ssacli_save_model_writes_a_plain_loaded_model_with_its_scorers_and_the_
     model = GPT2LMHeadModel.from_pretrained(folders["gpt2"]).eval()  # never run: no scorer attached yet
     out = ssacli.save_model(model, tmp_path / "again")
     config = json.loads((out / "config.json").read_text())
-    assert config[ATTENTION_KEY] == "ssacli"
+    guard = (config[ATTENTION_KEY], config["model_type"], config[ORIGINAL_TYPE_KEY])
+    assert guard == ("ssacli", guarded_type("gpt2"), "gpt2")
     assert config[LAYOUT_KEY] == {"GPT2Attention": "transformer.h.{layer}.attn"}
     torch.testing.assert_close(reference_logits(out), reference_logits(folders["gpt2"]), rtol=0, atol=0)
