@@ -2,7 +2,7 @@
 ``AutoModelForCausalLM.from_pretrained(DIR)``, a concrete class or ``pipeline``): its scorers.
 
 transformers has no hook that runs ssacli's code when it builds a model: config.json's
-``attn_implementation: "ssacli"`` (:mod:`.guard`, layout 2) only makes every attention module call
+``attn_implementation: "ssacli"`` (:mod:`.guard`, layouts 2 and 3) only makes every attention module call
 ssacli's registered function. So each module gets its scorer there, on its first call
 (:func:`scorer_on_first_use`, which ``ssacli.transformers`` hands to
 :func:`ssacli.attention.forward.ssacli_attention_forward`): the

@@ -122,7 +122,9 @@ def main(out: Path, register: bool | str, folders: list[str], explicit: bool = F
                 outcomes[way] = {"config": loaded._attn_implementation}
                 continue
             with torch.no_grad():
-                logits = loaded(torch.tensor(IDS), use_cache=False).logits.contiguous()
+                output = loaded(torch.tensor(IDS), use_cache=False)
+                logits = getattr(output, "logits", None)  # AutoModel: the hidden states
+                logits = (output.last_hidden_state if logits is None else logits).contiguous()
             name = f"{index}-{number}.safetensors"
             save_file({"logits": logits}, out / name)
             outcomes[way] = {"logits": name, "dtype": str(logits.dtype).removeprefix("torch."),

@@ -90,6 +90,19 @@ def test_the_guard_is_a_model_type_and_an_attention_only_ssacli_registers(folder
     assert not hasattr(config, ORIGINAL_TYPE_KEY)
 
 
+def test_import_ssacli_registers_the_guarded_type_of_every_family_as_its_original():
+    """AutoConfig (this process imported ssacli) maps every guarded type back to the original's
+    own config class, so no model, config or model_type of the guarded name exists at run time."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    from ssacli.transformers_hook import GuardedConfig
+
+    assert all(CONFIG_MAPPING[guarded_type(family)] is GuardedConfig for family in CONFIG_MAPPING_NAMES)
+    config = AutoConfig.from_pretrained(resolve_model_path("builtin:wikitext-ssa"))
+    assert type(config).__name__ == "LlamaConfig" and config.model_type == "llama"
+    assert config._attn_implementation == "ssacli" and not hasattr(config, ORIGINAL_TYPE_KEY)
+
+
 def softmax_logits(folder: Path, dtype: str = "float32") -> torch.Tensor:
     """The folder's weights with softmax attention: what a load that ignored the scorer computes."""
     loaded = ssacli.load_model(str(folder), device="cpu", dtype=dtype)
