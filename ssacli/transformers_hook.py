@@ -25,7 +25,7 @@ import importlib.abc
 import sys
 import warnings
 
-from .models.guard_type import guarded_type, plain_config_dict
+from .models.guard_type import guarded_type, keep_guard, plain_config_dict
 
 NAME = "ssacli"  # ssacli.models.guard.ATTENTION_NAME (not imported: that module needs torch)
 MODELING = "transformers.modeling_utils"  # holds the attention registry; every model load imports it
@@ -70,15 +70,17 @@ class GuardedConfig:
     type's own config (``LlamaConfig``) with the folder's other keys, ``attn_implementation:
     "ssacli"`` among them, so every Auto class and pipeline then builds the original architecture
     with ssacli's attention, as from a folder of guard layout 2. Not a config class itself (one
-    class serves every family, and no code sees an instance): the model, its config and what
-    ``save_pretrained`` writes are the original type's."""
+    class serves every family, and no code sees an instance): the model and its config are the
+    original type's, and the config writes the guard back when saved (:func:`keep_guard`)."""
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
         plain = plain_config_dict(config_dict)
-        return CONFIG_MAPPING[plain["model_type"]].from_dict(plain, **kwargs)
+        built = CONFIG_MAPPING[plain["model_type"]].from_dict(plain, **kwargs)
+        keep_guard(built[0] if isinstance(built, tuple) else built, NAME)  # (config, unused kwargs)
+        return built
 
 
 def register_configs() -> None:

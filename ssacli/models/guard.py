@@ -13,7 +13,9 @@ folder with a saved scorer, which they are):
   Without ssacli, ``AutoConfig``, every ``AutoModel*`` and ``pipeline`` refuse the folder whatever
   ``attn_implementation`` is passed, with a message quoting that type (:mod:`.guard_type` says why
   this mechanism). ``import ssacli`` registers the type (:mod:`ssacli.transformers_hook`): AutoConfig
-  then builds the original type's config with layout 2's keys, so the model is built as in layout 2.
+  then builds the original type's config with layout 2's keys, so the model is built as in layout 2;
+  that config writes the guard back when saved while the model runs ssacli's attention
+  (:func:`.guard_type.keep_guard`), so ``model.save_pretrained`` keeps it.
   The concrete class (``LlamaForCausalLM``) reads config.json whatever its model_type (transformers
   only warns, quoting the type): without ``attn_implementation=`` it refuses as in layout 2; with an
   explicit ``attn_implementation="sdpa"`` or ``"eager"`` it builds the softmax model, and only the
@@ -43,18 +45,18 @@ from torch import nn
 from ..attention.interface import ATTENTION_NAME, attention_modules
 from ..errors import InputError
 from .guard_type import (  # noqa: F401 (layouts 1 and 3's names, torch-free there; re-exported)
+    ATTENTION_KEY,
     GUARDED_TYPE_PREFIX,
     GUARDED_TYPE_SUFFIX,
     ORIGINAL_TYPE_KEY,
     guarded_type,
     is_guarded_type,
+    keep_guard,
     plain_config_dict,
 )
 
-# layout 2: transformers' own key for the attention implementation (read from config.json by
-# PreTrainedConfig, never written back by save_pretrained), and where each attention class's modules
-# sit in the state dict: {class name: module name with "{layer}" for its layer_idx}
-ATTENTION_KEY = "attn_implementation"
+# layouts 2 and 3: where each attention class's modules sit in the state dict: {class name: module
+# name with "{layer}" for its layer_idx} (ATTENTION_KEY, the implementation's key: .guard_type)
 LAYOUT_KEY = "ssacli_attention"
 LAYER_FIELD = "{layer}"
 # all layouts

@@ -65,7 +65,12 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     # a tiny GPT-2 with 10x the default init spread: logits far from zero, where SSA is not softmax
     gpt2, _ = ssacli.convert(build_model("gpt2", initializer_range=0.2), "ssa:b=0.3,n=4")
     ssacli.save_model(gpt2, root / "gpt2")
-    kinds = {name: root / name for name in ("faithful", "ssa", "finetune", "recipe", "gpt2")}
+    # plain transformers' own save (after import ssacli) of the recipe's model, run once
+    plain = AutoModelForCausalLM.from_pretrained(root / "recipe", dtype=torch.float32)
+    with torch.no_grad():
+        plain(torch.tensor(IDS))
+    plain.save_pretrained(root / "saved")
+    kinds = {name: root / name for name in ("faithful", "ssa", "finetune", "recipe", "gpt2", "saved")}
     return {**kinds, "train": resolve_model_path("builtin:wikitext-ssa")}  # written by `ssacli train`
 
 
@@ -112,11 +117,14 @@ def softmax_logits(folder: Path, dtype: str = "float32") -> torch.Tensor:
 
 
 def test_without_ssacli_no_auto_class_runs_a_moved_scorer_as_softmax(folders, tmp_path):
-    result = plain_loads([folders[k] for k in (*MOVED, "faithful")], tmp_path, register=False, explicit=True)
-    for kind in MOVED:
+    kinds = (*MOVED, "saved", "faithful")
+    result = plain_loads([folders[k] for k in kinds], tmp_path, register=False, explicit=True)
+    for kind in (*MOVED, "saved"):  # saved: model.save_pretrained of a model built with ssacli
         outcomes = result[str(folders[kind])]
         for way in [w for w in (*WAYS, *EXPLICIT) if w != "concrete:sdpa"]:
             assert refuses_naming_ssacli(way, outcomes[way]), (kind, way, outcomes[way])
+        if kind == "saved":
+            continue
         # The concrete class given "sdpa" reads config.json whatever its model type: the softmax
         # model, with transformers' warning quoting the guarded type (README, docs/convert.md)
         outcome = outcomes["concrete:sdpa"]
@@ -193,6 +201,42 @@ def test_pipeline_generates_what_the_model_generates(folders):
     with torch.no_grad():
         out = loaded.model.generate(ids, max_new_tokens=8, do_sample=False)
     assert text == loaded.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_save_pretrained_keeps_the_guard_and_round_trips(folders, tmp_path):
+    """``model.save_pretrained`` of a model built with ssacli's attention writes the guard back and
+    the scorers' tensors with the weights: reloaded, the same model (the fixture saved the recipe's
+    through AutoModelForCausalLM; without ssacli every Auto way refuses it: the test above). The
+    concrete class's config keeps it too once its scorers are attached; after ssacli.restore the
+    model is the softmax one, and saves as such."""
+    import copy
+    import pickle
+
+    from transformers import LlamaForCausalLM
+
+    config = json.loads((folders["saved"] / "config.json").read_text())
+    guard = (config["model_type"], config[ORIGINAL_TYPE_KEY], config[ATTENTION_KEY])
+    assert guard == (guarded_type("llama"), "llama", "ssacli")
+    again = AutoModelForCausalLM.from_pretrained(folders["saved"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = again(torch.tensor(IDS), use_cache=False).logits
+    assert relative_error(logits, reference_logits(folders["recipe"])) <= 1e-6
+    assert (
+        type(pickle.loads(pickle.dumps(again.config)))
+        is type(copy.deepcopy(again.config))
+        is type(again.config)
+    )
+
+    concrete = LlamaForCausalLM.from_pretrained(folders["recipe"]).eval()
+    ssacli.transformers.attach(concrete)
+    concrete.save_pretrained(tmp_path / "concrete")
+    assert json.loads((tmp_path / "concrete" / "config.json").read_text())["model_type"] == guarded_type(
+        "llama"
+    )
+    ssacli.restore(concrete)
+    concrete.save_pretrained(tmp_path / "softmax")
+    config = json.loads((tmp_path / "softmax" / "config.json").read_text())
+    assert config["model_type"] == "llama" and ATTENTION_KEY not in config
 
 
 def test_attach_gives_the_scorers_before_any_forward_and_restore_goes_back_to_softmax(folders):
