@@ -1,4 +1,4 @@
-"""Converted folders in plain transformers (issue 38, items 0-2).
+"""Converted folders in plain transformers (issue 38, items 0-2; issue 51, item 6).
 
 0. No folder whose scorer moved loads as softmax through an Auto class or pipeline: for every
    kind of folder ssacli writes (convert with a non-faithful spec, finetune, the recipe, train, a
@@ -11,6 +11,8 @@
    learned values: logits equal to ssacli.load_model(DIR)'s.
 2. Generation through that path is exact: greedy decoding with the KV cache gives the tokens and,
    at every step, the logits of a full recomputation without cache.
+3. ``model.save_pretrained`` of a model built with ssacli's attention keeps the guard and reloads as
+   the same model (issue 51).
 
 Folders in the layouts written before (model_type ``ssacli-<type>``; the original model_type with
 ``attn_implementation: "ssacli"`` alone) still load through ssacli, and the second through Auto
