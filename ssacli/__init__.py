@@ -53,9 +53,9 @@ The public API (the CLI is a thin layer over it: every command is one of these c
 
 Every name but the errors and ``__version__`` is loaded on first use (PEP 562): ``import ssacli``
 imports neither torch nor transformers, so the CLI can refuse bad options in well under a second.
-It does register ssacli's attention with transformers, at once if transformers is imported, else as
-soon as its modeling code is (:mod:`ssacli.transformers_hook`): converted folders then load in plain
-transformers.
+It does register ssacli's attention and the model types of converted folders with transformers, at
+once if transformers is imported, else as soon as its modules are (:mod:`ssacli.transformers_hook`):
+converted folders then load in plain transformers.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Converted folders in plain transformers: ssacli's attention registered with transformers.
 
 A folder whose scorer is not softmax (after ``ssacli convert --finetune``, any training, a conversion
-that missed its fidelity target) says ``attn_implementation: "ssacli"`` in its config.json
-(:mod:`ssacli.models.guard`). Without ssacli, transformers refuses to build it ("Specified
-`attn_implementation="ssacli"` is not supported"): never softmax, another model. After this import,
+that missed its fidelity target) declares the model type ``<type> (needs import ssacli)`` and
+``attn_implementation: "ssacli"`` in its config.json (:mod:`ssacli.models.guard`). Without ssacli,
+transformers' Auto classes and pipeline refuse it (an unknown model type, quoted in the message) and
+the concrete class refuses to build it ("Specified `attn_implementation="ssacli"` is not
+supported") unless given an explicit ``attn_implementation=``. After this import,
 ``AutoModelForCausalLM.from_pretrained(DIR)``, the concrete class (``LlamaForCausalLM``) and
 ``pipeline("text-generation", model=DIR)`` build it with its scorer and the learned values:
 

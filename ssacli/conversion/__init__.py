@@ -57,7 +57,8 @@ def save_model(
     run's best/ folder (:data:`ssacli.models.checkpoint.BEST_DIR`); ``carry`` names sub-folders of
     the current ``out`` the new one keeps (a recipe's stages/). ICL models take neither. A model in
     memory is saved as it is (one that plain transformers built from a converted folder with its
-    scorers attached first: ``model.save_pretrained`` would write neither them nor the guard)."""
+    scorers attached first, in ssacli's format: ``model.save_pretrained`` writes transformers' own,
+    which only plain transformers reloads, :func:`ssacli.models.guard.keep_guard`)."""
     loaded = as_loaded(loaded)
     out = Path(out).expanduser()
     check_out(out, loaded.path, overwrite)

@@ -8,10 +8,11 @@ the rest of the folder has:
   ordinary ``save_pretrained`` folder plus the parts below. Plain transformers loads it as the
   original architecture, with softmax attention, only where that is the same model
   (:func:`plain_loadable`: softmax, or a faithful conversion not trained since); any other folder's
-  config.json is guarded (:mod:`.guard`, which owns that part of the format: since issue 38
-  ``attn_implementation: "ssacli"``, which plain transformers refuses unless ``import
-  ssacli.transformers`` registered it, and then loads with the scorer; before, model_type
-  ``ssacli-<type>``, still read: :func:`saved_config` reads both layouts);
+  config.json is guarded (:mod:`.guard`, which owns that part of the format: since issue 51
+  model_type ``<type> (needs import ssacli)`` and ``attn_implementation: "ssacli"``, which plain
+  transformers' Auto classes refuse unless ``import ssacli`` registered them, and then load with
+  the scorer; before, the second alone, and before issue 38 model_type ``ssacli-<type>``, both
+  still read: :func:`saved_config` reads all three layouts);
 
   - ``ssacli.json``: ``{"format", "format_version", "scorer": SPEC, "source"?, "fidelity"?,
     "training"?, …}``;
@@ -77,10 +78,12 @@ from .hub import quiet_progress
 
 MODEL_FORMAT = "ssacli-model"
 ICL_FORMAT = "ssacli-icl"
-# The newest version of each this ssacli reads. The model format stays 1 across issue 38's change of
-# config.json's guard (model_type ssacli-<type> -> attn_implementation "ssacli", .guard): ssacli.json
-# did not change, both guards are read, and an ssacli that knows only the old one reads a new folder
-# as an unguarded folder with a saved scorer, which it is (only plain transformers needed the change).
+# The newest version of each this ssacli reads. The model format stays 1 across issues 38 and 51's
+# changes of config.json's guard (model_type ssacli-<type> -> attn_implementation "ssacli" -> both
+# a guarded model_type and that, .guard): ssacli.json did not change, every guard is read, and an
+# ssacli that knows only an older one reads a newer folder as a folder with a saved scorer, which it
+# is (layout 3 keeps layout 1's ORIGINAL_TYPE_KEY, which every earlier ssacli maps back; only plain
+# transformers needed the changes).
 FORMAT_VERSIONS = {MODEL_FORMAT: 1, ICL_FORMAT: 1}
 SCORER_FILE = "ssacli_scorer.safetensors"
 WEIGHTS_FILE = "model.safetensors"  # an ICL folder's weights (transformers names its own the same)

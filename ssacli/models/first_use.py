@@ -2,7 +2,7 @@
 ``AutoModelForCausalLM.from_pretrained(DIR)``, a concrete class or ``pipeline``): its scorers.
 
 transformers has no hook that runs ssacli's code when it builds a model: config.json's
-``attn_implementation: "ssacli"`` (:mod:`.guard`, layout 2) only makes every attention module call
+``attn_implementation: "ssacli"`` (:mod:`.guard`, layouts 2 and 3) only makes every attention module call
 ssacli's registered function. So each module gets its scorer there, on its first call
 (:func:`scorer_on_first_use`, which ``ssacli.transformers`` hands to
 :func:`ssacli.attention.forward.ssacli_attention_forward`): the
@@ -21,8 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ..attention.forward import SCORER_ATTR
@@ -36,8 +35,8 @@ from ..attention.interface import (
 )
 from ..errors import InputError
 from ..scorers import Scorer, make_scorer
-from .checkpoint import SCORER_FILE, SCORER_KEY
-from .guard import LAYER_FIELD, LAYOUT_KEY
+from .checkpoint import SCORER_FILE, SCORER_KEY, WEIGHTS_FILE
+from .guard import LAYER_FIELD, LAYOUT_KEY, keep_guard
 
 
 def _no_scorer(module: nn.Module, why: str) -> RuntimeError:
@@ -50,10 +49,14 @@ def _no_scorer(module: nn.Module, why: str) -> RuntimeError:
 
 def _scorer_file(config) -> Path:
     """The SCORER_FILE of the folder the model was loaded from (config.name_or_path: a folder, or a
-    Hub id resolved through transformers' cache)."""
+    Hub id resolved through transformers' cache). A local folder without one that has a single
+    WEIGHTS_FILE: that file, which holds the scorers' tensors when ``model.save_pretrained`` wrote
+    the folder from a model with its scorers attached (its config keeps the guard: ``keep_guard``)."""
     source = str(getattr(config, "name_or_path", "") or "")
     if os.path.isdir(source):
-        return Path(source) / SCORER_FILE
+        folder = Path(source)
+        own, weights = folder / SCORER_FILE, folder / WEIGHTS_FILE
+        return weights if not own.is_file() and weights.is_file() else own
     from transformers.utils import cached_file
 
     try:
@@ -67,10 +70,12 @@ def _scorer_file(config) -> Path:
 
 @lru_cache(maxsize=8)
 def _read(file: str, stamp: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """SCORER_FILE's tensors, read once per file version (``stamp``: its mtime and size)."""
+    """The scorers' tensors in ``file`` (SCORER_FILE, or the model's weights: only those are read),
+    read once per file version (``stamp``: its mtime and size)."""
     try:
-        with torch.inference_mode(False):  # ordinary tensors even when read under inference mode
-            return load_file(file)
+        with torch.inference_mode(False), safe_open(file, framework="pt") as tensors:
+            # ordinary tensors even when read under inference mode
+            return {key: tensors.get_tensor(key) for key in tensors.keys() if SCORER_KEY in key}
     except (OSError, SafetensorError) as err:
         raise InputError(f"cannot read {file} ({err}); the file is corrupt or truncated") from None
 
@@ -100,6 +105,12 @@ def saved_scorer(module: nn.Module, device: torch.device | None) -> Scorer:
                 raise InputError(f"{file.parent} has no {SCORER_FILE} for scorer '{spec}'") from None
             tensors = _read(str(file), (stat.st_mtime_ns, stat.st_size))
             own = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            if not tensors and file.name == WEIGHTS_FILE:  # model.save_pretrained before any forward
+                raise InputError(
+                    f"{file.parent} has no {SCORER_FILE} and its weights hold no scorer for '{spec}': "
+                    "save a model with ssacli.save_model(model, DIR) (model.save_pretrained writes the "
+                    "scorers only once they are attached: ssacli.transformers.attach(model))"
+                )
             if set(own) != expected:
                 raise InputError(
                     f"{file} does not match scorer '{spec}' at {prefix.rstrip('.')} (expected "
@@ -117,6 +128,7 @@ def scorer_on_first_use(module: nn.Module, device: torch.device) -> Scorer:
     function's answer to a module without one."""
     scorer = saved_scorer(module, device)
     setattr(module, SCORER_ATTR, scorer)
+    keep_guard(module.config, ATTENTION_NAME)  # the concrete class's config too (Auto's already does)
     return scorer
 
 
@@ -132,6 +144,7 @@ def attach_pending(model: nn.Module) -> nn.Module:
     for name, module in attention_modules(model):
         if getattr(module, SCORER_ATTR, None) is None:
             setattr(module, SCORER_ATTR, saved_scorer(module, execution_device(model, name)))
+    keep_guard(config, ATTENTION_NAME)
     if not hasattr(model, ORIGINAL_ATTR):  # what ssacli.restore goes back to, as after load_model
         setattr(model, ORIGINAL_ATTR, "eager")
     return model

@@ -3,23 +3,35 @@
 
 A folder may load in plain transformers as the original architecture, with softmax, only where
 that is the same model (:func:`plain_loadable`). Any other folder's config.json is guarded
-(:func:`guard_config`) so that no plain transformers path runs it as softmax. Two layouts of the
-guard exist; ssacli reads both (:func:`saved_config`), and ssacli.json's format_version stays 1
-(ssacli.json did not change, and an ssacli that knows only layout 1 reads layout 2 as an ordinary
-folder with a saved scorer, which it is):
+(:func:`guard_config`) so that no plain transformers path runs it as softmax. Three layouts of the
+guard exist; ssacli reads all three (:func:`saved_config`), and ssacli.json's format_version stays 1
+(ssacli.json did not change, and an ssacli that knows only layout 1 reads the others as an ordinary
+folder with a saved scorer, which they are):
 
-* **layout 2** (written since issue 38): ``model_type`` stays the original, so the concrete class
-  (``LlamaForCausalLM``), ``AutoModel*`` and ``pipeline`` all resolve the architecture; config.json
-  adds ``"attn_implementation": "ssacli"`` (:data:`ATTENTION_KEY`), which transformers reads back
+* **layout 3** (written since issue 51): layout 2 with ``model_type`` :func:`.guard_type.guarded_type`
+  of the original (``"llama (needs import ssacli)"``), the original in :data:`ORIGINAL_TYPE_KEY`.
+  Without ssacli, ``AutoConfig``, every ``AutoModel*`` and ``pipeline`` refuse the folder whatever
+  ``attn_implementation`` is passed, with a message quoting that type (:mod:`.guard_type` says why
+  this mechanism). ``import ssacli`` registers the type (:mod:`ssacli.transformers_hook`): AutoConfig
+  then builds the original type's config with layout 2's keys, so the model is built as in layout 2;
+  that config writes the guard back when saved while the model runs ssacli's attention
+  (:func:`.guard_type.keep_guard`), so ``model.save_pretrained`` keeps it.
+  The concrete class (``LlamaForCausalLM``) reads config.json whatever its model_type (transformers
+  only warns, quoting the type): without ``attn_implementation=`` it refuses as in layout 2; with an
+  explicit ``attn_implementation="sdpa"`` or ``"eager"`` it builds the softmax model, and only the
+  warning ("You are using a model of type `llama (needs import ssacli)` to instantiate a model of
+  type `llama`…") says so. transformers offers no way for a folder to stop that.
+* **layout 2** (issue 38 to issue 51): ``model_type`` stays the original; config.json adds
+  ``"attn_implementation": "ssacli"`` (:data:`ATTENTION_KEY`), which transformers reads back
   from config.json and refuses at model construction ("Specified `attn_implementation="ssacli"` is
   not supported") unless ssacli registered that attention (``import ssacli``); then the
   model loads with its scorer (attached on its first forward, :mod:`ssacli.models.first_use`, from
-  the layout in :data:`LAYOUT_KEY` and SCORER_FILE). Layout 1 left the concrete class loading the
-  folder as softmax with only a warning about the model type: a silent wrong model.
+  the layout in :data:`LAYOUT_KEY` and SCORER_FILE). An explicit ``attn_implementation=`` to any
+  Auto class replaced the saved one: softmax, silently. Still loads, by ssacli and by Auto classes.
 * **layout 1** (before): ``model_type: ssacli-<type>``, the real one in :data:`ORIGINAL_TYPE_KEY`.
   Plain ``AutoConfig`` / ``AutoModel*`` refuse it; only ssacli loads it. Never written any more.
 
-Both layouts hold a note (:data:`GUARD_NOTE_KEY`) saying what the folder is and how to load it.
+All hold a note (:data:`GUARD_NOTE_KEY`) saying what the folder is and how to load it.
 """
 
 from __future__ import annotations
@@ -32,17 +44,22 @@ from torch import nn
 
 from ..attention.interface import ATTENTION_NAME, attention_modules
 from ..errors import InputError
+from .guard_type import (  # noqa: F401 (layouts 1 and 3's names, torch-free there; re-exported)
+    ATTENTION_KEY,
+    GUARDED_TYPE_PREFIX,
+    GUARDED_TYPE_SUFFIX,
+    ORIGINAL_TYPE_KEY,
+    guarded_type,
+    is_guarded_type,
+    keep_guard,
+    plain_config_dict,
+)
 
-# layout 2: transformers' own key for the attention implementation (read from config.json by
-# PreTrainedConfig, never written back by save_pretrained), and where each attention class's modules
-# sit in the state dict: {class name: module name with "{layer}" for its layer_idx}
-ATTENTION_KEY = "attn_implementation"
+# layouts 2 and 3: where each attention class's modules sit in the state dict: {class name: module
+# name with "{layer}" for its layer_idx} (ATTENTION_KEY, the implementation's key: .guard_type)
 LAYOUT_KEY = "ssacli_attention"
 LAYER_FIELD = "{layer}"
-# layout 1
-GUARDED_TYPE_PREFIX = "ssacli-"
-ORIGINAL_TYPE_KEY = "ssacli_model_type"
-# both
+# all layouts
 GUARD_NOTE_KEY = "ssacli_note"
 
 # What the record of a plain conversion holds, and nothing else: any other key (``training``, the
@@ -85,15 +102,19 @@ def attention_layout(model: nn.Module) -> dict[str, str] | None:
 
 
 def guard_config(file: Path, scorer: str, layout: dict[str, str] | None) -> None:
-    """Rewrite a saved config.json in layout 2: plain transformers refuses to build the model
-    unless ssacli registered its attention, and then builds it with its scorer (``layout``: see
-    :func:`attention_layout`; None: even then only ssacli loads it, and the first forward says so)."""
-    config = json.loads(file.read_text(encoding="utf-8"))
+    """Rewrite a saved config.json in layout 3: plain transformers' Auto classes and pipeline refuse
+    the folder unless ``import ssacli`` registered its model type, and then build the original
+    architecture with ssacli's attention and the scorer (``layout``: see :func:`attention_layout`;
+    None: even then only ssacli loads it, and the first forward says so)."""
+    config = plain_config_dict(json.loads(file.read_text(encoding="utf-8")))
+    original = config["model_type"]
+    config.update({"model_type": guarded_type(original), ORIGINAL_TYPE_KEY: original})
     config[ATTENTION_KEY] = ATTENTION_NAME
     config[GUARD_NOTE_KEY] = (
-        f"attention scorer {scorer}, not softmax: transformers builds attn_implementation 'ssacli' "
-        "only after `import ssacli` (then with the scorer); with softmax it would be "
-        "another model. ssacli.load_model and every ssacli command load it too"
+        f"a {original} model whose attention scorer is {scorer}, not softmax: `import ssacli` before "
+        "loading it with transformers (AutoModel*, pipeline), which then builds it with the scorer; "
+        "with softmax attention it would be another model. ssacli.load_model and every ssacli "
+        "command load it too"
     )
     if layout is not None:
         config[LAYOUT_KEY] = layout
@@ -103,15 +124,13 @@ def guard_config(file: Path, scorer: str, layout: dict[str, str] | None) -> None
 
 
 def guarded(config: dict[str, Any]) -> bool:
-    """Whether a config.json (as a dict) is guarded, in either layout."""
-    legacy = str(config.get("model_type", "")).startswith(GUARDED_TYPE_PREFIX)
-    return config.get(ATTENTION_KEY) == ATTENTION_NAME or (
-        legacy and isinstance(config.get(ORIGINAL_TYPE_KEY), str)
-    )
+    """Whether a config.json (as a dict) is guarded, in any layout."""
+    declared = is_guarded_type(config.get("model_type")) and isinstance(config.get(ORIGINAL_TYPE_KEY), str)
+    return config.get(ATTENTION_KEY) == ATTENTION_NAME or declared  # layouts 2-3, or 1 and 3
 
 
 def saved_config(path: str | Path) -> Any | None:
-    """The transformers config of a folder whose config.json is guarded (either layout), as an
+    """The transformers config of a folder whose config.json is guarded (any layout), as an
     ordinary config of its original model type: the guard's keys removed, no attention
     implementation set (the caller chooses one and attaches the scorer). None for any other folder
     (unguarded, or config.json unreadable)."""
@@ -123,8 +142,7 @@ def saved_config(path: str | Path) -> Any | None:
         return None
     from transformers import CONFIG_MAPPING
 
-    if ORIGINAL_TYPE_KEY in config:  # layout 1
-        config["model_type"] = config.pop(ORIGINAL_TYPE_KEY)
+    config = plain_config_dict(config)
     for key in (ATTENTION_KEY, LAYOUT_KEY, GUARD_NOTE_KEY):
         config.pop(key, None)
     original = config.get("model_type")

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, UsageError
+from ..models.guard_type import plain_config_dict
 from ..models.kinds import ModelKind, language_model_kind
 from ..models.loading import LoadedModel
 from . import MIN_VOCAB
@@ -201,6 +202,8 @@ def _base_config(arch: str | None, size: str) -> tuple[dict[str, Any], str, str]
         config = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise InputError(f"cannot read {path}: {err}") from None
+    if isinstance(config, dict):  # a converted folder's config.json: its original model type
+        config = plain_config_dict(config)
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if arch is not None and model_type != arch:
         raise UsageError(f"--arch {arch} does not match model_type '{model_type}' of {path}")

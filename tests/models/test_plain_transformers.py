@@ -1,16 +1,22 @@
-"""Converted folders in plain transformers (issue 38, items 0-2).
+"""Converted folders in plain transformers (issue 38, items 0-2; issue 51, item 6).
 
-0. No folder whose scorer moved loads as softmax through any plain transformers path: for every
+0. No folder whose scorer moved loads as softmax through an Auto class or pipeline: for every
    kind of folder ssacli writes (convert with a non-faithful spec, finetune, the recipe, train, a
-   GPT-2), AutoConfig, AutoModelForCausalLM, the concrete class and pipeline, in a fresh interpreter
-   without ssacli, either refuse naming ssacli or return a model computing what ssacli.load_model
-   computes. A faithful conversion that met its fidelity loads as softmax, by design.
+   GPT-2), AutoConfig, AutoModelForCausalLM and pipeline, in a fresh interpreter without ssacli,
+   refuse with ``import ssacli`` in the message, whatever ``attn_implementation`` is passed (issue
+   51, item 6); the concrete class refuses without one and, given "sdpa", builds the softmax model
+   with only transformers' warning quoting the guarded type (what README and docs/convert.md say).
+   A faithful conversion that met its fidelity loads as softmax, by design.
 1. After ``import ssacli.transformers`` the same four ways load each folder with its scorer and its
    learned values: logits equal to ssacli.load_model(DIR)'s.
 2. Generation through that path is exact: greedy decoding with the KV cache gives the tokens and,
    at every step, the logits of a full recomputation without cache.
+3. ``model.save_pretrained`` of a model built with ssacli's attention keeps the guard and reloads as
+   the same model (issue 51).
 
-Folders in the layout written before (model_type ``ssacli-<type>``) still load through ssacli.
+Folders in the layouts written before (model_type ``ssacli-<type>``; the original model_type with
+``attn_implementation: "ssacli"`` alone) still load through ssacli, and the second through Auto
+classes after ``import ssacli``.
 """
 
 from __future__ import annotations
@@ -26,16 +32,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2LMHeadModel, pipe
 import ssacli
 import ssacli.transformers
 from ssacli.models.checkpoint import ORIGINAL_TYPE_KEY, saved_config
-from ssacli.models.guard import ATTENTION_KEY, LAYOUT_KEY, attention_layout
+from ssacli.models.guard import ATTENTION_KEY, GUARD_NOTE_KEY, LAYOUT_KEY, attention_layout, guarded_type
 from ssacli.models.references import resolve_model_path
 from ssacli.train.finetune import FinetuneConfig
 from ssacli.train.recipe import RecipeConfig, convert_with_recipe
 from tests.helpers.models import build_model
-from tests.helpers.plain_transformers import IDS, WAYS, plain_loads
+from tests.helpers.plain_transformers import EXPLICIT, IDS, NEEDS, WAYS, plain_loads, refuses_naming_ssacli
 
 MODEL = "builtin:wikitext-softmax"
 MOVED = ("ssa", "finetune", "recipe", "train", "gpt2")  # folders whose scorer is not softmax
-REFUSAL = 'attn_implementation="ssacli"'  # what transformers' refusal says, naming ssacli
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -62,7 +67,12 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     # a tiny GPT-2 with 10x the default init spread: logits far from zero, where SSA is not softmax
     gpt2, _ = ssacli.convert(build_model("gpt2", initializer_range=0.2), "ssa:b=0.3,n=4")
     ssacli.save_model(gpt2, root / "gpt2")
-    kinds = {name: root / name for name in ("faithful", "ssa", "finetune", "recipe", "gpt2")}
+    # plain transformers' own save (after import ssacli) of the recipe's model, run once
+    plain = AutoModelForCausalLM.from_pretrained(root / "recipe", dtype=torch.float32)
+    with torch.no_grad():
+        plain(torch.tensor(IDS))
+    plain.save_pretrained(root / "saved")
+    kinds = {name: root / name for name in ("faithful", "ssa", "finetune", "recipe", "gpt2", "saved")}
     return {**kinds, "train": resolve_model_path("builtin:wikitext-ssa")}  # written by `ssacli train`
 
 
@@ -72,29 +82,60 @@ def reference_logits(folder: Path, dtype: str = "float32") -> torch.Tensor:
         return loaded.model(torch.tensor(IDS), use_cache=False).logits
 
 
-def test_the_guard_is_an_attention_implementation_only_ssacli_registers(folders):
+def test_the_guard_is_a_model_type_and_an_attention_only_ssacli_registers(folders):
     for kind in MOVED:
         config = json.loads((folders[kind] / "config.json").read_text())
-        assert config[ATTENTION_KEY] == "ssacli" and not config["model_type"].startswith("ssacli-")
-        assert LAYOUT_KEY in config and "`import ssacli`" in config["ssacli_note"]
+        original = "gpt2" if kind == "gpt2" else "llama"
+        assert config[ATTENTION_KEY] == "ssacli" and config[ORIGINAL_TYPE_KEY] == original
+        assert config["model_type"] != original and NEEDS in config["model_type"]
+        assert LAYOUT_KEY in config and f"`{NEEDS}`" in config[GUARD_NOTE_KEY]
     assert ATTENTION_KEY not in json.loads((folders["faithful"] / "config.json").read_text())
     # ssacli reads it back as an ordinary config of the original type, with no implementation chosen
     config = saved_config(folders["recipe"])
     assert config.model_type == "llama" and config.ssacli_scorer.startswith("ssa")
     assert config._attn_implementation is None and not hasattr(config, LAYOUT_KEY)
+    assert not hasattr(config, ORIGINAL_TYPE_KEY)
 
 
-def test_without_ssacli_no_plain_path_runs_a_moved_scorer_as_softmax(folders, tmp_path):
-    result = plain_loads([folders[k] for k in (*MOVED, "faithful")], tmp_path, register=False)
-    for kind in MOVED:
+def test_import_ssacli_registers_the_guarded_type_of_every_family_as_its_original():
+    """AutoConfig (this process imported ssacli) maps every guarded type back to the original's
+    own config class, so no model, config or model_type of the guarded name exists at run time."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    from ssacli.transformers_hook import GuardedConfig
+
+    assert all(CONFIG_MAPPING[guarded_type(family)] is GuardedConfig for family in CONFIG_MAPPING_NAMES)
+    config = AutoConfig.from_pretrained(resolve_model_path("builtin:wikitext-ssa"))
+    assert type(config).__name__ == "LlamaConfig" and config.model_type == "llama"
+    assert config._attn_implementation == "ssacli" and not hasattr(config, ORIGINAL_TYPE_KEY)
+
+
+def softmax_logits(folder: Path, dtype: str = "float32") -> torch.Tensor:
+    """The folder's weights with softmax attention: what a load that ignored the scorer computes."""
+    loaded = ssacli.load_model(str(folder), device="cpu", dtype=dtype)
+    with torch.no_grad():
+        ssacli.restore(loaded.model)
+        return loaded.model(torch.tensor(IDS), use_cache=False).logits
+
+
+def test_without_ssacli_no_auto_class_runs_a_moved_scorer_as_softmax(folders, tmp_path):
+    kinds = (*MOVED, "saved", "faithful")
+    result = plain_loads([folders[k] for k in kinds], tmp_path, register=False, explicit=True)
+    for kind in (*MOVED, "saved"):  # saved: model.save_pretrained of a model built with ssacli
         outcomes = result[str(folders[kind])]
-        assert outcomes["AutoConfig"] == {"config": "ssacli"}  # a config; any model built from it refuses
-        for way in WAYS[1:]:
-            outcome = outcomes[way]
-            if "tensor" in outcome:  # never expected; and never another model than ssacli's
-                expected = reference_logits(folders[kind], outcome["dtype"])
-                torch.testing.assert_close(outcome["tensor"], expected)
-            assert REFUSAL in outcome.get("refused", ""), (kind, way, outcome)
+        for way in [w for w in (*WAYS, *EXPLICIT) if w != "concrete:sdpa"]:
+            assert refuses_naming_ssacli(way, outcomes[way]), (kind, way, outcomes[way])
+        if kind == "saved":
+            continue
+        # The concrete class given "sdpa" reads config.json whatever its model type: the softmax
+        # model, with transformers' warning quoting the guarded type (README, docs/convert.md)
+        outcome = outcomes["concrete:sdpa"]
+        assert outcome["scorers"] == [] and any(NEEDS in line for line in outcome["warned"]), outcome
+        softmax, ssa = (
+            softmax_logits(folders[kind], outcome["dtype"]),
+            reference_logits(folders[kind], outcome["dtype"]),
+        )
+        assert relative_error(outcome["tensor"], softmax) < relative_error(outcome["tensor"], ssa) / 10, kind
     # A faithful conversion that met its fidelity target is the original with softmax, by design
     softmax = reference_logits(resolve_model_path(MODEL))
     for way in WAYS[1:]:
@@ -164,6 +205,42 @@ def test_pipeline_generates_what_the_model_generates(folders):
     assert text == loaded.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
+def test_save_pretrained_keeps_the_guard_and_round_trips(folders, tmp_path):
+    """``model.save_pretrained`` of a model built with ssacli's attention writes the guard back and
+    the scorers' tensors with the weights: reloaded, the same model (the fixture saved the recipe's
+    through AutoModelForCausalLM; without ssacli every Auto way refuses it: the test above). The
+    concrete class's config keeps it too once its scorers are attached; after ssacli.restore the
+    model is the softmax one, and saves as such."""
+    import copy
+    import pickle
+
+    from transformers import LlamaForCausalLM
+
+    config = json.loads((folders["saved"] / "config.json").read_text())
+    guard = (config["model_type"], config[ORIGINAL_TYPE_KEY], config[ATTENTION_KEY])
+    assert guard == (guarded_type("llama"), "llama", "ssacli")
+    again = AutoModelForCausalLM.from_pretrained(folders["saved"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = again(torch.tensor(IDS), use_cache=False).logits
+    assert relative_error(logits, reference_logits(folders["recipe"])) <= 1e-6
+    assert (
+        type(pickle.loads(pickle.dumps(again.config)))
+        is type(copy.deepcopy(again.config))
+        is type(again.config)
+    )
+
+    concrete = LlamaForCausalLM.from_pretrained(folders["recipe"]).eval()
+    ssacli.transformers.attach(concrete)
+    concrete.save_pretrained(tmp_path / "concrete")
+    assert json.loads((tmp_path / "concrete" / "config.json").read_text())["model_type"] == guarded_type(
+        "llama"
+    )
+    ssacli.restore(concrete)
+    concrete.save_pretrained(tmp_path / "softmax")
+    config = json.loads((tmp_path / "softmax" / "config.json").read_text())
+    assert config["model_type"] == "llama" and ATTENTION_KEY not in config
+
+
 def test_attach_gives_the_scorers_before_any_forward_and_restore_goes_back_to_softmax(folders):
     model = GPT2LMHeadModel.from_pretrained(folders["gpt2"]).eval()
     assert not ssacli.scorers_of(model)  # transformers ran none of ssacli's code while loading
@@ -199,20 +276,34 @@ def test_a_model_without_a_layout_refuses_at_its_first_forward(tmp_path):
     ssacli.load(str(folder))(input_ids=ids, decoder_input_ids=ids)  # ssacli's own path loads it
 
 
-def test_a_folder_in_the_layout_written_before_still_loads_through_ssacli(folders, tmp_path):
-    """Layout 1 (model_type ssacli-llama, the real type beside it): ssacli reads it as before; plain
-    transformers refuses it, registration or not."""
+def test_folders_in_the_layouts_written_before_still_load(folders, tmp_path):
+    """Layout 2 (issue 38 to 51: the original model_type, attn_implementation "ssacli"): ssacli and,
+    after ``import ssacli``, the Auto classes load it with its scorer. Layout 1 (model_type
+    ssacli-llama, the real type beside it): ssacli reads it as before; plain transformers refuses
+    it, registration or not."""
     import shutil
 
-    old = tmp_path / "old"
-    shutil.copytree(folders["recipe"], old)
-    config = json.loads((old / "config.json").read_text())
+    expected = reference_logits(folders["recipe"])
+    previous = tmp_path / "layout2"
+    shutil.copytree(folders["recipe"], previous)
+    config = json.loads((previous / "config.json").read_text())
+    config["model_type"] = config.pop(ORIGINAL_TYPE_KEY)
+    (previous / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    assert saved_config(previous).model_type == "llama"
+    torch.testing.assert_close(reference_logits(previous), expected, rtol=0, atol=0)
+    plain = AutoModelForCausalLM.from_pretrained(previous, dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(torch.tensor(IDS), use_cache=False).logits, expected)
+    assert ssacli.scorers_of(plain)
+
+    old = tmp_path / "layout1"
+    shutil.copytree(previous, old)
     for key in (ATTENTION_KEY, LAYOUT_KEY):
         config.pop(key)
     config.update({"model_type": "ssacli-llama", ORIGINAL_TYPE_KEY: "llama"})
     (old / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     assert saved_config(old).model_type == "llama"
-    torch.testing.assert_close(reference_logits(old), reference_logits(folders["recipe"]), rtol=0, atol=0)
+    torch.testing.assert_close(reference_logits(old), expected, rtol=0, atol=0)
     for load in (AutoModelForCausalLM.from_pretrained, AutoConfig.from_pretrained):
         with pytest.raises(ValueError, match="ssacli-llama"):
             load(old)
@@ -222,6 +313,7 @@ def test_ssacli_save_model_writes_a_plain_loaded_model_with_its_scorers_and_the_
     model = GPT2LMHeadModel.from_pretrained(folders["gpt2"]).eval()  # never run: no scorer attached yet
     out = ssacli.save_model(model, tmp_path / "again")
     config = json.loads((out / "config.json").read_text())
-    assert config[ATTENTION_KEY] == "ssacli"
+    guard = (config[ATTENTION_KEY], config["model_type"], config[ORIGINAL_TYPE_KEY])
+    assert guard == ("ssacli", guarded_type("gpt2"), "gpt2")
     assert config[LAYOUT_KEY] == {"GPT2Attention": "transformer.h.{layer}.attn"}
     torch.testing.assert_close(reference_logits(out), reference_logits(folders["gpt2"]), rtol=0, atol=0)

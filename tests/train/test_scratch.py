@@ -138,6 +138,17 @@ def test_size_from_a_config_file(tmp_path, texts):
         new_model(None, str(tmp_path), "ssa", texts=texts, vocab_size=300)
 
 
+def test_size_from_a_converted_folder_reads_its_original_model_type(texts):
+    """A guarded config.json declares a model type only ssacli knows (issue 51): --size reads the
+    original's."""
+    from ssacli.models.references import resolve_model_path
+
+    loaded = new_model(
+        None, str(resolve_model_path("builtin:wikitext-ssa")), "softmax", texts=texts, vocab_size=300
+    )
+    assert (loaded.family, loaded.kind) == ("llama", "causal")
+
+
 @pytest.mark.parametrize(
     ("args", "error", "match"),
     [
