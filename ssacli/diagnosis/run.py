@@ -31,6 +31,7 @@ from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, reattach, scor
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.device_map import MaxMemory
+from ..models.icl_task import TOKENS_PER_POINT
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
@@ -244,6 +245,8 @@ def _execute(
                 plan.layer_of, tau=settings.tau, top_k=settings.top_k, block_size=settings.block_size,
                 causal=loaded.kind == ModelKind.CAUSAL, stats=settings.stats,
                 positions=run_bins(plan.length, settings.sink_k),  # where attention lands
+                # each prompt's collapse, a longer input cut at the base length (the verdict's noise)
+                prompt_length=plan.length * (TOKENS_PER_POINT if plan.icl else 1),
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
             if reference is not None:
@@ -283,6 +286,7 @@ class ProbeTables:
     extras: dict[str, list[float | None]] = field(default_factory=dict)
     note: str | None = None
     positions: PositionProfiles | None = None  # at the reference level (ssacli.diagnosis.positions)
+    prompts: list[np.ndarray | None] = field(default_factory=list)  # per level: [prompt, layer, head]
 
     @classmethod
     def empty(cls, levels: int, layers: int, heads: int) -> ProbeTables:
@@ -292,6 +296,7 @@ class ProbeTables:
             rows=np.zeros((levels, layers), dtype=np.int64),
             layer_metrics={name: np.full((levels, layers), np.nan) for name in LAYER_METRICS},
             overflow=[None] * levels,
+            prompts=[None] * levels,
         )
 
     def extra(self, key: str) -> list[float | None]:
@@ -309,6 +314,8 @@ class ProbeTables:
             return
         for key, (value, count) in totals.items():
             self.extra(key)[li] = value / count if count else None
+        if recorder.prompts is not None:
+            self.prompts[li] = recorder.prompts.rates(self.metrics["collapse_rate"].shape[2])
         for layer, stats in recorder.stats.items():
             means = stats.means()
             for name in METRICS:
@@ -319,11 +326,13 @@ class ProbeTables:
                 self.layer_metrics[name][li, layer] = value
 
     def result(self, probe: Probe, scorers: list) -> ProbeResult:
-        return ProbeResult(
+        result = ProbeResult(
             probe.name, [float(v) for v in probe.levels], self.metrics, self.rows, self.extras, self.note,
             layer_metrics=self.layer_metrics, overflow=self.overflow,
             insensitive=scorer_insensitivity(probe.kind, scorers), positions=self.positions,
         )  # fmt: skip
+        result.keep_prompt_collapse(self.prompts)
+        return result
 
 
 def _assemble(
