@@ -232,12 +232,12 @@ class PromptStats:
             width = max(value.shape[-1], kept[i].shape[-1])
             kept[i] = pad(kept[i], (0, width - kept[i].shape[-1])) + pad(value, (0, width - value.shape[-1]))
 
-    def rates(self, heads: int) -> np.ndarray | None:
-        """[prompt, layer, head]: each prompt's collapse rate per head (NaN where it counted no row),
-        prompts in input order (batch, sample, then window); None where nothing was kept."""
+    def rates(self, layers: int, heads: int) -> np.ndarray | None:
+        """[prompt, layer, head]: each prompt's collapse rate per head (NaN where it counted no row,
+        and in a layer that recorded none), prompts in input order (batch, sample, then window); None
+        where nothing was kept."""
         if not self.sums:
             return None
-        layers = max(self.sums) + 1
         blocks = []
         for batch in sorted({b for per in self.sums.values() for b in per}):
             kept = [(layer, per[batch]) for layer, per in self.sums.items() if batch in per]

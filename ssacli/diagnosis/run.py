@@ -315,7 +315,7 @@ class ProbeTables:
         for key, (value, count) in totals.items():
             self.extra(key)[li] = value / count if count else None
         if recorder.prompts is not None:
-            self.prompts[li] = recorder.prompts.rates(self.metrics["collapse_rate"].shape[2])
+            self.prompts[li] = recorder.prompts.rates(*self.metrics["collapse_rate"].shape[1:])
         for layer, stats in recorder.stats.items():
             means = stats.means()
             for name in METRICS:
