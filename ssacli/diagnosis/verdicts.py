@@ -129,7 +129,7 @@ def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
         if falls is not None:
             return Verdict(name, "collapse falls", f"{_falls_text(probe, falls)}; outputs not measured, so "
                            "not called robust", probe.levels[top])  # fmt: skip
-        return Verdict(name, "no collapse", f"no collapse{_beyond(probe)} up to {upto} "
+        return Verdict(name, "no collapse", f"no collapse up to {upto}{_beyond(probe)} "
                        "(outputs not measured, so not called robust)", probe.levels[top])  # fmt: skip
     shift = shift_text(probe, top) if probe.reached() else None
     if shift is not None:
