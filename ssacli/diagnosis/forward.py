@@ -107,7 +107,7 @@ class Recorder(Observer):
 
     def __init__(
         self, layer_of: dict[int, int], *, tau: float, top_k: int, block_size: int, causal: bool,
-        stats: str = "eager", positions: PositionBins | None = None, prompt_length: int | None = None,
+        stats: str = "eager", positions: PositionBins | None = None, prompts: PromptStats | None = None,
     ):  # fmt: skip
         self.layer_of = layer_of
         self.tau, self.top_k, self.block_size, self.causal = tau, top_k, block_size, causal
@@ -119,8 +119,7 @@ class Recorder(Observer):
         self.stats: dict[int, HeadStats] = {}
         self.layers: dict[int, LayerStats] = {}  # logits' scale, hidden states
         self.overflow = Overflow()
-        # each prompt's collapse (the noise a verdict reads a change against); None: not kept
-        self.prompts = None if prompt_length is None else PromptStats(prompt_length)
+        self.prompts = prompts  # each prompt's collapse (the noise a verdict reads a change against)
         self.batch = 0  # the index of the batch being recorded (forward_batch sets it)
         self.valid: torch.Tensor | None = None  # [b, t] real tokens of the current batch
         self.target: torch.Tensor | None = None  # [b] target token of the current batch (outlier_capture)
@@ -227,13 +226,14 @@ class Recorder(Observer):
             layer_stats = self.layer_stats(layer)
             for name, value in sums.items():
                 layer_stats.sums[name] += value
+        prompts = self.prompts
         sums = row_sums(
             stats, query_valid=valid, query_positions=query_positions, target=target,
             tau=self.tau, top_k=self.top_k,
-            prompt_length=None if self.prompts is None else self.prompts.length,
+            prompts=prompts is not None, prompt_length=None if prompts is None else prompts.length,
         )  # fmt: skip
-        if self.prompts is not None:
-            self.prompts.add(layer, self.batch, [sums.pop(name) for name in PROMPT_SUMS])
+        if prompts is not None:
+            prompts.add(layer, self.batch, [sums.pop(name) for name in PROMPT_SUMS])
         if layer not in self.stats:
             self.stats[layer] = HeadStats(stats.max.shape[1])
         self.stats[layer].add(sums)

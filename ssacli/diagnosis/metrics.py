@@ -214,11 +214,12 @@ class HeadStats:
 
 
 class PromptStats:
-    """Each prompt's collapsed and counted rows per head (``row_sums``' prompt sums, a sample's rows
-    cut into windows of ``length`` query positions), kept per layer and batch, so that a verdict can
-    read a level's change against its prompt-to-prompt noise (ssacli.diagnosis.outputs)."""
+    """Each prompt's collapsed and counted rows per head (``row_sums``' prompt sums: one prompt per
+    sample, or with ``length`` a sample's rows cut into windows of that many query positions), kept
+    per layer and batch, so that a verdict can read a level's change against its prompt-to-prompt
+    noise (ssacli.diagnosis.outputs)."""
 
-    def __init__(self, length: int) -> None:
+    def __init__(self, length: int | None = None) -> None:
         self.length = length
         self.sums: dict[int, dict[int, list[torch.Tensor]]] = {}  # layer -> batch -> [b, h, windows] ×2
 

@@ -39,7 +39,7 @@ from ..scorers import make_scorer
 from ..version import __version__
 from .forward import OutputReference, Recorder, forward_batch
 from .generation import generate
-from .metrics import LAYER_METRICS, METRICS
+from .metrics import LAYER_METRICS, METRICS, PromptStats
 from .outputs import reference_index
 from .plan import RunPlan, describe_inputs, plan_run
 from .positions import PositionProfiles, level_profiles, run_bins
@@ -231,6 +231,10 @@ def _execute(
         keeps_inputs = probe.kind.acts_on in (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS)
         reference = OutputReference() if keeps_inputs and loaded.kind != ModelKind.ICL else None
         first = reference_index(probe.name, probe.levels)
+        # one prompt per sample; the length probe's longer inputs cut at the base length, so that
+        # prompt j is the same tokens at every level (its samples shrink as the length grows)
+        lengthens = probe.kind.acts_on is ActsOn.INPUT_LENGTH
+        window = plan.length * (TOKENS_PER_POINT if plan.icl else 1) if lengthens else None
         for li in sorted(range(len(probe.levels)), key=lambda i: i != first):
             level = probe.levels[li]
             batches, why = levels[level]
@@ -245,8 +249,7 @@ def _execute(
                 plan.layer_of, tau=settings.tau, top_k=settings.top_k, block_size=settings.block_size,
                 causal=loaded.kind == ModelKind.CAUSAL, stats=settings.stats,
                 positions=run_bins(plan.length, settings.sink_k),  # where attention lands
-                # each prompt's collapse, a longer input cut at the base length (the verdict's noise)
-                prompt_length=plan.length * (TOKENS_PER_POINT if plan.icl else 1),
+                prompts=PromptStats(window),  # each prompt's collapse: the verdict's noise
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
             if reference is not None:

@@ -159,8 +159,12 @@ def test_diagnose_keeps_each_prompts_collapse_paired_across_lengths():
     """A real run (the bundled LM, its text): the length probe's ×2 inputs hold two base-length
     windows of the text each, cut there so that window j is the same tokens as prompt j at ×1; under
     a causal model the first window of each ×2 input sees exactly what that prompt saw at ×1, so its
-    collapse is the same. The saved result keeps them, within the schema."""
-    result = ssacli.diagnose("builtin:wikitext-softmax", ["length:1,2"], samples=4, length=16)
+    collapse is the same. Other probes keep one prompt per sample, however long it is (numeric's
+    6-digit prompts run past the base length). The saved result keeps them, within the schema."""
+    result = ssacli.diagnose("builtin:wikitext-softmax", ["length:1,2", "numeric:2,6"], samples=4, length=16)
+    numeric = result.probe("numeric")
+    assert numeric.rows.max() > 4 * 16  # past the base length: one prompt each all the same
+    assert numeric.prompt_collapse.shape == (2, 4) and np.isfinite(numeric.prompt_collapse).all()
     probe = result.probe("length")
     prompts = probe.prompt_collapse
     assert prompts.shape == (2, 4) and np.isfinite(prompts).all()
