@@ -2,8 +2,9 @@
 findings that say what changed from A to B (``ssacli diagnose --compare``, the report page).
 
 Comparison finding kinds (:data:`CHANGE_ORDER`): ``sink_change``, ``baseline_collapse_change``,
-``collapse_change``, ``layer_collapse_change``, ``saturation_change``, ``generation_change``
-(both results ran ``--generate``: :func:`generation_comparison`).
+``collapse_change``, ``shift_change`` (what the shift did to each model: each one's change from its
+own unshifted level, not where each started), ``layer_collapse_change``, ``saturation_change``,
+``generation_change`` (both results ran ``--generate``: :func:`generation_comparison`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 from ..defaults import SINK_EPS
 from .findings import baseline_probe, level_text
 from .generation import EXACT_METRICS
+from .outputs import collapse_change
 from .probe_result import ProbeResult, json_ready
 from .result import DiagnoseResult
 
@@ -97,8 +99,8 @@ def _finite_mean(values: np.ndarray) -> float | None:
 
 
 # Most telling first; within a kind, in A's probe order. All are kept (the terminal lists --findings).
-CHANGE_ORDER = ("sink_change", "baseline_collapse_change", "collapse_change", "layer_collapse_change",
-                "saturation_change", "generation_change")  # fmt: skip
+CHANGE_ORDER = ("sink_change", "baseline_collapse_change", "collapse_change", "shift_change",
+                "layer_collapse_change", "saturation_change", "generation_change")  # fmt: skip
 SATURATION_STEP = 0.05  # a model-mean collapse rate or max weight that moved less is not a finding
 
 
@@ -119,6 +121,9 @@ def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, 
         layers = _layer_collapse_change(pa, pb, change)
         if layers is not None:
             out.append(layers)
+        shift = _shift_change(pa, pb)
+        if shift is not None:
+            out.append(shift)
         saturation = _saturation_change(pa, pb)
         if saturation is not None:
             out.append(saturation)
@@ -127,6 +132,29 @@ def comparison_findings(a: DiagnoseResult, b: DiagnoseResult) -> list[dict[str, 
         out.append(generating)
     out.sort(key=lambda f: CHANGE_ORDER.index(f["kind"]))
     return out
+
+
+def _shift_change(pa: ProbeResult, pb: ProbeResult) -> dict[str, Any] | None:
+    """What the shift did to each model at the top level both measured: each one's change in fresh
+    collapse from its own unshifted level (:func:`ssacli.diagnosis.outputs.collapse_change`), when
+    the two changes differ by SATURATION_STEP or more. Where each model started is not the probe's
+    effect (issue 51: a high unshifted collapse in A read as B fixing length)."""
+    fa, fb = pa.fresh_collapse_rate(), pb.fresh_collapse_rate()
+    common = [lv for i, lv in enumerate(pa.levels) if math.isfinite(fa[i]) and lv in pb.levels
+              and math.isfinite(fb[pb.levels.index(lv)])]  # fmt: skip
+    if len(common) < 2:
+        return None
+    level = common[-1]
+    ca, cb = collapse_change(pa, pa.levels.index(level)), collapse_change(pb, pb.levels.index(level))
+    if not abs(cb.change - ca.change) >= SATURATION_STEP:
+        return None
+    ref = level_text(pa, pa.levels[ca.reference])
+    return {
+        "kind": "shift_change", "probe": pa.name, "level": level,
+        "a": ca.change, "b": cb.change, "noise_a": ca.noise, "noise_b": cb.noise,
+        "text": f"{pa.name} {level_text(pa, level)}: collapse {100 * ca.change:+.1f} points from the "
+                f"unshifted {ref} in A → {100 * cb.change:+.1f} in B (each from its own unshifted level)",
+    }  # fmt: skip
 
 
 def _point_text(probe: ProbeResult, point: float | None) -> str:

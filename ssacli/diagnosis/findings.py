@@ -114,6 +114,7 @@ def findings(
                         f"(≥ τ on one key in half their rows): {shown}{more}",
                 "probe": base.name, "value": len(collapsed), "heads": [list(h) for h in collapsed],
             })  # fmt: skip
+    out.extend(_baseline_collapse(probes))
     for probe in probes:
         if probe.skipped or not {"collapse_rate", "max_weight", "entropy"} <= set(probe.metrics):
             continue
@@ -133,8 +134,33 @@ def findings(
 # again, so it comes after the model's own facts (it came before them and pushed the heads collapsed at
 # baseline and the massive activations out of an 8-line report with many probes, issue 51).
 FINDING_ORDER = ("degenerate", "overflow", "collapse", "outputs_broke", "collapsed_at_baseline",
-                 "sink_heads", "massive_activations", "absorbed", "fading", "insensitive",
-                 "no_collapse")  # fmt: skip
+                 "baseline_collapse", "sink_heads", "massive_activations", "absorbed", "fading",
+                 "insensitive", "no_collapse")  # fmt: skip
+
+
+def _baseline_collapse(probes: Sequence[ProbeResult]) -> list[dict[str, Any]]:
+    """Where more than ROBUST_COLLAPSE of the fresh rows collapse at a probe's unshifted level: that
+    level of collapse is the model's own, before any shift, and every verdict reads its probe's change
+    from it (:func:`ssacli.diagnosis.outputs.collapse_change`), never the level itself. One finding per
+    distinct unshifted input (probes that share the same unshifted prompts read the same rate)."""
+    seen: dict[float, dict[str, Any]] = {}
+    for probe in probes:
+        if probe.skipped or "collapse_rate" not in probe.metrics:
+            continue
+        ref = reference_index(probe.name, probe.levels)
+        rate = float(probe.fresh_collapse_rate()[ref])
+        if not (math.isfinite(rate) and rate > ROBUST_COLLAPSE):
+            continue
+        at = f"{probe.name} at {level_text(probe, probe.levels[ref])}"
+        found = seen.setdefault(round(rate, 6), {"kind": "baseline_collapse", "value": rate, "probes": []})
+        found["probes"].append(probe.name)
+        found.setdefault("at", []).append(at)
+    for found in seen.values():
+        where = ", ".join(found.pop("at"))
+        found["text"] = (f"{found['value']:.1%} of the rows collapse before any shift ({where}; heads not "
+                         "collapsed at baseline): each verdict reads its probe's change from this level, "
+                         "not the level itself")  # fmt: skip
+    return list(seen.values())
 
 
 def _probe_findings(probe: ProbeResult, broken: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -266,7 +292,8 @@ def _held_finding(
     elif (partly := partly_collapsed_at(probe)) is not None:
         at = level_text(probe, probe.levels[partly])
         share = f"{ROBUST_COLLAPSE:.0%}"
-        text = f"{probe.name} {little}; more than {share} of the rows collapse from {at}: not robust"
+        text = (f"{probe.name} {little}; collapse rises more than {share} of the rows over the unshifted "
+                f"level from {at}: not robust")  # fmt: skip
         found.update(verdict="partly collapses", text=text)
     else:
         text = f"{probe.name} {little}; its outputs were not measured, so not called robust"

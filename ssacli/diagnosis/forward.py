@@ -31,11 +31,11 @@ from ..kernels.row_stats import RowStatistics, weight_statistics
 from ..models.icl_task import TOKENS_PER_POINT, interleave, labels, prediction_errors
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
-from .metrics import HeadStats, LayerStats
+from .metrics import HeadStats, LayerStats, PromptStats
 from .output_measures import OutputReference, next_token_losses
 from .probes import ActsOn, Probe, ProbeBatch, ProbeKind, Shift
 from .routes import Route, fallback_hooks, forward_arguments, is_norm
-from .row_metrics import logit_sums, row_sums
+from .row_metrics import PROMPT_SUMS, logit_sums, row_sums
 
 # ---- the probes' shifts ------------------------------------------------------------------------------
 # Each takes (values, level, target) -> values. Embeddings: [b, tokens, ...] (ICL: x values [b, points]);
@@ -107,7 +107,7 @@ class Recorder(Observer):
 
     def __init__(
         self, layer_of: dict[int, int], *, tau: float, top_k: int, block_size: int, causal: bool,
-        stats: str = "eager", positions: PositionBins | None = None,
+        stats: str = "eager", positions: PositionBins | None = None, prompts: PromptStats | None = None,
     ):  # fmt: skip
         self.layer_of = layer_of
         self.tau, self.top_k, self.block_size, self.causal = tau, top_k, block_size, causal
@@ -119,6 +119,8 @@ class Recorder(Observer):
         self.stats: dict[int, HeadStats] = {}
         self.layers: dict[int, LayerStats] = {}  # logits' scale, hidden states
         self.overflow = Overflow()
+        self.prompts = prompts  # each prompt's collapse (the noise a verdict reads a change against)
+        self.batch = 0  # the index of the batch being recorded (forward_batch sets it)
         self.valid: torch.Tensor | None = None  # [b, t] real tokens of the current batch
         self.target: torch.Tensor | None = None  # [b] target token of the current batch (outlier_capture)
         self.pending: dict[int, torch.Tensor] = {}  # the logits of the block about to be recorded
@@ -224,10 +226,14 @@ class Recorder(Observer):
             layer_stats = self.layer_stats(layer)
             for name, value in sums.items():
                 layer_stats.sums[name] += value
+        prompts = self.prompts
         sums = row_sums(
             stats, query_valid=valid, query_positions=query_positions, target=target,
             tau=self.tau, top_k=self.top_k,
+            prompts=prompts is not None, prompt_length=None if prompts is None else prompts.length,
         )  # fmt: skip
+        if prompts is not None:
+            prompts.add(layer, self.batch, [sums.pop(name) for name in PROMPT_SUMS])
         if layer not in self.stats:
             self.stats[layer] = HeadStats(stats.max.shape[1])
         self.stats[layer].add(sums)
@@ -285,6 +291,7 @@ def forward_batch(
     kind = probe.kind
     recorder.valid = batch.valid
     recorder.target = batch.target
+    recorder.batch = index
     inside = kind.acts_on in (ActsOn.KEYS, ActsOn.LOGITS) and kind.changes(level)
     recorder.probe = (kind, level) if inside else None
     recorder.probe_kind = kind

@@ -213,6 +213,46 @@ class HeadStats:
         }
 
 
+class PromptStats:
+    """Each prompt's collapsed and counted rows per head (``row_sums``' prompt sums: one prompt per
+    sample, or with ``length`` a sample's rows cut into windows of that many query positions), kept
+    per layer and batch, so that a verdict can read a level's change against its prompt-to-prompt
+    noise (ssacli.diagnosis.outputs)."""
+
+    def __init__(self, length: int | None = None) -> None:
+        self.length = length
+        self.sums: dict[int, dict[int, list[torch.Tensor]]] = {}  # layer -> batch -> [b, h, windows] ×2
+
+    def add(self, layer: int, batch: int, values: list[torch.Tensor]) -> None:
+        kept = self.sums.setdefault(layer, {}).get(batch)
+        if kept is None:
+            self.sums[layer][batch] = values
+            return
+        pad = torch.nn.functional.pad
+        for i, value in enumerate(values):
+            width = max(value.shape[-1], kept[i].shape[-1])
+            kept[i] = pad(kept[i], (0, width - kept[i].shape[-1])) + pad(value, (0, width - value.shape[-1]))
+
+    def rates(self, layers: int, heads: int) -> np.ndarray | None:
+        """[prompt, layer, head]: each prompt's collapse rate per head (NaN where it counted no row,
+        and in a layer that recorded none), prompts in input order (batch, sample, then window); None
+        where nothing was kept."""
+        if not self.sums:
+            return None
+        blocks = []
+        for batch in sorted({b for per in self.sums.values() for b in per}):
+            kept = [(layer, per[batch]) for layer, per in self.sums.items() if batch in per]
+            b, windows = kept[0][1][0].shape[0], max(v[0].shape[-1] for _, v in kept)
+            block = np.full((b, windows, layers, heads), math.nan)
+            for layer, (collapsed, rows) in kept:
+                collapsed, rows = collapsed.numpy(), rows.numpy()
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    rate = np.where(rows > 0, collapsed / np.maximum(rows, 1), math.nan)  # [b, h, w]
+                block[:, : rate.shape[2], layer, : rate.shape[1]] = rate.transpose(0, 2, 1)
+            blocks.append(block.reshape(b * windows, layers, heads))
+        return np.concatenate(blocks)
+
+
 def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:
     """Gu et al. (2024): 1 where a head's mean weight on the first token exceeds ``eps``, 0 where it
     does not, NaN where it is undefined. Its mean over heads is the sink rate."""

@@ -19,12 +19,22 @@ The rules:
 * **outputs held** at a level (:func:`outputs_held`): ``output_kl`` ≤ :data:`OUTPUT_KL_HELD`; for
   ICL models (no distribution) the task error stays within :data:`ERROR_HELD_RATIO` × the
   reference level's. None when neither is measured.
-* **robust up to a level** (:func:`robust_index`): every level from the first up to it has a
-  fresh collapse rate of at most :data:`ROBUST_COLLAPSE` AND outputs that held; a level where the
-  outputs broke ends it, however little attention collapsed there. A level past
-  :data:`ROBUST_COLLAPSE` but below the collapse point's share "partly collapses"
-  (:func:`partly_collapsed_at`): 46 % of the rows collapsed is no robustness, even though the
-  collapse point (half the rows) was not reached.
+* **the change a shift made** (:func:`collapse_change`): a level's fresh collapse rate is read
+  against the same model's unshifted level (:func:`reference_index`) on the same prompts, never on
+  its own: what collapses before any shift is the baseline's finding, not the probe's effect. The
+  change counts only beyond its prompt-to-prompt noise: the standard error of the paired per-prompt
+  differences (level − unshifted, each prompt's fresh rate: ``ProbeResult.prompt_collapse``; a longer
+  input is cut at the base length, so a pair is the same tokens), and a change counts when it exceeds
+  :data:`NOISE_SIGMAS` standard errors. Results saved before the per-prompt rates were kept have no
+  noise estimate: every change counts there, and the verdict says the noise was not measured.
+* **robust up to a level** (:func:`robust_index`): every level from the first up to it raises the
+  fresh collapse rate by at most :data:`ROBUST_COLLAPSE` over the unshifted level (or by no more than
+  its noise) AND has outputs that held; a level where the outputs broke ends it, however little
+  attention collapsed there. A level whose collapse rises more than :data:`ROBUST_COLLAPSE` beyond
+  its noise, short of the collapse point's share, "partly collapses" (:func:`partly_collapsed_at`):
+  46 % more of the rows collapsed is no robustness, even though the collapse point (half the rows)
+  was not reached. A probe whose collapse falls below the unshifted level's beyond the noise, and
+  rises nowhere, "falls with the shift" (:func:`collapse_falls`): no failure.
 * **degenerate** (:func:`degenerate`): at the baseline (the unshifted first level) either the mean
   normalized entropy of every layer is ≥ :data:`NEAR_UNIFORM_ENTROPY` (attention is near-uniform
   everywhere: nothing is attended to), or the LM loss is ≥ :data:`UNIFORM_LOSS_SHARE` × log(vocab)
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,7 +54,11 @@ from .probe_result import COLLAPSE_SHARE, ProbeResult
 from .probes import PROBES
 
 OUTPUT_KL_HELD = 0.1  # nats per token: outputs moved less than this from the reference's have held
-ROBUST_COLLAPSE = 0.1  # robust: at most this share of the fresh rows collapsed (the collapse point is 0.5)
+ROBUST_COLLAPSE = 0.1  # robust: collapse rises by at most this share of the fresh rows over the unshifted
+# A change in collapse counts beyond this many standard errors of the paired per-prompt differences
+# (one-sided; with ~8 prompts, Student's t on 7 degrees of freedom puts ~1 % of pure noise past it,
+# so a sweep of several levels and probes rarely reads noise as an effect)
+NOISE_SIGMAS = 3.0
 ERROR_HELD_RATIO = 2.0  # ICL models: the task error at most this × the reference level's
 NEAR_UNIFORM_ENTROPY = 0.98  # degenerate: every layer's mean normalized entropy at baseline is >= this
 UNIFORM_LOSS_SHARE = 0.9  # degenerate: baseline LM loss >= this share of log(vocab), uniform guessing
@@ -96,28 +111,90 @@ def outputs_held(probe: ProbeResult, index: int) -> bool | None:
     return None
 
 
+@dataclass(frozen=True)
+class CollapseChange:
+    """A level's fresh collapse rate against the unshifted level's (share of the rows)."""
+
+    reference: int  # the unshifted level's index
+    before: float  # the unshifted level's fresh collapse rate
+    after: float  # this level's
+    noise: float | None  # standard error of the change over paired prompts; None: not measured
+    prompts: int  # the pairs the noise was estimated from
+
+    @property
+    def change(self) -> float:
+        return self.after - self.before
+
+    def beyond_noise(self) -> bool:
+        """Whether the change is more than :data:`NOISE_SIGMAS` standard errors from 0 (unmeasured
+        noise: any change)."""
+        if not math.isfinite(self.change) or self.change == 0:
+            return False
+        return self.noise is None or abs(self.change) > NOISE_SIGMAS * self.noise
+
+    def rises(self) -> bool:
+        """A rise that counts: more than :data:`ROBUST_COLLAPSE` and beyond the noise."""
+        return self.change > ROBUST_COLLAPSE and self.beyond_noise()
+
+    def noise_text(self) -> str:
+        if self.noise is None:
+            return "noise not measured"
+        return f"noise ±{100 * self.noise:.1f} over {self.prompts} prompts"
+
+
+def collapse_change(probe: ProbeResult, index: int) -> CollapseChange:
+    """Level ``index``'s fresh collapse rate against the unshifted level's, with the standard error of
+    the change from the paired per-prompt rates (see the module docstring)."""
+    ref = reference_index(probe.name, probe.levels)
+    fresh = probe.fresh_collapse_rate()
+    noise, pairs = None, 0
+    prompts = probe.prompt_collapse
+    if prompts is not None and index < len(prompts):
+        diff = prompts[index] - prompts[ref]
+        diff = diff[np.isfinite(diff)]
+        pairs = int(diff.size)
+        if pairs >= 2:
+            noise = float(diff.std(ddof=1) / math.sqrt(pairs))
+    return CollapseChange(ref, float(fresh[ref]), float(fresh[index]), noise, pairs)
+
+
 def robust_index(probe: ProbeResult) -> int | None:
-    """The last level index up to which the probe leaves the model robust: little collapse (fresh
-    collapse rate ≤ :data:`ROBUST_COLLAPSE`) and outputs that held at every level so far; None if
-    the first level already fails or nothing tells (outputs unmeasured)."""
+    """The last level index up to which the probe leaves the model robust: collapse that rises by
+    at most :data:`ROBUST_COLLAPSE` over the unshifted level (or within its noise) and outputs that
+    held at every level so far; None if the first level already fails or nothing tells (outputs
+    unmeasured)."""
     fresh = probe.fresh_collapse_rate()
     last = None
     for index in range(len(probe.levels)):
-        rate = fresh[index]
         held = outputs_held(probe, index)
-        if not (math.isfinite(rate) and rate <= ROBUST_COLLAPSE) or held is not True:
+        if not math.isfinite(fresh[index]) or collapse_change(probe, index).rises() or held is not True:
             break
         last = index
     return last
 
 
 def partly_collapsed_at(probe: ProbeResult) -> int | None:
-    """The first level index whose fresh collapse rate exceeds :data:`ROBUST_COLLAPSE` while staying
-    below the collapse share (None if there is none, or if some level reaches the collapse point)."""
+    """The first level index whose fresh collapse rate rises more than :data:`ROBUST_COLLAPSE` over
+    the unshifted level, beyond its noise, while staying below the collapse share (None if there is
+    none, or if some level reaches the collapse point)."""
     rates = [float(r) for r in probe.fresh_collapse_rate()]
     if any(math.isfinite(r) and r >= COLLAPSE_SHARE for r in rates):
         return None
-    return next((i for i, r in enumerate(rates) if math.isfinite(r) and r > ROBUST_COLLAPSE), None)
+    return next((i for i in range(len(rates)) if collapse_change(probe, i).rises()), None)
+
+
+def collapse_falls(probe: ProbeResult) -> CollapseChange | None:
+    """The change at the top measured level where the probe's collapse falls with the shift: below
+    the unshifted level's beyond the noise there, and beyond the noise above it at no level; None
+    otherwise."""
+    measured = [i for i, r in enumerate(probe.fresh_collapse_rate()) if math.isfinite(r)]
+    if len(measured) < 2:
+        return None
+    changes = [collapse_change(probe, i) for i in measured]
+    if any(c.change > 0 and c.beyond_noise() for c in changes):
+        return None
+    top = changes[-1]
+    return top if top.change < 0 and top.beyond_noise() else None
 
 
 def outputs_broke_at(probe: ProbeResult) -> int | None:

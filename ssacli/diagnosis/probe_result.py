@@ -49,6 +49,10 @@ class ProbeResult:
     absorbers: list[str | None] = field(default_factory=list)  # per layer: the norm a shift meets before it
     # where attention lands at the probe's reference level (in memory; a result keeps the baseline's)
     positions: PositionProfiles | None = None
+    # [level, prompt]: each prompt's fresh collapse rate (the mean over the heads not collapsed at the
+    # first level, as fresh_collapse_rate; NaN-padded), prompt j the same text at every level (a longer
+    # input cut at the base length); None in results from before it was kept (no noise estimate)
+    prompt_collapse: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not self.overflow:
@@ -192,6 +196,20 @@ class ProbeResult:
         rates = self.metrics["collapse_rate"].copy()
         rates[:, self.baseline_collapsed()] = np.nan
         return nanmean(rates.reshape(len(self.levels), -1), axis=1)
+
+    def keep_prompt_collapse(self, per_level: list[np.ndarray | None]) -> None:
+        """Set :attr:`prompt_collapse` from each level's [prompt, layer, head] collapse rates (None: a
+        level that did not run or kept none), over the heads :meth:`fresh_collapse_rate` averages."""
+        if not any(rates is not None for rates in per_level):
+            return
+        fresh = ~self.baseline_collapsed()
+        width = max(len(rates) for rates in per_level if rates is not None)
+        out = np.full((len(self.levels), width), np.nan)
+        for index, rates in enumerate(per_level):
+            if rates is not None and not self.overflowed(index):
+                kept = np.where(fresh, rates[:, : fresh.shape[0], : fresh.shape[1]], np.nan)
+                out[index, : len(rates)] = nanmean(kept.reshape(len(rates), -1), axis=1)
+        self.prompt_collapse = out
 
     def change_from_first(self, metric: str) -> np.ndarray:
         mean = self.model_mean(metric)

@@ -25,7 +25,15 @@ from . import frames
 from .findings import baseline_probe, findings
 from .generation import GenerationResult
 from .metrics import LAYER_METRICS, METRICS, QUALITY_METRICS
-from .outputs import OUTPUT_KL_HELD, degenerate, outputs_held, quality_values, reference_index
+from .outputs import (
+    NOISE_SIGMAS,
+    OUTPUT_KL_HELD,
+    collapse_change,
+    degenerate,
+    outputs_held,
+    quality_values,
+    reference_index,
+)
 from .positions import PositionProfiles
 from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
 from .probes import RANDOM_INPUTS
@@ -205,6 +213,8 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
                 overflow=list(p.get("overflow") or []),
                 insensitive=p.get("insensitive"),
                 absorbers=list(p.get("absorbers") or []),  # absent before the reach rule: names fall back
+                # absent before the per-prompt rates were kept: verdicts say the noise was not measured
+                prompt_collapse=_array(p["prompt_collapse"]) if p.get("prompt_collapse") else None,
             )
             for p in data["probes"]
         ]
@@ -336,6 +346,7 @@ def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
         "overflow": json_ready(probe.overflow),
         "insensitive": probe.insensitive,
         "absorbers": probe.absorbers,
+        "prompt_collapse": None if probe.prompt_collapse is None else json_ready(probe.prompt_collapse),
         "summary": {
             "model": {k: json_ready(probe.model_mean(k)) for k in probe.metrics},
             "change_from_first": {k: json_ready(probe.change_from_first(k)) for k in probe.metrics},
@@ -352,8 +363,20 @@ def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
             "reach": _reach(probe),
             "fading": probe.fading(),
             "quality": _quality(probe),
+            "collapse_change": _collapse_change(probe),
         },
     }
+
+
+def _collapse_change(probe: ProbeResult) -> dict[str, Any]:
+    """Per level: the change in fresh collapse from the unshifted level and its noise (the rule:
+    :mod:`ssacli.diagnosis.outputs`)."""
+    changes = [collapse_change(probe, i) for i in range(len(probe.levels))]
+    return json_ready({
+        "reference_level": probe.levels[changes[0].reference] if changes else None,
+        "change": [c.change for c in changes], "noise": [c.noise for c in changes],
+        "prompts": [c.prompts for c in changes], "noise_sigmas": NOISE_SIGMAS,
+    })  # fmt: skip
 
 
 def _quality(probe: ProbeResult) -> dict[str, Any]:

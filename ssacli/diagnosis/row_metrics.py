@@ -65,6 +65,8 @@ def row_sums(
     tau: float = TAU,
     top_k: int = TOP_K,
     local_distance: int = LOCAL_DISTANCE,
+    prompts: bool = False,
+    prompt_length: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-head sums of every row metric over the counted rows of one attention call.
 
@@ -73,7 +75,11 @@ def row_sums(
     the key index whose captured mass ``outlier_capture`` measures (None = not measured). Returns
     float64 tensors [h]: ``<metric>`` sums, and the counts ``rows``, ``capture_rows`` and, where the
     statistics hold a learned sink, ``sink_rows``; with the position terms, the position sums
-    (``received``, ``received_uniform``: [h, key bins]; ``distance_profile``: [h, distance bins])."""
+    (``received``, ``received_uniform``: [h, key bins]; ``distance_profile``: [h, distance bins]).
+    With ``prompts``, also per prompt (:data:`PROMPT_SUMS`, ``[b, h, windows]``: one per sample, or with
+    ``prompt_length`` each sample's rows cut into windows of that many query positions) the collapsed
+    rows and the rows counted: what the prompt-to-prompt noise of a verdict is estimated from
+    (ssacli.diagnosis.outputs)."""
     m, l_, spread = stats.max, stats.total, stats.spread
     b, h, q = m.shape
     n_visible = stats.visible.expand(b, h, q)
@@ -99,6 +105,8 @@ def row_sums(
     }
     sums = {name: _heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
     sums["rows"] = _heads(counted.double())
+    if prompts:
+        sums.update(_prompt_sums(stats, counted, per_row["collapse_rate"], query_positions, prompt_length))
     if stats.key_mass is not None:
         sums.update(_position_sums(stats, counted, safe_l, n_visible, local_distance))
     if stats.sink is not None and parts is not None:
@@ -122,6 +130,30 @@ def row_sums(
     sums["outlier_capture"] = _heads(torch.where(capture_rows, at_target, 0.0))
     sums["capture_rows"] = _heads(capture_rows.double())
     return sums
+
+
+PROMPT_SUMS = ("prompt_collapsed", "prompt_rows")  # [b, h, windows]; not per-head sums (HeadStats)
+
+
+def _prompt_sums(
+    stats: RowStatistics, counted, collapsed, query_positions, prompt_length: int | None
+) -> dict:
+    """Per sample (with ``prompt_length``: per window of that many query positions, the length probe's
+    longer inputs cut at the base length, so window j of a long input holds the same tokens as prompt
+    j at the base length): collapsed rows and counted rows, [b, h, windows]."""
+    b, h, q = counted.shape
+    if query_positions is None:
+        query_positions = torch.arange(stats.keys - q, stats.keys)
+    window = torch.zeros(q, dtype=torch.long, device=counted.device)
+    windows = 1
+    if prompt_length is not None:
+        windows = max(1, math.ceil(stats.keys / prompt_length))
+        window = (query_positions.to(counted.device).long() // prompt_length).clamp(0, windows - 1)
+    out = {}
+    for name, value in zip(PROMPT_SUMS, (torch.where(counted, collapsed, 0.0), counted.double())):
+        total = torch.zeros(b, h, windows, dtype=torch.float64, device=counted.device)
+        out[name] = total.index_add_(2, window, value.double()).cpu()
+    return out
 
 
 def _position_sums(stats: RowStatistics, counted, safe_l, n_visible, local_distance: int) -> dict:
@@ -177,4 +209,4 @@ def logit_sums(
     return out
 
 
-__all__ = ["logit_sums", "row_sums"]
+__all__ = ["PROMPT_SUMS", "logit_sums", "row_sums"]

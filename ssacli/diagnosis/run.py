@@ -31,6 +31,7 @@ from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, reattach, scor
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.device_map import MaxMemory
+from ..models.icl_task import TOKENS_PER_POINT
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
@@ -38,7 +39,7 @@ from ..scorers import make_scorer
 from ..version import __version__
 from .forward import OutputReference, Recorder, forward_batch
 from .generation import generate
-from .metrics import LAYER_METRICS, METRICS
+from .metrics import LAYER_METRICS, METRICS, PromptStats
 from .outputs import reference_index
 from .plan import RunPlan, describe_inputs, plan_run
 from .positions import PositionProfiles, level_profiles, run_bins
@@ -230,6 +231,10 @@ def _execute(
         keeps_inputs = probe.kind.acts_on in (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS)
         reference = OutputReference() if keeps_inputs and loaded.kind != ModelKind.ICL else None
         first = reference_index(probe.name, probe.levels)
+        # one prompt per sample; the length probe's longer inputs cut at the base length, so that
+        # prompt j is the same tokens at every level (its samples shrink as the length grows)
+        lengthens = probe.kind.acts_on is ActsOn.INPUT_LENGTH
+        window = plan.length * (TOKENS_PER_POINT if plan.icl else 1) if lengthens else None
         for li in sorted(range(len(probe.levels)), key=lambda i: i != first):
             level = probe.levels[li]
             batches, why = levels[level]
@@ -244,6 +249,7 @@ def _execute(
                 plan.layer_of, tau=settings.tau, top_k=settings.top_k, block_size=settings.block_size,
                 causal=loaded.kind == ModelKind.CAUSAL, stats=settings.stats,
                 positions=run_bins(plan.length, settings.sink_k),  # where attention lands
+                prompts=PromptStats(window),  # each prompt's collapse: the verdict's noise
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
             if reference is not None:
@@ -283,6 +289,7 @@ class ProbeTables:
     extras: dict[str, list[float | None]] = field(default_factory=dict)
     note: str | None = None
     positions: PositionProfiles | None = None  # at the reference level (ssacli.diagnosis.positions)
+    prompts: list[np.ndarray | None] = field(default_factory=list)  # per level: [prompt, layer, head]
 
     @classmethod
     def empty(cls, levels: int, layers: int, heads: int) -> ProbeTables:
@@ -292,6 +299,7 @@ class ProbeTables:
             rows=np.zeros((levels, layers), dtype=np.int64),
             layer_metrics={name: np.full((levels, layers), np.nan) for name in LAYER_METRICS},
             overflow=[None] * levels,
+            prompts=[None] * levels,
         )
 
     def extra(self, key: str) -> list[float | None]:
@@ -309,6 +317,8 @@ class ProbeTables:
             return
         for key, (value, count) in totals.items():
             self.extra(key)[li] = value / count if count else None
+        if recorder.prompts is not None:
+            self.prompts[li] = recorder.prompts.rates(*self.metrics["collapse_rate"].shape[1:])
         for layer, stats in recorder.stats.items():
             means = stats.means()
             for name in METRICS:
@@ -319,11 +329,13 @@ class ProbeTables:
                 self.layer_metrics[name][li, layer] = value
 
     def result(self, probe: Probe, scorers: list) -> ProbeResult:
-        return ProbeResult(
+        result = ProbeResult(
             probe.name, [float(v) for v in probe.levels], self.metrics, self.rows, self.extras, self.note,
             layer_metrics=self.layer_metrics, overflow=self.overflow,
             insensitive=scorer_insensitivity(probe.kind, scorers), positions=self.positions,
         )  # fmt: skip
+        result.keep_prompt_collapse(self.prompts)
+        return result
 
 
 def _assemble(

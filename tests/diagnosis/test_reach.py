@@ -208,7 +208,7 @@ def test_dominant_key_reach_is_the_mean_shift_of_the_target_logits():
 # ---- the verdict block ------------------------------------------------------------------------------
 
 
-def test_verdicts_name_each_kind_and_put_the_most_severe_first():
+def test_verdicts_name_each_kind_and_list_those_that_tested_attention_first():
     ids = _ids()
     probes = ["length:1,2", OUTLIER, "embed-scale:1,1e30", "dominant-key:0,8"]
     result = diagnose(build_model("llama"), probes, inputs=ids)
@@ -219,19 +219,19 @@ def test_verdicts_name_each_kind_and_put_the_most_severe_first():
     assert lines["embed-scale"][1].startswith("overflow at σ=1e+30 (layer 0: model.layers.0.")
     assert lines["outlier"] == ("absorbed", ABSORBED)
     assert lines["length"][0] == "skipped"  # explicit inputs: their lengths are given
-    # most severe first: failed (overflow, saturates), then could not test (skipped, absorbed); ties
-    # in the order the probes ran
+    # the probes that tested attention first, most severe first (overflow, saturates), then those
+    # that could not test it (skipped, absorbed); ties in the order the probes ran
     assert [v.probe for v in verdicts] == ["embed-scale", "dominant-key", "length", "outlier"]
     # a trained (bundled) ICL model, pre-LayerNorm: outlier is absorbed, key-scale and logit-scale
-    # arrive (×2 asked) and hold
+    # arrive (×2 asked) and hold: they open the verdict, the absorbed probe (more severe) follows
+    # (issue 51: "absorbed" lines opened the verdict ahead of the probe that did reach attention)
     trained = diagnose("builtin:every-softmax", ["key-scale:1,2", OUTLIER, "logit-scale:1,2"], samples=2)
     verdicts = probe_verdicts(trained)
-    assert [(v.probe, v.kind) for v in verdicts] == [
-        ("outlier", "absorbed"), ("key-scale", "robust"), ("logit-scale", "robust")
+    assert [(v.probe, v.kind, v.reached) for v in verdicts] == [
+        ("key-scale", "robust", True), ("logit-scale", "robust", True), ("outlier", "absorbed", False)
     ]  # fmt: skip
-    assert verdicts[0].line.startswith("absorbed by h.0.ln_1 — this probe cannot test this model")
-    assert re.fullmatch(r"robust up to σ=2 \(shift reached ×(1\.99|2)\)", verdicts[1].line)
-    assert [v.severity for v in verdicts] == sorted(v.severity for v in verdicts)
+    assert verdicts[2].line.startswith("absorbed by h.0.ln_1 — this probe cannot test this model")
+    assert re.fullmatch(r"robust up to σ=2 \(shift reached ×(1\.99|2)\)", verdicts[0].line)
     na = diagnose(build_model("gpt2"), ["logit-scale:1,1000"], scorer="cosformer", inputs=ids)
     (verdict,) = probe_verdicts(na)
     assert (verdict.kind, verdict.line) == ("n/a", "n/a (scorer cannot respond)")
