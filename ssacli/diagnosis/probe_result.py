@@ -49,6 +49,9 @@ class ProbeResult:
     absorbers: list[str | None] = field(default_factory=list)  # per layer: the norm a shift meets before it
     # where attention lands at the probe's reference level (in memory; a result keeps the baseline's)
     positions: PositionProfiles | None = None
+    # per level, per input sequence (None where not measured): "output_kl", each prompt's mean KL
+    # per token, so that two models probed with one seed pair up prompt by prompt (ssacli report)
+    per_input: dict[str, list[list[float] | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.overflow:

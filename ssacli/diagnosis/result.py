@@ -205,6 +205,8 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
                 overflow=list(p.get("overflow") or []),
                 insensitive=p.get("insensitive"),
                 absorbers=list(p.get("absorbers") or []),  # absent before the reach rule: names fall back
+                # absent from results written before it
+                per_input={k: list(v) for k, v in (p.get("per_input") or {}).items()},
             )
             for p in data["probes"]
         ]
@@ -332,6 +334,7 @@ def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
         "metrics": {k: json_ready(v) for k, v in probe.metrics.items()},
         "rows": json_ready(probe.rows),
         "extras": {k: json_ready(v) for k, v in probe.extras.items()},
+        "per_input": {k: json_ready(v) for k, v in probe.per_input.items()},
         "layer_metrics": {k: json_ready(v) for k, v in probe.layer_metrics.items()},
         "overflow": json_ready(probe.overflow),
         "insensitive": probe.insensitive,

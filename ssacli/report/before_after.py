@@ -20,6 +20,7 @@ from rich.text import Text
 from ..diagnosis.result import DiagnoseResult
 from ..models.kinds import ModelKind
 from .benchmarks import benchmark_section, benchmark_table
+from .decision import decision_section, render_decision
 from .figures import REPORT_DPI, png_img
 from .html import Section, comparison_sections, facts_table, html_table, page
 from .monitor import monitor_section, monitor_table
@@ -71,7 +72,7 @@ def header_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
     for side in ("before", "after", "control") if has_control(report) else ("before", "after"):
         info = report[side]
         facts.append(
-            (side.upper(), f"{info['model']} · {info['kind']} · {info['family']} · {info['scorer']}")
+            (side.upper(), f"{info['model']} · {info['kind']} · {info['family']} · {scorer_text(info)}")
         )
     settings = report.get("settings", {})
     facts.append(("seed", str(settings.get("seed", "–"))))
@@ -83,6 +84,26 @@ def header_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
     facts += conversion_facts(report)
     facts += [("note", note) for note in report.get("notes", [])]
     return facts
+
+
+def scorer_text(info: dict[str, Any]) -> str:
+    """A side's scorer as it runs now: SSA with its n per layer (the final model's values, read from
+    the loaded model), else the spec. The spec a converted folder keeps (``ssa:init=faithful,
+    learn=b+n``) names where its conversion started, not the n it runs at."""
+    n = (info.get("scorer_values") or {}).get("n")
+    if not n:
+        return str(info["scorer"])
+    name = str(info["scorer"]).split(":")[0]
+    return f"{name}, n per layer {per_layer_text(n)}"
+
+
+def per_layer_text(values: list[float]) -> str:
+    """4, 4, 4, 4; "4 in all 30 layers" when equal; mean (min–max) over many layers."""
+    if len(set(values)) == 1 and len(values) > 1:
+        return f"{values[0]:.3g} in all {len(values)} layers"
+    if len(values) > 8:
+        return f"{_mean(values):.3g} mean ({min(values):.3g}–{max(values):.3g}) over {len(values)} layers"
+    return ", ".join(f"{v:.3g}" for v in values)
 
 
 # With a CONTROL: two-line headers (bottom-aligned), so that 80 columns hold every number whole.
@@ -146,11 +167,22 @@ def conversion_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
         start, end = training["heldout_start"], training["heldout_end"]
         warning = f"AFTER's fine-tuning worsened its held-out loss ({start:.4g} → {end:.4g}){kept}"
         facts.append(("WARNING", warning))
+    now = ((report.get("measurements") or {}).get("after") or {}).get("kl_to_before")
+    if now:  # the final model's fidelity, measured by this report
+        text = "built-in texts" if now["text"] == "lm_builtin" else "in-dist. text"
+        facts.append(("AFTER now", f"KL to BEFORE {now['kl_per_token']:.3g} nats/token on "
+                      f"{now['tokens']:,} tokens of the {text} (measured by this report)"))  # fmt: skip
+    # ssacli.json's fidelity is the conversion's start; a fine-tune or recipe moved the model since
+    key, start = "fidelity at conversion", ""
+    if after.get("recipe"):
+        key, start = "fidelity at start", " at conversion (faithful start)"
+    elif training:
+        key, start = "fidelity at start", " at conversion (before fine-tuning)"
     if "kl_per_token" in fidelity:
-        facts.append(("fidelity at conversion", f"KL {fidelity['kl_per_token']:.3g} nats/token, "
+        facts.append((key, f"KL {fidelity['kl_per_token']:.3g} nats/token{start}, "
                       f"top-1 agreement {fidelity['top1_agreement']:.2%}"))  # fmt: skip
     elif "relative_error" in fidelity:
-        facts.append(("fidelity at conversion", f"relative error {fidelity['relative_error']:.3g}"))
+        facts.append((key, f"relative error {fidelity['relative_error']:.3g}{start}"))
     facts += recipe_facts(after.get("recipe"))
     layers = fidelity.get("layers") or []
     if layers:
@@ -333,7 +365,9 @@ def no_quality_note(report: dict[str, Any]) -> str:
 def render_report(report: dict[str, Any], console: Console) -> None:
     """Header, the quality table (BEFORE, AFTER, Δ per measure; with CONTROL its values and AFTER's
     change relative to it too), the lm-eval benchmarks (when run), then the probe comparison (and
-    with CONTROL a second one: CONTROL as A, AFTER as B)."""
+    with CONTROL a second one: CONTROL as A, AFTER as B). With CONTROL the report opens with the
+    decision (:mod:`ssacli.report.decision`), the detail after it."""
+    render_decision(report, console)
     console.print(facts_panel(header_facts(report), report_title(report)))
     table = quality_table(report)
     if table is None:
@@ -359,6 +393,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
 def report_html(report: dict[str, Any]) -> str:
     """One page: the report's head, the quality table, then the diagnose comparison's sections."""
     sections = [Section(report_title(report), [facts_table(header_facts(report))], level=1)]
+    if report.get("decision"):
+        sections.append(decision_section(report["decision"]))
     if report.get("quality"):
         header, cells, classes = quality_columns(report)
         header = [name.strip().replace("\n", " ") for name in header]
