@@ -236,15 +236,15 @@ def test_the_three_way_report_opens_with_the_decision_and_its_intervals(folders,
     """The first lines: one per question with its interval, the recommendation by the rule applied to
     these numbers; the JSON holds the same decision. Each interval is recomputed here from the
     per-window losses and per-prompt output KLs the report kept, which must add up to its means."""
+    text, data, page = three
+    lines = text.splitlines()
+    assert "decision: AFTER against CONTROL" in lines[0] and max(map(len, lines)) <= 80
+    assert list(data)[2:6] == ["before", "after", "control", "decision"]
     from ssacli.quality.tradeoff import apply_rule
     from ssacli.report.decision import recommendation_text
     from ssacli.stats import bootstrap_ci
 
-    text, data, page = three
-    lines = text.splitlines()
-    assert "decision: AFTER against CONTROL" in lines[0] and max(map(len, lines)) <= 80
     decision = data["decision"]
-    assert list(data)[2:6] == ["before", "after", "control", "decision"]
     questions = {q["key"]: q for q in decision["questions"]}
     assert list(questions) == ["lm_id", "lm_id_long", "output_kl.key-scale@8"]  # no --text-ood: a note
     assert any("out-of-domain: not measured (--text-ood FILE)" in n for n in decision["notes"])
