@@ -74,7 +74,9 @@ def conversion_decision(
     by_key = {q["key"]: q for q in questions}
     rule_key = f"output_kl.{RULE_PROBE}@{RULE_LEVEL:g}"
     rule = apply_rule(by_key.get(f"{key}"), by_key.get(rule_key))
-    if rule_key not in by_key:
+    if RULE_PROBE in skipped:  # e.g. a norm on the keys: the rule's measure cannot apply
+        rule["why"] = f"{RULE_PROBE}'s shift did not reach attention, so the rule's output KL does not apply"
+    elif rule_key not in by_key:
         asked = f"{RULE_PROBE}:1,{RULE_LEVEL:g}"
         rule["why"] = f"no output KL under {RULE_PROBE} σ = {RULE_LEVEL:g} (--probe {asked})"
     rule.update(quality=key, robustness=rule_key)
