@@ -44,6 +44,7 @@ from .result import QualityReport
 from .reuse import check_reusable, reusable_report, reused_before
 from .rows import quality_rows
 from .settings import ReportSettings
+from .sides import conversion_record, describe
 
 
 def compare_models(
@@ -283,8 +284,8 @@ def _assemble(models: list[LoadedModel], measured: dict[str, dict[str, Any]], di
     from ..diagnosis.run import software_versions
 
     report = QualityReport(
-        before=_describe(models[0], diagnosed[0]),
-        after=_describe(models[1], diagnosed[1]),
+        before=describe(models[0], diagnosed[0]),
+        after=describe(models[1], diagnosed[1]),
         settings=settings,
         quality=quality_rows(measured["before"], measured["after"], measured.get("control")),
         measurements=measured,
@@ -295,7 +296,7 @@ def _assemble(models: list[LoadedModel], measured: dict[str, dict[str, Any]], di
         elapsed_s=0.0,  # the caller's clock
     )
     if len(models) > 2:
-        report.control = _describe(models[2], diagnosed[2])
+        report.control = describe(models[2], diagnosed[2])
         report.diagnose_control = compare_results(diagnosed[2], diagnosed[1])  # A CONTROL, B AFTER
         if "control" in measured and models[0].kind in LM_KINDS:
             seq_len = settings.get("seq_len") or LM_SEQ_LEN
@@ -328,39 +329,6 @@ def _read_inputs(
     named = isinstance(pairs, str | Path)
     groups = read_pairs(pairs, pairs_limit) if named else pairs
     return texts["text_id"], texts["text_ood"], groups, {**({"pairs": str(pairs)} if named else {}), **names}
-
-
-def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
-    """What ssacli.json says about how a folder was made: its conversion fidelity (with the m chosen
-    per layer) and, for fine-tuned folders, the training trajectory (one record per evaluation:
-    loss, held-out loss, KL to the source model, b and n per layer). Empty for other models."""
-    from ..models.checkpoint import read_meta
-
-    meta = read_meta(loaded.path) if loaded.path is not None and loaded.kind != ModelKind.ICL else None
-    if not meta:
-        return {}
-    training = meta.get("training") or {}
-    record = {"source": meta.get("source"), "fidelity": meta.get("fidelity")}
-    recipe = meta.get("recipe")
-    if recipe:  # a recipe conversion (ssacli.train.recipe): its stages are the trajectory
-        from ..train.recipe import recipe_trajectory
-
-        record["trajectory"] = recipe_trajectory(recipe)
-        record["recipe"] = {k: recipe.get(k) for k in ("config", "final", "seconds", "snapshot", "heldout")}
-        if recipe.get("control"):  # a softmax control (recipe_facts says so); an SSA arm's record as it was
-            record["recipe"]["control"] = True
-    if training:
-        record["trajectory"] = training.get("trajectory") or []
-        keys = ("step", "steps", "seconds", "tokens", "tokens_per_s")
-        keys += ("heldout_start", "heldout_end", "worsened")  # worsened: held-out loss ended above its start
-        record["training"] = {k: training.get(k) for k in keys}
-        record["training"]["config"] = training.get("config")
-        if training.get("monitor"):  # --monitor-every: saturation measured during the run
-            record["monitor"] = training["monitor"]
-        best = training.get("best")
-        if best:  # where the run kept its best evaluated checkpoint (a fine-tune that worsened)
-            record["training"]["best"] = {**best, "path": str(Path(loaded.path) / best["folder"])}
-    return record
 
 
 def _check_compatible(
@@ -406,21 +374,6 @@ def _same_vocab(a: LoadedModel, b: LoadedModel) -> bool:
     if a.tokenizer is None or b.tokenizer is None:
         return a.tokenizer is b.tokenizer
     return a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
-
-
-def _describe(loaded: LoadedModel, result) -> dict[str, Any]:
-    """A side's model, family, kind and scorer spec, and where its scorer has parameters their
-    values per layer as the model runs now (``scorer_values``: e.g. SSA's n, the final model's,
-    which the spec, written at conversion, does not say)."""
-    from ..models.optim import scorer_values
-
-    described = {"model": loaded.name, "weights": loaded.weights, "family": loaded.family,
-                 "kind": loaded.kind, "scorer": result.scorer}  # fmt: skip
-    values = scorer_values(loaded.attention_root) if loaded.kind != ModelKind.ICL else {}
-    per_layer = {k: v for k, v in values.items() if not k.endswith("_heads")}
-    if per_layer:
-        described["scorer_values"] = per_layer
-    return described
 
 
 __all__ = ["compare_models", "compare_models_with", "quality_rows"]
