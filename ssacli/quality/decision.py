@@ -50,6 +50,8 @@ def conversion_decision(
         notes.append("no quality measured: give --heldout-of DATA (or --text-id)")
     else:
         questions.append(_quality(key, labels[key], c, a))
+    if key == "lm_builtin":  # the rule's quality is then read on general English, not the user's text
+        notes.append("in-domain: the built-in texts stand in; --heldout-of DATA measures your own")
     if "lm_ood" in c and "lm_ood" in a:
         questions.append(_quality("lm_ood", "out-of-domain ppl", c, a))
     elif key is not None:

@@ -46,13 +46,13 @@ def decision_columns(decision: dict[str, Any]) -> tuple[list[str], list[list[str
 
 
 def units_text(decision: dict[str, Any]) -> str:
-    """What the intervals are over: "intervals paired over the same 261, 261, 130 windows (ppl) and
+    """What the intervals are over: "intervals paired over the same 261, 130 text windows (ppl) and
     8 prompts (output KL)"."""
     over: dict[str, list[str]] = {}
     for q in decision["questions"]:
         if q.get("unit"):
             over.setdefault(q["unit"], []).append(str(q["units"]))
-    what = {"windows": "held-out windows (ppl)", "prompts": "probe prompts (output KL)"}
+    what = {"windows": "text windows (ppl)", "prompts": "probe prompts (output KL)"}
     parts = [f"{', '.join(dict.fromkeys(n))} {what.get(unit, unit)}" for unit, n in over.items()]
     level = percent(decision.get("level", 0.95), sign=False)
     head = f"{level} intervals, AFTER − CONTROL paired over the same "
