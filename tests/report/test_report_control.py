@@ -210,6 +210,11 @@ def test_lm_eval_holds_after_against_the_control(folders, tmp_path):
     result = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
+    # no text and no σ = 8: the decision has nothing to decide on, and says so
+    rule = data["decision"]["rule"]
+    assert (rule["verdict"], rule["recommended"]) == ("undecided", None)
+    assert data["decision"]["questions"] == []
+    assert "--probe key-scale:1,8" in rule["why"] and "undecided: this run's intervals" in result.stdout
     (row,), (held,) = data["lm_eval"]["rows"], data["lm_eval"]["control_rows"]
     scores = minimal_pairs(load_model(folders["control"], device="cpu"), records, scores=True)
     correct = [1.0 if good > bad else 0.0 for good, bad in scores["files"]["records"]["scores"]]
