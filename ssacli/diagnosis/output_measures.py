@@ -20,12 +20,18 @@ class OutputReference:
     def __init__(self) -> None:
         self.first: dict[int, torch.Tensor] = {}  # batch index -> [real tokens, vocabulary] logits
         self.recording = True  # the reference level records; the others compare
+        # batch index -> per input sequence (row) of the level last compared: its mean KL per token,
+        # so that two models probed on the same inputs pair up prompt by prompt
+        self.rows: dict[int, list[float]] = {}
 
     def compare(self, index: int, logits: torch.Tensor, keep: torch.Tensor) -> tuple[float, float] | None:
         """(sum of KL over ``keep``'s tokens, their count); the reference level records and reads 0."""
         kept = logits[keep]
+        row_of = keep.nonzero()[:, 0].cpu()  # the input sequence of each kept token
+        tokens = torch.bincount(row_of, minlength=keep.shape[0]).double()
         if self.recording:
             self.first[index] = kept.detach().cpu()
+            self.rows[index] = [0.0] * keep.shape[0]
             return 0.0, float(kept.shape[0])
         ref = self.first.get(index)
         if ref is None or ref.shape != kept.shape:
@@ -34,6 +40,8 @@ class OutputReference:
         logp = F.log_softmax(kept.double(), dim=-1)
         p = ref_logp.exp()
         kl = torch.where(p > 0, p * (ref_logp - logp), torch.zeros_like(p)).sum(-1)
+        per_row = torch.zeros(keep.shape[0], dtype=torch.float64).index_add_(0, row_of, kl.cpu())
+        self.rows[index] = [float(v) for v in per_row / tokens.clamp(min=1)]
         return float(kl.sum()), float(kl.numel())
 
 

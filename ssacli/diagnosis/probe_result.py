@@ -53,6 +53,9 @@ class ProbeResult:
     # first level, as fresh_collapse_rate; NaN-padded), prompt j the same text at every level (a longer
     # input cut at the base length); None in results from before it was kept (no noise estimate)
     prompt_collapse: np.ndarray | None = None
+    # per level, per input sequence (None where not measured): "output_kl", each prompt's mean KL
+    # per token, so that two models probed with one seed pair up prompt by prompt (ssacli report)
+    per_input: dict[str, list[list[float] | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.overflow:

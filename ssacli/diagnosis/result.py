@@ -215,6 +215,8 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
                 absorbers=list(p.get("absorbers") or []),  # absent before the reach rule: names fall back
                 # absent before the per-prompt rates were kept: verdicts say the noise was not measured
                 prompt_collapse=_array(p["prompt_collapse"]) if p.get("prompt_collapse") else None,
+                # absent from results written before it
+                per_input={k: list(v) for k, v in (p.get("per_input") or {}).items()},
             )
             for p in data["probes"]
         ]
@@ -342,6 +344,7 @@ def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
         "metrics": {k: json_ready(v) for k, v in probe.metrics.items()},
         "rows": json_ready(probe.rows),
         "extras": {k: json_ready(v) for k, v in probe.extras.items()},
+        "per_input": {k: json_ready(v) for k, v in probe.per_input.items()},
         "layer_metrics": {k: json_ready(v) for k, v in probe.layer_metrics.items()},
         "overflow": json_ready(probe.overflow),
         "insensitive": probe.insensitive,

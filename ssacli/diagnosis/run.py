@@ -254,6 +254,7 @@ def _execute(
             totals: dict[str, list[float]] = {}
             if reference is not None:
                 reference.recording = li == first
+                reference.rows = {}
             for bi, batch in enumerate(batches):
                 for key, (value, count) in forward_batch(
                     loaded, route, probe, level, batch, recorder, plan.layers, reference, bi
@@ -268,6 +269,10 @@ def _execute(
                 calls[path] += count
             norms_before = norms_before or recorder.norms_before
             tables.add_level(li, recorder, totals, plan.layers)
+            if reference is not None and tables.overflow[li] is None and len(reference.rows) == len(batches):
+                tables.per_input.setdefault("output_kl", [None] * len(probe.levels))[li] = [
+                    v for bi in range(len(batches)) for v in reference.rows[bi]
+                ]
             if li == first:  # where attention lands, at the reference (unshifted) level
                 tables.positions = level_profiles(probe.name, level, recorder, tables.metrics, li)
         results.append(tables.result(probe, plan.scorers))
@@ -290,6 +295,7 @@ class ProbeTables:
     note: str | None = None
     positions: PositionProfiles | None = None  # at the reference level (ssacli.diagnosis.positions)
     prompts: list[np.ndarray | None] = field(default_factory=list)  # per level: [prompt, layer, head]
+    per_input: dict[str, list[list[float] | None]] = field(default_factory=dict)  # [level][input]
 
     @classmethod
     def empty(cls, levels: int, layers: int, heads: int) -> ProbeTables:
@@ -333,6 +339,7 @@ class ProbeTables:
             probe.name, [float(v) for v in probe.levels], self.metrics, self.rows, self.extras, self.note,
             layer_metrics=self.layer_metrics, overflow=self.overflow,
             insensitive=scorer_insensitivity(probe.kind, scorers), positions=self.positions,
+            per_input=self.per_input,
         )  # fmt: skip
         result.keep_prompt_collapse(self.prompts)
         return result

@@ -36,13 +36,15 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_with
 from ..models.options import LoadOptions
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
+from .decision import conversion_decision, in_domain_key, longer_window
 from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
 from .inputs import read_pairs, read_text_file
-from .measures import LM_KINDS, icl_error_by_sigma, language_model_loss, minimal_pairs
+from .measures import LM_KINDS, icl_error_by_sigma, language_model_loss, minimal_pairs, output_kl
 from .result import QualityReport
 from .reuse import check_reusable, reusable_report, reused_before
 from .rows import quality_rows
 from .settings import ReportSettings
+from .sides import conversion_record, describe
 
 
 def compare_models(
@@ -162,7 +164,9 @@ def compare_models_with(
             diagnosed.append(reused)
             say(f"before: reused from an earlier report of {loaded.name}")
             continue
-        measured[side] = _measure(side, loaded, inputs, settings, load, say)
+        measured[side] = _measure(side, loaded, inputs, settings, load, say, decide=control is not None)
+        if side == "after" and conversion_record(loaded):  # a converted model: its KL to BEFORE now
+            _measure_kl(models[0], loaded, inputs, settings, measured[side], say, side)
         say(f"{side}: attention probes")
         diagnosed.append(_probe(loaded, parsed, settings))
     if inputs.any_text and not _same_vocab(*models[:2]):
@@ -212,9 +216,10 @@ def _choose_inputs(models: list[LoadedModel], inputs: _Inputs, settings: ReportS
 
 
 def _measure(side: str, loaded: LoadedModel, inputs: _Inputs, settings: ReportSettings, load: LoadOptions,
-             say: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+             say: Callable[[str], None], decide: bool = False) -> dict[str, Any]:  # fmt: skip
     """Every quality measure that applies to one side's model: ICL error, LM loss on each text,
-    minimal pairs, lm-eval tasks."""
+    minimal pairs, lm-eval tasks; with ``decide`` (a CONTROL was given) also the in-domain text at a
+    longer context where the model's positions allow (:func:`~ssacli.quality.decision.longer_window`)."""
     out: dict[str, Any] = {}
     if loaded.kind == ModelKind.ICL:
         say(f"{side}: ICL error by σ and outlier")
@@ -229,6 +234,11 @@ def _measure(side: str, loaded: LoadedModel, inputs: _Inputs, settings: ReportSe
         if text is not None:
             say(f"{side}: LM loss on {key.removeprefix('lm_')} text")
             out[key] = language_model_loss(loaded, text, **lm)
+    home = in_domain_key(out)
+    longer = longer_window(loaded.max_positions, settings.seq_len) if decide and home else None
+    if longer is not None:  # the same text, windows twice as long: how quality holds with length
+        say(f"{side}: LM loss at {longer} tokens")
+        out[f"{home}_long"] = language_model_loss(loaded, dict(texts)[home], **{**lm, "seq_len": longer})
     if inputs.groups is not None:
         say(f"{side}: minimal pairs")
         out["pairs"] = minimal_pairs(
@@ -240,6 +250,22 @@ def _measure(side: str, loaded: LoadedModel, inputs: _Inputs, settings: ReportSe
         say(f"{side}: lm-eval {', '.join(settings.lm_eval_plan.tasks)}")
         out["lm_eval"] = run_plan(loaded, settings.lm_eval_plan, seed=settings.seed, offline=load.offline)
     return out
+
+
+def _measure_kl(before: LoadedModel, loaded: LoadedModel, inputs: _Inputs, settings: ReportSettings,
+                out: dict[str, Any], say: Callable[[str], None], side: str) -> None:  # fmt: skip
+    """KL(BEFORE ‖ this side) per token on the in-domain text, measured now (the header's fidelity
+    of the final model; ssacli.json's is the conversion's start): causal LMs with a text only."""
+    home = in_domain_key(out)
+    if home is None or before.kind != ModelKind.CAUSAL or loaded.kind != ModelKind.CAUSAL:
+        return
+    if not _same_vocab(before, loaded):
+        return
+    text = {"lm_id": inputs.text_id, "lm_builtin": inputs.text_builtin}[home]
+    say(f"{side}: KL to BEFORE on {home.removeprefix('lm_')} text")
+    kl = output_kl(before, loaded, text, seq_len=settings.seq_len, max_tokens=settings.max_tokens,
+                   batch_size=settings.batch_size)  # fmt: skip
+    out["kl_to_before"] = {**kl, "text": home}
 
 
 def _probe(loaded: LoadedModel, parsed, settings: ReportSettings):
@@ -258,8 +284,8 @@ def _assemble(models: list[LoadedModel], measured: dict[str, dict[str, Any]], di
     from ..diagnosis.run import software_versions
 
     report = QualityReport(
-        before=_describe(models[0], diagnosed[0]),
-        after=_describe(models[1], diagnosed[1]),
+        before=describe(models[0], diagnosed[0]),
+        after=describe(models[1], diagnosed[1]),
         settings=settings,
         quality=quality_rows(measured["before"], measured["after"], measured.get("control")),
         measurements=measured,
@@ -270,8 +296,11 @@ def _assemble(models: list[LoadedModel], measured: dict[str, dict[str, Any]], di
         elapsed_s=0.0,  # the caller's clock
     )
     if len(models) > 2:
-        report.control = _describe(models[2], diagnosed[2])
+        report.control = describe(models[2], diagnosed[2])
         report.diagnose_control = compare_results(diagnosed[2], diagnosed[1])  # A CONTROL, B AFTER
+        if "control" in measured and models[0].kind in LM_KINDS:
+            seq_len = settings.get("seq_len") or LM_SEQ_LEN
+            report.decision = conversion_decision(measured, diagnosed[1], diagnosed[2], seq_len)
     if lm_eval is not None:
         rows = paired_rows(measured["before"]["lm_eval"], measured["after"]["lm_eval"])
         report.lm_eval = {"settings": lm_eval, "rows": rows}
@@ -300,39 +329,6 @@ def _read_inputs(
     named = isinstance(pairs, str | Path)
     groups = read_pairs(pairs, pairs_limit) if named else pairs
     return texts["text_id"], texts["text_ood"], groups, {**({"pairs": str(pairs)} if named else {}), **names}
-
-
-def conversion_record(loaded: LoadedModel) -> dict[str, Any]:
-    """What ssacli.json says about how a folder was made: its conversion fidelity (with the m chosen
-    per layer) and, for fine-tuned folders, the training trajectory (one record per evaluation:
-    loss, held-out loss, KL to the source model, b and n per layer). Empty for other models."""
-    from ..models.checkpoint import read_meta
-
-    meta = read_meta(loaded.path) if loaded.path is not None and loaded.kind != ModelKind.ICL else None
-    if not meta:
-        return {}
-    training = meta.get("training") or {}
-    record = {"source": meta.get("source"), "fidelity": meta.get("fidelity")}
-    recipe = meta.get("recipe")
-    if recipe:  # a recipe conversion (ssacli.train.recipe): its stages are the trajectory
-        from ..train.recipe import recipe_trajectory
-
-        record["trajectory"] = recipe_trajectory(recipe)
-        record["recipe"] = {k: recipe.get(k) for k in ("config", "final", "seconds", "snapshot", "heldout")}
-        if recipe.get("control"):  # a softmax control (recipe_facts says so); an SSA arm's record as it was
-            record["recipe"]["control"] = True
-    if training:
-        record["trajectory"] = training.get("trajectory") or []
-        keys = ("step", "steps", "seconds", "tokens", "tokens_per_s")
-        keys += ("heldout_start", "heldout_end", "worsened")  # worsened: held-out loss ended above its start
-        record["training"] = {k: training.get(k) for k in keys}
-        record["training"]["config"] = training.get("config")
-        if training.get("monitor"):  # --monitor-every: saturation measured during the run
-            record["monitor"] = training["monitor"]
-        best = training.get("best")
-        if best:  # where the run kept its best evaluated checkpoint (a fine-tune that worsened)
-            record["training"]["best"] = {**best, "path": str(Path(loaded.path) / best["folder"])}
-    return record
 
 
 def _check_compatible(
@@ -378,11 +374,6 @@ def _same_vocab(a: LoadedModel, b: LoadedModel) -> bool:
     if a.tokenizer is None or b.tokenizer is None:
         return a.tokenizer is b.tokenizer
     return a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
-
-
-def _describe(loaded: LoadedModel, result) -> dict[str, Any]:
-    return {"model": loaded.name, "weights": loaded.weights, "family": loaded.family, "kind": loaded.kind,
-            "scorer": result.scorer}  # fmt: skip
 
 
 __all__ = ["compare_models", "compare_models_with", "quality_rows"]

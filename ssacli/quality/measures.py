@@ -61,6 +61,48 @@ def language_model_loss(
         raise UsageError("seq-len and max-tokens must be >= 2, batch-size >= 1")
     if not 0 < mask_prob <= 1:
         raise UsageError(f"mask-prob must be in (0, 1], got {mask_prob}")
+    masked = loaded.kind == ModelKind.MASKED
+    ids, truncated, prefix, suffix, chunks = _windows(loaded, tokenizer, text, seq_len, max_tokens)
+    body = len(chunks[0])
+    generator = torch.Generator().manual_seed(seed)
+    window_nll: list[float] = []  # per window, in batch order: the same windows on every model
+    window_tokens: list[int] = []
+    for batch in _same_length_batches(chunks, batch_size):
+        rows = torch.tensor([prefix + c + suffix for c in batch])
+        if masked:
+            inputs, scored = _mask_windows(rows, len(prefix), len(batch[0]), mask_prob, tokenizer, generator)
+            logprobs = _log_probs(loaded, inputs, torch.ones_like(inputs))
+            nll = -logprobs.gather(-1, rows.unsqueeze(-1)).squeeze(-1) * scored
+        else:
+            logprobs = _log_probs(loaded, rows, torch.ones_like(rows))[:, :-1]
+            nll = -logprobs.gather(-1, rows[:, 1:].unsqueeze(-1)).squeeze(-1)
+            scored = torch.ones_like(nll, dtype=torch.bool)
+        window_nll += [float(v) for v in nll.double().sum(1)]
+        window_tokens += [int(v) for v in scored.sum(1)]
+    total, count = math.fsum(window_nll), sum(window_tokens)
+    mean = total / count
+    return {
+        "kind": loaded.kind,
+        "objective": f"masked-LM, {mask_prob:g} of tokens masked" if masked else "next-token",
+        "nll": mean,
+        "perplexity": math.exp(mean) if mean < 700 else None,  # None: too large for JSON
+        "tokens": count,
+        "text_tokens": len(ids),
+        "windows": len(chunks),
+        "truncated": truncated,
+        "seq_len": body + len(prefix) + len(suffix),  # the first window is a full one
+        # per window: summed NLL and scored tokens, so that two models on the same text pair up
+        # window by window (the intervals of ssacli.quality.tradeoff)
+        "window_nll": window_nll,
+        "window_tokens": window_tokens,
+    }
+
+
+def _windows(
+    loaded: LoadedModel, tokenizer, text: str, seq_len: int, max_tokens: int
+) -> tuple[list[int], bool, list[int], list[int], list[list[int]]]:
+    """The text's first ``max_tokens`` tokens cut into windows of ``seq_len`` (capped at the
+    model's positions) with room for the special tokens: (ids, truncated, prefix, suffix, windows)."""
     ids, truncated = _tokenize_prefix(tokenizer, text, max_tokens)
     masked = loaded.kind == ModelKind.MASKED
     prefix, suffix = _wrap_ids(tokenizer, masked)
@@ -72,31 +114,30 @@ def language_model_loss(
     chunks = [c for c in chunks if len(c) >= shortest]
     if not chunks:
         raise InputError("the text has too few tokens to score; give a longer text")
-    generator = torch.Generator().manual_seed(seed)
+    return ids, truncated, prefix, suffix, chunks
+
+
+def output_kl(
+    reference: LoadedModel, loaded: LoadedModel, text: str, *, seq_len: int = LM_SEQ_LEN,
+    max_tokens: int = LM_MAX_TOKENS, batch_size: int = BATCH_SIZE,
+) -> dict[str, Any]:  # fmt: skip
+    """KL(reference ‖ loaded) of the next-token distributions per token on ``text`` (causal LMs, the
+    windows of :func:`language_model_loss`), in float64 as a small KL is a difference of nearly equal
+    log-probabilities: how far a conversion moved the outputs, measured now on this text."""
+    tokenizer = _lm_tokenizer(loaded, "output KL")
+    if loaded.kind != ModelKind.CAUSAL or reference.kind != ModelKind.CAUSAL:
+        raise UsageError("output KL to the original is measured on causal language models")
+    _, _, prefix, suffix, chunks = _windows(loaded, tokenizer, text, seq_len, max_tokens)
     total, count = 0.0, 0
     for batch in _same_length_batches(chunks, batch_size):
         rows = torch.tensor([prefix + c + suffix for c in batch])
-        if masked:
-            inputs, scored = _mask_windows(rows, len(prefix), len(batch[0]), mask_prob, tokenizer, generator)
-            logprobs = _log_probs(loaded, inputs, torch.ones_like(inputs))
-            nll = -logprobs.gather(-1, rows.unsqueeze(-1)).squeeze(-1)[scored]
-        else:
-            logprobs = _log_probs(loaded, rows, torch.ones_like(rows))[:, :-1]
-            nll = -logprobs.gather(-1, rows[:, 1:].unsqueeze(-1)).squeeze(-1)
-        total += float(nll.double().sum())
-        count += nll.numel()
-    mean = total / count
-    return {
-        "kind": loaded.kind,
-        "objective": f"masked-LM, {mask_prob:g} of tokens masked" if masked else "next-token",
-        "nll": mean,
-        "perplexity": math.exp(mean) if mean < 700 else None,  # None: too large for JSON
-        "tokens": count,
-        "text_tokens": len(ids),
-        "windows": len(chunks),
-        "truncated": truncated,
-        "seq_len": body + len(prefix) + len(suffix),
-    }
+        ones = torch.ones_like(rows)
+        ref, now = _log_probs(reference, rows, ones).double(), _log_probs(loaded, rows, ones).double()
+        p = ref.exp()
+        kl = torch.where(p > 0, p * (ref - now), torch.zeros_like(p)).sum(-1)[:, :-1]  # they predict text
+        total += float(kl.sum())
+        count += kl.numel()
+    return {"kl_per_token": total / count, "tokens": count}
 
 
 def _lm_tokenizer(loaded: LoadedModel, what: str):
@@ -289,5 +330,6 @@ __all__ = [
     "icl_error_by_sigma",
     "language_model_loss",
     "minimal_pairs",
+    "output_kl",
     "sentence_log_likelihoods",
 ]

@@ -47,19 +47,21 @@ class QualityReport(Displayed):  # Displayed: _repr_html_ and plot(kind) in a no
     lm_eval: dict[str, Any] | None = None
     control: dict[str, Any] | None = None
     diagnose_control: dict[str, Any] | None = None
+    decision: dict[str, Any] | None = None  # with a CONTROL: ssacli.quality.decision's block
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (``ssacli report --json``), every key in the order it has always had;
         a CONTROL's ``control`` follows ``after``, its ``diagnose_control`` follows ``diagnose``."""
         data: dict[str, Any] = {"schema": REPORT_SCHEMA, "schema_version": REPORT_VERSION}
-        optional = {"after": "control", "diagnose": "diagnose_control"}  # written after these when set
+        # written after these when set: a CONTROL's side, its decision, its probes
+        optional = {"after": ("control", "decision"), "diagnose": ("diagnose_control",)}
         for f in fields(self):
-            if f.name in ("lm_eval", *optional.values()):
+            if f.name in ("lm_eval", *(k for keys in optional.values() for k in keys)):
                 continue
             data[f.name] = getattr(self, f.name)
-            extra = optional.get(f.name)
-            if extra is not None and getattr(self, extra) is not None:
-                data[extra] = getattr(self, extra)
+            for extra in optional.get(f.name, ()):
+                if getattr(self, extra) is not None:
+                    data[extra] = getattr(self, extra)
         if self.lm_eval is not None:
             data["lm_eval"] = self.lm_eval
         return data

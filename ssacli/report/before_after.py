@@ -20,6 +20,8 @@ from rich.text import Text
 from ..diagnosis.result import DiagnoseResult
 from ..models.kinds import ModelKind
 from .benchmarks import benchmark_section, benchmark_table
+from .conversion_facts import conversion_facts, scorer_text
+from .decision import decision_section, render_decision
 from .figures import REPORT_DPI, png_img
 from .html import Section, comparison_sections, facts_table, html_table, page
 from .monitor import monitor_section, monitor_table
@@ -71,7 +73,7 @@ def header_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
     for side in ("before", "after", "control") if has_control(report) else ("before", "after"):
         info = report[side]
         facts.append(
-            (side.upper(), f"{info['model']} · {info['kind']} · {info['family']} · {info['scorer']}")
+            (side.upper(), f"{info['model']} · {info['kind']} · {info['family']} · {scorer_text(info)}")
         )
     settings = report.get("settings", {})
     facts.append(("seed", str(settings.get("seed", "–"))))
@@ -128,85 +130,6 @@ def quality_table(report: dict[str, Any]) -> Table | None:
 def trajectory_of(report: dict[str, Any]) -> list[dict[str, Any]]:
     """AFTER's fine-tuning trajectory (``report["conversion"]["after"]``), or []."""
     return ((report.get("conversion") or {}).get("after") or {}).get("trajectory") or []
-
-
-def conversion_facts(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """AFTER's conversion fidelity, the m chosen per layer by m=auto, and a warning when AFTER's
-    fine-tuning ended with a held-out loss above its start; then a CONTROL's recipe record (what
-    its training reached), each line named CONTROL."""
-    after = (report.get("conversion") or {}).get("after") or {}
-    fidelity = after.get("fidelity") or {}
-    facts = []
-    training = after.get("training") or {}
-    if training.get("worsened"):
-        best, kept = training.get("best"), ""
-        if best:
-            kept = f"; its best checkpoint (step {best['step']}, held-out {best['heldout_loss']:.4g}) is in "
-            kept += best["path"]
-        start, end = training["heldout_start"], training["heldout_end"]
-        warning = f"AFTER's fine-tuning worsened its held-out loss ({start:.4g} → {end:.4g}){kept}"
-        facts.append(("WARNING", warning))
-    if "kl_per_token" in fidelity:
-        facts.append(("fidelity at conversion", f"KL {fidelity['kl_per_token']:.3g} nats/token, "
-                      f"top-1 agreement {fidelity['top1_agreement']:.2%}"))  # fmt: skip
-    elif "relative_error" in fidelity:
-        facts.append(("fidelity at conversion", f"relative error {fidelity['relative_error']:.3g}"))
-    facts += recipe_facts(after.get("recipe"))
-    layers = fidelity.get("layers") or []
-    if layers:
-        ms = ", ".join(f"{row['m']:g}" for row in layers)
-        facts.append(("m per layer (m=auto)", f"{ms}: larger m = SSA's polynomial regime starts later "
-                      "(closer to softmax)"))  # fmt: skip
-    control = (report.get("conversion") or {}).get("control") or {}
-    for key, text in recipe_facts(control.get("recipe")):
-        if key == "WARNING":
-            facts.append((key, f"CONTROL: {text}"))
-        else:
-            facts.append((f"CONTROL {key.removeprefix('recipe ')}", text))
-    return facts
-
-
-def recipe_facts(recipe: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """A recipe conversion's outcome: the final n against its target, held-out quality against the
-    original's (and the --max-loss criterion), the KL as fidelity; a missed criterion or target is a
-    WARNING. A softmax control says it is one. Records written before --max-loss judged the KL."""
-    if not recipe or not recipe.get("final"):
-        return []
-    final, config = recipe["final"], recipe.get("config") or {}
-    seconds = recipe.get("seconds", {}).get("total", "?")
-    if recipe.get("control"):
-        facts = [("recipe", f"softmax control: the distill stage's budget spent without SSA; {seconds} s")]
-    else:
-        stages = " → ".join(config.get("stages") or [])
-        target = config.get("target_n")
-        target = (
-            "faithful m"
-            if target is None
-            else f"{target:g}" + (", then learned" if config.get("learn_n") else "")
-        )
-        facts = [("recipe", f"{stages}; n target {target}, reached max n "
-                  f"{final['n_max']:g}; {seconds} s")]  # fmt: skip
-    if final.get("kl") is not None:
-        tokens = (recipe.get("heldout") or {}).get("tokens")
-        quality = f"held-out ppl {final['heldout_ppl']:.4g} vs the original's {final['original_ppl']:.4g} "
-        quality += f"(×{final['ppl_ratio']:.3f})" + (f" on {tokens:,} tokens" if tokens else "")
-        if "met_max_loss" in final:
-            met = final["met_max_loss"]
-            text = f"{quality}; loss {final['loss_change']:+.3g} nats/token "
-            text += f"(--max-loss {config.get('max_loss'):g}"
-            text += (
-                f": {'met' if met else 'MISSED'}); KL to the original {final['kl']:.3g} nats/token (fidelity)"
-            )
-        else:  # a record of the KL budget's time
-            met = final["met_max_kl"]
-            text = f"held-out KL {final['kl']:.3g} nats/token (budget {config.get('max_kl'):g}"
-            text += f": {'met' if met else 'MISSED'}); {quality}"
-        facts.append(("recipe result" if met else "WARNING", text))
-    if not recipe.get("control") and final.get("at_target_n") is False:
-        facts.append(("WARNING", f"the recipe stopped before n reached {config.get('target_n'):g}"))
-    if recipe.get("snapshot"):
-        facts.append(("stage", f"this folder is the recipe's {recipe['snapshot']} snapshot"))
-    return facts
 
 
 def _mean(values: list[float] | None) -> float | None:
@@ -333,7 +256,9 @@ def no_quality_note(report: dict[str, Any]) -> str:
 def render_report(report: dict[str, Any], console: Console) -> None:
     """Header, the quality table (BEFORE, AFTER, Δ per measure; with CONTROL its values and AFTER's
     change relative to it too), the lm-eval benchmarks (when run), then the probe comparison (and
-    with CONTROL a second one: CONTROL as A, AFTER as B)."""
+    with CONTROL a second one: CONTROL as A, AFTER as B). With CONTROL the report opens with the
+    decision (:mod:`ssacli.report.decision`), the detail after it."""
+    render_decision(report, console)
     console.print(facts_panel(header_facts(report), report_title(report)))
     table = quality_table(report)
     if table is None:
@@ -359,6 +284,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
 def report_html(report: dict[str, Any]) -> str:
     """One page: the report's head, the quality table, then the diagnose comparison's sections."""
     sections = [Section(report_title(report), [facts_table(header_facts(report))], level=1)]
+    if report.get("decision"):
+        sections.append(decision_section(report["decision"]))
     if report.get("quality"):
         header, cells, classes = quality_columns(report)
         header = [name.strip().replace("\n", " ") for name in header]

@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ssacli.quality.tradeoff import MAX_RATIO, MIN_KL_DROP, apply_rule  # the rule's one owner
 from ssacli.stats import paired_summary
 
 ARMS = ("original", "control", "faithful", "n8", "n4", "n2", "n4-no-transfer", "n4-learned",
@@ -28,8 +29,6 @@ PAIRS = "pairs_accuracy"  # the general measure (BLiMP minimal pairs), compared 
 RATIOS = (("heldout_ppl", "held-out ppl"), ("ood_ppl", "out-of-domain ppl"), ("ppl_2x", "ppl at 2x context"),
           ("ppl_4x", "ppl at 4x context"))  # fmt: skip
 KL = "output_kl_key8"
-MAX_RATIO = 1.05  # decision rule (b): the held-out ppl ratio's upper 95 % bound
-MIN_KL_DROP = 0.25  # decision rule (a): at least 25 % lower output KL, interval below zero
 
 
 def load(record: Path) -> dict[str, dict[int, dict[str, Any]]]:
@@ -122,8 +121,9 @@ def objective(runs: dict[str, dict[int, dict]], seeds_needed: int) -> dict[str, 
 
 
 def decide(runs, rows: dict[str, dict[str, Any]], seeds_needed: int) -> dict[str, Any]:
-    """The page's rule: (a) output KL lower with the interval below zero and by >= 25 % on average;
-    (b) the held-out ppl ratio's upper bound <= 1.05. Undecided while an arm has fewer seeds."""
+    """The page's rule (:func:`ssacli.quality.tradeoff.apply_rule`: (a) output KL lower with the
+    interval below zero and by >= 25 % on average; (b) the held-out ppl ratio's upper bound <= 1.05)
+    on each n arm against the control. Undecided while an arm has fewer seeds."""
     verdicts = {}
     for arm, row in rows.items():
         if arm not in N_ARMS:
@@ -135,17 +135,9 @@ def decide(runs, rows: dict[str, dict[str, Any]], seeds_needed: int) -> dict[str
         if held["high"] is None or kl["high"] is None:  # the rule reads intervals: one seed has none
             verdicts[arm] = f"undecided (no interval from {len(kl['seeds'])} seed)"
             continue
-        lower = kl["high"] < 0  # the interval of the difference below zero
-        robust = lower and kl["change"] <= -MIN_KL_DROP
-        cheap = held["high"] <= MAX_RATIO
-        if robust and cheap:
-            verdicts[arm] = "recommended"
-        elif robust:
-            verdicts[arm] = "more robust, too costly"
-        elif lower:
-            verdicts[arm] = f"a gain under the {MIN_KL_DROP:.0%} bar"
-        else:
-            verdicts[arm] = "no robustness gain"
+        quality = {"value": held["ratio"], "low": held["low"], "high": held["high"]}
+        robustness = {"value": kl["change"], "low": kl["low"], "high": kl["high"]}
+        verdicts[arm] = apply_rule(quality, robustness)["verdict"]
     recommended = [a for a, v in verdicts.items() if v == "recommended"]
     best = min(recommended, key=lambda a: rows[a][KL]["change"]) if recommended else None
     # the transfer stage is kept only if n4 beats n4-no-transfer on held-out ppl (interval below 1)

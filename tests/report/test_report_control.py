@@ -9,6 +9,7 @@ the public measures (or computed from two numbers the report wrote), never read 
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -115,13 +116,15 @@ def test_without_control_the_report_is_the_two_model_one(folders, three):
     _, data, _ = three
     two = compare_models(ORIGINAL, folders["ssa"], heldout_of=folders["text"], device="cpu", **SETTINGS)
     two = two.to_dict()
-    assert list(two) == [k for k in data if k not in ("control", "diagnose_control")]
+    assert list(two) == [k for k in data if k not in ("control", "decision", "diagnose_control")]
     for row, wide in zip(two["quality"], data["quality"], strict=True):
         assert list(row) == ["key", "label", "before", "after", "delta", "better"]
         assert row == {k: wide[k] for k in row}
     for key in ("before", "after"):
         assert two[key] == data[key]
-        assert two["measurements"][key] == data["measurements"][key]
+        # a CONTROL adds the in-domain text at a longer context (the decision's question), nothing else
+        wide = {k: v for k, v in data["measurements"][key].items() if not k.endswith("_long")}
+        assert two["measurements"][key] == wide
         assert two["conversion"][key] == data["conversion"][key]
     assert untimed(two["diagnose"]) == untimed(data["diagnose"])
 
@@ -207,6 +210,11 @@ def test_lm_eval_holds_after_against_the_control(folders, tmp_path):
     result = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
+    # no text and no σ = 8: the decision has nothing to decide on, and says so
+    rule = data["decision"]["rule"]
+    assert (rule["verdict"], rule["recommended"]) == ("undecided", None)
+    assert data["decision"]["questions"] == []
+    assert "--probe key-scale:1,8" in rule["why"] and "undecided: this run's intervals" in result.stdout
     (row,), (held,) = data["lm_eval"]["rows"], data["lm_eval"]["control_rows"]
     scores = minimal_pairs(load_model(folders["control"], device="cpu"), records, scores=True)
     correct = [1.0 if good > bad else 0.0 for good, bad in scores["files"]["records"]["scores"]]
@@ -224,3 +232,97 @@ def test_lm_eval_holds_after_against_the_control(folders, tmp_path):
     title = "benchmarks (lm-evaluation-harness): AFTER against CONTROL"
     assert title in result.stdout and "CONTROL ± SE" in result.stdout
     assert title in html.read_text() and f"{held['before']:.4f} ± " in html.read_text()
+
+
+# ---- the decision (issue 51, item 5) ----------------------------------------------------------------
+
+
+def test_the_three_way_report_opens_with_the_decision_and_its_intervals(folders, three):
+    """The first lines: one per question with its interval, the recommendation by the rule applied to
+    these numbers; the JSON holds the same decision. Each interval is recomputed here from the
+    per-window losses and per-prompt output KLs the report kept, which must add up to its means."""
+    text, data, page = three
+    lines = text.splitlines()
+    assert "decision: AFTER against CONTROL" in lines[0] and max(map(len, lines)) <= 80
+    assert list(data)[2:6] == ["before", "after", "control", "decision"]
+    from ssacli.quality.tradeoff import apply_rule
+    from ssacli.report.decision import recommendation_text
+    from ssacli.stats import bootstrap_ci
+
+    decision = data["decision"]
+    questions = {q["key"]: q for q in decision["questions"]}
+    assert list(questions) == ["lm_id", "lm_id_long", "output_kl.key-scale@8"]  # no --text-ood: a note
+    assert any("out-of-domain: not measured (--text-ood FILE)" in n for n in decision["notes"])
+    a, c = data["measurements"]["after"], data["measurements"]["control"]
+    for key in ("lm_id", "lm_id_long"):
+        for side in (a, c):  # the windows add up to the measured mean
+            assert sum(side[key]["window_nll"]) / sum(side[key]["window_tokens"]) == pytest.approx(
+                side[key]["nll"], rel=1e-12
+            )
+        pairs = zip(
+            a[key]["window_nll"], a[key]["window_tokens"], c[key]["window_nll"], c[key]["window_tokens"]
+        )
+        diffs = [x / n - y / m for x, n, y, m in pairs]  # AFTER − CONTROL, window by window
+        low, high = bootstrap_ci(diffs)
+        assert questions[key]["value"] == pytest.approx(math.exp(sum(diffs) / len(diffs)), rel=1e-12)
+        bounds = (questions[key]["low"], questions[key]["high"])
+        assert bounds == pytest.approx((math.exp(low), math.exp(high)), rel=1e-12)
+        assert questions[key]["units"] == len(diffs) == a[key]["windows"]
+    assert c["lm_id_long"]["seq_len"] == 64  # twice the 32-token windows: the model has 128 positions
+    index = data["diagnose"]["b"]["probes"][0]["levels"].index(8)
+    per_prompt = {}
+    for side, result in (("after", data["diagnose"]["b"]), ("control", data["diagnose_control"]["a"])):
+        probe = result["probes"][0]
+        per_prompt[side] = probe["per_input"]["output_kl"][index]
+        # prompts of one length: their mean is the level's output KL the probe table shows
+        assert sum(per_prompt[side]) / 2 == pytest.approx(probe["extras"]["output_kl"][index], rel=1e-9)
+    base = sum(per_prompt["control"]) / 2
+    change = (sum(per_prompt["after"]) - sum(per_prompt["control"])) / 2 / base
+    assert questions["output_kl.key-scale@8"]["value"] == pytest.approx(change, rel=1e-9)
+    rule = apply_rule(questions["lm_id"], questions["output_kl.key-scale@8"])
+    assert {k: decision["rule"][k] for k in rule} == rule  # the rule applied to these numbers
+    end = next(i for i, line in enumerate(lines) if line.startswith("╰"))  # the panel's last line
+    block = " ".join(" ".join(line.strip("│ ").split()) for line in lines[: end + 1])
+    for q in decision["questions"]:
+        assert q["label"] in block and q["reads"] in block, q["key"]
+    assert " ".join(("recommendation: " + recommendation_text(decision)).split()) in block
+    assert "decision: AFTER against CONTROL, from this run</h2>" in page
+
+
+def test_the_header_shows_the_final_models_n_and_its_kl_to_the_original_now(folders, three):
+    """AFTER runs at n = 4 (the recipe's target), not at the spec its folder keeps
+    (``ssa:init=faithful,learn=b+n``); its KL to BEFORE is measured now, on the held-out windows, and
+    the conversion's fidelity is labelled as the faithful start's."""
+    import torch
+
+    from ssacli.attention.interface import scorers_of
+
+    text, data, _ = three
+    flat = " ".join(text.split())
+    after = load_model(folders["ssa"], device="cpu")
+    n = [float(s.parameter_values()["n"].mean()) for s in scorers_of(after.attention_root).values()]
+    assert n == pytest.approx([4.0] * len(n), rel=1e-5)
+    assert data["after"]["scorer_values"]["n"] == pytest.approx(n, rel=1e-5)
+    assert f"ssa, n per layer 4 in all {len(n)} layers" in flat
+    # KL(BEFORE ‖ AFTER) per token, here from the two models' logits on the held-out windows
+    before = load_model(ORIGINAL, device="cpu")
+    tokenizer = after.tokenizer
+    ids = tokenizer(heldout_text(folders["text"]), add_special_tokens=False)["input_ids"][:512]
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    body = 32 - len(bos)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids), body):
+            window = torch.tensor([bos + ids[start : start + body]])
+            if window.shape[1] < 2:
+                continue
+            p = torch.log_softmax(before.model(window).logits.double(), -1)[0, :-1]
+            q = torch.log_softmax(after.model(window).logits.double(), -1)[0, :-1]
+            total += float((p.exp() * (p - q)).sum())
+            count += p.shape[0]
+    now = data["measurements"]["after"]["kl_to_before"]
+    assert now["kl_per_token"] == pytest.approx(total / count, rel=1e-4) and now["tokens"] == count
+    assert f"AFTER now KL to BEFORE {now['kl_per_token']:.3g} nats/token on {count:,} tokens" in flat
+    start = data["conversion"]["after"]["fidelity"]["kl_per_token"]
+    assert f"fidelity at start KL {start:.3g} nats/token at conversion (faithful start)" in flat
+    assert abs(now["kl_per_token"] - start) > 1e-3 * start  # the two numbers are different facts
