@@ -1,5 +1,6 @@
 """What `ssacli check --init`'s default gates catch on one model: harmless changes (another prompt
-seed, bfloat16, the native build forced to AVX2 and to no AVX, the model's own SSA conversion, other
+seed, bfloat16, the native build forced to AVX2 and to no AVX, the model's own SSA conversion (the
+faithful start by default: softmax within 1e-3 nats/token at baseline, polynomial past |logit| ≈ m), other
 models named with --also) and graded damage (ssacli.testing.damage), each checked against the gates
 `check --init` writes for MODEL. Prints a markdown table (docs/ci.md, "What the default gates catch").
 
@@ -68,6 +69,11 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="gates already written by check --init (else written)")
     parser.add_argument("--also", action="append", default=[], help="another model, checked as a row")
     parser.add_argument("--no-builds", action="store_true", help="skip the forced-build rows")
+    parser.add_argument(
+        "--convert",
+        default="ssa:init=faithful",
+        help="the SSA conversion row's spec (default: the faithful start)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="gate-table-"))
@@ -94,9 +100,9 @@ def main() -> None:
             t0 = time.perf_counter()
             rows.append(("harmless", name, _forced_build(args.model, config, flags)))
             print(f"# {name}: {time.perf_counter() - t0:.0f} s", flush=True)
-    converted, fidelity = ssacli.convert(copy.deepcopy(base), "ssa")
+    converted, fidelity = ssacli.convert(copy.deepcopy(base), args.convert)
     kl = fidelity.get("kl_per_token")
-    check("harmless", f"its own SSA conversion (`ssa`, no fine-tuning; KL {kl:.3g})", converted)
+    check("harmless", f"its own SSA conversion (`{args.convert}`, no fine-tuning; KL {kl:.3g})", converted)
     for other in args.also:
         check("harmless", f"`{other}`", other)
     for name, damage in DAMAGE.items():

@@ -171,13 +171,18 @@ def test_comparison_findings_by_hand():
     """A -> B (report_fixtures): A's layer 1 head 2 is collapsed at level 1 (0.6), B has no such head;
     the collapse point moves 4 -> 8 (every layer alike, so no per-layer finding); at the common
     levels the collapse-rate means move -0.1, -0.15, -0.25 (most at 4: 0.6 -> 0.35, max weight
-    0.705 -> 0.5); outlier's collapse rates are equal, its max weight moves most at level 0."""
+    0.705 -> 0.5); outlier's collapse rates are equal, its max weight moves most at level 0. What the
+    shift did to each: A's fresh heads (L1H2 left out) go from 0 at σ=1 to (.5+.5+.5+.6+.7)/5 = .56
+    at σ=4, +56 points; B's from 0 to .35, +35."""
     data = compare_results(result_a(), result_b())
     found = data["findings"]
     assert [f["kind"] for f in found] == [
-        "baseline_collapse_change", "collapse_change", "saturation_change", "saturation_change"
+        "baseline_collapse_change", "collapse_change", "shift_change",
+        "saturation_change", "saturation_change",
     ]  # fmt: skip
-    base, point, embed, outlier = found
+    base, point, shift, embed, outlier = found
+    changed = "embed-scale σ=4: collapse +56.0 points from the unshifted σ=1 in A → +35.0 in B"
+    assert shift["text"].startswith(changed)
     assert (base["a"], base["b"], base["heads_a"], base["heads_b"]) == (1, 0, [[1, 2]], [])
     assert base["text"] == "heads collapsed before any shift: 1 → 0 of 6 (A: L1H2; B: none)"
     assert (point["level_a"], point["level_b"], point["a"], point["b"]) == (4.0, 8.0, "4", "8")
