@@ -69,15 +69,22 @@ def test_init_gates_quality_and_outputs_and_leaves_saturation_opt_in(written, he
 
 @pytest.mark.parametrize(
     "change",
-    ["another prompt seed", "bfloat16", "its own SSA conversion", "the SSA model trained beside it"],
+    [
+        "another prompt seed",
+        "bfloat16",
+        "its faithful SSA conversion",
+        "its SSA conversion at the paper's init (spreads attention)",
+        "the SSA model trained beside it",
+    ],
 )
 def test_harmless_changes_pass(written, model, change):
     if change == "another prompt seed":
         report, _ = _check(written, MODEL, seed=7)
     elif change == "bfloat16":
         report, _ = _check(written, MODEL, dtype="bfloat16")
-    elif change == "its own SSA conversion":
-        converted, _ = ssacli.convert(copy.deepcopy(model), "ssa")
+    elif change.startswith("its"):  # softmax within 1e-3 nats/token; or b = 0.8, n = 1.5, KL ~0.1
+        spec = "ssa:init=faithful" if "faithful" in change else "ssa"
+        converted, _ = ssacli.convert(copy.deepcopy(model), spec)
         report, _ = _check(written, converted)
     else:
         report, _ = _check(written, "builtin:wikitext-ssa")
