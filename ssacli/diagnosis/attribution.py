@@ -1,0 +1,388 @@
+"""Attribution by attention-pattern patching: how much of a shift's output damage the attention
+patterns of chosen heads carry (issue 52, docs/diagnose.md "Attribution by attention-pattern
+patching").
+
+For a probe that keeps the tokens (``key-scale``, ``logit-scale``, ``dominant-key``, ``embed-scale``,
+``outlier``: prompt j is the same tokens at every level), three kinds of forward run on the plan
+diagnose would run (:func:`~ssacli.diagnosis.plan.plan_run`, the same prompts, the same probe):
+
+1. the unshifted level, whose every attention call's weights [b, h, q, k] are kept
+   (:class:`PatternRecorder`, ``capture``);
+2. the shifted level;
+3. the shifted level with the unshifted weights put back into the heads of a set S, everything else
+   left shifted (:meth:`PatternRecorder.patch`, through :meth:`ssacli.attention.forward.Observer.patch`,
+   before the weights multiply the values).
+
+Per prompt, the damage is the next-token loss of (2) minus that of (1), and the damage S removes is
+(2) minus (3). Heads are chosen on one half of the prompts (top k by their rise in collapse, heads
+already collapsed unshifted left out) and measured on the other half, both ways; the null is random
+layer-matched k-sets; the ceiling patches every head. Patching needs the weights: every call runs on
+the eager blocks of ssacli's route (no fused kernel), and the unshifted weights of every layer are
+held for the run (samples × heads × length² floats per layer).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import defaults
+from ..errors import UnsupportedModelError, UsageError
+from ..models.kinds import ModelKind
+from ..models.loading import LoadedModel, as_loaded
+from ..models.options import LoadOptions
+from ..stats import bootstrap_ci
+from .forward import Recorder, forward_batch
+from .metrics import PromptStats
+from .output_measures import next_token_losses
+from .plan import plan_run
+from .probe_result import COLLAPSE_SHARE
+from .probes import ActsOn, Probe, parse_probe
+from .routes import Route, choose_route
+from .run import _prepare_scorer
+from .settings import DiagnoseSettings
+
+Head = tuple[int, int]  # (layer, head)
+WHOLE_CALL = 1 << 30  # query rows per block: one block per call, so a kept map lines up with the call
+
+
+class PatternRecorder(Recorder):
+    """A :class:`Recorder` that also keeps every call's weights (``capture``) or puts kept weights
+    back into the heads of :attr:`patched` (``patch``). Patched forwards record nothing: their
+    collapse is not what attribution reads, and skipping it keeps them cheap."""
+
+    def __init__(self, layer_of: dict[int, int], *, tau: float, top_k: int, mode: str):
+        super().__init__(
+            layer_of, tau=tau, top_k=top_k, block_size=WHOLE_CALL, causal=True, stats="eager",
+            prompts=PromptStats() if mode != "patch" else None,
+        )  # fmt: skip
+        self.mode = mode  # "capture" | "measure" | "patch"
+        self.kept: dict[tuple[int, int], torch.Tensor] = {}  # (layer, batch) -> [b, h, q, k]
+        self.patched: dict[int, torch.Tensor] = {}  # layer -> the heads whose weights go back
+
+    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+        if self.mode == "patch":
+            return
+        super().record(module, weights, visible, query_positions, sink)
+        layer = self.layer_of.get(id(module))
+        if self.mode == "capture" and layer is not None:
+            self.kept[(layer, self.batch)] = weights.detach().clone()
+
+    def patch(self, module: nn.Module, weights: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
+        layer = self.layer_of.get(id(module))
+        heads = self.patched.get(layer) if self.mode == "patch" else None
+        if heads is None or heads.numel() == 0:
+            return weights
+        kept = self.kept[(layer, self.batch)]
+        if kept.shape != weights.shape:  # the same tokens at both levels, so this cannot happen
+            raise RuntimeError(f"layer {layer}: unshifted weights {tuple(kept.shape)} ≠ {tuple(weights.shape)}")
+        weights = weights.clone()
+        weights[:, heads] = kept[:, heads].to(weights.dtype)
+        return weights
+
+
+@dataclass
+class SetAttribution:
+    """The damage one head set's unshifted patterns removed, measured on ``measured_on``'s prompts."""
+
+    heads: list[Head]
+    chosen_on: list[int] | None  # prompts the set was chosen on (None: given, or every head)
+    measured_on: list[int]
+    removed: list[float]  # per measured prompt: loss(shifted) − loss(shifted, S patched)
+    mean: float
+    interval: tuple[float, float] | None  # 95 % bootstrap interval over the measured prompts
+    damage: float  # the mean damage over the same prompts
+    damage_interval: tuple[float, float] | None
+    share: float | None  # mean / damage, only where the damage's interval excludes 0
+    null: list[float] = field(default_factory=list)  # mean removed by each random layer-matched set
+    percentile: float | None = None  # where ``mean`` falls in ``null`` (100: above every random set)
+    per_head: dict[str, float] = field(default_factory=dict)  # "L3H2" -> mean removed alone
+
+    @property
+    def parts_sum(self) -> float | None:
+        """What the set's heads removed one at a time, summed (beside ``mean``: self-repair)."""
+        return float(sum(self.per_head.values())) if self.per_head else None
+
+
+@dataclass
+class Attribution:
+    """One probe level's damage and what attention patterns carry of it (:func:`attribute`)."""
+
+    model: str
+    probe: str
+    level: float
+    reference_level: float
+    k: int
+    layers: list[str]
+    heads: list[int]
+    loss_reference: list[float]  # per prompt, unshifted
+    loss_shifted: list[float]
+    damage: list[float]  # per prompt: shifted − unshifted
+    damage_interval: tuple[float, float] | None
+    rise: list[list[float]]  # [layer][head] collapse rise over every prompt (NaN: collapsed unshifted)
+    sets: list[SetAttribution]  # chosen on half A measured on B, and the reverse; or the given set
+    ceiling: SetAttribution  # every head patched
+    elapsed_s: float
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (NaN as None)."""
+        return _jsonable(asdict(self))
+
+    def lines(self) -> list[str]:
+        """The result in a few lines of at most 80 columns."""
+        mean = float(np.mean(self.damage))
+        out = [f"{self.probe} at {self.level:g} (against {self.reference_level:g}): damage {mean:+.4f} nats/token "
+               f"{_interval(self.damage_interval)}"]  # fmt: skip
+        for one in [*self.sets, self.ceiling]:
+            name = "all heads" if one.chosen_on is None and one is self.ceiling else _names(one.heads)
+            share = "" if one.share is None else f", {one.share:.0%} of the damage"
+            out.append(f"  {name}: removes {one.mean:+.4f} {_interval(one.interval)}{share}")
+            if one.percentile is not None:
+                out.append(f"    beats {one.percentile:.0f}% of {len(one.null)} random layer-matched sets")
+            if one.per_head:
+                alone = ", ".join(f"{h} {v:+.4f}" for h, v in one.per_head.items())
+                out.append(f"    alone: {alone}")
+        return out
+
+
+def attribute(
+    model: str | Path | nn.Module | LoadedModel,
+    probe: str | Probe = "key-scale:1,8",
+    *,
+    level: float | None = None,
+    heads: list[Head] | None = None,
+    k: int = 4,
+    null: int = 200,
+    per_head: bool = True,
+    text: str | None = None,
+    inputs: list[list[int]] | None = None,
+    tokenizer: Any = None,
+    samples: int = 16,
+    length: int | None = None,
+    batch_size: int = defaults.BATCH_SIZE,
+    seed: int = defaults.SEED,
+    tau: float = defaults.TAU,
+    resamples: int = 10_000,
+    load: LoadOptions = LoadOptions(),
+) -> Attribution:
+    """Attribute ``probe``'s output damage at ``level`` (default: its last level other than the
+    unshifted one, which must be among its levels) to attention patterns by patching.
+
+    Without ``heads``: the top ``k`` heads by collapse rise are chosen on half A of the prompts and
+    measured on half B, and the reverse; each set against ``null`` random layer-matched k-sets and,
+    with ``per_head``, each of its heads alone. With ``heads`` (``[(layer, head), …]``): that set,
+    measured on every prompt. Always: the ceiling (every head patched). Causal LMs on ssacli's route
+    only; the damage is the next-token loss increase (nats per token) over the unshifted run."""
+    started = time.perf_counter()
+    probe = probe if isinstance(probe, Probe) else parse_probe(probe)
+    kind = probe.kind
+    if kind.acts_on not in (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS):
+        raise UsageError(
+            f"attribution needs a probe that keeps the tokens at every level (key-scale, logit-scale, "
+            f"dominant-key, embed-scale, outlier), not '{probe.name}'"
+        )
+    if kind.neutral not in probe.levels:
+        raise UsageError(f"attribution patches the unshifted level back: give it, e.g. {probe.name}:"
+                         f"{kind.neutral:g},{probe.levels[-1]:g}")  # fmt: skip
+    shifted_level = _shifted_level(probe, level)
+    loaded = as_loaded(model, tokenizer, load)
+    if loaded.kind != ModelKind.CAUSAL:
+        raise UnsupportedModelError(f"attribution measures next-token loss: causal LMs only, not {loaded.kind}")
+    root = loaded.attention_root
+    if choose_route(root, loaded.family, None) is not Route.SSACLI:
+        raise UnsupportedModelError(
+            f"attribution patches weights inside ssacli's attention function; family '{loaded.family}' "
+            "runs on the eager fallback"
+        )
+    if inputs is None:
+        loaded.require_tokenizer("probing with text")
+    settings = DiagnoseSettings(
+        text=text, inputs=inputs, samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau,
+        stats="eager",
+    )  # fmt: skip
+    training = loaded.model.training
+    loaded.model.eval()
+    undo = _prepare_scorer(root, None)
+    try:
+        plan = plan_run(loaded, [Probe(probe.name, (kind.neutral, shifted_level))], Route.SSACLI, settings, None)
+        run = _Runs(loaded, plan, probe, shifted_level, tau)
+        result = run.attribute(heads, k, null, per_head, seed, resamples)
+    finally:
+        if undo is not None:
+            undo()
+        loaded.model.train(training)
+    result.model = loaded.name
+    result.settings = {"samples": samples, "length": plan.length, "seed": seed, "tau": tau, "null": null,
+                       "resamples": resamples, "inputs": "given" if inputs is not None else "text"}  # fmt: skip
+    result.elapsed_s = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _shifted_level(probe: Probe, level: float | None) -> float:
+    if level is None:
+        others = [v for v in probe.levels if v != probe.kind.neutral]
+        return others[-1] if others else probe.kind.neutral
+    if level not in probe.levels:
+        raise UsageError(f"level {level:g} is not among {probe}'s levels; add it to the probe")
+    return level
+
+
+class _Runs:
+    """The forwards of one attribution: the unshifted and shifted levels once, then patched sets."""
+
+    def __init__(self, loaded: LoadedModel, plan, probe: Probe, level: float, tau: float):
+        self.loaded, self.plan, self.probe, self.level = loaded, plan, probe, level
+        levels = plan.probes[0][1]
+        self.batches = levels[probe.kind.neutral][0]
+        self.shifted_batches = levels[level][0]
+        self.heads = plan.heads
+        self.reference = PatternRecorder(plan.layer_of, tau=tau, top_k=defaults.TOP_K, mode="capture")
+        self.loss_reference = self._losses(probe.kind.neutral, self.reference, self.batches)
+        measured = PatternRecorder(plan.layer_of, tau=tau, top_k=defaults.TOP_K, mode="measure")
+        self.loss_shifted = self._losses(level, measured, self.shifted_batches)
+        if measured.overflow.first is not None or not np.isfinite(self.loss_shifted).all():
+            raise UsageError(f"{probe.name} at {level:g} overflows this model ({measured.overflow.first}); "
+                             "attribute a lower level")  # fmt: skip
+        layers, width = len(plan.layers), max(plan.heads)
+        self.rates_reference = self.reference.prompts.rates(layers, width)
+        self.rates_shifted = measured.prompts.rates(layers, width)
+        self.damage = self.loss_shifted - self.loss_reference
+        self.patcher = PatternRecorder(plan.layer_of, tau=tau, top_k=defaults.TOP_K, mode="patch")
+        self.patcher.kept = self.reference.kept
+
+    def _losses(self, level: float, recorder: PatternRecorder, batches, only: set[int] | None = None) -> np.ndarray:
+        """Per prompt (batch order, then row): the mean next-token loss at ``level`` (NaN for prompts
+        of batches skipped because ``only`` holds none of theirs)."""
+        captured: dict[str, torch.Tensor] = {}
+        hook = self.loaded.model.register_forward_hook(lambda m, a, out: captured.update(logits=out.logits))
+        out, start = [], 0
+        try:
+            for index, batch in enumerate(batches):
+                rows = batch.input_ids.shape[0]
+                if only is not None and not only.intersection(range(start, start + rows)):
+                    out.append(np.full(rows, np.nan))
+                    start += rows
+                    continue
+                forward_batch(self.loaded, Route.SSACLI, self.probe, level, batch, recorder, self.plan.layers,
+                              index=index)  # fmt: skip
+                ids, mask = batch.input_ids.to(self.loaded.device), batch.attention_mask.to(self.loaded.device)
+                keep = (mask[:, 1:] * mask[:, :-1]).float()
+                losses = next_token_losses(captured.pop("logits"), ids) * keep
+                out.append((losses.sum(1) / keep.sum(1).clamp_min(1)).double().cpu().numpy())
+                start += rows
+        finally:
+            hook.remove()
+        return np.concatenate(out)
+
+    def removed(self, heads: list[Head], prompts: list[int]) -> np.ndarray:
+        """Per prompt of ``prompts``: the damage patching ``heads`` removes."""
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in heads:
+            by_layer.setdefault(layer, []).append(head)
+        self.patcher.patched = {layer: torch.tensor(sorted(h)) for layer, h in by_layer.items()}
+        patched = self._losses(self.level, self.patcher, self.shifted_batches, set(prompts))
+        return (self.loss_shifted - patched)[prompts]
+
+    def choose(self, prompts: list[int], k: int) -> tuple[list[Head], np.ndarray]:
+        """The top ``k`` heads by collapse rise over ``prompts`` (heads whose collapse rate reaches
+        COLLAPSE_SHARE unshifted left out, as diagnose's fresh collapse rate leaves them out)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a head no prompt counted a row for: NaN
+            before = np.nanmean(self.rates_reference[prompts], axis=0)
+            rise = np.nanmean(self.rates_shifted[prompts], axis=0) - before
+        rise = np.where(np.isfinite(before) & (before >= COLLAPSE_SHARE), np.nan, rise)
+        order = np.argsort(-np.nan_to_num(rise, nan=-np.inf).ravel(), kind="stable")
+        width = rise.shape[1]
+        return [(int(i // width), int(i % width)) for i in order[:k]], rise
+
+    def measure(self, heads: list[Head], chosen_on, prompts: list[int], null: int, per_head: bool,
+                rng: np.random.Generator, resamples: int, seed: int) -> SetAttribution:  # fmt: skip
+        removed = self.removed(heads, prompts)
+        damage = self.damage[prompts]
+        damage_interval = bootstrap_ci(damage, resamples=resamples, seed=seed)
+        mean, dmean = float(removed.mean()), float(damage.mean())
+        clears = damage_interval is not None and (damage_interval[0] > 0 or damage_interval[1] < 0)
+        one = SetAttribution(
+            heads=heads, chosen_on=chosen_on, measured_on=prompts, removed=removed.tolist(), mean=mean,
+            interval=bootstrap_ci(removed, resamples=resamples, seed=seed), damage=dmean,
+            damage_interval=damage_interval, share=mean / dmean if clears else None,
+        )  # fmt: skip
+        if null:
+            one.null = [float(self.removed(_matched(heads, self.heads, rng), prompts).mean()) for _ in range(null)]
+            values = np.asarray(one.null)
+            one.percentile = float(100 * ((values < mean).mean() + 0.5 * (values == mean).mean()))
+        if per_head and len(heads) > 1:
+            one.per_head = {f"L{l}H{h}": float(self.removed([(l, h)], prompts).mean()) for l, h in heads}
+        return one
+
+    def attribute(self, heads, k, null, per_head, seed, resamples) -> Attribution:
+        n = len(self.damage)
+        every = list(range(n))
+        rng = np.random.default_rng(seed)
+        _, rise = self.choose(every, k)
+        if heads is not None:
+            _check_heads(heads, self.heads)
+            sets = [self.measure(list(heads), None, every, null, per_head, rng, resamples, seed)]
+        else:
+            if n < 4:
+                raise UsageError(f"choosing heads on half the prompts needs at least 4 prompts, got {n}")
+            if not 1 <= k <= sum(self.heads):
+                raise UsageError(f"k must be between 1 and the model's {sum(self.heads)} heads, got {k}")
+            a, b = every[: n // 2], every[n // 2 :]
+            sets = []
+            for chosen_on, measured_on in ((a, b), (b, a)):
+                chosen, _ = self.choose(chosen_on, k)
+                sets.append(self.measure(chosen, chosen_on, measured_on, null, per_head, rng, resamples, seed))
+        all_heads = [(layer, h) for layer, count in enumerate(self.heads) for h in range(count)]
+        ceiling = self.measure(all_heads, None, every, 0, False, rng, resamples, seed)
+        return Attribution(
+            model="", probe=self.probe.name, level=self.level, reference_level=self.probe.kind.neutral, k=k,
+            layers=[name for name, _ in self.plan.layers], heads=self.heads,
+            loss_reference=self.loss_reference.tolist(), loss_shifted=self.loss_shifted.tolist(),
+            damage=self.damage.tolist(), damage_interval=bootstrap_ci(self.damage, resamples=resamples, seed=seed),
+            rise=rise.tolist(), sets=sets, ceiling=ceiling, elapsed_s=0.0, settings={},
+        )  # fmt: skip
+
+
+def _matched(heads: list[Head], per_layer: list[int], rng: np.random.Generator) -> list[Head]:
+    """A random set with as many heads in each layer as ``heads`` has."""
+    counts: dict[int, int] = {}
+    for layer, _ in heads:
+        counts[layer] = counts.get(layer, 0) + 1
+    return [(layer, int(h)) for layer, c in counts.items() for h in rng.choice(per_layer[layer], c, replace=False)]
+
+
+def _check_heads(heads: list[Head], per_layer: list[int]) -> None:
+    for layer, head in heads:
+        if not (0 <= layer < len(per_layer) and 0 <= head < per_layer[layer]):
+            raise UsageError(f"head ({layer}, {head}) is not in this model ({len(per_layer)} layers, "
+                             f"{per_layer} heads); give (layer, head) pairs counted from 0")  # fmt: skip
+
+
+def _names(heads: list[Head]) -> str:
+    return " ".join(f"L{layer}H{head}" for layer, head in heads)
+
+
+def _interval(interval: tuple[float, float] | None) -> str:
+    return "" if interval is None else f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+__all__ = ["Attribution", "PatternRecorder", "SetAttribution", "attribute"]
