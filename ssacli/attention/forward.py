@@ -43,8 +43,8 @@ class Observer:
     identity or a no-op here, so an observer overrides only what it uses.
 
     The eager blocks call :meth:`transform_key` once per call, then per block of ``block_size`` query
-    rows :meth:`transform`, :meth:`record` and :meth:`patch`. With ``stats_mode`` "auto" or "fused" (diagnose's
-    ``--stats``) the fused statistics call :meth:`transform_block` per key block and
+    rows :meth:`transform`, :meth:`record` and :meth:`patch`. With ``stats_mode`` "auto" or "fused"
+    (diagnose's ``--stats``) the fused statistics call :meth:`transform_block` per key block and
     :meth:`record_rows` once per call instead.
     """
 

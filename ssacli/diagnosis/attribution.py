@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
 from ..stats import bootstrap_ci
+from .attribution_result import Attribution, Head, SetAttribution
 from .forward import Recorder, forward_batch
 from .metrics import PromptStats
 from .output_measures import next_token_losses
@@ -49,7 +49,6 @@ from .routes import Route, choose_route
 from .run import _prepare_scorer
 from .settings import DiagnoseSettings
 
-Head = tuple[int, int]  # (layer, head)
 WHOLE_CALL = 1 << 30  # query rows per block: one block per call, so a kept map lines up with the call
 
 
@@ -60,9 +59,14 @@ class PatternRecorder(Recorder):
 
     def __init__(self, layer_of: dict[int, int], *, tau: float, top_k: int, mode: str):
         super().__init__(
-            layer_of, tau=tau, top_k=top_k, block_size=WHOLE_CALL, causal=True, stats="eager",
+            layer_of,
+            tau=tau,
+            top_k=top_k,
+            block_size=WHOLE_CALL,
+            causal=True,
+            stats="eager",
             prompts=PromptStats() if mode != "patch" else None,
-        )  # fmt: skip
+        )
         self.mode = mode  # "capture" | "measure" | "patch"
         self.kept: dict[tuple[int, int], torch.Tensor] = {}  # (layer, batch) -> [b, h, q, k]
         self.patched: dict[int, torch.Tensor] = {}  # layer -> the heads whose weights go back
@@ -82,75 +86,12 @@ class PatternRecorder(Recorder):
             return weights
         kept = self.kept[(layer, self.batch)]
         if kept.shape != weights.shape:  # the same tokens at both levels, so this cannot happen
-            raise RuntimeError(f"layer {layer}: unshifted weights {tuple(kept.shape)} ≠ {tuple(weights.shape)}")
+            raise RuntimeError(
+                f"layer {layer}: unshifted weights {tuple(kept.shape)} ≠ {tuple(weights.shape)}"
+            )
         weights = weights.clone()
         weights[:, heads] = kept[:, heads].to(weights.dtype)
         return weights
-
-
-@dataclass
-class SetAttribution:
-    """The damage one head set's unshifted patterns removed, measured on ``measured_on``'s prompts."""
-
-    heads: list[Head]
-    chosen_on: list[int] | None  # prompts the set was chosen on (None: given, or every head)
-    measured_on: list[int]
-    removed: list[float]  # per measured prompt: loss(shifted) − loss(shifted, S patched)
-    mean: float
-    interval: tuple[float, float] | None  # 95 % bootstrap interval over the measured prompts
-    damage: float  # the mean damage over the same prompts
-    damage_interval: tuple[float, float] | None
-    share: float | None  # mean / damage, only where the damage's interval excludes 0
-    null: list[float] = field(default_factory=list)  # mean removed by each random layer-matched set
-    percentile: float | None = None  # where ``mean`` falls in ``null`` (100: above every random set)
-    per_head: dict[str, float] = field(default_factory=dict)  # "L3H2" -> mean removed alone
-
-    @property
-    def parts_sum(self) -> float | None:
-        """What the set's heads removed one at a time, summed (beside ``mean``: self-repair)."""
-        return float(sum(self.per_head.values())) if self.per_head else None
-
-
-@dataclass
-class Attribution:
-    """One probe level's damage and what attention patterns carry of it (:func:`attribute`)."""
-
-    model: str
-    probe: str
-    level: float
-    reference_level: float
-    k: int
-    layers: list[str]
-    heads: list[int]
-    loss_reference: list[float]  # per prompt, unshifted
-    loss_shifted: list[float]
-    damage: list[float]  # per prompt: shifted − unshifted
-    damage_interval: tuple[float, float] | None
-    rise: list[list[float]]  # [layer][head] collapse rise over every prompt (NaN: collapsed unshifted)
-    sets: list[SetAttribution]  # chosen on half A measured on B, and the reverse; or the given set
-    ceiling: SetAttribution  # every head patched
-    elapsed_s: float
-    settings: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able (NaN as None)."""
-        return _jsonable(asdict(self))
-
-    def lines(self) -> list[str]:
-        """The result in a few lines of at most 80 columns."""
-        mean = float(np.mean(self.damage))
-        out = [f"{self.probe} at {self.level:g} (against {self.reference_level:g}): damage {mean:+.4f} nats/token "
-               f"{_interval(self.damage_interval)}"]  # fmt: skip
-        for one in [*self.sets, self.ceiling]:
-            name = "all heads" if one.chosen_on is None and one is self.ceiling else _names(one.heads)
-            share = "" if one.share is None else f", {one.share:.0%} of the damage"
-            out.append(f"  {name}: removes {one.mean:+.4f} {_interval(one.interval)}{share}")
-            if one.percentile is not None:
-                out.append(f"    beats {one.percentile:.0f}% of {len(one.null)} random layer-matched sets")
-            if one.per_head:
-                alone = ", ".join(f"{h} {v:+.4f}" for h, v in one.per_head.items())
-                out.append(f"    alone: {alone}")
-        return out
 
 
 def attribute(
@@ -190,12 +131,16 @@ def attribute(
             f"dominant-key, embed-scale, outlier), not '{probe.name}'"
         )
     if kind.neutral not in probe.levels:
-        raise UsageError(f"attribution patches the unshifted level back: give it, e.g. {probe.name}:"
-                         f"{kind.neutral:g},{probe.levels[-1]:g}")  # fmt: skip
+        raise UsageError(
+            f"attribution patches the unshifted level back: give it, e.g. {probe.name}:"
+            f"{kind.neutral:g},{probe.levels[-1]:g}"
+        )
     shifted_level = _shifted_level(probe, level)
     loaded = as_loaded(model, tokenizer, load)
     if loaded.kind != ModelKind.CAUSAL:
-        raise UnsupportedModelError(f"attribution measures next-token loss: causal LMs only, not {loaded.kind}")
+        raise UnsupportedModelError(
+            f"attribution measures next-token loss: causal LMs only, not {loaded.kind}"
+        )
     root = loaded.attention_root
     if choose_route(root, loaded.family, None) is not Route.SSACLI:
         raise UnsupportedModelError(
@@ -205,14 +150,22 @@ def attribute(
     if inputs is None:
         loaded.require_tokenizer("probing with text")
     settings = DiagnoseSettings(
-        text=text, inputs=inputs, samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau,
+        text=text,
+        inputs=inputs,
+        samples=samples,
+        length=length,
+        batch_size=batch_size,
+        seed=seed,
+        tau=tau,
         stats="eager",
-    )  # fmt: skip
+    )
     training = loaded.model.training
     loaded.model.eval()
     undo = _prepare_scorer(root, None)
     try:
-        plan = plan_run(loaded, [Probe(probe.name, (kind.neutral, shifted_level))], Route.SSACLI, settings, None)
+        plan = plan_run(
+            loaded, [Probe(probe.name, (kind.neutral, shifted_level))], Route.SSACLI, settings, None
+        )
         run = _Runs(loaded, plan, probe, shifted_level, tau)
         result = run.attribute(heads, k, null, per_head, seed, resamples)
     finally:
@@ -220,8 +173,15 @@ def attribute(
             undo()
         loaded.model.train(training)
     result.model = loaded.name
-    result.settings = {"samples": samples, "length": plan.length, "seed": seed, "tau": tau, "null": null,
-                       "resamples": resamples, "inputs": "given" if inputs is not None else "text"}  # fmt: skip
+    result.settings = {
+        "samples": samples,
+        "length": plan.length,
+        "seed": seed,
+        "tau": tau,
+        "null": null,
+        "resamples": resamples,
+        "inputs": "given" if inputs is not None else "text",
+    }
     result.elapsed_s = round(time.perf_counter() - started, 3)
     return result
 
@@ -249,8 +209,10 @@ class _Runs:
         measured = PatternRecorder(plan.layer_of, tau=tau, top_k=defaults.TOP_K, mode="measure")
         self.loss_shifted = self._losses(level, measured, self.shifted_batches)
         if measured.overflow.first is not None or not np.isfinite(self.loss_shifted).all():
-            raise UsageError(f"{probe.name} at {level:g} overflows this model ({measured.overflow.first}); "
-                             "attribute a lower level")  # fmt: skip
+            raise UsageError(
+                f"{probe.name} at {level:g} overflows this model ({measured.overflow.first}); "
+                "attribute a lower level"
+            )
         layers, width = len(plan.layers), max(plan.heads)
         self.rates_reference = self.reference.prompts.rates(layers, width)
         self.rates_shifted = measured.prompts.rates(layers, width)
@@ -258,7 +220,9 @@ class _Runs:
         self.patcher = PatternRecorder(plan.layer_of, tau=tau, top_k=defaults.TOP_K, mode="patch")
         self.patcher.kept = self.reference.kept
 
-    def _losses(self, level: float, recorder: PatternRecorder, batches, only: set[int] | None = None) -> np.ndarray:
+    def _losses(
+        self, level: float, recorder: PatternRecorder, batches, only: set[int] | None = None
+    ) -> np.ndarray:
         """Per prompt (batch order, then row): the mean next-token loss at ``level`` (NaN for prompts
         of batches skipped because ``only`` holds none of theirs)."""
         captured: dict[str, torch.Tensor] = {}
@@ -271,9 +235,20 @@ class _Runs:
                     out.append(np.full(rows, np.nan))
                     start += rows
                     continue
-                forward_batch(self.loaded, Route.SSACLI, self.probe, level, batch, recorder, self.plan.layers,
-                              index=index)  # fmt: skip
-                ids, mask = batch.input_ids.to(self.loaded.device), batch.attention_mask.to(self.loaded.device)
+                forward_batch(
+                    self.loaded,
+                    Route.SSACLI,
+                    self.probe,
+                    level,
+                    batch,
+                    recorder,
+                    self.plan.layers,
+                    index=index,
+                )
+                ids, mask = (
+                    batch.input_ids.to(self.loaded.device),
+                    batch.attention_mask.to(self.loaded.device),
+                )
                 keep = (mask[:, 1:] * mask[:, :-1]).float()
                 losses = next_token_losses(captured.pop("logits"), ids) * keep
                 out.append((losses.sum(1) / keep.sum(1).clamp_min(1)).double().cpu().numpy())
@@ -303,24 +278,43 @@ class _Runs:
         width = rise.shape[1]
         return [(int(i // width), int(i % width)) for i in order[:k]], rise
 
-    def measure(self, heads: list[Head], chosen_on, prompts: list[int], null: int, per_head: bool,
-                rng: np.random.Generator, resamples: int, seed: int) -> SetAttribution:  # fmt: skip
+    def measure(
+        self,
+        heads: list[Head],
+        chosen_on,
+        prompts: list[int],
+        null: int,
+        per_head: bool,
+        rng: np.random.Generator,
+        resamples: int,
+        seed: int,
+    ) -> SetAttribution:
         removed = self.removed(heads, prompts)
         damage = self.damage[prompts]
         damage_interval = bootstrap_ci(damage, resamples=resamples, seed=seed)
         mean, dmean = float(removed.mean()), float(damage.mean())
         clears = damage_interval is not None and (damage_interval[0] > 0 or damage_interval[1] < 0)
         one = SetAttribution(
-            heads=heads, chosen_on=chosen_on, measured_on=prompts, removed=removed.tolist(), mean=mean,
-            interval=bootstrap_ci(removed, resamples=resamples, seed=seed), damage=dmean,
-            damage_interval=damage_interval, share=mean / dmean if clears else None,
-        )  # fmt: skip
+            heads=heads,
+            chosen_on=chosen_on,
+            measured_on=prompts,
+            removed=removed.tolist(),
+            mean=mean,
+            interval=bootstrap_ci(removed, resamples=resamples, seed=seed),
+            damage=dmean,
+            damage_interval=damage_interval,
+            share=mean / dmean if clears else None,
+        )
         if null:
-            one.null = [float(self.removed(_matched(heads, self.heads, rng), prompts).mean()) for _ in range(null)]
+            one.null = [
+                float(self.removed(_matched(heads, self.heads, rng), prompts).mean()) for _ in range(null)
+            ]
             values = np.asarray(one.null)
             one.percentile = float(100 * ((values < mean).mean() + 0.5 * (values == mean).mean()))
         if per_head and len(heads) > 1:
-            one.per_head = {f"L{l}H{h}": float(self.removed([(l, h)], prompts).mean()) for l, h in heads}
+            one.per_head = {
+                f"L{layer}H{h}": float(self.removed([(layer, h)], prompts).mean()) for layer, h in heads
+            }
         return one
 
     def attribute(self, heads, k, null, per_head, seed, resamples) -> Attribution:
@@ -340,16 +334,29 @@ class _Runs:
             sets = []
             for chosen_on, measured_on in ((a, b), (b, a)):
                 chosen, _ = self.choose(chosen_on, k)
-                sets.append(self.measure(chosen, chosen_on, measured_on, null, per_head, rng, resamples, seed))
+                sets.append(
+                    self.measure(chosen, chosen_on, measured_on, null, per_head, rng, resamples, seed)
+                )
         all_heads = [(layer, h) for layer, count in enumerate(self.heads) for h in range(count)]
         ceiling = self.measure(all_heads, None, every, 0, False, rng, resamples, seed)
         return Attribution(
-            model="", probe=self.probe.name, level=self.level, reference_level=self.probe.kind.neutral, k=k,
-            layers=[name for name, _ in self.plan.layers], heads=self.heads,
-            loss_reference=self.loss_reference.tolist(), loss_shifted=self.loss_shifted.tolist(),
-            damage=self.damage.tolist(), damage_interval=bootstrap_ci(self.damage, resamples=resamples, seed=seed),
-            rise=rise.tolist(), sets=sets, ceiling=ceiling, elapsed_s=0.0, settings={},
-        )  # fmt: skip
+            model="",
+            probe=self.probe.name,
+            level=self.level,
+            reference_level=self.probe.kind.neutral,
+            k=k,
+            layers=[name for name, _ in self.plan.layers],
+            heads=self.heads,
+            loss_reference=self.loss_reference.tolist(),
+            loss_shifted=self.loss_shifted.tolist(),
+            damage=self.damage.tolist(),
+            damage_interval=bootstrap_ci(self.damage, resamples=resamples, seed=seed),
+            rise=rise.tolist(),
+            sets=sets,
+            ceiling=ceiling,
+            elapsed_s=0.0,
+            settings={},
+        )
 
 
 def _matched(heads: list[Head], per_layer: list[int], rng: np.random.Generator) -> list[Head]:
@@ -357,32 +364,18 @@ def _matched(heads: list[Head], per_layer: list[int], rng: np.random.Generator) 
     counts: dict[int, int] = {}
     for layer, _ in heads:
         counts[layer] = counts.get(layer, 0) + 1
-    return [(layer, int(h)) for layer, c in counts.items() for h in rng.choice(per_layer[layer], c, replace=False)]
+    return [
+        (layer, int(h)) for layer, c in counts.items() for h in rng.choice(per_layer[layer], c, replace=False)
+    ]
 
 
 def _check_heads(heads: list[Head], per_layer: list[int]) -> None:
     for layer, head in heads:
         if not (0 <= layer < len(per_layer) and 0 <= head < per_layer[layer]):
-            raise UsageError(f"head ({layer}, {head}) is not in this model ({len(per_layer)} layers, "
-                             f"{per_layer} heads); give (layer, head) pairs counted from 0")  # fmt: skip
-
-
-def _names(heads: list[Head]) -> str:
-    return " ".join(f"L{layer}H{head}" for layer, head in heads)
-
-
-def _interval(interval: tuple[float, float] | None) -> str:
-    return "" if interval is None else f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
+            raise UsageError(
+                f"head ({layer}, {head}) is not in this model ({len(per_layer)} layers, "
+                f"{per_layer} heads); give (layer, head) pairs counted from 0"
+            )
 
 
 __all__ = ["Attribution", "PatternRecorder", "SetAttribution", "attribute"]
