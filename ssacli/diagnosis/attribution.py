@@ -103,6 +103,7 @@ def attribute(
     k: int = 4,
     null: int = 200,
     per_head: bool = True,
+    ceiling: bool = True,
     text: str | None = None,
     inputs: list[list[int]] | None = None,
     tokenizer: Any = None,
@@ -120,7 +121,8 @@ def attribute(
     Without ``heads``: the top ``k`` heads by collapse rise are chosen on half A of the prompts and
     measured on half B, and the reverse; each set against ``null`` random layer-matched k-sets and,
     with ``per_head``, each of its heads alone. With ``heads`` (``[(layer, head), …]``): that set,
-    measured on every prompt. Always: the ceiling (every head patched). Causal LMs on ssacli's route
+    measured on every prompt. With ``ceiling``: every head patched (what attention patterns carry at
+    all; on a probe that acts only inside attention, all of the damage). Causal LMs on ssacli's route
     only; the damage is the next-token loss increase (nats per token) over the unshifted run."""
     started = time.perf_counter()
     probe = probe if isinstance(probe, Probe) else parse_probe(probe)
@@ -167,7 +169,7 @@ def attribute(
             loaded, [Probe(probe.name, (kind.neutral, shifted_level))], Route.SSACLI, settings, None
         )
         run = _Runs(loaded, plan, probe, shifted_level, tau)
-        result = run.attribute(heads, k, null, per_head, seed, resamples)
+        result = run.attribute(heads, k, null, per_head, seed, resamples, ceiling)
     finally:
         if undo is not None:
             undo()
@@ -317,7 +319,7 @@ class _Runs:
             }
         return one
 
-    def attribute(self, heads, k, null, per_head, seed, resamples) -> Attribution:
+    def attribute(self, heads, k, null, per_head, seed, resamples, ceiling) -> Attribution:
         n = len(self.damage)
         every = list(range(n))
         rng = np.random.default_rng(seed)
@@ -338,7 +340,7 @@ class _Runs:
                     self.measure(chosen, chosen_on, measured_on, null, per_head, rng, resamples, seed)
                 )
         all_heads = [(layer, h) for layer, count in enumerate(self.heads) for h in range(count)]
-        ceiling = self.measure(all_heads, None, every, 0, False, rng, resamples, seed)
+        whole = self.measure(all_heads, None, every, 0, False, rng, resamples, seed) if ceiling else None
         return Attribution(
             model="",
             probe=self.probe.name,
@@ -353,7 +355,7 @@ class _Runs:
             damage_interval=bootstrap_ci(self.damage, resamples=resamples, seed=seed),
             rise=rise.tolist(),
             sets=sets,
-            ceiling=ceiling,
+            ceiling=whole,
             elapsed_s=0.0,
             settings={},
         )

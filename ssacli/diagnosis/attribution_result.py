@@ -52,7 +52,7 @@ class Attribution:
     damage_interval: tuple[float, float] | None
     rise: list[list[float]]  # [layer][head] collapse rise over every prompt (NaN: collapsed unshifted)
     sets: list[SetAttribution]  # chosen on half A measured on B, and the reverse; or the given set
-    ceiling: SetAttribution  # every head patched
+    ceiling: SetAttribution | None  # every head patched (None: not asked for)
     elapsed_s: float
     settings: dict[str, Any]
 
@@ -67,7 +67,7 @@ class Attribution:
             f"{self.probe} at {self.level:g} against {self.reference_level:g}, {len(self.damage)} prompts",
             f"  damage {mean:+.4f} nats/token {_interval(self.damage_interval)}",
         ]
-        for one in [*self.sets, self.ceiling]:
+        for one in [*self.sets, *([self.ceiling] if self.ceiling else [])]:
             if one is self.ceiling:
                 out.append("  every head (the ceiling: what attention patterns carry at all)")
             elif one.chosen_on is None:
