@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
 from ..stats import bootstrap_ci
-from .attribution_result import Attribution, Head, SetAttribution
+from .attribution_result import Attribution, AttributionSettings, Head, SetAttribution
 from .forward import Recorder, forward_batch
 from .metrics import PromptStats
 from .output_measures import next_token_losses
@@ -122,8 +123,34 @@ def attribute(
     measured on half B, and the reverse; each set against ``null`` random layer-matched k-sets and,
     with ``per_head``, each of its heads alone. With ``heads`` (``[(layer, head), …]``): that set,
     measured on every prompt. With ``ceiling``: every head patched (what attention patterns carry at
-    all; on a probe that acts only inside attention, all of the damage). Causal LMs on ssacli's route
-    only; the damage is the next-token loss increase (nats per token) over the unshifted run."""
+    all; on a probe that acts only inside attention, all of the damage). The prompts are diagnose's
+    (``text``, ``inputs``, ``samples``, ``length``, ``seed``); intervals bootstrap ``resamples``
+    times. Causal LMs on ssacli's route only; the damage is the next-token loss increase (nats per
+    token) over the unshifted run. :func:`attribute_with` takes the settings as values."""
+    settings = AttributionSettings(
+        level=level, heads=None if heads is None else tuple(map(tuple, heads)), k=k, null=null,
+        per_head=per_head, ceiling=ceiling, resamples=resamples,
+    )  # fmt: skip
+    inputs_settings = DiagnoseSettings(
+        text=text, inputs=inputs, samples=samples, length=length, batch_size=batch_size, seed=seed,
+        tau=tau, stats="eager",
+    )  # fmt: skip
+    return attribute_with(model, probe, settings, inputs_settings, load, tokenizer=tokenizer)
+
+
+def attribute_with(
+    model: str | Path | nn.Module | LoadedModel,
+    probe: str | Probe,
+    settings: AttributionSettings,
+    inputs: DiagnoseSettings,
+    load: LoadOptions = LoadOptions(),
+    *,
+    tokenizer: Any = None,
+) -> Attribution:
+    """:func:`attribute` with its settings as values: what it patches and measures
+    (:class:`AttributionSettings`), the prompts (diagnose's :class:`DiagnoseSettings`: the same
+    inputs a diagnose with them runs; its ``stats`` is ignored, patching runs the eager blocks) and
+    how a MODEL reference loads."""
     started = time.perf_counter()
     probe = probe if isinstance(probe, Probe) else parse_probe(probe)
     kind = probe.kind
@@ -137,7 +164,7 @@ def attribute(
             f"attribution patches the unshifted level back: give it, e.g. {probe.name}:"
             f"{kind.neutral:g},{probe.levels[-1]:g}"
         )
-    shifted_level = _shifted_level(probe, level)
+    shifted_level = _shifted_level(probe, settings.level)
     loaded = as_loaded(model, tokenizer, load)
     if loaded.kind != ModelKind.CAUSAL:
         raise UnsupportedModelError(
@@ -149,41 +176,21 @@ def attribute(
             f"attribution patches weights inside ssacli's attention function; family '{loaded.family}' "
             "runs on the eager fallback"
         )
-    if inputs is None:
+    if inputs.inputs is None and not inputs.random_ids:
         loaded.require_tokenizer("probing with text")
-    settings = DiagnoseSettings(
-        text=text,
-        inputs=inputs,
-        samples=samples,
-        length=length,
-        batch_size=batch_size,
-        seed=seed,
-        tau=tau,
-        stats="eager",
-    )
     training = loaded.model.training
     loaded.model.eval()
     undo = _prepare_scorer(root, None)
     try:
-        plan = plan_run(
-            loaded, [Probe(probe.name, (kind.neutral, shifted_level))], Route.SSACLI, settings, None
-        )
-        run = _Runs(loaded, plan, probe, shifted_level, tau)
-        result = run.attribute(heads, k, null, per_head, seed, resamples, ceiling)
+        levels = Probe(probe.name, (kind.neutral, shifted_level))
+        plan = plan_run(loaded, [levels], Route.SSACLI, inputs, None)
+        result = _Runs(loaded, plan, probe, shifted_level, inputs.tau).attribute(settings, inputs.seed)
     finally:
         if undo is not None:
             undo()
         loaded.model.train(training)
     result.model = loaded.name
-    result.settings = {
-        "samples": samples,
-        "length": plan.length,
-        "seed": seed,
-        "tau": tau,
-        "null": null,
-        "resamples": resamples,
-        "inputs": "given" if inputs is not None else "text",
-    }
+    result.settings = {**inputs.recorded(), "length": plan.length, **asdict(settings)}
     result.elapsed_s = round(time.perf_counter() - started, 3)
     return result
 
@@ -319,7 +326,9 @@ class _Runs:
             }
         return one
 
-    def attribute(self, heads, k, null, per_head, seed, resamples, ceiling) -> Attribution:
+    def attribute(self, settings: AttributionSettings, seed: int) -> Attribution:
+        heads, k, null, per_head = settings.heads, settings.k, settings.null, settings.per_head
+        resamples = settings.resamples
         n = len(self.damage)
         every = list(range(n))
         rng = np.random.default_rng(seed)
@@ -330,8 +339,8 @@ class _Runs:
         else:
             if n < 4:
                 raise UsageError(f"choosing heads on half the prompts needs at least 4 prompts, got {n}")
-            if not 1 <= k <= sum(self.heads):
-                raise UsageError(f"k must be between 1 and the model's {sum(self.heads)} heads, got {k}")
+            if k > sum(self.heads):
+                raise UsageError(f"k must be at most the model's {sum(self.heads)} heads, got {k}")
             a, b = every[: n // 2], every[n // 2 :]
             sets = []
             for chosen_on, measured_on in ((a, b), (b, a)):
@@ -340,7 +349,9 @@ class _Runs:
                     self.measure(chosen, chosen_on, measured_on, null, per_head, rng, resamples, seed)
                 )
         all_heads = [(layer, h) for layer, count in enumerate(self.heads) for h in range(count)]
-        whole = self.measure(all_heads, None, every, 0, False, rng, resamples, seed) if ceiling else None
+        whole = (
+            self.measure(all_heads, None, every, 0, False, rng, resamples, seed) if settings.ceiling else None
+        )
         return Attribution(
             model="",
             probe=self.probe.name,
@@ -380,4 +391,6 @@ def _check_heads(heads: list[Head], per_layer: list[int]) -> None:
             )
 
 
-__all__ = ["Attribution", "PatternRecorder", "SetAttribution", "attribute"]
+__all__ = [
+    "Attribution", "AttributionSettings", "PatternRecorder", "SetAttribution", "attribute", "attribute_with",
+]  # fmt: skip

@@ -1,6 +1,7 @@
-"""What :func:`ssacli.diagnosis.attribution.attribute` returns: one probe level's damage and what
-the attention patterns of head sets carry of it, JSON-able (:meth:`Attribution.to_dict`) and in a
-few lines of text (:meth:`Attribution.lines`)."""
+"""The values of :func:`ssacli.diagnosis.attribution.attribute`: what it patches and measures
+(:class:`AttributionSettings`, checked when built) and what it returns (one probe level's damage and
+what the attention patterns of head sets carry of it, JSON-able (:meth:`Attribution.to_dict`) and in
+a few lines of text (:meth:`Attribution.lines`))."""
 
 from __future__ import annotations
 
@@ -9,7 +10,33 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UsageError
+
 Head = tuple[int, int]  # (layer, head), counted from 0
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    """What an attribution patches and measures (:func:`~ssacli.diagnosis.attribution.attribute`'s
+    keywords of those names); a bad value is a UsageError here, before any forward."""
+
+    level: float | None = None  # the shifted level (None: the probe's last one other than unshifted)
+    heads: tuple[Head, ...] | None = None  # a given set (None: top k chosen on half the prompts)
+    k: int = 4
+    null: int = 200  # random layer-matched sets per measured set
+    per_head: bool = True  # each head of a set alone too
+    ceiling: bool = True  # every head patched
+    resamples: int = 10_000  # bootstrap resamples of each interval
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise UsageError(f"k must be at least 1 (heads per chosen set), got {self.k}")
+        if self.null < 0:
+            raise UsageError(f"null must be 0 (no null) or more random sets, got {self.null}")
+        if self.resamples < 1:
+            raise UsageError(f"resamples must be at least 1, got {self.resamples}")
+        if self.heads is not None and not self.heads:
+            raise UsageError("heads must name at least one (layer, head) pair, or be None to choose them")
 
 
 @dataclass
@@ -104,4 +131,4 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-__all__ = ["Attribution", "Head", "SetAttribution"]
+__all__ = ["Attribution", "AttributionSettings", "Head", "SetAttribution"]

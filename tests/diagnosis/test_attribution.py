@@ -134,20 +134,28 @@ def test_a_patched_forward_matches_an_independent_recomputation():
 
 
 def test_chosen_sets_are_measured_against_a_layer_matched_null():
-    result = attribute(sharp_llama(), "key-scale:1,8", inputs=prompts(), k=3, null=4, resamples=500)
+    result = attribute(sharp_llama(), "key-scale:1,8", inputs=prompts(), k=2, null=2, resamples=500)
     payload = result.to_dict()
     assert len(payload["sets"]) == 2 and payload["ceiling"]["null"] == []
     for one in result.sets:
-        assert len(one.heads) == 3 and len(one.null) == 4 and 0 <= one.percentile <= 100
+        assert len(one.heads) == 2 and len(one.null) == 2 and 0 <= one.percentile <= 100
         assert set(one.per_head) == {f"L{layer}H{head}" for layer, head in one.heads}
         assert not set(one.chosen_on) & set(one.measured_on)
     assert all(len(line) <= 80 for line in result.lines())
 
 
 @pytest.mark.parametrize(
-    ("probe", "message"),
-    [("length:1,2", "keeps the tokens"), ("key-scale:2,8", "unshifted level back")],
+    ("probe", "options", "message"),
+    [
+        ("length:1,2", {}, "keeps the tokens"),
+        ("key-scale:2,8", {}, "unshifted level back"),
+        ("key-scale:1,8", {"level": 4}, "not among"),
+        ("key-scale:1,8", {"k": 0}, "k must be at least 1"),
+        ("key-scale:1,8", {"k": 9}, "at most the model's 8 heads"),
+        ("key-scale:1,8", {"heads": [(2, 0)]}, r"head \(2, 0\) is not in this model"),
+        ("key-scale:1,8", {"null": -1}, "null must be"),
+    ],
 )
-def test_refusals_name_the_problem(probe, message):
+def test_refusals_name_the_problem(probe, options, message):
     with pytest.raises(UsageError, match=message):
-        attribute(sharp_llama(), probe, inputs=prompts())
+        attribute(sharp_llama(), probe, inputs=prompts(), **options)
