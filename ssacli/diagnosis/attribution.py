@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,59 +41,17 @@ from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
 from ..stats import bootstrap_ci
 from .attribution_result import Attribution, AttributionSettings, Head, SetAttribution
-from .forward import Recorder, forward_batch
-from .metrics import PromptStats
-from .output_measures import next_token_losses
+from .forward import forward_batch
+from .patching import PatternRecorder, prompt_losses
 from .plan import plan_run
 from .probe_result import COLLAPSE_SHARE
-from .probes import ActsOn, Probe, parse_probe
+from .probes import ActsOn, Probe, ProbeKind, parse_probe
 from .routes import Route, choose_route
 from .run import _prepare_scorer
 from .settings import DiagnoseSettings
 
-WHOLE_CALL = 1 << 30  # query rows per block: one block per call, so a kept map lines up with the call
-
-
-class PatternRecorder(Recorder):
-    """A :class:`Recorder` that also keeps every call's weights (``capture``) or puts kept weights
-    back into the heads of :attr:`patched` (``patch``). Patched forwards record nothing: their
-    collapse is not what attribution reads, and skipping it keeps them cheap."""
-
-    def __init__(self, layer_of: dict[int, int], *, tau: float, top_k: int, mode: str):
-        super().__init__(
-            layer_of,
-            tau=tau,
-            top_k=top_k,
-            block_size=WHOLE_CALL,
-            causal=True,
-            stats="eager",
-            prompts=PromptStats() if mode != "patch" else None,
-        )
-        self.mode = mode  # "capture" | "measure" | "patch"
-        self.kept: dict[tuple[int, int], torch.Tensor] = {}  # (layer, batch) -> [b, h, q, k]
-        self.patched: dict[int, torch.Tensor] = {}  # layer -> the heads whose weights go back
-
-    def record(self, module, weights, visible, query_positions, sink=None) -> None:
-        if self.mode == "patch":
-            return
-        super().record(module, weights, visible, query_positions, sink)
-        layer = self.layer_of.get(id(module))
-        if self.mode == "capture" and layer is not None:
-            self.kept[(layer, self.batch)] = weights.detach().clone()
-
-    def patch(self, module: nn.Module, weights: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
-        layer = self.layer_of.get(id(module))
-        heads = self.patched.get(layer) if self.mode == "patch" else None
-        if heads is None or heads.numel() == 0:
-            return weights
-        kept = self.kept[(layer, self.batch)]
-        if kept.shape != weights.shape:  # the same tokens at both levels, so this cannot happen
-            raise RuntimeError(
-                f"layer {layer}: unshifted weights {tuple(kept.shape)} ≠ {tuple(weights.shape)}"
-            )
-        weights = weights.clone()
-        weights[:, heads] = kept[:, heads].to(weights.dtype)
-        return weights
+# Probes whose prompt j is the same tokens at every level (length: windows of the long rows, patching.py)
+KEEPS_TOKENS = (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS, ActsOn.INPUT_LENGTH)
 
 
 def attribute(
@@ -154,15 +113,19 @@ def attribute_with(
     started = time.perf_counter()
     probe = probe if isinstance(probe, Probe) else parse_probe(probe)
     kind = probe.kind
-    if kind.acts_on not in (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS):
+    if kind.acts_on not in KEEPS_TOKENS:
         raise UsageError(
-            f"attribution needs a probe that keeps the tokens at every level (key-scale, logit-scale, "
-            f"dominant-key, embed-scale, outlier), not '{probe.name}'"
+            f"attribution needs a probe whose prompts are the same tokens at every level (key-scale, "
+            f"logit-scale, dominant-key, embed-scale, outlier, length), not '{probe.name}'"
         )
-    if kind.neutral not in probe.levels:
+    if kind.acts_on is ActsOn.INPUT_LENGTH and (inputs.inputs is not None or inputs.random_ids):
+        raise UsageError("attribution under 'length' needs text: its windows are the base prompts only when "
+                         "cut from one text (drop inputs= and random_ids)")  # fmt: skip
+    base = unshifted(kind)
+    if base not in probe.levels:
         raise UsageError(
             f"attribution patches the unshifted level back: give it, e.g. {probe.name}:"
-            f"{kind.neutral:g},{probe.levels[-1]:g}"
+            f"{base:g},{probe.levels[-1]:g}"
         )
     shifted_level = _shifted_level(probe, settings.level)
     loaded = as_loaded(model, tokenizer, load)
@@ -182,7 +145,7 @@ def attribute_with(
     loaded.model.eval()
     undo = _prepare_scorer(root, None)
     try:
-        levels = Probe(probe.name, (kind.neutral, shifted_level))
+        levels = Probe(probe.name, (base, shifted_level))
         plan = plan_run(loaded, [levels], Route.SSACLI, inputs, None)
         result = _Runs(loaded, plan, probe, shifted_level, inputs.tau).attribute(settings, inputs.seed)
     finally:
@@ -195,10 +158,15 @@ def attribute_with(
     return result
 
 
+def unshifted(kind: ProbeKind) -> float:
+    """The level a probe changes nothing at: its neutral level, and ×1 for ``length`` (the base)."""
+    return 1.0 if kind.acts_on is ActsOn.INPUT_LENGTH else kind.neutral
+
+
 def _shifted_level(probe: Probe, level: float | None) -> float:
     if level is None:
-        others = [v for v in probe.levels if v != probe.kind.neutral]
-        return others[-1] if others else probe.kind.neutral
+        others = [v for v in probe.levels if v != unshifted(probe.kind)]
+        return others[-1] if others else unshifted(probe.kind)
     if level not in probe.levels:
         raise UsageError(f"level {level:g} is not among {probe}'s levels; add it to the probe")
     return level
@@ -210,58 +178,65 @@ class _Runs:
     def __init__(self, loaded: LoadedModel, plan, probe: Probe, level: float, tau: float):
         self.loaded, self.plan, self.probe, self.level = loaded, plan, probe, level
         levels = plan.probes[0][1]
-        self.batches = levels[probe.kind.neutral][0]
+        batches = levels[unshifted(probe.kind)][0]
         self.shifted_batches = levels[level][0]
         self.heads = plan.heads
-        self.reference = PatternRecorder(plan.layer_of, tau=tau, top_k=defaults.TOP_K, mode="capture")
-        self.loss_reference = self._losses(probe.kind.neutral, self.reference, self.batches)
-        measured = PatternRecorder(plan.layer_of, tau=tau, top_k=defaults.TOP_K, mode="measure")
-        self.loss_shifted = self._losses(level, measured, self.shifted_batches)
+        # length: each long row is consecutive base prompts of plan.length tokens (patching.py)
+        self.window = plan.length if probe.kind.acts_on is ActsOn.INPUT_LENGTH else None
+        recorder = partial(PatternRecorder, plan.layer_of, tau=tau, top_k=defaults.TOP_K)
+        reference = recorder(mode="capture")
+        self.loss_reference = self._losses(unshifted(probe.kind), reference, batches, None)
+        n = len(self.loss_reference)
+        measured = recorder(mode="measure", window=self.window)
+        self.loss_shifted = self._losses(level, measured, self.shifted_batches, self.window)[:n]
         if measured.overflow.first is not None or not np.isfinite(self.loss_shifted).all():
             raise UsageError(
                 f"{probe.name} at {level:g} overflows this model ({measured.overflow.first}); "
                 "attribute a lower level"
             )
+        if len(self.loss_shifted) < n:  # capped: fewer base prompts fit the longest inputs
+            raise UsageError(f"{probe.name} at {level:g} holds fewer prompts than its base level; lower it")
         layers, width = len(plan.layers), max(plan.heads)
-        self.rates_reference = self.reference.prompts.rates(layers, width)
-        self.rates_shifted = measured.prompts.rates(layers, width)
+        self.rates_reference = reference.prompts.rates(layers, width)
+        self.rates_shifted = measured.prompts.rates(layers, width)[:n]
         self.damage = self.loss_shifted - self.loss_reference
-        self.patcher = PatternRecorder(plan.layer_of, tau=tau, top_k=defaults.TOP_K, mode="patch")
-        self.patcher.kept = self.reference.kept
+        self.patcher = recorder(mode="patch", window=self.window)
+        self.patcher.kept = reference.kept
+        self.patcher.where = [
+            (b, r) for b, batch in enumerate(batches) for r in range(batch.input_ids.shape[0])
+        ]
 
     def _losses(
-        self, level: float, recorder: PatternRecorder, batches, only: set[int] | None = None
+        self,
+        level: float,
+        recorder: PatternRecorder,
+        batches,
+        window: int | None,
+        only: set[int] | None = None,
     ) -> np.ndarray:
-        """Per prompt (batch order, then row): the mean next-token loss at ``level`` (NaN for prompts
-        of batches skipped because ``only`` holds none of theirs)."""
+        """Per prompt (batch, row, then window): the mean next-token loss at ``level`` (NaN for the
+        prompts of batches skipped because ``only`` holds none of theirs)."""
         captured: dict[str, torch.Tensor] = {}
         hook = self.loaded.model.register_forward_hook(lambda m, a, out: captured.update(logits=out.logits))
-        out, start = [], 0
+        out, start, sequence = [], 0, 0
         try:
             for index, batch in enumerate(batches):
-                rows = batch.input_ids.shape[0]
-                if only is not None and not only.intersection(range(start, start + rows)):
-                    out.append(np.full(rows, np.nan))
-                    start += rows
+                rows, width = batch.input_ids.shape
+                count = rows * (width // window if window else 1)
+                recorder.first_sequence, sequence = sequence, sequence + rows
+                if only is not None and not only.intersection(range(start, start + count)):
+                    out.append(np.full(count, np.nan))
+                    start += count
                     continue
+                layers = self.plan.layers
                 forward_batch(
-                    self.loaded,
-                    Route.SSACLI,
-                    self.probe,
-                    level,
-                    batch,
-                    recorder,
-                    self.plan.layers,
-                    index=index,
+                    self.loaded, Route.SSACLI, self.probe, level, batch, recorder, layers, index=index
                 )
-                ids, mask = (
-                    batch.input_ids.to(self.loaded.device),
-                    batch.attention_mask.to(self.loaded.device),
-                )
-                keep = (mask[:, 1:] * mask[:, :-1]).float()
-                losses = next_token_losses(captured.pop("logits"), ids) * keep
-                out.append((losses.sum(1) / keep.sum(1).clamp_min(1)).double().cpu().numpy())
-                start += rows
+                device = self.loaded.device
+                ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+                losses = prompt_losses(captured.pop("logits"), ids, mask, window)
+                out.append(losses.double().cpu().numpy())
+                start += count
         finally:
             hook.remove()
         return np.concatenate(out)
@@ -272,8 +247,8 @@ class _Runs:
         for layer, head in heads:
             by_layer.setdefault(layer, []).append(head)
         self.patcher.patched = {layer: torch.tensor(sorted(h)) for layer, h in by_layer.items()}
-        patched = self._losses(self.level, self.patcher, self.shifted_batches, set(prompts))
-        return (self.loss_shifted - patched)[prompts]
+        patched = self._losses(self.level, self.patcher, self.shifted_batches, self.window, set(prompts))
+        return (self.loss_shifted - patched[: len(self.loss_shifted)])[prompts]
 
     def choose(self, prompts: list[int], k: int) -> tuple[list[Head], np.ndarray]:
         """The top ``k`` heads by collapse rise over ``prompts`` (heads whose collapse rate reaches
@@ -356,7 +331,7 @@ class _Runs:
             model="",
             probe=self.probe.name,
             level=self.level,
-            reference_level=self.probe.kind.neutral,
+            reference_level=unshifted(self.probe.kind),
             k=k,
             layers=[name for name, _ in self.plan.layers],
             heads=self.heads,
@@ -391,6 +366,4 @@ def _check_heads(heads: list[Head], per_layer: list[int]) -> None:
             )
 
 
-__all__ = [
-    "Attribution", "AttributionSettings", "PatternRecorder", "SetAttribution", "attribute", "attribute_with",
-]  # fmt: skip
+__all__ = ["Attribution", "AttributionSettings", "SetAttribution", "attribute", "attribute_with"]

@@ -147,7 +147,8 @@ def test_chosen_sets_are_measured_against_a_layer_matched_null():
 @pytest.mark.parametrize(
     ("probe", "options", "message"),
     [
-        ("length:1,2", {}, "keeps the tokens"),
+        ("numeric:2,4", {}, "same tokens at every level"),
+        ("length:1,2", {}, "needs text"),
         ("key-scale:2,8", {}, "unshifted level back"),
         ("key-scale:1,8", {"level": 4}, "not among"),
         ("key-scale:1,8", {"k": 0}, "k must be at least 1"),
@@ -159,3 +160,14 @@ def test_chosen_sets_are_measured_against_a_layer_matched_null():
 def test_refusals_name_the_problem(probe, options, message):
     with pytest.raises(UsageError, match=message):
         attribute(sharp_llama(), probe, inputs=prompts(), **options)
+
+
+def test_length_patches_each_window_with_its_base_prompt():
+    # Under length ×4 a long row is 4 consecutive base prompts. Every head given its base prompt's
+    # pattern (within the window, nothing before it) makes each window compute as its base prompt did
+    # (rotary positions act on q and k only), so the ceiling is the whole damage; one head is a part.
+    result = attribute("builtin:wikitext-softmax", "length:1,4", samples=4, length=16, heads=[(0, 0)],
+                       null=0, per_head=False, resamples=500)  # fmt: skip
+    assert len(result.damage) == 4 and np.abs(result.damage).max() > 1e-3
+    np.testing.assert_allclose(result.ceiling.removed, result.damage, rtol=1e-5, atol=1e-6)
+    assert np.abs(np.subtract(result.sets[0].removed, result.damage)).max() > 1e-4
