@@ -131,7 +131,7 @@ def attribute_with(
     loaded = as_loaded(model, tokenizer, load)
     if loaded.kind != ModelKind.CAUSAL:
         raise UnsupportedModelError(
-            f"attribution measures next-token loss: causal LMs only, not {loaded.kind}"
+            f"attribution measures the next-token loss: causal LMs only, not {loaded.kind.value} models"
         )
     root = loaded.attention_root
     if choose_route(root, loaded.family, None) is not Route.SSACLI:

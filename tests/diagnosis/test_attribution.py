@@ -7,6 +7,8 @@ sharpened, so that the loss notices."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,8 @@ from transformers import AttentionInterface
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from ssacli.diagnosis.attribution import attribute
-from ssacli.errors import UsageError
+from ssacli.errors import UnsupportedModelError, UsageError
+from ssacli.testing import tiny_models
 from tests.helpers.models import build_model
 
 HEAD = (1, 2)  # the head the controls plant
@@ -171,3 +174,13 @@ def test_length_patches_each_window_with_its_base_prompt():
     assert len(result.damage) == 4 and np.abs(result.damage).max() > 1e-3
     np.testing.assert_allclose(result.ceiling.removed, result.damage, rtol=1e-5, atol=1e-6)
     assert np.abs(np.subtract(result.sets[0].removed, result.damage)).max() > 1e-4
+
+
+def test_models_it_cannot_patch_are_refused_in_one_line():
+    with pytest.raises(UnsupportedModelError, match="causal LMs only, not encoder models"):
+        attribute(build_model("bert"), "key-scale:1,8", inputs=prompts(4, 8), k=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fallback = tiny_models.build_tiny("gpt_neo", tiny_models.families()["gpt_neo"])
+    with pytest.raises(UnsupportedModelError, match="runs on the eager fallback"):
+        attribute(fallback, "key-scale:1,8", inputs=prompts(4, 8), k=1)
