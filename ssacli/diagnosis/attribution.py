@@ -147,6 +147,7 @@ def attribute_with(
     try:
         levels = Probe(probe.name, (base, shifted_level))
         plan = plan_run(loaded, [levels], Route.SSACLI, inputs, None)
+        _check_sets(settings, plan, base)
         result = _Runs(loaded, plan, probe, shifted_level, inputs.tau).attribute(settings, inputs.seed)
     finally:
         if undo is not None:
@@ -309,13 +310,8 @@ class _Runs:
         rng = np.random.default_rng(seed)
         _, rise = self.choose(every, k)
         if heads is not None:
-            _check_heads(heads, self.heads)
             sets = [self.measure(list(heads), None, every, null, per_head, rng, resamples, seed)]
         else:
-            if n < 4:
-                raise UsageError(f"choosing heads on half the prompts needs at least 4 prompts, got {n}")
-            if k > sum(self.heads):
-                raise UsageError(f"k must be at most the model's {sum(self.heads)} heads, got {k}")
             a, b = every[: n // 2], every[n // 2 :]
             sets = []
             for chosen_on, measured_on in ((a, b), (b, a)):
@@ -357,13 +353,21 @@ def _matched(heads: list[Head], per_layer: list[int], rng: np.random.Generator) 
     ]
 
 
-def _check_heads(heads: list[Head], per_layer: list[int]) -> None:
-    for layer, head in heads:
+def _check_sets(settings: AttributionSettings, plan, base: float) -> None:
+    """The head sets asked for fit the model and the prompts (before any forward)."""
+    per_layer = plan.heads
+    for layer, head in settings.heads or ():
         if not (0 <= layer < len(per_layer) and 0 <= head < per_layer[layer]):
             raise UsageError(
-                f"head ({layer}, {head}) is not in this model ({len(per_layer)} layers, "
-                f"{per_layer} heads); give (layer, head) pairs counted from 0"
+                f"head ({layer}, {head}) is not in this model ({len(per_layer)} layers, {per_layer} heads); "
+                "give (layer, head) pairs counted from 0"
             )
+    if settings.heads is None:
+        n = sum(batch.input_ids.shape[0] for batch in plan.probes[0][1][base][0])
+        if n < 4:
+            raise UsageError(f"choosing heads on half the prompts needs at least 4 prompts, got {n}")
+        if settings.k > sum(per_layer):
+            raise UsageError(f"k must be at most the model's {sum(per_layer)} heads, got {settings.k}")
 
 
 __all__ = ["Attribution", "AttributionSettings", "SetAttribution", "attribute", "attribute_with"]

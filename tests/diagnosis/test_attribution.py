@@ -77,7 +77,7 @@ def test_the_one_head_that_carries_the_output_carries_all_the_damage():
 
 def test_the_unshifted_level_has_no_damage_to_attribute():
     model = sharp_llama()
-    result = attribute(model, "key-scale:1", inputs=prompts(), k=2, null=3, per_head=False, resamples=500)
+    result = attribute(model, "key-scale:1", inputs=prompts(), k=2, null=1, per_head=False, resamples=500)
     assert result.level == result.reference_level == 1
     assert result.damage == [0.0] * 8
     for one in [*result.sets, result.ceiling]:
