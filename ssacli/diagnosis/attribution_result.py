@@ -13,6 +13,16 @@ import numpy as np
 from ..errors import UsageError
 
 Head = tuple[int, int]  # (layer, head), counted from 0
+# The plan's reading (docs/results/saturation-matters-plan.md, committed before any run): collapse
+# marks the heads that carry the damage only where the chosen set beats this share of random sets …
+NULL_BEATS = 95.0
+# … and does not mark them where the set sits inside this central share of the null
+NULL_CENTRAL = 90.0
+READINGS = {
+    "marks": "collapse marks the heads that carry the damage",
+    "does not mark": "collapse does not mark the heads that carry the damage",
+    "undecided": "undecided at this budget",
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,19 @@ class SetAttribution:
         """What the set's heads removed one at a time, summed (beside ``mean``: self-repair)."""
         return float(sum(self.per_head.values())) if self.per_head else None
 
+    @property
+    def reading(self) -> str | None:
+        """The plan's reading of a set against its null (docs/results/saturation-matters-plan.md):
+        "marks" where the removed damage's interval excludes 0 (above it) and the set beats at least
+        NULL_BEATS of the random sets, "does not mark" where it sits in the null's central
+        NULL_CENTRAL, else "undecided"; None without a null."""
+        if self.percentile is None:
+            return None
+        if self.interval is not None and self.interval[0] > 0 and self.percentile >= NULL_BEATS:
+            return "marks"
+        low = (100 - NULL_CENTRAL) / 2
+        return "does not mark" if low <= self.percentile <= 100 - low else "undecided"
+
 
 @dataclass
 class Attribution:
@@ -84,8 +107,12 @@ class Attribution:
     settings: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able (NaN as None)."""
-        return _jsonable(asdict(self))
+        """JSON-able (NaN as None), each set with its :attr:`~SetAttribution.reading`."""
+        out = asdict(self)
+        for one, kept in zip([*self.sets, self.ceiling], [*out["sets"], out["ceiling"]], strict=True):
+            if kept is not None:
+                kept["reading"] = one.reading
+        return _jsonable(out)
 
     def lines(self) -> list[str]:
         """The result in a few lines of at most 80 columns."""
@@ -107,6 +134,7 @@ class Attribution:
             out.append(f"    removes {one.mean:+.4f} {_interval(one.interval)}{on}{share}")
             if one.percentile is not None:
                 out.append(f"    beats {one.percentile:.0f}% of {len(one.null)} random layer-matched sets")
+                out.append(f"    {READINGS[one.reading]}")
             if one.per_head:
                 alone = ", ".join(f"{h} {v:+.4f}" for h, v in one.per_head.items())
                 out.append(f"    alone: {alone}")

@@ -7,6 +7,7 @@ sharpened, so that the loss notices."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -17,6 +18,7 @@ from transformers import AttentionInterface
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from ssacli.diagnosis.attribution import attribute
+from ssacli.diagnosis.attribution_result import SetAttribution
 from ssacli.errors import UnsupportedModelError, UsageError
 from ssacli.testing import tiny_models
 from tests.helpers.models import build_model
@@ -140,6 +142,7 @@ def test_chosen_sets_are_measured_against_a_layer_matched_null():
     result = attribute(sharp_llama(), "key-scale:1,8", inputs=prompts(), k=2, null=2, resamples=500)
     payload = result.to_dict()
     assert len(payload["sets"]) == 2 and payload["ceiling"]["null"] == []
+    assert json.loads(json.dumps(payload))["sets"][0]["reading"] == result.sets[0].reading
     for one in result.sets:
         assert len(one.heads) == 2 and len(one.null) == 2 and 0 <= one.percentile <= 100
         assert set(one.per_head) == {f"L{layer}H{head}" for layer, head in one.heads}
@@ -184,3 +187,22 @@ def test_models_it_cannot_patch_are_refused_in_one_line():
         fallback = tiny_models.build_tiny("gpt_neo", tiny_models.families()["gpt_neo"])
     with pytest.raises(UnsupportedModelError, match="runs on the eager fallback"):
         attribute(fallback, "key-scale:1,8", inputs=prompts(4, 8), k=1)
+
+
+@pytest.mark.parametrize(
+    ("interval", "percentile", "reading"),
+    [
+        ((0.01, 0.2), 97.0, "marks"),  # removes damage and beats >= 95 % of random sets
+        ((-0.01, 0.2), 97.0, "undecided"),  # beats them, but its removed damage may be 0
+        ((0.01, 0.2), 50.0, "does not mark"),  # inside the null's central 90 %
+        ((0.01, 0.2), 95.0, "marks"),
+        ((0.01, 0.2), 4.0, "undecided"),  # below the null: neither
+        ((0.01, 0.2), None, None),  # no null: no reading
+    ],
+)
+def test_a_set_is_read_against_its_null_as_the_plan_says(interval, percentile, reading):
+    one = SetAttribution(
+        heads=[HEAD], chosen_on=[0], measured_on=[1], removed=[0.1], mean=0.1, interval=interval, damage=0.2,
+        damage_interval=None, share=None, null=[0.0] if percentile is not None else [], percentile=percentile,
+    )  # fmt: skip
+    assert one.reading == reading
