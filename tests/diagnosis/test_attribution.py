@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from transformers import AttentionInterface
 from transformers.models.llama.modeling_llama import repeat_kv
 
+from ssacli.attention.interface import apply_scorer
 from ssacli.diagnosis.attribution import attribute
 from ssacli.diagnosis.attribution_result import SetAttribution
 from ssacli.errors import UnsupportedModelError, UsageError
@@ -86,6 +87,15 @@ def test_the_unshifted_level_has_no_damage_to_attribute():
         assert one.removed == [0.0] * len(one.measured_on)
         assert one.share is None  # no damage clears its noise, so no share is claimed
     assert result.sets[0].measured_on == list(range(4, 8)) and result.sets[1].measured_on == list(range(4))
+
+
+def test_a_scorer_that_ignores_the_logits_has_no_damage_to_attribute():
+    # cosformer scores q and k directly: logit-scale cannot reach it, so nothing is damaged. (SSA
+    # does respond to logit-scale, boundedly: on this model its damage is not 0, only different.)
+    model = sharp_llama()
+    apply_scorer(model, "cosformer")
+    result = given(model, [HEAD], probe=f"logit-scale:1,{LEVEL:g}")
+    assert result.damage == [0.0] * 8 and result.ceiling.removed == [0.0] * 8
 
 
 def test_a_probe_inside_attention_is_carried_by_the_patterns_alone():
