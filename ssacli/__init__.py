@@ -16,6 +16,9 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   reads a saved result back, :func:`render` / :func:`render_html` draw it again,
   :func:`render_figures` gives its page's figures by name (``--png`` / ``--svg``) and
   ``DiagnoseResult.to_frame`` / ``to_csv`` / ``to_parquet`` export it as a table (``ssacli render``).
+  :func:`attribute` -> :class:`Attribution`: how much of a probe's output damage the attention
+  patterns of chosen heads carry, by patching the unshifted weights back (docs/diagnose.md;
+  :func:`attribute_with`: the same with an :class:`AttributionSettings` and a DiagnoseSettings).
   In a notebook a DiagnoseResult, QualityReport or CheckReport shows its verdict (``_repr_html_``)
   and ``result.plot(kind)`` returns one of its figures (docs/notebooks.md).
 * :func:`run_check` -> :class:`CheckReport`: gate a model on requirements; :func:`check_settings`
@@ -97,6 +100,10 @@ _LAZY = {
     "ssa_attention": "kernels.fused",
     "diagnose": "diagnosis.run",
     "diagnose_with": "diagnosis.run",
+    "attribute": "diagnosis.attribution",
+    "attribute_with": "diagnosis.attribution",
+    "Attribution": "diagnosis.attribution_result",
+    "AttributionSettings": "diagnosis.attribution_result",
     "load_model": "models.loading",
     "load": "models.loading",
     "convert": "conversion",
@@ -169,6 +176,8 @@ if TYPE_CHECKING:
     from .check.settings import CheckSettings, check_settings
     from .conversion import convert, convert_with, save_model
     from .conversion.settings import ConvertSettings
+    from .diagnosis.attribution import attribute, attribute_with
+    from .diagnosis.attribution_result import Attribution, AttributionSettings
     from .diagnosis.comparison import compare_results
     from .diagnosis.metrics import METRICS
     from .diagnosis.probe_kinds import parse_probe
@@ -237,6 +246,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Attribution",
+    "AttributionSettings",
     "BrokenModelError",
     "CheckReport",
     "CheckSettings",
@@ -260,6 +271,8 @@ __all__ = [
     "apply_scorer",
     "attention_backend",
     "attention_modules",
+    "attribute",
+    "attribute_with",
     "check_settings",
     "compare_models",
     "compare_models_with",

@@ -43,8 +43,8 @@ class Observer:
     identity or a no-op here, so an observer overrides only what it uses.
 
     The eager blocks call :meth:`transform_key` once per call, then per block of ``block_size`` query
-    rows :meth:`transform` and :meth:`record`. With ``stats_mode`` "auto" or "fused" (diagnose's
-    ``--stats``) the fused statistics call :meth:`transform_block` per key block and
+    rows :meth:`transform`, :meth:`record` and :meth:`patch`. With ``stats_mode`` "auto" or "fused"
+    (diagnose's ``--stats``) the fused statistics call :meth:`transform_block` per key block and
     :meth:`record_rows` once per call instead.
     """
 
@@ -71,6 +71,13 @@ class Observer:
         """Whether :meth:`transform_block` may change this call's logits (else the fused statistics
         may take them straight from their products); an observer that overrides it says when."""
         return type(self).transform_block is not Observer.transform_block
+
+    def patch(self, module: nn.Module, weights: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
+        """The weights [b, h, q_rows, k] that multiply the values, after :meth:`record` saw them:
+        attribution by pattern patching (:mod:`ssacli.diagnosis.attribution`) puts another run's
+        weights back into chosen heads here. Only the eager blocks call it: the fused statistics
+        never form the weights (an observer that patches keeps ``stats_mode`` "eager")."""
+        return weights
 
     def record(
         self,
@@ -260,6 +267,7 @@ def eager_attention(
             observer.record(module, weights, visible, positions)
         else:  # a learned sink: its weight [b, h, q_rows] too
             observer.record(module, weights, visible, positions, sink=sink_weight)
+        weights = observer.patch(module, weights, positions)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights.to(value.dtype), value), weights
 
