@@ -170,7 +170,7 @@ def diagnose_command(
 
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
 
-      ssacli diagnose builtin:wikitext-softmax --text mine.txt --shift code.txt --probe shift
+      ssacli diagnose ./my-lm --text mine.txt --shift code.txt --probe shift
     """
     check_outputs(("--json", json_out), ("--html", html_out), overwrite=overwrite)  # before any heavy import
     check_figure_outputs(png, svg)
