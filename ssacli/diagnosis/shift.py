@@ -71,7 +71,7 @@ class ShiftCorpus:
             short = f"the shorter corpus holds {count} of {length} tokens"
             self.note = f"{count} documents per corpus, not {samples}: {short}"
         self.description = {
-            "name": name, "reference": where.removeprefix("the "), "documents": count, "tokens": length,
+            "name": name, "reference": where, "documents": count, "tokens": length,
             "split": SPLIT, "windows": [len(s) // length for s in streams],
         }  # fmt: skip
 

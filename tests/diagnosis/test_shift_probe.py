@@ -101,7 +101,7 @@ def test_cli_prints_writes_and_round_trips_the_shift(tmp_path, monkeypatch, caps
     code, stdout, _ = run_main(args, monkeypatch, capsys)
     assert code == 0
     assert "output damage: loss" in stdout and "saturation change: fresh collapse" in stdout
-    assert "code.txt against --text file" in " ".join(stdout.split())
+    assert "code.txt against the --text file" in " ".join(stdout.split())
     data = json.loads(out.read_text())
     assert schema_errors(data) == []
     again = DiagnoseResult.from_dict(data).to_dict()
