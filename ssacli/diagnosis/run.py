@@ -48,6 +48,7 @@ from .probes import ActsOn, Probe, default_probes, parse_probe, scorer_insensiti
 from .result import DiagnoseResult
 from .routes import Route, absorber, choose_route, route_unaudited_reason
 from .settings import DiagnoseSettings
+from .shift import with_shift
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -144,7 +145,7 @@ def diagnose_with(
     names = [p.name for p in probe_list]
     if len(set(names)) != len(names):
         raise UsageError("each probe may be given once; put all its levels in one --probe NAME:L1,L2")
-    probe_list = _with_shift(probe_list, settings)
+    probe_list = with_shift(probe_list, settings)
     loaded = as_loaded(model, tokenizer, load)
     root = loaded.attention_root
     route = choose_route(root, loaded.family, scorer)
@@ -164,18 +165,6 @@ def diagnose_with(
         if undo is not None:
             undo()
         loaded.model.train(training)
-
-
-def _with_shift(probes: list[Probe], settings: DiagnoseSettings) -> list[Probe]:
-    """The probes with the ``shift`` probe last where a shifted corpus is given; the probe without
-    one is refused (before the model loads)."""
-    corpus = [p for p in probes if p.kind.acts_on is ActsOn.INPUT_CORPUS]
-    if settings.shift is None:
-        if corpus:
-            name = corpus[0].name
-            raise UsageError(f"probe '{name}' needs a shifted corpus; give --shift FILE (shift= in the API)")
-        return probes
-    return probes if corpus else [*probes, parse_probe("shift")]
 
 
 def _prepare_scorer(root: nn.Module, scorer: str | None) -> Callable[[], None] | None:

@@ -33,8 +33,9 @@ import numpy as np
 
 from ..errors import UsageError
 from ..stats import LEVEL, bootstrap_difference_ci
-from .probe_kinds import ActsOn
+from .probe_kinds import ActsOn, Probe, parse_probe
 from .probe_result import ProbeResult
+from .settings import DiagnoseSettings
 from .texts import TEXTS
 
 SPLIT = "consecutive non-overlapping windows of the base length, evenly spaced through each corpus"
@@ -77,6 +78,18 @@ class ShiftCorpus:
 
     def sequences(self, level: float) -> list[list[int]]:
         return self.documents[float(level)]
+
+
+def with_shift(probes: list[Probe], settings: DiagnoseSettings) -> list[Probe]:
+    """The probes with the ``shift`` probe last where a shifted corpus is given; the probe without
+    one is refused (before the model loads)."""
+    corpus = [p for p in probes if p.kind.acts_on is ActsOn.INPUT_CORPUS]
+    if settings.shift is None:
+        if corpus:
+            name = corpus[0].name
+            raise UsageError(f"probe '{name}' needs a shifted corpus; give --shift FILE (shift= in the API)")
+        return probes
+    return probes if corpus else [*probes, parse_probe("shift")]
 
 
 def is_shift(probe: ProbeResult) -> bool:
