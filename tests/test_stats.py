@@ -212,3 +212,15 @@ def test_against_scipy_where_installed():
     for df in (1, 2, 3, 7, 30, 101):
         for t in (0.2, 1.0, 2.2, 6.0):
             assert student_t_two_sided(t, df) == pytest.approx(2 * scipy_stats.t.sf(t, df), abs=1e-13)
+
+
+def test_bootstrap_difference_ci_resamples_both_sides_and_needs_two_on_each():
+    from ssacli.stats import bootstrap_difference_ci
+
+    a, b = [0.0, 1.0, 2.0, 3.0], [10.0, 10.0, 10.0, 10.0]
+    low, high = bootstrap_difference_ci(a, b)
+    # b is constant: every resampled difference is 10 − a resampled mean of a, in [10 − 3, 10 − 0]
+    assert 7.0 <= low < 10 - 1.5 < high <= 10.0
+    paired = bootstrap_ci([10 - v for v in a])  # one side resampled: the same spread, mirrored
+    assert abs((high - low) - (paired[1] - paired[0])) < 0.2 * (paired[1] - paired[0])
+    assert bootstrap_difference_ci([1.0], b) is None and bootstrap_difference_ci(a, [1.0]) is None

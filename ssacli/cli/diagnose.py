@@ -99,6 +99,12 @@ def diagnose_command(
     ),
     scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa:init=faithful."),
     text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
+    shift: Path = typer.Option(
+        None,
+        metavar="FILE",
+        help="A shifted corpus (UTF-8 text: another domain, language, code…): adds the 'shift' probe, "
+        "--text's documents against FILE's, matched in length, with per-document loss and collapse.",
+    ),
     random_ids: bool = typer.Option(
         False, "--random", help="Probe with random token ids (needed for a model without a tokenizer)."
     ),
@@ -163,6 +169,8 @@ def diagnose_command(
           --json out.json --html out.html
 
       ssacli diagnose builtin:every-softmax --compare builtin:every-ssa
+
+      ssacli diagnose ./my-lm --text mine.txt --shift code.txt --probe shift
     """
     check_outputs(("--json", json_out), ("--html", html_out), overwrite=overwrite)  # before any heavy import
     check_figure_outputs(png, svg)
@@ -182,6 +190,8 @@ def diagnose_command(
         probes,
         DiagnoseSettings(
             text=read_text_file(text) if text else None, random_ids=random_ids, samples=samples,
+            shift=read_text_file(shift, "--shift") if shift else None,
+            shift_name=shift.name if shift else "shift",
             length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k, block_size=block_size,
             stats=stats, sink_k=sink_k,
         ),

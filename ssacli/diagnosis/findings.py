@@ -47,6 +47,8 @@ def level_text(probe: ProbeResult, level: float) -> str:
         return f"×{level:g}"
     if symbol == "digits":
         return f"{level:g} digits"
+    if symbol == "corpus":  # the shift probe: level 0 is the reference text, 1 the shifted corpus
+        return "the shifted corpus" if level else "the reference"
     return f"{symbol}={level:g}" if symbol else f"{level:g}"
 
 

@@ -121,6 +121,7 @@ class Recorder(Observer):
         self.overflow = Overflow()
         self.prompts = prompts  # each prompt's collapse (the noise a verdict reads a change against)
         self.batch = 0  # the index of the batch being recorded (forward_batch sets it)
+        self.losses: list[float] = []  # each input's mean next-token loss, in input order (causal LMs)
         self.valid: torch.Tensor | None = None  # [b, t] real tokens of the current batch
         self.target: torch.Tensor | None = None  # [b] target token of the current batch (outlier_capture)
         self.pending: dict[int, torch.Tensor] = {}  # the logits of the block about to be recorded
@@ -373,10 +374,14 @@ def _hf_forward(
     if loaded.kind != ModelKind.CAUSAL:
         return extras
     keep = (mask[:, 1:] * mask[:, :-1]).bool()
-    losses = next_token_losses(logits, ids)[keep]
+    token_losses = next_token_losses(logits, ids)
+    losses = token_losses[keep]
     if not torch.isfinite(losses).all():
         recorder.overflow.note(None, "loss")
     extras["loss"] = (float(losses.sum()), float(losses.numel()))
+    # each input's own mean (per prompt: the shift probe's damage per document, ssacli.diagnosis.shift)
+    per_row = torch.where(keep, token_losses, 0).sum(1) / keep.sum(1).clamp(min=1)
+    recorder.losses.extend(float(v) for v in per_row)
     return extras
 
 

@@ -33,6 +33,7 @@ from .probes import (
 )
 from .routes import Route, attention_layers, layer_heads
 from .settings import DiagnoseSettings
+from .shift import ShiftCorpus
 
 # level -> (batches, note): the inputs a probe level runs on (None: it cannot run, the note says why)
 LevelPlan = dict[float, tuple[list[ProbeBatch] | None, str | None]]
@@ -49,6 +50,7 @@ class RunPlan:
     length: int  # the base length (ICL: points), capped at the model's positions
     length_asked: int | None  # the length asked for when the cap shortened it, else None
     source: TokenSource | None  # where text probes' tokens come from (None: ICL prompts or given inputs)
+    shift: ShiftCorpus | None  # the shift probe's documents (None: no --shift)
     prompt_length: int | None  # generate's prompt length (None: no generation)
     probes: list[tuple[Probe, LevelPlan]]
     scorers: list  # the scorers of ssacli's route (which probes they make insensitive)
@@ -83,6 +85,13 @@ def plan_run(
         )
     prompt_length = None if steps is None else check_generate(loaded, route, steps, length)
     probes = [_fit_length_levels(p, loaded, length) for p in probes]
+    shift = None
+    if settings.shift is not None:  # the documents of both corpora, or a UsageError before any forward
+        if icl or loaded.tokenizer is None:
+            raise UsageError(f"--shift needs a language model with a tokenizer; '{loaded.name}' has none")
+        shift = ShiftCorpus(
+            loaded.tokenizer, settings.text, settings.shift, settings.shift_name, length, settings.samples
+        )
     return RunPlan(
         layers=layers,
         layer_of={id(m): i for i, (_, m) in enumerate(layers)},
@@ -91,10 +100,18 @@ def plan_run(
         length=length,
         length_asked=asked,
         source=source,
+        shift=shift,
         prompt_length=prompt_length,
-        probes=[(p, _plan_levels(p, loaded, route, source, length, settings)) for p in probes],
+        probes=[
+            (p, _plan_levels(p, loaded, route, _source(p, source, shift), length, settings)) for p in probes
+        ],
         scorers=list(scorers_of(root).values()) if route is Route.SSACLI else [],
     )
+
+
+def _source(probe: Probe, source: TokenSource | None, shift: ShiftCorpus | None):
+    """Where a probe's tokens come from: the shift probe's corpora, every other's text source."""
+    return shift if probe.kind.acts_on is ActsOn.INPUT_CORPUS else source
 
 
 def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
@@ -156,6 +173,8 @@ def _plan_levels(
             note = f"inputs truncated to the model's {cap} {unit}"
         if kind.has_target:
             pick_targets(batches, settings.seed)
+        if kind.acts_on is ActsOn.INPUT_CORPUS:
+            note = source.note  # fewer documents than samples, where a corpus is short
         plan[level] = (batches, note)
     return plan
 
@@ -181,6 +200,8 @@ def _inputs(
         return icl_batches(loaded.model.spec.task, samples, size, batch_size, seed)
     pad = loaded.pad_id
     side = "right"  # one forward, no generation: real tokens keep positions 0..n-1 and key 0 (the sink)
+    if probe.kind.acts_on is ActsOn.INPUT_CORPUS:  # source: the ShiftCorpus
+        return pad_sequences(source.sequences(level), pad, batch_size, side)
     if probe.kind.acts_on is ActsOn.INPUT_TEXT:
         return pad_sequences(
             numeric_sequences(loaded.tokenizer, int(level), samples, seed), pad, batch_size, side

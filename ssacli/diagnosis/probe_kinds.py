@@ -16,6 +16,9 @@ dispatch on those, never on a probe's name.
 * ``length`` ×m: inputs m times the base length, up to the model's maximum positions (a level
   given beyond them is refused).
 * ``numeric`` d: sentence templates holding d-digit numbers (models with a tokenizer).
+* ``shift``: a natural shift, level 0 the user's reference text and level 1 a shifted corpus
+  (``--shift FILE``), matched in length (:mod:`ssacli.diagnosis.shift`); run only when a shifted
+  corpus is given, never among the defaults.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class ActsOn(Enum):
 
     INPUT_LENGTH = "input length"  # the inputs are level × the base length
     INPUT_TEXT = "input text"  # the inputs are the numeric templates with level-digit numbers
+    INPUT_CORPUS = "input corpus"  # level 0: documents of the reference text, 1: of the shifted corpus
     EMBEDDINGS = "embeddings"  # the input embeddings' output (ICL: the x values) go through ``effect``
     KEYS = "attention keys"  # every attention call's key vectors go through ``effect`` (ssacli's function)
     LOGITS = "attention logits"  # every attention call's logits go through ``effect`` (ssacli's function)
@@ -97,6 +101,9 @@ PROBES: dict[str, ProbeKind] = {
                   axis="input length (× the base length in tokens)"),
         ProbeKind("numeric", (2, 3, 4, 5, 6, 7, 8, 9), "digits", "numbers of d digits", ActsOn.INPUT_TEXT,
                   integer=True, needs_tokenizer=True, axis="digits per number"),
+        ProbeKind("shift", (0, 1), "corpus", "the reference text (0) against a shifted corpus (1)",
+                  ActsOn.INPUT_CORPUS, neutral=0, allow_zero=True, needs_tokenizer=True,
+                  axis="corpus (0: reference, 1: shifted)"),
     )
 }  # fmt: skip
 
@@ -120,6 +127,11 @@ def parse_probe(text: str) -> Probe:
     kind = PROBES.get(name.strip())
     if kind is None:
         raise UsageError(f"unknown probe '{name}'; choose from: {', '.join(PROBES)}")
+    if kind.acts_on is ActsOn.INPUT_CORPUS and colon:  # its two levels are the two corpora
+        raise UsageError(
+            f"probe '{kind.name}' takes no levels (0: the reference text, 1: the --shift corpus); give "
+            f"'{kind.name}' alone, with --shift FILE"
+        )
     if not colon:
         return Probe(kind.name, kind.defaults)
     if not raw.strip():  # a list cut short, not a request for the defaults
@@ -151,4 +163,5 @@ def _example(kind: ProbeKind) -> str:
 
 
 def default_probes() -> list[Probe]:
-    return [Probe(k.name, k.defaults) for k in PROBES.values()]
+    """Every probe that needs nothing more than the model (``shift`` needs a shifted corpus)."""
+    return [Probe(k.name, k.defaults) for k in PROBES.values() if k.acts_on is not ActsOn.INPUT_CORPUS]

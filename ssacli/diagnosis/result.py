@@ -37,6 +37,7 @@ from .outputs import (
 from .positions import PositionProfiles
 from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
 from .probes import RANDOM_INPUTS
+from .shift import shift_summary
 
 SCHEMA = "ssacli-diagnose"
 SCHEMA_VERSION = 3  # 2: layer_metrics, overflow, insensitive, reach, baseline-relative collapse, findings
@@ -367,6 +368,7 @@ def _probe_dict(probe: ProbeResult) -> dict[str, Any]:
             "fading": probe.fading(),
             "quality": _quality(probe),
             "collapse_change": _collapse_change(probe),
+            **({"shift": shift_summary(probe)} if shift_summary(probe) is not None else {}),
         },
     }
 

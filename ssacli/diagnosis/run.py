@@ -48,6 +48,7 @@ from .probes import ActsOn, Probe, default_probes, parse_probe, scorer_insensiti
 from .result import DiagnoseResult
 from .routes import Route, absorber, choose_route, route_unaudited_reason
 from .settings import DiagnoseSettings
+from .shift import with_shift
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -58,6 +59,8 @@ def diagnose(
     *,
     scorer: str | None = None,
     text: str | None = None,
+    shift: str | None = None,
+    shift_name: str = "shift",
     random_ids: bool = False,
     inputs: Sequence[Sequence[int]] | None = None,
     tokenizer: Any = None,
@@ -91,6 +94,9 @@ def diagnose(
     ``scorer``: re-score the model's attention with this spec first (e.g. ``"ssa:init=faithful"``).
     Inputs: the built-in texts, ``text`` (a string), ``random_ids``, or ``inputs`` (token-id lists of
     any lengths; batches are padded and padding is excluded from every metric).
+    ``shift``: a shifted corpus (a string; ``shift_name`` names it in reports): adds the ``shift``
+    probe, the reference text's documents against the corpus's, matched in length, with each
+    document's loss and collapse (:mod:`ssacli.diagnosis.shift`).
     ``device`` … ``max_memory`` say how a MODEL reference is loaded
     (:class:`~ssacli.models.options.LoadOptions`; ``device_map``: across devices and the disk).
     A family the all-family audit does not cover is measured and marked
@@ -106,9 +112,9 @@ def diagnose(
     ``DiagnoseResult.position_profiles()``: ssacli.diagnosis.positions).
     """
     settings = DiagnoseSettings(
-        text=text, random_ids=random_ids, inputs=inputs, samples=samples, length=length,
-        batch_size=batch_size, seed=seed, tau=tau, top_k=top_k, block_size=block_size, stats=stats,
-        sink_k=sink_k,
+        text=text, shift=shift, shift_name=shift_name, random_ids=random_ids, inputs=inputs,
+        samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
+        block_size=block_size, stats=stats, sink_k=sink_k,
     )  # fmt: skip
     load = LoadOptions(
         device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
@@ -139,6 +145,7 @@ def diagnose_with(
     names = [p.name for p in probe_list]
     if len(set(names)) != len(names):
         raise UsageError("each probe may be given once; put all its levels in one --probe NAME:L1,L2")
+    probe_list = with_shift(probe_list, settings)
     loaded = as_loaded(model, tokenizer, load)
     root = loaded.attention_root
     route = choose_route(root, loaded.family, scorer)
@@ -242,7 +249,7 @@ def _execute(
                 tables.note = why
                 continue
             tables.note = tables.note or why
-            if probe.kind.acts_on is ActsOn.INPUT_LENGTH:
+            if probe.kind.acts_on in (ActsOn.INPUT_LENGTH, ActsOn.INPUT_CORPUS):
                 real = [float(b.valid.sum(1).float().mean()) for b in batches]
                 tables.extra("tokens")[li] = float(np.mean(real))
             recorder = Recorder(
@@ -269,6 +276,8 @@ def _execute(
                 calls[path] += count
             norms_before = norms_before or recorder.norms_before
             tables.add_level(li, recorder, totals, plan.layers)
+            if recorder.losses and not lengthens and tables.overflow[li] is None:  # one loss per prompt
+                tables.per_input.setdefault("loss", [None] * len(probe.levels))[li] = recorder.losses
             if reference is not None and tables.overflow[li] is None and len(reference.rows) == len(batches):
                 tables.per_input.setdefault("output_kl", [None] * len(probe.levels))[li] = [
                     v for bi in range(len(batches)) for v in reference.rows[bi]
@@ -375,6 +384,7 @@ def _assemble(
             **({"length_asked": plan.length_asked} if plan.length_asked is not None else {}),
             "length_unit": "points" if plan.icl else "tokens",
             "inputs": describe_inputs(loaded, plan.source, settings),
+            **({"shift": plan.shift.description} if plan.shift is not None else {}),
             "vocab_size": _vocab_size(root)
             if loaded.kind == ModelKind.CAUSAL
             else None,  # uniform loss: log V

@@ -34,6 +34,10 @@ class DiagnoseSettings:
     block_size: int = defaults.BLOCK_ROWS
     stats: str = defaults.STATS
     sink_k: int = defaults.SINK_K  # the first k keys of the sink and position metrics
+    # a natural shift (the ``shift`` probe, ssacli.diagnosis.shift): the shifted corpus's text, and
+    # the name reports call it by (the CLI: the --shift file's name)
+    shift: str | None = None
+    shift_name: str = "shift"
 
     def __post_init__(self) -> None:
         sources = {"--text": self.text is not None, "--random": self.random_ids,
@@ -44,6 +48,14 @@ class DiagnoseSettings:
                 f"{' and '.join(given)} each choose the probe inputs (text=, random_ids=, inputs= in the "
                 "API); give one"
             )
+        if self.shift is not None:
+            if self.random_ids or self.inputs is not None:
+                raise UsageError(
+                    "--shift compares the reference text with the shifted corpus; it cannot run on "
+                    f"{'--random ids' if self.random_ids else 'given inputs'} (drop one)"
+                )
+            if not self.shift.strip():
+                raise UsageError("the --shift corpus is empty; give a file with some text")
         for name, low in (("samples", 1), ("batch_size", 1), ("block_size", 1)):
             value = getattr(self, name)
             if value < low:

@@ -51,6 +51,7 @@ from .outputs import (
     robust_index,
 )
 from .probe_result import ProbeResult
+from .shift import shift_damage_text
 
 # Lower is more severe; the verdict block lists severity 0 first. States that read the model's
 # outputs (degenerate, outputs broke) belong with 0: the model failed, whatever its attention did.
@@ -127,10 +128,10 @@ def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
     if robust_index(probe) != top:  # outputs not measured: no collapse, but not called robust
         upto = level_text(probe, probe.levels[top])
         if falls is not None:
-            return Verdict(name, "collapse falls", f"{_falls_text(probe, falls)}; outputs not measured, so "
-                           "not called robust", probe.levels[top])  # fmt: skip
-        return Verdict(name, "no collapse", f"no collapse up to {upto}{_beyond(probe)} "
-                       "(outputs not measured, so not called robust)", probe.levels[top])  # fmt: skip
+            return Verdict(name, "collapse falls", f"{_falls_text(probe, falls)}; {_unheld(probe)}",
+                           probe.levels[top])  # fmt: skip
+        return Verdict(name, "no collapse", f"no collapse up to {upto}{_beyond(probe)} ({_unheld(probe)})",
+                       probe.levels[top])  # fmt: skip
     shift = shift_text(probe, top) if probe.reached() else None
     if shift is not None:
         how = f"shift reached {shift}"
@@ -141,6 +142,16 @@ def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
     falls_text = "" if falls is None else f"; {_falls_text(probe, falls)}"
     line = f"robust up to {level_text(probe, probe.levels[top])} ({how}){falls_text}"
     return Verdict(name, "robust", line, probe.levels[top])
+
+
+def _unheld(probe: ProbeResult) -> str:
+    """Why a probe without a collapse is not called robust: its outputs were not measured, or (the
+    shift probe: other tokens, no KL to compare) only its loss was, which mixes damage with the
+    shifted text's own difficulty."""
+    damage = shift_damage_text(probe)
+    if damage is None:
+        return "outputs not measured, so not called robust"
+    return f"output damage {damage}, difficulty and damage together, so not called robust"
 
 
 def _falls_text(probe: ProbeResult, falls: CollapseChange) -> str:

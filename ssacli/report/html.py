@@ -21,6 +21,7 @@ from typing import Any
 from ..diagnosis.comparison import common_levels, comparison_findings, generation_comparison
 from ..diagnosis.probe_result import ProbeResult
 from ..diagnosis.result import DiagnoseResult
+from ..diagnosis.shift import shift_lines
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .figures import compare_figure, heatmap_figure, line_figure, overview_figure, png_img
 from .positions import class_grid, position_legend, position_rows, profiles_figure
@@ -131,6 +132,7 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
         detail = collapse_detail(probe)
         if detail:
             body.append(f"<p>{escape(detail)}</p>")
+        body.extend(f"<p>{escape(line)}</p>" for line in shift_lines(probe))
         if probe.all_overflowed:  # no finite metric at any level: nothing to plot
             level, where = probe.first_overflow()
             at = f"layer {where['layer']}: " if where.get("layer") is not None else ""

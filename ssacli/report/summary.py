@@ -169,6 +169,7 @@ def summary_facts(result: DiagnoseResult) -> list[tuple[str, str]]:
         ("route", result.route),
         ("layers × heads", layers_by_heads(result)),
         ("inputs", describe(settings.get("inputs"))),
+        *([("shift", shift_fact(settings["shift"]))] if settings.get("shift") else []),
         *([("length", f"{settings['length']} {settings.get('length_unit', 'tokens')} (--length "
                       f"{settings['length_asked']} capped at the model's maximum)")]
           if settings.get("length_asked") is not None else []),
@@ -178,6 +179,13 @@ def summary_facts(result: DiagnoseResult) -> list[tuple[str, str]]:
         *([("unaudited", result.unaudited)] if result.unaudited else []),
         ("elapsed", f"{result.elapsed_s:.1f} s"),
     ]
+
+
+def shift_fact(shift: dict[str, Any]) -> str:
+    """The --shift corpus as the header names it: "code.txt against the --text file, 8 documents of
+    64 tokens each"."""
+    return (f"{shift.get('name')} against {shift.get('reference')}, {shift.get('documents')} documents "
+            f"of {shift.get('tokens')} tokens each")  # fmt: skip
 
 
 def layers_by_heads(result: DiagnoseResult) -> str:

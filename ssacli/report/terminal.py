@@ -24,6 +24,7 @@ from ..diagnosis.findings import level_text
 from ..diagnosis.metrics import METRICS
 from ..diagnosis.probe_result import ProbeResult
 from ..diagnosis.result import DiagnoseResult
+from ..diagnosis.shift import shift_lines
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .positions import render_positions
 from .summary import (
@@ -127,6 +128,8 @@ def render_diagnose(
         detail = collapse_detail(probe)
         if detail:
             console.print(Text(detail, style="dim"))
+        for line in shift_lines(probe):  # the shift probe: per document, against the reference
+            console.print(Text(line, style="dim"))
         console.print()  # a blank line before the next probe's title
     if any(not p.skipped for p in result.probes):
         chosen = pick_heatmap(result, heatmap_metric, heatmap_probe)

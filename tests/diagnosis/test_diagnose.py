@@ -474,7 +474,7 @@ def test_saved_folder_with_tokenizer_runs_every_probe_and_numeric_grows_with_dig
     result = diagnose(str(tmp_path), samples=samples, length=24)  # every probe, default levels
     assert result.route == "ssacli" and result.family == "gpt2"
     assert result.settings["inputs"] == "built-in texts"
-    assert [p.name for p in result.probes] == list(ssacli.diagnosis.probes.PROBES)
+    assert [p.name for p in result.probes] == [p.name for p in ssacli.diagnosis.probes.default_probes()]
     for probe in result.probes:
         assert not probe.skipped, probe.name
         losses = probe.extras["loss"]

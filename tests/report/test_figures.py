@@ -31,7 +31,7 @@ def metric_of(ax) -> str:
 def test_every_probe_kind_declares_its_axis():
     """The variable and unit the figures print (one owner: the probe kind)."""
     expected = {"embed-scale": "σ", "outlier": "σ", "key-scale": "σ", "logit-scale": "α", "dominant-key": "M",
-                "length": "tokens", "numeric": "digits"}  # fmt: skip
+                "length": "tokens", "numeric": "digits", "shift": "corpus"}  # fmt: skip
     for name, kind in PROBES.items():
         assert expected[name] in kind.axis, (name, kind.axis)
 
