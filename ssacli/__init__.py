@@ -18,7 +18,8 @@ The public API (the CLI is a thin layer over it: every command is one of these c
   ``DiagnoseResult.to_frame`` / ``to_csv`` / ``to_parquet`` export it as a table (``ssacli render``).
   :func:`attribute` -> :class:`Attribution`: how much of a probe's output damage the attention
   patterns of chosen heads carry, by patching the unshifted weights back (docs/diagnose.md;
-  :func:`attribute_with`: the same with an :class:`AttributionSettings` and a DiagnoseSettings).
+  :func:`attribute_with`: the same with an :class:`AttributionSettings` and a DiagnoseSettings;
+  ``ssacli attribute``; :func:`attribution_html` draws its page, ``Attribution.load`` reads its JSON).
   In a notebook a DiagnoseResult, QualityReport or CheckReport shows its verdict (``_repr_html_``)
   and ``result.plot(kind)`` returns one of its figures (docs/notebooks.md).
 * :func:`run_check` -> :class:`CheckReport`: gate a model on requirements; :func:`check_settings`
@@ -104,6 +105,7 @@ _LAZY = {
     "attribute_with": "diagnosis.attribution",
     "Attribution": "diagnosis.attribution_result",
     "AttributionSettings": "diagnosis.attribution_result",
+    "attribution_html": "report.attribution_html",
     "load_model": "models.loading",
     "load": "models.loading",
     "convert": "conversion",
@@ -200,6 +202,7 @@ if TYPE_CHECKING:
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
     from .quality.result import QualityReport
     from .quality.settings import ReportSettings
+    from .report.attribution_html import attribution_html
     from .report.before_after import render_report as render_quality_report
     from .report.before_after import report_html as quality_report_html
     from .report.figure_files import figure_files
@@ -273,6 +276,7 @@ __all__ = [
     "attention_modules",
     "attribute",
     "attribute_with",
+    "attribution_html",
     "check_settings",
     "compare_models",
     "compare_models_with",

@@ -18,6 +18,13 @@ BLOCK_ROWS = 256  # query rows scored at a time: memory O(block × keys)
 TAU = 0.9  # a row has collapsed when its largest weight is >= TAU
 TOP_K = 5  # k of the top-k mass metric
 STATS = "auto"  # how attention weights become metrics: fused statistics where a call allows them
+
+# attribute (ssacli.attribute, `ssacli attribute`; docs/diagnose.md "Attribution by …")
+ATTRIBUTE_PROBE = "key-scale:1,8"  # the probe whose damage is attributed, its unshifted level first
+ATTRIBUTE_SAMPLES = 16  # prompts: two halves of 8, one to choose heads on, one to measure them
+ATTRIBUTE_K = 4  # heads per chosen set
+ATTRIBUTE_NULL = 200  # random layer-matched sets per measured set
+RESAMPLES = 10_000  # bootstrap resamples of each interval
 HEATMAP = "max_weight"  # the metric diagnose's and render's heatmap shows
 FINDINGS = 8  # findings the terminal report lists (--findings); the rest are counted, JSON and HTML hold all
 SINK_EPS = 0.3  # a first-token head: mean weight on the first token above this (Gu et al.'s sink ε)

@@ -25,7 +25,8 @@ Inputs and options:
 * :func:`read_text_file` (a UTF-8 text with some text in it), :func:`parse_outlier` (an ICL outlier
   ``SIGMA@POSITION``; imports torch), :func:`pick_heatmap` (the probe a heatmap ``METRIC[@PROBE]`` is
   drawn from, or a UsageError), :func:`require_lm_eval` and :func:`parse_lm_eval_tasks` (the optional
-  lm-evaluation-harness and its task list);
+  lm-evaluation-harness and its task list); :func:`check_attribution_probe` (a probe attribution can
+  patch, and its shifted level), :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
 * :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data`` takes),
   :data:`MIN_VOCAB` (the smallest vocabulary a fresh model's tokenizer can have),
   :data:`CHECK_CONFIG_FILE` (what ``check`` reads from the working folder when no config is given).
@@ -49,6 +50,8 @@ _LAZY = {
     "require_frame_format": "diagnosis.frames:require_frame_format",
     "read_text_file": "quality.inputs:read_text_file",
     "parse_outlier": "icl.evaluate:parse_outlier",
+    "check_attribution_probe": "diagnosis.attribution_result:check_probe",
+    "parse_heads": "diagnosis.attribution_result:parse_heads",
     "pick_heatmap": "report.summary:pick_heatmap",
     "require_lm_eval": "quality.harness:require_harness",
     "parse_lm_eval_tasks": "quality.harness:parse_tasks",
@@ -61,6 +64,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from .check.config import CONFIG_FILE as CHECK_CONFIG_FILE
     from .conversion import check_out as check_model_out
+    from .diagnosis.attribution_result import check_probe as check_attribution_probe
+    from .diagnosis.attribution_result import parse_heads
     from .diagnosis.frames import require_frame_format
     from .icl.evaluate import parse_outlier
     from .models.builtins import builtin_names as builtin_model_names
@@ -95,9 +100,11 @@ __all__ = [
     "DEVICE_MAPS",
     "MIN_VOCAB",
     "builtin_model_names",
+    "check_attribution_probe",
     "check_figure_folder",
     "check_model_out",
     "check_model_reference",
+    "parse_heads",
     "check_replaceable_file",
     "fetch_model_reference",
     "local_model_path",

@@ -39,8 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from . import defaults
+
 LEVEL = 0.95
-RESAMPLES = 10_000
+RESAMPLES = defaults.RESAMPLES  # bootstrap resamples: one owner (defaults), shared with attribution
 ALPHA = 0.05  # the level at which verdict() calls a difference better or worse
 EXACT_SIGN_FLIPS = 16  # up to 2^16 = 65,536 assignments are enumerated; beyond, Monte Carlo
 

@@ -1,7 +1,7 @@
 """The `ssacli` command line: a thin Typer layer over the public API in ssacli/__init__.py.
 
 This module builds the app and registers every command, in the order ``ssacli --help`` lists them;
-the commands live in one module per group (diagnose, check, convert, train, report, icl) and never
+the commands live in one module per group (diagnose, attribute, check, convert, train, report, icl) and never
 import this one. Errors a user can cause (ssacli.errors.SsacliError) print one line and exit with
 their documented code (ssacli.errors.exit_code); anything else prints one line too and exits 1.
 --debug (before or after the command) prints the traceback first; the exit code stays the same.
@@ -20,7 +20,7 @@ import typer
 
 from .. import __version__
 from ..errors import InterruptError, exit_code
-from . import check, convert, diagnose, icl, render, report, train
+from . import attribute, check, convert, diagnose, icl, render, report, train
 from .options import HelpCommand, HelpGroup, ModelCommand, debugging, print_error, set_debug
 
 
@@ -77,6 +77,7 @@ def _root(
 
 app.command("scorers", cls=HelpCommand)(diagnose.scorers_command)
 app.command("diagnose", cls=ModelCommand)(diagnose.diagnose_command)
+app.command("attribute", cls=ModelCommand)(attribute.attribute_command)
 app.command("render", cls=HelpCommand)(render.render_command)
 app.command("check", cls=HelpCommand)(check.check_command)
 app.command("convert", cls=ModelCommand)(convert.convert_command)

@@ -40,39 +40,43 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
 from ..stats import bootstrap_ci
-from .attribution_result import Attribution, AttributionSettings, Head, SetAttribution
+from .attribution_result import (
+    Attribution,
+    AttributionSettings,
+    Head,
+    SetAttribution,
+    check_probe,
+    unshifted,
+)
 from .forward import forward_batch
 from .patching import PatternRecorder, prompt_losses
 from .plan import plan_run
 from .probe_result import COLLAPSE_SHARE
-from .probes import ActsOn, Probe, ProbeKind, parse_probe
+from .probes import ActsOn, Probe
 from .routes import Route, choose_route
 from .run import _prepare_scorer
 from .settings import DiagnoseSettings
 
-# Probes whose prompt j is the same tokens at every level (length: windows of the long rows, patching.py)
-KEEPS_TOKENS = (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS, ActsOn.INPUT_LENGTH)
-
 
 def attribute(
     model: str | Path | nn.Module | LoadedModel,
-    probe: str | Probe = "key-scale:1,8",
+    probe: str | Probe = defaults.ATTRIBUTE_PROBE,
     *,
     level: float | None = None,
     heads: list[Head] | None = None,
-    k: int = 4,
-    null: int = 200,
+    k: int = defaults.ATTRIBUTE_K,
+    null: int = defaults.ATTRIBUTE_NULL,
     per_head: bool = True,
     ceiling: bool = True,
     text: str | None = None,
     inputs: list[list[int]] | None = None,
     tokenizer: Any = None,
-    samples: int = 16,
+    samples: int = defaults.ATTRIBUTE_SAMPLES,
     length: int | None = None,
     batch_size: int = defaults.BATCH_SIZE,
     seed: int = defaults.SEED,
     tau: float = defaults.TAU,
-    resamples: int = 10_000,
+    resamples: int = defaults.RESAMPLES,
     load: LoadOptions = LoadOptions(),
 ) -> Attribution:
     """Attribute ``probe``'s output damage at ``level`` (default: its last level other than the
@@ -111,23 +115,12 @@ def attribute_with(
     inputs a diagnose with them runs; its ``stats`` is ignored, patching runs the eager blocks) and
     how a MODEL reference loads."""
     started = time.perf_counter()
-    probe = probe if isinstance(probe, Probe) else parse_probe(probe)
+    probe, shifted_level = check_probe(probe, settings.level)  # before the model loads
     kind = probe.kind
-    if kind.acts_on not in KEEPS_TOKENS:
-        raise UsageError(
-            f"attribution needs a probe whose prompts are the same tokens at every level (key-scale, "
-            f"logit-scale, dominant-key, embed-scale, outlier, length), not '{probe.name}'"
-        )
     if kind.acts_on is ActsOn.INPUT_LENGTH and (inputs.inputs is not None or inputs.random_ids):
         raise UsageError("attribution under 'length' needs text: its windows are the base prompts only when "
                          "cut from one text (drop inputs= and random_ids)")  # fmt: skip
     base = unshifted(kind)
-    if base not in probe.levels:
-        raise UsageError(
-            f"attribution patches the unshifted level back: give it, e.g. {probe.name}:"
-            f"{base:g},{probe.levels[-1]:g}"
-        )
-    shifted_level = _shifted_level(probe, settings.level)
     loaded = as_loaded(model, tokenizer, load)
     if loaded.kind != ModelKind.CAUSAL:
         raise UnsupportedModelError(
@@ -157,20 +150,6 @@ def attribute_with(
     result.settings = {**inputs.recorded(), "length": plan.length, **asdict(settings)}
     result.elapsed_s = round(time.perf_counter() - started, 3)
     return result
-
-
-def unshifted(kind: ProbeKind) -> float:
-    """The level a probe changes nothing at: its neutral level, and ×1 for ``length`` (the base)."""
-    return 1.0 if kind.acts_on is ActsOn.INPUT_LENGTH else kind.neutral
-
-
-def _shifted_level(probe: Probe, level: float | None) -> float:
-    if level is None:
-        others = [v for v in probe.levels if v != unshifted(probe.kind)]
-        return others[-1] if others else unshifted(probe.kind)
-    if level not in probe.levels:
-        raise UsageError(f"level {level:g} is not among {probe}'s levels; add it to the probe")
-    return level
 
 
 class _Runs:

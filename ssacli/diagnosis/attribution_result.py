@@ -1,16 +1,28 @@
 """The values of :func:`ssacli.diagnosis.attribution.attribute`: what it patches and measures
-(:class:`AttributionSettings`, checked when built) and what it returns (one probe level's damage and
-what the attention patterns of head sets carry of it, JSON-able (:meth:`Attribution.to_dict`) and in
-a few lines of text (:meth:`Attribution.lines`))."""
+(:class:`AttributionSettings`, checked when built; the probe, :func:`check_probe`) and what it
+returns (one probe level's damage and what the attention patterns of head sets carry of it, as a
+versioned JSON document (:meth:`Attribution.to_dict`, :meth:`Attribution.from_dict`,
+:meth:`Attribution.load`), a table (:meth:`Attribution.to_frame`) and a few lines of text
+(:meth:`Attribution.lines`)). Torch-free: ``ssacli attribute`` checks its settings and its probe here
+before the model stack loads."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import re
+import textwrap
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from .. import defaults
+from ..errors import InputError, UsageError
+from .probe_kinds import ActsOn, Probe, ProbeKind, parse_probe
+
+SCHEMA = "ssacli-attribution"  # the document of Attribution.to_dict (`ssacli attribute --json`)
+SCHEMA_VERSION = 1
+WIDTH = 80  # columns of Attribution.lines()
 
 Head = tuple[int, int]  # (layer, head), counted from 0
 # The plan's reading (docs/results/saturation-matters-plan.md, committed before any run): collapse
@@ -25,6 +37,52 @@ READINGS = {
 }
 
 
+# Probes whose prompt j is the same tokens at every level (length: windows of the long rows, patching.py)
+KEEPS_TOKENS = (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS, ActsOn.INPUT_LENGTH)
+
+
+def unshifted(kind: ProbeKind) -> float:
+    """The level a probe changes nothing at: its neutral level, and ×1 for ``length`` (the base)."""
+    return 1.0 if kind.acts_on is ActsOn.INPUT_LENGTH else kind.neutral
+
+
+def check_probe(probe: str | Probe, level: float | None = None) -> tuple[Probe, float]:
+    """The probe an attribution runs and its shifted level (default: the last level other than the
+    unshifted one), or a UsageError before any model loads: the probe must keep the tokens (prompt j
+    the same at every level) and hold the unshifted level, which is patched back."""
+    probe = probe if isinstance(probe, Probe) else parse_probe(probe)
+    kind = probe.kind
+    if kind.acts_on not in KEEPS_TOKENS:
+        raise UsageError(
+            f"attribution needs a probe whose prompts are the same tokens at every level (key-scale, "
+            f"logit-scale, dominant-key, embed-scale, outlier, length), not '{probe.name}'"
+        )
+    base = unshifted(kind)
+    if base not in probe.levels:
+        raise UsageError(
+            f"attribution patches the unshifted level back: give it, e.g. {probe.name}:"
+            f"{base:g},{probe.levels[-1]:g}"
+        )
+    if level is None:
+        others = [v for v in probe.levels if v != base]
+        return probe, others[-1] if others else base
+    if level not in probe.levels:
+        raise UsageError(f"level {level:g} is not among {probe}'s levels; add it to the probe")
+    return probe, level
+
+
+def parse_heads(text: str) -> list[Head]:
+    """``"L2H1,L3H0"`` (the names :meth:`Attribution.lines` prints) as [(2, 1), (3, 0)]."""
+    heads = []
+    for name in text.split(","):
+        match = re.fullmatch(r"\s*L(\d+)H(\d+)\s*", name, flags=re.IGNORECASE)
+        if match is None:
+            raise UsageError(f"head '{name.strip()}' is not a head name; give L<layer>H<head>, comma-"
+                             "separated and counted from 0, e.g. L2H1,L3H0")  # fmt: skip
+        heads.append((int(match[1]), int(match[2])))
+    return heads
+
+
 @dataclass(frozen=True)
 class AttributionSettings:
     """What an attribution patches and measures (:func:`~ssacli.diagnosis.attribution.attribute`'s
@@ -32,11 +90,11 @@ class AttributionSettings:
 
     level: float | None = None  # the shifted level (None: the probe's last one other than unshifted)
     heads: tuple[Head, ...] | None = None  # a given set (None: top k chosen on half the prompts)
-    k: int = 4
-    null: int = 200  # random layer-matched sets per measured set
+    k: int = defaults.ATTRIBUTE_K
+    null: int = defaults.ATTRIBUTE_NULL  # random layer-matched sets per measured set
     per_head: bool = True  # each head of a set alone too
     ceiling: bool = True  # every head patched
-    resamples: int = 10_000  # bootstrap resamples of each interval
+    resamples: int = defaults.RESAMPLES  # bootstrap resamples of each interval
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -107,15 +165,75 @@ class Attribution:
     settings: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able (NaN as None), each set with its :attr:`~SetAttribution.reading`."""
-        out = asdict(self)
+        """JSON-able (NaN as None) under ``schema``/``schema_version``, each set with its
+        :attr:`~SetAttribution.reading`; :meth:`from_dict` reads it back."""
+        out = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
         for one, kept in zip([*self.sets, self.ceiling], [*out["sets"], out["ceiling"]], strict=True):
             if kept is not None:
                 kept["reading"] = one.reading
         return _jsonable(out)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attribution:
+        """The result :meth:`to_dict` wrote (an InputError in one line for anything else)."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            schema = data.get("schema") if isinstance(data, dict) else None
+            raise InputError(f"not an ssacli attribution (schema={schema!r}); give a file written by "
+                             "`ssacli attribute --json`")  # fmt: skip
+        if data.get("schema_version", 0) > SCHEMA_VERSION:
+            raise InputError(f"attribution written by a newer ssacli (schema {data['schema_version']}); "
+                             "upgrade ssacli")  # fmt: skip
+        try:
+            values = {f.name: data[f.name] for f in fields(cls)}
+            values["damage_interval"] = _pair(values["damage_interval"])
+            values["rise"] = [[np.nan if v is None else v for v in row] for row in values["rise"]]
+            values["sets"] = [_set(one) for one in values["sets"]]
+            values["ceiling"] = None if values["ceiling"] is None else _set(values["ceiling"])
+            return cls(**values)
+        except KeyError as err:
+            raise InputError(f"attribution without its field {err.args[0]!r}: it was edited or cut short; "
+                             "re-create it with `ssacli attribute --json`") from None  # fmt: skip
+        except (TypeError, ValueError, AttributeError) as err:
+            raise InputError(
+                f"malformed attribution ({err}); re-create it with `ssacli attribute --json`"
+            ) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Attribution:
+        """A file written by ``ssacli attribute --json``; every problem is one InputError line."""
+        from .result import read_json_file  # the one reader of result files
+
+        try:
+            return cls.from_dict(read_json_file(path))
+        except InputError as err:
+            raise InputError(f"{err}" if str(path) in str(err) else f"result file '{path}': {err}") from None
+
+    def to_frame(self):
+        """One row per measured set (the chosen or given sets, then the ceiling) as a pandas DataFrame:
+        its heads, the prompts it was chosen and measured on, the damage it removed with its
+        interval, the damage, the share, its percentile in the null and the reading (NaN / None where
+        not measured). ``pip install "ssacli[frame]"``."""
+        import pandas as pd
+
+        rows = []
+        for one in [*self.sets, *([self.ceiling] if self.ceiling else [])]:
+            low, high = one.interval or (np.nan, np.nan)
+            rows.append({
+                "set": "ceiling" if one is self.ceiling else "given" if one.chosen_on is None else
+                       f"chosen on {len(one.chosen_on)}",
+                "heads": _names(one.heads), "measured_on": len(one.measured_on), "removed": one.mean,
+                "removed_low": low, "removed_high": high, "damage": one.damage,
+                "share": np.nan if one.share is None else one.share,
+                "percentile": np.nan if one.percentile is None else one.percentile,
+                "null": len(one.null), "reading": one.reading,
+            })  # fmt: skip
+        frame = pd.DataFrame(rows)
+        frame.insert(0, "level", self.level)
+        frame.insert(0, "probe", self.probe)
+        return frame
+
     def lines(self) -> list[str]:
-        """The result in a few lines of at most 80 columns."""
+        """The result in a few lines of at most :data:`WIDTH` columns (long head lists wrap)."""
         mean = float(np.mean(self.damage))
         out = [
             f"{self.probe} at {self.level:g} against {self.reference_level:g}, {len(self.damage)} prompts",
@@ -125,20 +243,39 @@ class Attribution:
             if one is self.ceiling:
                 out.append("  every head (the ceiling: what attention patterns carry at all)")
             elif one.chosen_on is None:
-                out.append(f"  {_names(one.heads)} (given)")
+                out += _wrap(f"{_names(one.heads)} (given)", "  ")
             else:
                 where = f"top {len(one.heads)} by collapse rise on {len(one.chosen_on)} prompts"
-                out.append(f"  {_names(one.heads)} ({where})")
+                out += _wrap(f"{_names(one.heads)} ({where})", "  ")
             share = "" if one.share is None else f", {one.share:.0%} of the damage"
             on = f" on {len(one.measured_on)} prompts" if one.chosen_on is not None else ""
-            out.append(f"    removes {one.mean:+.4f} {_interval(one.interval)}{on}{share}")
+            out += _wrap(f"removes {one.mean:+.4f} {_interval(one.interval)}{on}{share}", "    ")
             if one.percentile is not None:
                 out.append(f"    beats {one.percentile:.0f}% of {len(one.null)} random layer-matched sets")
                 out.append(f"    {READINGS[one.reading]}")
             if one.per_head:
                 alone = ", ".join(f"{h} {v:+.4f}" for h, v in one.per_head.items())
-                out.append(f"    alone: {alone}")
+                out += _wrap(f"alone: {alone}", "    ")
         return out
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    """``text`` in lines of at most WIDTH columns, each at ``indent``, continuations two further in."""
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False)  # fmt: skip
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+    return None if value is None else (float(value[0]), float(value[1]))
+
+
+def _set(data: dict[str, Any]) -> SetAttribution:
+    """One set of a saved attribution (its ``reading`` is computed again, not read)."""
+    values = {f.name: data[f.name] for f in fields(SetAttribution)}
+    values["heads"] = [(int(layer), int(head)) for layer, head in values["heads"]]
+    values["interval"] = _pair(values["interval"])
+    values["damage_interval"] = _pair(values["damage_interval"])
+    return SetAttribution(**values)
 
 
 def _names(heads: list[Head]) -> str:
@@ -159,4 +296,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-__all__ = ["Attribution", "AttributionSettings", "Head", "SetAttribution"]
+__all__ = [
+    "KEEPS_TOKENS", "SCHEMA", "SCHEMA_VERSION", "WIDTH", "Attribution", "AttributionSettings", "Head",
+    "SetAttribution", "check_probe", "parse_heads", "unshifted",
+]  # fmt: skip
