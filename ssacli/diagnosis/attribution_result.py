@@ -22,6 +22,7 @@ from .probe_kinds import ActsOn, Probe, ProbeKind, parse_probe
 
 SCHEMA = "ssacli-attribution"  # the document of Attribution.to_dict (`ssacli attribute --json`)
 SCHEMA_VERSION = 1
+SCHEMA_FILE = Path(__file__).with_name("attribution.schema.json")  # JSON Schema (2020-12) of to_dict()
 WIDTH = 80  # columns of Attribution.lines()
 
 Head = tuple[int, int]  # (layer, head), counted from 0
@@ -297,6 +298,6 @@ def _jsonable(value: Any) -> Any:
 
 
 __all__ = [
-    "KEEPS_TOKENS", "SCHEMA", "SCHEMA_VERSION", "WIDTH", "Attribution", "AttributionSettings", "Head",
-    "SetAttribution", "check_probe", "parse_heads", "unshifted",
+    "KEEPS_TOKENS", "SCHEMA", "SCHEMA_FILE", "SCHEMA_VERSION", "WIDTH", "Attribution",
+    "AttributionSettings", "Head", "SetAttribution", "check_probe", "parse_heads", "unshifted",
 ]  # fmt: skip

@@ -15,7 +15,7 @@ from ssacli.cli import app
 
 runner = CliRunner()
 WIDTH = 80
-COMMANDS = [[], ["scorers"], ["diagnose"], ["render"], ["check"], ["convert"], ["finetune"], ["report"],
+COMMANDS = [[], ["scorers"], ["diagnose"], ["attribute"], ["render"], ["check"], ["convert"], ["finetune"], ["report"],
             ["train"], ["icl"], ["icl", "train"], ["icl", "eval"], ["icl", "sweep"]]  # fmt: skip
 
 

@@ -38,6 +38,8 @@ def _no_model_loads(monkeypatch) -> None:
 CASES = [
     (["diagnose", ICL, *QUICK, "--json", "{F}"], "--json", "json"),
     (["diagnose", ICL, *QUICK, "--html", "{F}"], "--html", "html"),
+    (["attribute", "builtin:wikitext-softmax", "--json", "{F}"], "--json", "json"),
+    (["attribute", "builtin:wikitext-softmax", "--html", "{F}"], "--html", "html"),
     (["report", ICL, "builtin:every-ssa", *QUICK, "--html", "{F}"], "--html", "html"),
     (["report", ICL, "builtin:every-ssa", *QUICK, "--json", "{F}"], "--json", "json"),
     (["check", ICL, "-r", "collapse_rate@key-scale:8 max <= 1", "--json", "{F}"], "--json", "json"),
