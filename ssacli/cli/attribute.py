@@ -56,7 +56,9 @@ def attribute_command(
         True, "--per-head/--no-per-head", help="Patch each head of a set alone too."
     ),
     ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling", help="Patch every head (the ceiling) too."),
-    resamples: int = typer.Option(defaults.RESAMPLES, min=1, help="Bootstrap resamples of each interval."),
+    resamples: int = typer.Option(
+        None, min=1, help="Bootstrap resamples of each interval (default: ssacli.stats', 10,000)."
+    ),
     text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
     random_ids: bool = typer.Option(
         False, "--random", help="Probe with random token ids (not under length)."
@@ -95,7 +97,7 @@ def attribute_command(
 
     settings = AttributionSettings(
         level=level, heads=None if heads is None else tuple(parse_heads(heads)), k=k, null=null,
-        per_head=per_head, ceiling=ceiling, resamples=resamples,
+        per_head=per_head, ceiling=ceiling, **({} if resamples is None else {"resamples": resamples}),
     )  # fmt: skip
     parsed, _ = check_attribution_probe(probe, level)  # torch-free: a bad probe is refused here
     check_inputs(models=[model_ref], offline=offline, revision=revision)

@@ -39,7 +39,7 @@ from ..errors import UnsupportedModelError, UsageError
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
-from ..stats import bootstrap_ci
+from ..stats import RESAMPLES, bootstrap_ci
 from .attribution_result import (
     Attribution,
     AttributionSettings,
@@ -76,7 +76,7 @@ def attribute(
     batch_size: int = defaults.BATCH_SIZE,
     seed: int = defaults.SEED,
     tau: float = defaults.TAU,
-    resamples: int = defaults.RESAMPLES,
+    resamples: int = RESAMPLES,
     load: LoadOptions = LoadOptions(),
 ) -> Attribution:
     """Attribute ``probe``'s output damage at ``level`` (default: its last level other than the

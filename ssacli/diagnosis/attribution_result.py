@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import defaults
 from ..errors import InputError, UsageError
+from ..stats import RESAMPLES
 from .probe_kinds import ActsOn, Probe, ProbeKind, parse_probe
 
 SCHEMA = "ssacli-attribution"  # the document of Attribution.to_dict (`ssacli attribute --json`)
@@ -95,7 +96,7 @@ class AttributionSettings:
     null: int = defaults.ATTRIBUTE_NULL  # random layer-matched sets per measured set
     per_head: bool = True  # each head of a set alone too
     ceiling: bool = True  # every head patched
-    resamples: int = defaults.RESAMPLES  # bootstrap resamples of each interval
+    resamples: int = RESAMPLES  # bootstrap resamples of each interval
 
     def __post_init__(self) -> None:
         if self.k < 1:

@@ -15,8 +15,8 @@ from ssacli.cli import app
 
 runner = CliRunner()
 WIDTH = 80
-COMMANDS = [[], ["scorers"], ["diagnose"], ["attribute"], ["render"], ["check"], ["convert"], ["finetune"], ["report"],
-            ["train"], ["icl"], ["icl", "train"], ["icl", "eval"], ["icl", "sweep"]]  # fmt: skip
+COMMANDS = [[], ["scorers"], ["diagnose"], ["attribute"], ["render"], ["check"], ["convert"], ["finetune"],
+            ["report"], ["train"], ["icl"], ["icl", "train"], ["icl", "eval"], ["icl", "sweep"]]  # fmt: skip
 
 
 def help_page(command: list[str], width: int) -> str:
