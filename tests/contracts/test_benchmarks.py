@@ -37,6 +37,8 @@ SPAWNED = {"instruction_sets"}
 # name -> (arguments that make it tiny, a string its output must contain)
 TINY = {
     "attention": (["--quick", "--lengths", "64,128", "--repeats", "1"], "goals at T="),
+    "attribution": (["--samples", "4", "--length", "16", "--repeats", "1", "--default-repeats", "0"],
+                    "goal: one patched set per level"),
     "diagnose": (
         [
             "--layers", "1", "--heads", "2", "--samples", "1", "--batch-size", "1", "--time-length", "32",
