@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from .. import defaults
+from ..errors import UsageError
 from ..files import json_text
 from .options import (
     AllowDownload,
@@ -59,6 +60,12 @@ def attribute_command(
     resamples: int = typer.Option(
         None, min=1, help="Bootstrap resamples of each interval (default: ssacli.stats', 10,000)."
     ),
+    remedy: str = typer.Option(
+        None,
+        metavar="T1,T2,…",
+        help="Also temper each set's heads at these temperatures (the remedy, not attribution; "
+        "refused under logit-scale, which T undoes exactly).",
+    ),
     text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
     random_ids: bool = typer.Option(
         False, "--random", help="Probe with random token ids (not under length)."
@@ -98,8 +105,9 @@ def attribute_command(
     settings = AttributionSettings(
         level=level, heads=None if heads is None else tuple(parse_heads(heads)), k=k, null=null,
         per_head=per_head, ceiling=ceiling, **({} if resamples is None else {"resamples": resamples}),
+        remedy=_temperatures(remedy),
     )  # fmt: skip
-    parsed, _ = check_attribution_probe(probe, level)  # torch-free: a bad probe is refused here
+    parsed, _ = check_attribution_probe(probe, level, settings.remedy)  # torch-free: refused here
     check_inputs(models=[model_ref], offline=offline, revision=revision)
     inputs = DiagnoseSettings(
         text=read_text_file(text) if text else None, random_ids=random_ids, samples=samples, length=length,
@@ -132,3 +140,15 @@ def attribute_command(
         outputs.append((attribution_html(result), html_out))
     for content, path in outputs:
         write_output(content, path, console)
+
+
+def _temperatures(text: str | None) -> tuple[float, ...]:
+    """``--remedy 2,4,8`` as (2.0, 4.0, 8.0); anything else one line (exit 2)."""
+    if text is None:
+        return ()
+    try:
+        return tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise UsageError(
+            f"--remedy '{text}' is not a list of temperatures; give e.g. --remedy 2,4,8"
+        ) from None

@@ -77,6 +77,7 @@ def attribute(
     seed: int = defaults.SEED,
     tau: float = defaults.TAU,
     resamples: int = RESAMPLES,
+    remedy: tuple[float, ...] = (),
     load: LoadOptions = LoadOptions(),
 ) -> Attribution:
     """Attribute ``probe``'s output damage at ``level`` (default: its last level other than the
@@ -89,10 +90,13 @@ def attribute(
     all; on a probe that acts only inside attention, all of the damage). The prompts are diagnose's
     (``text``, ``inputs``, ``samples``, ``length``, ``seed``); intervals bootstrap ``resamples``
     times. Causal LMs on ssacli's route only; the damage is the next-token loss increase (nats per
-    token) over the unshifted run. :func:`attribute_with` takes the settings as values."""
+    token) over the unshifted run. With ``remedy`` (temperatures T), each measured set's heads are
+    also tempered at the shifted level (weights^(1/T), renormalized: a temperature on softmax heads),
+    a dose–response of the remedy, never part of the attribution; refused under ``logit-scale``,
+    which T = α undoes exactly. :func:`attribute_with` takes the settings as values."""
     settings = AttributionSettings(
         level=level, heads=None if heads is None else tuple(map(tuple, heads)), k=k, null=null,
-        per_head=per_head, ceiling=ceiling, resamples=resamples,
+        per_head=per_head, ceiling=ceiling, resamples=resamples, remedy=tuple(remedy),
     )  # fmt: skip
     inputs_settings = DiagnoseSettings(
         text=text, inputs=inputs, samples=samples, length=length, batch_size=batch_size, seed=seed,
@@ -115,7 +119,7 @@ def attribute_with(
     inputs a diagnose with them runs; its ``stats`` is ignored, patching runs the eager blocks) and
     how a MODEL reference loads."""
     started = time.perf_counter()
-    probe, shifted_level = check_probe(probe, settings.level)  # before the model loads
+    probe, shifted_level = check_probe(probe, settings.level, settings.remedy)  # before the model loads
     kind = probe.kind
     if kind.acts_on is ActsOn.INPUT_LENGTH and (inputs.inputs is not None or inputs.random_ids):
         raise UsageError("attribution under 'length' needs text: its windows are the base prompts only when "
@@ -182,6 +186,7 @@ class _Runs:
         self.damage = self.loss_shifted - self.loss_reference
         self.patcher = recorder(mode="patch", window=self.window)
         self.patcher.kept = reference.kept
+        self.temperer = recorder(mode="temper", window=self.window)
         self.patcher.where = [
             (b, r) for b, batch in enumerate(batches) for r in range(batch.input_ids.shape[0])
         ]
@@ -221,13 +226,16 @@ class _Runs:
             hook.remove()
         return np.concatenate(out)
 
-    def removed(self, heads: list[Head], prompts: list[int]) -> np.ndarray:
-        """Per prompt of ``prompts``: the damage patching ``heads`` removes."""
+    def removed(self, heads: list[Head], prompts: list[int], temperature: float | None = None) -> np.ndarray:
+        """Per prompt of ``prompts``: the damage patching ``heads`` removes (with ``temperature``:
+        the damage tempering them removes, the remedy)."""
         by_layer: dict[int, list[int]] = {}
         for layer, head in heads:
             by_layer.setdefault(layer, []).append(head)
-        self.patcher.patched = {layer: torch.tensor(sorted(h)) for layer, h in by_layer.items()}
-        patched = self._losses(self.level, self.patcher, self.shifted_batches, self.window, set(prompts))
+        recorder = self.patcher if temperature is None else self.temperer
+        recorder.patched = {layer: torch.tensor(sorted(h)) for layer, h in by_layer.items()}
+        recorder.temperature = 1.0 if temperature is None else temperature
+        patched = self._losses(self.level, recorder, self.shifted_batches, self.window, set(prompts))
         return (self.loss_shifted - patched[: len(self.loss_shifted)])[prompts]
 
     def choose(self, prompts: list[int], k: int) -> tuple[list[Head], np.ndarray]:
@@ -252,6 +260,7 @@ class _Runs:
         rng: np.random.Generator,
         resamples: int,
         seed: int,
+        remedy: tuple[float, ...] = (),
     ) -> SetAttribution:
         removed = self.removed(heads, prompts)
         damage = self.damage[prompts]
@@ -275,6 +284,12 @@ class _Runs:
             ]
             values = np.asarray(one.null)
             one.percentile = float(100 * ((values < mean).mean() + 0.5 * (values == mean).mean()))
+        for temperature in remedy:
+            tempered = self.removed(heads, prompts, temperature)
+            one.remedy.append({
+                "temperature": temperature, "removed": float(tempered.mean()),
+                "interval": bootstrap_ci(tempered, resamples=resamples, seed=seed),
+            })  # fmt: skip
         if per_head and len(heads) > 1:
             one.per_head = {
                 f"L{layer}H{h}": float(self.removed([(layer, h)], prompts).mean()) for layer, h in heads
@@ -283,20 +298,20 @@ class _Runs:
 
     def attribute(self, settings: AttributionSettings, seed: int) -> Attribution:
         heads, k, null, per_head = settings.heads, settings.k, settings.null, settings.per_head
-        resamples = settings.resamples
+        resamples, remedy = settings.resamples, settings.remedy
         n = len(self.damage)
         every = list(range(n))
         rng = np.random.default_rng(seed)
         _, rise = self.choose(every, k)
         if heads is not None:
-            sets = [self.measure(list(heads), None, every, null, per_head, rng, resamples, seed)]
+            sets = [self.measure(list(heads), None, every, null, per_head, rng, resamples, seed, remedy)]
         else:
             a, b = every[: n // 2], every[n // 2 :]
             sets = []
             for chosen_on, measured_on in ((a, b), (b, a)):
                 chosen, _ = self.choose(chosen_on, k)
                 sets.append(
-                    self.measure(chosen, chosen_on, measured_on, null, per_head, rng, resamples, seed)
+                    self.measure(chosen, chosen_on, measured_on, null, per_head, rng, resamples, seed, remedy)
                 )
         all_heads = [(layer, h) for layer, count in enumerate(self.heads) for h in range(count)]
         whole = (

@@ -48,12 +48,20 @@ def unshifted(kind: ProbeKind) -> float:
     return 1.0 if kind.acts_on is ActsOn.INPUT_LENGTH else kind.neutral
 
 
-def check_probe(probe: str | Probe, level: float | None = None) -> tuple[Probe, float]:
+def check_probe(
+    probe: str | Probe, level: float | None = None, remedy: tuple[float, ...] = ()
+) -> tuple[Probe, float]:
     """The probe an attribution runs and its shifted level (default: the last level other than the
     unshifted one), or a UsageError before any model loads: the probe must keep the tokens (prompt j
-    the same at every level) and hold the unshifted level, which is patched back."""
+    the same at every level) and hold the unshifted level, which is patched back; a temperature
+    ``remedy`` is no remedy for ``logit-scale``, which it undoes exactly (T = α)."""
     probe = probe if isinstance(probe, Probe) else parse_probe(probe)
     kind = probe.kind
+    if remedy and probe.name == "logit-scale":
+        raise UsageError(
+            "a temperature remedy undoes logit-scale exactly (T = α divides back what α multiplied): "
+            "measure it under key-scale, dominant-key, embed-scale, outlier or length"
+        )
     if kind.acts_on not in KEEPS_TOKENS:
         raise UsageError(
             f"attribution needs a probe whose prompts are the same tokens at every level (key-scale, "
@@ -97,8 +105,11 @@ class AttributionSettings:
     per_head: bool = True  # each head of a set alone too
     ceiling: bool = True  # every head patched
     resamples: int = RESAMPLES  # bootstrap resamples of each interval
+    remedy: tuple[float, ...] = ()  # temperatures T tried on each measured set's heads (the remedy)
 
     def __post_init__(self) -> None:
+        if any(not (t > 0) for t in self.remedy):
+            raise UsageError(f"remedy temperatures must be above 0, got {list(self.remedy)}")
         if self.k < 1:
             raise UsageError(f"k must be at least 1 (heads per chosen set), got {self.k}")
         if self.null < 0:
@@ -125,6 +136,9 @@ class SetAttribution:
     null: list[float] = field(default_factory=list)  # mean removed by each random layer-matched set
     percentile: float | None = None  # where ``mean`` falls in ``null`` (100: above every random set)
     per_head: dict[str, float] = field(default_factory=dict)  # "L3H2" -> mean removed alone
+    # the remedy, not attribution: per temperature T, {"temperature", "removed", "interval"}: the damage
+    # removed by tempering the set's heads (weights^(1/T), renormalized) at the shifted level
+    remedy: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def parts_sum(self) -> float | None:
@@ -258,6 +272,9 @@ class Attribution:
             if one.per_head:
                 alone = ", ".join(f"{h} {v:+.4f}" for h, v in one.per_head.items())
                 out += _wrap(f"alone: {alone}", "    ")
+            if one.remedy:
+                doses = ", ".join(f"T={r['temperature']:g} {r['removed']:+.4f}" for r in one.remedy)
+                out += _wrap(f"remedy (a temperature on these heads, not attribution): {doses}", "    ")
         return out
 
 
@@ -277,6 +294,7 @@ def _set(data: dict[str, Any]) -> SetAttribution:
     values["heads"] = [(int(layer), int(head)) for layer, head in values["heads"]]
     values["interval"] = _pair(values["interval"])
     values["damage_interval"] = _pair(values["damage_interval"])
+    values["remedy"] = [{**dose, "interval": _pair(dose["interval"])} for dose in values["remedy"]]
     return SetAttribution(**values)
 
 

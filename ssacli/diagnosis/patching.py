@@ -27,17 +27,20 @@ WHOLE_CALL = 1 << 30  # query rows per block: one block per call, so a kept map 
 
 class PatternRecorder(Recorder):
     """A :class:`Recorder` that also keeps every call's weights (``capture``) or puts kept weights
-    back into the heads of :attr:`patched` (``patch``). Patched forwards record nothing: their
-    collapse is not what attribution reads, and skipping it keeps them cheap."""
+    back into the heads of :attr:`patched` (``patch``), or raises those heads' weights to 1/T and
+    renormalizes each row (``temper``: the remedy, a temperature T on softmax heads, since
+    softmax(z)^(1/T) ∝ exp(z/T)). Patched and tempered forwards record nothing: their collapse is
+    not what attribution reads, and skipping it keeps them cheap."""
 
     def __init__(
         self, layer_of: dict[int, int], *, tau: float, top_k: int, mode: str, window: int | None = None
     ):
         super().__init__(
             layer_of, tau=tau, top_k=top_k, block_size=WHOLE_CALL, causal=True, stats="eager",
-            prompts=PromptStats(window) if mode != "patch" else None,
+            prompts=PromptStats(window) if mode in ("capture", "measure") else None,
         )  # fmt: skip
-        self.mode = mode  # "capture" | "measure" | "patch"
+        self.mode = mode  # "capture" | "measure" | "patch" | "temper"
+        self.temperature = 1.0  # temper: the T of the tempered heads
         self.window = window  # tokens per prompt inside a sequence (None: the whole sequence)
         self.kept: dict[tuple[int, int], torch.Tensor] = {}  # (layer, batch) -> [b, h, q, k]
         self.where: list[tuple[int, int]] = []  # prompt -> (batch, row) of its kept weights
@@ -45,7 +48,7 @@ class PatternRecorder(Recorder):
         self.first_sequence = 0  # the index of the current batch's first sequence
 
     def record(self, module, weights, visible, query_positions, sink=None) -> None:
-        if self.mode == "patch":
+        if self.mode in ("patch", "temper"):
             return
         super().record(module, weights, visible, query_positions, sink)
         layer = self.layer_of.get(id(module))
@@ -54,10 +57,14 @@ class PatternRecorder(Recorder):
 
     def patch(self, module: nn.Module, weights: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
         layer = self.layer_of.get(id(module))
-        heads = self.patched.get(layer) if self.mode == "patch" else None
+        heads = self.patched.get(layer) if self.mode in ("patch", "temper") else None
         if heads is None or heads.numel() == 0:
             return weights
         weights = weights.clone()
+        if self.mode == "temper":  # masked keys hold 0 and keep it; a row of zeros stays zeros
+            part = weights[:, heads].clamp_min(0) ** (1 / self.temperature)
+            weights[:, heads] = part / part.sum(-1, keepdim=True).clamp_min(torch.finfo(part.dtype).tiny)
+            return weights
         size = self.window or weights.shape[-2]
         for row in range(weights.shape[0]):
             for w in range(weights.shape[-2] // size):

@@ -54,6 +54,14 @@ def attribution_sections(result: Attribution) -> list[Section]:
     ]
     if alone:  # beside the set's own row: a set that removes less than its parts shows self-repair
         sections.append(Section("each head of a set alone", [html_table(["head", "removed"], alone)]))
+    doses = [
+        [f"set {n + 1}", f"{dose['temperature']:g}", f"{dose['removed']:+.4f}", _interval(dose["interval"])]
+        for n, one in enumerate(result.sets)
+        for dose in one.remedy
+    ]
+    if doses:  # a remedy tried on the same heads, kept apart from the attribution it is not
+        table = html_table(["set", "temperature", "removed", "95 % interval"], doses)
+        sections.append(Section("remedy: a temperature on each set's heads (not attribution)", [table]))
     sections.append(Section("as printed", [f"<pre>{escape(chr(10).join(result.lines()))}</pre>"]))
     return sections
 

@@ -12,6 +12,7 @@ from jsonschema import Draft202012Validator
 
 import ssacli
 import ssacli.models.loading
+import ssacli.preflight
 from ssacli.diagnosis.attribution_result import SCHEMA_FILE, Attribution
 from ssacli.errors import EXIT_UNSUPPORTED, EXIT_USAGE, InputError
 from ssacli.report.replaceable import PAGE_HEAD
@@ -19,8 +20,9 @@ from tests.helpers.cli import run_main
 
 LM = "builtin:wikitext-softmax"
 # 4 prompts of 16 tokens: two halves of 2, sets of 2 heads, 3 random sets each (seconds, not minutes)
-SMALL = dict(samples=4, length=16, k=2, null=3, resamples=200, per_head=False)
-FLAGS = ["--samples", "4", "--length", "16", "--k", "2", "--null", "3", "--resamples", "200", "--no-per-head"]
+SMALL = dict(samples=4, length=16, k=2, null=3, resamples=200, per_head=False, remedy=(2.0,))
+FLAGS = ["--samples", "4", "--length", "16", "--k", "2", "--null", "3", "--resamples", "200", "--no-per-head",
+         "--remedy", "2"]  # fmt: skip
 
 
 def _timeless(document: dict) -> dict:
@@ -38,6 +40,7 @@ def test_the_command_prints_writes_and_reads_back_what_the_api_returns(tmp_path,
     for line in expected.lines():  # every set's row, its removed damage, where it falls in its null
         assert line in printed, (line, stdout)
     assert sum("of 3 random layer-matched sets" in line for line in printed) == 2
+    assert sum(line.lstrip().startswith("remedy (a temperature") for line in printed) == 2
     document = json.loads(out.read_text())
     assert list(Draft202012Validator(json.loads(SCHEMA_FILE.read_text())).iter_errors(document)) == []
     assert (document["schema"], document["schema_version"]) == ("ssacli-attribution", 1)
@@ -51,9 +54,8 @@ def test_the_command_prints_writes_and_reads_back_what_the_api_returns(tmp_path,
     html = page.read_text()
     assert html.startswith(PAGE_HEAD + "<title>ssacli attribute: " + LM)
     assert "L{}H{}".format(*expected.sets[0].heads[0]) in html
-    # its own outputs are ssacli's to replace: the same command again needs no --overwrite
-    code, _, stderr = run_main(args, monkeypatch, capsys)
-    assert code == 0, stderr
+    for option, path in (("--json", out), ("--html", page)):  # its own: the next run may replace them
+        ssacli.preflight.check_replaceable_file(path, option)
 
 
 def test_a_document_of_another_kind_is_not_read_as_an_attribution(tmp_path):
@@ -82,6 +84,8 @@ def _no_model_loads(monkeypatch) -> None:
         (["--probe", "key-scale:1,8", "--level", "4"], "level 4 is not among"),
         (["--heads", "2:1"], "head '2:1' is not a head name"),
         (["--probe", "length:1,2", "--random"], "needs text"),
+        (["--probe", "logit-scale:1,4", "--remedy", "4"], "undoes logit-scale exactly"),
+        (["--remedy", "2,x"], "--remedy '2,x' is not a list of temperatures"),
     ],
 )
 def test_what_the_command_line_decides_is_refused_in_one_line_before_the_model_loads(
