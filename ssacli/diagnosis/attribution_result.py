@@ -274,7 +274,7 @@ class Attribution:
                 out += _wrap(f"alone: {alone}", "    ")
             if one.remedy:
                 doses = ", ".join(f"T={r['temperature']:g} {r['removed']:+.4f}" for r in one.remedy)
-                out += _wrap(f"remedy (a temperature on these heads, not attribution): {doses}", "    ")
+                out += _wrap(f"remedy, not attribution: {doses}", "    ")  # T on these heads
         return out
 
 

@@ -40,7 +40,7 @@ def test_the_command_prints_writes_and_reads_back_what_the_api_returns(tmp_path,
     for line in expected.lines():  # every set's row, its removed damage, where it falls in its null
         assert line in printed, (line, stdout)
     assert sum("of 3 random layer-matched sets" in line for line in printed) == 2
-    assert sum(line.lstrip().startswith("remedy (a temperature") for line in printed) == 2
+    assert sum(line.lstrip().startswith("remedy, not attribution: T=") for line in printed) == 2
     document = json.loads(out.read_text())
     assert list(Draft202012Validator(json.loads(SCHEMA_FILE.read_text())).iter_errors(document)) == []
     assert (document["schema"], document["schema_version"]) == ("ssacli-attribution", 1)

@@ -56,7 +56,7 @@ def test_tempering_equals_a_temperature_on_the_heads_logits():
         np.testing.assert_allclose(dose["removed"], float((shifted - losses()).mean()), rtol=1e-4, atol=1e-6)
     assert abs(doses[1]["removed"]) < 1e-6  # T = 1 changes nothing
     assert max(abs(doses[0]["removed"]), abs(doses[2]["removed"])) > 1e-3  # the check means something
-    assert any(line.lstrip().startswith("remedy (a temperature") for line in result.lines())
+    assert any(line.lstrip().startswith("remedy, not attribution: T=") for line in result.lines())
 
 
 @pytest.mark.parametrize(
