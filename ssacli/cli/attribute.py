@@ -99,7 +99,7 @@ def attribute_command(
           --null 0 --json attribution.json
     """
     check_outputs(("--json", json_out), ("--html", html_out), overwrite=overwrite)  # before any heavy import
-    from .. import AttributionSettings, DiagnoseSettings
+    from .. import AttributionSettings  # torch-free, as the preflight checks
     from ..preflight import check_attribution_probe, parse_heads, read_text_file
 
     settings = AttributionSettings(
@@ -109,8 +109,11 @@ def attribute_command(
     )  # fmt: skip
     parsed, _ = check_attribution_probe(probe, level, settings.remedy)  # torch-free: refused here
     check_inputs(models=[model_ref], offline=offline, revision=revision)
+    prompts_text = read_text_file(text) if text else None  # a missing or empty file: exit 4, torch-free
+    from .. import DiagnoseSettings  # imports torch: after every check the command line decides
+
     inputs = DiagnoseSettings(
-        text=read_text_file(text) if text else None, random_ids=random_ids, samples=samples, length=length,
+        text=prompts_text, random_ids=random_ids, samples=samples, length=length,
         batch_size=batch_size, seed=seed, tau=tau, stats="eager",
     )  # fmt: skip
     load = load_options(

@@ -160,6 +160,14 @@ BAD_INPUTS = {
     "diagnose, a bad probe level": (
         ["diagnose", "--probe", "outlier:0"], EXIT_USAGE, "error: probe 'outlier': level 0 must be"
     ),
+    "attribute, a probe that changes the tokens": (
+        ["attribute", "builtin:wikitext-softmax", "--probe", "numeric:2,4"], EXIT_USAGE,
+        "error: attribution needs a probe whose prompts are the same tokens at every level",
+    ),
+    "attribute, a remedy under logit-scale": (
+        ["attribute", "builtin:wikitext-softmax", "--probe", "logit-scale:1,4", "--remedy", "4"], EXIT_USAGE,
+        "error: a temperature remedy undoes logit-scale exactly",
+    ),
     "diagnose ./nope": (
         ["diagnose", "./nope"], EXIT_INPUT,
         "error: model path './nope' does not exist; give a checkpoint folder or builtin:NAME",
