@@ -53,10 +53,8 @@ def attribute_command(
     null: int = typer.Option(
         defaults.ATTRIBUTE_NULL, min=0, help="Random layer-matched sets per set (0: no null; the cost)."
     ),
-    per_head: bool = typer.Option(
-        True, "--per-head/--no-per-head", help="Patch each head of a set alone too."
-    ),
-    ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling", help="Patch every head (the ceiling) too."),
+    no_per_head: bool = typer.Option(False, "--no-per-head", help="Do not patch each head of a set alone."),
+    no_ceiling: bool = typer.Option(False, "--no-ceiling", help="Do not patch every head (the ceiling)."),
     resamples: int = typer.Option(
         None, min=1, help="Bootstrap resamples of each interval (default: ssacli.stats', 10,000)."
     ),
@@ -104,8 +102,8 @@ def attribute_command(
 
     settings = AttributionSettings(
         level=level, heads=None if heads is None else tuple(parse_heads(heads)), k=k, null=null,
-        per_head=per_head, ceiling=ceiling, **({} if resamples is None else {"resamples": resamples}),
-        remedy=_temperatures(remedy),
+        per_head=not no_per_head, ceiling=not no_ceiling, remedy=_temperatures(remedy),
+        **({} if resamples is None else {"resamples": resamples}),
     )  # fmt: skip
     parsed, _ = check_attribution_probe(probe, level, settings.remedy)  # torch-free: refused here
     check_inputs(models=[model_ref], offline=offline, revision=revision)
