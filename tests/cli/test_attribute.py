@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 import ssacli
 import ssacli.models.loading
 import ssacli.preflight
-from ssacli.diagnosis.attribution_result import SCHEMA_FILE, Attribution
+from ssacli.diagnosis.attribution_result import SCHEMA_FILE, Attribution, SetAttribution
 from ssacli.errors import EXIT_UNSUPPORTED, EXIT_USAGE, InputError
 from ssacli.report.replaceable import PAGE_HEAD
 from tests.helpers.cli import run_main
@@ -103,3 +103,23 @@ def test_a_model_that_is_not_a_causal_lm_is_refused_in_one_line(monkeypatch, cap
     lines = [x for x in stderr.splitlines() if x.strip()]
     assert code == EXIT_UNSUPPORTED and len(lines) == 1, (code, stderr)
     assert "causal LMs only" in lines[0]
+
+
+def test_long_head_lists_wrap_within_80_columns():
+    """A SmolLM2-sized set (27 heads named like L29H8) with its parts and a remedy: every line fits
+    80 columns and no word is lost to the wrapping."""
+    heads = [(layer, head) for layer in range(27, 30) for head in range(9)]
+    alone = {f"L{layer}H{head}": 0.001 * head for layer, head in heads}
+    doses = [{"temperature": t, "removed": 0.01, "interval": (0.0, 0.02)} for t in (2, 4, 8, 16)]
+    one = SetAttribution(heads=heads, chosen_on=[0, 1], measured_on=[2, 3], removed=[0.1, 0.2], mean=0.15,
+                         interval=(0.1, 0.2), damage=0.3, damage_interval=(0.2, 0.4), share=0.5,
+                         per_head=alone, remedy=doses)  # fmt: skip
+    result = Attribution(model="m", probe="key-scale", level=8.0, reference_level=1.0, k=27, layers=["a"] * 3,
+                         heads=[9] * 3, loss_reference=[1.0] * 4, loss_shifted=[1.3] * 4, damage=[0.3] * 4,
+                         damage_interval=(0.2, 0.4), rise=[[0.0] * 9] * 3, sets=[one], ceiling=None,
+                         elapsed_s=1.0, settings={})  # fmt: skip
+    lines = result.lines()
+    assert max(map(len, lines)) <= 80
+    words = " ".join(lines).split()
+    assert all(name in words for name in (f"L{layer}H{head}" for layer, head in heads))
+    assert "T=16" in words and len(lines) > 8
