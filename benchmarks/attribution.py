@@ -4,6 +4,7 @@ seconds). Not part of the test suite.
 
     python benchmarks/attribution.py [--model builtin:wikitext-softmax] [--probe key-scale:1,8]
         [--samples 16] [--length 64] [--repeats 7] [--null 200] [--default-repeats 1 (0: skip it)]
+        [--threads 1]
 
 The model is loaded once; every candidate gets the loaded model, the same probe and prompts:
 
@@ -56,7 +57,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--null", type=int, default=200)
     parser.add_argument("--default-repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    # one thread by default: on a shared 2-core machine torch's two threads stall against another
+    # process's (the default null measured 281 s with two, 20 s with one; docs/performance.md)
+    torch.set_num_threads(args.threads)
 
     import ssacli
 
