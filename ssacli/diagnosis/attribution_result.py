@@ -219,6 +219,10 @@ class Attribution:
         """A file written by ``ssacli attribute --json``; every problem is one InputError line."""
         from .result import read_json_file  # the one reader of result files
 
+        if not Path(path).is_file():
+            raise InputError(
+                f"attribution file '{path}' does not exist; write one with `ssacli attribute --json`"
+            )
         try:
             return cls.from_dict(read_json_file(path))
         except InputError as err:

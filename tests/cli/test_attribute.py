@@ -63,6 +63,8 @@ def test_a_document_of_another_kind_is_not_read_as_an_attribution(tmp_path):
     other.write_text(json.dumps({"schema": "ssacli-diagnose", "schema_version": 3}))
     with pytest.raises(InputError, match="not an ssacli attribution"):
         Attribution.load(other)
+    with pytest.raises(InputError, match="does not exist; write one with `ssacli attribute --json`"):
+        Attribution.load(tmp_path / "missing.json")
     newer = {"schema": "ssacli-attribution", "schema_version": 99}
     with pytest.raises(InputError, match="newer ssacli"):
         Attribution.from_dict(newer)
