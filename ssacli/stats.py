@@ -23,6 +23,8 @@ differences:
   zero differences (ties) are dropped, the usual convention.
 * :func:`holm`: Holm's step-down adjustment of a family of p-values (valid under any dependence,
   e.g. levels of one shift measured on the same models).
+* :func:`spearman` and :func:`spearman_ci`: Spearman's rank correlation of paired values (ties
+  share their mean rank) and its percentile bootstrap interval, the pairs resampled together.
 * :func:`paired_summary`: all of them, with the values, wins, losses and ties, as one JSON-ready
   dict; :func:`verdict` turns one into a word.
 
@@ -91,6 +93,50 @@ def bootstrap_difference_ci(
     tail = (1 - level) / 2
     low, high = np.quantile(means_y - means_x, [tail, 1 - tail])
     return float(low), float(high)
+
+
+def ranks(values: Sequence[float]) -> np.ndarray:
+    """Average ranks, 0-based (ties share their mean rank), as Spearman's ρ needs."""
+    v = np.asarray(values, dtype=np.float64)
+    order = np.argsort(v, kind="mergesort")
+    r = np.empty(len(v))
+    r[order] = np.arange(len(v), dtype=np.float64)
+    for value in np.unique(v):
+        tied = v == value
+        if tied.sum() > 1:
+            r[tied] = r[tied].mean()
+    return r
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's ρ of paired values: the Pearson correlation of their ranks. None where there are
+    fewer than 3 pairs or either side does not vary (ρ is undefined there, not 0)."""
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"spearman needs paired values, got {a.shape} and {b.shape}")
+    if a.size < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return None
+    return float(np.corrcoef(ranks(a), ranks(b))[0, 1])
+
+
+def spearman_ci(
+    x: Sequence[float], y: Sequence[float], *, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float | None, tuple[float, float] | None]:
+    """Spearman's ρ and its percentile bootstrap interval: each resample draws the pairs with
+    replacement (x and y together); resamples where ρ is undefined (a side that does not vary) are
+    left out. (None, None) where ρ itself is undefined; no interval with fewer than 4 pairs."""
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    rho = spearman(a, b)
+    if rho is None or a.size < 4:
+        return rho, None
+    rng = np.random.default_rng(seed)
+    draws = [spearman(a[i], b[i]) for i in rng.integers(0, a.size, size=(resamples, a.size))]
+    kept = [d for d in draws if d is not None]
+    if not kept:
+        return rho, None
+    tail = (1 - level) / 2
+    low, high = np.quantile(kept, [tail, 1 - tail])
+    return rho, (float(low), float(high))
 
 
 def sign_test(differences: Sequence[float]) -> float | None:

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from ssacli import stats
 from ssacli.stats import (
     bootstrap_ci,
     holm,
@@ -224,3 +225,35 @@ def test_bootstrap_difference_ci_resamples_both_sides_and_needs_two_on_each():
     paired = bootstrap_ci([10 - v for v in a])  # one side resampled: the same spread, mirrored
     assert abs((high - low) - (paired[1] - paired[0])) < 0.2 * (paired[1] - paired[0])
     assert bootstrap_difference_ci([1.0], b) is None and bootstrap_difference_ci(a, [1.0]) is None
+
+
+def test_spearman_by_hand():
+    # x ranks 0,1,2,3; y = 10, 30, 20, 40 ranks 0,2,1,3: d = 0,1,1,0, Σd² = 2, ρ = 1 − 6·2/(4·15) = 0.8
+    assert stats.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
+    # ties share their mean rank: x = 1, 1, 2 -> ranks 0.5, 0.5, 2; y = 3, 2, 1 -> ranks 2, 1, 0
+    r = np.corrcoef([0.5, 0.5, 2], [2, 1, 0])[0, 1]
+    assert stats.spearman([1, 1, 2], [3, 2, 1]) == pytest.approx(r)
+    assert stats.spearman([1, 2, 3], [5, 5, 5]) is None  # one side does not vary: undefined
+    assert stats.spearman([1, 2], [1, 2]) is None
+    with pytest.raises(ValueError, match="paired"):
+        stats.spearman([1, 2, 3], [1, 2])
+
+
+def test_spearman_ci_brackets_rho_and_is_seeded():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=40)
+    y = x + rng.normal(size=40)
+    rho, (low, high) = stats.spearman_ci(x, y, resamples=2000)
+    assert low < rho < high and 0 < low  # a strong association's interval excludes 0
+    assert stats.spearman_ci(x, y, resamples=2000) == (rho, (low, high))
+    _, (low2, high2) = stats.spearman_ci(x, rng.normal(size=40), resamples=2000)
+    assert low2 < 0 < high2  # no association: the interval holds 0
+    assert stats.spearman_ci([1, 2, 3], [1, 3, 2]) == (stats.spearman([1, 2, 3], [1, 3, 2]), None)
+
+
+def test_spearman_against_scipy_where_installed():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(5)
+    for n in (5, 12, 31):
+        x, y = rng.integers(0, 6, size=n).astype(float), rng.normal(size=n)  # x with ties
+        assert stats.spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic, rel=1e-12)

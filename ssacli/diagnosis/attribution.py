@@ -39,7 +39,7 @@ from ..errors import UnsupportedModelError, UsageError
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
-from ..stats import RESAMPLES, bootstrap_ci
+from ..stats import RESAMPLES, bootstrap_ci, spearman_ci
 from .attribution_result import (
     Attribution,
     AttributionSettings,
@@ -250,6 +250,17 @@ class _Runs:
         width = rise.shape[1]
         return [(int(i // width), int(i % width)) for i in order[:k]], rise
 
+    def fresh_collapse(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per prompt, unshifted and shifted: the collapse rate over the heads not collapsed
+        unshifted (over every prompt, as :meth:`choose` leaves them out), each head's rows equal in
+        number, so the mean of the heads' rates is the pooled share of rows."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            before = np.nanmean(self.rates_reference, axis=0)
+            fresh = ~(np.isfinite(before) & (before >= COLLAPSE_SHARE))
+            return (np.nanmean(np.where(fresh, self.rates_reference, np.nan), axis=(1, 2)),
+                    np.nanmean(np.where(fresh, self.rates_shifted, np.nan), axis=(1, 2)))  # fmt: skip
+
     def measure(
         self,
         heads: list[Head],
@@ -313,6 +324,12 @@ class _Runs:
                 sets.append(
                     self.measure(chosen, chosen_on, measured_on, null, per_head, rng, resamples, seed, remedy)
                 )
+        collapse_reference, collapse_shifted = self.fresh_collapse()
+        change = collapse_shifted - collapse_reference
+        rho, interval = spearman_ci(change, self.damage, resamples=resamples, seed=seed)
+        association = None if rho is None else {
+            "rho": rho, "interval": None if interval is None else list(interval), "prompts": n,
+        }  # fmt: skip
         all_heads = [(layer, h) for layer, count in enumerate(self.heads) for h in range(count)]
         whole = (
             self.measure(all_heads, None, every, 0, False, rng, resamples, seed) if settings.ceiling else None
@@ -334,6 +351,9 @@ class _Runs:
             ceiling=whole,
             elapsed_s=0.0,
             settings={},
+            collapse_reference=collapse_reference.tolist(),
+            collapse_shifted=collapse_shifted.tolist(),
+            association=association,
         )
 
 

@@ -179,6 +179,13 @@ class Attribution:
     ceiling: SetAttribution | None  # every head patched (None: not asked for)
     elapsed_s: float
     settings: dict[str, Any]
+    # per prompt: the fresh collapse rate (a share of the rows of the heads not collapsed unshifted,
+    # the heads ``rise`` leaves out), unshifted and shifted; empty in files written before them
+    collapse_reference: list[float] = field(default_factory=list)
+    collapse_shifted: list[float] = field(default_factory=list)
+    # Spearman's ρ over prompts of the collapse change against the damage, with its interval
+    # ({"rho", "interval", "prompts"}); None where undefined or not measured
+    association: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (NaN as None) under ``schema``/``schema_version``, each set with its
@@ -200,7 +207,7 @@ class Attribution:
             raise InputError(f"attribution written by a newer ssacli (schema {data['schema_version']}); "
                              "upgrade ssacli")  # fmt: skip
         try:
-            values = {f.name: data[f.name] for f in fields(cls)}
+            values = {f.name: data[f.name] for f in fields(cls) if f.name in data or not _optional(f)}
             values["damage_interval"] = _pair(values["damage_interval"])
             values["rise"] = [[np.nan if v is None else v for v in row] for row in values["rise"]]
             values["sets"] = [_set(one) for one in values["sets"]]
@@ -259,6 +266,11 @@ class Attribution:
             f"{self.probe} at {self.level:g} against {self.reference_level:g}, {len(self.damage)} prompts",
             f"  damage {mean:+.4f} nats/token {_interval(self.damage_interval)}",
         ]
+        if self.association is not None:
+            rho, interval = self.association["rho"], self.association["interval"]
+            bracket = "(no interval)" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
+            out += _wrap(f"per prompt, collapse change against damage: Spearman ρ {rho:+.2f} {bracket} "
+                         "(a correlation; the patches below are the causal measure)", "  ")  # fmt: skip
         for one in [*self.sets, *([self.ceiling] if self.ceiling else [])]:
             if one is self.ceiling:
                 out.append("  every head (the ceiling: what attention patterns carry at all)")
@@ -280,6 +292,13 @@ class Attribution:
                 doses = ", ".join(f"T={r['temperature']:g} {r['removed']:+.4f}" for r in one.remedy)
                 out += _wrap(f"remedy, not attribution: {doses}", "    ")  # T on these heads
         return out
+
+
+def _optional(one) -> bool:
+    """A field with a default: absent from files written before it was added."""
+    from dataclasses import MISSING
+
+    return one.default is not MISSING or one.default_factory is not MISSING
 
 
 def _wrap(text: str, indent: str) -> list[str]:

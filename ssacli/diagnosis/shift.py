@@ -13,7 +13,11 @@ sides are resampled):
 * the **output damage**: each shifted document's next-token loss (nats per token) minus the
   reference documents' mean loss. A loss increase mixes the shifted text's own difficulty (code or
   digits are harder to predict whatever attention does) with damage, so it is given as a
-  distribution over documents, never as a verdict.
+  distribution over documents, never as a verdict;
+* their **association**: Spearman's ρ over the shifted documents of the saturation change against
+  the damage, with its bootstrap interval (the pairs resampled together): whether the documents
+  that saturate more are the ones the model predicts worse. A correlation, not a cause: the causal
+  measure is ``ssacli attribute`` (pattern patching), which needs the same tokens at both levels.
 
 Documents (:func:`windows`): each corpus is tokenized whole (no special tokens) and cut into
 consecutive non-overlapping windows of the base length L (``--length``, capped at the model's
@@ -32,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ..stats import LEVEL, bootstrap_difference_ci
+from ..stats import LEVEL, bootstrap_difference_ci, spearman_ci
 from .probe_kinds import ActsOn, Probe, parse_probe
 from .probe_result import ProbeResult
 from .settings import DiagnoseSettings
@@ -110,7 +114,25 @@ def shift_summary(probe: ProbeResult) -> dict[str, Any] | None:
         "level": LEVEL,
         "loss": _against_reference(*losses),
         "collapse": _against_reference(*collapse),
+        "association": _association(collapse[1], losses[1]),
     }
+
+
+def _association(collapse: list | None, loss: list | None) -> dict[str, Any] | None:
+    """Spearman's ρ over the shifted documents of fresh collapse against loss (the same documents,
+    both finite), with its interval; None where either is missing or ρ is undefined."""
+    if collapse is None or loss is None or len(collapse) != len(loss):
+        return None
+    pairs = [(c, v) for c, v in zip(collapse, loss) if _finite(c) and _finite(v)]
+    rho, interval = spearman_ci([c for c, _ in pairs], [v for _, v in pairs])
+    if rho is None:
+        return None
+    return {"measure": "spearman", "x": "collapse", "y": "loss", "documents": len(pairs), "rho": rho,
+            "interval": None if interval is None else list(interval)}  # fmt: skip
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _against_reference(reference: list | None, shifted: list | None) -> dict[str, Any] | None:
@@ -152,7 +174,18 @@ def shift_lines(probe: ProbeResult) -> list[str]:
             f"{collapse['shifted_mean']:.1%}, {_change(collapse, 100, '.1f')} points; per document "
             f"{_spread(collapse, 100, '.1f')}"
         )
+    association = summary.get("association")
+    if association is not None:
+        lines.append(
+            f"per document, saturation change against output damage: Spearman ρ {association['rho']:+.2f} "
+            f"{_bracket(association['interval'])} over {association['documents']} documents (a correlation, "
+            "not a cause: `ssacli attribute` patches)"
+        )
     return lines
+
+
+def _bracket(interval: list | None) -> str:
+    return "(no interval)" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
 def shift_damage_text(probe: ProbeResult) -> str | None:

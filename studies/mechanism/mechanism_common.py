@@ -13,28 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ssacli.stats import spearman  # the one owner of the rank correlation
+
 RESAMPLES = 2000
-
-
-def ranks(values: Sequence[float]) -> np.ndarray:
-    """Average ranks (ties share their mean rank), as Spearman's ρ needs."""
-    v = np.asarray(values, float)
-    order = np.argsort(v, kind="mergesort")
-    r = np.empty(len(v))
-    r[order] = np.arange(len(v), dtype=float)
-    for value in np.unique(v):
-        tied = v == value
-        if tied.sum() > 1:
-            r[tied] = r[tied].mean()
-    return r
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman's ρ; None where fewer than 3 points or either side does not vary."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return None
-    return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
 
 
 def partial_spearman(x: Sequence[float], y: Sequence[float], z: Sequence[float]) -> float | None:

@@ -216,3 +216,25 @@ def test_a_set_is_read_against_its_null_as_the_plan_says(interval, percentile, r
         damage_interval=None, share=None, null=[0.0] if percentile is not None else [], percentile=percentile,
     )  # fmt: skip
     assert one.reading == reading
+
+
+def test_per_prompt_collapse_is_diagnoses_and_the_association_its_rank_correlation():
+    """The fresh collapse attribute keeps per prompt is the one diagnose measures on the same prompts
+    (another code path: diagnose's statistics, not the patching recorder), and the association is
+    Spearman's ρ of its change against the damage."""
+    import ssacli
+    from ssacli.stats import spearman
+
+    model = sharp_llama()
+    result = attribute(model, "key-scale:1,8", inputs=prompts(), heads=[HEAD], null=0, per_head=False,
+                       ceiling=False, resamples=500)  # fmt: skip
+    probe = ssacli.diagnose(model, ["key-scale:1,8"], inputs=prompts()).probe("key-scale")
+    np.testing.assert_allclose(result.collapse_reference, probe.prompt_collapse[0], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(result.collapse_shifted, probe.prompt_collapse[1], rtol=1e-6, atol=1e-9)
+    change = np.array(result.collapse_shifted) - np.array(result.collapse_reference)
+    assert np.ptp(change) > 0, "precondition: prompts differ in collapse change"
+    assert result.association["rho"] == pytest.approx(spearman(change, result.damage), rel=1e-12)
+    assert result.association["prompts"] == len(prompts())
+    back = type(result).from_dict(json.loads(json.dumps(result.to_dict())))
+    assert back.association == result.association and back.collapse_shifted == result.collapse_shifted
+    assert any("Spearman ρ" in line for line in result.lines())

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 import ssacli
 from ssacli.diagnosis.result import DiagnoseResult
+from ssacli.diagnosis.shift import shift_lines
 from ssacli.diagnosis.texts import TEXTS
 from ssacli.diagnosis.verdicts import probe_verdicts
 from ssacli.errors import EXIT_INPUT, EXIT_USAGE
@@ -80,6 +81,36 @@ def test_each_documents_loss_is_the_models_own_and_the_damage_their_difference(l
     np.testing.assert_allclose([collapse["reference_mean"], collapse["shifted_mean"]], fresh, atol=1e-9)
     assert result.settings["shift"]["documents"] == DOCS and result.settings["shift"]["tokens"] == LENGTH
     assert loss["mean_change"] > 0  # code is far out of WikiText's distribution
+
+
+def test_association_is_the_rank_correlation_of_each_documents_collapse_and_own_loss(loaded):
+    docs = 8
+    result = ssacli.diagnose(
+        loaded, ["shift"], text=REFERENCE, shift=CODE, samples=docs, length=LENGTH, tau=0.5
+    )
+    summary = result.to_dict()["probes"][0]["summary"]["shift"]
+    collapse = summary["collapse"]["shifted"]
+    assert np.ptp(collapse) > 0, "precondition: documents differ in collapse at tau 0.5"
+    loss = own_losses(loaded, windows(loaded.tokenizer, CODE, LENGTH, docs))
+
+    def ranks(values):  # average ranks by hand: ties share the mean of their positions
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        for v in set(values):
+            where = [i for i in order if values[i] == v]
+            mean = np.mean([order.index(i) for i in where])
+            for i in where:
+                out[i] = mean
+        return out
+
+    expected = np.corrcoef(ranks(list(collapse)), ranks(loss))[0, 1]
+    association = summary["association"]
+    assert association["documents"] == docs
+    assert association["rho"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    low, high = association["interval"]
+    assert -1 <= low <= high <= 1
+    (line,) = [one for one in shift_lines(result.probe("shift")) if "Spearman" in one]
+    assert f"ρ {expected:+.2f} [{low:+.2f}, {high:+.2f}] over {docs} documents" in line
 
 
 def test_identical_corpora_read_no_damage_and_no_collapse(loaded):

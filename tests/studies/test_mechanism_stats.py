@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from ssacli.stats import ranks
+
 PATH = Path(__file__).resolve().parents[2] / "studies" / "mechanism" / "mechanism_common.py"
 spec = importlib.util.spec_from_file_location("mechanism_common", PATH)
 common = importlib.util.module_from_spec(spec)
@@ -25,7 +27,7 @@ def naive_ranks(values):
 
 def test_ranks_average_ties_and_spearman_is_pearson_of_them():
     values = [0.0, 0.3, 0.0, 0.0, 0.9, 0.3]
-    assert common.ranks(values).tolist() == naive_ranks(values)
+    assert ranks(values).tolist() == naive_ranks(values)
     x, y = [0.0, 0.0, 0.1, 0.2, 0.2, 0.5], [3.0, 1.0, 2.0, 5.0, 4.0, 6.0]
     rx, ry = np.array(naive_ranks(x)), np.array(naive_ranks(y))
     dx, dy = rx - rx.mean(), ry - ry.mean()
@@ -40,7 +42,7 @@ def test_partial_spearman_is_the_correlation_of_rank_residuals():
     z = rng.integers(0, 4, 60).astype(float)  # a level, with ties
     x = z + rng.normal(size=60)
     y = z - 0.5 * x + rng.normal(size=60)
-    rx, ry, rz = (common.ranks(v) for v in (x, y, z))
+    rx, ry, rz = (ranks(v) for v in (x, y, z))
     design = np.column_stack([np.ones(60), rz])
     residual = [r - design @ np.linalg.lstsq(design, r, rcond=None)[0] for r in (rx, ry)]
     reference = float(np.corrcoef(*residual)[0, 1])
