@@ -269,8 +269,8 @@ class Attribution:
         if self.association is not None:
             rho, interval = self.association["rho"], self.association["interval"]
             bracket = "(no interval)" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
-            out += _wrap(f"per prompt, collapse change against damage: Spearman ρ {rho:+.2f} {bracket} "
-                         "(a correlation; the patches below are the causal measure)", "  ")  # fmt: skip
+            out += _wrap(f"per prompt, collapse change vs damage: Spearman ρ {rho:+.2f} {bracket} "
+                         "(a correlation)", "  ")  # fmt: skip
         for one in [*self.sets, *([self.ceiling] if self.ceiling else [])]:
             if one is self.ceiling:
                 out.append("  every head (the ceiling: what attention patterns carry at all)")

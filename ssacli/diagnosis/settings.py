@@ -5,6 +5,7 @@ is loaded is :class:`~ssacli.models.options.LoadOptions`'; which probes run, the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,15 @@ class DiagnoseSettings:
                 f"{' and '.join(given)} each choose the probe inputs (text=, random_ids=, inputs= in the "
                 "API); give one"
             )
+        for name in ("text", "shift"):  # a path handed as the text would be tokenized as the text
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike) or (
+                isinstance(value, str) and "\n" not in value and len(value) < 4096 and os.path.isfile(value)
+            ):
+                raise UsageError(
+                    f"{name}= takes the text itself, not a file's path ({os.fspath(value)!r}); pass "
+                    f"{name}=Path({os.fspath(value)!r}).read_text() (the CLI's --{name} reads the file)"
+                )
         if self.shift is not None:
             if self.random_ids or self.inputs is not None:
                 raise UsageError(

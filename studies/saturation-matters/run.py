@@ -39,6 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = ssacli.load_model(args.model)
+    text = Path(args.text).read_text(encoding="utf-8")  # text= takes the text itself, not its path
     for probe in args.probes:
         name = probe.split(":")[0]
         target = args.out / f"{name}.json"
@@ -46,9 +47,10 @@ def main() -> None:
             print(f"{name}: done already ({target})", flush=True)
             continue
         started = time.perf_counter()
-        result = ssacli.attribute(model, probe, text=args.text, samples=args.samples, length=args.length,
+        result = ssacli.attribute(model, probe, text=text, samples=args.samples, length=args.length,
                                   seed=0, k=4, null=args.null)  # fmt: skip
-        record = {"probe": probe, "model": args.model, "seconds": round(time.perf_counter() - started, 1),
+        record = {"probe": probe, "model": args.model, "text": args.text,
+                  "seconds": round(time.perf_counter() - started, 1),
                   "threads": os.environ.get("OMP_NUM_THREADS"), **result.to_dict()}  # fmt: skip
         part = target.with_suffix(".json.part")
         part.write_text(json.dumps(record, indent=1) + "\n")

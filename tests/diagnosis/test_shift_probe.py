@@ -21,7 +21,7 @@ from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.diagnosis.shift import shift_lines
 from ssacli.diagnosis.texts import TEXTS
 from ssacli.diagnosis.verdicts import probe_verdicts
-from ssacli.errors import EXIT_INPUT, EXIT_USAGE
+from ssacli.errors import EXIT_INPUT, EXIT_USAGE, UsageError
 from ssacli.models.loading import load_model
 from tests.helpers.cli import run_main
 from tests.helpers.result_schema import schema_errors
@@ -173,3 +173,15 @@ def test_a_corpus_shorter_than_one_document_is_refused_before_any_forward(tmp_pa
     assert code == EXIT_USAGE
     assert "short.txt' has" in stderr and "fewer than one document of 32" in stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+@pytest.mark.parametrize("as_path", [str, lambda p: p])
+@pytest.mark.parametrize("keyword", ["text", "shift"])
+def test_a_files_path_given_as_the_text_is_refused_not_tokenized(tmp_path, as_path, keyword):
+    """text= and shift= take the text itself; a path there would be tokenized as a short prompt
+    (the prompts would be the path's tokens, repeated), so it is refused with the fix."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(REFERENCE)
+    given = {"text": REFERENCE, "shift": CODE, keyword: as_path(corpus)}
+    with pytest.raises(UsageError, match=rf"{keyword}= takes the text itself.*read_text\(\)"):
+        ssacli.diagnose(MODEL, ["shift"], samples=2, length=8, **given)
