@@ -1,5 +1,5 @@
 """Bad input never crashes: every case ends in one line on stderr that names the problem and the fix,
-the exit code README.md documents ("Exit codes"), no traceback (unless --debug) and no partial file.
+the exit code docs/commands.md documents ("Exit codes"), no traceback (unless --debug) and no partial file.
 
 Run them alone with ``pytest -m badinput``. Each case goes through the console-script entry point
 (ssacli.cli.main), in-process, or through a real process where a signal is involved.
