@@ -41,10 +41,6 @@ def fmt_delta(value: Any) -> str:
     return text if text.startswith("-") else "+" + text
 
 
-def fmt_collapse(point: float | None) -> str:
-    return "none" if point is None else fmt_level(point)
-
-
 def describe(value: Any, limit: int = 100) -> str:
     """One line for a settings value of any shape (inputs can be a list of texts or a count)."""
     if isinstance(value, dict):
