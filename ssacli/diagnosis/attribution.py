@@ -1,6 +1,5 @@
 """Attribution by attention-pattern patching: how much of a shift's output damage the attention
-patterns of chosen heads carry (issue 52, docs/diagnose.md "Attribution by attention-pattern
-patching").
+patterns of chosen heads carry (docs/diagnose.md, "Attribution by attention-pattern patching").
 
 For a probe that keeps the tokens (``key-scale``, ``logit-scale``, ``dominant-key``, ``embed-scale``,
 ``outlier``: prompt j is the same tokens at every level), three kinds of forward run on the plan

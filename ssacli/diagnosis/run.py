@@ -398,8 +398,8 @@ def _assemble(
         },
         versions=software_versions(),
         # to the millisecond, as the JSON keeps it: a report rendered from the saved result then
-        # reads exactly as the one rendered from this one (0.15004 s printed "0.2 s", its saved 0.150
-        # "0.1 s": tests/report/test_render.py failed so, once in a while)
+        # reads exactly as the one rendered from this one (unrounded, 0.15004 s prints "0.2 s" and
+        # its saved 0.150 "0.1 s")
         elapsed_s=round(time.perf_counter() - started, 3),
         generation=generation,
     )
