@@ -52,8 +52,7 @@ from .patching import PatternRecorder, prompt_losses
 from .plan import plan_run
 from .probe_result import COLLAPSE_SHARE
 from .probes import ActsOn, Probe
-from .routes import Route, choose_route
-from .run import _prepare_scorer
+from .routes import Route, choose_route, route_through_ssacli
 from .settings import DiagnoseSettings
 
 
@@ -139,7 +138,7 @@ def attribute_with(
         loaded.require_tokenizer("probing with text")
     training = loaded.model.training
     loaded.model.eval()
-    undo = _prepare_scorer(root, None)
+    undo = route_through_ssacli(root, None)
     try:
         levels = Probe(probe.name, (base, shifted_level))
         plan = plan_run(loaded, [levels], Route.SSACLI, inputs, None)
