@@ -266,8 +266,8 @@ def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:
 def top3_and_median(magnitude: torch.Tensor) -> tuple[torch.Tensor, float]:
     """The three largest values of a 1-d tensor, descending, and its lower median: what
     ``topk(3).values`` and ``median()`` give. On the CPU numpy's partition (introselect) finds the
-    median, and the top 3 lie in the part above it (together ~2 ms over a 4,096-token layer's million
-    values, against ~14 ms for torch.median and topk); a NaN, which torch ranks above everything and
+    median, and the top 3 lie in the part above it: one pass, several times faster than
+    torch.median and topk (docs/performance.md); a NaN, which torch ranks above everything and
     numpy sorts last, takes torch's own path."""
     n = magnitude.numel()
     if magnitude.device.type == "cpu" and n >= 3:
