@@ -112,8 +112,7 @@ RECIPE_LORA_RANK = 8
 RECIPE_LR = 5e-4  # LoRA's learning rate (the adapters start at zero)
 RECIPE_B = "learned"  # SSA's b: learned (rescaled with n, then trained) or tied (b = 1/n)
 # distillation loss = KL + this · the text's cross-entropy. 1, not 0: KL to the original alone gives a
-# softmax control no gradient, and in docs/results/convert-tradeoff.md (8 paired seeds, n = 4) KL alone
-# was worse than KL + 1 × LM on held-out (+1.2 %), out-of-domain (+2.9 %) and minimal pairs (-0.3
-# points), while 4 × LM was better on none of them
+# softmax control no gradient, and was worse than KL + 1 × LM on all three measures of
+# docs/results/convert-tradeoff.md, while 4 × LM was better on none of them (the figures are there)
 RECIPE_LM_WEIGHT = 1.0
 RECIPE_CHECKPOINT_EVERY = 50  # recipe steps between checkpoints (each writes the model whole)

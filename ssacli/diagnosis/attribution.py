@@ -1,6 +1,5 @@
 """Attribution by attention-pattern patching: how much of a shift's output damage the attention
-patterns of chosen heads carry (issue 52, docs/diagnose.md "Attribution by attention-pattern
-patching").
+patterns of chosen heads carry (docs/diagnose.md, "Attribution by attention-pattern patching").
 
 For a probe that keeps the tokens (``key-scale``, ``logit-scale``, ``dominant-key``, ``embed-scale``,
 ``outlier``: prompt j is the same tokens at every level), three kinds of forward run on the plan
@@ -53,8 +52,7 @@ from .patching import PatternRecorder, prompt_losses
 from .plan import plan_run
 from .probe_result import COLLAPSE_SHARE
 from .probes import ActsOn, Probe
-from .routes import Route, choose_route
-from .run import _prepare_scorer
+from .routes import Route, choose_route, route_through_ssacli
 from .settings import DiagnoseSettings
 
 
@@ -140,7 +138,7 @@ def attribute_with(
         loaded.require_tokenizer("probing with text")
     training = loaded.model.training
     loaded.model.eval()
-    undo = _prepare_scorer(root, None)
+    undo = route_through_ssacli(root, None)
     try:
         levels = Probe(probe.name, (base, shifted_level))
         plan = plan_run(loaded, [levels], Route.SSACLI, inputs, None)

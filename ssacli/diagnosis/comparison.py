@@ -138,7 +138,7 @@ def _shift_change(pa: ProbeResult, pb: ProbeResult) -> dict[str, Any] | None:
     """What the shift did to each model at the top level both measured: each one's change in fresh
     collapse from its own unshifted level (:func:`ssacli.diagnosis.outputs.collapse_change`), when
     the two changes differ by SATURATION_STEP or more. Where each model started is not the probe's
-    effect (issue 51: a high unshifted collapse in A read as B fixing length)."""
+    effect (compared as levels, a high unshifted collapse in A would read as B fixing length)."""
     fa, fb = pa.fresh_collapse_rate(), pb.fresh_collapse_rate()
     common = [lv for i, lv in enumerate(pa.levels) if math.isfinite(fa[i]) and lv in pb.levels
               and math.isfinite(fb[pb.levels.index(lv)])]  # fmt: skip

@@ -93,8 +93,8 @@ def findings(
         sinks = base.metrics["sink_rate"][0]
         count = int(np.nansum(sinks))
         layers = sorted({int(layer) for layer, _ in zip(*np.nonzero(sinks == 1))})
-        # Two measures of "sink", two names (issue 51: a BERT read "37 of 72 heads are attention sinks"
-        # here and "12 sink" in the head classes). This one is Gu et al.'s count: a head whose mean
+        # Two measures of "sink", two names (one name would let a BERT read "37 of 72 heads are attention
+        # sinks" here and "12 sink" in the head classes). This one is Gu et al.'s count: a head whose mean
         # weight on the first token exceeds SINK_EPS (0.3), whatever else it does; a head can be one and
         # local too. The head class "sink" (ssacli.diagnosis.positions) is a head that parks at least
         # half its mass on the first k tokens, the first class that holds in a partition: what the head
@@ -133,8 +133,8 @@ def findings(
 # measurement that means nothing (degenerate, overflow), then what saturates, then what is wrong with
 # the model before any shift; a probe that cannot test this model (absorbed; insensitive: n/a by
 # construction, true of any model) says nothing about the model itself, and every verdict line says it
-# again, so it comes after the model's own facts (it came before them and pushed the heads collapsed at
-# baseline and the massive activations out of an 8-line report with many probes, issue 51).
+# again, so it comes after the model's own facts (before them, on a report of 8 lines with many probes,
+# it would push out the heads collapsed at baseline and the massive activations).
 FINDING_ORDER = ("degenerate", "overflow", "collapse", "outputs_broke", "collapsed_at_baseline",
                  "baseline_collapse", "sink_heads", "massive_activations", "absorbed", "fading",
                  "insensitive", "no_collapse")  # fmt: skip

@@ -32,7 +32,7 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
 from .forward import Recorder
 from .metrics import METRICS, HeadStats
-from .probe_result import json_ready
+from .probe_result import array_from_json, json_ready
 from .routes import Route, forward_arguments
 
 # The metrics compared with the full recomputation (row_mass is 1 for normalized scorers, sink_rate
@@ -76,14 +76,12 @@ class GenerationResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationResult:
-        from .result import _array
-
         return cls(
             steps=int(data["steps"]),
             prompt_length=int(data["prompt_length"]),
             prompts=int(data["prompts"]),
-            metrics={k: _array(v) for k, v in data["metrics"].items()},
-            rows=np.nan_to_num(_array(data["rows"])).astype(np.int64),
+            metrics={k: array_from_json(v) for k, v in data["metrics"].items()},
+            rows=np.nan_to_num(array_from_json(data["rows"])).astype(np.int64),
             max_rel_diff=data.get("max_rel_diff"),
             tokens=[list(t) for t in data.get("tokens") or []],
         )

@@ -26,8 +26,8 @@ class MetricSpec:
     derives it).
 
     Every reader imports it from here: the JSON schema (``description``), the terminal and HTML
-    reports (``header``, ``short``, ``key``, ``compared``, ``bounded``, the direction colors) and
-    ``ssacli check`` (``direction``, to tell a regression)."""
+    reports (``header``, ``short``, ``key``, ``compared``, ``bounded``, the direction colors),
+    ``ssacli check`` (``direction``, to tell a regression) and :class:`HeadStats` (``divisor``)."""
 
     name: str
     description: str  # one line, written into every diagnose JSON under "metrics"
@@ -37,6 +37,9 @@ class MetricSpec:
     short: str  # label in the comparison tables' two-line headers (four metrics × A, B, Δ fit 120)
     key: bool = False  # always a column of the per-probe tables (others only where they say something)
     compared: bool = False  # a column of the comparison tables and the A-vs-B figures
+    # The per-head count its per-head sum is divided by (HeadStats.means): the rows counted, or the
+    # rows it is defined on; None for a metric derived from other metrics' means, not summed.
+    divisor: str | None = "rows"
 
     @property
     def direction(self) -> str:
@@ -63,21 +66,23 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec("sink_mass", "weight on position 0", True, True, "sink", "sink", key=True),
         MetricSpec("outlier_capture",
                    "weight on the probe's target token, from the other queries that see it",
-                   True, True, "capture", "capt", compared=True),
+                   True, True, "capture", "capt", compared=True, divisor="capture_rows"),
         MetricSpec("row_mass", "sum of the row's weights (1 for normalized scorers)", None, False, "row mass",
                    "row mass"),
         MetricSpec("learned_sink",
                    "weight on the model's learned sink key (gpt-oss), 1 - row mass under softmax; NaN (n/a) "
-                   "for models without learned sinks", True, True, "learned sink", "lsink"),
+                   "for models without learned sinks", True, True, "learned sink", "lsink",
+                   divisor="sink_rows"),
         MetricSpec("sink_rate",
                    f"1 if the head's mean weight on the first token exceeds {SINK_EPS} (Gu et al. 2024), "
                    "else 0: the layer or model mean is the share of first-token heads (not the head "
-                   "class sink)", True, True, "first-tok", "sinkr", compared=True),
+                   "class sink)", True, True, "first-tok", "sinkr", compared=True, divisor=None),
         # where the mass lands (the position terms; NaN where a run did not measure them)
         MetricSpec("sink_share", f"weight on the first k keys (k = settings.sink_k, default {SINK_K}; "
                    "StreamingLLM's initial tokens)", True, True, "sink@k", "sink@k"),
         MetricSpec("sink_boost", "sink_share over the share uniform weights would give the first k keys "
-                   "(1 = no sink; head mean of each, then their ratio)", True, False, "sink boost", "boost"),
+                   "(1 = no sink; head mean of each, then their ratio)", True, False, "sink boost", "boost",
+                   divisor=None),
         MetricSpec("local_share", f"weight on keys within {LOCAL_DISTANCE} tokens of the query "
                    f"(distance < {LOCAL_DISTANCE}, the query's own key included)", None, True, "local",
                    "local"),
@@ -168,22 +173,20 @@ class HeadStats:
         return 0 if rows is None else int(rows.max().item())
 
     def means(self) -> dict[str, np.ndarray]:
-        """Mean of each metric per head; NaN where a head counted no row."""
+        """Mean of each metric per head; NaN where a head counted no row, and for a metric whose sum
+        (or count) the run did not give: the position terms where they were not measured, the
+        learned sink in a layer without one."""
         empty = np.full(self.num_heads, math.nan)
         if not self.sums:
             return {name: empty.copy() for name in METRICS}
         out = {}
-        for name in METRICS:
-            if name in ("sink_rate", "sink_boost"):
+        for name, spec in METRICS.items():
+            if spec.divisor is None:
+                continue  # derived below, from the means
+            if name not in self.sums or spec.divisor not in self.sums:
+                out[name] = empty.copy()
                 continue
-            if name in POSITION_METRICS and name not in self.sums:
-                out[name] = empty.copy()  # the run did not measure where the mass lands
-                continue
-            if name == "learned_sink" and "sink_rows" not in self.sums:
-                out[name] = empty.copy()  # no learned sink in this layer
-                continue
-            counter = {"outlier_capture": "capture_rows", "learned_sink": "sink_rows"}.get(name, "rows")
-            count = self.sums[counter].numpy()
+            count = self.sums[spec.divisor].numpy()
             total = self.sums[name].numpy()
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[name] = np.where(count > 0, total / np.maximum(count, 1), math.nan)
@@ -263,8 +266,8 @@ def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:
 def top3_and_median(magnitude: torch.Tensor) -> tuple[torch.Tensor, float]:
     """The three largest values of a 1-d tensor, descending, and its lower median: what
     ``topk(3).values`` and ``median()`` give. On the CPU numpy's partition (introselect) finds the
-    median, and the top 3 lie in the part above it (together ~2 ms over a 4,096-token layer's million
-    values, against ~14 ms for torch.median and topk); a NaN, which torch ranks above everything and
+    median, and the top 3 lie in the part above it: one pass, several times faster than
+    torch.median and topk (docs/performance.md); a NaN, which torch ranks above everything and
     numpy sorts last, takes torch's own path."""
     n = magnitude.numel()
     if magnitude.device.type == "cpu" and n >= 3:

@@ -363,3 +363,14 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, np.integer):
         return int(value)
     return value
+
+
+def array_from_json(nested: Any) -> np.ndarray:
+    """:func:`json_ready`'s inverse for an array: nested lists, None read as NaN, as float64."""
+    return np.asarray(_nan_for_none(nested), dtype=np.float64)
+
+
+def _nan_for_none(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_nan_for_none(v) for v in value]
+    return np.nan if value is None else value

@@ -35,7 +35,7 @@ from .outputs import (
     reference_index,
 )
 from .positions import PositionProfiles
-from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, json_ready
+from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, array_from_json, json_ready
 from .probes import RANDOM_INPUTS
 from .shift import shift_summary
 
@@ -206,16 +206,16 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
             ProbeResult(
                 name=p["name"],
                 levels=[float(v) for v in p["levels"]],
-                metrics={k: _array(v) for k, v in p["metrics"].items()},
-                rows=np.nan_to_num(_array(p["rows"])).astype(np.int64),
+                metrics={k: array_from_json(v) for k, v in p["metrics"].items()},
+                rows=np.nan_to_num(array_from_json(p["rows"])).astype(np.int64),
                 extras={k: list(v) for k, v in p.get("extras", {}).items()},
                 note=p.get("note"),
-                layer_metrics={k: _array(v) for k, v in p.get("layer_metrics", {}).items()},
+                layer_metrics={k: array_from_json(v) for k, v in p.get("layer_metrics", {}).items()},
                 overflow=list(p.get("overflow") or []),
                 insensitive=p.get("insensitive"),
                 absorbers=list(p.get("absorbers") or []),  # absent before the reach rule: names fall back
                 # absent before the per-prompt rates were kept: verdicts say the noise was not measured
-                prompt_collapse=_array(p["prompt_collapse"]) if p.get("prompt_collapse") else None,
+                prompt_collapse=array_from_json(p["prompt_collapse"]) if p.get("prompt_collapse") else None,
                 # absent from results written before it
                 per_input={k: list(v) for k, v in (p.get("per_input") or {}).items()},
             )
@@ -308,16 +308,6 @@ def read_json_file(path: str | Path) -> dict[str, Any]:
 
 def _finite_or(value: float, default: float) -> float:
     return value if math.isfinite(value) else default
-
-
-def _array(nested: Any) -> np.ndarray:
-    return np.asarray(_clean_in(nested), dtype=np.float64)
-
-
-def _clean_in(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_clean_in(v) for v in value]
-    return np.nan if value is None else value
 
 
 def _reach(probe: ProbeResult) -> dict[str, Any] | None:

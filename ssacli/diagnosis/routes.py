@@ -3,7 +3,7 @@
 * :attr:`Route.SSACLI`: models on transformers' attention registry run through ssacli's attention
   function (softmax for an untouched model, exact to the eager path), which streams each call's
   weights to the :class:`~ssacli.diagnosis.forward.Recorder` in query blocks; probes on keys and
-  logits act inside that call.
+  logits act inside that call. :func:`route_through_ssacli` puts a model on it.
 * :attr:`Route.EAGER_FALLBACK`: families off the registry (gpt_neo, bloom, deberta-v2, …) run their
   own eager attention with ``output_attentions``; a forward hook on each attention module
   (:func:`fallback_hooks`) reduces its weights and drops them, so at most one layer's map exists at
@@ -16,13 +16,25 @@ On either route, which normalization a shift of the residual stream meets before
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 
 import torch
 from torch import nn
 
-from ..attention.interface import attention_modules, named_attention, num_heads, supports, unaudited_reason
-from ..errors import UnsupportedModelError
+from ..attention.interface import (
+    CONFIG_SPEC_ATTR,
+    apply_scorer,
+    attention_modules,
+    named_attention,
+    num_heads,
+    reattach,
+    scorers_of,
+    supports,
+    unaudited_reason,
+)
+from ..errors import UnsupportedModelError, UsageError
+from ..scorers import make_scorer
 
 
 class Route(StrEnum):
@@ -176,9 +188,29 @@ def structural_mask(module: nn.Module, weights: torch.Tensor, positions: torch.T
     return visible
 
 
+def route_through_ssacli(root: nn.Module, scorer: str | None) -> Callable[[], None] | None:
+    """Route the model through ssacli's attention function (:attr:`Route.SSACLI`) with ``scorer``, or
+    the scorer its config names, or softmax; return how to put it back (None: it was already
+    scored, as an ICL or converted model is, and is measured as it is)."""
+    before = scorers_of(root)
+    if before and scorer is None:
+        return None  # already scored (an ICL or converted model): measure it as it is
+    spec_before = getattr(root.config, CONFIG_SPEC_ATTR, None)
+    if scorer is None and spec_before and make_scorer(spec_before).needs_calibration:
+        # A converted folder loaded by plain transformers: its config names the scorer, but the m
+        # chosen per layer lives in the folder's scorer file, which that load does not read.
+        raise UsageError(
+            f"this model's config names scorer '{spec_before}', whose values per layer were saved in "
+            "its folder; diagnose the folder itself (ssacli diagnose DIR, or ssacli.load(DIR)) so they "
+            "load, or pass scorer= to measure another"
+        )
+    apply_scorer(root, scorer or spec_before or "softmax")
+    return lambda: reattach(root, before, spec_before)
+
+
 __all__ = [
     "FALLBACK_FAMILIES", "FALLBACK_UNCHECKED", "Route", "attention_layers", "choose_route", "fallback_hooks",
-    "forward_arguments", "layer_heads", "route_unaudited_reason", "structural_mask",
+    "forward_arguments", "layer_heads", "route_through_ssacli", "route_unaudited_reason", "structural_mask",
 ]  # fmt: skip
 
 

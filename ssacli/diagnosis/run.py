@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .. import defaults
-from ..attention.interface import CONFIG_SPEC_ATTR, apply_scorer, reattach, scorers_of
+from ..attention.interface import CONFIG_SPEC_ATTR
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
 from ..models.device_map import MaxMemory
@@ -35,7 +35,6 @@ from ..models.icl_task import TOKENS_PER_POINT
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
-from ..scorers import make_scorer
 from ..version import __version__
 from .forward import OutputReference, Recorder, forward_batch
 from .generation import generate
@@ -46,7 +45,7 @@ from .positions import PositionProfiles, level_profiles, run_bins
 from .probe_result import ProbeResult
 from .probes import ActsOn, Probe, default_probes, parse_probe, scorer_insensitivity
 from .result import DiagnoseResult
-from .routes import Route, absorber, choose_route, route_unaudited_reason
+from .routes import Route, absorber, choose_route, route_through_ssacli, route_unaudited_reason
 from .settings import DiagnoseSettings
 from .shift import with_shift
 
@@ -156,7 +155,7 @@ def diagnose_with(
         loaded.require_tokenizer("probing with text")  # never random ids the user did not ask for
     training = loaded.model.training
     loaded.model.eval()
-    undo = _prepare_scorer(root, scorer) if route is Route.SSACLI else None
+    undo = route_through_ssacli(root, scorer) if route is Route.SSACLI else None
     try:
         result = _run(loaded, probe_list, route, settings, started, progress, generate)
         result.unaudited = unaudited
@@ -165,24 +164,6 @@ def diagnose_with(
         if undo is not None:
             undo()
         loaded.model.train(training)
-
-
-def _prepare_scorer(root: nn.Module, scorer: str | None) -> Callable[[], None] | None:
-    """Route the model through ssacli's attention function; returns how to put it back."""
-    before = scorers_of(root)
-    if before and scorer is None:
-        return None  # already scored (an ICL or converted model): measure it as it is
-    spec_before = getattr(root.config, CONFIG_SPEC_ATTR, None)
-    if scorer is None and spec_before and make_scorer(spec_before).needs_calibration:
-        # A converted folder loaded by plain transformers: its config names the scorer, but the m
-        # chosen per layer lives in the folder's scorer file, which that load does not read.
-        raise UsageError(
-            f"this model's config names scorer '{spec_before}', whose values per layer were saved in "
-            "its folder; diagnose the folder itself (ssacli diagnose DIR, or ssacli.load(DIR)) so they "
-            "load, or pass scorer= to measure another"
-        )
-    apply_scorer(root, scorer or spec_before or "softmax")
-    return lambda: reattach(root, before, spec_before)
 
 
 def _run(
@@ -398,8 +379,8 @@ def _assemble(
         },
         versions=software_versions(),
         # to the millisecond, as the JSON keeps it: a report rendered from the saved result then
-        # reads exactly as the one rendered from this one (0.15004 s printed "0.2 s", its saved 0.150
-        # "0.1 s": tests/report/test_render.py failed so, once in a while)
+        # reads exactly as the one rendered from this one (unrounded, 0.15004 s prints "0.2 s" and
+        # its saved 0.150 "0.1 s")
         elapsed_s=round(time.perf_counter() - started, 3),
         generation=generation,
     )

@@ -1,4 +1,4 @@
-"""Natural shifts as probes (issue 52, item 1): the user's own text is the in-distribution reference
+"""Natural shifts as probes: the user's own text is the in-distribution reference
 (``--text``; the built-in texts without it) and a shifted corpus (``--shift FILE``: another domain,
 another language, code, long numbers, …) the probe, both cut into documents of one length.
 

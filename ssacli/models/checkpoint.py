@@ -8,11 +8,11 @@ the rest of the folder has:
   ordinary ``save_pretrained`` folder plus the parts below. Plain transformers loads it as the
   original architecture, with softmax attention, only where that is the same model
   (:func:`plain_loadable`: softmax, or a faithful conversion not trained since); any other folder's
-  config.json is guarded (:mod:`.guard`, which owns that part of the format: since issue 51
-  model_type ``<type> (needs import ssacli)`` and ``attn_implementation: "ssacli"``, which plain
+  config.json is guarded (:mod:`.guard`, which owns that part of the format: written now, model_type
+  ``<type> (needs import ssacli)`` and ``attn_implementation: "ssacli"``, which plain
   transformers' Auto classes refuse unless ``import ssacli`` registered them, and then load with
-  the scorer; before, the second alone, and before issue 38 model_type ``ssacli-<type>``, both
-  still read: :func:`saved_config` reads all three layouts);
+  the scorer; the two earlier layouts, ``attn_implementation: "ssacli"`` alone and before it
+  model_type ``ssacli-<type>``, are still read: :func:`saved_config` reads all three);
 
   - ``ssacli.json``: ``{"format", "format_version", "scorer": SPEC, "source"?, "fidelity"?,
     "training"?, …}``;

@@ -194,14 +194,6 @@ def save_options(model: Any) -> dict[str, Any]:
     return {"max_shard_size": OFFLOADED_SHARD} if "cpu" in placed or "disk" in placed else {}
 
 
-def offloaded_modules(model: Any) -> dict[str, str]:
-    """The modules of a model loaded with a device map that live off their execution device
-    (``hf_device_map`` value "cpu" while a GPU computes, or "disk"): name -> where."""
-    placed = getattr(model, "hf_device_map", None) or {}
-    gpu = any(not isinstance(v, str) or v not in ("cpu", "disk") for v in placed.values())
-    return {k: v for k, v in placed.items() if v == "disk" or (v == "cpu" and gpu)}
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

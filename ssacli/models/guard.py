@@ -8,7 +8,7 @@ guard exist; ssacli reads all three (:func:`saved_config`), and ssacli.json's fo
 (ssacli.json did not change, and an ssacli that knows only layout 1 reads the others as an ordinary
 folder with a saved scorer, which they are):
 
-* **layout 3** (written since issue 51): layout 2 with ``model_type`` :func:`.guard_type.guarded_type`
+* **layout 3** (the one written now): layout 2 with ``model_type`` :func:`.guard_type.guarded_type`
   of the original (``"llama (needs import ssacli)"``), the original in :data:`ORIGINAL_TYPE_KEY`.
   Without ssacli, ``AutoConfig``, every ``AutoModel*`` and ``pipeline`` refuse the folder whatever
   ``attn_implementation`` is passed, with a message quoting that type (:mod:`.guard_type` says why
@@ -21,14 +21,15 @@ folder with a saved scorer, which they are):
   explicit ``attn_implementation="sdpa"`` or ``"eager"`` it builds the softmax model, and only the
   warning ("You are using a model of type `llama (needs import ssacli)` to instantiate a model of
   type `llama`…") says so. transformers offers no way for a folder to stop that.
-* **layout 2** (issue 38 to issue 51): ``model_type`` stays the original; config.json adds
-  ``"attn_implementation": "ssacli"`` (:data:`ATTENTION_KEY`), which transformers reads back
-  from config.json and refuses at model construction ("Specified `attn_implementation="ssacli"` is
-  not supported") unless ssacli registered that attention (``import ssacli``); then the
-  model loads with its scorer (attached on its first forward, :mod:`ssacli.models.first_use`, from
-  the layout in :data:`LAYOUT_KEY` and SCORER_FILE). An explicit ``attn_implementation=`` to any
-  Auto class replaced the saved one: softmax, silently. Still loads, by ssacli and by Auto classes.
-* **layout 1** (before): ``model_type: ssacli-<type>``, the real one in :data:`ORIGINAL_TYPE_KEY`.
+* **layout 2** (written before layout 3; CHANGELOG.md dates each): ``model_type`` stays the
+  original; config.json adds ``"attn_implementation": "ssacli"`` (:data:`ATTENTION_KEY`), which
+  transformers reads back from config.json and refuses at model construction ("Specified
+  `attn_implementation="ssacli"` is not supported") unless ssacli registered that attention
+  (``import ssacli``); then the model loads with its scorer (attached on its first forward,
+  :mod:`ssacli.models.first_use`, from the layout in :data:`LAYOUT_KEY` and SCORER_FILE). An
+  explicit ``attn_implementation=`` to any Auto class replaced the saved one: softmax, silently.
+  Still loads, by ssacli and by Auto classes.
+* **layout 1** (the first): ``model_type: ssacli-<type>``, the real one in :data:`ORIGINAL_TYPE_KEY`.
   Plain ``AutoConfig`` / ``AutoModel*`` refuse it; only ssacli loads it. Never written any more.
 
 All hold a note (:data:`GUARD_NOTE_KEY`) saying what the folder is and how to load it.

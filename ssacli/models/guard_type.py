@@ -3,7 +3,7 @@ class that writes the guard back when saved (:func:`keep_guard`): torch-free, be
 :mod:`ssacli.transformers_hook` (imported by ``import ssacli``) registers these types with
 transformers and must not import torch. Part of the guard (:mod:`.guard`, which re-exports it).
 
-Since issue 51 (layout 3) a guarded folder's ``model_type`` is :func:`guarded_type` of the original
+In layout 3, the one written now, a guarded folder's ``model_type`` is :func:`guarded_type` of the original
 (``"llama (needs import ssacli)"``), the original beside it in :data:`ORIGINAL_TYPE_KEY` (layout 1's
 key, which every earlier ssacli maps back, so they read layout 3 folders too). Only
 ``import ssacli`` registers that type, so without it every ``AutoConfig`` / ``AutoModel*`` /
@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-GUARDED_TYPE_SUFFIX = " (needs import ssacli)"  # layout 3 (since issue 51)
-GUARDED_TYPE_PREFIX = "ssacli-"  # layout 1 (before issue 38): model_type "ssacli-<type>", still read
+GUARDED_TYPE_SUFFIX = " (needs import ssacli)"  # layout 3, the one written now
+GUARDED_TYPE_PREFIX = "ssacli-"  # layout 1, the first: model_type "ssacli-<type>", still read
 ORIGINAL_TYPE_KEY = "ssacli_model_type"  # layouts 1 and 3: the original model_type
 # layouts 2 and 3: transformers' own key for the attention implementation (read from config.json by
 # PreTrainedConfig, never written back by save_pretrained: :func:`keep_guard` writes it back)

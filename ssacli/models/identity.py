@@ -7,11 +7,10 @@ as its name, its size and its bytes, streamed (never read whole). A folder's nam
 its tokenizer are not part of it: the same weights copied elsewhere hash the same, and what is
 measured is the weights.
 
-Hashing reads every byte (364 MiB/s on this project's 2-core machine: 0.4 ms for
-builtin:every-softmax, 2 ms for builtin:wikitext-softmax, ~40 s for a 14 GB 7B model), so a digest
+Hashing reads every byte (tens of seconds for a 7B model: docs/performance.md), so a digest
 is kept in ssacli's cache (``$SSACLI_CACHE``, else ~/.cache/ssacli: ``weights-sha256.json``) under
 the files' names, sizes, modification times and inodes: a file rewritten in place changes at least
-its time, and a load of an unchanged folder reads nothing but that list (0.1 ms). Torch-free.
+its time, and a load of an unchanged folder reads nothing but that list. Torch-free.
 
 The cache is trusted as the kernel cache is (:func:`ssacli.kernels.native_build.open_checked`): a
 digest file someone else could have written (another owner, writable by group or others, a

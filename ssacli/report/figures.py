@@ -46,7 +46,7 @@ def line_figure(probe: ProbeResult):
     ]
     for name, values in probe.extras.items():
         panels.append((name, np.array([np.nan if v is None else v for v in values], dtype=float), None))
-    fig, axes = _grid(len(panels))
+    fig, axes = panel_grid(len(panels))
     levels = np.asarray(probe.levels, dtype=float)
     count = max((p.shape[1] for _, _, p in panels if p is not None), default=0)
     for ax, (name, mean, per_layer) in zip(axes, panels):
@@ -59,7 +59,7 @@ def line_figure(probe: ProbeResult):
             _share_line(ax, probe.levels)
         _y_range(ax, name, mean if per_layer is None else per_layer)
         _level_axis(ax, probe.levels, level_axis_label(probe))
-        _title(ax, name)
+        metric_title(ax, name)
     handles = [axes[0].lines[-1]] if axes else []
     fig.legend(handles, ["model mean (black)"], loc="upper left", fontsize=8, frameon=False)
     if count > 1:
@@ -165,7 +165,7 @@ def compare_figure(pa: ProbeResult, pb: ProbeResult, name_a: str, name_b: str):
         and m in pb.metrics
         and (np.isfinite(pa.metrics[m]).any() or np.isfinite(pb.metrics[m]).any())
     ]
-    fig, axes = _grid(len(metrics))
+    fig, axes = panel_grid(len(metrics))
     for ax, metric in zip(axes, metrics):
         mean_a, mean_b = pa.model_mean(metric), pb.model_mean(metric)
         ax.plot(pa.levels, mean_a, lw=2, marker="o", ms=3, color="#2166ac", label=name_a)
@@ -174,7 +174,7 @@ def compare_figure(pa: ProbeResult, pb: ProbeResult, name_a: str, name_b: str):
             _share_line(ax, [*pa.levels, *pb.levels])
         _y_range(ax, metric, np.concatenate([mean_a, mean_b]))
         _level_axis(ax, sorted({*pa.levels, *pb.levels}), level_axis_label(pa))
-        _title(ax, metric)
+        metric_title(ax, metric)
     handles, labels = axes[0].get_legend_handles_labels() if metrics else ([], [])
     fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
@@ -234,7 +234,7 @@ def overview_figure(result: DiagnoseResult):
     return fig
 
 
-def _grid(count: int):
+def panel_grid(count: int):
     """A row-major grid of small axes, 4 per row; unused cells removed."""
     cols = max(1, min(4, count))
     rows = max(1, math.ceil(count / cols))
@@ -301,7 +301,8 @@ def _share_line(ax, levels) -> None:
     ax.plot([min(levels), max(levels)], [COLLAPSE_SHARE] * 2, color="grey", ls=":", lw=1)
 
 
-def _title(ax, name: str) -> None:
+def metric_title(ax, name: str) -> None:
+    """The metric's name over a panel, with the direction that means saturated."""
     arrow = ARROW[METRICS[name].direction] if name in METRICS else ""
     ax.set_title(f"{name} ({arrow})" if arrow else name, size=9)
 

@@ -1,6 +1,8 @@
-"""The ``generation`` section of a diagnose report (``diagnose --generate N``): per layer, the key
-metrics at the first and the last generated token, the model means over bins of generated positions,
-and (HTML) one figure of the model mean per metric against the cache's key length.
+"""What the ``generation`` section of a diagnose report (``diagnose --generate N``) says: per layer,
+the key metrics at the first and the last generated token, the model means over bins of generated
+positions, and (HTML) one figure of the model mean per metric against the cache's key length. The
+terminal (:func:`ssacli.report.terminal.generation_tables`) and the HTML page
+(:func:`ssacli.report.html.generation_body`) lay these out.
 
 Numbers come from :class:`~ssacli.diagnosis.generation.GenerationResult` only.
 """
@@ -70,9 +72,9 @@ def bin_rows(gen: GenerationResult) -> tuple[list[str], list[list[str]]]:
 
 def generation_figure(gen: GenerationResult):
     """Per shown metric: the model mean (black) and each layer's head mean against the key length."""
-    from .figures import LAYERS, _grid, _title
+    from .figures import LAYERS, metric_title, panel_grid
 
-    fig, axes = _grid(len(BINNED))
+    fig, axes = panel_grid(len(BINNED))
     keys = np.asarray(gen.key_lengths(), dtype=float)
     for ax, name in zip(axes, BINNED):
         per_layer = gen.layer_mean(name)
@@ -82,22 +84,9 @@ def generation_figure(gen: GenerationResult):
         with np.errstate(invalid="ignore"):
             ax.plot(keys, np.nanmean(per_layer, axis=1), lw=2.2, color="black")
         ax.set_xlabel("key length (prompt + generated)", size=8)
-        _title(ax, name)
+        metric_title(ax, name)
     fig.suptitle("generation: metrics per decoding step (black: model mean; lines: layers)", size=9)
     return fig
-
-
-def generation_body(gen: GenerationResult, labels: list[str]) -> list[str]:
-    """The HTML section's fragments: the title line, the figure, the two tables."""
-    from .figures import png_img
-    from .html import escape, html_table
-
-    return [
-        f"<p>{escape(title(gen))}</p>",
-        png_img(generation_figure(gen), "generation: metrics per decoding step"),
-        html_table(*layer_rows(gen, labels)),
-        html_table(*bin_rows(gen)),
-    ]
 
 
 def comparison_rows(comparison: dict) -> tuple[str, list[str], list[list[str]]]:
@@ -117,32 +106,21 @@ def comparison_rows(comparison: dict) -> tuple[str, list[str], list[list[str]]]:
 
 def comparison_figure(ga: GenerationResult, gb: GenerationResult):
     """Per binned metric: the model mean against the key length, A solid and B dashed."""
-    from .figures import _grid, _title
+    from .figures import metric_title, panel_grid
 
-    fig, axes = _grid(len(BINNED))
+    fig, axes = panel_grid(len(BINNED))
     for ax, name in zip(axes, BINNED):
         for gen, style, side in ((ga, "-", "A"), (gb, "--", "B")):
             with np.errstate(invalid="ignore"):
                 mean = np.nanmean(gen.layer_mean(name), axis=1)
             ax.plot(gen.key_lengths(), mean, style, lw=1.8, color="black", label=side)
         ax.set_xlabel("key length (prompt + generated)", size=8)
-        _title(ax, name)
+        metric_title(ax, name)
     axes[0].legend(fontsize=7)
     fig.suptitle("generation: model mean per decoding step (A solid, B dashed)", size=9)
     return fig
 
 
-def generation_tables(gen: GenerationResult, labels: list[str], width: int) -> list:
-    """The terminal's tables (each split to fit ``width``)."""
-    from .terminal import _split_tables
-
-    header, rows = layer_rows(gen, labels)
-    tables = _split_tables(title(gen), header, rows, width, keep=1, left=(0,))
-    header, rows = bin_rows(gen)
-    return tables + _split_tables("generation · model means per generated position", header, rows, width)
-
-
 __all__ = [
-    "bin_rows", "bins", "comparison_figure", "comparison_rows",
-    "generation_body", "generation_figure", "generation_tables", "layer_rows", "title",
+    "bin_rows", "bins", "comparison_figure", "comparison_rows", "generation_figure", "layer_rows", "title",
 ]  # fmt: skip

@@ -19,14 +19,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..diagnosis.comparison import common_levels, comparison_findings, generation_comparison
+from ..diagnosis.generation import GenerationResult
 from ..diagnosis.probe_result import ProbeResult
 from ..diagnosis.result import DiagnoseResult
 from ..diagnosis.shift import shift_lines
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
 from .figures import compare_figure, heatmap_figure, line_figure, overview_figure, png_img
+from .generation import bin_rows, comparison_figure, comparison_rows, generation_figure, layer_rows
+from .generation import title as generation_title
 from .positions import class_grid, position_legend, position_rows, profiles_figure
 from .replaceable import PAGE_HEAD
 from .summary import (
+    SATURATED_METRICS,
+    SATURATED_TITLE,
     collapse_detail,
     comparison_columns,
     delta_verdict,
@@ -36,6 +41,7 @@ from .summary import (
     heatmap_level_text,
     layer_labels,
     probe_table_rows,
+    saturated_rows,
     summary_facts,
     summary_findings,
 )
@@ -150,8 +156,6 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
         body.append(html_table(*probe_table_rows(probe)))
         sections.append(Section(probe.name, body))
     if result.generation is not None:
-        from .generation import generation_body
-
         sections.append(Section("generation (KV cache)", generation_body(result.generation, labels)))
     positions = position_rows(result)
     if positions is not None:  # where attention lands: the terminal's table, class grid and legend
@@ -164,23 +168,10 @@ def diagnose_sections(result: DiagnoseResult) -> list[Section]:
                 html_table(["layer \\ head", *map(str, range(heads))], grid),
                 f'<p class="note">{escape(position_legend(profiles))}</p>']  # fmt: skip
         sections.append(Section(title, body))
-    heads = result.most_saturated(10)
-    if heads:
-        keys = ("probe", "level", "layer", "head", "collapse_rate", "max_weight", "entropy")
-        rows = [
-            [
-                h["probe"],
-                fmt_level(h["level"]),
-                labels[h["layer"]] if h["layer"] < len(labels) else str(h["layer"]),
-                str(h["head"]),
-                fmt(h["collapse_rate"]),
-                fmt(h["max_weight"]),
-                fmt(h["entropy"]),
-            ]
-            for h in heads
-        ]
-        heading = "most saturated heads (at the level where each probe's heads differ most)"
-        sections.append(Section(heading, [html_table(list(keys), rows)]))
+    rows = saturated_rows(result, 10)
+    if rows:
+        header = ["probe", "level", "layer", "head", *SATURATED_METRICS]
+        sections.append(Section(SATURATED_TITLE, [html_table(header, rows)]))
     sections.append(Section(None, [_footer([result])]))
     return sections
 
@@ -228,11 +219,20 @@ def comparison_sections(a: DiagnoseResult, b: DiagnoseResult, *, head_level: int
     return sections
 
 
+def generation_body(gen: GenerationResult, labels: list[str]) -> list[str]:
+    """diagnose --generate (:mod:`ssacli.report.generation`): the title line, the figure, the two
+    tables."""
+    return [
+        f"<p>{escape(generation_title(gen))}</p>",
+        png_img(generation_figure(gen), "generation: metrics per decoding step"),
+        html_table(*layer_rows(gen, labels)),
+        html_table(*bin_rows(gen)),
+    ]
+
+
 def _generation_comparison_body(a: DiagnoseResult, b: DiagnoseResult, comparison: dict) -> list[str]:
     if "only" in comparison:
         return [f'<p class="note">only in {comparison["only"]} (run both with --generate)</p>']
-    from .generation import comparison_figure, comparison_rows
-
     caption, header, rows = comparison_rows(comparison)
     figure = png_img(comparison_figure(a.generation, b.generation), "generation: A vs B")
     return [f"<p>{escape(caption)}</p>", figure, html_table(header, rows)]

@@ -9,12 +9,12 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from ..train.monitor import model_series
+from ..diagnosis.metrics import METRICS
+from ..train.monitor import DEFAULT_METRICS, model_series
 from .figures import REPORT_DPI, png_img
 from .html import Section, html_table
 
 TABLE_METRICS = ("max_weight", "collapse_rate")  # the two that say "saturated" (the figure has all)
-SHORT = {"entropy": "ent", "max_weight": "maxw", "collapse_rate": "coll", "sink_rate": "sinkr"}
 
 
 def monitor_of(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -28,7 +28,7 @@ def monitor_columns(history: list[dict[str, Any]]) -> tuple[list[str], list[list
     keys = [k for k in sorted(series, key=lambda k: (TABLE_METRICS.index(k[0]) if k[0] in TABLE_METRICS
             else 99, k[1], k[2])) if k[0] in TABLE_METRICS]  # fmt: skip
     steps = sorted({step for values in series.values() for step, _ in values})
-    header = ["step"] + [f"{SHORT[m]}\n{probe}:{level:g}" for m, probe, level in keys]
+    header = ["step"] + [f"{METRICS[m].short}\n{probe}:{level:g}" for m, probe, level in keys]
     lookup = {k: dict(series[k]) for k in keys}
     rows = [[str(step)] + [_fmt(lookup[k].get(step)) for k in keys] for step in steps]
     return header, rows
@@ -59,7 +59,8 @@ def monitor_figure(history: list[dict[str, Any]]):
     from .figures import plain_y
 
     series = model_series(history)
-    metrics = sorted({m for m, _, _ in series}, key=lambda m: list(SHORT).index(m) if m in SHORT else 99)
+    order = list(DEFAULT_METRICS)  # the monitor's own order; a metric asked for besides, after them
+    metrics = sorted({m for m, _, _ in series}, key=lambda m: order.index(m) if m in order else 99)
     fig = Figure(figsize=(2.9 * max(len(metrics), 1) + 0.6, 2.9))
     axes = fig.subplots(1, max(len(metrics), 1), squeeze=False)[0]
     for ax, metric in zip(axes, metrics):

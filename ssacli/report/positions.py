@@ -144,25 +144,6 @@ def profiles_figure(profiles: PositionProfiles):
     return fig
 
 
-def render_positions(result: DiagnoseResult, console) -> None:
-    """The terminal's section: the per-layer table (split to fit), the class grid and the legend."""
-    from rich.text import Text
-
-    from .terminal import _split_tables, grid_tables  # terminal imports this module
-
-    found = position_rows(result)
-    if found is None:
-        return
-    title, header, rows = found
-    for table in _split_tables(title, header, rows, console.width, keep=1, left=(0, 1, 6)):
-        console.print(table)
-    profiles = result.position_profiles()
-    grid = class_grid(profiles)
-    for table in grid_tables(result, grid, None, console.width, text=True, title="head classes"):
-        console.print(table)
-    console.print(Text(position_legend(profiles), style="dim"))
-
-
 __all__ = [
-    "CLASS_LETTERS", "class_grid", "position_legend", "position_rows", "profiles_figure", "render_positions",
+    "CLASS_LETTERS", "class_grid", "position_legend", "position_rows", "profiles_figure",
 ]  # fmt: skip

@@ -41,10 +41,6 @@ def fmt_delta(value: Any) -> str:
     return text if text.startswith("-") else "+" + text
 
 
-def fmt_collapse(point: float | None) -> str:
-    return "none" if point is None else fmt_level(point)
-
-
 def describe(value: Any, limit: int = 100) -> str:
     """One line for a settings value of any shape (inputs can be a list of texts or a count)."""
     if isinstance(value, dict):
@@ -131,6 +127,22 @@ def probe_table_rows(probe: ProbeResult) -> tuple[list[str], list[list[str]]]:
         row += [fmt(probe.extras[k][i] if i < len(probe.extras[k]) else None) for k in extras]
         rows.append(row)
     return header, rows
+
+
+SATURATED_TITLE = "most saturated heads (at the level where each probe's heads differ most)"
+SATURATED_METRICS = ("collapse_rate", "max_weight", "entropy")  # its columns after probe, level, layer, head
+
+
+def saturated_rows(result: DiagnoseResult, count: int) -> list[list[str]]:
+    """The ``count`` most saturated heads (:meth:`~ssacli.diagnosis.result.DiagnoseResult.most_saturated`)
+    as table rows: probe, level, layer label, head, then :data:`SATURATED_METRICS`."""
+    labels = layer_labels(result.layers)
+    rows = []
+    for h in result.most_saturated(count):
+        layer = labels[h["layer"]] if h["layer"] < len(labels) else str(h["layer"])
+        values = [fmt(h[m]) for m in SATURATED_METRICS]
+        rows.append([h["probe"], fmt_level(h["level"]), layer, str(h["head"]), *values])
+    return rows
 
 
 def column_header(name: str) -> str:

@@ -1,33 +1,37 @@
 """Rich terminal rendering of a diagnose result, and of two results side by side.
 
-What the tables and legends say comes from :mod:`ssacli.report.summary` (shared with the HTML
-page, so both always say the same thing); this module lays it out for a terminal of any width:
-tables split into column groups that fit, never truncating a cell. Every colored cell also prints
-its value: with NO_COLOR (or a dumb terminal) the numbers still carry the information.
+What the tables and legends say comes from :mod:`ssacli.report.summary`,
+:mod:`ssacli.report.positions` and :mod:`ssacli.report.generation` (shared with the HTML page, so
+both always say the same thing); this module lays it out for a terminal of any width with
+:mod:`ssacli.report.terminal_layout`: tables split into column groups that fit, never truncating a
+cell. Every colored cell also prints its value: with NO_COLOR (or a dumb terminal) the numbers still
+carry the information.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.panel import Panel
-from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
 from ..defaults import FINDINGS, HEATMAP
 from ..diagnosis.comparison import common_levels, comparison_findings, generation_comparison
 from ..diagnosis.findings import level_text
+from ..diagnosis.generation import GenerationResult
 from ..diagnosis.metrics import METRICS
 from ..diagnosis.probe_result import ProbeResult
 from ..diagnosis.result import DiagnoseResult
 from ..diagnosis.shift import shift_lines
 from ..diagnosis.verdicts import Verdict, paired_verdicts, probe_verdicts
-from .positions import render_positions
+from .generation import bin_rows, comparison_rows, layer_rows
+from .generation import title as generation_title
+from .positions import class_grid, position_legend, position_rows
 from .summary import (
+    SATURATED_METRICS,
+    SATURATED_TITLE,
     collapse_cell,
     collapse_detail,
     collapse_grid_legend,
@@ -35,7 +39,6 @@ from .summary import (
     column_header,
     comparison_columns,
     delta_verdict,
-    fmt,
     fmt_level,
     heatmap_index,
     heatmap_legend,
@@ -43,40 +46,11 @@ from .summary import (
     layers_by_heads,
     pick_heatmap,
     probe_table_rows,
-    saturation,
-    saturation_scale,
+    saturated_rows,
     summary_facts,
     summary_findings,
 )
-
-# Yellow -> orange -> dark red (ColorBrewer YlOrRd): light is calm, dark is saturated.
-PALETTE = ((255, 255, 204), (255, 237, 160), (254, 217, 118), (254, 178, 76), (253, 141, 60), (252, 78, 42),
-           (227, 26, 28), (189, 0, 38), (128, 0, 38))  # fmt: skip
-
-
-# ---- layout -----------------------------------------------------------------------------------------
-
-
-def split_columns(widths: list[int], width: int, keep: int = 1, group: int = 1) -> list[list[int]]:
-    """Column indices per table so that each fits ``width`` characters: the first ``keep`` columns
-    (the row labels) repeat in every table; the others go in groups of ``group`` (A, B, Δ of one
-    metric stay together). Every cell keeps its full text: tables split, they never truncate."""
-    head = list(range(keep))
-    base = sum(widths[:keep])
-    tables, current, used = [], [], base
-    rest = list(range(keep, len(widths)))
-    for start in range(0, len(rest), group):
-        chunk = rest[start : start + group]
-        need = sum(widths[i] for i in chunk)
-        if current and used + need > width:
-            tables.append(head + current)
-            current, used = [], base
-        current += chunk
-        used += need
-    if current or not tables:
-        tables.append(head + current)
-    return tables
-
+from .terminal_layout import grid_tables, split_tables
 
 # ---- terminal rendering ---------------------------------------------------------------------------
 
@@ -145,14 +119,38 @@ def render_diagnose(
         console.print(Text(heatmap_legend(chosen, heatmap_metric, index), style="dim"))
     render_positions(result, console)  # where attention lands (sinks, distance, head classes)
     if result.generation is not None:
-        from .generation import generation_tables
-
         for table in generation_tables(result.generation, layer_labels(result.layers), console.width):
             console.print(table)
-    heads = result.most_saturated(top)
-    if heads:
-        for table in _saturated_tables(result, heads, console.width):
+    rows = saturated_rows(result, top)
+    if rows:
+        header = ["probe", "level", "layer", "head", *(METRICS[m].header for m in SATURATED_METRICS)]
+        for table in split_tables(SATURATED_TITLE, header, rows, console.width, keep=1, left=(0, 2)):
             console.print(table)
+
+
+def render_positions(result: DiagnoseResult, console: Console) -> None:
+    """Where attention lands (:mod:`ssacli.report.positions`): the per-layer table (split to fit),
+    the class grid and the legend; nothing where the run did not measure it."""
+    found = position_rows(result)
+    if found is None:
+        return
+    title, header, rows = found
+    for table in split_tables(title, header, rows, console.width, keep=1, left=(0, 1, 6)):
+        console.print(table)
+    profiles = result.position_profiles()
+    grid = class_grid(profiles)
+    for table in grid_tables(result, grid, None, console.width, text=True, title="head classes"):
+        console.print(table)
+    console.print(Text(position_legend(profiles), style="dim"))
+
+
+def generation_tables(gen: GenerationResult, labels: list[str], width: int) -> list[Table]:
+    """diagnose --generate (:mod:`ssacli.report.generation`): per layer the first and last step,
+    then the model means per bin of generated positions, each split to fit ``width``."""
+    header, rows = layer_rows(gen, labels)
+    tables = split_tables(generation_title(gen), header, rows, width, keep=1, left=(0,))
+    header, rows = bin_rows(gen)
+    return tables + split_tables("generation · model means per generated position", header, rows, width)
 
 
 # The verdict's tones (Verdict.tone): failed (red), could not test (yellow), held (green), no
@@ -252,10 +250,8 @@ def render_generation_comparison(comparison: dict | None, console: Console) -> N
         only = f"generation: only in {comparison['only']} (run both with --generate)"
         console.print(Text(only, style="dim"))
         return
-    from .generation import comparison_rows
-
     caption, header, rows = comparison_rows(comparison)
-    for table in _split_tables(caption, header, rows, console.width, keep=1, left=(0,)):
+    for table in split_tables(caption, header, rows, console.width, keep=1, left=(0,)):
         console.print(table)
 
 
@@ -277,7 +273,7 @@ def comparison_tables(pa: ProbeResult, pb: ProbeResult, width: int) -> list[Tabl
             cells += [_fixed(va), _fixed(vb), _delta_text(m, vb - va)]
         rows.append(cells)
     continued = f"{pa.name} · A, B, Δ (continued)"
-    return _split_tables(title, header, rows, width, keep=1, group=3, continued=continued)
+    return split_tables(title, header, rows, width, keep=1, group=3, continued=continued)
 
 
 def comparison_legend(pa: ProbeResult, pb: ProbeResult) -> str | None:
@@ -297,56 +293,6 @@ def heatmap_tables(
     return grid_tables(result, probe.metrics[metric][index], metric, width, title=title)
 
 
-def grid_tables(
-    result: DiagnoseResult, grid, metric: str | None, width: int, text: bool = False, title: str | None = None
-) -> list[Table]:
-    """A layer × head grid (numbers colored by ``metric``, or ready-made strings when ``text``),
-    titled ``title`` (every part of a split grid: "…, heads 8–15")."""
-    if text:
-        texts = [list(row) for row in grid]
-        lo = hi = 0.0
-    else:
-        lo, hi = saturation_scale(metric, grid)
-        texts = [[heat_cell(v) for v in row] for row in grid]
-    cell = max((len(t) for row in texts for t in row), default=3) + 1
-    n_layers, n_heads = len(texts), max((len(r) for r in texts), default=0)
-    labels = layer_labels(result.layers)[:n_layers]
-    labels += [str(i) for i in range(len(labels), n_layers)]
-    label_width = max(len(s) for s in labels) + 1
-    per_table = max(1, (width - label_width - 2) // cell)
-    tables = []
-    for start in range(0, n_heads, per_table):
-        heads = range(start, min(start + per_table, n_heads))
-        part = title
-        if title is not None and n_heads > per_table:
-            part = f"{title}, heads {heads[0]}–{heads[-1]}"
-        table = Table(title=part, title_justify="left", box=None, padding=0, pad_edge=False, show_edge=False)
-        table.add_column("layer\\head", no_wrap=True, min_width=label_width)
-        for head in heads:
-            table.add_column(str(head), justify="right", width=cell, no_wrap=True)
-        _room_for_title(table, part, label_width + cell * len(heads), width)
-        for layer, label in enumerate(labels):
-            row: list[Text] = [Text(label + " ")]
-            for head in heads:
-                style = Style() if text else _heat_style(metric, grid[layer, head], lo, hi)
-                row.append(Text(texts[layer][head].rjust(cell), style=style))
-            table.add_row(*row)
-        tables.append(table)
-    return tables
-
-
-def heat_cell(value: float) -> str:
-    """Shortest readable value for a heatmap cell: ".93" below 1, "2.5" below 10, else 3 digits."""
-    value = float(value)
-    if not math.isfinite(value):
-        return "·"
-    if 0 <= value < 0.995:
-        return f"{value:.2f}"[1:]
-    if 0 <= value < 9.95:
-        return f"{value:.1f}"
-    return f"{value:.3g}" if value > 0 else f"{value:.2g}"
-
-
 # ---- private helpers ------------------------------------------------------------------------------
 
 
@@ -356,67 +302,7 @@ def _probe_tables(probe: ProbeResult, width: int) -> list[Table]:
     if probe.note:
         title += f" · {probe.note}"
     names = [column_header(n) for n in header]
-    return _split_tables(title, names, rows, width, keep=1)
-
-
-def _split_tables(
-    title: str, header: list[str], rows: list[list], width: int, keep: int = 1, group: int = 1,
-    left: tuple[int, ...] = (), continued: str | None = None,
-) -> list[Table]:  # fmt: skip
-    """Plain tables of the given cells that each fit ``width`` (one space between columns)."""
-    widths = [
-        max(max((len(line) for line in str(h).split("\n")), default=0),
-            max((len(c.plain if isinstance(c, Text) else str(c)) for c in col), default=0)) + 1
-        for h, col in zip(header, zip(*rows) if rows else [()] * len(header))
-    ]  # fmt: skip
-    tables = []
-    # Every part is titled: the continuation of a split table by the title's first two parts.
-    continued = continued or " · ".join(title.split(" · ")[:2]) + " (continued)"
-    # SIMPLE_HEAD draws a space between columns (counted in each width) and one at each edge.
-    for part, columns in enumerate(split_columns(widths, width - 3, keep, group)):
-        name = title if part == 0 else continued
-        table = Table(
-            title=name, title_justify="left", box=box.SIMPLE_HEAD,
-            padding=0, pad_edge=False, collapse_padding=True,
-        )  # fmt: skip
-        for i in columns:
-            table.add_column(header[i], justify="left" if i in left else "right", no_wrap=True)
-        _room_for_title(table, name, sum(widths[i] for i in columns) + 2, width)
-        for row in rows:
-            table.add_row(*(row[i] for i in columns))
-        tables.append(table)
-    return tables
-
-
-def _room_for_title(table: Table, title: str | None, natural: int, width: int) -> None:
-    """An empty last column that makes a narrow table (``natural`` characters) as wide as its
-    title, up to the terminal's ``width``: rich wraps a title at the table's edge, and widening the
-    table itself would spread its columns apart."""
-    if title is not None and len(title) > natural:
-        table.add_column("", width=min(len(title), width) - natural, no_wrap=True)
-
-
-def _saturated_tables(result: DiagnoseResult, heads: list[dict[str, Any]], width: int) -> list[Table]:
-    labels = layer_labels(result.layers)
-    header = ["probe", "level", "layer", "head", "collapse", "max w", "entropy"]
-    rows = []
-    for h in heads:
-        layer = labels[h["layer"]] if h["layer"] < len(labels) else str(h["layer"])
-        values = (fmt(h["collapse_rate"]), fmt(h["max_weight"]), fmt(h["entropy"]))
-        rows.append([h["probe"], fmt_level(h["level"]), layer, str(h["head"]), *values])
-    title = "most saturated heads (at the level where each probe's heads differ most)"
-    return _split_tables(title, header, rows, width, keep=1, left=(0, 2))
-
-
-def _heat_style(metric: str, value: float, lo: float, hi: float) -> Style:
-    if not math.isfinite(float(value)):
-        return Style(dim=True)
-    t = saturation(metric, float(value), lo, hi)
-    pos = t * (len(PALETTE) - 1)
-    i = min(int(pos), len(PALETTE) - 2)
-    frac = pos - i
-    rgb = tuple(round(c0 + (c1 - c0) * frac) for c0, c1 in zip(PALETTE[i], PALETTE[i + 1]))
-    return Style(bgcolor=f"rgb({rgb[0]},{rgb[1]},{rgb[2]})", color="white" if t > 0.6 else "black")
+    return split_tables(title, names, rows, width, keep=1)
 
 
 def _fixed(value: float) -> str:

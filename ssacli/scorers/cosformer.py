@@ -13,7 +13,7 @@ import math
 import torch
 
 from .base import AttentionInputs, Scorer
-from .registry import register_scorer
+from .registration import register_scorer
 
 # The paper's ε: a row whose features are all zero gets zero weights instead of 0/0.
 ROW_SUM_FLOOR = 1e-6

@@ -21,7 +21,7 @@ from .base import (
     visible_count,
     visible_max,
 )
-from .registry import register_scorer
+from .registration import register_scorer
 from .specs import FAITHFUL_M, ssa_start  # noqa: F401 (FAITHFUL_M: m=auto's placeholder, below)
 
 

@@ -15,7 +15,7 @@ import torch
 from entmax import entmax15, entmax_bisect, sparsemax
 
 from .base import Scorer, visible_max
-from .registry import register_scorer
+from .registration import register_scorer
 
 
 def _park_masked(x: torch.Tensor, visible: torch.Tensor, gap: torch.Tensor | float) -> torch.Tensor:

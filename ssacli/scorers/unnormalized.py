@@ -15,7 +15,7 @@ from .base import (
     visible_max,
     visible_min,
 )
-from .registry import register_scorer
+from .registration import register_scorer
 
 
 @register_scorer

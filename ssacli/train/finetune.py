@@ -4,8 +4,8 @@ This module is the run: :func:`finetune` and its checkpoints; its settings, :cla
 (importable from here too), are :mod:`ssacli.train.finetune_config`'s. The steps
 are :class:`ssacli.train.loop.StepLoop`'s (ICL training's too): a non-finite loss or gradient stops
 with JobFailedError (exit 5) before the bad update, SIGINT/SIGTERM with a checkpoint and
-InterruptedJobError (exit 130). What the run sets up around the loop (the process group, n
-annealing) is in :mod:`ssacli.train.runtime`.
+InterruptedJobError (exit 130). What the run sets up around the loop (the process group, the
+signals) is in :mod:`ssacli.train.runtime`.
 
 * AdamW over :func:`ssacli.models.optim.make_optimizer`'s groups: weight decay on matrices only
   (decaying a bias or a norm pulls it to an arbitrary value, not to "simpler"), and the scorer's
@@ -18,7 +18,7 @@ annealing) is in :mod:`ssacli.train.runtime`.
   bit-identical); ``train="all"`` everything trainable.
 * ``anneal_n=T`` (SSA only) moves n linearly from its start value to T over the run and, unless b
   is learned, keeps b = 1/n (the ``init=faithful`` relation). n is then set, not learned
-  (:class:`~ssacli.train.runtime.AnnealN`).
+  (:class:`~ssacli.train.annealing.NAnnealing`, linear).
 * Randomness: every step draws its batch and its dropout masks from seeds derived from
   (seed, rank, step), inside a forked RNG. So a checkpoint needs no generator state to resume
   exactly, ranks of a distributed run draw different data, and the caller's RNG is left alone.
@@ -65,12 +65,13 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_with, resolve_device
 from ..models.optim import learned_names, learned_scorer, legacy_order, make_optimizer
 from ..models.options import LoadOptions
+from .annealing import anneal_n
 from .data import make_objective, seeded_rng, step_seeds
 from .finetune_config import FinetuneConfig, check_resumable
 from .folders import plan_output, training_folder
 from .loop import StepLoop
 from .monitor import SaturationMonitor
-from .runtime import AnnealN, Distributed, StopSignals
+from .runtime import Distributed, StopSignals
 from .trajectory import Trajectory, write_trajectory
 
 CLIP_NORM = 1.0
@@ -142,7 +143,7 @@ class _Run:
         drop = ("format", "format_version", "scorer", "training")
         self.carry = {k: v for k, v in (existing or {}).items() if k not in drop} | (meta or {})
         target = config.anneal_n
-        self.anneal = AnnealN(loaded.attention_root, target, config.steps) if target is not None else None
+        self.anneal = anneal_n(loaded.attention_root, target) if target is not None else None
         self.flags = {p: p.requires_grad for p in self.model.parameters()}  # restored at the end
         self.trajectory: list[dict[str, Any]] = []  # one record per held-out evaluation
         self.tracker: Trajectory | None = None
@@ -211,7 +212,7 @@ class _Run:
             self.tracker = Trajectory.start(self.loaded, self.objective, self.carry.get("source"), self.dev)
         if not resumed:
             if self.anneal is not None:
-                self.anneal.apply(0)
+                self.anneal.apply(0.0)
             state["heldout"] = self._heldout(0, None, 0.0)
         net = self.model
         if ddp.world > 1:
@@ -254,7 +255,7 @@ class _Run:
 
         def after(done: int, value: float) -> None:
             if self.anneal is not None:
-                self.anneal.apply(done)
+                self.anneal.apply(done / config.steps)
             session["tokens"] += per_step
             state["tokens"] += per_step
             if self.monitor is not None:  # every rank, at the same steps (all or none run the probe)

@@ -54,6 +54,7 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded, local_model_path
 from ..models.optim import make_optimizer, scorer_values
 from ..models.options import LoadOptions
+from .annealing import NAnnealing
 from .data import make_objective, seeded_rng, step_seeds
 from .finetune import CLIP_NORM
 from .finetune_config import FinetuneConfig
@@ -67,7 +68,7 @@ from .recipe_checkpoint import (
 )
 from .recipe_config import RECIPE_START, STAGE_DIR, STAGES, OnStep, RecipeConfig, recipe_trajectory
 from .recipe_eval import HeldOut, HeldOutMeasure, final_measures
-from .recipe_scorers import NAnnealing, ssa_scorers, train_n_and_b
+from .recipe_scorers import ssa_scorers, train_n_and_b
 from .runtime import StopSignals
 
 
@@ -164,7 +165,9 @@ class _Recipe:
         self.model: nn.Module = loaded.model
         self.device = next(self.model.parameters()).device
         self.scorers = ssa_scorers(loaded.attention_root)  # a softmax control has none
-        self.anneal = NAnnealing(self.scorers, config.target_n, config.b).apply
+        # n geometrically from each layer's faithful m; b tied to 1/n, or learned from b·n kept
+        b = "tied" if config.b == "tied" else "rescaled"
+        self.anneal = NAnnealing(self.scorers, config.target_n, schedule="geometric", b=b).apply
         self.evaluations: list[dict[str, Any]] = []
         self.history: dict[str, list] = {}  # per stage: [step, train loss, lr] rows
         self.stage_seconds: dict[str, float] = {}

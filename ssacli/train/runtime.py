@@ -5,7 +5,6 @@
   uses: a decision made on rank 0 and shared, a sum over ranks, a barrier.
 * :class:`StopSignals`: SIGINT/SIGTERM set a flag the loop checks after each step, so an interrupt
   ends in a checkpoint; a second Ctrl-C stops at once.
-* :class:`AnnealN`: ``--anneal-n`` (SSA only), n set by the step rather than learned.
 """
 
 from __future__ import annotations
@@ -20,11 +19,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from ..attention.interface import scorers_of
-from ..errors import SsacliError, UsageError
-from ..scorers.base import positive_raw
+from ..errors import SsacliError
 
 
 @dataclass
@@ -109,36 +105,4 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
-class AnnealN:
-    """n from its start value to ``target``, linearly in the step over ``steps``; b = 1/n unless b
-    is learned."""
-
-    def __init__(self, root: nn.Module, target: float, steps: int) -> None:
-        self.scorers = list(scorers_of(root).values())
-        if not self.scorers or any(s.name != "ssa" for s in self.scorers):
-            names = sorted({s.name for s in self.scorers}) or ["none"]
-            raise UsageError(
-                f"--anneal-n applies to SSA scorers only; this model's scorer is {', '.join(names)}"
-            )
-        self.target, self.steps = float(target), steps
-        self.n0 = [s.n.detach().double().cpu() for s in self.scorers]
-
-    def freeze(self) -> None:
-        for scorer in self.scorers:
-            scorer.n_raw.requires_grad_(False)  # set every step, never learned while annealing
-
-    @torch.no_grad()
-    def apply(self, step: int) -> None:
-        for scorer, n0 in zip(self.scorers, self.n0):
-            n = torch.lerp(n0, torch.full_like(n0, self.target), min(step / self.steps, 1.0))  # exact at 1
-            scorer.n_raw.copy_(_raw(n))
-            if "b" not in scorer.learn:
-                scorer.b_raw.copy_(_raw(1.0 / n))
-
-
-def _raw(values: torch.Tensor) -> torch.Tensor:
-    """The raw parameter that the SSA scorer's softplus parametrization maps to ``values``."""
-    return torch.tensor([positive_raw(float(v), "ssa", "n") for v in values], dtype=torch.float32)
-
-
-__all__ = ["AnnealN", "Distributed", "StopSignals"]
+__all__ = ["Distributed", "StopSignals"]

@@ -25,7 +25,8 @@ from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.errors import UsageError
 from ssacli.report.html import Section, comparison_html, diagnose_html, page
 from ssacli.report.summary import pick_heatmap
-from ssacli.report.terminal import heat_cell, render_comparison, render_diagnose
+from ssacli.report.terminal import render_comparison, render_diagnose
+from ssacli.report.terminal_layout import heat_cell
 from tests.helpers.report_fixtures import (
     NAN,
     SKIP_NOTE,

@@ -12,7 +12,17 @@ import sys
 import pytest
 
 from ssacli.errors import SpecError
-from ssacli.scorers import DECLARATIONS, SCORERS, Scorer, Traits, make_scorer, parse_spec, registry, specs
+from ssacli.scorers import (
+    DECLARATIONS,
+    SCORERS,
+    Scorer,
+    Traits,
+    make_scorer,
+    parse_spec,
+    registration,
+    registry,
+    specs,
+)
 from tests.scorers.test_scorers import BAD_SPECS
 
 # value rules beyond each option's type (the rules the classes applied in __init__ before)
@@ -87,9 +97,9 @@ def test_specs_are_checked_without_torch():
 
 def test_a_scorer_from_outside_the_table_declares_itself_by_its_class_attributes(monkeypatch):
     table, classes = dict(DECLARATIONS), dict(SCORERS)
-    for module in (specs, registry):
+    for module in (specs, registration):  # the modules whose functions read these names
         monkeypatch.setattr(module, "DECLARATIONS", table)
-    monkeypatch.setattr(registry, "SCORERS", classes)
+    monkeypatch.setattr(registration, "SCORERS", classes)
 
     class Halved(Scorer):
         name = "halved"
