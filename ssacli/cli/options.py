@@ -25,6 +25,7 @@ from .. import defaults as D
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
 from ..preflight import DATA_FORMS, DEVICE_MAPS, check_model_reference, fetch_model_reference
+from ..setting import setting
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
@@ -90,15 +91,42 @@ def findings_budget(text: str | None) -> int | None:
 
 # ---- output -------------------------------------------------------------------------------------
 
-QuietOutput = Annotated[
-    bool, typer.Option("--quiet", "-q", help="Print nothing but errors and written files.")
-]
+QUIET_OUTPUT_HELP = "Print nothing but errors and written files."
+QuietOutput = Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_OUTPUT_HELP)]
 QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or step log.")]
 FIGURES_HELP = "Write the report's figures as {} files into DIR (replacing only ssacli's own)."
 PngDir = Annotated[Path, typer.Option("--png", metavar="DIR", help=FIGURES_HELP.format("PNG"))]
 SvgDir = Annotated[Path, typer.Option("--svg", metavar="DIR", help=FIGURES_HELP.format("SVG"))]
 OVERWRITE_FILES_HELP = "Replace output files (--json, --html, …) even where ssacli did not write them."
 OverwriteFiles = Annotated[bool, typer.Option("--overwrite", help=OVERWRITE_FILES_HELP)]
+
+
+# the same options as fields of a command's own options dataclass (ssacli/cli/declared.py)
+def quiet_output() -> Any:
+    """--quiet / -q of a command that reports (diagnose, attribute, render, report)."""
+    return setting(False, QUIET_OUTPUT_HELP, flags=("--quiet", "-q"))
+
+
+def overwrite_files() -> Any:
+    """--overwrite of a command that writes output files."""
+    return setting(False, OVERWRITE_FILES_HELP, flags=("--overwrite",))
+
+
+def figure_folder(kind: str) -> Any:
+    """--png DIR or --svg DIR (``kind``): the report's figures as files."""
+    return setting(None, FIGURES_HELP.format(kind), flags=(f"--{kind.lower()}",), type=Path, metavar="DIR")
+
+
+def findings_shown() -> Any:
+    """--findings all|N (diagnose, render): how many findings the terminal lists."""
+    return setting(None, FINDINGS_HELP, flags=("--findings",), type=str, metavar="all|N")
+
+
+def output_file(option: str, help: str) -> Any:  # noqa: A002
+    """An output file option (``--json``, ``--html``, …; None: not written)."""
+    return setting(None, help, flags=(option,), type=Path)
+
+
 RUN_JSON_HELP = "Write the folder's record (its ssacli.json: fidelity, training) as JSON; - for stdout."
 RunJson = Annotated[Path, typer.Option("--json", help=RUN_JSON_HELP)]  # convert, finetune, train, icl train
 

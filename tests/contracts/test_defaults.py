@@ -6,6 +6,7 @@ given. The first check is scripts/architecture_metrics.py's own measure, run on 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import inspect
 from pathlib import Path
@@ -60,13 +61,18 @@ def signature(function) -> dict:
     return {n: p.default for n, p in inspect.signature(function).parameters.items()}
 
 
+def field_defaults(*classes) -> dict:
+    """The defaults of settings values' fields: a keyword wrapper's, where it takes them as **settings."""
+    return {f.name: f.default for cls in reversed(classes) for f in dataclasses.fields(cls)}
+
+
 def test_the_cli_defaults_are_the_apis():
     from ssacli.icl.sweep import ScorerEntry, SweepPlan
     from ssacli.icl.train import TrainConfig
     from ssacli.train.finetune import FinetuneConfig
 
     cases = [
-        (command("diagnose"), signature(ssacli.diagnose),
+        (command("diagnose"), field_defaults(ssacli.DiagnoseSettings, ssacli.LoadOptions),
          ("samples", "batch_size", "seed", "tau", "top_k", "block_size", "stats", "device", "dtype")),
         (command("report"), signature(ssacli.compare_models),
          ("seed", "samples", "seq_len", "max_tokens", "batch_size", "icl_length", "prompts", "device",
