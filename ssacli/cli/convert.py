@@ -53,7 +53,6 @@ from .options import (
     given,
     load_options,
 )
-from .outputs import write_run_json
 from .recipe import (
     Control,
     DistillSteps,
@@ -68,7 +67,7 @@ from .recipe import (
     run_recipe,
     wants_recipe,
 )
-from .training import is_rank0, print_trained, training_display
+from .training import is_rank0, print_trained, training_display, write_run_json
 
 
 def convert_command(

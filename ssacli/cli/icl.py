@@ -23,7 +23,8 @@ from .options import (
     floats,
     progress,
 )
-from .outputs import is_stdout, write_output, write_run_json
+from .outputs import is_stdout, write_output
+from .training import write_run_json
 
 
 def icl_train(

@@ -17,8 +17,7 @@ from .. import defaults as D
 from ..files import check_writable_folder
 from ..preflight import MIN_VOCAB
 from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device, RunJson, check_inputs, check_outputs
-from .outputs import write_run_json
-from .training import print_trained, training_display
+from .training import print_trained, training_display, write_run_json
 
 
 def train_command(
