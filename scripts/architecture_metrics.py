@@ -117,9 +117,17 @@ def main() -> None:
 ROW_DERIVATION = re.compile(r"^def (\w*row_sums)\(", re.M)
 ROW_PRODUCER_C = re.compile(r"^static [^;{]*\brow\(", re.M | re.S)
 # What the CLI may import (issue 41): the public API (ssacli/__init__.py, and ssacli.preflight, the
-# checks it runs before the model stack loads), the shared owners of errors and defaults, and
-# ssacli.files, the one definition of how an output file is written (atomically; exit 4 when it cannot)
-SHARED_OWNERS = {"ssacli", "ssacli.preflight", "ssacli.errors", "ssacli.defaults", "ssacli.files"}
+# checks it runs before the model stack loads), the shared owners of errors and defaults,
+# ssacli.files, the one definition of how an output file is written (atomically; exit 4 when it cannot),
+# and ssacli.setting, how a settings field declares the option the CLI builds from it (issue 53)
+SHARED_OWNERS = {
+    "ssacli",
+    "ssacli.preflight",
+    "ssacli.errors",
+    "ssacli.defaults",
+    "ssacli.files",
+    "ssacli.setting",
+}
 PARAMETER_LIMIT = 12
 # A keyword wrapper of ssacli.__all__ is exempt from the limit only while it is thin: it builds the
 # settings objects and calls the function that takes them, in at most this many lines (docstring aside)
