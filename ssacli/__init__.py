@@ -108,10 +108,10 @@ _LAZY = {
     "attribution_html": "report.attribution_html",
     "load_model": "models.loading",
     "load": "models.loading",
-    "convert": "conversion",
-    "convert_with": "conversion",
+    "convert": "conversion.run",
+    "convert_with": "conversion.run",
     "ConvertSettings": "conversion.settings",
-    "save_model": "conversion",
+    "save_model": "conversion.run",
     "DiagnoseResult": "diagnosis.result",
     "ProbeResult": "diagnosis.result",
     "compare_results": "diagnosis.comparison",
@@ -176,7 +176,7 @@ if TYPE_CHECKING:
     from .check.config import write_check_config
     from .check.requirements import CheckReport, parse_requirement, run_check
     from .check.settings import CheckSettings, check_settings
-    from .conversion import convert, convert_with, save_model
+    from .conversion.run import convert, convert_with, save_model
     from .conversion.settings import ConvertSettings
     from .diagnosis.attribution import attribute, attribute_with
     from .diagnosis.attribution_result import Attribution, AttributionSettings

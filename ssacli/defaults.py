@@ -43,6 +43,9 @@ LM_MAX_TOKENS = 16384  # LM loss reads at most this many tokens of a text
 PAIRS_LIMIT = 200  # minimal pairs per file: its first N
 ICL_SIGMAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # σ of the ICL inputs measured (report, icl eval)
 ICL_OUTLIERS = ((10.0, 3), (100.0, 3), (1000.0, 3))  # planted outliers (value, position)
+# the same two as the options (report, icl eval) take and show them: comma-separated
+ICL_SIGMAS_TEXT = ",".join(f"{s:g}" for s in ICL_SIGMAS)
+ICL_OUTLIERS_TEXT = ",".join(f"{value:g}@{position}" for value, position in ICL_OUTLIERS)
 ICL_PROMPTS = 500  # ICL prompts per evaluated cell (report, icl eval, icl sweep)
 ICL_COEF_SIGMA = 1.0  # the linear task: σ of its coefficients a, b
 

@@ -100,14 +100,14 @@ def _parameter(declared: Field, change: Mapping[str, Any]) -> inspect.Parameter:
     """The Typer option of one settings field: its default, help and spelling, with ``change``."""
     spelled = {**declared.metadata[CLI], "help": declared.metadata[HELP], **change}
     default = spelled.pop("default", declared.default)
+    kind = spelled.pop("type", None) or (None if default in (None, MISSING) else type(default))
+    if kind is None:
+        raise TypeError(f"option field {declared.name} has no default to read its type from: setting(type=…)")
     if default is MISSING:
-        default = ...  # required
-    kind = spelled.pop("type", None) or type(default)
+        default = ...  # Typer's "required"
     flags = spelled.pop("flags", ())
     if kind is bool and not flags:  # --name alone, not Typer's --name/--no-name pair
         flags = ("--" + declared.name.replace("_", "-"),)
-    if kind is type(None):
-        raise TypeError(f"option field {declared.name} defaults to None: give its type (setting(type=…))")
     return inspect.Parameter(
         declared.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, *flags, **spelled),
         annotation=kind,

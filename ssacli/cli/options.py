@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -64,9 +65,7 @@ MaxMemory = Annotated[list[str], typer.Option("--max-memory", help=MAX_MEMORY_HE
 STRICT_HELP = "Refuse a family the all-family audit did not cover (docs/models.md)."
 Strict = Annotated[bool, typer.Option("--strict", help=STRICT_HELP)]
 
-# ICL evaluation's grid as the options take it (report, icl eval): comma-separated
-ICL_SIGMAS_TEXT = ",".join(f"{s:g}" for s in D.ICL_SIGMAS)
-ICL_OUTLIERS_TEXT = ",".join(f"{value:g}@{position}" for value, position in D.ICL_OUTLIERS)
+ICL_SIGMAS_TEXT, ICL_OUTLIERS_TEXT = D.ICL_SIGMAS_TEXT, D.ICL_OUTLIERS_TEXT  # report, icl eval
 HEATMAP_HELP = r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."  # diagnose, render
 FINDINGS_HELP = (
     f"Findings the terminal lists, N or all (default {D.FINDINGS}); the rest are counted on a last "
@@ -88,6 +87,7 @@ def findings_budget(text: str | None) -> int | None:
     if count < 0:
         raise UsageError(f"--findings '{text}': give all or a count of 0 or more, e.g. --findings all")
     return count
+
 
 # ---- output -------------------------------------------------------------------------------------
 
@@ -128,42 +128,81 @@ def output_file(option: str, help: str) -> Any:  # noqa: A002
 
 
 RUN_JSON_HELP = "Write the folder's record (its ssacli.json: fidelity, training) as JSON; - for stdout."
-RunJson = Annotated[Path, typer.Option("--json", help=RUN_JSON_HELP)]  # convert, finetune, train, icl train
+RunJson = Annotated[Path, typer.Option("--json", help=RUN_JSON_HELP)]  # icl train
+
+
+def run_json() -> Any:
+    """--json of a command that writes a model folder (convert, finetune, train, icl train)."""
+    return output_file("--json", RUN_JSON_HELP)
+
+
+def quiet_training() -> Any:
+    """--quiet / -q of a training command."""
+    return setting(False, "No progress bar or step log.", flags=("--quiet", "-q"))
+
 
 # ---- fine-tuning (convert --finetune, finetune): None = not given ------------------------------------
 
-Lr = Annotated[float, typer.Option(help=f"Peak AdamW learning rate (default {D.FINETUNE_LR:g}).")]
 SCORER_LR_HELP = (
     f"Learning rate of the scorer's parameters (b, n, ...): their own AdamW group, no weight decay "
     f"(default {D.SCORER_LR:g}; why: docs/convert.md)."
 )
-ScorerLr = Annotated[float, typer.Option(help=SCORER_LR_HELP)]
-MONITOR_HELP = "Measure attention saturation every N steps into the run's record (0: off)."
-MonitorEvery = Annotated[int, typer.Option(min=0, help=MONITOR_HELP)]
-BATCH_HELP = f"Sequences per micro-batch, ICL: prompts (default {D.TRAIN_BATCH_SIZE})."
-BatchSize = Annotated[int, typer.Option(min=1, help=BATCH_HELP)]
-SEQ_LEN_HELP = f"Tokens per training window, text data only (default {D.LM_SEQ_LEN})."
-SeqLen = Annotated[int, typer.Option(min=2, help=SEQ_LEN_HELP)]
-GradAccum = Annotated[int, typer.Option(min=1, help=f"Micro-batches per step (default {D.GRAD_ACCUM}).")]
 # the warmup FinetuneConfig.warmup_steps takes when none is given
 WARMUP_RULE = f"{100 / D.WARMUP_DIVISOR:g}% of --steps, at most {D.WARMUP_MAX}"
-Warmup = Annotated[int, typer.Option(min=0, help=f"Linear warmup steps (default {WARMUP_RULE}).")]
-SCHEDULE_HELP = (
-    f"After warmup: cosine (to {100 * D.MIN_LR_RATIO:g}% of --lr) or constant (default {D.SCHEDULE})."
-)
-Schedule = Annotated[str, typer.Option(help=SCHEDULE_HELP)]
-WEIGHT_DECAY_HELP = f"AdamW weight decay, on matrices only (default {D.WEIGHT_DECAY:g})."
-WeightDecay = Annotated[float, typer.Option(min=0, help=WEIGHT_DECAY_HELP)]
-TrainSeed = Annotated[int, typer.Option(help=f"Seed of the batches and dropout (default {D.SEED}).")]
-TRAIN_WHAT_HELP = f"all, or scorer: only the scorer's parameters (default {D.TRAIN_WHAT})."
-TrainWhat = Annotated[str, typer.Option(help=TRAIN_WHAT_HELP)]
-AnnealN = Annotated[float, typer.Option(help="SSA: move n linearly to this value over the run (b = 1/n).")]
-CHECKPOINT_HELP = f"Write a checkpoint every K steps (default {D.CHECKPOINT_EVERY})."
-CheckpointEvery = Annotated[int, typer.Option(min=1, help=CHECKPOINT_HELP)]
-LogEvery = Annotated[int, typer.Option(min=1, help=f"Record the loss every K steps (default {D.LOG_EVERY}).")]
 ATTENTION_HELP = "Attention kernels: auto (fused where no weights are needed), eager, fused"
-Attention = Annotated[str, typer.Option(help=f"{ATTENTION_HELP} (default {D.ATTENTION}).")]
-STEPS_HELP = f"Optimizer steps (default {D.FINETUNE_STEPS})."
+
+
+@dataclass(frozen=True)
+class FinetuneOptions:
+    """The fine-tuning settings of ``convert --finetune`` and ``finetune`` as the command line gives
+    them: None is not given, so ``convert`` refuses them without ``--finetune`` and ``finetune``
+    takes what is not given from the run recorded in the folder it resumes
+    (:func:`ssacli.finetune_config`). Each field is a :class:`ssacli.FinetuneConfig` field of the
+    same name, whose default its help names (tests/cli/test_declared.py checks both)."""
+
+    data: str | None = setting(None, DATA_HELP, type=str)
+    steps: int | None = setting(None, f"Optimizer steps (default {D.FINETUNE_STEPS}).", type=int, min=1)
+    lr: float | None = setting(None, f"Peak AdamW learning rate (default {D.FINETUNE_LR:g}).", type=float)
+    scorer_lr: float | None = setting(None, SCORER_LR_HELP, type=float)
+    monitor_every: int | None = setting(
+        None, "Measure attention saturation every N steps into the run's record (0: off).", type=int, min=0
+    )
+    batch_size: int | None = setting(
+        None, f"Sequences per micro-batch, ICL: prompts (default {D.TRAIN_BATCH_SIZE}).", type=int, min=1
+    )
+    seq_len: int | None = setting(
+        None, f"Tokens per training window, text data only (default {D.LM_SEQ_LEN}).", type=int, min=2
+    )
+    grad_accum: int | None = setting(
+        None, f"Micro-batches per step (default {D.GRAD_ACCUM}).", type=int, min=1
+    )
+    warmup: int | None = setting(None, f"Linear warmup steps (default {WARMUP_RULE}).", type=int, min=0)
+    schedule: str | None = setting(
+        None,
+        f"After warmup: cosine (to {100 * D.MIN_LR_RATIO:g}% of --lr) or constant (default {D.SCHEDULE}).",
+        type=str,
+    )
+    weight_decay: float | None = setting(
+        None, f"AdamW weight decay, on matrices only (default {D.WEIGHT_DECAY:g}).", type=float, min=0
+    )
+    seed: int | None = setting(None, f"Seed of the batches and dropout (default {D.SEED}).", type=int)
+    train: str | None = setting(
+        None, f"all, or scorer: only the scorer's parameters (default {D.TRAIN_WHAT}).", type=str
+    )
+    anneal_n: float | None = setting(
+        None, "SSA: move n linearly to this value over the run (b = 1/n).", type=float
+    )
+    checkpoint_every: int | None = setting(
+        None, f"Write a checkpoint every K steps (default {D.CHECKPOINT_EVERY}).", type=int, min=1
+    )
+    log_every: int | None = setting(
+        None, f"Record the loss every K steps (default {D.LOG_EVERY}).", type=int, min=1
+    )
+    attention: str | None = setting(None, f"{ATTENTION_HELP} (default {D.ATTENTION}).", type=str)
+
+    def given(self) -> dict[str, Any]:
+        """The settings given, by name (the keywords of :func:`ssacli.finetune_config`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 # ---- help pages that read at 80 columns --------------------------------------------------------------

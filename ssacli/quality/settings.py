@@ -14,15 +14,19 @@ from typing import TYPE_CHECKING, Any
 from ..defaults import (
     BATCH_SIZE,
     ICL_OUTLIERS,
+    ICL_OUTLIERS_TEXT,
     ICL_POINTS,
     ICL_PROMPTS,
     ICL_SIGMAS,
+    ICL_SIGMAS_TEXT,
     LM_MAX_TOKENS,
     LM_SEQ_LEN,
     PAIRS_LIMIT,
     SAMPLES,
     SEED,
 )
+from ..diagnosis.settings import RANDOM_HELP
+from ..setting import setting
 
 if TYPE_CHECKING:
     from .harness import LMEvalPlan
@@ -32,30 +36,50 @@ if TYPE_CHECKING:
 class ReportSettings:
     """:func:`ssacli.compare_models`' keywords of these names (its docstring says what each does):
     the texts (``text_id``, ``text_ood`` as strings or file paths, or ``heldout_of`` a training
-    ``--data``), the minimal ``pairs`` and how many (``pairs_limit``), the diagnose ``probes`` (specs;
-    None: the defaults) on ``samples`` sequences (on random token ids with ``random_ids``), the LM
-    loss's ``seq_len``, ``max_tokens`` and ``batch_size``, an ICL model's ``sigmas``, ``outliers``,
-    ``icl_length`` and ``prompts``, one ``seed`` for all, the built-in texts and pairs where none are
-    given (``builtin``), and lm-evaluation-harness tasks (``lm_eval_plan``)."""
+    ``--data``), the minimal ``pairs`` and how many (``pairs_limit``; None: all), the built-in texts
+    and pairs where none are given (``builtin``), lm-evaluation-harness tasks (``lm_eval_plan``), the
+    diagnose ``probes`` (specs; None: the defaults) on ``samples`` sequences (on random token ids with
+    ``random_ids``), one ``seed`` for all, the LM loss's ``seq_len``, ``max_tokens`` and
+    ``batch_size``, and an ICL model's ``sigmas``, ``outliers``, ``icl_length`` and ``prompts``.
+    Each option field's help is its ``ssacli report`` option's (the command line gives ``pairs_limit``
+    0 for all, ``sigmas`` and ``outliers`` comma-separated)."""
 
-    text_id: str | Path | None = None
-    text_ood: str | Path | None = None
-    heldout_of: str | Path | None = None
-    pairs: str | Path | Sequence[dict] | dict | None = None
-    pairs_limit: int | None = PAIRS_LIMIT
-    probes: Sequence[str] | None = None
-    seed: int = SEED
-    samples: int = SAMPLES
-    seq_len: int = LM_SEQ_LEN
-    max_tokens: int = LM_MAX_TOKENS
-    batch_size: int = BATCH_SIZE
-    sigmas: Sequence[float] = ICL_SIGMAS
-    outliers: Sequence[tuple[float, int]] = ICL_OUTLIERS
-    icl_length: int = ICL_POINTS
-    prompts: int = ICL_PROMPTS
+    text_id: str | Path | None = setting(
+        None, "UTF-8 text like the training data: LM loss, perplexity.", type=Path
+    )
+    text_ood: str | Path | None = setting(
+        None, "UTF-8 text unlike it: out-of-distribution LM loss.", type=Path
+    )
+    heldout_of: str | Path | None = setting(
+        None,
+        "Training --data: its held-out last tenth is the in-distribution text (or --text-id).",
+        type=Path,
+    )
+    pairs: str | Path | Sequence[dict] | dict | None = setting(
+        None, "BLiMP-style .jsonl (sentence_good, sentence_bad) or a folder.", type=Path
+    )
+    pairs_limit: int | None = setting(PAIRS_LIMIT, "Pairs per file (its first N; 0 = all).", min=0)
     builtin: bool = True
     lm_eval_plan: LMEvalPlan | None = None
-    random_ids: bool = False
+    probes: Sequence[str] | None = setting(
+        None, "Diagnose probe NAME[:L1,L2,…] (repeatable; default all).", flags=("--probe",), type=list[str]
+    )
+    seed: int = setting(SEED, "One seed for both models: masking, ICL prompts, probe inputs.")
+    samples: int = setting(SAMPLES, "Sequences per probe level.", min=1)
+    random_ids: bool = setting(False, RANDOM_HELP, flags=("--random",))
+    seq_len: int = setting(LM_SEQ_LEN, "LM loss window in tokens (capped at the model's).", min=2)
+    max_tokens: int = setting(LM_MAX_TOKENS, "LM loss reads at most this many tokens per text.", min=2)
+    batch_size: int = setting(BATCH_SIZE, "Windows per forward pass.", min=1)
+    sigmas: Sequence[float] = setting(
+        ICL_SIGMAS, "ICL models: σ of the inputs, comma-separated.", flags=("--sigma",), type=str,
+        default_text=ICL_SIGMAS_TEXT,
+    )  # fmt: skip
+    outliers: Sequence[tuple[float, int]] = setting(
+        ICL_OUTLIERS, "ICL models: VALUE@POSITION outliers ('' = none).", flags=("--outlier",), type=str,
+        default_text=ICL_OUTLIERS_TEXT,
+    )  # fmt: skip
+    icl_length: int = setting(ICL_POINTS, "ICL models: points per prompt.", min=2)
+    prompts: int = setting(ICL_PROMPTS, "ICL models: prompts per cell.", min=1)
 
     def lm_eval_settings(self) -> dict[str, Any] | None:
         """The lm-eval plan as the report records it (None: no lm-eval)."""
