@@ -66,9 +66,16 @@ class Given:
 
     def of(self, cls: type, **changes: Any) -> Any:
         """The ``cls`` value of the options declared by its fields, with ``changes`` (the fields whose
-        value the command line spells otherwise, or that no option sets)."""
-        names = [n for source in self._sources if source.cls is cls for n in source.names]
-        return cls(**({n: self._values[n] for n in names} | changes))
+        value the command line spells otherwise, or that no option sets). An option left at the text
+        that stands for its field's default (``setting(default_text=…)``) gives the field's default."""
+        declared = {f.name: f for f in option_fields(cls)}
+        values = {}
+        for name in (n for source in self._sources if source.cls is cls for n in source.names):
+            spelled = declared[name].metadata[CLI]
+            if "default" in spelled and self._values[name] == spelled["default"]:
+                continue  # the command line's spelling of the default: the field's own
+            values[name] = self._values[name]
+        return cls(**(values | changes))
 
 
 def command(*sources: Options | type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -91,16 +98,25 @@ def command(*sources: Options | type) -> Callable[[Callable[..., Any]], Callable
 
         run.__signature__ = inspect.Signature([*own, *generated])  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in (*own, *generated)}
+        run.options = chosen  # type: ignore[attr-defined]  # what the options are built from (tests)
         return run
 
     return decorate
+
+
+def help_of(cls: type, name: str, default: Any) -> str:
+    """The help of field ``name`` of ``cls`` naming ``default``, for an option of it that defaults to
+    None (not given: another default applies, e.g. a config file's, then ``default``)."""
+    text = next(f for f in option_fields(cls) if f.name == name).metadata[HELP]
+    return f"{text.removesuffix('.')} (default {default})."
 
 
 def _parameter(declared: Field, change: Mapping[str, Any]) -> inspect.Parameter:
     """The Typer option of one settings field: its default, help and spelling, with ``change``."""
     spelled = {**declared.metadata[CLI], "help": declared.metadata[HELP], **change}
     default = spelled.pop("default", declared.default)
-    kind = spelled.pop("type", None) or (None if default in (None, MISSING) else type(default))
+    typed = declared.default if declared.default not in (None, MISSING) else default  # the field's own first
+    kind = spelled.pop("type", None) or (None if typed in (None, MISSING) else type(typed))
     if kind is None:
         raise TypeError(f"option field {declared.name} has no default to read its type from: setting(type=…)")
     if default is MISSING:

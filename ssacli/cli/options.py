@@ -1,9 +1,11 @@
-"""What the commands share: option types, option-value parsers, the progress display and the
-one-line error report.
+"""What the commands share: the options several commands have, option-value parsers, the help
+pages, the progress display and the one-line error report.
 
-Options used by several commands are ``typing.Annotated`` types (``device: Device = "auto"``): the
-flag names and help live here once, each command keeps its own default. Fine-tuning options are
-shared by ``convert --finetune`` and ``finetune`` and default to None on purpose (see cli/convert.py).
+A command's options are the fields of settings values (ssacli/cli/declared.py): the API's own
+(DiagnoseSettings, LoadOptions, …) and, for what only the command line has, a frozen dataclass of
+the command's module. The fields several commands share are made here (:func:`overwrite_files`,
+:func:`figure_folder`, …), as are the fine-tuning options of ``convert --finetune`` and ``finetune``
+(:class:`FinetuneOptions`), which default to None on purpose (see cli/convert.py).
 """
 
 from __future__ import annotations
@@ -21,49 +23,19 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from .. import LoadOptions, parse_spec
 from .. import defaults as D
+from .. import parse_spec
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
-from ..preflight import DATA_FORMS, DEVICE_MAPS, check_model_reference, fetch_model_reference
+from ..preflight import DATA_FORMS, check_model_reference, fetch_model_reference
 from ..setting import setting
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
 MODEL_HELP = r"HF folder, builtin:NAME ({builtins}), or Hub id org/name\[@REV]."  # \[: not rich markup
-TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
 DATA_HELP = f"Training data: {DATA_FORMS}."
-
-# ---- loading a MODEL (diagnose, check, convert, report) -------------------------------------------
-
 Model = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]
 OptionalModel = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]  # usage adds the [ ]
-Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-Dtype = Annotated[
-    str, typer.Option(help="auto (float32 on CPU), float32, bfloat16, float16 or float64 (reference).")
-]
-# Hub ids download by default since issue 42, as in transformers: the flag stays so scripts keep working
-AllowDownload = Annotated[
-    bool, typer.Option("--allow-download", help="Deprecated, no effect: Hub ids download unless --offline.")
-]
-OFFLINE_HELP = "Never download: Hub ids from the Hugging Face cache only (as HF_HUB_OFFLINE=1)."
-Offline = Annotated[bool, typer.Option("--offline", help=OFFLINE_HELP)]
-REVISION_HELP = "Branch, tag or commit of a Hub id MODEL (as MODEL@REV); the commit is recorded."
-Revision = Annotated[str, typer.Option("--revision", metavar="REV", help=REVISION_HELP)]
-AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load .bin weights (weights_only=True).")]
-TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_HELP)]
-DEVICE_MAP_HELP = (
-    f"Place MODEL over GPUs, CPU and disk with accelerate: {', '.join(DEVICE_MAPS)} (cpu: the CPU, "
-    r'then the disk). Needs pip install "ssacli\[big]".'  # \[: rich markup would eat "[big]"
-)
-DeviceMap = Annotated[str, typer.Option("--device-map", help=DEVICE_MAP_HELP)]
-MAX_MEMORY_HELP = (
-    "With --device-map: DEVICE=SIZE (cpu=200MB, 0=10GiB), repeated or comma-separated; what fits "
-    "nowhere goes to a temporary folder on disk."
-)
-MaxMemory = Annotated[list[str], typer.Option("--max-memory", help=MAX_MEMORY_HELP)]
-STRICT_HELP = "Refuse a family the all-family audit did not cover (docs/models.md)."
-Strict = Annotated[bool, typer.Option("--strict", help=STRICT_HELP)]
 
 ICL_SIGMAS_TEXT, ICL_OUTLIERS_TEXT = D.ICL_SIGMAS_TEXT, D.ICL_OUTLIERS_TEXT  # report, icl eval
 HEATMAP_HELP = r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."  # diagnose, render
@@ -71,7 +43,6 @@ FINDINGS_HELP = (
     f"Findings the terminal lists, N or all (default {D.FINDINGS}); the rest are counted on a last "
     "line. JSON and HTML hold all."
 )  # diagnose, render
-FindingsShown = Annotated[str, typer.Option("--findings", metavar="all|N", help=FINDINGS_HELP)]
 
 
 def findings_budget(text: str | None) -> int | None:
@@ -92,16 +63,10 @@ def findings_budget(text: str | None) -> int | None:
 # ---- output -------------------------------------------------------------------------------------
 
 QUIET_OUTPUT_HELP = "Print nothing but errors and written files."
-QuietOutput = Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_OUTPUT_HELP)]
-QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or step log.")]
 FIGURES_HELP = "Write the report's figures as {} files into DIR (replacing only ssacli's own)."
-PngDir = Annotated[Path, typer.Option("--png", metavar="DIR", help=FIGURES_HELP.format("PNG"))]
-SvgDir = Annotated[Path, typer.Option("--svg", metavar="DIR", help=FIGURES_HELP.format("SVG"))]
 OVERWRITE_FILES_HELP = "Replace output files (--json, --html, …) even where ssacli did not write them."
-OverwriteFiles = Annotated[bool, typer.Option("--overwrite", help=OVERWRITE_FILES_HELP)]
 
 
-# the same options as fields of a command's own options dataclass (ssacli/cli/declared.py)
 def quiet_output() -> Any:
     """--quiet / -q of a command that reports (diagnose, attribute, render, report)."""
     return setting(False, QUIET_OUTPUT_HELP, flags=("--quiet", "-q"))
@@ -128,7 +93,6 @@ def output_file(option: str, help: str) -> Any:  # noqa: A002
 
 
 RUN_JSON_HELP = "Write the folder's record (its ssacli.json: fidelity, training) as JSON; - for stdout."
-RunJson = Annotated[Path, typer.Option("--json", help=RUN_JSON_HELP)]  # icl train
 
 
 def run_json() -> Any:
@@ -298,28 +262,6 @@ class ModelCommand(HelpCommand):
             if param.help is not None and "{builtins}" in param.help:
                 param.help = param.help.format(builtins=", ".join(builtin_model_names()))
         super().format_help(ctx, formatter)
-
-
-def load_options(
-    device: str,
-    dtype: str,
-    allow_download: bool,
-    allow_pickle: bool,
-    trust_remote_code: bool,
-    device_map: str | None = None,
-    max_memory: list[str] | None = None,
-    *,
-    offline: bool = False,
-    revision: str | None = None,
-) -> LoadOptions:
-    """The flags that say how MODEL loads (:data:`Device` … :data:`MaxMemory`, :data:`Offline`,
-    :data:`Revision`) as the one value the API takes them as (no --max-memory: typer's empty list
-    is none)."""
-    return LoadOptions(
-        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory or None,
-        offline=offline, revision=revision,
-    )  # fmt: skip
 
 
 def given(**options: Any) -> dict[str, Any]:

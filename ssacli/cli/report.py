@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -63,20 +64,18 @@ REPORT_OPTIONS = (
 )
 
 
+Before = Annotated[
+    str, typer.Argument(metavar="BEFORE", help="MODEL before the change (folder, builtin:NAME).")
+]
+After = Annotated[
+    str, typer.Argument(metavar="AFTER", help="MODEL after it, e.g. an `ssacli convert` folder.")
+]
+CONTROL_HELP = "MODEL to hold AFTER against, e.g. convert --control's folder."
+Control = Annotated[str, typer.Argument(metavar="CONTROL", help=CONTROL_HELP)]
+
+
 @command(*REPORT_OPTIONS)
-def report_command(
-    before: str = typer.Argument(
-        ..., metavar="BEFORE", help="MODEL before the change (folder, builtin:NAME)."
-    ),
-    after: str = typer.Argument(
-        ..., metavar="AFTER", help="MODEL after it, e.g. an `ssacli convert` folder."
-    ),
-    control: str = typer.Argument(
-        None, metavar="CONTROL", help="MODEL to hold AFTER against, e.g. convert --control's folder."
-    ),
-    *,
-    given: Given,
-) -> None:
+def report_command(before: Before, after: After, control: Control = None, *, given: Given) -> None:
     r"""Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
 
     With CONTROL (e.g. the softmax control of convert --finetune --control, trained with AFTER's
@@ -108,18 +107,28 @@ def report_command(
       ssacli report ./gpt2 ./gpt2-ssa ./gpt2-control --heldout-of wiki.txt
     """
     out = given.of(ReportOptions)
-    check_outputs(("--json", out.json_out), ("--html", out.html_out), overwrite=out.overwrite)  # first
-    check_figure_outputs(out.png, out.svg)
-    probes = [str(parse_probe(p)) for p in given.probes] if given.probes else None
-    check_inputs(models=[before, after, control], offline=given.offline)
+    probes = _check_first(out, given, (before, after, control))
     settings, load = _settings(given, probes, out.no_builtin), given.of(LoadOptions)
+    _write(_compare((before, after, control), settings, load, out), out)
+
+
+def _compare(models: tuple, settings: ReportSettings, load: LoadOptions, out: ReportOptions) -> dict:
+    """compare_models_with() under a status line on stderr: the report as its JSON document."""
     from .. import compare_models_with
 
     with progress("ssacli report", quiet=out.quiet) as update:
-        report = compare_models_with(
-            before, after, control, settings, load, progress=update, before_report=out.reuse_before
-        )
-    _write(report.to_dict(), out)
+        report = compare_models_with(*models, settings, load, progress=update, before_report=out.reuse_before)
+    return report.to_dict()  # what is rendered and written: the JSON document
+
+
+def _check_first(out: ReportOptions, given: Given, models: tuple[str | None, ...]) -> list[str] | None:
+    """What is checked before anything heavy is imported: the outputs can be written, the probes
+    parse, the models are there (or downloaded now); returns the probes as specs."""
+    check_outputs(("--json", out.json_out), ("--html", out.html_out), overwrite=out.overwrite)
+    check_figure_outputs(out.png, out.svg)
+    probes = [str(parse_probe(p)) for p in given.probes] if given.probes else None
+    check_inputs(models=list(models), offline=given.offline)
+    return probes
 
 
 def _settings(given: Given, probes: list[str] | None, no_builtin: bool) -> ReportSettings:

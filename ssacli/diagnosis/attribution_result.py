@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import defaults
 from ..errors import InputError, UsageError
+from ..setting import setting
 from ..stats import RESAMPLES
 from .probe_kinds import ActsOn, Probe, ProbeKind, parse_probe
 
@@ -96,16 +97,41 @@ def parse_heads(text: str) -> list[Head]:
 @dataclass(frozen=True)
 class AttributionSettings:
     """What an attribution patches and measures (:func:`~ssacli.diagnosis.attribution.attribute`'s
-    keywords of those names); a bad value is a UsageError here, before any forward."""
+    keywords of those names); a bad value is a UsageError here, before any forward. Each option
+    field's help is its ``ssacli attribute`` option's (``--heads`` and ``--remedy`` comma-separated;
+    ``--no-per-head`` and ``--no-ceiling`` turn ``per_head`` and ``ceiling`` off)."""
 
-    level: float | None = None  # the shifted level (None: the probe's last one other than unshifted)
-    heads: tuple[Head, ...] | None = None  # a given set (None: top k chosen on half the prompts)
-    k: int = defaults.ATTRIBUTE_K
-    null: int = defaults.ATTRIBUTE_NULL  # random layer-matched sets per measured set
+    level: float | None = setting(  # None: the probe's last level other than the unshifted one
+        None, "The shifted level to attribute (default: the probe's last).", type=float
+    )
+    heads: tuple[Head, ...] | None = setting(  # a given set (None: top k chosen on half the prompts)
+        None,
+        "Measure this set on every prompt, e.g. L2H1,L3H0 (default: top --k by collapse rise, "
+        "chosen on half the prompts, measured on the other).",
+        type=str,
+        metavar="HEADS",
+    )
+    k: int = setting(defaults.ATTRIBUTE_K, "Heads per chosen set.", flags=("--k",), min=1)
+    null: int = setting(  # random layer-matched sets per measured set
+        defaults.ATTRIBUTE_NULL, "Random layer-matched sets per set (0: no null; the cost).", min=0
+    )
     per_head: bool = True  # each head of a set alone too
     ceiling: bool = True  # every head patched
-    resamples: int = RESAMPLES  # bootstrap resamples of each interval
-    remedy: tuple[float, ...] = ()  # temperatures T tried on each measured set's heads (the remedy)
+    resamples: int = setting(  # bootstrap resamples of each interval
+        RESAMPLES,
+        f"Bootstrap resamples of each interval (default: ssacli.stats', {RESAMPLES:,}).",
+        type=int,
+        default_text=None,
+        min=1,
+    )
+    remedy: tuple[float, ...] = setting(  # temperatures T tried on each measured set's heads (the remedy)
+        (),
+        "Also temper each set's heads at these temperatures (the remedy, not attribution; "
+        "refused under logit-scale, which T undoes exactly).",
+        type=str,
+        default_text=None,
+        metavar="T1,T2,…",
+    )
 
     def __post_init__(self) -> None:
         if any(not (t > 0) for t in self.remedy):
