@@ -74,7 +74,7 @@ def test_the_cli_defaults_are_the_apis():
     cases = [
         (command("diagnose"), field_defaults(ssacli.DiagnoseSettings, ssacli.LoadOptions),
          ("samples", "batch_size", "seed", "tau", "top_k", "block_size", "stats", "device", "dtype")),
-        (command("report"), signature(ssacli.compare_models),
+        (command("report"), field_defaults(ssacli.ReportSettings, ssacli.LoadOptions),
          ("seed", "samples", "seq_len", "max_tokens", "batch_size", "icl_length", "prompts", "device",
           "dtype")),
         (command("icl", "train"), vars(TrainConfig),
@@ -84,7 +84,7 @@ def test_the_cli_defaults_are_the_apis():
         (command("train"), vars(FinetuneConfig),
          ("steps", "scorer_lr", "grad_accum", "checkpoint_every", "attention")),
         (command("train"), signature(ssacli.train_from_scratch), ("scorer", "seed", "device")),
-        (command("convert"), signature(ssacli.convert), ("device", "dtype")),
+        (command("convert"), field_defaults(ssacli.ConvertSettings, ssacli.LoadOptions), ("device", "dtype")),
         (command("icl", "eval"), signature(ssacli.evaluate_icl), ("prompts", "seed", "coef_sigma", "device")),
     ]  # fmt: skip
     for cli, api, names in cases:
@@ -92,11 +92,9 @@ def test_the_cli_defaults_are_the_apis():
             assert cli[name] == api[name], name
     assert command("icl", "sweep")["seeds"] == ScorerEntry.seeds
     report = command("report")
-    assert report["pairs_limit"] == signature(ssacli.compare_models)["pairs_limit"]
-    assert (
-        floats(report["sigma"], "sigma") == signature(ssacli.compare_models)["sigmas"] == defaults.ICL_SIGMAS
-    )
-    assert report["outlier"] == ICL_OUTLIERS_TEXT and command("icl", "eval")["sigma"] == ICL_SIGMAS_TEXT
+    assert report["pairs_limit"] == ssacli.ReportSettings().pairs_limit
+    assert floats(report["sigmas"], "sigma") == ssacli.ReportSettings().sigmas == defaults.ICL_SIGMAS
+    assert report["outliers"] == ICL_OUTLIERS_TEXT and command("icl", "eval")["sigma"] == ICL_SIGMAS_TEXT
 
 
 def test_a_help_text_names_the_default_the_api_takes():
