@@ -20,16 +20,12 @@ from .options import (
     OptionalModel,
     bar_columns,
     check_inputs,
-    check_outputs,
-    figure_folder,
     findings_budget,
     findings_shown,
-    output_file,
-    overwrite_files,
     progress,
     quiet_output,
 )
-from .outputs import check_figure_outputs, figure_outputs, write_figure_outputs, write_output
+from .page_files import PageFiles
 
 
 def scorers_command(
@@ -84,30 +80,32 @@ def _describe(spec: str, as_json: bool) -> None:
 
 @dataclass(frozen=True)
 class DiagnoseOutputs:
-    """diagnose's options that only the command line has: a second model or result to compare
-    with, the files written, and what the terminal shows."""
+    """diagnose's options that only the command line has, its files aside (:class:`PageFiles`): a
+    second model or result to compare with, and what the terminal shows."""
 
     compare: str | None = setting(
         None, "Another MODEL (same settings) or a --json result to compare.", type=str
     )
-    json_out: Path | None = output_file(
-        "--json", "Write the result (versioned schema) to this file; - for stdout."
-    )
-    html_out: Path | None = output_file("--html", "Write a self-contained HTML report to this file.")
-    overwrite: bool = overwrite_files()
-    png: Path | None = figure_folder("PNG")
-    svg: Path | None = figure_folder("SVG")
     heatmap: str = setting(defaults.HEATMAP, HEATMAP_HELP)
     findings: str | None = findings_shown()
     quiet: bool = quiet_output()
 
 
-@command(
+DIAGNOSE_OPTIONS = (
     options(DiagnoseSettings, exclude=("strict", "generate")),
     LoadOptions,
     options(DiagnoseSettings, "strict", "generate"),
-    DiagnoseOutputs,
+    options(DiagnoseOutputs, "compare"),
+    options(
+        PageFiles,
+        json_out={"help": "Write the result (versioned schema) to this file; - for stdout."},
+        html_out={"help": "Write a self-contained HTML report to this file."},
+    ),
+    options(DiagnoseOutputs, "heatmap", "findings", "quiet"),
 )
+
+
+@command(*DIAGNOSE_OPTIONS)
 def diagnose_command(model_ref: OptionalModel = defaults.DEFAULT_MODEL, *, given: Given) -> None:
     r"""Probe MODEL with magnitude shifts and report per-layer, per-head attention saturation.
 
@@ -122,9 +120,8 @@ def diagnose_command(model_ref: OptionalModel = defaults.DEFAULT_MODEL, *, given
 
       ssacli diagnose ./my-lm --text mine.txt --shift code.txt --probe shift
     """
-    out = given.of(DiagnoseOutputs)
-    check_outputs(("--json", out.json_out), ("--html", out.html_out), overwrite=out.overwrite)  # first
-    check_figure_outputs(out.png, out.svg)
+    out, files = given.of(DiagnoseOutputs), given.of(PageFiles)
+    files.check()  # first: before any heavy import
     probes = [parse_probe(p) for p in given.probes] if given.probes else None  # torch-free, like check_inputs
     shown = findings_budget(out.findings)
     other_model = None if out.compare is None or _is_result_file(out.compare) else out.compare
@@ -134,7 +131,7 @@ def diagnose_command(model_ref: OptionalModel = defaults.DEFAULT_MODEL, *, given
     settings, load = _settings(given, probes), given.of(LoadOptions)
     result = _diagnose(model_ref, settings, load, out.quiet)
     other = None if out.compare is None else _compare_target(out.compare, settings, load, out.quiet)
-    _report(result, other, out, heatmap, shown)
+    _report(result, other, out, files, heatmap, shown)
 
 
 def _heatmap(text: str, probes: list | None) -> tuple[str, str | None]:
@@ -162,7 +159,7 @@ def _settings(given: Given, probes: list | None):
     )  # fmt: skip
 
 
-def _report(result, other, out: DiagnoseOutputs, heatmap: tuple[str, str | None], shown: int | None) -> None:
+def _report(result, other, out: DiagnoseOutputs, files: PageFiles, heatmap: tuple, shown: int | None) -> None:
     """The terminal report (unless --quiet), then the files: every output is rendered before the
     first is written, so one that cannot be rendered leaves none."""
     console = Console()
@@ -173,20 +170,18 @@ def _report(result, other, out: DiagnoseOutputs, heatmap: tuple[str, str | None]
         render(
             result, other, console=console, heatmap_metric=metric, heatmap_probe=heat_probe, findings=shown
         )
-    outputs = []
-    if out.json_out is not None:
+
+    def document() -> str:
         from .. import compare_results
 
-        data = result.to_dict() if other is None else compare_results(result, other)
-        outputs.append((json_text(data), out.json_out))
-    if out.html_out is not None:
+        return json_text(result.to_dict() if other is None else compare_results(result, other))
+
+    def page() -> str:
         from .. import render_html
 
-        outputs.append((render_html(result, other), out.html_out))
-    figures = figure_outputs(lambda: _figures(result, other), out.png, out.svg)
-    for text, path in outputs:
-        write_output(text, path, console)
-    write_figure_outputs(figures, console)
+        return render_html(result, other)
+
+    files.write(console, document, page, lambda: _figures(result, other))
 
 
 def _figures(*results) -> list:

@@ -22,30 +22,19 @@ from ..setting import setting
 from .declared import Given, command, options
 from .options import (
     check_inputs,
-    check_outputs,
-    figure_folder,
     floats,
-    output_file,
-    overwrite_files,
     progress,
     quiet_output,
 )
-from .outputs import check_figure_outputs, figure_outputs, write_figure_outputs, write_output
+from .page_files import PageFiles
 
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """report's options that only the command line has: the built-in measures left out, the files
-    written (and an earlier report to reuse), and what the terminal shows."""
+    """report's options that only the command line has, its files aside (:class:`PageFiles`): the
+    built-in measures left out, an earlier report to reuse, and what the terminal shows."""
 
     no_builtin: bool = setting(False, "Skip the built-in texts and pairs measured where no data is given.")
-    json_out: Path | None = output_file(
-        "--json", "Write the report (schema ssacli-report) here; - for stdout."
-    )
-    html_out: Path | None = output_file("--html", "Write a self-contained HTML page here.")
-    overwrite: bool = overwrite_files()
-    png: Path | None = figure_folder("PNG")
-    svg: Path | None = figure_folder("SVG")
     reuse_before: Path | None = setting(
         None, "An earlier --json report of the same BEFORE and settings: reuse its BEFORE side.", type=Path
     )
@@ -57,7 +46,12 @@ REPORT_OPTIONS = (
     options(ReportOptions, "no_builtin"),
     LMEvalPlan,
     options(ReportSettings, exclude=("text_id", "text_ood", "heldout_of", "pairs", "pairs_limit")),
-    options(ReportOptions, exclude=("no_builtin",)),
+    options(
+        PageFiles,
+        json_out={"help": "Write the report (schema ssacli-report) here; - for stdout."},
+        html_out={"help": "Write a self-contained HTML page here."},
+    ),
+    options(ReportOptions, "reuse_before", "quiet"),
     options(
         LoadOptions, exclude=("revision",)
     ),  # no --revision: two models; each takes its own as org/name@REV
@@ -106,10 +100,10 @@ def report_command(before: Before, after: After, control: Control = None, *, giv
 
       ssacli report ./gpt2 ./gpt2-ssa ./gpt2-control --heldout-of wiki.txt
     """
-    out = given.of(ReportOptions)
-    probes = _check_first(out, given, (before, after, control))
+    out, files = given.of(ReportOptions), given.of(PageFiles)
+    probes = _check_first(files, given, (before, after, control))
     settings, load = _settings(given, probes, out.no_builtin), given.of(LoadOptions)
-    _write(_compare((before, after, control), settings, load, out), out)
+    _write(_compare((before, after, control), settings, load, out), out, files)
 
 
 def _compare(models: tuple, settings: ReportSettings, load: LoadOptions, out: ReportOptions) -> dict:
@@ -121,11 +115,10 @@ def _compare(models: tuple, settings: ReportSettings, load: LoadOptions, out: Re
     return report.to_dict()  # what is rendered and written: the JSON document
 
 
-def _check_first(out: ReportOptions, given: Given, models: tuple[str | None, ...]) -> list[str] | None:
+def _check_first(files: PageFiles, given: Given, models: tuple[str | None, ...]) -> list[str] | None:
     """What is checked before anything heavy is imported: the outputs can be written, the probes
     parse, the models are there (or downloaded now); returns the probes as specs."""
-    check_outputs(("--json", out.json_out), ("--html", out.html_out), overwrite=out.overwrite)
-    check_figure_outputs(out.png, out.svg)
+    files.check()
     probes = [str(parse_probe(p)) for p in given.probes] if given.probes else None
     check_inputs(models=list(models), offline=given.offline)
     return probes
@@ -161,7 +154,7 @@ def _settings(given: Given, probes: list[str] | None, no_builtin: bool) -> Repor
     )  # fmt: skip
 
 
-def _write(data: dict, out: ReportOptions) -> None:
+def _write(data: dict, out: ReportOptions, files: PageFiles) -> None:
     """The terminal report (unless --quiet), then the files: every output is rendered before the
     first is written."""
     console = Console()
@@ -169,17 +162,14 @@ def _write(data: dict, out: ReportOptions) -> None:
         from .. import render_quality_report
 
         render_quality_report(data, console)
-    outputs = []
-    if out.json_out is not None:
-        outputs.append((json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", out.json_out))
-    if out.html_out is not None:
+
+    def page() -> str:
         from .. import quality_report_html
 
-        outputs.append((quality_report_html(data), out.html_out))
-    figures = figure_outputs(lambda: _figures(data), out.png, out.svg)
-    for text, path in outputs:
-        write_output(text, path, console)
-    write_figure_outputs(figures, console)
+        return quality_report_html(data)
+
+    document = lambda: json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"  # noqa: E731
+    files.write(console, document, page, lambda: _figures(data))
 
 
 def _figures(data: dict) -> list:
