@@ -24,6 +24,7 @@ ATTRIBUTE_PROBE = "key-scale:1,8"  # the probe whose damage is attributed, its u
 ATTRIBUTE_SAMPLES = 16  # prompts: two halves of 8, one to choose heads on, one to measure them
 ATTRIBUTE_K = 4  # heads per chosen set
 ATTRIBUTE_NULL = 200  # random layer-matched sets per measured set
+RESAMPLES = 10_000  # bootstrap resamples of an interval (ssacli.stats; attribute's --resamples)
 HEATMAP = "max_weight"  # the metric diagnose's and render's heatmap shows
 FINDINGS = 8  # findings the terminal report lists (--findings); the rest are counted, JSON and HTML hold all
 SINK_EPS = 0.3  # a first-token head: mean weight on the first token above this (Gu et al.'s sink ε)

@@ -16,10 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import defaults
 from ..errors import InputError, UsageError
-from ..setting import setting
-from ..stats import RESAMPLES
+from .attribution_settings import AttributionSettings, Head
 from .probe_kinds import ActsOn, Probe, ProbeKind, parse_probe
 
 SCHEMA = "ssacli-attribution"  # the document of Attribution.to_dict (`ssacli attribute --json`)
@@ -27,7 +25,6 @@ SCHEMA_VERSION = 1
 SCHEMA_FILE = Path(__file__).with_name("attribution.schema.json")  # JSON Schema (2020-12) of to_dict()
 WIDTH = 80  # columns of Attribution.lines()
 
-Head = tuple[int, int]  # (layer, head), counted from 0
 # The plan's reading (docs/results/saturation-matters-plan.md, committed before any run): collapse
 # marks the heads that carry the damage only where the chosen set beats this share of random sets …
 NULL_BEATS = 95.0
@@ -92,58 +89,6 @@ def parse_heads(text: str) -> list[Head]:
                              "separated and counted from 0, e.g. L2H1,L3H0")  # fmt: skip
         heads.append((int(match[1]), int(match[2])))
     return heads
-
-
-@dataclass(frozen=True)
-class AttributionSettings:
-    """What an attribution patches and measures (:func:`~ssacli.diagnosis.attribution.attribute`'s
-    keywords of those names); a bad value is a UsageError here, before any forward. Each option
-    field's help is its ``ssacli attribute`` option's (``--heads`` and ``--remedy`` comma-separated;
-    ``--no-per-head`` and ``--no-ceiling`` turn ``per_head`` and ``ceiling`` off)."""
-
-    level: float | None = setting(  # None: the probe's last level other than the unshifted one
-        None, "The shifted level to attribute (default: the probe's last).", type=float
-    )
-    heads: tuple[Head, ...] | None = setting(  # a given set (None: top k chosen on half the prompts)
-        None,
-        "Measure this set on every prompt, e.g. L2H1,L3H0 (default: top --k by collapse rise, "
-        "chosen on half the prompts, measured on the other).",
-        type=str,
-        metavar="HEADS",
-    )
-    k: int = setting(defaults.ATTRIBUTE_K, "Heads per chosen set.", flags=("--k",), min=1)
-    null: int = setting(  # random layer-matched sets per measured set
-        defaults.ATTRIBUTE_NULL, "Random layer-matched sets per set (0: no null; the cost).", min=0
-    )
-    per_head: bool = True  # each head of a set alone too
-    ceiling: bool = True  # every head patched
-    resamples: int = setting(  # bootstrap resamples of each interval
-        RESAMPLES,
-        f"Bootstrap resamples of each interval (default: ssacli.stats', {RESAMPLES:,}).",
-        type=int,
-        default_text=None,
-        min=1,
-    )
-    remedy: tuple[float, ...] = setting(  # temperatures T tried on each measured set's heads (the remedy)
-        (),
-        "Also temper each set's heads at these temperatures (the remedy, not attribution; "
-        "refused under logit-scale, which T undoes exactly).",
-        type=str,
-        default_text=None,
-        metavar="T1,T2,…",
-    )
-
-    def __post_init__(self) -> None:
-        if any(not (t > 0) for t in self.remedy):
-            raise UsageError(f"remedy temperatures must be above 0, got {list(self.remedy)}")
-        if self.k < 1:
-            raise UsageError(f"k must be at least 1 (heads per chosen set), got {self.k}")
-        if self.null < 0:
-            raise UsageError(f"null must be 0 (no null) or more random sets, got {self.null}")
-        if self.resamples < 1:
-            raise UsageError(f"resamples must be at least 1, got {self.resamples}")
-        if self.heads is not None and not self.heads:
-            raise UsageError("heads must name at least one (layer, head) pair, or be None to choose them")
 
 
 @dataclass

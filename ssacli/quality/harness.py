@@ -29,52 +29,19 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UsageError
 from ..models.kinds import ModelKind
-from ..setting import setting
 from ..stats import ALPHA, paired_differences, paired_t_test
+from .settings import LMEvalPlan
 
 EXTRA = 'pip install "ssacli[eval]"'
 HARNESS_KINDS = ("causal", "seq2seq")  # the model kinds HFLM scores
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 MEAN_TOLERANCE = 1e-9  # a score is a mean over items when it equals their mean this closely
-
-
-@dataclass(frozen=True)
-class LMEvalPlan:
-    """Which lm-eval tasks to run and how: ``tasks`` (names or task YAML paths), ``num_fewshot``
-    (None: each task's own default), ``limit`` (the first N items per task; None: all),
-    ``include_path`` (a folder of task YAMLs, lm-eval's ``--include_path``), ``batch_size``. Each
-    field's help is its ``ssacli report`` option's."""
-
-    tasks: tuple[str, ...] = setting(
-        help="lm-evaluation-harness tasks (names or task YAML files, comma-separated) on both; "
-        'needs pip install "ssacli\\[eval]"; data downloads unless --offline.',
-        flags=("--lm-eval",),
-        type=str,
-        default_text=None,  # ssacli report: no lm-eval
-        metavar="TASKS",
-    )
-    num_fewshot: int | None = setting(
-        None, "--lm-eval: few-shot examples (default: each task's own).", flags=("--lm-eval-fewshot",),
-        type=int, min=0,
-    )  # fmt: skip
-    limit: int | None = setting(
-        None, "--lm-eval: the first N items of each task (default: all).", flags=("--lm-eval-limit",),
-        type=int, min=1,
-    )  # fmt: skip
-    include_path: str | None = setting(
-        None, "--lm-eval: a folder of task YAML files to add.", flags=("--lm-eval-include",), type=Path
-    )
-    batch_size: int = 8
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tasks": list(self.tasks)}
 
 
 def parse_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:

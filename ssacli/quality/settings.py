@@ -1,5 +1,6 @@
 """The settings of one before/after report (:func:`ssacli.compare_models`, ``ssacli report``): what is
-measured on every model and with what inputs, as one frozen value (:class:`ReportSettings`). How the
+measured on every model and with what inputs, as one frozen value (:class:`ReportSettings`, with
+lm-evaluation-harness tasks as an :class:`LMEvalPlan`, run by :mod:`ssacli.quality.harness`). How the
 models load is :class:`~ssacli.models.options.LoadOptions`'; the models, the progress callback and an
 earlier report to reuse stay arguments of the run. Cheap to import (no torch): the CLI builds one
 from its flags before the model stack is imported."""
@@ -7,9 +8,9 @@ from its flags before the model stack is imported."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..defaults import (
     BATCH_SIZE,
@@ -28,8 +29,37 @@ from ..defaults import (
 from ..diagnosis.settings import RANDOM_HELP
 from ..setting import setting
 
-if TYPE_CHECKING:
-    from .harness import LMEvalPlan
+
+@dataclass(frozen=True)
+class LMEvalPlan:
+    """Which lm-eval tasks to run and how: ``tasks`` (names or task YAML paths), ``num_fewshot``
+    (None: each task's own default), ``limit`` (the first N items per task; None: all),
+    ``include_path`` (a folder of task YAMLs, lm-eval's ``--include_path``), ``batch_size``. Each
+    field's help is its ``ssacli report`` option's."""
+
+    tasks: tuple[str, ...] = setting(
+        help="lm-evaluation-harness tasks (names or task YAML files, comma-separated) on both; "
+        'needs pip install "ssacli\\[eval]"; data downloads unless --offline.',
+        flags=("--lm-eval",),
+        type=str,
+        default_text=None,  # ssacli report: no lm-eval
+        metavar="TASKS",
+    )
+    num_fewshot: int | None = setting(
+        None, "--lm-eval: few-shot examples (default: each task's own).", flags=("--lm-eval-fewshot",),
+        type=int, min=0,
+    )  # fmt: skip
+    limit: int | None = setting(
+        None, "--lm-eval: the first N items of each task (default: all).", flags=("--lm-eval-limit",),
+        type=int, min=1,
+    )  # fmt: skip
+    include_path: str | None = setting(
+        None, "--lm-eval: a folder of task YAML files to add.", flags=("--lm-eval-include",), type=Path
+    )
+    batch_size: int = 8
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tasks": list(self.tasks)}
 
 
 @dataclass(frozen=True)
