@@ -117,9 +117,17 @@ def main() -> None:
 ROW_DERIVATION = re.compile(r"^def (\w*row_sums)\(", re.M)
 ROW_PRODUCER_C = re.compile(r"^static [^;{]*\brow\(", re.M | re.S)
 # What the CLI may import (issue 41): the public API (ssacli/__init__.py, and ssacli.preflight, the
-# checks it runs before the model stack loads), the shared owners of errors and defaults, and
-# ssacli.files, the one definition of how an output file is written (atomically; exit 4 when it cannot)
-SHARED_OWNERS = {"ssacli", "ssacli.preflight", "ssacli.errors", "ssacli.defaults", "ssacli.files"}
+# checks it runs before the model stack loads), the shared owners of errors and defaults,
+# ssacli.files, the one definition of how an output file is written (atomically; exit 4 when it cannot),
+# and ssacli.setting, how a settings field declares the option the CLI builds from it (issue 53)
+SHARED_OWNERS = {
+    "ssacli",
+    "ssacli.preflight",
+    "ssacli.errors",
+    "ssacli.defaults",
+    "ssacli.files",
+    "ssacli.setting",
+}
 PARAMETER_LIMIT = 12
 # A keyword wrapper of ssacli.__all__ is exempt from the limit only while it is thin: it builds the
 # settings objects and calls the function that takes them, in at most this many lines (docstring aside)
@@ -306,7 +314,7 @@ def restructure_table(files: list[Path]) -> None:
             if KIND_OR_ROUTE.search(code):
                 compares.append(f"{rel}:{number}")
         tree = ast.parse(text)
-        if "/cli/" in rel:
+        if "/cli/" in rel or SETTING_CALL in text:  # the CLI, and the settings fields its options come from
             literal += [f"{rel}:{n}" for n in _literal_defaults(tree)]
             defs["help text restating a default"] += [f"{rel}:{n}" for n in _restated_defaults(tree)]
         names = _all_names(tree)
@@ -339,6 +347,7 @@ def restructure_table(files: list[Path]) -> None:
 
 
 TYPER_PARAMETERS = ("typer.Option", "typer.Argument")
+SETTING_CALL = "setting("  # a settings field with its option (ssacli.setting.setting(default, help, …))
 
 
 def _literal(node: ast.AST) -> bool:
@@ -355,8 +364,16 @@ def _literal(node: ast.AST) -> bool:
 
 def _literal_defaults(tree: ast.AST) -> list[int]:
     """Lines of CLI parameters whose default is a literal: ``typer.Option(4000, …)`` (or Argument),
-    and ``device: Device = "auto"`` (an option type from cli/options.py, its default in the signature)."""
-    lines = []
+    ``device: Device = "auto"`` (an option type, its default in the signature), and settings fields
+    with an option, ``setting(4000, …)`` (issue 53: the options are built from those fields)."""
+    lines = [
+        call.lineno
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and ast.unparse(call.func) == "setting"
+        and call.args
+        and _literal(call.args[0])
+    ]
     for func in ast.walk(tree):
         if not isinstance(func, ast.FunctionDef):
             continue
@@ -380,6 +397,8 @@ def _restated_defaults(tree: ast.AST) -> list[int]:
         values = []
         if isinstance(node, ast.keyword) and node.arg == "help":
             values.append(node.value)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "setting" and len(node.args) > 1:
+            values.append(node.args[1])  # setting(default, help, …)
         elif isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id.endswith("HELP") for t in node.targets
         ):

@@ -104,14 +104,14 @@ _LAZY = {
     "attribute": "diagnosis.attribution",
     "attribute_with": "diagnosis.attribution",
     "Attribution": "diagnosis.attribution_result",
-    "AttributionSettings": "diagnosis.attribution_result",
+    "AttributionSettings": "diagnosis.attribution_settings",
     "attribution_html": "report.attribution_html",
     "load_model": "models.loading",
     "load": "models.loading",
-    "convert": "conversion",
-    "convert_with": "conversion",
+    "convert": "conversion.run",
+    "convert_with": "conversion.run",
     "ConvertSettings": "conversion.settings",
-    "save_model": "conversion",
+    "save_model": "conversion.run",
     "DiagnoseResult": "diagnosis.result",
     "ProbeResult": "diagnosis.result",
     "compare_results": "diagnosis.comparison",
@@ -131,7 +131,7 @@ _LAZY = {
     "ReportSettings": "quality.settings",
     "QualityReport": "quality.result",
     "lm_eval": "quality.harness",
-    "LMEvalPlan": "quality.harness",
+    "LMEvalPlan": "quality.settings",
     "language_model_loss": "quality.measures",
     "minimal_pairs": "quality.measures",
     "icl_error_by_sigma": "quality.measures",
@@ -176,10 +176,11 @@ if TYPE_CHECKING:
     from .check.config import write_check_config
     from .check.requirements import CheckReport, parse_requirement, run_check
     from .check.settings import CheckSettings, check_settings
-    from .conversion import convert, convert_with, save_model
+    from .conversion.run import convert, convert_with, save_model
     from .conversion.settings import ConvertSettings
     from .diagnosis.attribution import attribute, attribute_with
-    from .diagnosis.attribution_result import Attribution, AttributionSettings
+    from .diagnosis.attribution_result import Attribution
+    from .diagnosis.attribution_settings import AttributionSettings
     from .diagnosis.comparison import compare_results
     from .diagnosis.metrics import METRICS
     from .diagnosis.probe_kinds import parse_probe
@@ -198,10 +199,10 @@ if TYPE_CHECKING:
     from .models.loading import load, load_model
     from .models.options import LoadOptions
     from .quality.compare import compare_models, compare_models_with
-    from .quality.harness import LMEvalPlan, lm_eval
+    from .quality.harness import lm_eval
     from .quality.measures import icl_error_by_sigma, language_model_loss, minimal_pairs
     from .quality.result import QualityReport
-    from .quality.settings import ReportSettings
+    from .quality.settings import LMEvalPlan, ReportSettings
     from .report.attribution_html import attribution_html
     from .report.before_after import render_report as render_quality_report
     from .report.before_after import report_html as quality_report_html

@@ -24,6 +24,7 @@ ATTRIBUTE_PROBE = "key-scale:1,8"  # the probe whose damage is attributed, its u
 ATTRIBUTE_SAMPLES = 16  # prompts: two halves of 8, one to choose heads on, one to measure them
 ATTRIBUTE_K = 4  # heads per chosen set
 ATTRIBUTE_NULL = 200  # random layer-matched sets per measured set
+RESAMPLES = 10_000  # bootstrap resamples of an interval (ssacli.stats; attribute's --resamples)
 HEATMAP = "max_weight"  # the metric diagnose's and render's heatmap shows
 FINDINGS = 8  # findings the terminal report lists (--findings); the rest are counted, JSON and HTML hold all
 SINK_EPS = 0.3  # a first-token head: mean weight on the first token above this (Gu et al.'s sink ε)
@@ -43,6 +44,9 @@ LM_MAX_TOKENS = 16384  # LM loss reads at most this many tokens of a text
 PAIRS_LIMIT = 200  # minimal pairs per file: its first N
 ICL_SIGMAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # σ of the ICL inputs measured (report, icl eval)
 ICL_OUTLIERS = ((10.0, 3), (100.0, 3), (1000.0, 3))  # planted outliers (value, position)
+# the same two as the options (report, icl eval) take and show them: comma-separated
+ICL_SIGMAS_TEXT = ",".join(f"{s:g}" for s in ICL_SIGMAS)
+ICL_OUTLIERS_TEXT = ",".join(f"{value:g}@{position}" for value, position in ICL_OUTLIERS)
 ICL_PROMPTS = 500  # ICL prompts per evaluated cell (report, icl eval, icl sweep)
 ICL_COEF_SIGMA = 1.0  # the linear task: σ of its coefficients a, b
 

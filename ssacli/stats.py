@@ -41,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from .defaults import RESAMPLES
+
 LEVEL = 0.95
-RESAMPLES = 10_000
 ALPHA = 0.05  # the level at which verdict() calls a difference better or worse
 EXACT_SIGN_FLIPS = 16  # up to 2^16 = 65,536 assignments are enumerated; beyond, Monte Carlo
 

@@ -7,86 +7,62 @@ passes per set by default) should be asked for by name."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-import typer
 from rich.console import Console
 
-from .. import defaults
+from .. import AttributionSettings, DiagnoseSettings, LoadOptions, defaults
 from ..errors import UsageError
 from ..files import json_text
-from .options import (
-    AllowDownload,
-    AllowPickle,
-    Device,
-    Dtype,
-    Model,
-    Offline,
-    OverwriteFiles,
-    QuietOutput,
-    Revision,
-    TrustRemoteCode,
-    check_inputs,
-    check_outputs,
-    load_options,
-    progress,
-)
+from ..setting import setting
+from .declared import Given, command, options
+from .options import Model, check_inputs, check_outputs, output_file, overwrite_files, progress, quiet_output
 from .outputs import write_output
 
 
-def attribute_command(
-    model_ref: Model,
-    probe: str = typer.Option(
+@dataclass(frozen=True)
+class AttributeOptions:
+    """attribute's options that only the command line has: the probe (the API's argument), the
+    switches that turn parts of the measure off, the files written and what the terminal shows."""
+
+    probe: str = setting(
         defaults.ATTRIBUTE_PROBE,
-        metavar="PROBE",
-        help="NAME:LEVELS with the unshifted level (key-scale, logit-scale, dominant-key, embed-scale, "
+        "NAME:LEVELS with the unshifted level (key-scale, logit-scale, dominant-key, embed-scale, "
         "outlier, length), e.g. logit-scale:1,4.",
-    ),
-    level: float = typer.Option(None, help="The shifted level to attribute (default: the probe's last)."),
-    heads: str = typer.Option(
-        None,
-        metavar="HEADS",
-        help="Measure this set on every prompt, e.g. L2H1,L3H0 (default: top --k by collapse rise, "
-        "chosen on half the prompts, measured on the other).",
-    ),
-    k: int = typer.Option(defaults.ATTRIBUTE_K, "--k", min=1, help="Heads per chosen set."),
-    null: int = typer.Option(
-        defaults.ATTRIBUTE_NULL, min=0, help="Random layer-matched sets per set (0: no null; the cost)."
-    ),
-    no_per_head: bool = typer.Option(False, "--no-per-head", help="Do not patch each head of a set alone."),
-    no_ceiling: bool = typer.Option(False, "--no-ceiling", help="Do not patch every head (the ceiling)."),
-    resamples: int = typer.Option(
-        None, min=1, help="Bootstrap resamples of each interval (default: ssacli.stats', 10,000)."
-    ),
-    remedy: str = typer.Option(
-        None,
-        metavar="T1,T2,…",
-        help="Also temper each set's heads at these temperatures (the remedy, not attribution; "
-        "refused under logit-scale, which T undoes exactly).",
-    ),
-    text: Path = typer.Option(None, help="UTF-8 text file to probe with (default: built-in texts)."),
-    random_ids: bool = typer.Option(
-        False, "--random", help="Probe with random token ids (not under length)."
-    ),
-    samples: int = typer.Option(defaults.ATTRIBUTE_SAMPLES, min=1, help="Prompts (two halves)."),
-    length: int = typer.Option(None, min=2, help=f"Base length in tokens; default {defaults.PROBE_LENGTH}."),
-    batch_size: int = typer.Option(defaults.BATCH_SIZE, min=1, help="Sequences per forward pass."),
-    seed: int = typer.Option(defaults.SEED, help="Seed of the inputs, the null and the bootstrap."),
-    tau: float = typer.Option(defaults.TAU, help="A row has collapsed when its largest weight is >= tau."),
-    device: Device = defaults.DEVICE,
-    dtype: Dtype = defaults.DTYPE,
-    offline: Offline = False,
-    revision: Revision = None,
-    allow_download: AllowDownload = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemoteCode = False,
-    json_out: Path = typer.Option(
-        None, "--json", help="Write the result (schema ssacli-attribution) to this file; - for stdout."
-    ),
-    html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page to this file."),
-    overwrite: OverwriteFiles = False,
-    quiet: QuietOutput = False,
-) -> None:
+        metavar="PROBE",
+    )
+    no_per_head: bool = setting(False, "Do not patch each head of a set alone.")
+    no_ceiling: bool = setting(False, "Do not patch every head (the ceiling).")
+    json_out: Path | None = output_file(
+        "--json", "Write the result (schema ssacli-attribution) to this file; - for stdout."
+    )
+    html_out: Path | None = output_file("--html", "Write a self-contained HTML page to this file.")
+    overwrite: bool = overwrite_files()
+    quiet: bool = quiet_output()
+
+
+PROMPTS = ("text", "random_ids", "samples", "length", "batch_size", "seed", "tau")  # diagnose's
+ATTRIBUTE_OPTIONS = (
+    options(AttributeOptions, "probe"),
+    options(AttributionSettings, "level", "heads", "k", "null"),
+    options(AttributeOptions, "no_per_head", "no_ceiling"),
+    options(AttributionSettings, "resamples", "remedy"),
+    options(
+        DiagnoseSettings,
+        *PROMPTS,
+        random_ids={"help": "Probe with random token ids (not under length)."},
+        samples={"default": defaults.ATTRIBUTE_SAMPLES, "help": "Prompts (two halves)."},
+        length={"help": f"Base length in tokens; default {defaults.PROBE_LENGTH}."},
+        seed={"help": "Seed of the inputs, the null and the bootstrap."},
+    ),  # fmt: skip
+    options(LoadOptions, exclude=("device_map", "max_memory")),
+    options(AttributeOptions, "json_out", "html_out", "overwrite", "quiet"),
+)
+
+
+@command(*ATTRIBUTE_OPTIONS)
+def attribute_command(model_ref: Model, *, given: Given) -> None:
     r"""Attribute a probe's output damage to heads by patching their unshifted attention patterns.
 
     Causal LMs only. Examples:
@@ -96,34 +72,31 @@ def attribute_command(
       ssacli attribute ./my-lm --probe logit-scale:1,4 --heads L2H1,L3H0 \
           --null 0 --json attribution.json
     """
-    check_outputs(("--json", json_out), ("--html", html_out), overwrite=overwrite)  # before any heavy import
-    from .. import AttributionSettings  # torch-free, as the preflight checks
-    from ..preflight import check_attribution_probe, parse_heads, read_text_file
+    out = given.of(AttributeOptions)
+    check_outputs(("--json", out.json_out), ("--html", out.html_out), overwrite=out.overwrite)  # first
+    from ..preflight import check_attribution_probe, parse_heads, read_text_file  # torch-free
 
-    settings = AttributionSettings(
-        level=level, heads=None if heads is None else tuple(parse_heads(heads)), k=k, null=null,
-        per_head=not no_per_head, ceiling=not no_ceiling, remedy=_temperatures(remedy),
-        **({} if resamples is None else {"resamples": resamples}),
+    heads = None if given.heads is None else tuple(parse_heads(given.heads))
+    settings = given.of(
+        AttributionSettings, heads=heads, per_head=not out.no_per_head, ceiling=not out.no_ceiling,
+        remedy=_temperatures(given.remedy),
     )  # fmt: skip
-    parsed, _ = check_attribution_probe(probe, level, settings.remedy)  # torch-free: refused here
-    check_inputs(models=[model_ref], offline=offline, revision=revision)
-    prompts_text = read_text_file(text) if text else None  # a missing or empty file: exit 4, torch-free
-    from .. import DiagnoseSettings  # imports torch: after every check the command line decides
-
-    inputs = DiagnoseSettings(
-        text=prompts_text, random_ids=random_ids, samples=samples, length=length,
-        batch_size=batch_size, seed=seed, tau=tau, stats="eager",
-    )  # fmt: skip
-    load = load_options(
-        device, dtype, allow_download, allow_pickle, trust_remote_code, None, None, offline=offline,
-        revision=revision,
-    )  # fmt: skip
+    parsed, _ = check_attribution_probe(out.probe, given.level, settings.remedy)  # torch-free: refused here
+    check_inputs(models=[model_ref], offline=given.offline, revision=given.revision)
+    text = read_text_file(given.text) if given.text else None  # a missing or empty file: exit 4, torch-free
+    inputs = given.of(DiagnoseSettings, text=text, stats="eager")  # imports torch: after every check
     from .. import attribute_with
 
-    with progress(f"{model_ref}: patching attention under {probe}", quiet=quiet):
-        result = attribute_with(model_ref, parsed, settings, inputs, load)
+    with progress(f"{model_ref}: patching attention under {out.probe}", quiet=out.quiet):
+        result = attribute_with(model_ref, parsed, settings, inputs, given.of(LoadOptions))
+    _report(result, out)
+
+
+def _report(result, out: AttributeOptions) -> None:
+    """The model's line and the result's lines (unless --quiet), then the files: every output is
+    rendered before the first is written."""
     console = Console()
-    if not quiet:
+    if not out.quiet:
         shown = result.settings
         console.print(
             f"{result.model}: {len(result.damage)} prompts × {shown['length']} tokens, "
@@ -132,13 +105,13 @@ def attribute_command(
         )
         for line in result.lines():
             console.print(line, highlight=False, soft_wrap=True)
-    outputs = []  # every output rendered before the first is written
-    if json_out is not None:
-        outputs.append((json_text(result.to_dict()), json_out))
-    if html_out is not None:
+    outputs = []
+    if out.json_out is not None:
+        outputs.append((json_text(result.to_dict()), out.json_out))
+    if out.html_out is not None:
         from .. import attribution_html
 
-        outputs.append((attribution_html(result), html_out))
+        outputs.append((attribution_html(result), out.html_out))
     for content, path in outputs:
         write_output(content, path, console)
 

@@ -11,6 +11,7 @@ rendered before the first file is written, so a failed run leaves no file behind
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -18,77 +19,87 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .. import defaults
+from .. import DiagnoseSettings, LoadOptions, defaults
 from ..defaults import DEFAULT_MODEL
 from ..errors import EXIT_CHECK_FAILED, EXIT_CHECK_PASSED, UsageError, check_exit_code, check_exit_codes_text
 from ..preflight import CHECK_CONFIG_FILE
+from ..setting import setting
+from .declared import Given, command, help_of, options
 from .options import (
-    AllowDownload,
-    AllowPickle,
-    Device,
-    DeviceMap,
-    Dtype,
-    MaxMemory,
-    Offline,
-    OverwriteFiles,
-    Revision,
-    Strict,
-    TrustRemoteCode,
     check_inputs,
     check_outputs,
     debugging,
-    given,
+    output_file,
+    overwrite_files,
     print_error,
     progress,
+)
+from .options import (
+    given as given_only,
 )
 from .outputs import write_output
 
 
+@dataclass(frozen=True)
+class CheckOptions:
+    """check's options that only the command line has: the gate (config, requirements, baseline),
+    the files written, what the terminal shows, and --init."""
+
+    config: Path | None = setting(
+        None, f"Config file (default: ./{CHECK_CONFIG_FILE} when it exists).", type=Path
+    )
+    require: list[str] | None = setting(
+        None,
+        "A requirement (repeatable; replaces the config's), e.g. 'collapse_rate@outlier:100 max <= 0.2'.",
+        flags=("--require", "-r"),
+        type=list[str],
+    )
+    baseline: Path | None = setting(None, "An earlier `check --json` or `diagnose --json` file.", type=Path)
+    max_regression: float | None = setting(
+        None, "Fail when a metric moves this far (absolute) towards saturation vs --baseline.", type=float
+    )
+    junit: Path | None = output_file("--junit", "Write a JUnit XML report (one testcase per requirement).")
+    json_out: Path | None = output_file("--json", "Write the check (and its result) as JSON; - for stdout.")
+    overwrite: bool = overwrite_files()
+    quiet: bool = setting(False, "Print only failures, errors and written files.", flags=("--quiet", "-q"))
+    init: bool = setting(False, f"Write {CHECK_CONFIG_FILE} with defaults for MODEL, exit.")
+
+
+# the probe settings a check takes: None (not given) leaves the config's, then the defaults
+PROBE_SETTINGS = ("samples", "seed", "length", "tau", "scorer", "random_ids")
+CHECK_OPTIONS = (
+    options(CheckOptions, exclude=("quiet", "init")),
+    options(
+        DiagnoseSettings,
+        *PROBE_SETTINGS,
+        samples={"default": None, "help": f"Inputs per probe level (default {defaults.SAMPLES})."},
+        seed={"default": None, "help": f"Seed of the probe inputs (default {defaults.SEED})."},
+        length={"help": "Base length in tokens (ICL: points)."},
+        tau={"default": None, "help": help_of(DiagnoseSettings, "tau", f"{defaults.TAU:g}")},
+        scorer={"help": "Re-score attention with this spec first, e.g. ssa."},
+    ),  # fmt: skip
+    options(LoadOptions, device={"default": None}, dtype={"default": None}),
+    options(DiagnoseSettings, "strict"),
+    options(CheckOptions, "quiet", "init"),
+)
+LOADING = (
+    "allow_download",
+    "allow_pickle",
+    "trust_remote_code",
+    "device_map",
+    "max_memory",
+    "offline",
+    "revision",
+)
+
+
+@command(*CHECK_OPTIONS)
 def check_command(
     model_ref: str = typer.Argument(
         None, metavar="MODEL", help=r"HF folder, builtin:NAME, Hub id org/name\[@REV] (default: config's)."
     ),
-    config: Path = typer.Option(None, help=f"Config file (default: ./{CHECK_CONFIG_FILE} when it exists)."),
-    require: list[str] = typer.Option(
-        None,
-        "--require",
-        "-r",
-        help="A requirement (repeatable; replaces the config's), e.g. "
-        "'collapse_rate@outlier:100 max <= 0.2'.",
-    ),  # fmt: skip
-    baseline: Path = typer.Option(None, help="An earlier `check --json` or `diagnose --json` file."),
-    max_regression: float = typer.Option(
-        None, help="Fail when a metric moves this far (absolute) towards saturation vs --baseline."
-    ),
-    junit: Path = typer.Option(None, help="Write a JUnit XML report (one testcase per requirement)."),
-    json_out: Path = typer.Option(
-        None, "--json", help="Write the check (and its result) as JSON; - for stdout."
-    ),
-    overwrite: OverwriteFiles = False,
-    samples: int = typer.Option(None, min=1, help=f"Inputs per probe level (default {defaults.SAMPLES})."),
-    seed: int = typer.Option(None, help=f"Seed of the probe inputs (default {defaults.SEED})."),
-    length: int = typer.Option(None, min=2, help="Base length in tokens (ICL: points)."),
-    tau: float = typer.Option(
-        None, help=f"A row has collapsed when its largest weight is >= tau (default {defaults.TAU:g})."
-    ),
-    scorer: str = typer.Option(None, help="Re-score attention with this spec first, e.g. ssa."),
-    random_ids: bool = typer.Option(
-        False, "--random", help="Probe with random token ids (needed for a model without a tokenizer)."
-    ),
-    device: Device = None,
-    dtype: Dtype = None,
-    offline: Offline = False,
-    revision: Revision = None,
-    allow_download: AllowDownload = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemoteCode = False,
-    device_map: DeviceMap = None,
-    max_memory: MaxMemory = None,
-    strict: Strict = False,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures, errors and written files."),
-    init: bool = typer.Option(
-        False, "--init", help=f"Write {CHECK_CONFIG_FILE} with defaults for MODEL, exit."
-    ),
+    *,
+    given: Given,
 ) -> None:
     r"""Check MODEL against attention-saturation requirements; exit 0 if all pass, 1 if any fails.
 
@@ -108,33 +119,10 @@ def check_command(
       ssacli check --baseline main.json --max-regression 0.05 \
           --junit junit.xml --json check.json
     """
-    load = dict(
-        allow_download=allow_download, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-        device_map=device_map, max_memory=max_memory or None, offline=offline, revision=revision,
-    )  # fmt: skip
+    load = {name: getattr(given, name) for name in LOADING} | {"max_memory": given.max_memory or None}
+    out = given.of(CheckOptions)
     try:
-        if init:
-            unused = given(
-                require=require or None, baseline=baseline, max_regression=max_regression, junit=junit,
-                json=json_out, overwrite=overwrite or None, samples=samples, seed=seed, length=length,
-                tau=tau, scorer=scorer, strict=strict or None,
-            )  # fmt: skip
-            if unused:  # --init measures with its own settings and writes no report: these would be dropped
-                raise UsageError(
-                    f"--{next(iter(unused)).replace('_', '-')} applies to running a check; --init only "
-                    f"measures MODEL and writes {CHECK_CONFIG_FILE}: drop it, or run the check without --init"
-                )
-            check_inputs(models=[model_ref])  # before anything heavy is imported
-            code = _init(model_ref, config, given(device=device, dtype=dtype, random_ids=random_ids) | load)
-        else:
-            check_outputs(("--junit", junit), ("--json", json_out), overwrite=overwrite)  # before torch
-            check_inputs(scorers=[scorer], models=[model_ref], offline=offline, revision=revision)
-            settings = dict(
-                config=config, requires=require, baseline=baseline, max_regression=max_regression,
-                samples=samples, seed=seed, length=length, tau=tau, scorer=scorer, device=device,
-                dtype=dtype, strict=strict, random_ids=random_ids, **load,
-            )  # fmt: skip
-            code = _check(model_ref, settings, junit=junit, json_out=json_out, quiet=quiet)
+        code = _init(model_ref, out, given, load) if out.init else _check(model_ref, out, given, load)
     except Exception as err:  # a bad gate, a model that cannot be checked, a bug: one line
         if debugging():
             raise
@@ -148,22 +136,30 @@ def check_command(
 check_command.__doc__ = check_command.__doc__.replace("{exit_codes}", check_exit_codes_text())
 
 
-def _check(model_ref, settings, *, junit, json_out, quiet) -> int:
+def _check(model_ref: str | None, out: CheckOptions, given: Given, load: dict) -> int:
+    """Run the check: its settings (flags over the config), then the model, then the outputs."""
+    check_outputs(("--junit", out.junit), ("--json", out.json_out), overwrite=out.overwrite)  # before torch
+    check_inputs(scorers=[given.scorer], models=[model_ref], offline=given.offline, revision=given.revision)
     from .. import check_settings
 
-    check = check_settings(model_ref, **settings)  # requirements parsed: bad ones fail before loading
-    with progress(f"ssacli check {check.model}", quiet=quiet) as update:
+    probe = {name: getattr(given, name) for name in PROBE_SETTINGS}
+    check = check_settings(
+        model_ref, config=out.config, requires=out.require, baseline=out.baseline,
+        max_regression=out.max_regression, **probe, device=given.device, dtype=given.dtype,
+        strict=given.strict, **load,
+    )  # fmt: skip  # requirements parsed: bad ones fail before loading
+    with progress(f"ssacli check {check.model}", quiet=out.quiet) as update:
 
         def on_progress(what: str, done: int, total: int) -> None:
             update(description=f"ssacli check {check.model}: {what} {done}/{total}")
 
         report = check.run(progress=None if update is None else on_progress)  # no callback, no display
     outputs = []  # rendered in full before the first file is written
-    if junit is not None:
-        outputs.append((report.junit_xml(), junit))
-    if json_out is not None:
-        outputs.append((json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n", json_out))
-    _render(report, quiet)
+    if out.junit is not None:
+        outputs.append((report.junit_xml(), out.junit))
+    if out.json_out is not None:
+        outputs.append((json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n", out.json_out))
+    _render(report, out.quiet)
     console = Console()
     for text, path in outputs:
         write_output(text, path, console)
@@ -216,13 +212,25 @@ def _num(value: float | None) -> str:
     return "–" if value is None or value != value else f"{value:.4g}"
 
 
-def _init(model_ref: str | None, config: Path | None, load: dict) -> int:
+def _init(model_ref: str | None, out: CheckOptions, given: Given, load: dict) -> int:
     """--init: write a commented ssacli.toml measured on MODEL; never overwrite one."""
+    unused = given_only(
+        require=out.require or None, baseline=out.baseline, max_regression=out.max_regression,
+        junit=out.junit, json=out.json_out, overwrite=out.overwrite or None, samples=given.samples,
+        seed=given.seed, length=given.length, tau=given.tau, scorer=given.scorer, strict=given.strict or None,
+    )  # fmt: skip
+    if unused:  # --init measures with its own settings and writes no report: these would be dropped
+        raise UsageError(
+            f"--{next(iter(unused)).replace('_', '-')} applies to running a check; --init only "
+            f"measures MODEL and writes {CHECK_CONFIG_FILE}: drop it, or run the check without --init"
+        )
+    check_inputs(models=[model_ref])  # before anything heavy is imported
     from .. import ModelKind, write_check_config
 
-    model, target = model_ref or DEFAULT_MODEL, config or Path(CHECK_CONFIG_FILE)
+    measured = given_only(device=given.device, dtype=given.dtype, random_ids=given.random_ids) | load
+    model, target = model_ref or DEFAULT_MODEL, out.config or Path(CHECK_CONFIG_FILE)
     with progress(f"measuring {model} for {target}", quiet=False):
-        kind = write_check_config(model, target, **load)
+        kind = write_check_config(model, target, **measured)
     article = "an" if kind == ModelKind.ICL else "a"
     Console().print(
         f"wrote {target} (requirements measured on {article} {kind} model; see the comments)", highlight=False

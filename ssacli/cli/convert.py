@@ -9,133 +9,57 @@ extends a run without repeating its settings. What a run shows while it trains i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 
-from ..defaults import DEVICE, DTYPE, FINETUNE_STEPS, MAX_KL_PER_TOKEN, MAX_RELATIVE_ERROR
+from .. import ConvertSettings, LoadOptions
+from ..defaults import FINETUNE_STEPS, MAX_KL_PER_TOKEN
 from ..errors import UsageError
 from ..files import check_writable_folder
-from .options import (
-    DATA_HELP,
-    STEPS_HELP,
-    AllowDownload,
-    AllowPickle,
-    AnnealN,
-    Attention,
-    BatchSize,
-    CheckpointEvery,
-    Device,
-    DeviceMap,
-    GradAccum,
-    LogEvery,
-    Lr,
-    MaxMemory,
-    Model,
-    MonitorEvery,
-    Offline,
-    QuietTraining,
-    Revision,
-    RunJson,
-    Schedule,
-    ScorerLr,
-    SeqLen,
-    Strict,
-    TrainSeed,
-    TrainWhat,
-    TrustRemoteCode,
-    Warmup,
-    WeightDecay,
-    check_inputs,
-    check_outputs,
-    given,
-    load_options,
-)
-from .outputs import write_run_json
-from .recipe import (
-    Control,
-    DistillSteps,
-    LmWeight,
-    LoraRank,
-    MaxLoss,
-    RecipeB,
-    Stages,
-    TargetN,
-    TransferSteps,
-    recipe_config,
-    run_recipe,
-    wants_recipe,
-)
-from .training import is_rank0, print_trained, training_display
+from ..setting import setting
+from .declared import Given, command, options
+from .options import DATA_HELP, FinetuneOptions, Model, check_inputs, check_outputs, quiet_training, run_json
+from .recipe import RecipeOptions, recipe_config, run_recipe, wants_recipe
+from .training import is_rank0, print_trained, training_display, write_run_json
 
 
-def convert_command(
-    model_ref: Model,
-    scorer: str = typer.Option(..., help="Scorer spec, e.g. ssa:init=faithful or ssa:init=faithful,m=256."),
-    out: Path = typer.Option(
-        ..., help="Folder to write (plain transformers loads it only while its scorer is a faithful softmax)."
-    ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace --out (ssacli's or empty only) and a --json file."
-    ),
-    do_finetune: bool = typer.Option(False, "--finetune", help="Fine-tune after converting (needs --data)."),
-    resume: bool = typer.Option(
-        False, "--resume", help="With --finetune: continue the run stopped in --out (give the same options)."
-    ),
-    stages: Stages = None,
-    target_n: TargetN = None,
-    recipe_b: RecipeB = None,
-    transfer_steps: TransferSteps = None,
-    distill_steps: DistillSteps = None,
-    lora_rank: LoraRank = None,
-    lm_weight: LmWeight = None,
-    max_loss: MaxLoss = None,
-    control: Control = None,
-    text: Path = typer.Option(
-        None,
-        "--text",
-        help="Calibration text file: fidelity and m=auto are measured on windows of it (default: the "
-        "start of --data when fine-tuning a text, else the built-in probe texts).",
-    ),
-    max_error: float = typer.Option(
-        None,
-        "--max-error",
-        help=f"Fidelity target: KL nats/token for models with a vocabulary (default "
-        f"{MAX_KL_PER_TOKEN:g}), relative error of the output otherwise (default "
-        f"{MAX_RELATIVE_ERROR:g}). m=auto meets it or exits 5.",
-    ),
-    data: str = typer.Option(None, help=DATA_HELP),
-    steps: int = typer.Option(None, min=1, help=STEPS_HELP),
-    lr: Lr = None,
-    scorer_lr: ScorerLr = None,
-    monitor_every: MonitorEvery = None,
-    batch_size: BatchSize = None,
-    seq_len: SeqLen = None,
-    grad_accum: GradAccum = None,
-    warmup: Warmup = None,
-    schedule: Schedule = None,
-    weight_decay: WeightDecay = None,
-    seed: TrainSeed = None,
-    train: TrainWhat = None,
-    anneal_n: AnnealN = None,
-    checkpoint_every: CheckpointEvery = None,
-    log_every: LogEvery = None,
-    attention: Attention = None,
-    device: Device = DEVICE,
-    dtype: str = typer.Option(DTYPE, help="auto (float32 on CPU and when fine-tuning), float32, bfloat16."),
-    offline: Offline = False,
-    revision: Revision = None,
-    allow_download: AllowDownload = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemoteCode = False,
-    device_map: DeviceMap = None,
-    max_memory: MaxMemory = None,
-    strict: Strict = False,
-    json_out: RunJson = None,
-    quiet: QuietTraining = False,
-) -> None:
+@dataclass(frozen=True)
+class ConvertOptions:
+    """convert's options that only the command line has: the scorer and the folder (the API takes
+    them as arguments), what else runs, and what is written and shown."""
+
+    scorer: str = setting(help="Scorer spec, e.g. ssa:init=faithful or ssa:init=faithful,m=256.", type=str)
+    out: Path = setting(
+        help="Folder to write (plain transformers loads it only while its scorer is a faithful softmax).",
+        type=Path,
+    )
+    overwrite: bool = setting(False, "Replace --out (ssacli's or empty only) and a --json file.")
+    finetune: bool = setting(False, "Fine-tune after converting (needs --data).")
+    resume: bool = setting(
+        False, "With --finetune: continue the run stopped in --out (give the same options)."
+    )
+    json_out: Path | None = run_json()
+    quiet: bool = quiet_training()
+
+
+CONVERT_DTYPE_HELP = "auto (float32 on CPU and when fine-tuning), float32, bfloat16."
+CONVERT_OPTIONS = (
+    options(ConvertOptions, "scorer", "out", "overwrite", "finetune", "resume"),
+    RecipeOptions,
+    options(ConvertSettings, "text", "max_error"),
+    FinetuneOptions,
+    options(LoadOptions, dtype={"help": CONVERT_DTYPE_HELP}),
+    options(ConvertSettings, "strict"),
+    options(ConvertOptions, "json_out", "quiet"),
+)
+
+
+@command(*CONVERT_OPTIONS)
+def convert_command(model_ref: Model, *, given: Given) -> None:
     r"""Swap MODEL's attention scorer, report how close it stays, and save it to --out.
 
     Fidelity compares outputs before and after the swap on the same inputs: KL per token and
@@ -154,113 +78,133 @@ def convert_command(
       ssacli convert ./gpt2 --scorer ssa:init=faithful --out ./g \
           --finetune --data c.txt --anneal-n 8
     """
-    check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out), overwrite=overwrite)
-    check_inputs(scorers=[scorer], models=[model_ref], offline=offline, revision=revision)
-    options = given(
-        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
-        batch_size=batch_size, seq_len=seq_len,
-        grad_accum=grad_accum, warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed,
-        train=train, anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
-        attention=attention,
-    )  # fmt: skip
-    recipe = given(
-        target_n=target_n, b=recipe_b, transfer_steps=transfer_steps, distill_steps=distill_steps,
-        lora_rank=lora_rank, lm_weight=lm_weight, max_loss=max_loss,
-    )  # fmt: skip
-    flags = {**options, **recipe, **given(stages=stages, resume=resume or None, control=control)}
-    if flags and not do_finetune:
-        raise UsageError(f"--{next(iter(flags)).replace('_', '-')} only applies with --finetune")
-    use_recipe = do_finetune and wants_recipe(stages, scorer, data)
-    if (recipe or control is not None) and not use_recipe:
-        name = next(iter(recipe), "control")
-        name = "recipe-b" if name == "b" else name.replace("_", "-")
-        raise UsageError(f"--{name} applies to the conversion recipe (--stages auto or transfer,distill)")
-    load = load_options(
-        device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,
-        offline=offline, revision=revision,
-    )  # fmt: skip
-    placed = given(device_map=load.device_map, max_memory=load.max_memory)
-    if placed and do_finetune:
+    run = given.of(ConvertOptions)
+    check_writable_folder(run.out, "--out")  # before anything heavy is imported
+    check_outputs(("--json", run.json_out), overwrite=run.overwrite)
+    check_inputs(scorers=[run.scorer], models=[model_ref], offline=given.offline, revision=given.revision)
+    tuning, recipe = given.of(FinetuneOptions), given.of(RecipeOptions)
+    use_recipe = _finetune_options_apply(run, tuning, recipe)
+    load = given.of(LoadOptions)
+    _check_placement(load, run.finetune)
+    calibration = _read_text(given.text) if given.text is not None else None  # an unreadable file is exit 4
+    fidelity = _Fidelity()
+    if not run.finetune:
+        _convert(model_ref, run, given.of(ConvertSettings, text=calibration), load, fidelity)
+    elif use_recipe:
+        config = recipe_config(recipe.stages, run.scorer, tuning.given(), recipe.given())  # before loading
+        run_recipe(model_ref, run.out, config, overwrite=run.overwrite, resume=run.resume, text=calibration,
+                   quiet=run.quiet, show_fidelity=fidelity, load=load, strict=given.strict,
+                   control=recipe.control)  # fmt: skip
+        write_run_json("convert", run.json_out, run.out, control=recipe.control, **fidelity.measured)
+    else:
+        _convert_and_finetune(model_ref, run, given, calibration, load, fidelity)
+
+
+def _finetune_options_apply(run: ConvertOptions, tuning: FinetuneOptions, recipe: RecipeOptions) -> bool:
+    """Refuse fine-tuning options without --finetune, and recipe options where the recipe does not
+    run; return whether it runs."""
+    chosen = {"stages": recipe.stages, "resume": run.resume or None, "control": recipe.control}
+    flags = {**tuning.given(), **recipe.given(), **{k: v for k, v in chosen.items() if v is not None}}
+    if flags and not run.finetune:
+        raise UsageError(f"{_flag(next(iter(flags)))} only applies with --finetune")
+    use_recipe = run.finetune and wants_recipe(recipe.stages, run.scorer, tuning.data)
+    if (recipe.given() or recipe.control is not None) and not use_recipe:
+        name = next(iter(recipe.given()), "control")
         raise UsageError(
-            f"--{next(iter(placed)).replace('_', '-')} applies to convert without --finetune (fine-tuning "
+            f"{_flag(name)} applies to the conversion recipe (--stages auto or transfer,distill)"
+        )
+    return use_recipe
+
+
+def _flag(name: str) -> str:
+    """The option of a fine-tuning or recipe setting, as the user typed it."""
+    return "--recipe-b" if name == "b" else "--" + name.replace("_", "-")
+
+
+def _check_placement(load: LoadOptions, finetune: bool) -> None:
+    """--device-map and --max-memory place a model for inference: refused with --finetune."""
+    placed = [name for name in ("device_map", "max_memory") if getattr(load, name) is not None]
+    if placed and finetune:
+        raise UsageError(
+            f"{_flag(placed[0])} applies to convert without --finetune (fine-tuning "
             "trains on one device per process; use torchrun or accelerate launch for several)"
         )
-    calibration = _read_text(text) if text is not None else None  # an unreadable file is exit 4
-    console = Console(quiet=not is_rank0())  # under torchrun, one copy of every line
 
-    measured: dict[str, Any] = {}  # the conversion's fidelity, for --json
 
-    def show_fidelity(report: dict[str, Any]) -> None:
-        measured["fidelity"] = report
+class _Fidelity:
+    """The conversion's ``on_converted``: print its fidelity (once under torchrun) and keep it for
+    --json (``measured``)."""
+
+    def __init__(self) -> None:
+        self.console = Console(quiet=not is_rank0())  # under torchrun, one copy of every line
+        self.measured: dict[str, Any] = {}
+
+    def __call__(self, report: dict[str, Any]) -> None:
+        self.measured["fidelity"] = report
         for line in fidelity_lines(report):
-            console.print(line, highlight=False, soft_wrap=True)
+            self.console.print(line, highlight=False, soft_wrap=True)
 
-    if not do_finetune:
-        from .. import ConvertSettings, convert_with
-        from ..preflight import check_model_out, local_model_path
 
-        check_model_out(out.expanduser(), local_model_path(model_ref), overwrite)  # never over the input
-        conversion = ConvertSettings(text=calibration, max_error=max_error, strict=strict)
-        _, report = convert_with(model_ref, scorer, conversion, load, out, overwrite=overwrite)
-        show_fidelity(report)
-        console.print(f"wrote {out}", highlight=False, soft_wrap=True)
-        write_run_json("convert", json_out, out, **measured)
-        return
-    if use_recipe:
-        config = recipe_config(stages, scorer, options, recipe)  # bad values fail before loading
-        run_recipe(model_ref, out, config, overwrite=overwrite, resume=resume, text=calibration, quiet=quiet,
-                   show_fidelity=show_fidelity, load=load, strict=strict, control=control)  # fmt: skip
-        write_run_json("convert", json_out, out, control=control, **measured)
-        return
-    from .. import ConvertSettings, convert_and_finetune_with, finetune_config
+def _convert(model_ref: str, run: ConvertOptions, conversion, load: LoadOptions, fidelity: _Fidelity) -> None:
+    """convert without --finetune: the conversion alone, saved to --out."""
+    from .. import convert_with
+    from ..preflight import check_model_out, local_model_path
 
-    config = finetune_config(**options)  # bad values fail before loading
-    conversion = ConvertSettings(text=calibration, max_error=max_error, strict=strict)
-    with training_display(config.steps, config.log_every, quiet) as on_step:
+    check_model_out(run.out.expanduser(), local_model_path(model_ref), run.overwrite)  # never over the input
+    _, report = convert_with(model_ref, run.scorer, conversion, load, run.out, overwrite=run.overwrite)
+    fidelity(report)
+    fidelity.console.print(f"wrote {run.out}", highlight=False, soft_wrap=True)
+    write_run_json("convert", run.json_out, run.out, **fidelity.measured)
+
+
+def _convert_and_finetune(
+    model_ref: str, run: ConvertOptions, given: Given, calibration: str | None, load: LoadOptions,
+    fidelity: _Fidelity,
+) -> None:  # fmt: skip
+    """convert --finetune without the recipe: convert, then one fine-tuning run."""
+    from .. import convert_and_finetune_with, finetune_config
+
+    config = finetune_config(**given.of(FinetuneOptions).given())  # bad values fail before loading
+    conversion = given.of(ConvertSettings, text=calibration)
+    with training_display(config.steps, config.log_every, run.quiet) as on_step:
         trained, _ = convert_and_finetune_with(
-            model_ref, scorer, out, config, conversion, load, overwrite=overwrite, resume=resume,
-            on_converted=show_fidelity, on_step=on_step,
+            model_ref, run.scorer, run.out, config, conversion, load, overwrite=run.overwrite,
+            resume=run.resume, on_converted=fidelity, on_step=on_step,
         )  # fmt: skip
-    print_trained(out, trained.path)
-    write_run_json("convert", json_out, out, **measured)
+    print_trained(run.out, trained.path)
+    write_run_json("convert", run.json_out, run.out, **fidelity.measured)
 
 
+@dataclass(frozen=True)
+class FinetuneRun:
+    """finetune's options that only the command line has: where it writes, and what it shows."""
+
+    out: Path | None = setting(
+        None, "Folder to write (default: DIR-ft, beside DIR; DIR is left alone).", type=Path
+    )
+    in_place: bool = setting(False, "Write over DIR itself (continuing the run recorded there, if any).")
+    resume: bool = setting(False, "Continue the run recorded in --out (without --out: in DIR).")
+    overwrite: bool = setting(False, "Replace --out if it exists (ssacli's only) and a --json file.")
+    json_out: Path | None = run_json()
+    quiet: bool = quiet_training()
+
+
+RESUMED_DATA_HELP = DATA_HELP + " Default: the data of the run recorded in --out."
+RUN_STEPS_HELP = f"Total optimizer steps of the run (default {FINETUNE_STEPS})."
+FINETUNE_OPTIONS = (
+    options(FinetuneOptions, "data", data={"help": RESUMED_DATA_HELP}),
+    options(FinetuneRun, "out", "in_place", "resume", "overwrite"),
+    options(FinetuneOptions, exclude=("data",), steps={"help": RUN_STEPS_HELP}),
+    options(LoadOptions, "device", "trust_remote_code"),
+    options(FinetuneRun, "json_out", "quiet"),
+)
+
+
+@command(*FINETUNE_OPTIONS)
 def finetune_command(
     model_dir: str = typer.Argument(..., metavar="DIR", help="A folder written by convert (or any MODEL)."),
-    data: str = typer.Option(None, help=DATA_HELP + " Default: the data of the run recorded in --out."),
-    out: Path = typer.Option(None, help="Folder to write (default: DIR-ft, beside DIR; DIR is left alone)."),
-    in_place: bool = typer.Option(
-        False, "--in-place", help="Write over DIR itself (continuing the run recorded there, if any)."
-    ),
-    resume: bool = typer.Option(
-        False, "--resume", help="Continue the run recorded in --out (without --out: in DIR)."
-    ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace --out if it exists (ssacli's only) and a --json file."
-    ),
-    steps: int = typer.Option(
-        None, min=1, help=f"Total optimizer steps of the run (default {FINETUNE_STEPS})."
-    ),
-    lr: Lr = None,
-    scorer_lr: ScorerLr = None,
-    monitor_every: MonitorEvery = None,
-    batch_size: BatchSize = None,
-    seq_len: SeqLen = None,
-    grad_accum: GradAccum = None,
-    warmup: Warmup = None,
-    schedule: Schedule = None,
-    weight_decay: WeightDecay = None,
-    seed: TrainSeed = None,
-    train: TrainWhat = None,
-    anneal_n: AnnealN = None,
-    checkpoint_every: CheckpointEvery = None,
-    log_every: LogEvery = None,
-    attention: Attention = None,
-    device: Device = DEVICE,
-    trust_remote_code: TrustRemoteCode = False,
-    json_out: RunJson = None,
-    quiet: QuietTraining = False,
+    *,
+    given: Given,
 ) -> None:
     r"""Fine-tune a converted folder, or continue a fine-tuning run.
 
@@ -279,26 +223,21 @@ def finetune_command(
       ssacli finetune ./gpt2-ssa --data corpus.jsonl --out ./gpt2-ssa-ft \
           --train scorer
     """
-    if out is not None:
-        check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out), overwrite=overwrite)
-    options = given(
-        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, monitor_every=monitor_every,
-        batch_size=batch_size, seq_len=seq_len,
-        grad_accum=grad_accum, warmup=warmup, schedule=schedule, weight_decay=weight_decay, seed=seed,
-        train=train, anneal_n=anneal_n, checkpoint_every=checkpoint_every, log_every=log_every,
-        attention=attention,
-    )  # fmt: skip
+    run = given.of(FinetuneRun)
+    if run.out is not None:
+        check_writable_folder(run.out, "--out")  # before anything heavy is imported
+    check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     from .. import finetune, finetune_config
 
-    config = finetune_config(model_dir, out, resume=resume, in_place=in_place, **options)
-    with training_display(config.steps, config.log_every, quiet) as on_step:
+    tuning = given.of(FinetuneOptions).given()
+    config = finetune_config(model_dir, run.out, resume=run.resume, in_place=run.in_place, **tuning)
+    with training_display(config.steps, config.log_every, run.quiet) as on_step:
         trained = finetune(
-            model_dir, config, out, resume=resume, in_place=in_place, overwrite=overwrite, device=device,
-            on_step=on_step, trust_remote_code=trust_remote_code,
+            model_dir, config, run.out, resume=run.resume, in_place=run.in_place, overwrite=run.overwrite,
+            device=given.device, on_step=on_step, trust_remote_code=given.trust_remote_code,
         )  # fmt: skip
     print_trained(trained.path, trained.path)  # DIR-ft, --out, or DIR itself when asked
-    write_run_json("finetune", json_out, trained.path)
+    write_run_json("finetune", run.json_out, trained.path)
 
 
 def _read_text(path: Path) -> str:

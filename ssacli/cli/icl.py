@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -11,145 +13,155 @@ from rich.console import Console
 from .. import defaults as D
 from ..errors import UsageError
 from ..files import check_writable_folder, json_text
+from ..setting import setting
+from .declared import Given, command
 from .options import (
     ATTENTION_HELP,
     ICL_SIGMAS_TEXT,
     SCORER_LR_HELP,
-    OverwriteFiles,
-    RunJson,
     bar_columns,
     check_inputs,
     check_outputs,
     floats,
+    output_file,
+    overwrite_files,
     progress,
+    run_json,
 )
-from .outputs import is_stdout, write_output, write_run_json
+from .outputs import is_stdout, write_output
+from .training import write_run_json
+
+ICL_DEVICE_HELP = "auto, cpu or cuda."
 
 
-def icl_train(
-    task: str = typer.Option(..., help="every, some or linear."),
-    out: Path = typer.Option(..., help="Checkpoint folder to write."),
-    scorer: str = typer.Option(D.SCORER, help="Scorer spec, e.g. ssa or ssa:init=paper,learn=none."),
-    steps: int = typer.Option(D.ICL_STEPS, min=1, help="Training steps."),
-    batch_size: int = typer.Option(D.ICL_BATCH_SIZE, min=1, help="Prompts per step."),
-    lr: float = typer.Option(D.ICL_LR, help="Adam learning rate."),
-    scorer_lr: float = typer.Option(D.SCORER_LR, help=SCORER_LR_HELP),
-    seed: int = typer.Option(D.SEED, help="Seed for weights and data."),
-    preset: str = typer.Option(
-        D.ICL_PRESET, help="Model size: cpu (3x4x32), small (4x4x64), paper (12x8x256)."
-    ),
-    arch: str = typer.Option(
-        D.ICL_ARCH, help="Backbone: gpt2 (pre-LayerNorm blocks with MLP) or attn-only (no MLP, no LayerNorm)."
-    ),
-    layers: int = typer.Option(None, help="Override the preset's layers."),
-    heads: int = typer.Option(None, help="Override the preset's heads."),
-    width: int = typer.Option(None, help="Override the preset's width."),
-    points_start: int = typer.Option(D.ICL_POINTS_START, help="Curriculum: points per prompt at the start."),
-    points_end: int = typer.Option(D.ICL_POINTS, help="Curriculum: points per prompt at the end."),
-    points_every: int = typer.Option(
-        None, help="Curriculum: steps between +2 points (default: end at half-way)."
-    ),
-    checkpoint_every: int = typer.Option(
-        D.ICL_CHECKPOINT_EVERY, min=1, help="Write a checkpoint every K steps."
-    ),
-    attention: str = typer.Option(D.ATTENTION, help=f"{ATTENTION_HELP}."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace a checkpoint already in --out, and a --json file."
-    ),
-    device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
-    json_out: RunJson = None,
-) -> None:
+@dataclass(frozen=True)
+class ICLTrainOptions:
+    """icl train's options: each an :class:`ssacli.ICLTrainConfig` field of the same name, with its
+    default (tests/cli/test_declared.py checks), but for where the run is written and on what."""
+
+    task: str = setting(help="every, some or linear.", type=str)
+    out: Path = setting(help="Checkpoint folder to write.", type=Path)
+    scorer: str = setting(D.SCORER, "Scorer spec, e.g. ssa or ssa:init=paper,learn=none.")
+    steps: int = setting(D.ICL_STEPS, "Training steps.", min=1)
+    batch_size: int = setting(D.ICL_BATCH_SIZE, "Prompts per step.", min=1)
+    lr: float = setting(D.ICL_LR, "Adam learning rate.")
+    scorer_lr: float = setting(D.SCORER_LR, SCORER_LR_HELP)
+    seed: int = setting(D.SEED, "Seed for weights and data.")
+    preset: str = setting(D.ICL_PRESET, "Model size: cpu (3x4x32), small (4x4x64), paper (12x8x256).")
+    arch: str = setting(
+        D.ICL_ARCH, "Backbone: gpt2 (pre-LayerNorm blocks with MLP) or attn-only (no MLP, no LayerNorm)."
+    )
+    layers: int | None = setting(None, "Override the preset's layers.", type=int)
+    heads: int | None = setting(None, "Override the preset's heads.", type=int)
+    width: int | None = setting(None, "Override the preset's width.", type=int)
+    points_start: int = setting(D.ICL_POINTS_START, "Curriculum: points per prompt at the start.")
+    points_end: int = setting(D.ICL_POINTS, "Curriculum: points per prompt at the end.")
+    points_every: int | None = setting(
+        None, "Curriculum: steps between +2 points (default: end at half-way).", type=int
+    )
+    checkpoint_every: int = setting(D.ICL_CHECKPOINT_EVERY, "Write a checkpoint every K steps.", min=1)
+    attention: str = setting(D.ATTENTION, f"{ATTENTION_HELP}.")
+    resume: bool = setting(False, "Continue the run saved in --out.")
+    overwrite: bool = setting(False, "Replace a checkpoint already in --out, and a --json file.")
+    device: str = setting(D.DEVICE, ICL_DEVICE_HELP)
+    json_out: Path | None = run_json()
+
+    def config(self) -> dict[str, Any]:
+        """The ICLTrainConfig settings of the run."""
+        cli_only = ("out", "resume", "overwrite", "device", "json_out")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in cli_only}
+
+
+@command(ICLTrainOptions)
+def icl_train(*, given: Given) -> None:
     """Train an ICL model from scratch with any scorer."""
-    check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out), overwrite=overwrite)
-    check_inputs(scorers=[scorer])
+    run = given.of(ICLTrainOptions)
+    check_writable_folder(run.out, "--out")  # before anything heavy is imported
+    check_outputs(("--json", run.json_out), overwrite=run.overwrite)
+    check_inputs(scorers=[run.scorer])
     from rich.progress import TextColumn, TimeRemainingColumn
 
     from .. import ICLTrainConfig, train_icl
 
-    config = ICLTrainConfig(
-        task=task,
-        scorer=scorer,
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        scorer_lr=scorer_lr,
-        seed=seed,
-        preset=preset,
-        layers=layers,
-        heads=heads,
-        width=width,
-        points_start=points_start,
-        points_end=points_end,
-        points_every=points_every,
-        checkpoint_every=checkpoint_every,
-        attention=attention,
-        arch=arch,
-    )
+    config = ICLTrainConfig(**run.config())
     config.validate()  # before the progress bar (drawn even off a terminal) starts
     stats = TextColumn("loss {task.fields[loss]:.4f} · {task.fields[points]} pts")
     columns = bar_columns(stats, TimeRemainingColumn())
-    fields = {"total": steps, "loss": float("nan"), "points": points_start}
-    with progress(f"{task}/{scorer}", columns, always=True, transient=False, **fields) as update:
+    fields = {"total": run.steps, "loss": float("nan"), "points": run.points_start}
+    with progress(f"{run.task}/{run.scorer}", columns, always=True, transient=False, **fields) as update:
 
         def on_step(step: int, loss: float, points: int) -> None:
             update(completed=step, loss=loss, points=points)
 
-        model = train_icl(config, out, resume=resume, overwrite=overwrite, device=device, on_step=on_step)
+        model = train_icl(
+            config, run.out, resume=run.resume, overwrite=run.overwrite, device=run.device, on_step=on_step
+        )
     history = model.spec.training["history"]
-    typer.echo(f"wrote {out} (step {model.spec.training['step']}, last logged loss {history[-1][1]:.4g})")
-    write_run_json("icl train", json_out, out)
+    typer.echo(f"wrote {run.out} (step {model.spec.training['step']}, last logged loss {history[-1][1]:.4g})")
+    write_run_json("icl train", run.json_out, run.out)
 
 
-def icl_eval(
-    model_ref: str = typer.Argument(..., metavar="MODEL", help="Checkpoint folder or builtin:NAME."),
-    sigma: str = typer.Option(ICL_SIGMAS_TEXT, help="Comma-separated σ of the inputs."),
-    length: str = typer.Option(
-        ",".join(map(str, D.ICL_LENGTHS)), help="Comma-separated prompt lengths (points)."
-    ),
-    outlier: str = typer.Option(None, help="Planted outliers VALUE@POSITION, comma-separated, e.g. 1000@3."),
-    prompts: int = typer.Option(D.ICL_PROMPTS, min=1, help="Prompts per cell."),
-    coef_sigma: float = typer.Option(D.ICL_COEF_SIGMA, help="linear: σ of the coefficients a, b."),
-    seed: int = typer.Option(D.SEED, help="Seed of the evaluation prompts."),
-    json_out: Path = typer.Option(
-        None, "--json", help="Write the results as JSON to this file; - for stdout."
-    ),
-    plot: Path = typer.Option(None, help="Write a figure (png, pdf, svg) to this file."),
-    overwrite: OverwriteFiles = False,
-    device: str = typer.Option(D.DEVICE, help="auto, cpu or cuda."),
-) -> None:
+@dataclass(frozen=True)
+class ICLEvalOptions:
+    """icl eval's options: :func:`ssacli.evaluate_icl`'s keywords as the command line spells them
+    (comma-separated lists), and the files written."""
+
+    sigma: str = setting(ICL_SIGMAS_TEXT, "Comma-separated σ of the inputs.")
+    length: str = setting(",".join(map(str, D.ICL_LENGTHS)), "Comma-separated prompt lengths (points).")
+    outlier: str | None = setting(
+        None, "Planted outliers VALUE@POSITION, comma-separated, e.g. 1000@3.", type=str
+    )
+    prompts: int = setting(D.ICL_PROMPTS, "Prompts per cell.", min=1)
+    coef_sigma: float = setting(D.ICL_COEF_SIGMA, "linear: σ of the coefficients a, b.")
+    seed: int = setting(D.SEED, "Seed of the evaluation prompts.")
+    json_out: Path | None = output_file("--json", "Write the results as JSON to this file; - for stdout.")
+    plot: Path | None = setting(None, "Write a figure (png, pdf, svg) to this file.", type=Path)
+    overwrite: bool = overwrite_files()
+    device: str = setting(D.DEVICE, ICL_DEVICE_HELP)
+
+
+ICLModel = typer.Argument(..., metavar="MODEL", help="Checkpoint folder or builtin:NAME.")
+
+
+@command(ICLEvalOptions)
+def icl_eval(model_ref: str = ICLModel, *, given: Given) -> None:
     """Evaluate an ICL model over σ × length, and with planted outliers."""
-    if is_stdout(plot):
+    run = given.of(ICLEvalOptions)
+    if is_stdout(run.plot):
         raise UsageError("--plot needs a file name: its suffix (png, pdf, svg) picks the format")
-    check_outputs(("--json", json_out), ("--plot", plot), overwrite=overwrite)  # before any heavy import
+    check_outputs(("--json", run.json_out), ("--plot", run.plot), overwrite=run.overwrite)  # first
     check_inputs(models=[model_ref])
     from .. import evaluate_icl, icl_evaluation_legend, icl_evaluation_tables
     from ..preflight import parse_outlier
 
-    lengths = tuple(int(v) for v in floats(length, "length"))
+    lengths = tuple(int(v) for v in floats(run.length, "length"))
     try:
-        probes = [parse_outlier(v) for v in outlier.split(",")] if outlier else []
+        probes = [parse_outlier(v) for v in run.outlier.split(",")] if run.outlier else []
     except ValueError as err:
         raise UsageError(str(err)) from None
-    sigmas = floats(sigma, "sigma")
     result = evaluate_icl(
-        model_ref, sigmas=sigmas, lengths=lengths, outliers=tuple(probes), prompts=prompts,
-        coef_sigma=coef_sigma, seed=seed, device=device,
+        model_ref, sigmas=floats(run.sigma, "sigma"), lengths=lengths, outliers=tuple(probes),
+        prompts=run.prompts, coef_sigma=run.coef_sigma, seed=run.seed, device=run.device,
     )  # fmt: skip
     model, cells = result.model, result.cells
     console = Console()
     for table in icl_evaluation_tables(cells, model.spec.task, model.spec.scorer):
         console.print(table)
     console.print(icl_evaluation_legend(model.spec.task), style="dim")
-    if json_out is not None:
-        write_output(json_text(result.to_dict()), json_out, console)
-    if plot is not None:
-        from .. import plot_icl_evaluation
+    if run.json_out is not None:
+        write_output(json_text(result.to_dict()), run.json_out, console)
+    if run.plot is not None:
+        _plot(model_ref, result, run.plot, console)
 
-        metric = "sequence error rate" if model.spec.task != "linear" else "MSE / Var(y)"
-        plot_icl_evaluation(cells, f"{model_ref}: {model.spec.task}, {model.spec.scorer}", metric, plot)
-        console.print(f"wrote {plot}")
+
+def _plot(model_ref: str, result, path: Path, console: Console) -> None:
+    """--plot: the evaluation's figure, in the format of the file's suffix."""
+    from .. import plot_icl_evaluation
+
+    task, scorer = result.model.spec.task, result.model.spec.scorer
+    metric = "sequence error rate" if task != "linear" else "MSE / Var(y)"
+    plot_icl_evaluation(result.cells, f"{model_ref}: {task}, {scorer}", metric, path)
+    console.print(f"wrote {path}")
 
 
 def plan_size(plan, total: int) -> str:
@@ -166,31 +178,49 @@ def plan_size(plan, total: int) -> str:
     return f"{total} run{'s' if total != 1 else ''} ({' × '.join(parts)})"
 
 
-def icl_sweep(
-    out: Path = typer.Option(..., help="Folder for runs/, results.json and figures/."),
-    plan_file: Path = typer.Option(None, "--plan", help="A JSON plan (see docs/results/icl-plan.json)."),
-    task: list[str] = typer.Option(list(D.ICL_SWEEP_TASKS), help="Task (repeat the flag for several)."),
-    scorer: list[str] = typer.Option(
-        list(D.ICL_SWEEP_SCORERS), help="Scorer spec (repeat the flag for several)."
-    ),
-    seeds: int = typer.Option(D.ICL_SWEEP_SEEDS, min=1, help="Seeds per scorer."),
-    steps: int = typer.Option(D.ICL_SWEEP_STEPS, min=1, help="Training steps per run."),
-    lr: float = typer.Option(D.ICL_LR, help="Adam learning rate."),
-    prompts: int = typer.Option(D.ICL_PROMPTS, min=1, help="Evaluation prompts per cell."),
-    jobs: int = typer.Option(D.SWEEP_JOBS, min=1, help="Runs in parallel (one CPU thread each)."),
-    device: str = typer.Option(
-        D.ICL_SWEEP_DEVICE, help="cpu, cuda or auto: where every run trains and is evaluated."
-    ),
-) -> None:
+@dataclass(frozen=True)
+class ICLSweepOptions:
+    """icl sweep's options: where it writes, a plan file or the grid of
+    :meth:`ssacli.ICLSweepPlan.from_specs` (its keywords of these names, with its defaults), and how
+    the runs share the machine."""
+
+    out: Path = setting(help="Folder for runs/, results.json and figures/.", type=Path)
+    plan_file: Path | None = setting(
+        None, "A JSON plan (see docs/results/icl-plan.json).", flags=("--plan",), type=Path
+    )
+    task: tuple[str, ...] = setting(
+        D.ICL_SWEEP_TASKS,
+        "Task (repeat the flag for several).",
+        type=list[str],
+        default_text=list(D.ICL_SWEEP_TASKS),
+    )
+    scorer: tuple[str, ...] = setting(
+        D.ICL_SWEEP_SCORERS, "Scorer spec (repeat the flag for several).", type=list[str],
+        default_text=list(D.ICL_SWEEP_SCORERS),
+    )  # fmt: skip
+    seeds: int = setting(D.ICL_SWEEP_SEEDS, "Seeds per scorer.", min=1)
+    steps: int = setting(D.ICL_SWEEP_STEPS, "Training steps per run.", min=1)
+    lr: float = setting(D.ICL_LR, "Adam learning rate.")
+    prompts: int = setting(D.ICL_PROMPTS, "Evaluation prompts per cell.", min=1)
+    jobs: int = setting(D.SWEEP_JOBS, "Runs in parallel (one CPU thread each).", min=1)
+    device: str = setting(D.ICL_SWEEP_DEVICE, "cpu, cuda or auto: where every run trains and is evaluated.")
+
+
+@command(ICLSweepOptions)
+def icl_sweep(*, given: Given) -> None:
     """Train and evaluate a grid of scorers × tasks × seeds; write results.json and figures."""
+    run = given.of(ICLSweepOptions)
+    out, plan_file, jobs = run.out, run.plan_file, run.jobs
     check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_inputs(scorers=[] if plan_file is not None else scorer)  # a --plan's: checked as it is read
+    check_inputs(scorers=[] if plan_file is not None else run.scorer)  # a --plan's: checked as it is read
     from .. import ICLSweepPlan, plot_icl_sweep, run_icl_sweep
 
     if plan_file is not None:
         plan = ICLSweepPlan.from_json(plan_file)
     else:
-        plan = ICLSweepPlan.from_specs(task, scorer, seeds=seeds, steps=steps, lr=lr, prompts=prompts)
+        plan = ICLSweepPlan.from_specs(
+            run.task, run.scorer, seeds=run.seeds, steps=run.steps, lr=run.lr, prompts=run.prompts
+        )
     plan.validate()  # a bad plan fails before the plan line below
     total = len(plan.runs())
     typer.echo(f"{plan_size(plan, total)}, {min(jobs, total)} at a time; a line as each run finishes")
@@ -204,6 +234,6 @@ def icl_sweep(
             f"final loss {result['final_loss']:.4g}, trained in {result['train_seconds']} s"
         )
 
-    summary = run_icl_sweep(plan, out, jobs=jobs, device=device, on_result=on_result)
+    summary = run_icl_sweep(plan, out, jobs=jobs, device=run.device, on_result=on_result)
     plot_icl_sweep(summary, out / "figures")
     typer.echo(f"wrote {out / 'results.json'} and {out / 'figures'} ({summary['wall_seconds']} s)")

@@ -1,9 +1,11 @@
-"""What the commands share: option types, option-value parsers, the progress display and the
-one-line error report.
+"""What the commands share: the options several commands have, option-value parsers, the help
+pages, the progress display and the one-line error report.
 
-Options used by several commands are ``typing.Annotated`` types (``device: Device = "auto"``): the
-flag names and help live here once, each command keeps its own default. Fine-tuning options are
-shared by ``convert --finetune`` and ``finetune`` and default to None on purpose (see cli/convert.py).
+A command's options are the fields of settings values (ssacli/cli/declared.py): the API's own
+(DiagnoseSettings, LoadOptions, …) and, for what only the command line has, a frozen dataclass of
+the command's module. The fields several commands share are made here (:func:`overwrite_files`,
+:func:`figure_folder`, …), as are the fine-tuning options of ``convert --finetune`` and ``finetune``
+(:class:`FinetuneOptions`), which default to None on purpose (see cli/convert.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,58 +23,26 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from .. import LoadOptions, parse_spec
 from .. import defaults as D
+from .. import parse_spec
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
-from ..preflight import DATA_FORMS, DEVICE_MAPS, check_model_reference, fetch_model_reference
+from ..preflight import DATA_FORMS, check_model_reference, fetch_model_reference
+from ..setting import setting
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
 # {builtins}: the bundled models, as installed, filled in when help is shown (ModelCommand)
 MODEL_HELP = r"HF folder, builtin:NAME ({builtins}), or Hub id org/name\[@REV]."  # \[: not rich markup
-TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
 DATA_HELP = f"Training data: {DATA_FORMS}."
-
-# ---- loading a MODEL (diagnose, check, convert, report) -------------------------------------------
-
 Model = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]
 OptionalModel = Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)]  # usage adds the [ ]
-Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-Dtype = Annotated[
-    str, typer.Option(help="auto (float32 on CPU), float32, bfloat16, float16 or float64 (reference).")
-]
-# Hub ids download by default since issue 42, as in transformers: the flag stays so scripts keep working
-AllowDownload = Annotated[
-    bool, typer.Option("--allow-download", help="Deprecated, no effect: Hub ids download unless --offline.")
-]
-OFFLINE_HELP = "Never download: Hub ids from the Hugging Face cache only (as HF_HUB_OFFLINE=1)."
-Offline = Annotated[bool, typer.Option("--offline", help=OFFLINE_HELP)]
-REVISION_HELP = "Branch, tag or commit of a Hub id MODEL (as MODEL@REV); the commit is recorded."
-Revision = Annotated[str, typer.Option("--revision", metavar="REV", help=REVISION_HELP)]
-AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Load .bin weights (weights_only=True).")]
-TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=TRUST_HELP)]
-DEVICE_MAP_HELP = (
-    f"Place MODEL over GPUs, CPU and disk with accelerate: {', '.join(DEVICE_MAPS)} (cpu: the CPU, "
-    r'then the disk). Needs pip install "ssacli\[big]".'  # \[: rich markup would eat "[big]"
-)
-DeviceMap = Annotated[str, typer.Option("--device-map", help=DEVICE_MAP_HELP)]
-MAX_MEMORY_HELP = (
-    "With --device-map: DEVICE=SIZE (cpu=200MB, 0=10GiB), repeated or comma-separated; what fits "
-    "nowhere goes to a temporary folder on disk."
-)
-MaxMemory = Annotated[list[str], typer.Option("--max-memory", help=MAX_MEMORY_HELP)]
-STRICT_HELP = "Refuse a family the all-family audit did not cover (docs/models.md)."
-Strict = Annotated[bool, typer.Option("--strict", help=STRICT_HELP)]
 
-# ICL evaluation's grid as the options take it (report, icl eval): comma-separated
-ICL_SIGMAS_TEXT = ",".join(f"{s:g}" for s in D.ICL_SIGMAS)
-ICL_OUTLIERS_TEXT = ",".join(f"{value:g}@{position}" for value, position in D.ICL_OUTLIERS)
+ICL_SIGMAS_TEXT, ICL_OUTLIERS_TEXT = D.ICL_SIGMAS_TEXT, D.ICL_OUTLIERS_TEXT  # report, icl eval
 HEATMAP_HELP = r"Heatmap METRIC\[@PROBE], e.g. collapse_rate@outlier."  # diagnose, render
 FINDINGS_HELP = (
     f"Findings the terminal lists, N or all (default {D.FINDINGS}); the rest are counted on a last "
     "line. JSON and HTML hold all."
 )  # diagnose, render
-FindingsShown = Annotated[str, typer.Option("--findings", metavar="all|N", help=FINDINGS_HELP)]
 
 
 def findings_budget(text: str | None) -> int | None:
@@ -88,54 +59,114 @@ def findings_budget(text: str | None) -> int | None:
         raise UsageError(f"--findings '{text}': give all or a count of 0 or more, e.g. --findings all")
     return count
 
+
 # ---- output -------------------------------------------------------------------------------------
 
-QuietOutput = Annotated[
-    bool, typer.Option("--quiet", "-q", help="Print nothing but errors and written files.")
-]
-QuietTraining = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or step log.")]
+QUIET_OUTPUT_HELP = "Print nothing but errors and written files."
 FIGURES_HELP = "Write the report's figures as {} files into DIR (replacing only ssacli's own)."
-PngDir = Annotated[Path, typer.Option("--png", metavar="DIR", help=FIGURES_HELP.format("PNG"))]
-SvgDir = Annotated[Path, typer.Option("--svg", metavar="DIR", help=FIGURES_HELP.format("SVG"))]
 OVERWRITE_FILES_HELP = "Replace output files (--json, --html, …) even where ssacli did not write them."
-OverwriteFiles = Annotated[bool, typer.Option("--overwrite", help=OVERWRITE_FILES_HELP)]
+
+
+def quiet_output() -> Any:
+    """--quiet / -q of a command that reports (diagnose, attribute, render, report)."""
+    return setting(False, QUIET_OUTPUT_HELP, flags=("--quiet", "-q"))
+
+
+def overwrite_files() -> Any:
+    """--overwrite of a command that writes output files."""
+    return setting(False, OVERWRITE_FILES_HELP, flags=("--overwrite",))
+
+
+def figure_folder(kind: str) -> Any:
+    """--png DIR or --svg DIR (``kind``): the report's figures as files."""
+    return setting(None, FIGURES_HELP.format(kind), flags=(f"--{kind.lower()}",), type=Path, metavar="DIR")
+
+
+def findings_shown() -> Any:
+    """--findings all|N (diagnose, render): how many findings the terminal lists."""
+    return setting(None, FINDINGS_HELP, flags=("--findings",), type=str, metavar="all|N")
+
+
+def output_file(option: str, help: str) -> Any:  # noqa: A002
+    """An output file option (``--json``, ``--html``, …; None: not written)."""
+    return setting(None, help, flags=(option,), type=Path)
+
+
 RUN_JSON_HELP = "Write the folder's record (its ssacli.json: fidelity, training) as JSON; - for stdout."
-RunJson = Annotated[Path, typer.Option("--json", help=RUN_JSON_HELP)]  # convert, finetune, train, icl train
+
+
+def run_json() -> Any:
+    """--json of a command that writes a model folder (convert, finetune, train, icl train)."""
+    return output_file("--json", RUN_JSON_HELP)
+
+
+def quiet_training() -> Any:
+    """--quiet / -q of a training command."""
+    return setting(False, "No progress bar or step log.", flags=("--quiet", "-q"))
+
 
 # ---- fine-tuning (convert --finetune, finetune): None = not given ------------------------------------
 
-Lr = Annotated[float, typer.Option(help=f"Peak AdamW learning rate (default {D.FINETUNE_LR:g}).")]
 SCORER_LR_HELP = (
     f"Learning rate of the scorer's parameters (b, n, ...): their own AdamW group, no weight decay "
     f"(default {D.SCORER_LR:g}; why: docs/convert.md)."
 )
-ScorerLr = Annotated[float, typer.Option(help=SCORER_LR_HELP)]
-MONITOR_HELP = "Measure attention saturation every N steps into the run's record (0: off)."
-MonitorEvery = Annotated[int, typer.Option(min=0, help=MONITOR_HELP)]
-BATCH_HELP = f"Sequences per micro-batch, ICL: prompts (default {D.TRAIN_BATCH_SIZE})."
-BatchSize = Annotated[int, typer.Option(min=1, help=BATCH_HELP)]
-SEQ_LEN_HELP = f"Tokens per training window, text data only (default {D.LM_SEQ_LEN})."
-SeqLen = Annotated[int, typer.Option(min=2, help=SEQ_LEN_HELP)]
-GradAccum = Annotated[int, typer.Option(min=1, help=f"Micro-batches per step (default {D.GRAD_ACCUM}).")]
 # the warmup FinetuneConfig.warmup_steps takes when none is given
 WARMUP_RULE = f"{100 / D.WARMUP_DIVISOR:g}% of --steps, at most {D.WARMUP_MAX}"
-Warmup = Annotated[int, typer.Option(min=0, help=f"Linear warmup steps (default {WARMUP_RULE}).")]
-SCHEDULE_HELP = (
-    f"After warmup: cosine (to {100 * D.MIN_LR_RATIO:g}% of --lr) or constant (default {D.SCHEDULE})."
-)
-Schedule = Annotated[str, typer.Option(help=SCHEDULE_HELP)]
-WEIGHT_DECAY_HELP = f"AdamW weight decay, on matrices only (default {D.WEIGHT_DECAY:g})."
-WeightDecay = Annotated[float, typer.Option(min=0, help=WEIGHT_DECAY_HELP)]
-TrainSeed = Annotated[int, typer.Option(help=f"Seed of the batches and dropout (default {D.SEED}).")]
-TRAIN_WHAT_HELP = f"all, or scorer: only the scorer's parameters (default {D.TRAIN_WHAT})."
-TrainWhat = Annotated[str, typer.Option(help=TRAIN_WHAT_HELP)]
-AnnealN = Annotated[float, typer.Option(help="SSA: move n linearly to this value over the run (b = 1/n).")]
-CHECKPOINT_HELP = f"Write a checkpoint every K steps (default {D.CHECKPOINT_EVERY})."
-CheckpointEvery = Annotated[int, typer.Option(min=1, help=CHECKPOINT_HELP)]
-LogEvery = Annotated[int, typer.Option(min=1, help=f"Record the loss every K steps (default {D.LOG_EVERY}).")]
 ATTENTION_HELP = "Attention kernels: auto (fused where no weights are needed), eager, fused"
-Attention = Annotated[str, typer.Option(help=f"{ATTENTION_HELP} (default {D.ATTENTION}).")]
-STEPS_HELP = f"Optimizer steps (default {D.FINETUNE_STEPS})."
+
+
+@dataclass(frozen=True)
+class FinetuneOptions:
+    """The fine-tuning settings of ``convert --finetune`` and ``finetune`` as the command line gives
+    them: None is not given, so ``convert`` refuses them without ``--finetune`` and ``finetune``
+    takes what is not given from the run recorded in the folder it resumes
+    (:func:`ssacli.finetune_config`). Each field is a :class:`ssacli.FinetuneConfig` field of the
+    same name, whose default its help names (tests/cli/test_declared.py checks both)."""
+
+    data: str | None = setting(None, DATA_HELP, type=str)
+    steps: int | None = setting(None, f"Optimizer steps (default {D.FINETUNE_STEPS}).", type=int, min=1)
+    lr: float | None = setting(None, f"Peak AdamW learning rate (default {D.FINETUNE_LR:g}).", type=float)
+    scorer_lr: float | None = setting(None, SCORER_LR_HELP, type=float)
+    monitor_every: int | None = setting(
+        None, "Measure attention saturation every N steps into the run's record (0: off).", type=int, min=0
+    )
+    batch_size: int | None = setting(
+        None, f"Sequences per micro-batch, ICL: prompts (default {D.TRAIN_BATCH_SIZE}).", type=int, min=1
+    )
+    seq_len: int | None = setting(
+        None, f"Tokens per training window, text data only (default {D.LM_SEQ_LEN}).", type=int, min=2
+    )
+    grad_accum: int | None = setting(
+        None, f"Micro-batches per step (default {D.GRAD_ACCUM}).", type=int, min=1
+    )
+    warmup: int | None = setting(None, f"Linear warmup steps (default {WARMUP_RULE}).", type=int, min=0)
+    schedule: str | None = setting(
+        None,
+        f"After warmup: cosine (to {100 * D.MIN_LR_RATIO:g}% of --lr) or constant (default {D.SCHEDULE}).",
+        type=str,
+    )
+    weight_decay: float | None = setting(
+        None, f"AdamW weight decay, on matrices only (default {D.WEIGHT_DECAY:g}).", type=float, min=0
+    )
+    seed: int | None = setting(None, f"Seed of the batches and dropout (default {D.SEED}).", type=int)
+    train: str | None = setting(
+        None, f"all, or scorer: only the scorer's parameters (default {D.TRAIN_WHAT}).", type=str
+    )
+    anneal_n: float | None = setting(
+        None, "SSA: move n linearly to this value over the run (b = 1/n).", type=float
+    )
+    checkpoint_every: int | None = setting(
+        None, f"Write a checkpoint every K steps (default {D.CHECKPOINT_EVERY}).", type=int, min=1
+    )
+    log_every: int | None = setting(
+        None, f"Record the loss every K steps (default {D.LOG_EVERY}).", type=int, min=1
+    )
+    attention: str | None = setting(None, f"{ATTENTION_HELP} (default {D.ATTENTION}).", type=str)
+
+    def given(self) -> dict[str, Any]:
+        """The settings given, by name (the keywords of :func:`ssacli.finetune_config`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 # ---- help pages that read at 80 columns --------------------------------------------------------------
@@ -231,28 +262,6 @@ class ModelCommand(HelpCommand):
             if param.help is not None and "{builtins}" in param.help:
                 param.help = param.help.format(builtins=", ".join(builtin_model_names()))
         super().format_help(ctx, formatter)
-
-
-def load_options(
-    device: str,
-    dtype: str,
-    allow_download: bool,
-    allow_pickle: bool,
-    trust_remote_code: bool,
-    device_map: str | None = None,
-    max_memory: list[str] | None = None,
-    *,
-    offline: bool = False,
-    revision: str | None = None,
-) -> LoadOptions:
-    """The flags that say how MODEL loads (:data:`Device` … :data:`MaxMemory`, :data:`Offline`,
-    :data:`Revision`) as the one value the API takes them as (no --max-memory: typer's empty list
-    is none)."""
-    return LoadOptions(
-        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory or None,
-        offline=offline, revision=revision,
-    )  # fmt: skip
 
 
 def given(**options: Any) -> dict[str, Any]:

@@ -5,8 +5,8 @@ stdout and everything else the command prints (tables, progress, ``wrote …`` l
 stray ``print``) to stderr, so ``ssacli diagnose --json - | python -m json.tool`` reads one whole
 document. The rule lives here once: :class:`~ssacli.cli.options.HelpCommand` (every command) runs
 the command inside :func:`stdout_for_data` when one of its output options is ``-``, and every
-command writes its outputs with :func:`write_output`. The training commands' ``--json`` document
-is :func:`run_document`. Torch-free at import, like every module of the CLI.
+command writes its outputs with :func:`write_output` (the training commands' ``--json`` document:
+:func:`ssacli.cli.training.run_document`). Torch-free at import, like every module of the CLI.
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ from typing import Any
 
 from rich.console import Console
 
-from ..files import json_text, write_bytes, write_text
+from ..files import write_bytes, write_text
 
 STDOUT = "-"  # an output file given as "-": written to stdout
 # The options whose value may be "-": every file output a command renders in memory first. A
 # folder (--out, --png, --svg) or a figure file (--plot, whose suffix picks its format) cannot be.
 STDOUT_OPTIONS = ("--json", "--html", "--csv", "--parquet", "--junit")
-RUN_SCHEMA = "ssacli-run"  # the --json document of convert, finetune, train and icl train
-RUN_SCHEMA_VERSION = 1
 
 _DATA_OUT: list[Any] = []  # the real stdout while a command that writes a document there runs
 
@@ -102,42 +100,3 @@ def write_figure_outputs(files: list[tuple[bytes, Path]], console: Console | Non
         names = ", ".join(dict.fromkeys(p.stem for p in paths))  # once each, with --png and --svg alike
         line = f"wrote {folder}/ ({len(paths)} {'/'.join(kinds)} files: {names})"
         (console or Console()).print(line, highlight=False, soft_wrap=True)
-
-
-def run_document(
-    command: str,
-    out: str | Path,
-    *,
-    fidelity: dict[str, Any] | None = None,
-    control: str | Path | None = None,
-) -> dict[str, Any]:
-    """The ``--json`` document of a command that writes a model folder (convert, finetune, train,
-    icl train): the folder and the record ssacli keeps in its ssacli.json (scorer, source, the
-    training run with its loss history, held-out losses and tokens/s; a recipe's stages), as
-    written; a conversion's ``fidelity`` as it was measured (an ICL folder does not keep it); with
-    a recipe's ``control``, that folder and its record too."""
-    from .. import folder_record
-
-    def side(folder: str | Path) -> dict[str, Any]:
-        folder = Path(folder).expanduser()
-        return {"out": str(folder.absolute()), "record": folder_record(folder)}
-
-    document: dict[str, Any] = {
-        "schema": RUN_SCHEMA,
-        "schema_version": RUN_SCHEMA_VERSION,
-        "command": command,
-    }
-    document |= side(out)
-    if fidelity is not None:
-        document["fidelity"] = fidelity
-    if control is not None:
-        document["control"] = side(control)
-    return document
-
-
-def write_run_json(command: str, path: str | Path | None, out: str | Path, **parts: Any) -> None:
-    """``--json PATH`` of a folder-writing command (None: not asked for): :func:`run_document`."""
-    from .training import is_rank0  # here, not at the top: training imports options, which imports this
-
-    if path is not None and is_rank0():  # under torchrun, one document: rank 0's (the others write no folder)
-        write_output(json_text(run_document(command, out, **parts)), path)

@@ -6,68 +6,78 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import ExitStack
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from rich.console import Console
 
 from .. import LoadOptions
 from .. import defaults as D
 from ..errors import UsageError
 from ..preflight import local_model_path
+from ..setting import setting
 from .training import training_display
 
 AUTO = "auto"  # --stages not given: the recipe for SSA on a causal LM's text, else one fine-tune
 STAGE_CHOICES = f"{AUTO}, lm, or a comma list of transfer, distill"
-Stages = Annotated[
-    str,
-    typer.Option(
-        help=f"With --finetune: {STAGE_CHOICES}. {AUTO}: the recipe for SSA on a causal LM's text "
+
+
+@dataclass(frozen=True)
+class RecipeOptions:
+    """``convert --finetune``'s recipe options as the command line gives them (None: not given):
+    ``stages`` and ``control`` choose what runs, the others are :class:`ssacli.RecipeConfig` fields of
+    the same names (tests/cli/test_declared.py checks), each refused unless the recipe runs."""
+
+    stages: str | None = setting(
+        None,
+        f"With --finetune: {STAGE_CHOICES}. {AUTO}: the recipe for SSA on a causal LM's text "
         f"({','.join(D.RECIPE_STAGES)}; transfer,distill when --transfer-steps is given), else lm (one "
         f"fine-tune) (default {AUTO}).",
-    ),
-]
-TargetN = Annotated[
-    float, typer.Option(help=f"Recipe: the n every layer ends at (default {D.RECIPE_TARGET_N:g}).")
-]
-RecipeB = Annotated[
-    str,
-    typer.Option(
-        help=f"Recipe: b learned (rescaled with n, then trained) or tied (1/n) (default {D.RECIPE_B})."
-    ),
-]
-TransferSteps = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        help=f"Recipe: run the attention-transfer stage first, this many steps (default: no transfer "
+        type=str,
+    )
+    target_n: float | None = setting(
+        None, f"Recipe: the n every layer ends at (default {D.RECIPE_TARGET_N:g}).", type=float
+    )
+    b: str | None = setting(
+        None,
+        f"Recipe: b learned (rescaled with n, then trained) or tied (1/n) (default {D.RECIPE_B}).",
+        flags=("--recipe-b",),
+        type=str,
+    )
+    transfer_steps: int | None = setting(
+        None,
+        f"Recipe: run the attention-transfer stage first, this many steps (default: no transfer "
         f"stage; with --stages transfer,distill {D.RECIPE_TRANSFER_STEPS}).",
-    ),
-]
-DistillSteps = Annotated[
-    int, typer.Option(min=1, help=f"Recipe: distillation steps (default {D.RECIPE_DISTILL_STEPS}).")
-]
-LoraRank = Annotated[
-    int, typer.Option(min=1, help=f"Recipe: LoRA rank of the distillation (default {D.RECIPE_LORA_RANK}).")
-]
-LmWeight = Annotated[
-    float, typer.Option(help=f"Recipe: weight of the LM loss beside the KL (default {D.RECIPE_LM_WEIGHT:g}).")
-]
-MaxLoss = Annotated[
-    float,
-    typer.Option(
-        help=f"Recipe: how far (nats/token) the held-out loss may end above the original's; the KL to the "
-        f"original is reported as fidelity (default {D.RECIPE_MAX_LOSS:g})."
-    ),
-]
-Control = Annotated[
-    Path,
-    typer.Option(
-        help="Recipe: also train the softmax control there (the same LoRA rank, data, steps, seed and "
+        type=int,
+        min=1,
+    )
+    distill_steps: int | None = setting(
+        None, f"Recipe: distillation steps (default {D.RECIPE_DISTILL_STEPS}).", type=int, min=1
+    )
+    lora_rank: int | None = setting(
+        None, f"Recipe: LoRA rank of the distillation (default {D.RECIPE_LORA_RANK}).", type=int, min=1
+    )
+    lm_weight: float | None = setting(
+        None, f"Recipe: weight of the LM loss beside the KL (default {D.RECIPE_LM_WEIGHT:g}).", type=float
+    )
+    max_loss: float | None = setting(
+        None,
+        f"Recipe: how far (nats/token) the held-out loss may end above the original's; the KL to the "
+        f"original is reported as fidelity (default {D.RECIPE_MAX_LOSS:g}).",
+        type=float,
+    )
+    control: Path | None = setting(
+        None,
+        "Recipe: also train the softmax control there (the same LoRA rank, data, steps, seed and "
         "objective, no SSA) and read quality against it; a folder holding that control is reused.",
-    ),
-]
+        type=Path,
+    )
+
+    def given(self) -> dict[str, Any]:
+        """The RecipeConfig settings given (``stages`` and ``control`` aside), by name."""
+        names = [f.name for f in fields(self) if f.name not in ("stages", "control")]
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
 def wants_recipe(stages: str | None, scorer: str, data: str | None) -> bool:

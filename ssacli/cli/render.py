@@ -8,43 +8,56 @@ file behind.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from ..defaults import HEATMAP
 from ..errors import UsageError
+from ..setting import setting
+from .declared import Given, command
 from .options import (
     HEATMAP_HELP,
-    FindingsShown,
-    OverwriteFiles,
-    PngDir,
-    QuietOutput,
-    SvgDir,
     check_outputs,
+    figure_folder,
     findings_budget,
+    findings_shown,
+    output_file,
+    overwrite_files,
+    quiet_output,
 )
 from .outputs import check_figure_outputs, figure_outputs, is_stdout, write_figure_outputs, write_output
 
 
-def render_command(
-    result_file: Path = typer.Argument(
-        ..., metavar="RESULT", help="A `diagnose --json` file (one result, or a --compare of two)."
-    ),
-    compare: Path = typer.Option(None, help="A second `diagnose --json` file: RESULT is A, this is B."),
-    html_out: Path = typer.Option(None, "--html", help="Write the self-contained HTML page to this file."),
-    csv_out: Path = typer.Option(None, "--csv", help="Write the per-head metrics, long format, as CSV."),
-    parquet_out: Path = typer.Option(
-        None, "--parquet", help=r'The same table as Parquet (pip install "ssacli\[frame]").'
-    ),
-    overwrite: OverwriteFiles = False,
-    png: PngDir = None,
-    svg: SvgDir = None,
-    heatmap: str = typer.Option(HEATMAP, help=HEATMAP_HELP),
-    findings: FindingsShown = None,
-    quiet: QuietOutput = False,
-) -> None:
+@dataclass(frozen=True)
+class RenderOptions:
+    """render's options: a second result, the files written, and what the terminal shows."""
+
+    compare: Path | None = setting(
+        None, "A second `diagnose --json` file: RESULT is A, this is B.", type=Path
+    )
+    html_out: Path | None = output_file("--html", "Write the self-contained HTML page to this file.")
+    csv_out: Path | None = output_file("--csv", "Write the per-head metrics, long format, as CSV.")
+    parquet_out: Path | None = output_file(
+        "--parquet", r'The same table as Parquet (pip install "ssacli\[frame]").'
+    )
+    overwrite: bool = overwrite_files()
+    png: Path | None = figure_folder("PNG")
+    svg: Path | None = figure_folder("SVG")
+    heatmap: str = setting(HEATMAP, HEATMAP_HELP)
+    findings: str | None = findings_shown()
+    quiet: bool = quiet_output()
+
+
+RESULT_HELP = "A `diagnose --json` file (one result, or a --compare of two)."
+ResultFile = Annotated[Path, typer.Argument(metavar="RESULT", help=RESULT_HELP)]
+
+
+@command(RenderOptions)
+def render_command(result_file: ResultFile, *, given: Given) -> None:
     r"""Render a saved `ssacli diagnose --json` RESULT as diagnose did, or export it as a table.
 
     The table has one row per probe, metric, level, layer and head: columns model, probe, level,
@@ -58,10 +71,29 @@ def render_command(
 
       ssacli render softmax.json --compare ssa.json --html compare.html
     """
-    outputs = (("--html", html_out), ("--csv", csv_out), ("--parquet", parquet_out))
-    check_outputs(*outputs, overwrite=overwrite)  # before anything heavy is imported
-    check_figure_outputs(png, svg)
-    shown = findings_budget(findings)
+    out = given.of(RenderOptions)
+    outputs = (("--html", out.html_out), ("--csv", out.csv_out), ("--parquet", out.parquet_out))
+    check_outputs(*outputs, overwrite=out.overwrite)  # before anything heavy is imported
+    check_figure_outputs(out.png, out.svg)
+    shown = findings_budget(out.findings)
+    _check_distinct(outputs)
+    results = _results(result_file, out)
+    console = Console()
+    files, figures = _rendered(results, out)
+    if not out.quiet:
+        from .. import render
+
+        metric, _, heat_probe = out.heatmap.partition("@")
+        render(
+            *results, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None, findings=shown
+        )
+    for path, content in files:
+        write_output(content, path, console)
+    write_figure_outputs(figures, console)
+
+
+def _check_distinct(outputs: tuple[tuple[str, Path | None], ...]) -> None:
+    """No two outputs name the same file, and Parquet can be written here."""
     given = [
         Path(path).expanduser().absolute() for _, path in outputs if path is not None and not is_stdout(path)
     ]
@@ -69,46 +101,48 @@ def render_command(
         raise UsageError("--html, --csv and --parquet name the same file; give each its own")
     from ..preflight import require_frame_format
 
-    if parquet_out is not None:
+    if outputs[2][1] is not None:  # --parquet
         require_frame_format("parquet")
 
-    from .. import load_saved, render, render_html
+
+def _results(result_file: Path, out: RenderOptions) -> list:
+    """RESULT (one result, or a comparison of two) and --compare's, as the outputs and --heatmap
+    can take them."""
+    from .. import load_saved
 
     results = load_saved(result_file)
-    if compare is not None:
+    if out.compare is not None:
         if len(results) == 2:
             raise UsageError(f"'{result_file}' is already a comparison of two results; drop --compare")
-        others = load_saved(compare)
+        others = load_saved(out.compare)
         if len(others) == 2:
-            raise UsageError(f"--compare '{compare}' is a comparison of two results; give one result")
+            raise UsageError(f"--compare '{out.compare}' is a comparison of two results; give one result")
         results += others
-    if len(results) == 2 and (csv_out is not None or parquet_out is not None):
+    if len(results) == 2 and (out.csv_out is not None or out.parquet_out is not None):
         raise UsageError(
             "--csv and --parquet export one result; render A and B each from its own `diagnose --json`"
         )
-    metric, _, heat_probe = heatmap.partition("@")
+    metric, _, heat_probe = out.heatmap.partition("@")
     if len(results) == 1:  # a heatmap that names nothing in the result fails before any work
         from ..preflight import pick_heatmap
 
         pick_heatmap(results[0], metric, heat_probe or None)
-    console = Console()
-    files: list[tuple[Path, str | bytes]] = []  # rendered in full before any is written
-    if html_out is not None:
-        files.append((html_out, render_html(*results)))
-    if csv_out is not None:
-        files.append((csv_out, results[0].to_csv()))
-    if parquet_out is not None:
-        files.append((parquet_out, results[0].to_parquet()))
-    if png is not None or svg is not None:
+    return results
+
+
+def _rendered(results: list, out: RenderOptions) -> tuple[list[tuple[Path, str | bytes]], list]:
+    """The output files and the figure files, rendered in full before any is written."""
+    from .. import render_html
+
+    files: list[tuple[Path, str | bytes]] = []
+    if out.html_out is not None:
+        files.append((out.html_out, render_html(*results)))
+    if out.csv_out is not None:
+        files.append((out.csv_out, results[0].to_csv()))
+    if out.parquet_out is not None:
+        files.append((out.parquet_out, results[0].to_parquet()))
+    if out.png is not None or out.svg is not None:
         from .. import render_figures
 
-        figures = figure_outputs(lambda: render_figures(*results), png, svg)
-    else:
-        figures = []
-    if not quiet:
-        render(
-            *results, console=console, heatmap_metric=metric, heatmap_probe=heat_probe or None, findings=shown
-        )
-    for path, content in files:
-        write_output(content, path, console)
-    write_figure_outputs(figures, console)
+        return files, figure_outputs(lambda: render_figures(*results), out.png, out.svg)
+    return files, []

@@ -9,112 +9,67 @@ output files are rendered in full before either is written, so a failure leaves 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from .. import defaults, parse_probe
+from .. import LMEvalPlan, LoadOptions, ReportSettings, parse_probe
 from ..errors import UsageError
+from ..setting import setting
+from .declared import Given, command, options
 from .options import (
-    ICL_OUTLIERS_TEXT,
-    ICL_SIGMAS_TEXT,
-    AllowDownload,
-    AllowPickle,
-    Device,
-    DeviceMap,
-    Dtype,
-    MaxMemory,
-    Offline,
-    OverwriteFiles,
-    PngDir,
-    QuietOutput,
-    SvgDir,
-    TrustRemoteCode,
     check_inputs,
-    check_outputs,
     floats,
-    load_options,
     progress,
+    quiet_output,
 )
-from .outputs import check_figure_outputs, figure_outputs, write_figure_outputs, write_output
+from .page_files import PageFiles
 
 
-def report_command(
-    before: str = typer.Argument(
-        ..., metavar="BEFORE", help="MODEL before the change (folder, builtin:NAME)."
+@dataclass(frozen=True)
+class ReportOptions:
+    """report's options that only the command line has, its files aside (:class:`PageFiles`): the
+    built-in measures left out, an earlier report to reuse, and what the terminal shows."""
+
+    no_builtin: bool = setting(False, "Skip the built-in texts and pairs measured where no data is given.")
+    reuse_before: Path | None = setting(
+        None, "An earlier --json report of the same BEFORE and settings: reuse its BEFORE side.", type=Path
+    )
+    quiet: bool = quiet_output()
+
+
+REPORT_OPTIONS = (
+    options(ReportSettings, "text_id", "text_ood", "heldout_of", "pairs", "pairs_limit"),
+    options(ReportOptions, "no_builtin"),
+    LMEvalPlan,
+    options(ReportSettings, exclude=("text_id", "text_ood", "heldout_of", "pairs", "pairs_limit")),
+    options(
+        PageFiles,
+        json_out={"help": "Write the report (schema ssacli-report) here; - for stdout."},
+        html_out={"help": "Write a self-contained HTML page here."},
     ),
-    after: str = typer.Argument(
-        ..., metavar="AFTER", help="MODEL after it, e.g. an `ssacli convert` folder."
-    ),
-    control: str = typer.Argument(
-        None, metavar="CONTROL", help="MODEL to hold AFTER against, e.g. convert --control's folder."
-    ),
-    text_id: Path = typer.Option(None, help="UTF-8 text like the training data: LM loss, perplexity."),
-    text_ood: Path = typer.Option(None, help="UTF-8 text unlike it: out-of-distribution LM loss."),
-    heldout_of: Path = typer.Option(
-        None, help="Training --data: its held-out last tenth is the in-distribution text (or --text-id)."
-    ),
-    pairs: Path = typer.Option(None, help="BLiMP-style .jsonl (sentence_good, sentence_bad) or a folder."),
-    pairs_limit: int = typer.Option(
-        defaults.PAIRS_LIMIT, min=0, help="Pairs per file (its first N; 0 = all)."
-    ),
-    no_builtin: bool = typer.Option(
-        False, "--no-builtin", help="Skip the built-in texts and pairs measured where no data is given."
-    ),
-    lm_eval: str = typer.Option(
-        None,
-        "--lm-eval",
-        metavar="TASKS",
-        help="lm-evaluation-harness tasks (names or task YAML files, comma-separated) on both; "
-        'needs pip install "ssacli\\[eval]"; data downloads unless --offline.',
-    ),  # fmt: skip
-    lm_eval_fewshot: int = typer.Option(
-        None, min=0, help="--lm-eval: few-shot examples (default: each task's own)."
-    ),
-    lm_eval_limit: int = typer.Option(
-        None, min=1, help="--lm-eval: the first N items of each task (default: all)."
-    ),
-    lm_eval_include: Path = typer.Option(None, help="--lm-eval: a folder of task YAML files to add."),
-    probe: list[str] = typer.Option(None, help="Diagnose probe NAME[:L1,L2,…] (repeatable; default all)."),
-    seed: int = typer.Option(
-        defaults.SEED, help="One seed for both models: masking, ICL prompts, probe inputs."
-    ),
-    samples: int = typer.Option(defaults.SAMPLES, min=1, help="Sequences per probe level."),
-    random_ids: bool = typer.Option(
-        False, "--random", help="Probe with random token ids (needed for a model without a tokenizer)."
-    ),
-    seq_len: int = typer.Option(
-        defaults.LM_SEQ_LEN, min=2, help="LM loss window in tokens (capped at the model's)."
-    ),
-    max_tokens: int = typer.Option(
-        defaults.LM_MAX_TOKENS, min=2, help="LM loss reads at most this many tokens per text."
-    ),
-    batch_size: int = typer.Option(defaults.BATCH_SIZE, min=1, help="Windows per forward pass."),
-    sigma: str = typer.Option(ICL_SIGMAS_TEXT, help="ICL models: σ of the inputs, comma-separated."),
-    outlier: str = typer.Option(ICL_OUTLIERS_TEXT, help="ICL models: VALUE@POSITION outliers ('' = none)."),
-    icl_length: int = typer.Option(defaults.ICL_POINTS, min=2, help="ICL models: points per prompt."),
-    prompts: int = typer.Option(defaults.ICL_PROMPTS, min=1, help="ICL models: prompts per cell."),
-    json_out: Path = typer.Option(
-        None, "--json", help="Write the report (schema ssacli-report) here; - for stdout."
-    ),
-    html_out: Path = typer.Option(None, "--html", help="Write a self-contained HTML page here."),
-    overwrite: OverwriteFiles = False,
-    png: PngDir = None,
-    svg: SvgDir = None,
-    reuse_before: Path = typer.Option(
-        None, help="An earlier --json report of the same BEFORE and settings: reuse its BEFORE side."
-    ),
-    quiet: QuietOutput = False,
-    device: Device = defaults.DEVICE,
-    dtype: Dtype = defaults.DTYPE,
-    offline: Offline = False,
-    allow_download: AllowDownload = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemoteCode = False,
-    device_map: DeviceMap = None,
-    max_memory: MaxMemory = None,
-) -> None:
+    options(ReportOptions, "reuse_before", "quiet"),
+    options(
+        LoadOptions, exclude=("revision",)
+    ),  # no --revision: two models; each takes its own as org/name@REV
+)
+
+
+Before = Annotated[
+    str, typer.Argument(metavar="BEFORE", help="MODEL before the change (folder, builtin:NAME).")
+]
+After = Annotated[
+    str, typer.Argument(metavar="AFTER", help="MODEL after it, e.g. an `ssacli convert` folder.")
+]
+CONTROL_HELP = "MODEL to hold AFTER against, e.g. convert --control's folder."
+Control = Annotated[str, typer.Argument(metavar="CONTROL", help=CONTROL_HELP)]
+
+
+@command(*REPORT_OPTIONS)
+def report_command(before: Before, after: After, control: Control = None, *, given: Given) -> None:
     r"""Compare BEFORE and AFTER: language-model quality (or ICL error) and attention saturation.
 
     With CONTROL (e.g. the softmax control of convert --finetune --control, trained with AFTER's
@@ -145,13 +100,37 @@ def report_command(
 
       ssacli report ./gpt2 ./gpt2-ssa ./gpt2-control --heldout-of wiki.txt
     """
-    check_outputs(("--json", json_out), ("--html", html_out), overwrite=overwrite)  # before any heavy import
-    check_figure_outputs(png, svg)
-    probes = [str(parse_probe(p)) for p in probe] if probe else None
-    check_inputs(models=[before, after, control], offline=offline)
-    from .. import ReportSettings, compare_models_with
+    out, files = given.of(ReportOptions), given.of(PageFiles)
+    probes = _check_first(files, given, (before, after, control))
+    settings, load = _settings(given, probes, out.no_builtin), given.of(LoadOptions)
+    _write(_compare((before, after, control), settings, load, out), out, files)
+
+
+def _compare(models: tuple, settings: ReportSettings, load: LoadOptions, out: ReportOptions) -> dict:
+    """compare_models_with() under a status line on stderr: the report as its JSON document."""
+    from .. import compare_models_with
+
+    with progress("ssacli report", quiet=out.quiet) as update:
+        report = compare_models_with(*models, settings, load, progress=update, before_report=out.reuse_before)
+    return report.to_dict()  # what is rendered and written: the JSON document
+
+
+def _check_first(files: PageFiles, given: Given, models: tuple[str | None, ...]) -> list[str] | None:
+    """What is checked before anything heavy is imported: the outputs can be written, the probes
+    parse, the models are there (or downloaded now); returns the probes as specs."""
+    files.check()
+    probes = [str(parse_probe(p)) for p in given.probes] if given.probes else None
+    check_inputs(models=list(models), offline=given.offline)
+    return probes
+
+
+def _settings(given: Given, probes: list[str] | None, no_builtin: bool) -> ReportSettings:
+    """The ReportSettings of the options, each checked before a model loads: --sigma and --outlier
+    are comma-separated, --pairs-limit 0 is all, the --lm-eval options one plan (the paths stay
+    paths: compare_models reads them, before a model loads, and names them in the report)."""
     from ..preflight import parse_outlier
 
+    sigma, outlier = given.sigmas, given.outliers
     sigmas = floats(sigma, "sigma")
     if not sigmas or any(not s > 0 for s in sigmas):
         raise UsageError(f"--sigma takes positive numbers, e.g. 1,2,4; got {sigma!r}")
@@ -160,48 +139,37 @@ def report_command(
     except ValueError as err:
         raise UsageError(str(err)) from None
     plan = None
-    if lm_eval is not None:
-        from .. import LMEvalPlan
+    if given.tasks is not None:
         from ..preflight import parse_lm_eval_tasks, require_lm_eval
 
         require_lm_eval()  # before any model loads
-        include = None if lm_eval_include is None else str(lm_eval_include)
-        plan = LMEvalPlan(parse_lm_eval_tasks(lm_eval), lm_eval_fewshot, lm_eval_limit, include, batch_size)
-    elif lm_eval_fewshot is not None or lm_eval_limit is not None or lm_eval_include is not None:
+        include = None if given.include_path is None else str(given.include_path)
+        tasks = parse_lm_eval_tasks(given.tasks)
+        plan = given.of(LMEvalPlan, tasks=tasks, include_path=include, batch_size=given.batch_size)
+    elif given.num_fewshot is not None or given.limit is not None or given.include_path is not None:
         raise UsageError("--lm-eval-fewshot, --lm-eval-limit and --lm-eval-include need --lm-eval TASKS")
-    # the files as paths: compare_models reads them (before a model loads) and names them in the report
-    settings = ReportSettings(
-        text_id=text_id, text_ood=text_ood, heldout_of=heldout_of, pairs=pairs,
-        pairs_limit=pairs_limit or None, probes=probes, seed=seed, samples=samples, seq_len=seq_len,
-        max_tokens=max_tokens, batch_size=batch_size, sigmas=sigmas, outliers=outliers,
-        icl_length=icl_length, prompts=prompts, builtin=not no_builtin, lm_eval_plan=plan,
-        random_ids=random_ids,
+    return given.of(
+        ReportSettings, pairs_limit=given.pairs_limit or None, probes=probes, sigmas=sigmas,
+        outliers=outliers, builtin=not no_builtin, lm_eval_plan=plan,
     )  # fmt: skip
-    load = load_options(
-        device, dtype, allow_download, allow_pickle, trust_remote_code, device_map, max_memory,
-        offline=offline,  # no --revision: two models; each takes its own as org/name@REV
-    )  # fmt: skip
-    with progress("ssacli report", quiet=quiet) as update:
-        report = compare_models_with(
-            before, after, control, settings, load, progress=update, before_report=reuse_before
-        )
-    data = report.to_dict()  # what is rendered and written: the JSON document
+
+
+def _write(data: dict, out: ReportOptions, files: PageFiles) -> None:
+    """The terminal report (unless --quiet), then the files: every output is rendered before the
+    first is written."""
     console = Console()
-    if not quiet:
+    if not out.quiet:
         from .. import render_quality_report
 
         render_quality_report(data, console)
-    outputs = []
-    if json_out is not None:
-        outputs.append((json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", json_out))
-    if html_out is not None:
+
+    def page() -> str:
         from .. import quality_report_html
 
-        outputs.append((quality_report_html(data), html_out))
-    figures = figure_outputs(lambda: _figures(data), png, svg)
-    for text, path in outputs:  # every output rendered before the first is written
-        write_output(text, path, console)
-    write_figure_outputs(figures, console)
+        return quality_report_html(data)
+
+    document = lambda: json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"  # noqa: E731
+    files.write(console, document, page, lambda: _figures(data))
 
 
 def _figures(data: dict) -> list:

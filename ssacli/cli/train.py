@@ -8,59 +8,64 @@ record says so. The display is every training command's (cli/convert.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
-import typer
 from rich.console import Console
 
+from .. import LoadOptions, ScratchSettings
 from .. import defaults as D
 from ..files import check_writable_folder
-from ..preflight import MIN_VOCAB
-from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, Device, RunJson, check_inputs, check_outputs
-from .outputs import write_run_json
-from .training import print_trained, training_display
+from ..setting import setting
+from .declared import Given, command, options
+from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, check_inputs, check_outputs, run_json
+from .training import print_trained, training_display, write_run_json
 
 
-def train_command(
-    data: str = typer.Option(..., help="Training text: a .txt or .jsonl file, or a folder of them."),
-    out: Path = typer.Option(..., help="Folder to write the model, tokenizer and checkpoints to."),
-    arch: str = typer.Option(
-        None, help="gpt2 or llama (causal LM), roberta (masked LM); needed unless --size is a config."
-    ),
-    size: str = typer.Option(
-        None, help=f"{D.SCRATCH_SIZE} (default), small, or a config.json (its model_type: the arch)."
-    ),
-    scorer: str = typer.Option(D.SCORER, help="Scorer spec, e.g. ssa or ssa:init=paper,learn=n."),
-    steps: int = typer.Option(D.FINETUNE_STEPS, min=1, help="Optimizer steps."),
-    lr: float = typer.Option(
-        D.SCRATCH_LR, help="Peak AdamW learning rate (from scratch: higher than fine-tuning)."
-    ),
-    scorer_lr: float = typer.Option(D.SCORER_LR, help=SCORER_LR_HELP),
-    batch_size: int = typer.Option(D.SCRATCH_BATCH_SIZE, min=1, help="Sequences per micro-batch."),
-    seq_len: int = typer.Option(None, min=2, help="Tokens per sequence = model positions (default: size's)."),
-    grad_accum: int = typer.Option(D.GRAD_ACCUM, min=1, help="Micro-batches per optimizer step."),
-    warmup: int = typer.Option(None, min=0, help=f"Linear warm-up steps (default {WARMUP_RULE})."),
-    weight_decay: float = typer.Option(
-        D.SCRATCH_WEIGHT_DECAY, min=0, help="AdamW weight decay of the weight matrices."
-    ),
-    vocab_size: int = typer.Option(
-        None,
-        min=MIN_VOCAB,
-        help="Most BPE tokens (default: the size's vocabulary, printed when the model is built).",
-    ),
-    seed: int = typer.Option(D.SEED, help="Seed of the weights and of the batches."),
-    device: Device = D.DEVICE,
-    checkpoint_every: int = typer.Option(D.CHECKPOINT_EVERY, min=1, help="Write a checkpoint every K steps."),
-    attention: str = typer.Option(D.ATTENTION, help=f"{ATTENTION_HELP}."),
-    resume: bool = typer.Option(
-        False, "--resume", help="Continue the run in --out (same options, --steps may grow)."
-    ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace a model already in --out, and a --json file."
-    ),
-    json_out: RunJson = None,
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-) -> None:
+@dataclass(frozen=True)
+class TrainRun:
+    """train's loop options, each a :class:`ssacli.FinetuneConfig` field of the same name with the
+    defaults of a run from scratch (tests/cli/test_declared.py checks), and what the command writes."""
+
+    data: str = setting(help="Training text: a .txt or .jsonl file, or a folder of them.", type=str)
+    out: Path = setting(help="Folder to write the model, tokenizer and checkpoints to.", type=Path)
+    steps: int = setting(D.FINETUNE_STEPS, "Optimizer steps.", min=1)
+    lr: float = setting(D.SCRATCH_LR, "Peak AdamW learning rate (from scratch: higher than fine-tuning).")
+    scorer_lr: float = setting(D.SCORER_LR, SCORER_LR_HELP)
+    batch_size: int = setting(D.SCRATCH_BATCH_SIZE, "Sequences per micro-batch.", min=1)
+    grad_accum: int = setting(D.GRAD_ACCUM, "Micro-batches per optimizer step.", min=1)
+    warmup: int | None = setting(None, f"Linear warm-up steps (default {WARMUP_RULE}).", type=int, min=0)
+    weight_decay: float = setting(D.SCRATCH_WEIGHT_DECAY, "AdamW weight decay of the weight matrices.", min=0)
+    seed: int = setting(D.SEED, "Seed of the weights and of the batches.")
+    checkpoint_every: int = setting(D.CHECKPOINT_EVERY, "Write a checkpoint every K steps.", min=1)
+    attention: str = setting(D.ATTENTION, f"{ATTENTION_HELP}.")
+    resume: bool = setting(False, "Continue the run in --out (same options, --steps may grow).")
+    overwrite: bool = setting(False, "Replace a model already in --out, and a --json file.")
+    json_out: Path | None = run_json()
+    quiet: bool = setting(False, "No progress bar.", flags=("--quiet", "-q"))
+
+    def loop(self) -> dict[str, Any]:
+        """The FinetuneConfig settings of the run (its training data among them)."""
+        cli_only = ("out", "resume", "overwrite", "json_out", "quiet")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in cli_only}
+
+
+TRAIN_OPTIONS = (
+    options(TrainRun, "data", "out"),
+    options(ScratchSettings, "arch", "size", "scorer"),
+    options(TrainRun, "steps", "lr", "scorer_lr", "batch_size"),
+    options(ScratchSettings, "seq_len"),
+    options(TrainRun, "grad_accum", "warmup", "weight_decay"),
+    options(ScratchSettings, "vocab_size"),
+    options(TrainRun, "seed"),
+    options(LoadOptions, "device"),
+    options(TrainRun, "checkpoint_every", "attention", "resume", "overwrite", "json_out", "quiet"),
+)
+
+
+@command(*TRAIN_OPTIONS)
+def train_command(*, given: Given) -> None:
     r"""Train a language model from scratch with any attention scorer.
 
     The held-out loss (last 10 % of --data) is measured before the first step and at every
@@ -74,25 +79,28 @@ def train_command(
       ssacli train --arch roberta --size small --scorer ssa:n=2,learn=none \
           --data childes/ --out runs/bb
     """
-    check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_outputs(("--json", json_out), overwrite=overwrite)
-    check_inputs(scorers=[scorer])
-    from .. import FinetuneConfig, ScratchSettings, describe_model, train_from_scratch_with
+    run = given.of(TrainRun)
+    check_writable_folder(run.out, "--out")  # before anything heavy is imported
+    check_outputs(("--json", run.json_out), overwrite=run.overwrite)
+    check_inputs(scorers=[given.scorer])
+    from .. import FinetuneConfig, train_from_scratch_with
+
+    build, config = given.of(ScratchSettings), FinetuneConfig(**run.loop(), train="all")
+    with training_display(run.steps, config.log_every, run.quiet) as on_step:
+        trained = train_from_scratch_with(
+            build, config, run.out, resume=run.resume, overwrite=run.overwrite, device=given.device,
+            on_built=_show_built(run.quiet), on_step=on_step,
+        )  # fmt: skip
+    print_trained(run.out, trained.path)
+    write_run_json("train", run.json_out, run.out)
+
+
+def _show_built(quiet: bool):
+    """The ``on_built`` of a run: the model's one line on stderr, unless --quiet."""
+    from .. import describe_model
 
     def show_built(model) -> None:
         if not quiet:
             Console(stderr=True).print(describe_model(model), highlight=False, soft_wrap=True)
 
-    build = ScratchSettings(arch=arch, size=size, scorer=scorer, vocab_size=vocab_size, seq_len=seq_len)
-    config = FinetuneConfig(
-        data=data, steps=steps, lr=lr, scorer_lr=scorer_lr, batch_size=batch_size, grad_accum=grad_accum,
-        warmup=warmup, weight_decay=weight_decay, seed=seed, checkpoint_every=checkpoint_every,
-        attention=attention, train="all",
-    )  # fmt: skip
-    with training_display(steps, config.log_every, quiet) as on_step:
-        trained = train_from_scratch_with(
-            build, config, out, resume=resume, overwrite=overwrite, device=device, on_built=show_built,
-            on_step=on_step,
-        )  # fmt: skip
-    print_trained(out, trained.path)
-    write_run_json("train", json_out, out)
+    return show_built

@@ -2,7 +2,8 @@
 train, the conversion recipe): a progress bar on terminals; elsewhere (a log file, CI) a step line
 every ``log_every`` steps; and, whatever else is shown, a line at least every HEARTBEAT_S seconds,
 ``--quiet`` included, so a long run never looks hung (the recipe's distillation once printed nothing
-for eight minutes)."""
+for eight minutes); and the ``--json`` document of a command that writes a model folder
+(:func:`run_document`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 
+from ..files import json_text
 from .options import bar_columns, progress
+from .outputs import write_output
 
+RUN_SCHEMA = "ssacli-run"  # the --json document of convert, finetune, train and icl train
+RUN_SCHEMA_VERSION = 1
 HEARTBEAT_S = 30.0  # the longest a running job stays silent on stderr
 FINE_TUNING = "fine-tuning"  # what the bar and the step lines of a plain run are called
 
@@ -97,3 +103,40 @@ def print_trained(out: Path, path: Path | None) -> None:
         )
         line += f" — WORSE: the held-out loss ended above its start{kept}"
     typer.echo(line)
+
+
+def run_document(
+    command: str,
+    out: str | Path,
+    *,
+    fidelity: dict[str, Any] | None = None,
+    control: str | Path | None = None,
+) -> dict[str, Any]:
+    """The ``--json`` document of a command that writes a model folder (convert, finetune, train,
+    icl train): the folder and the record ssacli keeps in its ssacli.json (scorer, source, the
+    training run with its loss history, held-out losses and tokens/s; a recipe's stages), as
+    written; a conversion's ``fidelity`` as it was measured (an ICL folder does not keep it); with
+    a recipe's ``control``, that folder and its record too."""
+    from .. import folder_record
+
+    def side(folder: str | Path) -> dict[str, Any]:
+        folder = Path(folder).expanduser()
+        return {"out": str(folder.absolute()), "record": folder_record(folder)}
+
+    document: dict[str, Any] = {
+        "schema": RUN_SCHEMA,
+        "schema_version": RUN_SCHEMA_VERSION,
+        "command": command,
+    }
+    document |= side(out)
+    if fidelity is not None:
+        document["fidelity"] = fidelity
+    if control is not None:
+        document["control"] = side(control)
+    return document
+
+
+def write_run_json(command: str, path: str | Path | None, out: str | Path, **parts: Any) -> None:
+    """``--json PATH`` of a folder-writing command (None: not asked for): :func:`run_document`."""
+    if path is not None and is_rank0():  # under torchrun, one document: rank 0's (the others write no folder)
+        write_output(json_text(run_document(command, out, **parts)), path)

@@ -114,10 +114,15 @@ def attribute_with(
 ) -> Attribution:
     """:func:`attribute` with its settings as values: what it patches and measures
     (:class:`AttributionSettings`), the prompts (diagnose's :class:`DiagnoseSettings`: the same
-    inputs a diagnose with them runs; its ``stats`` is ignored, patching runs the eager blocks) and
+    inputs a diagnose with them runs; its ``stats`` and ``strict`` are ignored, patching runs the
+    eager blocks, and its ``probes``, ``scorer`` and ``generate`` are refused) and
     how a MODEL reference loads."""
     started = time.perf_counter()
     probe, shifted_level = check_probe(probe, settings.level, settings.remedy)  # before the model loads
+    diagnose_only = [name for name in ("probes", "scorer", "generate") if getattr(inputs, name) is not None]
+    if diagnose_only:  # diagnose's own settings: attribution takes one probe and the model's own scorer
+        raise UsageError(f"attribution takes its probe as an argument and patches the model as it is: "
+                         f"drop {', '.join(diagnose_only)}= from its DiagnoseSettings")  # fmt: skip
     kind = probe.kind
     if kind.acts_on is ActsOn.INPUT_LENGTH and (inputs.inputs is not None or inputs.random_ids):
         raise UsageError("attribution under 'length' needs text: its windows are the base prompts only when "

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import defaults
 from ..errors import InputError, UsageError
-from ..stats import RESAMPLES
+from .attribution_settings import AttributionSettings, Head
 from .probe_kinds import ActsOn, Probe, ProbeKind, parse_probe
 
 SCHEMA = "ssacli-attribution"  # the document of Attribution.to_dict (`ssacli attribute --json`)
@@ -26,7 +25,6 @@ SCHEMA_VERSION = 1
 SCHEMA_FILE = Path(__file__).with_name("attribution.schema.json")  # JSON Schema (2020-12) of to_dict()
 WIDTH = 80  # columns of Attribution.lines()
 
-Head = tuple[int, int]  # (layer, head), counted from 0
 # The plan's reading (docs/results/saturation-matters-plan.md, committed before any run): collapse
 # marks the heads that carry the damage only where the chosen set beats this share of random sets …
 NULL_BEATS = 95.0
@@ -91,33 +89,6 @@ def parse_heads(text: str) -> list[Head]:
                              "separated and counted from 0, e.g. L2H1,L3H0")  # fmt: skip
         heads.append((int(match[1]), int(match[2])))
     return heads
-
-
-@dataclass(frozen=True)
-class AttributionSettings:
-    """What an attribution patches and measures (:func:`~ssacli.diagnosis.attribution.attribute`'s
-    keywords of those names); a bad value is a UsageError here, before any forward."""
-
-    level: float | None = None  # the shifted level (None: the probe's last one other than unshifted)
-    heads: tuple[Head, ...] | None = None  # a given set (None: top k chosen on half the prompts)
-    k: int = defaults.ATTRIBUTE_K
-    null: int = defaults.ATTRIBUTE_NULL  # random layer-matched sets per measured set
-    per_head: bool = True  # each head of a set alone too
-    ceiling: bool = True  # every head patched
-    resamples: int = RESAMPLES  # bootstrap resamples of each interval
-    remedy: tuple[float, ...] = ()  # temperatures T tried on each measured set's heads (the remedy)
-
-    def __post_init__(self) -> None:
-        if any(not (t > 0) for t in self.remedy):
-            raise UsageError(f"remedy temperatures must be above 0, got {list(self.remedy)}")
-        if self.k < 1:
-            raise UsageError(f"k must be at least 1 (heads per chosen set), got {self.k}")
-        if self.null < 0:
-            raise UsageError(f"null must be 0 (no null) or more random sets, got {self.null}")
-        if self.resamples < 1:
-            raise UsageError(f"resamples must be at least 1, got {self.resamples}")
-        if self.heads is not None and not self.heads:
-            raise UsageError("heads must name at least one (layer, head) pair, or be None to choose them")
 
 
 @dataclass

@@ -26,15 +26,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import defaults
 from ..attention.interface import CONFIG_SPEC_ATTR
 from ..defaults import DEFAULT_MODEL
 from ..errors import UnsupportedModelError, UsageError
-from ..models.device_map import MaxMemory
 from ..models.icl_task import TOKENS_PER_POINT
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
+from ..setting import settings_from
 from ..version import __version__
 from .forward import OutputReference, Recorder, forward_batch
 from .generation import generate
@@ -56,89 +55,55 @@ def diagnose(
     model: str | Path | nn.Module | LoadedModel = DEFAULT_MODEL,
     probes: Sequence[str | Probe] | None = None,
     *,
-    scorer: str | None = None,
-    text: str | None = None,
-    shift: str | None = None,
-    shift_name: str = "shift",
-    random_ids: bool = False,
-    inputs: Sequence[Sequence[int]] | None = None,
     tokenizer: Any = None,
-    samples: int = defaults.SAMPLES,
-    length: int | None = None,
-    batch_size: int = defaults.BATCH_SIZE,
-    seed: int = defaults.SEED,
-    tau: float = defaults.TAU,
-    top_k: int = defaults.TOP_K,
-    sink_k: int = defaults.SINK_K,
-    block_size: int = defaults.BLOCK_ROWS,
-    stats: str = defaults.STATS,
-    device: str = defaults.DEVICE,
-    dtype: str = defaults.DTYPE,
-    allow_download: bool = False,
-    allow_pickle: bool = False,
-    trust_remote_code: bool = False,
-    device_map: str | None = None,
-    max_memory: MaxMemory = None,
-    offline: bool = False,
-    revision: str | None = None,
-    strict: bool = False,
-    generate: int | None = None,
     progress: Progress | None = None,
+    **settings: Any,
 ) -> DiagnoseResult:
     """Probe ``model`` and return per probe level × layer × head saturation metrics.
 
     ``model``: a path, ``builtin:NAME``, a Hub id (``org/name``, ``org/name@REV``), a transformers
-    model or an ICL model; ``result.weights`` records which weights (Hub commit or content hash).
-    ``probes``: specs such as ``"embed-scale:1,4,16"`` (default: every probe that applies).
-    ``scorer``: re-score the model's attention with this spec first (e.g. ``"ssa:init=faithful"``).
-    Inputs: the built-in texts, ``text`` (a string), ``random_ids``, or ``inputs`` (token-id lists of
-    any lengths; batches are padded and padding is excluded from every metric).
-    ``shift``: a shifted corpus (a string; ``shift_name`` names it in reports): adds the ``shift``
-    probe, the reference text's documents against the corpus's, matched in length, with each
-    document's loss and collapse (:mod:`ssacli.diagnosis.shift`).
-    ``device`` … ``max_memory`` say how a MODEL reference is loaded
-    (:class:`~ssacli.models.options.LoadOptions`; ``device_map``: across devices and the disk).
-    A family the all-family audit does not cover is measured and marked
-    (``DiagnoseResult.unaudited``); with ``strict`` it is refused instead (UnsupportedModelError).
-    ``stats``: how each attention call's weights become metrics —
+    model or an ICL model (``tokenizer``: an in-memory model's); ``result.weights`` records which
+    weights (Hub commit or content hash). ``probes``: specs such as ``"embed-scale:1,4,16"`` (default:
+    every probe that applies). ``progress(what, done, total)`` is called as the forwards run.
+    The other keywords are :func:`diagnose_with`'s two values, by name:
+    :class:`~ssacli.diagnosis.settings.DiagnoseSettings`' (``scorer``: re-score the model's attention
+    with this spec first, e.g. ``"ssa:init=faithful"``; inputs: the built-in texts, ``text`` (a
+    string), ``random_ids``, or ``inputs`` (token-id lists of any lengths; batches are padded and
+    padding is excluded from every metric); ``shift``: a shifted corpus (a string; ``shift_name``
+    names it in reports): adds the ``shift`` probe, the reference text's documents against the
+    corpus's, matched in length, with each document's loss and collapse
+    (:mod:`ssacli.diagnosis.shift`); ``samples``, ``length``, ``batch_size``, ``seed``; ``tau``,
+    ``top_k``, ``block_size``; ``stats``: how each attention call's weights become metrics —
     ``"eager"`` reduces blocks of weights, ``"fused"`` reads per-row running statistics of one blocked
     pass (softmax-of-a-transform scorers: softmax, temperature, SSA, SSMax, sink, softmax1; no
-    [rows, keys] tile) and refuses calls it cannot serve, ``"auto"`` takes fused wherever it can.
-    ``generate``: also greedy-generate this many tokens after each (unshifted) prompt and measure
-    every decoding step's attention against the KV cache (``DiagnoseResult.generation``,
-    :mod:`ssacli.diagnosis.generation`), checked against a full recomputation without cache.
+    [rows, keys] tile) and refuses calls it cannot serve, ``"auto"`` takes fused wherever it can;
     ``sink_k``: the first k tokens of the sink and position metrics (sink_share, sink_boost;
-    ``DiagnoseResult.position_profiles()``: ssacli.diagnosis.positions).
+    ``DiagnoseResult.position_profiles()``: ssacli.diagnosis.positions); a family the all-family
+    audit does not cover is measured and marked (``DiagnoseResult.unaudited``), with ``strict`` it is
+    refused instead (UnsupportedModelError); ``generate``: also greedy-generate this many tokens after
+    each (unshifted) prompt and measure every decoding step's attention against the KV cache
+    (``DiagnoseResult.generation``, :mod:`ssacli.diagnosis.generation`), checked against a full
+    recomputation without cache) and :class:`~ssacli.models.options.LoadOptions`' (``device`` …
+    ``max_memory``: how a MODEL reference is loaded; ``device_map``: across devices and the disk).
     """
-    settings = DiagnoseSettings(
-        text=text, shift=shift, shift_name=shift_name, random_ids=random_ids, inputs=inputs,
-        samples=samples, length=length, batch_size=batch_size, seed=seed, tau=tau, top_k=top_k,
-        block_size=block_size, stats=stats, sink_k=sink_k,
-    )  # fmt: skip
-    load = LoadOptions(
-        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
-        offline=offline, revision=revision,
-    )  # fmt: skip
-    return diagnose_with(model, probes, settings, load, scorer=scorer, tokenizer=tokenizer, strict=strict,
-                         generate=generate, progress=progress)  # fmt: skip
+    values = settings_from("diagnose", {"probes": probes, **settings}, DiagnoseSettings, LoadOptions)
+    return diagnose_with(model, *values, tokenizer=tokenizer, progress=progress)
 
 
 def diagnose_with(
     model: str | Path | nn.Module | LoadedModel,
-    probes: Sequence[str | Probe] | None,
-    settings: DiagnoseSettings,
-    load: LoadOptions,
+    settings: DiagnoseSettings | None = None,
+    load: LoadOptions | None = None,
     *,
-    scorer: str | None = None,
     tokenizer: Any = None,
-    strict: bool = False,
-    generate: int | None = None,
     progress: Progress | None = None,
 ) -> DiagnoseResult:
     """:func:`diagnose` with its settings as values: what it probes with and how it reduces
-    (:class:`~ssacli.diagnosis.settings.DiagnoseSettings`) and how a MODEL reference loads
-    (:class:`~ssacli.models.options.LoadOptions`); ``ssacli diagnose`` builds both from its flags."""
+    (:class:`~ssacli.diagnosis.settings.DiagnoseSettings`; None: the defaults) and how a MODEL
+    reference loads (:class:`~ssacli.models.options.LoadOptions`); ``ssacli diagnose`` builds both
+    from its options."""
+    settings, load = settings or DiagnoseSettings(), load or LoadOptions()
+    probes, scorer, strict = settings.probes, settings.scorer, settings.strict
     started = time.perf_counter()
     probe_list = [p if isinstance(p, Probe) else parse_probe(p) for p in (probes or default_probes())]
     names = [p.name for p in probe_list]
@@ -157,7 +122,7 @@ def diagnose_with(
     loaded.model.eval()
     undo = route_through_ssacli(root, scorer) if route is Route.SSACLI else None
     try:
-        result = _run(loaded, probe_list, route, settings, started, progress, generate)
+        result = _run(loaded, probe_list, route, settings, started, progress, settings.generate)
         result.unaudited = unaudited
         return result
     finally:

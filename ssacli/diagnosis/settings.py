@@ -1,44 +1,99 @@
-"""The settings of one :func:`ssacli.diagnose` run: what it probes with and how it reduces each
-attention row, as one frozen value checked in one place (:class:`DiagnoseSettings`). How the model
-is loaded is :class:`~ssacli.models.options.LoadOptions`'; which probes run, the scorer and
-``strict`` stay arguments of the run."""
+"""The settings of one :func:`ssacli.diagnose` run, as one frozen value checked in one place
+(:class:`DiagnoseSettings`): which probes run, on which inputs, how each attention row is reduced,
+the scorer, ``strict`` and ``generate``. How the model is loaded is
+:class:`~ssacli.models.options.LoadOptions`'. Each field's help is its ``ssacli diagnose`` option's
+(:func:`ssacli.setting.setting`): the command's options are built from these fields. Cheap to import
+(no torch): the CLI reads the fields to build its options."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .. import defaults
-from ..attention.online import STATS_MODES
 from ..errors import UsageError
+from ..setting import setting
+
+if TYPE_CHECKING:
+    from .probe_kinds import Probe
+
+TEXT_HELP = "UTF-8 text file to probe with (default: built-in texts)."  # diagnose, attribute
+RANDOM_HELP = "Probe with random token ids (needed for a model without a tokenizer)."
+TAU_HELP = "A row has collapsed when its largest weight is >= tau."
+STRICT_HELP = (
+    "Refuse a family the all-family audit did not cover (docs/models.md)."  # diagnose, convert, check
+)
 
 
 @dataclass(frozen=True)
 class DiagnoseSettings:
-    """Inputs (the built-in texts, ``text``, ``random_ids``, or token-id lists ``inputs``), how many
-    and how long (``samples`` sequences per probe level of ``length`` tokens, ICL: points; None: the
-    model kind's default), and the reduction (``tau``, ``top_k``, ``block_size``, ``stats``, ``sink_k``): as
-    :func:`ssacli.diagnose`'s keywords of those names. A bad value is a UsageError here, before any
-    model loads."""
+    """What :func:`ssacli.diagnose` probes with and how it reduces, as its keywords of these names:
+    ``probes`` (specs such as ``"outlier:10,100"`` or Probes; None: every probe that applies), a
+    ``scorer`` spec to re-score attention with first, the inputs (the built-in texts, ``text``,
+    ``random_ids``, or token-id lists ``inputs``; a shifted corpus ``shift``, named ``shift_name``),
+    how many and how long (``samples`` sequences per probe level of ``length`` tokens, ICL: points;
+    None: the model kind's default), the reduction (``tau``, ``top_k``, ``sink_k``, ``block_size``,
+    ``stats``), ``strict`` (refuse an unaudited family) and ``generate`` (decoding steps to measure
+    too). On the command line ``text`` and ``shift`` are files, read into these fields. A bad value
+    is a UsageError here, before any model loads."""
 
-    text: str | None = None
-    random_ids: bool = False
-    inputs: Sequence[Sequence[int]] | None = None
-    samples: int = defaults.SAMPLES
-    length: int | None = None
-    batch_size: int = defaults.BATCH_SIZE
-    seed: int = defaults.SEED
-    tau: float = defaults.TAU
-    top_k: int = defaults.TOP_K
-    block_size: int = defaults.BLOCK_ROWS
-    stats: str = defaults.STATS
-    sink_k: int = defaults.SINK_K  # the first k keys of the sink and position metrics
+    probes: Sequence[str | Probe] | None = setting(
+        None,
+        "NAME or NAME:L1,L2,… (repeatable; default: all that apply), e.g. outlier:10,100.",
+        flags=("--probe",),
+        type=list[str],
+    )
+    scorer: str | None = setting(
+        None, "Re-score attention with this spec first, e.g. ssa:init=faithful.", type=str
+    )
+    text: str | None = setting(None, TEXT_HELP, type=Path)
     # a natural shift (the ``shift`` probe, ssacli.diagnosis.shift): the shifted corpus's text, and
     # the name reports call it by (the CLI: the --shift file's name)
-    shift: str | None = None
+    shift: str | None = setting(
+        None,
+        "A shifted corpus (UTF-8 text: another domain, language, code…): adds the 'shift' probe, "
+        "--text's documents against FILE's, matched in length, with per-document loss and collapse.",
+        type=Path,
+        metavar="FILE",
+    )
     shift_name: str = "shift"
+    random_ids: bool = setting(False, RANDOM_HELP, flags=("--random",))
+    inputs: Sequence[Sequence[int]] | None = None
+    samples: int = setting(defaults.SAMPLES, "Sequences per probe level.", min=1)
+    length: int | None = setting(
+        None,
+        f"Base length in tokens (ICL: points); default {defaults.PROBE_LENGTH} ({defaults.ICL_POINTS}).",
+        type=int,
+        min=2,
+    )
+    batch_size: int = setting(defaults.BATCH_SIZE, "Sequences per forward pass.", min=1)
+    seed: int = setting(defaults.SEED, "Seed of inputs, targets and numbers.")
+    tau: float = setting(defaults.TAU, TAU_HELP)
+    top_k: int = setting(defaults.TOP_K, "k of the top-k mass metric.", min=1)
+    sink_k: int = setting(  # the first k keys of the sink and position metrics
+        defaults.SINK_K, "The first k tokens of the sink metrics (sink@k, boost).", min=1
+    )
+    block_size: int = setting(
+        defaults.BLOCK_ROWS, "Query rows scored at a time (memory O(block × keys)).", min=1
+    )
+    stats: str = setting(
+        defaults.STATS,
+        "eager: metrics from blocks of weights; fused: from running row statistics of one "
+        "blocked pass (softmax, temperature, ssa, ssmax, sink, softmax1); auto: fused where it applies.",
+        metavar="MODE",
+    )
+    strict: bool = setting(False, STRICT_HELP)
+    generate: int | None = setting(
+        None,
+        "Also greedy-generate N tokens after each prompt and measure every decoding step's "
+        "attention against the KV cache (checked against a full recomputation).",
+        type=int,
+        min=1,
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         sources = {"--text": self.text is not None, "--random": self.random_ids,
@@ -70,6 +125,8 @@ class DiagnoseSettings:
             value = getattr(self, name)
             if value < low:
                 raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
+        from ..attention.online import STATS_MODES  # torch: checked when built, not when imported
+
         if self.stats not in STATS_MODES:
             raise UsageError(f"--stats takes {', '.join(STATS_MODES)}, got {self.stats!r}")
         if not 0 < self.tau <= 1:

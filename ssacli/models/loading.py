@@ -24,11 +24,12 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from ..defaults import DEFAULT_MODEL, DEVICE, DTYPE
+from ..defaults import DEFAULT_MODEL
 from ..errors import InputError, UnsupportedModelError, UsageError
+from ..setting import settings_from
 from .builtins import BUILTIN_DIR, builtin_names  # noqa: F401 (used from here by scripts and tests)
 from .checkpoint import attach_saved_scorer, saved_config
-from .device_map import MaxMemory, compute_device, from_pretrained_placed, placement
+from .device_map import compute_device, from_pretrained_placed, placement
 from .first_use import attach_pending
 from .hub import HubModel, load_keywords, quiet_progress, resolve
 from .icl_task import TOKENS_PER_POINT
@@ -83,29 +84,12 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | str:
     return DTYPES[dtype]
 
 
-def load_model(
-    ref: str = DEFAULT_MODEL,
-    *,
-    device: str = DEVICE,
-    dtype: str = DTYPE,
-    allow_download: bool = False,
-    allow_pickle: bool = False,
-    trust_remote_code: bool = False,
-    device_map: str | None = None,
-    max_memory: MaxMemory = None,
-    offline: bool = False,
-    revision: str | None = None,
-) -> LoadedModel:
+def load_model(ref: str = DEFAULT_MODEL, **options: Any) -> LoadedModel:
     """Load MODEL for probing (eval mode, eager attention until a scorer is applied).
 
-    Keyword arguments as :class:`~ssacli.models.options.LoadOptions` (``trust_remote_code`` runs the
-    Python code a checkpoint ships; only for checkpoints whose code you have read)."""
-    options = LoadOptions(
-        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
-        offline=offline, revision=revision,
-    )  # fmt: skip
-    return load_with(ref, options)
+    Keyword arguments: :class:`~ssacli.models.options.LoadOptions`' fields by name (``trust_remote_code``
+    runs the Python code a checkpoint ships; only for checkpoints whose code you have read)."""
+    return load_with(ref, *settings_from("load_model", options, LoadOptions))
 
 
 def load_with(ref: str, options: LoadOptions) -> LoadedModel:

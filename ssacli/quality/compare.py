@@ -17,27 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from ..defaults import (
-    BATCH_SIZE,
-    DEVICE,
-    DTYPE,
-    ICL_OUTLIERS,
-    ICL_POINTS,
-    ICL_PROMPTS,
-    ICL_SIGMAS,
-    LM_MAX_TOKENS,
     LM_SEQ_LEN,
-    PAIRS_LIMIT,
-    SAMPLES,
-    SEED,
 )
 from ..errors import InputError, UsageError
-from ..models.device_map import MaxMemory
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, load_with
 from ..models.options import LoadOptions
+from ..setting import settings_from
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .decision import conversion_decision, in_domain_key, longer_window
-from .harness import LMEvalPlan, check_harness_kind, check_tasks, paired_rows, run_plan
+from .harness import check_harness_kind, check_tasks, paired_rows, run_plan
 from .inputs import read_pairs, read_text_file
 from .measures import LM_KINDS, icl_error_by_sigma, language_model_loss, minimal_pairs, output_kl
 from .result import QualityReport
@@ -48,24 +37,17 @@ from .sides import conversion_record, describe
 
 
 def compare_models(
-    before: str | Path | LoadedModel, after: str | Path | LoadedModel,
-    control: str | Path | LoadedModel | None = None, *,
-    text_id: str | Path | None = None, text_ood: str | Path | None = None,
-    heldout_of: str | Path | None = None,
-    pairs: str | Path | Sequence[dict] | dict | None = None, pairs_limit: int | None = PAIRS_LIMIT,
-    probes: Sequence[str] | None = None, seed: int = SEED, samples: int = SAMPLES,
-    seq_len: int = LM_SEQ_LEN, max_tokens: int = LM_MAX_TOKENS, batch_size: int = BATCH_SIZE,
-    sigmas: Sequence[float] = ICL_SIGMAS, outliers: Sequence[tuple[float, int]] = ICL_OUTLIERS,
-    icl_length: int = ICL_POINTS, prompts: int = ICL_PROMPTS, device: str = DEVICE, dtype: str = DTYPE,
-    allow_download: bool = False, allow_pickle: bool = False, trust_remote_code: bool = False,
-    offline: bool = False, revision: str | None = None,
-    device_map: str | None = None, max_memory: MaxMemory = None,
+    before: str | Path | LoadedModel,
+    after: str | Path | LoadedModel,
+    control: str | Path | LoadedModel | None = None,
+    *,
     progress: Callable[[str], None] | None = None,
     before_report: QualityReport | dict[str, Any] | str | Path | None = None,
-    builtin: bool = True, lm_eval_plan: LMEvalPlan | None = None, random_ids: bool = False,
-) -> QualityReport:  # fmt: skip
+    **settings: Any,
+) -> QualityReport:
     """Every measure that applies to both models, and the probe comparison, as one report.
-    MODEL references load with ``device`` … ``max_memory`` (:class:`~ssacli.models.options.LoadOptions`).
+    ``settings`` are :func:`compare_models_with`'s two values by name: :class:`ReportSettings`' (what
+    is measured, below) and LoadOptions' (MODEL references load with ``device`` … ``max_memory``).
 
     ``text_id`` / ``text_ood``: texts for LM loss in and out of distribution, as strings or as the
     paths of UTF-8 files (a ``Path``: read here, and named in ``settings``); ``heldout_of``: a
@@ -93,18 +75,8 @@ def compare_models(
     InputError, one with another vocabulary when text is measured a UsageError. Without it the
     report is the two-model one, key for key.
     """
-    settings = ReportSettings(
-        text_id=text_id, text_ood=text_ood, heldout_of=heldout_of, pairs=pairs, pairs_limit=pairs_limit,
-        probes=probes, seed=seed, samples=samples, seq_len=seq_len, max_tokens=max_tokens,
-        batch_size=batch_size, sigmas=sigmas, outliers=outliers, icl_length=icl_length, prompts=prompts,
-        builtin=builtin, lm_eval_plan=lm_eval_plan, random_ids=random_ids,
-    )  # fmt: skip
-    load = LoadOptions(
-        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
-        offline=offline, revision=revision,
-    )  # fmt: skip
-    return compare_models_with(before, after, control, settings, load, progress=progress,
+    measured, load = settings_from("compare_models", settings, ReportSettings, LoadOptions)
+    return compare_models_with(before, after, control, measured, load, progress=progress,
                                before_report=before_report)  # fmt: skip
 
 

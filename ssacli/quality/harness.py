@@ -29,36 +29,19 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from ..defaults import DEVICE, DTYPE
 from ..errors import InputError, UsageError
 from ..models.kinds import ModelKind
 from ..stats import ALPHA, paired_differences, paired_t_test
+from .settings import LMEvalPlan
 
 EXTRA = 'pip install "ssacli[eval]"'
 HARNESS_KINDS = ("causal", "seq2seq")  # the model kinds HFLM scores
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 MEAN_TOLERANCE = 1e-9  # a score is a mean over items when it equals their mean this closely
-
-
-@dataclass(frozen=True)
-class LMEvalPlan:
-    """Which lm-eval tasks to run and how: ``tasks`` (names or task YAML paths), ``num_fewshot``
-    (None: each task's own default), ``limit`` (the first N items per task; None: all),
-    ``include_path`` (a folder of task YAMLs, lm-eval's ``--include_path``), ``batch_size``."""
-
-    tasks: tuple[str, ...]
-    num_fewshot: int | None = None
-    limit: int | None = None
-    include_path: str | None = None
-    batch_size: int = 8
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tasks": list(self.tasks)}
 
 
 def parse_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
@@ -178,29 +161,27 @@ def _quiet_stderr_descriptor() -> Iterator[None]:
 
 def lm_eval(
     model, tasks: str | Sequence[str], *, num_fewshot: int | None = None, limit: int | None = None,
-    include_path: str | Path | None = None, batch_size: int = 8, seed: int = 0,
-    allow_download: bool = False, verbose: bool = False, device: str = DEVICE, dtype: str = DTYPE,
-    allow_pickle: bool = False, trust_remote_code: bool = False, offline: bool = False,
-    revision: str | None = None,
+    include_path: str | Path | None = None, batch_size: int = 8, seed: int = 0, verbose: bool = False,
+    **load: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """Run lm-evaluation-harness ``tasks`` on ``model`` (a MODEL reference or a LoadedModel) with
     its scorer; JSON-ready: per task its scores with lm-eval's standard errors and every item
     (``doc_id``, ``target``, ``loglikelihoods`` of its requests, per-item metric values).
 
+    ``load``: how a MODEL reference loads, :class:`~ssacli.models.options.LoadOptions`' fields by name.
     The tasks are checked (and their data loaded: downloaded unless ``offline``) before the model
-    loads; ``allow_download`` is accepted and has no effect (deprecated: downloading is the default).
-    ``seed`` seeds lm-eval's random, numpy, torch and few-shot generators."""
+    loads. ``seed`` seeds lm-eval's random, numpy, torch and few-shot generators."""
     from ..models.loading import LoadedModel, load_with
     from ..models.options import LoadOptions
+    from ..setting import settings_from
 
+    (options,) = settings_from("lm_eval", load, LoadOptions)
     plan = LMEvalPlan(parse_tasks(tasks), num_fewshot, limit,
                       None if include_path is None else str(include_path), batch_size)  # fmt: skip
-    check_tasks(plan, offline=offline, verbose=verbose)
+    check_tasks(plan, offline=options.offline, verbose=verbose)
     if not isinstance(model, LoadedModel):
-        load = LoadOptions(device=device, dtype=dtype, allow_pickle=allow_pickle, offline=offline,
-                           trust_remote_code=trust_remote_code, revision=revision)  # fmt: skip
-        model = load_with(str(model), load)
-    return run_plan(model, plan, seed=seed, offline=offline, verbose=verbose)
+        model = load_with(str(model), options)
+    return run_plan(model, plan, seed=seed, offline=options.offline, verbose=verbose)
 
 
 def check_harness_kind(loaded) -> None:

@@ -30,6 +30,7 @@ from ..models.checkpoint import check_replaceable, read_meta, training_record
 from ..models.loading import LoadedModel, local_model_path
 from ..models.options import LoadOptions
 from ..scorers import make_scorer
+from ..setting import settings_from
 from . import DATA_FORMS
 from .data import read_documents
 from .finetune import finetune
@@ -93,33 +94,21 @@ def convert_and_finetune(
     *,
     overwrite: bool = False,
     resume: bool = False,
-    text: str | None = None,
-    max_error: float | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    allow_download: bool = False,
-    allow_pickle: bool = False,
-    trust_remote_code: bool = False,
-    offline: bool = False,
-    revision: str | None = None,
-    strict: bool = False,
     on_converted: Callable[[dict[str, Any]], None] | None = None,
     on_step: OnStep | None = None,
+    **settings: Any,
 ) -> tuple[LoadedModel, dict[str, Any]]:
     """:func:`ssacli.convert` MODEL to ``scorer``, then :func:`finetune` it into ``out``; return the
     trained model and the fidelity report (also recorded in ``out``'s ssacli.json).
 
     Everything cheap is checked before loading: the spec, ``config``, and ``out`` (never the input
-    folder, an existing one only with ``overwrite``). ``text`` is the calibration text (None: the
-    start of ``config.data`` for text data, else the built-in probe texts). ``dtype="auto"`` loads
-    float32. ``on_converted(report)`` is called between the two stages; ``strict``: as for convert.
-    ``resume``: continue the fine-tuning run stopped in ``out`` (a missing ``out`` starts afresh).
-    :func:`convert_and_finetune_with` is the same with its settings as values."""
-    conversion = ConvertSettings(text=text, max_error=max_error, strict=strict)
-    load = LoadOptions(
-        device=device, dtype=dtype, allow_download=allow_download, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, offline=offline, revision=revision,
-    )  # fmt: skip
+    folder, an existing one only with ``overwrite``). ``settings``: ConvertSettings' and LoadOptions'
+    by name, as for :func:`ssacli.convert` (``text`` is the calibration text, None: the start of
+    ``config.data`` for text data, else the built-in probe texts; ``dtype="auto"`` loads float32; one
+    device: no ``device_map`` or ``max_memory``). ``on_converted(report)`` is called between the two
+    stages. ``resume``: continue the fine-tuning run stopped in ``out`` (a missing ``out`` starts
+    afresh). :func:`convert_and_finetune_with` is the same with its settings as values."""
+    conversion, load = settings_from("convert_and_finetune", settings, ConvertSettings, LoadOptions)
     return convert_and_finetune_with(model, scorer, out, config, conversion, load, overwrite=overwrite,
                                      resume=resume, on_converted=on_converted, on_step=on_step)  # fmt: skip
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..defaults import SCORER
+from ..defaults import SCORER, SCRATCH_SIZE
+from ..setting import setting
+from . import MIN_VOCAB
 
 
 @dataclass(frozen=True)
@@ -15,13 +17,25 @@ class ScratchSettings:
     model_type of a config.json ``size``), ``size`` (tiny, small or a config.json; None: tiny), the
     ``scorer`` spec, ``vocab_size`` (None: the size's) and ``seq_len``, the model's positions and the
     loop's sequence length (None: the size's). A run resumed with settings left None takes the
-    recorded ones; any other that differs from them is refused."""
+    recorded ones; any other that differs from them is refused. Each field's help is its ``ssacli
+    train`` option's."""
 
-    arch: str | None = None
-    size: str | None = None
-    scorer: str = SCORER
-    vocab_size: int | None = None
-    seq_len: int | None = None
+    arch: str | None = setting(
+        None, "gpt2 or llama (causal LM), roberta (masked LM); needed unless --size is a config.", type=str
+    )
+    size: str | None = setting(
+        None, f"{SCRATCH_SIZE} (default), small, or a config.json (its model_type: the arch).", type=str
+    )
+    scorer: str = setting(SCORER, "Scorer spec, e.g. ssa or ssa:init=paper,learn=n.")
+    vocab_size: int | None = setting(
+        None,
+        "Most BPE tokens (default: the size's vocabulary, printed when the model is built).",
+        type=int,
+        min=MIN_VOCAB,
+    )
+    seq_len: int | None = setting(
+        None, "Tokens per sequence = model positions (default: size's).", type=int, min=2
+    )
 
 
 __all__ = ["ScratchSettings"]

@@ -57,7 +57,6 @@ def test_help_text_gets_most_of_the_option_panel():
     page = help_page(["convert"], WIDTH)
     assert "ssa:init=faithful,m=256." in page and "…" not in page
     for option, text in (
-        ("--allow-download", "Deprecated"),
         ("--offline", "Never download"),
         ("--overwrite", "Replace"),
         ("--quiet", "No progress"),

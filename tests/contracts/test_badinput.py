@@ -257,7 +257,7 @@ def test_convert_refuses_a_bad_scorer_before_loading(tmp_path, monkeypatch, caps
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the spec was checked")
 
-    patch(monkeypatch, "ssacli.conversion.as_loaded", no_loading)
+    patch(monkeypatch, "ssacli.conversion.run.as_loaded", no_loading)
     for spec, words in (("nope", "unknown scorer"), ("ssa:init", "key=value")):
         args = ["convert", "builtin:every-softmax", "--scorer", spec, "--out", str(tmp_path / "out")]
         code, _, stderr = run_main(args, monkeypatch, capsys)

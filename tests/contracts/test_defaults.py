@@ -6,6 +6,7 @@ given. The first check is scripts/architecture_metrics.py's own measure, run on 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import inspect
 from pathlib import Path
@@ -30,7 +31,14 @@ def architecture_metrics():
     return module
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "ssacli" / "cli").glob("*.py")), ids=lambda p: p.name)
+# the CLI, and the modules whose settings fields its options are built from (issue 53)
+OPTION_MODULES = sorted(
+    {*(ROOT / "ssacli" / "cli").glob("*.py")}
+    | {p for p in (ROOT / "ssacli").rglob("*.py") if "setting(" in p.read_text() and p.name != "setting.py"}
+)
+
+
+@pytest.mark.parametrize("path", OPTION_MODULES, ids=lambda p: p.relative_to(ROOT / "ssacli").as_posix())
 def test_no_cli_option_writes_out_a_default_or_restates_one_in_its_help(path):
     metrics, tree = architecture_metrics(), ast.parse(path.read_text())
     assert metrics._literal_defaults(tree) == [], "options whose default is a literal (lines)"
@@ -47,6 +55,12 @@ def test_the_measure_sees_what_it_counts():
     tree = ast.parse(code)
     assert sorted(metrics._literal_defaults(tree)) == [1, 2]
     assert sorted(metrics._restated_defaults(tree)) == [1, 3]
+    fields = (
+        "class S:\n    steps: int = setting(4000, 'Steps (default 4000).')\n"
+        "    seed: int = setting(SEED, 'Seed.')\n"
+    )
+    assert metrics._literal_defaults(ast.parse(fields)) == [2]
+    assert metrics._restated_defaults(ast.parse(fields)) == [2]
 
 
 def command(*names: str):
@@ -60,15 +74,20 @@ def signature(function) -> dict:
     return {n: p.default for n, p in inspect.signature(function).parameters.items()}
 
 
+def field_defaults(*classes) -> dict:
+    """The defaults of settings values' fields: a keyword wrapper's, where it takes them as **settings."""
+    return {f.name: f.default for cls in reversed(classes) for f in dataclasses.fields(cls)}
+
+
 def test_the_cli_defaults_are_the_apis():
     from ssacli.icl.sweep import ScorerEntry, SweepPlan
     from ssacli.icl.train import TrainConfig
     from ssacli.train.finetune import FinetuneConfig
 
     cases = [
-        (command("diagnose"), signature(ssacli.diagnose),
+        (command("diagnose"), field_defaults(ssacli.DiagnoseSettings, ssacli.LoadOptions),
          ("samples", "batch_size", "seed", "tau", "top_k", "block_size", "stats", "device", "dtype")),
-        (command("report"), signature(ssacli.compare_models),
+        (command("report"), field_defaults(ssacli.ReportSettings, ssacli.LoadOptions),
          ("seed", "samples", "seq_len", "max_tokens", "batch_size", "icl_length", "prompts", "device",
           "dtype")),
         (command("icl", "train"), vars(TrainConfig),
@@ -78,7 +97,7 @@ def test_the_cli_defaults_are_the_apis():
         (command("train"), vars(FinetuneConfig),
          ("steps", "scorer_lr", "grad_accum", "checkpoint_every", "attention")),
         (command("train"), signature(ssacli.train_from_scratch), ("scorer", "seed", "device")),
-        (command("convert"), signature(ssacli.convert), ("device", "dtype")),
+        (command("convert"), field_defaults(ssacli.ConvertSettings, ssacli.LoadOptions), ("device", "dtype")),
         (command("icl", "eval"), signature(ssacli.evaluate_icl), ("prompts", "seed", "coef_sigma", "device")),
     ]  # fmt: skip
     for cli, api, names in cases:
@@ -86,11 +105,9 @@ def test_the_cli_defaults_are_the_apis():
             assert cli[name] == api[name], name
     assert command("icl", "sweep")["seeds"] == ScorerEntry.seeds
     report = command("report")
-    assert report["pairs_limit"] == signature(ssacli.compare_models)["pairs_limit"]
-    assert (
-        floats(report["sigma"], "sigma") == signature(ssacli.compare_models)["sigmas"] == defaults.ICL_SIGMAS
-    )
-    assert report["outlier"] == ICL_OUTLIERS_TEXT and command("icl", "eval")["sigma"] == ICL_SIGMAS_TEXT
+    assert report["pairs_limit"] == ssacli.ReportSettings().pairs_limit
+    assert floats(report["sigmas"], "sigma") == ssacli.ReportSettings().sigmas == defaults.ICL_SIGMAS
+    assert report["outliers"] == ICL_OUTLIERS_TEXT and command("icl", "eval")["sigma"] == ICL_SIGMAS_TEXT
 
 
 def test_a_help_text_names_the_default_the_api_takes():

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import pytest
 
+import ssacli
 from ssacli import defaults
 from ssacli.diagnosis.run import diagnose
 from ssacli.diagnosis.settings import DiagnoseSettings
 from ssacli.errors import UsageError
 
 
-def test_diagnose_and_its_settings_share_every_default():
-    signature = inspect.signature(diagnose).parameters
-    for field in dataclasses.fields(DiagnoseSettings):
-        assert signature[field.name].default == field.default, field.name
+def test_diagnose_takes_its_settings_by_name_and_refuses_any_other_keyword():
+    # the keyword wrapper builds DiagnoseSettings and LoadOptions from its keywords: their defaults
+    # are the fields', said once (issue 53); a keyword neither has is Python's own TypeError
     assert DiagnoseSettings().samples == defaults.SAMPLES and DiagnoseSettings().stats == defaults.STATS
+    with pytest.raises(TypeError, match=r"^diagnose\(\) got an unexpected keyword argument 'samplez'$"):
+        diagnose("/nonexistent/model", samplez=2)
+    with pytest.raises(ssacli.SsacliError, match="/nonexistent/model"):  # the settings were taken
+        diagnose("/nonexistent/model", samples=2, device="cpu", scorer="softmax", generate=1)
 
 
 @pytest.mark.parametrize(

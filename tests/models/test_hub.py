@@ -177,7 +177,7 @@ def test_allow_download_is_accepted_and_changes_nothing(cache, monkeypatch, caps
     monkeypatch.setenv("COLUMNS", "200")
     code, page, _ = run_main(["diagnose", "--help"], monkeypatch, capsys)
     assert code == 0 and "org/name[@REV]" in page  # not eaten as rich markup
-    assert "--offline" in page and "Deprecated, no effect" in page
+    assert "--offline" in page and "--allow-download" not in page  # accepted for one release, not listed
     code, _, stderr = run_main(["diagnose", f"{REPO}@v2", "--revision", "main", *QUICK], monkeypatch, capsys)
     assert code == EXIT_USAGE and len(stderr.strip().splitlines()) == 1, stderr
 

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 import ssacli
-from ssacli.cli.options import load_options
 from ssacli.models.loading import load_with
 from ssacli.models.options import LoadOptions
 
@@ -30,21 +29,33 @@ from ssacli.models.options import LoadOptions
 def test_every_api_function_that_loads_a_model_has_load_options_defaults(function):
     parameters = inspect.signature(function).parameters
     shared = [f for f in dataclasses.fields(LoadOptions) if f.name in parameters]
-    assert shared, function.__name__
+    # a keyword wrapper that takes **settings passes them to LoadOptions itself (issue 53)
+    takes_settings = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    assert shared or takes_settings, function.__name__
     for field in shared:
         assert parameters[field.name].default == field.default, (function.__name__, field.name)
 
 
 def test_load_model_and_convert_take_every_load_option():
+    every = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
     for function in (ssacli.load_model, ssacli.diagnose, ssacli.convert, ssacli.compare_models):
         parameters = inspect.signature(function).parameters
-        assert {f.name for f in dataclasses.fields(LoadOptions)} <= set(parameters), function.__name__
+        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):  # **settings: taken, or a TypeError
+            model = "/nonexistent/model"
+            args = (model, model) if function is ssacli.compare_models else (model,)
+            with pytest.raises(ssacli.InputError, match=model):
+                function(*args, **every, **({"scorer": "ssa"} if function is ssacli.convert else {}))
+        else:
+            assert set(every) <= set(parameters), function.__name__
 
 
-def test_the_cli_flags_become_one_value_and_no_max_memory_is_none():
-    options = load_options("cpu", "float64", False, True, False, None, [])
+def test_no_max_memory_is_none_and_allow_download_is_deprecated():
+    options = LoadOptions(device="cpu", dtype="float64", allow_pickle=True, max_memory=[])  # no --max-memory
     assert options == LoadOptions(device="cpu", dtype="float64", allow_pickle=True)
     assert options.max_memory is None
+    with pytest.warns(DeprecationWarning, match="allow_download is deprecated and has no effect"):
+        assert LoadOptions(allow_download=True) == LoadOptions()
+    assert "allow_download" not in LoadOptions().keywords()
     assert options.keywords() == {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.device = "cuda"  # type: ignore[misc]
