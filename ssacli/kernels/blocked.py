@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import native
+from . import native_blocks
 from .ssa_transform import ssa_transform
 from .visibility import band as visible_band
 
@@ -208,7 +208,7 @@ class BlockedSSA(torch.autograd.Function):
                 y = torch.matmul(qb, key_t[..., cols]).view(batch, kv_heads, groups, width, -1)
                 if n_heads is not None:  # native: the causal band is applied inside
                     y = plan.hide_(y, rows, cols, mask5, band=False).flatten(1, 2)
-                    p, m, s = native.ssa_block_forward(y, n_heads, **plan.band(rows, cols))
+                    p, m, s = native_blocks.ssa_block_forward(y, n_heads, **plan.band(rows, cols))
                 else:
                     p, m, s = _forward_block(plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4)
                 p = plan.kept(p.view(batch, kv_heads, groups * width, -1), rows, cols)
@@ -255,7 +255,7 @@ class BlockedSSA(torch.autograd.Function):
                 dp = plan.kept(torch.matmul(gob, value_t[..., cols]), rows, cols).view_as(y)
                 if n_heads is not None:  # native: p over y and dy over dp, the band applied inside
                     y = plan.hide_(y, rows, cols, mask5, band=False).flatten(1, 2)
-                    p, dy, dn_rows = native.ssa_block_backward(
+                    p, dy, dn_rows = native_blocks.ssa_block_backward(
                         y, dp.flatten(1, 2), n_heads, lse_b, delta_b, **plan.band(rows, cols)
                     )
                     dn += dn_rows.sum(dim=(0, 2)).view_as(dn).to(dn.dtype)

@@ -13,10 +13,8 @@ field of the kernel's argument struct.
   on other CPUs and BLAS builds the sgemm blocks a dot product differently (an AMD EPYC with AVX2
   only: 3e-6 relative), so the tests bound every kernel against float64 by what float32 rounding can
   do in any summation order (tests/helpers/float_reference.py), not against torch's float32 tiles.
-* **The block math of the block loop** (``ssacli::native_row_stats``, ``ssacli::native_ssa_block_forward``,
-  ``ssacli::native_ssa_block_backward``), for calls with a mask tensor, dropout, other scorers or a
-  torch without a usable sgemm: one key block's elementwise work while each row sits in cache (the
-  transform, its softmax, the statistics' running sums and top-k), between torch's matmuls.
+* **The block math of the block loop**, for calls with a mask tensor, dropout, other scorers or a
+  torch without a usable sgemm, is ssacli.kernels.native_blocks'.
 
 Which of them a call uses is ssacli.kernels.routing.choose_backend's decision; how the library is
 built and loaded is ssacli.kernels.native_library's.
@@ -30,222 +28,8 @@ import torch
 from torch import Tensor
 
 from . import native_abi
+from .native_checks import F32, F64, bins_of, loaded_library, position_fields, require, require_positions
 from .native_library import LOCK, available, library
-from .positions import PositionBins
-
-F32, F64 = torch.float32, torch.float64
-
-
-def _threads(rows: int) -> int:
-    """torch's intra-op thread count, at least 64 rows each."""
-    return max(1, min(torch.get_num_threads(), rows // 64))
-
-
-def _require(t: Tensor | None, name: str, dtype: torch.dtype, shape=None, *, rows: bool = False) -> None:
-    """An op's check of one tensor argument (run by its real and its fake implementation, so a call
-    traced by torch.compile is checked too): CPU, ``dtype``, ``shape`` (None: any) and contiguous
-    (``rows``: only the last axis; the one-loop kernels take any other strides)."""
-    if t is None:
-        return
-    if t.device.type != "cpu" or t.dtype != dtype:
-        raise TypeError(f"{name} must be a CPU {dtype} tensor, got {t.dtype} on {t.device}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must be {tuple(shape)}, got {tuple(t.shape)}")
-    if rows and t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ValueError(f"{name}'s last axis must be contiguous")
-    if not rows and not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-
-
-def _library() -> native_abi.Library:
-    lib = library()
-    if lib is None:
-        raise RuntimeError("ssacli's native kernels are not built here")
-    return lib
-
-
-def _positions(
-    kb: Tensor | None, db: Tensor | None, dist: Tensor | None, sink_k: int, bin_width: int
-) -> dict:
-    """The position-term fields (native_abi.h's SSACLI_POSITIONS): the kb, db and dist sums (float64,
-    updated in place) and the bins, or a NULL kb (the terms are not measured)."""
-    if kb is None:
-        return dict(sink_k=0, bin_width=0, key_bins=0, distance_bins=0, kb=None, db=None, dist=None)
-    return dict(sink_k=sink_k, bin_width=bin_width, key_bins=kb.shape[-1], distance_bins=db.shape[-1], kb=kb,
-                db=db, dist=dist)  # fmt: skip
-
-
-def _require_positions(
-    rows: tuple, kb, db, dist, sink_k: int, bin_width: int, keys_end: int, far: int
-) -> None:
-    """The position terms' checks: kb, db, dist float64 contiguous for ``rows``, together or not at all,
-    with a bin for every key below ``keys_end`` and every distance up to ``far`` (the kernel adds into
-    the bins it computes, unchecked)."""
-    if not (kb is None) == (db is None) == (dist is None):
-        raise ValueError("kb, db and dist come together")
-    if kb is None:
-        return
-    bins = PositionBins(sink_k=sink_k, bin_width=bin_width)
-    _require(kb, "kb", F64, (*rows, max(kb.shape[-1], bins.key_bins(keys_end))))
-    _require(db, "db", F64, (*rows, max(db.shape[-1], PositionBins.distance_bins(far + 1))))
-    _require(dist, "dist", F64, rows)
-
-
-def _bins(state: dict) -> tuple[int, int]:
-    bins = state.get("bins")
-    return (0, 0) if bins is None else (bins.sink_k, bins.bin_width)
-
-
-# ---- the block math of the block loop ------------------------------------------------------------
-
-_ROW_STATE = ("m", "l", "spread", "shrink", "top", "sq", "cnt")
-
-
-def _check_row_stats(t, raw, vis, *state_and_positions):
-    *state, kb, db, dist, key0, pos0, sink_k, bin_width = state_and_positions
-    b, h, r, c = t.shape
-    rows = (b, h, r)
-    _require(t, "t", F32)
-    _require(raw, "raw", F32, t.shape)
-    _require(vis, "vis", torch.bool, t.shape, rows=True)
-    for name, x in zip(_ROW_STATE, state, strict=True):
-        _require(x, name, F32 if name == "shrink" else F64, (*rows, x.shape[-1]) if name == "top" else rows)
-    _require_positions(
-        rows, kb, db, dist, sink_k, bin_width, key0 + c, max(pos0 + r - 1 - key0, key0 + c - 1 - pos0)
-    )
-
-
-@torch.library.custom_op("ssacli::native_row_stats", mutates_args=("t", *_ROW_STATE, "kb", "db", "dist"))
-def _row_stats(
-    t: Tensor, raw: Tensor | None, vis: Tensor | None, m: Tensor, l: Tensor, spread: Tensor, shrink: Tensor,  # noqa: E741
-    top: Tensor, sq: Tensor, cnt: Tensor, kb: Tensor | None, db: Tensor | None, dist: Tensor | None,
-    key0: int, pos0: int, sink_k: int, bin_width: int,
-) -> Tensor:  # fmt: skip
-    _check_row_stats(
-        t, raw, vis, m, l, spread, shrink, top, sq, cnt, kb, db, dist, key0, pos0, sink_k, bin_width
-    )
-    b, h, r, c = t.shape
-    rows = b * h * r
-    vis_off = None
-    if vis is not None:
-        sb, sh, sr, _ = vis.stride()
-        vis_off = (
-            torch.arange(b).mul_(sb).view(b, 1, 1) + torch.arange(h).mul_(sh).view(1, h, 1)
-            + torch.arange(r).mul_(sr).view(1, 1, r)
-        ).reshape(-1)  # fmt: skip
-    finite = _library().call(
-        "ssacli_row_stats", t=t, raw=t if raw is None else raw, vis=vis, vis_off=vis_off, C=c, r0=0, r1=rows,
-        top_k=top.shape[-1], p=t, m=m, l=l, spread=spread, shrink=shrink, top=top, sq=sq, cnt=cnt,
-        key0=key0, pos0=pos0, width=r, threads=_threads(rows), **_positions(kb, db, dist, sink_k, bin_width),
-    )  # fmt: skip
-    return torch.tensor(bool(finite))
-
-
-@_row_stats.register_fake
-def _row_stats_fake(*args):
-    _check_row_stats(*args)
-    return args[0].new_empty((), dtype=torch.bool)
-
-
-def row_stats(
-    t: Tensor, raw: Tensor, vis: Tensor | None, state: dict[str, Tensor], *, key0: int = 0, pos0: int = 0
-) -> Tensor:
-    """One key block of diagnose's statistics through the native row pass: t, raw [b, h, r, c] float32
-    contiguous (raw may be t itself); vis bool broadcastable to them or None. p = e^(t − ref) is written
-    over t; ``state`` holds the rows' running m, l, spread (float64 [b, h, r]), shrink (float32
-    [b, h, r], written), top (float64 [b, h, r, k], descending) and the logit-scale sums sq, cnt
-    (float64 [b, h, r]), updated in place; with ``kb``, ``db``, ``dist`` and ``bins`` in it the position
-    terms too, for rows at key positions pos0 + (row index mod r) and columns from key ``key0``.
-    Returns whether every raw logit was finite (a bool tensor). The rows are split over torch's
-    intra-op threads where the kernel was built with OpenMP (gcc, clang on Linux)."""
-    if vis is not None:
-        vis = vis.expand(t.shape)
-        vis = vis if vis.stride(-1) == 1 else vis.contiguous()
-    positions = (state.get("kb"), state.get("db"), state.get("dist"), key0, pos0, *_bins(state))
-    return _row_stats(t, None if raw is t else raw, vis, *(state[name] for name in _ROW_STATE), *positions)
-
-
-def _band(y: Tensor, diagonal: int, causal: bool, window: int) -> dict:
-    """The fields every SSA block call shares after its data: rows, the row width C, the block's
-    width, its band (``window`` 0: none) and the thread count."""
-    rows, cols = y.numel() // max(1, y.shape[-1]), y.shape[-1]
-    return dict(C=cols, r0=0, r1=rows, width=y.shape[-2], causal=int(causal), diag=diagonal, window=window,
-                threads=_threads(rows))  # fmt: skip
-
-
-def _check_block_forward(y, n, diagonal, causal, window):
-    _require(y, "y", F32)
-    _require(n, "n", F32, (y.shape[1],))
-
-
-@torch.library.custom_op("ssacli::native_ssa_block_forward", mutates_args=("y",))
-def _block_forward(y: Tensor, n: Tensor, diagonal: int, causal: bool, window: int) -> tuple[Tensor, Tensor]:
-    _check_block_forward(y, n, diagonal, causal, window)
-    m = y.new_empty(y.shape[:-1] + (1,))
-    s = torch.empty_like(m)
-    _library().call("ssacli_ssa_forward", y=y, n_head=n, heads=n.numel(), p=y, m=m, s=s,
-                    **_band(y, diagonal, causal, window))  # fmt: skip
-    return m, s
-
-
-@_block_forward.register_fake
-def _block_forward_fake(y, n, diagonal, causal, window):
-    _check_block_forward(y, n, diagonal, causal, window)
-    m = y.new_empty(y.shape[:-1] + (1,))
-    return m, torch.empty_like(m)
-
-
-def ssa_block_forward(
-    y: Tensor, n: Tensor, *, diagonal: int = 0, causal: bool = False, window: int | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """SSA's forward block math (ssacli.kernels.blocked) through the native pass: y [b, h, r, c] float32
-    contiguous (keys hidden by a mask tensor −inf), n [h] float32 contiguous, each head's exponent.
-    With ``causal`` row i of the block sees only columns ≤ ``diagonal`` + i, with ``window`` only
-    those > ``diagonal`` + i − window (the block's band). Returns (p, m, s) as the torch block does:
-    p = e^(t − m) with t the SSA transform of y (0 where hidden) [b, h, r, c], written over y; the row
-    max m of t and s = Σp [b, h, r, 1]."""
-    m, s = _block_forward(y, n, diagonal, causal, window or 0)
-    return y, m, s
-
-
-def _check_block_backward(y, dp, n, lse, delta, diagonal, causal, window):
-    _require(y, "y", F32)
-    _require(dp, "dp", F32, y.shape)
-    _require(n, "n", F32, (y.shape[1],))
-    _require(lse, "lse", F32, (*y.shape[:-1], 1))
-    _require(delta, "delta", F32, (*y.shape[:-1], 1))
-
-
-@torch.library.custom_op("ssacli::native_ssa_block_backward", mutates_args=("y", "dp"))
-def _block_backward(
-    y: Tensor, dp: Tensor, n: Tensor, lse: Tensor, delta: Tensor, diagonal: int, causal: bool, window: int
-) -> Tensor:
-    _check_block_backward(y, dp, n, lse, delta, diagonal, causal, window)
-    dn_rows = torch.zeros(y.shape[:-1], dtype=F64)
-    _library().call("ssacli_ssa_backward", y=y, dp=dp, n_head=n, heads=n.numel(), lse=lse, delta=delta,
-                    dn_row=dn_rows, **_band(y, diagonal, causal, window))  # fmt: skip
-    return dn_rows
-
-
-@_block_backward.register_fake
-def _block_backward_fake(y, dp, n, lse, delta, diagonal, causal, window):
-    _check_block_backward(y, dp, n, lse, delta, diagonal, causal, window)
-    return y.new_empty(y.shape[:-1], dtype=F64)
-
-
-def ssa_block_backward(
-    y: Tensor, dp: Tensor, n: Tensor, lse: Tensor, delta: Tensor, *, diagonal: int = 0, causal: bool = False,
-    window: int | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """SSA's backward block math (ssacli.kernels.blocked) through the native pass: y and dp = dO·vᵀ
-    [b, h, r, c] float32 contiguous (keys hidden by a mask tensor −inf in y; both overwritten), n [h],
-    the rows' saved log-sum-exp lse and delta = rowsum(dO ∘ O) [b, h, r, 1]; the band as in
-    :func:`ssa_block_forward`. Returns (p, dy, dn_rows): p = e^(n·u − lse) with u = sgn(y)·log1p|y|
-    written over y, ∂L/∂y = p·(dp − delta)·n / (1 + |y|) written over dp, and each row's
-    Σ p·(dp − delta)·u [b, h, r] float64 (summed over b and r: ∂L/∂n per head)."""
-    lse, delta = lse.to(F32).contiguous(), delta.to(F32).contiguous()
-    return y, dp, _block_backward(y, dp, n, lse, delta, diagonal, causal, window or 0)
-
 
 # ---- one loop per call, on torch's own BLAS -------------------------------------------------------
 
@@ -306,11 +90,11 @@ def _require_flash(q: Tensor, k: Tensor, v: Tensor, n: Tensor | None = None) -> 
     axes contiguous) and n [H]."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[1] % k.shape[1]:
         raise ValueError("q, k, v must be 4-d, with a multiple of k's heads in q")
-    _require(q, "q", F32, rows=True)
-    _require(k, "k", F32, (q.shape[0], k.shape[1], k.shape[2], q.shape[3]), rows=True)
-    _require(v, "v", F32, (*k.shape[:3], v.shape[-1]), rows=True)
+    require(q, "q", F32, rows=True)
+    require(k, "k", F32, (q.shape[0], k.shape[1], k.shape[2], q.shape[3]), rows=True)
+    require(v, "v", F32, (*k.shape[:3], v.shape[-1]), rows=True)
     if n is not None:
-        _require(n, "n", F32, (q.shape[1],))
+        require(n, "n", F32, (q.shape[1],))
 
 
 def _flash_forward(lib, sgemm, q, k, v, n, causal, window, rows, cols):
@@ -335,7 +119,7 @@ def _ssa_forward(
     sgemm = _torch_sgemm()
     if sgemm is None:
         raise RuntimeError("torch's sgemm is not usable here: no one-loop kernels")
-    return _flash_forward(_library(), sgemm, q, k, v, n, causal, window, block_rows, block_keys)
+    return _flash_forward(loaded_library(), sgemm, q, k, v, n, causal, window, block_rows, block_keys)
 
 
 @_ssa_forward.register_fake
@@ -347,9 +131,9 @@ def _ssa_forward_fake(q, k, v, n, causal, window, block_rows, block_keys):
 
 def _check_ssa_backward(q, k, v, grad_out, n, lse, delta):
     _require_flash(q, k, v, n)
-    _require(grad_out, "grad_out", F32, (*q.shape[:3], v.shape[-1]), rows=True)
-    _require(lse, "lse", F32, q.shape[:3])
-    _require(delta, "delta", F32, q.shape[:3])
+    require(grad_out, "grad_out", F32, (*q.shape[:3], v.shape[-1]), rows=True)
+    require(lse, "lse", F32, q.shape[:3])
+    require(delta, "delta", F32, q.shape[:3])
 
 
 @torch.library.custom_op("ssacli::native_ssa_backward", mutates_args=())
@@ -364,7 +148,7 @@ def _ssa_backward(
     dk_heads = q.new_empty(batch, heads, k_len, dim)
     dv_heads = q.new_empty(batch, heads, k_len, dim_v)
     dn = torch.empty(batch, heads, dtype=F64)
-    status = _library().call(
+    status = loaded_library().call(
         "ssacli_ssa_flash_backward", dout=grad_out, strides=native_abi.strides(q, k, v, grad_out), n_head=n,
         lse=lse, delta=delta, rows=block_rows, cols=block_keys, dq=dq, dk_h=dk_heads, dv_h=dv_heads, dn=dn,
         threads=max(1, torch.get_num_threads()),
@@ -425,18 +209,19 @@ def ssa_attention(
 
 
 _STATE = ("m", "l", "spread", "top", "sq", "cnt", "first", "t_target", "x_target")
+_POSITIONS = ("kb", "db", "dist")
 
 
 def _check_stats(q, k, v, target, state, kb, db, dist, sink_k, bin_width):
     _require_flash(q, k, v)
     rows = tuple(q.shape[:3])
     for name, x in zip(_STATE, state, strict=True):
-        _require(x, name, F64, (*rows, state[3].shape[-1]) if name == "top" else rows)
-    _require(target, "target", torch.int64, (q.shape[0],))
-    _require_positions(rows, kb, db, dist, sink_k, bin_width, k.shape[2], k.shape[2] - 1)
+        require(x, name, F64, (*rows, state[3].shape[-1]) if name == "top" else rows)
+    require(target, "target", torch.int64, (q.shape[0],))
+    require_positions(rows, kb, db, dist, sink_k, bin_width, k.shape[2], k.shape[2] - 1)
 
 
-@torch.library.custom_op("ssacli::native_stats", mutates_args=(*_STATE, "kb", "db", "dist"))
+@torch.library.custom_op("ssacli::native_stats", mutates_args=(*_STATE, *_POSITIONS))
 def _stats(
     q: Tensor, k: Tensor, v: Tensor, scaling: float, causal: bool, window: int, target: Tensor | None,
     block_rows: int, block_keys: int, m: Tensor, l: Tensor, spread: Tensor, top: Tensor, sq: Tensor,  # noqa: E741
@@ -448,11 +233,11 @@ def _stats(
     batch, heads, q_len, _ = q.shape
     # [B, Q, H, Dv] memory seen as [B, H, Q, Dv]: the layout the attention call returns
     out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)
-    status = _library().call(
+    status = loaded_library().call(
         "ssacli_stats_flash", strides=native_abi.strides(q, k, v, out), scaling=scaling, target=target,
         top_k=top.shape[-1], rows=block_rows, cols=block_keys, out=out, m=m, l=l, spread=spread, top=top,
         sq=sq, cnt=cnt, first=first, t_target=t_target, x_target=x_target,
-        threads=max(1, torch.get_num_threads()), **_positions(kb, db, dist, sink_k, bin_width),
+        threads=max(1, torch.get_num_threads()), **position_fields(kb, db, dist, sink_k, bin_width),
         **native_abi.flash_fields(_torch_sgemm(), q, k, v, causal, window),
     )  # fmt: skip
     if status < 0:
@@ -484,12 +269,12 @@ def stats_flash(query: Tensor, key: Tensor, value: Tensor, scaling: float, state
     target = None if target is None else target.to(torch.int64).contiguous()
     out, flags = _stats(
         query, key, value, float(scaling), causal, window or 0, target, block_rows, block_keys,
-        *(state[name] for name in _STATE), state.get("kb"), state.get("db"), state.get("dist"), *_bins(state),
+        *(state[name] for name in _STATE), *(state.get(name) for name in _POSITIONS), *bins_of(state),
     )  # fmt: skip
     return out, bool(flags[0]), bool(flags[1])
 
 
 __all__ = [
-    "BACKWARD_KEYS", "available", "kernels_here", "library", "one_loop_available", "row_stats",
-    "ssa_attention", "ssa_block_backward", "ssa_block_forward", "stats_flash",
+    "BACKWARD_KEYS", "available", "kernels_here", "library", "one_loop_available", "ssa_attention",
+    "stats_flash",
 ]  # fmt: skip

@@ -37,7 +37,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import native, routing
+from . import native, native_blocks, routing
 from .positions import PositionBins, block_terms
 from .row_stats import RowStatistics
 from .stats_call import CallBlocks, StatisticsCall
@@ -182,7 +182,7 @@ def _native_update(state: dict, t, raw, vis, value_cols, key0: int, pos0: int) -
     written over t (a block formed for this call alone, its key 0 and target already read). The
     block's columns start at key ``key0``, its rows at key position ``pos0``."""
     raw, t = raw.contiguous(), t.contiguous()
-    finite = native.row_stats(t, raw, vis, state, key0=key0, pos0=pos0)
+    finite = native_blocks.row_stats(t, raw, vis, state, key0=key0, pos0=pos0)
     state["acc"].mul_(state["shrink"].unsqueeze(-1)).add_(torch.matmul(t, value_cols))
     return finite
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from ssacli.kernels import native
+from ssacli.kernels import native, native_blocks
 from ssacli.kernels.fused import ssa_attention
 from ssacli.kernels.positions import PositionBins
 
@@ -50,6 +50,22 @@ def _row_state(b, h, r, k, keys: int | None = None):
     return state
 
 
+def _stats_state(q, k, positions: bool) -> dict:
+    """The one-loop statistics' running state for q's rows, as ssacli.kernels.online_stats starts it."""
+    b, h, r = q.shape[:3]
+    state = _row_state(b, h, r, 3, k.shape[2] if positions else None)
+    del state["shrink"]
+    state |= {name: torch.full((b, h, r), -math.inf, dtype=F64) for name in ("first", "t_target")}
+    state["x_target"] = torch.full((b, h, r), math.nan, dtype=F64)
+    return state
+
+
+def _position_args(state: dict) -> tuple:
+    """kb, db, dist and the bins' sink_k, bin_width of a state, as the ops take them."""
+    bins = (BINS.sink_k, BINS.bin_width) if "kb" in state else (0, 0)
+    return (state.get("kb"), state.get("db"), state.get("dist"), *bins)
+
+
 def test_the_one_loop_ops_pass_opcheck():
     q, k, v = _qkv()
     n = torch.full((4,), 1.5)
@@ -68,21 +84,10 @@ def test_the_one_loop_ops_pass_opcheck():
 @pytest.mark.parametrize("positions", [False, True])
 def test_the_statistics_op_passes_opcheck(positions):
     q, k, v = _qkv()
-    b, h, r = q.shape[:3]
-    state = _row_state(b, h, r, 3, k.shape[2] if positions else None)
-    del state["shrink"]
-    state |= {name: torch.full((b, h, r), -math.inf, dtype=F64) for name in ("first", "t_target")}
-    state["x_target"] = torch.full((b, h, r), math.nan, dtype=F64)
+    state = _stats_state(q, k, positions)
     names = ("m", "l", "spread", "top", "sq", "cnt", "first", "t_target", "x_target")
-    extra = (
-        state.get("kb"),
-        state.get("db"),
-        state.get("dist"),
-        2 if positions else 0,
-        4 if positions else 0,
-    )
     target = torch.tensor([3, 20])
-    args = (q, k, v, 0.3, True, 0, target, 8, 16, *(state[name] for name in names), *extra)
+    args = (q, k, v, 0.3, True, 0, target, 8, 16, *(state[name] for name in names), *_position_args(state))
     torch.library.opcheck(torch.ops.ssacli.native_stats.default, args)
 
 
@@ -93,18 +98,10 @@ def test_the_block_ops_pass_opcheck(positions):
     vis = torch.rand(1, 1, 5, 40, generator=gen).gt(0.3).expand(2, 3, 5, 40)
     state = _row_state(2, 3, 5, 3, 40 if positions else None)
     names = ("m", "l", "spread", "shrink", "top", "sq", "cnt")
-    extra = (
-        state.get("kb"),
-        state.get("db"),
-        state.get("dist"),
-        0,
-        0,
-        2 if positions else 0,
-        4 if positions else 0,
-    )
+    kb, db, dist, sink_k, bin_width = _position_args(state)
     for raw in (None, t * 2):
-        args = (t.clone(), raw, vis, *(state[name].clone() for name in names), *extra[:3])
-        torch.library.opcheck(torch.ops.ssacli.native_row_stats.default, (*args, *extra[3:]))
+        args = (t.clone(), raw, vis, *(state[name].clone() for name in names), kb, db, dist)
+        torch.library.opcheck(torch.ops.ssacli.native_row_stats.default, (*args, 0, 0, sink_k, bin_width))
     n = torch.full((3,), 1.5)
     y = torch.randn(2, 3, 5, 40, generator=gen)
     torch.library.opcheck(torch.ops.ssacli.native_ssa_block_forward.default, (y.clone(), n, 35, True, 0))
@@ -170,17 +167,13 @@ def test_too_few_position_bins_are_refused_at_the_op():
     state["kb"] = state["kb"][..., :-1].contiguous()
     t = torch.randn(b, h, r, k.shape[2])
     with pytest.raises(ValueError, match="kb must be"):
-        native.row_stats(t, t, None, state, key0=0, pos0=k.shape[2] - r)
+        native_blocks.row_stats(t, t, None, state, key0=0, pos0=k.shape[2] - r)
 
 
 def test_the_statistics_op_writes_the_position_terms_in_place():
     """The state a caller hands the statistics op is the state it reads back (mutated in place)."""
     q, k, v = _qkv()
-    b, h, r = q.shape[:3]
-    state = _row_state(b, h, r, 3, k.shape[2])
-    del state["shrink"]
-    state |= {name: torch.full((b, h, r), -math.inf, dtype=F64) for name in ("first", "t_target")}
-    state["x_target"] = torch.full((b, h, r), math.nan, dtype=F64)
+    state = _stats_state(q, k, positions=True)
     kb = state["kb"]
     native.stats_flash(
         q, k, v, 0.3, state, causal=True, window=None, target=None, block_rows=8, block_keys=16
