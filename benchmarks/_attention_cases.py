@@ -4,8 +4,6 @@ eager softmax and SSA, fused SSA, and on the CPU SSA's block loop); its tuning s
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch.nn import functional as F
 
@@ -45,11 +43,9 @@ def candidates(batch, length, causal, device, dtype, eager_max_gb):
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
         "softmax eager": eager(softmax_scorer),
         "ssa eager": eager(ssa_scorer),
-        "ssa fused": lambda q, k, v: fused.ssa_attention(
-            q, k, v, b, n, scale=scale, causal=causal, compile=device == "cpu"
-        ),
+        "ssa fused": lambda q, k, v: fused.ssa_attention(q, k, v, b, n, scale=scale, causal=causal),
     }
-    if device == "cpu" and native.flash_available():  # what the one-loop forward adds over the block loop
+    if device == "cpu" and native.one_loop_available():  # what the one loop adds over the block loop
         found["ssa block loop"] = lambda q, k, v: block_loop(q, k, v, b, n, scale, causal)
     weights_gb = batch * HEADS * length * length * 4 / 2**30
     skipped = {}
@@ -61,17 +57,10 @@ def candidates(batch, length, causal, device, dtype, eager_max_gb):
     return found, params, skipped
 
 
-def switch(name):
-    """The context a candidate's forward and backward run in: the block loop's backward too (autograd
-    runs it after block_loop's own switch is closed)."""
-    return native.disabled(flash_only=True) if name == "ssa block loop" else contextlib.nullcontext()
-
-
 def block_loop(q, k, v, b, n, scale, causal):
-    """ssa fused with the forward in the block loop (torch's matmuls and the native block pass), as
-    before the one-loop kernel or where torch's sgemm is not found."""
-    with native.disabled(flash_only=True):
-        return fused.ssa_attention(q, k, v, b, n, scale=scale, causal=causal)
+    """ssa fused in the block loop (torch's matmuls and the native block pass), forward and backward: the
+    path of calls with a mask tensor or dropout, or where torch's sgemm is not found."""
+    return fused.ssa_attention(q, k, v, b, n, scale=scale, causal=causal, backend="native-blocks")
 
 
 def sync(device):

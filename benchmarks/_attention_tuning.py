@@ -1,6 +1,6 @@
 """The sweeps behind benchmarks/attention.py's tuning flags: where the fused forward's time goes
-(--profile), the block sizes of ssacli.kernels.blocked (--blocks) and when compiling the torch block
-math pays (--crossover). Each prints its own table; none is part of the main table."""
+(--profile) and the block sizes of ssacli.kernels.blocked (--blocks). Each prints its own table; none
+is part of the main table."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from _attention_cases import B_SSA, DIM, HEADS, N_SSA, make_inputs
 from _common import interleaved_best
 from torch.nn import functional as F
 
-from ssacli.kernels import fused
+from ssacli.kernels import fused, native
+from ssacli.kernels.ssa_transform import ssa_transform
 
 
 def profile(args) -> None:
@@ -27,10 +28,10 @@ def profile(args) -> None:
     scaled = q * (b * DIM**-0.5).view(1, HEADS, 1, 1)
 
     def score_mod(score, _b, h, _q, _k):
-        return n[h] * torch.sign(score) * torch.log1p(torch.abs(score))
+        return ssa_transform(score, n[h])
 
     def fused_forward():
-        return fused.ssa_attention(q, k, v, b, n, causal=True, compile=True)
+        return fused.ssa_attention(q, k, v, b, n, causal=True)
 
     with torch.no_grad():
         half = torch.rand(1, HEADS, 512, 1024)  # as many logits as a causal T=1024 call scores
@@ -65,7 +66,7 @@ def blocks(args) -> None:
     forward+backward: the sweep behind ssacli.kernels.blocked.BLOCK_ROWS / BLOCK_KEYS."""
     from ssacli.kernels import blocked
 
-    default = (blocked.BLOCK_ROWS, blocked.BLOCK_KEYS, blocked.FLASH_BACKWARD_KEYS)
+    default = (blocked.BLOCK_ROWS, blocked.BLOCK_KEYS, native.BACKWARD_KEYS)
     others = [(64, 1024, 256), (256, 1024, 256), (128, 512, 256), (128, 2048, 256), (128, 1024, 128),
               (128, 1024, 512)]  # fmt: skip
     settings = [default] + [s for s in others if s != default]
@@ -77,14 +78,14 @@ def blocks(args) -> None:
 
     def run(fn, grad, upstream, backward_keys=None):
         def call():
-            before = blocked.FLASH_BACKWARD_KEYS
-            blocked.FLASH_BACKWARD_KEYS = backward_keys or before  # read when the backward runs
+            before = native.BACKWARD_KEYS
+            native.BACKWARD_KEYS = backward_keys or before  # read when the forward saves its context
             try:
                 out = fn()
                 if grad:
                     out.backward(upstream)
             finally:
-                blocked.FLASH_BACKWARD_KEYS = before
+                native.BACKWARD_KEYS = before
 
         return call
 
@@ -102,7 +103,7 @@ def blocks(args) -> None:
                 }
                 for r, c, back in settings:
                     call = lambda r=r, c=c, causal=causal, qkv=qkv: fused.ssa_attention(  # noqa: E731
-                        *qkv, b, n, causal=causal, block_rows=r, block_keys=c, backend="blocked"
+                        *qkv, b, n, causal=causal, block_rows=r, block_keys=c, backend="auto"
                     )
                     fns[f"{r}x{c}/{back}"] = run(call, grad, upstream, back)
                 with torch.set_grad_enabled(grad):
@@ -112,48 +113,3 @@ def blocks(args) -> None:
                 )
                 kind = "fwd+bwd" if grad else "fwd"
                 print(f"  T={length} {kind:>7} causal={causal!s:>5}: {cells}", flush=True)
-
-
-def crossover(args) -> None:
-    """Per-call time of the blocked kernel with eager vs compiled torch block math, and compile cost:
-    the rule for where the native pass is not built (so it is switched off here)."""
-    from ssacli.kernels import native
-
-    with native.disabled():
-        _crossover(args)
-
-
-def _crossover(args) -> None:
-    q, k, v = make_inputs(2, 64, "cpu", torch.float32, grad=True)
-
-    def first(compiled):
-        start = time.perf_counter()
-        fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=True, compile=compiled).sum().backward()
-        return time.perf_counter() - start
-
-    first(False)  # libraries loaded
-    compile_cost = first(True) - first(False)
-    print(
-        f"compiling the forward and backward block kernels: {compile_cost:.1f} s (cold the first time on "
-        "a machine; later processes reuse torch's on-disk inductor cache)"
-    )
-    columns = ("logits", "eager ms", "compiled ms", "saved ms", "calls to repay")
-    print(f"{'B':>2} {'T':>5} " + " ".join(f"{c:>{max(9, len(c))}}" for c in columns))
-    for batch, length in [(8, 32), (8, 64), (8, 128), (8, 256), (1, 512), (8, 512), (1, 1024), (8, 1024)]:
-        q, k, v = make_inputs(batch, length, "cpu", torch.float32, grad=True)
-
-        def step(compiled, q=q, k=k, v=v):
-            def run():
-                out = fused.ssa_attention(q, k, v, B_SSA, N_SSA, causal=True, compile=compiled)
-                torch.autograd.grad(out.sum(), (q, k, v))
-
-            return run
-
-        best = interleaved_best({"eager": step(False), "compiled": step(True)}, args.repeats)
-        saved = best["eager"] - best["compiled"]
-        repay = f"{compile_cost / saved:14.0f}" if saved > 0 else f"{'never':>14}"
-        print(
-            f"{batch:>2} {length:>5} {batch * HEADS * length * length:>9} {best['eager'] * 1e3:9.2f} "
-            f"{best['compiled'] * 1e3:11.2f} {saved * 1e3:9.2f} {repay}"
-        )
-    print("(calls to repay: the compile time above divided by the time saved per fwd+bwd call)")

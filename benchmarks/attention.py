@@ -5,7 +5,6 @@ Not part of the test suite; machines here are noisy, so compare the ratios, not 
     python benchmarks/attention.py --quick          # B=1, T in {256, 1024}
     python benchmarks/attention.py --device cuda    # the GPU table (scripts/gpu_bench.sh)
     python benchmarks/attention.py --profile        # where the fused forward's time goes (T=1024)
-    python benchmarks/attention.py --crossover      # when compiling the block kernels pays
     python benchmarks/attention.py --check          # fused vs eager, outputs and gradients
     python benchmarks/attention.py --memory         # only the peak-memory table
     python benchmarks/attention.py --blocks         # the block-size sweep behind fused.BLOCK_*
@@ -16,11 +15,12 @@ Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32
 * sdpa: torch.nn.functional.scaled_dot_product_attention, softmax (FlashAttention on CUDA);
 * softmax eager / ssa eager: what ssacli's eager path computes inside a model: logits q·kᵀ·scale,
   the scorer (ssacli.make_scorer) over the explicit boolean mask, weights @ v;
-* ssa fused: ssacli.ssa_attention as it runs by default: on the CPU the native one-loop forward
-  (each logit tile formed by torch's sgemm and reduced in cache) and the blocked backward with the
-  native block pass; flex_attention on CUDA;
-* ssa block loop (CPU, where the one-loop kernels run): the same call with the forward and backward
-  in the block loop (torch's matmuls per block, the native block pass between them), as before them.
+* ssa fused: ssacli.ssa_attention as it runs by default: on the CPU the native one-loop forward and
+  backward (each logit tile formed by torch's sgemm and reduced in cache); on CUDA the path
+  ssacli.kernels.routing.choose_backend picks (flex_attention without grad);
+* ssa block loop (CPU, where the one-loop kernels run): the same call forced to backend="native-blocks",
+  forward and backward in the block loop (torch's matmuls per block, the native block pass between
+  them): the path of calls with a mask tensor or dropout.
 
 "fwd" is one forward under no_grad; "fwd+bwd" a forward with grad then backward of out.sum() into
 q, k, v (and b, n for SSA). Eager candidates whose [B, H, T, T] weights would exceed --eager-max-gb
@@ -28,7 +28,7 @@ are skipped (the reason is printed). Peak memory (CPU): fwd+bwd, B = 1, causal, 
 process (benchmarks/_common.py), after one warm-up call of the same shape (so compiling is not
 counted); CUDA: torch.cuda.max_memory_allocated.
 
-The candidates and their inputs are _attention_cases.py's; --profile, --blocks and --crossover are
+The candidates and their inputs are _attention_cases.py's; --profile and --blocks are
 _attention_tuning.py's sweeps.
 """
 
@@ -43,8 +43,8 @@ import platform
 import sys
 
 import torch
-from _attention_cases import DIM, HEADS, candidates, make_inputs, switch, sync
-from _attention_tuning import blocks, crossover, profile
+from _attention_cases import DIM, HEADS, candidates, make_inputs, sync
+from _attention_tuning import blocks, profile
 from _common import interleaved_best, measure_peak, run_child
 
 from ssacli.kernels import fused, native
@@ -69,10 +69,10 @@ def time_shape(batch, length, causal, args, dtype):
 
     def forward_backward(name, fn):
         leaves = [qg, kg, vg] + [p.requires_grad_() for p in params.get(name, [])]
+
         def run():
-            with switch(name):
-                out = fn(qg, kg, vg)
-                torch.autograd.grad(out.float().sum(), leaves)
+            out = fn(qg, kg, vg)
+            torch.autograd.grad(out.float().sum(), leaves)
             sync(args.device)
 
         return run
@@ -93,8 +93,7 @@ def memory_child(args) -> None:
         leaves = [q, k, v] + [p.requires_grad_() for p in params.get(name, [])]
 
         def run():
-            with switch(name):
-                return torch.autograd.grad(found[name](q, k, v).sum(), leaves)
+            return torch.autograd.grad(found[name](q, k, v).sum(), leaves)
 
         return run
 
@@ -142,7 +141,7 @@ def main_table(args) -> None:
     print(f"machine: {describe_machine(args.device)}")
     print(f"H={HEADS} D={DIM} {dtype}; best of interleaved rounds; x = time / sdpa time\n")
     names = ["sdpa", "softmax eager", "ssa eager", "ssa fused"]
-    if args.device == "cpu" and native.flash_available():
+    if args.device == "cpu" and native.one_loop_available():
         names.append("ssa block loop")
     header = f"{'B':>2} {'T':>5} {'causal':>6} {'pass':>8} {'sdpa ms':>9} " + " ".join(
         f"{n + ' x':>15}" for n in names[1:]
@@ -203,7 +202,7 @@ def check(args) -> bool:
     """Fused SSA against the eager scorer on this device: outputs and the gradients of q, k, v, b, n
     (fp32; outputs within 1e-4, gradients within 1e-3, relative to the largest reference value)."""
     ok = True
-    backends = ["blocked"] + (["flex"] if args.device == "cuda" else [])
+    backends = ["auto"] + (["flex"] if args.device == "cuda" else [])
     cases = [  # (B, H, H_kv, Q, K, causal, padding)
         (2, 8, 8, 257, 257, True, False), (2, 8, 2, 200, 200, True, True),
         (1, 8, 8, 100, 300, True, False), (2, 8, 4, 130, 130, False, True),
@@ -257,7 +256,6 @@ def main() -> None:
     )
     parser.add_argument("--eager-max-gb", type=float, default=1.0, help="skip eager above this weight size")
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--crossover", action="store_true")
     parser.add_argument(
         "--check", action="store_true", help="fused vs eager outputs and gradients, then exit"
     )
@@ -274,8 +272,6 @@ def main() -> None:
         memory_child(args)
     elif args.profile:
         profile(args)
-    elif args.crossover:
-        crossover(args)
     elif args.blocks:
         blocks(args)
     elif args.memory:

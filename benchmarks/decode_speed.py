@@ -106,7 +106,7 @@ def measure(name: str, spec: str, batches: list[int], prompts: list[int], new: i
             raise SystemExit("the plain transformers path generated other tokens than ssacli.load_model")
         # every call, the q_len = 1 decoding steps included, must take the fused kernel: the "fused"
         # backend raises where a call would fall back to the eager weight matrix
-        with ssacli.attention_backend("fused"):
+        with ssacli.attention_backend(models["converted (ssacli)"], "fused"):
             if not torch.equal(generate(models["converted (ssacli)"], prompt, new)(), expected):
                 raise SystemExit("the fused kernel generated other tokens than the default backend")
         full = interleaved_best({k: generate(m, prompt, new) for k, m in models.items()}, repeats)

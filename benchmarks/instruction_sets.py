@@ -70,10 +70,10 @@ def stats():
     softmax_statistics(q, k, v, StatisticsCall(scaling=0.125, causal=True))
 
 fns = dict(sdpa=sdpa, sdpa_train=sdpa_train, ssa=ssa, ssa_train=ssa_train)
-if native.flash_available():  # the one-loop statistics need the native kernels and torch's sgemm
+if native.one_loop_available():  # the one-loop statistics need the native kernels and torch's sgemm
     fns["stats"] = stats
 best = interleaved_best(fns, repeats)
-print(json.dumps({"flash": native.flash_available(), "capability": torch.backends.cpu.get_cpu_capability(),
+print(json.dumps({"flash": native.one_loop_available(), "capability": torch.backends.cpu.get_cpu_capability(),
                   **best}))
 """
 
@@ -110,7 +110,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "SSACLI_NATIVE_CFLAGS": flags, "MKL_ENABLE_INSTRUCTIONS": mkl,
                    "ATEN_CPU_CAPABILITY": aten, "SSACLI_CACHE": cache}  # fmt: skip
-            env.pop("SSACLI_COMPILE", None)
+            env.pop("SSACLI_BACKEND", None)
             got = None
             for repeats in (1, args.repeats):  # the first run builds this path's kernels, uncounted
                 done = subprocess.run(

@@ -5,13 +5,13 @@ the same batch, in time and peak memory, measured side by side in one run (issue
 
 Model: the benchmark Llama of benchmarks/diagnose.py (4 layers, 8 heads × 32, hidden 256, random
 init, fp32, CPU). One probe level (``embed-scale:1``) over one sequence of random tokens (batch 1),
-with the fused pass in its four forms: the native one-loop kernel (ssacli.kernels.native.stats_flash,
-the default on the CPU for plain softmax calls), the native row pass between torch's matmuls per
-block (the one loop switched off), torch ops compiled (the torch path, used where the native pass
-is not) and torch ops not compiled (SSACLI_COMPILE=0, native off), each candidate once per round,
-rounds interleaved; best of the rounds and × the SDPA forward of the round's best. Peak memory:
-each (mode, length) in a fresh process (benchmarks/_common.py), MB above the loaded model. The
-machine and its load are printed; on a shared machine read the ratios.
+with the fused pass in its three forms, each forced by SSACLI_BACKEND: the native one-loop kernel
+(ssacli.kernels.native.stats_flash, the default on the CPU for plain softmax calls), the native row
+pass between torch's matmuls per block (``native-blocks``, the path of calls with a mask tensor or a
+probe on the logits) and torch ops (``torch-blocks``, the path where nothing native is built), each
+candidate once per round, rounds interleaved; best of the rounds and × the SDPA forward of the
+round's best. Peak memory: each (mode, length) in a fresh process (benchmarks/_common.py), MB above
+the loaded model. The machine and its load are printed; on a shared machine read the ratios.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from _common import interleaved_best, measure_peak, run_child
 from diagnose import build_model
 
-from ssacli.kernels import native
+from ssacli.kernels import routing
 
 PROBE = "embed-scale:1"
 GOAL_TIME = 1.5  # fused diagnose of one probe level <= 1.5 × the SDPA forward at 4,096 tokens
@@ -48,47 +48,19 @@ def forward_call(model, length: int):
         return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
 
 
-def with_compile(setting: str, call):
-    """call() with SSACLI_COMPILE=setting ("0": the fused pass's block math in eager PyTorch; "1":
-    compiled whatever the size), the variable restored after."""
-    before = os.environ.get("SSACLI_COMPILE")
-    os.environ["SSACLI_COMPILE"] = setting
-    try:
-        return call()
-    finally:
-        if before is None:
-            del os.environ["SSACLI_COMPILE"]
-        else:
-            os.environ["SSACLI_COMPILE"] = before
-
-
-def uncompiled(call):
-    """call() with the fused pass's block math as eager torch ops: not compiled (SSACLI_COMPILE=0) and
-    not native (SSACLI_COMPILE no longer switches the native kernels off: ssacli.kernels.native)."""
+def on_backend(backend: str, call):
+    """call() with SSACLI_BACKEND=backend (the fused statistics' path), the variable restored after."""
 
     def run():
-        with native.disabled():
-            return with_compile("0", call)
-
-    return run
-
-
-def torch_path(call):
-    """call() with the fused pass's block math as torch ops (compiled for long calls), not native."""
-
-    def run():
-        with native.disabled():
+        before = os.environ.get(routing.ENVIRONMENT)
+        os.environ[routing.ENVIRONMENT] = backend
+        try:
             return call()
-
-    return run
-
-
-def block_loop(call):
-    """call() with the native row pass between torch's matmuls per block (the one-loop kernel off)."""
-
-    def run():
-        with native.disabled(flash_only=True):
-            return call()
+        finally:
+            if before is None:
+                del os.environ[routing.ENVIRONMENT]
+            else:
+                os.environ[routing.ENVIRONMENT] = before
 
     return run
 
@@ -97,14 +69,11 @@ def candidates(model, length: int, block_size: int) -> dict:
     return {
         "sdpa forward": lambda: forward_call(model, length),
         "diagnose, eager stats": lambda: diagnose_call(model, length, "eager", block_size),
-        "diagnose, fused stats, block math not compiled": uncompiled(
-            lambda: diagnose_call(model, length, "fused", block_size)
+        "diagnose, fused stats, torch ops": on_backend(
+            "torch-blocks", lambda: diagnose_call(model, length, "fused", block_size)
         ),
-        "diagnose, fused stats, torch block math compiled": torch_path(
-            lambda: diagnose_call(model, length, "fused", block_size)
-        ),
-        "diagnose, fused stats, native row pass in the block loop": block_loop(
-            lambda: diagnose_call(model, length, "fused", block_size)
+        "diagnose, fused stats, native row pass in the block loop": on_backend(
+            "native-blocks", lambda: diagnose_call(model, length, "fused", block_size)
         ),
         "diagnose, fused stats": lambda: diagnose_call(model, length, "fused", block_size),
     }
@@ -113,18 +82,18 @@ def candidates(model, length: int, block_size: int) -> dict:
 def time_section(args) -> None:
     model = build_model(args.heads, args.layers, "sdpa")
     print(
-        "| tokens | sdpa ms | eager stats ms | fused, torch ops ms | fused, torch ops compiled ms "
-        "| fused, native row pass ms | fused, native one loop ms | eager × sdpa | torch ops × sdpa "
-        "| compiled × sdpa | row pass × sdpa | **one loop × sdpa** | eager / one loop |"
+        "| tokens | sdpa ms | eager stats ms | fused, torch ops ms | fused, native row pass ms "
+        "| fused, native one loop ms | eager × sdpa | torch ops × sdpa | row pass × sdpa "
+        "| **one loop × sdpa** | eager / one loop |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for length in [int(x) for x in args.lengths.split(",")]:
         best = interleaved_best(candidates(model, length, args.block_size), args.repeats)
-        sdpa, eager, plain, compiled, rows, fused = (best[k] * 1e3 for k in best)
+        sdpa, eager, plain, rows, fused = (best[k] * 1e3 for k in best)
         print(
-            f"| {length} | {sdpa:.0f} | {eager:.0f} | {plain:.0f} | {compiled:.0f} | {rows:.0f} "
-            f"| {fused:.0f} | {eager / sdpa:.2f} | {plain / sdpa:.2f} | {compiled / sdpa:.2f} "
-            f"| {rows / sdpa:.2f} | **{fused / sdpa:.2f}** | {eager / fused:.2f} |",
+            f"| {length} | {sdpa:.0f} | {eager:.0f} | {plain:.0f} | {rows:.0f} | {fused:.0f} "
+            f"| {eager / sdpa:.2f} | {plain / sdpa:.2f} | {rows / sdpa:.2f} | **{fused / sdpa:.2f}** "
+            f"| {eager / fused:.2f} |",
             flush=True,
         )
     print(f"goal: fused ≤ {GOAL_TIME:g}× sdpa at 4096 tokens (see the 4096 row)")
@@ -138,10 +107,8 @@ def child(args) -> None:
         "fused": lambda t: diagnose_call(model, t, "fused", args.block_size),
     }
     call = calls[args.child]
-    # warm-up: library set-up at a negligible footprint; the fused pass's block math compiled here
-    # (SSACLI_COMPILE=1 at 16 tokens; dynamic shapes, so the measured call reuses it): the peak is then
-    # the steady state's, not the compiler's one-off memory (~70 MB, measured with a cold call).
-    with_compile("1", lambda: call(16))
+    # warm-up at a negligible footprint: the native library loaded, so the peak is the steady state's
+    call(16)
     gc.collect()
     print(json.dumps(measure_peak(lambda: call(args.length))))
 

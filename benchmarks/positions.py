@@ -49,14 +49,10 @@ def inputs(length: int):
 def statistics(path: str, q, k, v, positions) -> callable:
     call = StatisticsCall(scaling=DIM**-0.5, causal=True, positions=positions)
 
+    backend = {"one-loop": "one-loop", "row-pass": "native-blocks"}.get(path, "torch-blocks")
+
     def run():
-        if path == "one-loop":
-            return softmax_statistics(q, k, v, call)
-        if path == "row-pass":
-            with native.disabled(flash_only=True):
-                return softmax_statistics(q, k, v, call)
-        with native.disabled():
-            return softmax_statistics(q, k, v, call, compile=False)
+        return softmax_statistics(q, k, v, call, backend=backend)
 
     return run
 
@@ -127,7 +123,7 @@ def main() -> None:
     if not native.available():
         paths = [p for p in paths if p == "torch"]
         print("native kernels not built here: the torch path only")
-    elif not native.flash_available() and "one-loop" in paths:
+    elif not native.one_loop_available() and "one-loop" in paths:
         paths.remove("one-loop")
         print("torch's sgemm not found: no one-loop kernel")
     if args.check_rows > 0:

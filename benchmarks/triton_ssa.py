@@ -181,7 +181,7 @@ def candidates(q, k, v, b, n, causal, names, ssa_attention) -> dict:
         "softmax-triton": lambda: triton_ssa_attention(q, k, v, ones, ones, causal=causal, ssa=False),
         "sdpa-flash": flash,
         "sdpa-default": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "blocked": lambda: ssa_attention(q, k, v, b, n, causal=causal, backend="blocked"),
+        "blocked": lambda: ssa_attention(q, k, v, b, n, causal=causal, backend="torch-blocks"),
         "flex, n fixed": lambda: ssa_attention(q, k, v, b, n.detach(), causal=causal, backend="flex"),
         "flex, n learned": lambda: ssa_attention(q, k, v, b, n, causal=causal, backend="flex"),
     }

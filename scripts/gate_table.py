@@ -45,7 +45,7 @@ def _forced_build(model: str, config: Path, flags: tuple[str, str, str]) -> dict
         out = Path(cache) / "check.json"
         env = {**os.environ, "SSACLI_NATIVE_CFLAGS": cflags, "SSACLI_CACHE": cache,
                "MKL_ENABLE_INSTRUCTIONS": mkl, "ATEN_CPU_CAPABILITY": aten}  # fmt: skip
-        env.pop("SSACLI_NATIVE", None)
+        env.pop("SSACLI_BACKEND", None)
         cmd = [
             sys.executable,
             "-m",

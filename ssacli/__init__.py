@@ -5,10 +5,10 @@ The public API (the CLI is a thin layer over it: every command is one of these c
 * :func:`make_scorer`, :func:`describe_scorer`, :data:`SCORERS`: attention scorers (softmax, SSA, …)
   built from spec strings such as ``"ssa:init=faithful,m=256"``.
 * :func:`apply_scorer`, :func:`restore`, :func:`supports`, :func:`scorers_of`: run a transformers
-  model with any scorer in every attention layer, and go back; :func:`attention_backend` picks the
+  model with any scorer in every attention layer, and go back; :func:`attention_backend` picks a model's
   fused kernels (the default where no weights are needed) or the eager scorer.
-* :func:`ssa_attention`: fused SSA attention (blocked on CPU, flex_attention on CUDA), no [q, k]
-  weight matrix, forward and backward.
+* :func:`ssa_attention`: fused SSA attention (native kernels on the CPU, Triton or flex_attention
+  on CUDA), no [q, k] weight matrix, forward and backward.
 * :func:`diagnose` -> :class:`DiagnoseResult`: probe a model with magnitude shifts and measure
   per-layer, per-head saturation (:func:`diagnose_with`: the same with a :class:`DiagnoseSettings`
   and a :class:`LoadOptions`); :func:`load_model` resolves MODEL references;
@@ -97,7 +97,7 @@ _LAZY = {
     "supports": "attention.interface",
     "scorers_of": "attention.interface",
     "attention_modules": "attention.interface",
-    "attention_backend": "attention.backend",
+    "attention_backend": "attention.interface",
     "ssa_attention": "kernels.fused",
     "diagnose": "diagnosis.run",
     "diagnose_with": "diagnosis.run",
@@ -171,8 +171,14 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from .attention.backend import attention_backend
-    from .attention.interface import apply_scorer, attention_modules, restore, scorers_of, supports
+    from .attention.interface import (
+        apply_scorer,
+        attention_backend,
+        attention_modules,
+        restore,
+        scorers_of,
+        supports,
+    )
     from .check.config import write_check_config
     from .check.requirements import CheckReport, parse_requirement, run_check
     from .check.settings import CheckSettings, check_settings

@@ -24,13 +24,14 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError, UsageError
+from ..errors import UnsupportedModelError
 from ..kernels.positions import PositionBins
+from ..kernels.visibility import causal_visibility
 from ..scorers import Scorer, make_scorer
 from .arguments import check_arguments, family_name
 from .backend import fused_output
-from .masks import causal_rows, causal_when_unmasked, packed_visibility
-from .online import online_observed_attention, online_reason
+from .masks import causal_when_unmasked, packed_visibility
+from .online import online_observed_attention, online_reason, statistics_backend
 from .sinks import sink_logits
 from .teacher import SOFTMAX, teacher_mode
 
@@ -200,17 +201,15 @@ def attend(module, scorer, query, key, value, mask, scaling, dropout, sink, kwar
 
 def observed_attention(module, scorer, observer, query, key, value, mask, scaling, sink, kwargs):
     """The same attention, one block of ``observer.block_size`` query rows at a time (extra memory
-    O(block × k)), each block's weights handed to ``observer.record``; or, where the observer asks
-    for fused statistics and the call allows them, :func:`~ssacli.attention.online.online_observed_attention`.
+    O(block × k)), each block's weights handed to ``observer.record``; or, where
+    :func:`~ssacli.attention.online.statistics_backend` chooses the fused statistics (the observer's
+    ``stats_mode``, the call's facts), :func:`~ssacli.attention.online.online_observed_attention`.
     key/value are already repeated for GQA. Returns (output [b, q, h, d], None)."""
-    if observer.stats_mode != "eager":
-        reason = online_reason(scorer, mask, kwargs)
-        if reason is None:
-            return online_observed_attention(
-                module, scorer, observer, query, key, value, mask, scaling, sink, kwargs
-            )
-        if observer.stats_mode == "fused":
-            raise UsageError(f"fused statistics are not possible here: {reason}; use --stats auto or eager")
+    backend = statistics_backend(observer, query, online_reason(scorer, mask, kwargs))
+    if backend != "eager":
+        return online_observed_attention(
+            module, scorer, observer, query, key, value, mask, scaling, sink, kwargs, backend=backend
+        )
     key = observer.transform_key(key, module)
     q_total, block = query.shape[-2], max(1, int(observer.block_size))
     outputs = [
@@ -315,7 +314,7 @@ def visibility(
             # Bottom-right aligned: with a KV cache the last query sits at the last key. [1, 1, q, k]
             # like the masks transformers builds, so observers can read it the same way.
             window = kwargs.get("sliding_window")
-            visible = causal_rows(rows, q_total, k_len, logits.device, window)[None, None]
+            visible = causal_visibility(q_total, k_len, logits.device, rows=rows, window=window)[None, None]
     else:
         if mask.dim() == 4:
             mask = mask[..., :k_len]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 import torch
@@ -33,10 +34,12 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ..errors import SpecError, UnsupportedModelError
+from ..errors import SpecError, UnsupportedModelError, UsageError
+from ..kernels.routing import BACKENDS
 from ..scorers import Scorer, make_scorer
 from .arguments import ARGUMENTS, REFUSED_ARGUMENTS, family_name, passed_arguments
 from .audited import AUDITED_FAMILIES
+from .backend import BACKEND_ATTR
 from .forward import SCORER_ATTR, ssacli_attention_forward
 from .masks import ssacli_mask
 
@@ -248,6 +251,37 @@ def apply_scorer(model: nn.Module, spec: str, *, parameters_follow: bool = False
     model.set_attn_implementation(ATTENTION_NAME)
     setattr(model.config, CONFIG_SPEC_ATTR, scorers[0].spec)
     return model
+
+
+@contextmanager
+def attention_backend(model: nn.Module, name: str) -> Iterator[str]:
+    """Within this block, ``model``'s ssacli attention runs on backend ``name`` (set on each of its
+    attention modules, as the fact ssacli.kernels.routing.choose_backend decides each call on; the
+    modules' earlier backends come back after the block).
+
+    * ``auto`` (the default): the scorer's fused kernel (ssacli.kernels.fused: SDPA for softmax, the
+      native, Triton or flex SSA kernels) whenever nothing needs the weight matrix: not under
+      ``observing`` (diagnose), not with ``output_attentions``, no Gemma-2 softcap or T5 position bias,
+      a boolean mask. The eager scorer otherwise. ``SSACLI_BACKEND`` may name another backend.
+    * ``eager``: always the scorer's own ``forward`` (the reference the fused kernels are tested on).
+    * ``fused``: the fused kernel, and a UsageError naming the reason where there is none.
+    * a path of ssacli.kernels.routing.PATHS: that path for every SSA call (a ValueError where it
+      cannot run), the eager scorer where the weights are needed.
+    """
+    if name not in BACKENDS:
+        raise UsageError(f"the attention backend takes {', '.join(BACKENDS)}, got {name!r}")
+    modules = [module for _, module in attention_modules(model)]
+    before = [module.__dict__.get(BACKEND_ATTR) for module in modules]
+    for module in modules:
+        setattr(module, BACKEND_ATTR, name)
+    try:
+        yield name
+    finally:
+        for module, earlier in zip(modules, before, strict=True):
+            if earlier is None:
+                delattr(module, BACKEND_ATTR)
+            else:
+                setattr(module, BACKEND_ATTR, earlier)
 
 
 def restore(model: nn.Module) -> nn.Module:

@@ -1,9 +1,9 @@
 """Which keys each query sees.
 
 :func:`ssacli_mask` is the mask function ssacli registers with transformers (a boolean mask, True =
-visible); :func:`causal_rows` and :func:`packed_visibility` build the visibility of a call that
-passed no mask or packed sequences (the attention function, :mod:`.forward`, joins them with the
-mask the model passed in :func:`~ssacli.attention.forward.visibility`).
+visible); :func:`packed_visibility` and ssacli.kernels.visibility's causal band build the visibility
+of a call that passed packed sequences or no mask (the attention function, :mod:`.forward`, joins them
+with the mask the model passed in :func:`~ssacli.attention.forward.visibility`).
 """
 
 from __future__ import annotations
@@ -61,16 +61,3 @@ def packed_visibility(kwargs: dict, q_len: int, k_len: int, device) -> torch.Ten
 def causal_when_unmasked(module: nn.Module, is_causal: bool | None) -> bool:
     """Causality when the model passed no mask: its ``is_causal`` argument, else the module's."""
     return bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
-
-
-def causal_rows(
-    rows: slice, q_total: int, k_len: int, device: torch.device, window: int | None = None
-) -> torch.Tensor:
-    """[q_rows, k] causal visibility, bottom-right aligned, for the query rows in ``rows``; with a
-    ``window``, key j is visible from position i only if i − j < window (transformers' convention)."""
-    positions = torch.arange(k_len - q_total, k_len, device=device)[rows].unsqueeze(1)
-    keys = torch.arange(k_len, device=device).unsqueeze(0)
-    visible = keys <= positions
-    if window is not None:
-        visible = visible & (positions - keys < window)
-    return visible

@@ -6,23 +6,24 @@ softmax, temperature, SSA, SSMax, sink, softmax1) and describes the call as one
 :class:`~ssacli.kernels.stats_call.StatisticsCall` (mask or causal band, softcap, position bias, the
 observer's probe, the scorer's transform and keyless terms); the kernel forms every block's logits
 exactly as :func:`~ssacli.attention.forward.observed_attention` does, so its statistics are those of
-the eager weights. An
-observer (:class:`~ssacli.attention.forward.Observer`) takes this path when its ``stats_mode`` is
-"auto" or "fused"; :func:`online_reason` says why a call cannot (the observer then
-gets the eager path under "auto", a UsageError under "fused").
+the eager weights. Whether an observed call (:class:`~ssacli.attention.forward.Observer`) takes this
+path is ssacli.kernels.routing.choose_backend's decision (:func:`statistics_backend`), from the
+observer's ``stats_mode`` (``--stats``) and :func:`online_reason`, why a call cannot: the eager path
+then under "auto", a UsageError under "fused".
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..kernels import routing
 from ..kernels.online_stats import STATS_BLOCK_KEYS, softmax_statistics
 from ..kernels.stats_call import StatisticsCall
 from ..scorers import Scorer
 from ..scorers.softmax_family import Softmax
 from .masks import causal_when_unmasked
 
-STATS_MODES = ("auto", "eager", "fused")
+STATS_MODES = routing.MODEL_BACKENDS  # --stats: the values of every model-wide backend option
 
 
 def online_reason(scorer: Scorer, mask: torch.Tensor | None, kwargs: dict) -> str | None:
@@ -36,10 +37,32 @@ def online_reason(scorer: Scorer, mask: torch.Tensor | None, kwargs: dict) -> st
     return None
 
 
-def online_observed_attention(module, scorer, observer, query, key, value, mask, scaling, sink, kwargs):
+def statistics_backend(observer, query: torch.Tensor, reason: str | None) -> str:
+    """ "eager" where this observed call takes the eager weights, else the backend its fused
+    statistics run on (ssacli.kernels.online_stats.softmax_statistics's ``backend``): chosen by
+    ssacli.kernels.routing.choose_backend from the observer's ``stats_mode`` (``auto`` reads
+    SSACLI_BACKEND) and ``reason`` (:func:`online_reason`)."""
+    backend = routing.requested(observer.stats_mode)
+    call = routing.Call(
+        query.device.type,
+        query.dtype,
+        kind="statistics",
+        scope="model",
+        backend=backend,
+        weights_needed=reason,
+    )
+    if routing.choose_backend(call) == "eager":
+        return "eager"
+    return "auto" if backend == "fused" else backend
+
+
+def online_observed_attention(
+    module, scorer, observer, query, key, value, mask, scaling, sink, kwargs, backend: str = "auto"
+):
     """:func:`~ssacli.attention.forward.observed_attention`'s output, with the call's statistics
     handed to ``observer.record_rows`` instead of its weights to ``observer.record``. key/value are
-    already repeated for GQA; ``sink``: the learned sink logits or None."""
+    already repeated for GQA; ``sink``: the learned sink logits or None; ``backend``: the statistics'
+    (:func:`statistics_backend`)."""
     b, h, q_total, _ = query.shape
     k_len = key.shape[-2]
     key = observer.transform_key(key, module)
@@ -66,10 +89,16 @@ def online_observed_attention(module, scorer, observer, query, key, value, mask,
         sink=sink, keyless=keyless, target=target, top_k=int(observer.top_k), positions=observer.positions,
     )  # fmt: skip
     out, stats = softmax_statistics(
-        query, key, value, call, block_rows=max(1, int(observer.block_size)), block_keys=STATS_BLOCK_KEYS
+        query,
+        key,
+        value,
+        call,
+        block_rows=max(1, int(observer.block_size)),
+        block_keys=STATS_BLOCK_KEYS,
+        backend=backend,
     )
     observer.record_rows(module, stats, torch.arange(k_len - q_total, k_len, device=query.device))
     return out.transpose(1, 2).contiguous(), None
 
 
-__all__ = ["STATS_MODES", "online_observed_attention", "online_reason"]
+__all__ = ["STATS_MODES", "online_observed_attention", "online_reason", "statistics_backend"]

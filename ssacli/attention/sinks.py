@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .masks import causal_rows
+from ..kernels.visibility import causal_visibility
 
 
 def sink_logits(kwargs: dict) -> torch.Tensor | None:
@@ -47,7 +47,7 @@ def with_sink_key(query, key, value, mask, causal, sink, scaling):
     key[..., 0, -1] = 1.0
     value = nn.functional.pad(value, (0, 1, 1, 0))
     if causal:
-        mask = causal_rows(slice(None), q, k_len, query.device)[None, None]
+        mask = causal_visibility(q, k_len, query.device)[None, None]
     if mask is not None:
         mask = torch.cat([mask.new_ones(*mask.shape[:-1], 1), mask], dim=-1)
     return query, key, value, mask, False

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..attention.backend import attention_backend, check_backend
+from ..attention.backend import check_backend
+from ..attention.interface import attention_backend
 from ..defaults import (
     ATTENTION,
     ICL_ARCH,
@@ -218,6 +219,6 @@ def _train_into(
         window=window,
         on_step=None if on_step is None else report,
     )
-    with attention_backend(config.attention):  # fused kernels unless asked otherwise
+    with attention_backend(model, config.attention):  # fused kernels unless asked otherwise
         loop.run(start, stop=stop_at)
     return model.eval()

@@ -1,13 +1,14 @@
-"""The blocked SSA kernel: online-normalized forward and recomputing backward.
+"""The blocked SSA kernel: online-normalized forward and recomputing backward, block by block.
 
 FlashAttention-2's scheme with SSA's transform t = n·sgn(y)·log1p|y| in place of the raw logit:
 the forward scans key blocks keeping a running row max and sum and saves only the output and the
 log-sum-exp; the backward recomputes each block's weights from them. One block of logits is alive at
 a time, so extra memory is O(block), not O(T²). The elementwise math of a block (transform, max,
-exp, sums; in the backward the softmax and transform derivatives) runs on the CPU in float32
-through the native pass (ssacli.kernels.native, the causal band applied inside); elsewhere it is one
-torch function per direction, registered with ssacli.kernels.compiled, which compiles it (dynamic
-shapes) when the caller asks. The matrix products are torch's either way.
+exp, sums; in the backward the softmax and transform derivatives) runs in one of two forms, chosen by
+ssacli.kernels.routing.choose_backend: the native block pass (``"native-blocks"``: ssacli.kernels.native,
+CPU float32, the causal band applied inside), for the calls the native one loop cannot serve (a mask
+tensor, dropout, no usable sgemm); or the torch block math (``"torch-blocks"``), where nothing native
+or Triton runs. The matrix products are torch's either way.
 
 Inputs arrive prepared by :func:`ssacli.kernels.fused.ssa_attention`: the query already multiplied by
 b·scale (so y = b·x), keys and values un-repeated for GQA, n per query head, a boolean mask
@@ -21,39 +22,35 @@ from dataclasses import dataclass
 
 import torch
 
-from . import native
-from .compiled import register_block, run_block
+from . import native_blocks
+from .ssa_transform import ssa_transform
+from .visibility import band as visible_band
 
-# Query rows and key columns of one block. With the native block math (the CPU default) the two
-# matrix products per block dominate, and 128 query rows make them efficient enough: forward and
-# forward+backward at T = 1,024 measured 1.5x / 1.5x SDPA causal with 128 rows against 1.7x / 1.6x
-# with 64 and 1.4x / 1.8x with 256 (docs/performance.md); 1024 keys per block means T <= 1024 needs
-# no online rescaling at all. `python benchmarks/attention.py --blocks` compares other sizes.
+# Query rows and key columns of one block (and of the one-loop kernels' tasks and tiles: the same
+# defaults, docs/performance.md "Block sizes": every setting measured lies within the machine's noise
+# of the others); 1024 keys per block means T <= 1024 needs no online rescaling at all.
+# `python benchmarks/attention.py --blocks` compares other sizes.
 BLOCK_ROWS = 128
 BLOCK_KEYS = 1024
-# Keys per block of the one-loop native backward (ssacli.kernels.native.ssa_flash_backward), whose
-# logit and dO·vᵀ tiles ([BLOCK_ROWS, 256] fp32 each, 128 KB) and ∂k, ∂v tiles stay in cache.
-FLASH_BACKWARD_KEYS = 256
 
 
-# ---- the per-block math (compiled when it pays) ---------------------------------------------------
+# ---- the torch block math -------------------------------------------------------------------------
 
 
 def _forward_block(y: torch.Tensor, n: torch.Tensor):
     """p = exp(t − m) with t = n·sgn(y)·log1p|y| (hidden entries of y are −inf, so t = −inf), the
     row max m (−inf for a row with nothing visible) and the row sum of p."""
     # t is increasing in y, so the row max of t is t(max y): a read-only pass over y instead of
-    # storing t to take its max (one memory pass fewer in the compiled kernel).
-    y_max = y.amax(dim=-1, keepdim=True)
-    m = n * torch.sign(y_max) * torch.log1p(torch.abs(y_max))
-    t = n * torch.sign(y) * torch.log1p(torch.abs(y))
+    # storing t to take its max.
+    m = ssa_transform(y.amax(dim=-1, keepdim=True), n)
+    t = ssa_transform(y, n)
     p = torch.exp(t - torch.where(m == -math.inf, 0.0, m))
     return p, m, p.sum(dim=-1, keepdim=True)
 
 
 def _backward_block(y, n, lse, dp, delta):
     """p, ∂L/∂y and this block's ∂L/∂n from the saved log-sum-exp (FlashAttention-2 backward)."""
-    u = torch.sign(y) * torch.log1p(torch.abs(y))
+    u = ssa_transform(y, 1.0)  # ∂t/∂n
     p = torch.exp(n * u - lse)
     dt = p * (dp - delta)  # softmax backward
     dn = torch.where(p > 0, dt * u, 0.0).sum(dim=(0, 2, 3), keepdim=True)  # u = −inf where hidden
@@ -61,13 +58,9 @@ def _backward_block(y, n, lse, dp, delta):
     return p, dy, dn
 
 
-register_block("fwd", _forward_block)
-register_block("bwd", _backward_block)
-
-
 def _native_exponents(n: torch.Tensor, form: str) -> torch.Tensor | None:
-    """n [H] as the native kernels take it where ``form`` (ssacli.kernels.routing.choose_backend's
-    choice: "one-loop", "native-blocks" or "torch-blocks") runs them; None: the torch block math."""
+    """n [H] as the native block pass takes it where ``form`` (ssacli.kernels.routing.choose_backend's
+    choice: "native-blocks" or "torch-blocks") runs it; None: the torch block math."""
     return None if form == "torch-blocks" else n.detach().to(torch.float32).contiguous()
 
 
@@ -126,17 +119,20 @@ class _Plan:
             if mask is not None:
                 y.masked_fill_(~mask[..., rows, cols], -math.inf)
             return y
-        pos = torch.arange(rows.start, rows.stop, device=y.device)[:, None] + self.offset
+        queries = torch.arange(rows.start, rows.stop, device=y.device)[:, None]
         if self.causal:
             first = max(self.offset + rows.start + 1, cols.start)  # row 0 sees keys < first
             if first < cols.stop:
                 keys = torch.arange(first, cols.stop, device=y.device)
-                y[..., first - cols.start :].masked_fill_(keys > pos, -math.inf)
+                y[..., first - cols.start :].masked_fill_(
+                    ~visible_band(queries, keys, self.offset), -math.inf
+                )
         if self.window is not None:
             last = min(self.offset + rows.stop - 1 - self.window, cols.stop - 1)  # last row hides keys ≤ last
             if last >= cols.start:
                 keys = torch.arange(cols.start, last + 1, device=y.device)
-                y[..., : last + 1 - cols.start].masked_fill_(pos - keys >= self.window, -math.inf)
+                hidden = ~visible_band(queries, keys, self.offset, causal=False, window=self.window)
+                y[..., : last + 1 - cols.start].masked_fill_(hidden, -math.inf)
         if mask is not None:
             y.masked_fill_(~mask[..., rows, cols], -math.inf)
         return y
@@ -161,13 +157,13 @@ def _mask_view(mask: torch.Tensor, kv_heads: int) -> torch.Tensor:
 class BlockedCall:
     """The non-tensor arguments of :class:`BlockedSSA` as one value (``BlockedSSA.apply(query, key,
     value, n, mask, call)``): autograd passes it through as it is, and the backward returns None for it
-    once instead of once per option. ``form`` is the blocked path :mod:`~ssacli.kernels.routing` chose."""
+    once instead of once per option. ``form`` is the block math :mod:`~ssacli.kernels.routing` chose:
+    "native-blocks" or "torch-blocks"."""
 
     causal: bool
     window: int | None
     block_rows: int
     block_keys: int
-    compiled: bool
     dropout: float
     seed: int
     form: str
@@ -191,26 +187,16 @@ class BlockedSSA(torch.autograd.Function):
 
     @staticmethod
     def _forward(ctx, query, key, value, n, mask, call: BlockedCall):
-        form, compiled = call.form, call.compiled
+        form = call.form
         kv_heads = key.shape[1]
         q5 = _group(query, kv_heads)
         batch, _, groups, q_len, dim = q5.shape
-        n4 = n.reshape(1, -1, 1, 1)  # kernels see [B, H, rows, keys]: fewer shapes to compile for
+        n4 = n.reshape(1, -1, 1, 1)  # the block math sees [B, H, rows, keys]
         mask5 = None if mask is None else _mask_view(mask, kv_heads)
         plan = _Plan(q5.shape, key.shape[-2], call.causal, call.window, call.block_rows, call.block_keys,
                      call.dropout, call.seed)  # fmt: skip
         n_heads = _native_exponents(n, form)
         ctx.form = form
-        if form == "one-loop":
-            # the whole forward in one native loop: each logit tile stays in cache between its two
-            # products (the block loop below writes it to memory and reads it back)
-            out, lse = native.ssa_flash_forward(
-                query, key, value, n_heads, causal=call.causal, window=call.window,
-                block_rows=call.block_rows, block_keys=call.block_keys,
-            )  # fmt: skip
-            ctx.save_for_backward(query, key, value, n, out, lse.view(batch, kv_heads, groups, q_len, 1))
-            ctx.mask, ctx.plan, ctx.compiled = mask5, plan, compiled
-            return out
         out = query.new_zeros(batch, kv_heads, groups, q_len, value.shape[-1])
         lse = query.new_full((batch, kv_heads, groups, q_len, 1), math.inf)
         key_t = key.transpose(-1, -2).contiguous()  # [B, H_kv, D, K]: contiguous columns per block
@@ -222,9 +208,9 @@ class BlockedSSA(torch.autograd.Function):
                 y = torch.matmul(qb, key_t[..., cols]).view(batch, kv_heads, groups, width, -1)
                 if n_heads is not None:  # native: the causal band is applied inside
                     y = plan.hide_(y, rows, cols, mask5, band=False).flatten(1, 2)
-                    p, m, s = native.ssa_forward(y, n_heads, **plan.band(rows, cols))
+                    p, m, s = native_blocks.ssa_block_forward(y, n_heads, **plan.band(rows, cols))
                 else:
-                    p, m, s = run_block("fwd", compiled, plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4)
+                    p, m, s = _forward_block(plan.hide_(y, rows, cols, mask5).flatten(1, 2), n4)
                 p = plan.kept(p.view(batch, kv_heads, groups * width, -1), rows, cols)
                 pv = torch.matmul(p, value[..., cols, :])
                 pv = pv.view(batch, kv_heads, groups, width, -1)
@@ -241,25 +227,19 @@ class BlockedSSA(torch.autograd.Function):
             lse[:, :, :, rows] = torch.where(seen, row_max + row_sum.log(), math.inf)
         out = out.view(query.shape[:-1] + (value.shape[-1],))
         ctx.save_for_backward(query, key, value, n, out, lse)
-        ctx.mask, ctx.plan, ctx.compiled = mask5, plan, compiled
+        ctx.mask, ctx.plan = mask5, plan
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
         query, key, value, n, out, lse = ctx.saved_tensors
-        mask5, plan, compiled = ctx.mask, ctx.plan, ctx.compiled
+        mask5, plan = ctx.mask, ctx.plan
         kv_heads = key.shape[1]
         q5, go5 = _group(query, kv_heads), _group(grad_out.contiguous(), kv_heads)
         batch, _, groups, _, dim = q5.shape
         n4 = n.reshape(1, -1, 1, 1)
         delta = (go5 * _group(out, kv_heads)).sum(dim=-1, keepdim=True)  # rowsum(dO ∘ O)
         n_heads = _native_exponents(n, ctx.form)
-        if ctx.form == "one-loop":
-            dq, dk, dv, dn = native.ssa_flash_backward(
-                query, key, value, grad_out, n_heads, lse, delta, causal=plan.causal, window=plan.window,
-                block_rows=plan.q_block, block_keys=min(plan.k_block, FLASH_BACKWARD_KEYS),
-            )  # fmt: skip
-            return dq, dk, dv, dn.to(n.dtype), None, None
         dq = torch.zeros_like(q5)
         dk, dv, dn = torch.zeros_like(key), torch.zeros_like(value), torch.zeros_like(n4)
         key_t = key.transpose(-1, -2).contiguous()
@@ -275,13 +255,13 @@ class BlockedSSA(torch.autograd.Function):
                 dp = plan.kept(torch.matmul(gob, value_t[..., cols]), rows, cols).view_as(y)
                 if n_heads is not None:  # native: p over y and dy over dp, the band applied inside
                     y = plan.hide_(y, rows, cols, mask5, band=False).flatten(1, 2)
-                    p, dy, dn_rows = native.ssa_backward(
+                    p, dy, dn_rows = native_blocks.ssa_block_backward(
                         y, dp.flatten(1, 2), n_heads, lse_b, delta_b, **plan.band(rows, cols)
                     )
                     dn += dn_rows.sum(dim=(0, 2)).view_as(dn).to(dn.dtype)
                 else:
                     y = plan.hide_(y, rows, cols, mask5).flatten(1, 2)
-                    p, dy, dn_part = run_block("bwd", compiled, y, n4, lse_b, dp.flatten(1, 2), delta_b)
+                    p, dy, dn_part = _backward_block(y, n4, lse_b, dp.flatten(1, 2), delta_b)
                     dn += dn_part
                 flat = (batch, kv_heads, groups * width, -1)
                 p, dy = plan.kept(p.view(flat), rows, cols), dy.view(flat)

@@ -2,21 +2,20 @@
 
 SSA is a softmax of a pointwise transform of the logit, so it has the same online-normalized
 structure as FlashAttention: scan key blocks, keep a running max and sum per query row, and never
-store more than one block of logits. Three implementations, each checked against the eager scorer
-(tests/kernels/test_fused.py, tests/kernels/test_triton_ssa.py); which one runs a call is decided by
-:func:`ssacli.kernels.routing.choose_backend` alone:
+store more than one block of logits. Which implementation runs a call is decided by
+:func:`ssacli.kernels.routing.choose_backend` alone, from the call's facts; each is checked against
+the eager scorer (tests/kernels/test_fused.py, tests/kernels/test_triton_ssa.py):
 
-* :class:`~ssacli.kernels.blocked.BlockedSSA` (ssacli/kernels/blocked.py), on any device: forward and
-  backward over query blocks × key blocks with the log-sum-exp saved for the backward
-  (FlashAttention-2's recomputation scheme), in one of three forms: the native one-loop kernels, the
-  block loop with the native block math (both CPU, float32) or with the torch block math. Extra
-  memory is one block, so peak memory grows linearly in T. It is the CPU path and the fallback.
-* :func:`flex_ssa`, torch's ``flex_attention`` with an SSA ``score_mod`` (per-head b and n indexed by
-  the head index), compiled: the CUDA path where n needs no gradient, and CPU inference where
-  nothing native is built.
-* ``backend="triton"`` (ssacli/kernels/triton_ssa.py, the optional ``triton`` package): FlashAttention-2
-  forward and backward in Triton with SSA's transform, registered as torch.library custom ops; on
-  CUDA the ``auto`` path of calls that learn n.
+* the native kernels on the CPU in float32 (ssacli.kernels.native, torch.library custom ops): one
+  FlashAttention loop per call on torch's sgemm, forward and backward (``"one-loop"``), or, for the
+  calls it cannot serve (a mask tensor, dropout, no usable sgemm), the block loop of
+  :class:`~ssacli.kernels.blocked.BlockedSSA` with the native block math (``"native-blocks"``);
+* the Triton kernels on CUDA (ssacli/kernels/triton_ssa.py, the optional ``triton`` package), and
+  :func:`flex_ssa`, torch's ``flex_attention`` with an SSA ``score_mod``, compiled, for the CUDA
+  calls whose n needs no gradient (kept until a GPU run times it against Triton);
+* the block loop with the torch block math (``"torch-blocks"``) where none of those runs (float64, no C
+  compiler, the CUDA calls Triton does not take). Extra memory is one block, so peak memory grows
+  linearly in T on every path.
 
 ``b`` is folded into the query (b·x = (b·scale·q)·k), so a kernel only needs n; autograd carries the
 gradient of b through that product. GQA keys and values are never repeated: query heads are grouped
@@ -25,20 +24,12 @@ under their K/V head and b, n broadcast per group.
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import replace
-
 import torch
 
-from . import routing
+from . import native, routing
 from .blocked import BLOCK_KEYS, BLOCK_ROWS, BlockedCall, BlockedSSA
-from .compiled import compile_enabled
-from .compiled import should_compile as setting_allows
-
-# Below this many logits per call (batch × heads × queries × keys) the torch block math runs
-# uncompiled: compiling saves a few ms per call at most there, against seconds of compiling (crossover
-# measured in docs/performance.md).
-COMPILE_MIN_LOGITS = 2**20
+from .ssa_transform import ssa_transform
+from .visibility import band, causal_visibility
 
 
 def ssa_attention(
@@ -54,7 +45,6 @@ def ssa_attention(
     window: int | None = None,
     dropout: float = 0.0,
     backend: str = "auto",
-    compile: bool | None = None,
     block_rows: int = BLOCK_ROWS,
     block_keys: int = BLOCK_KEYS,
 ) -> torch.Tensor:
@@ -69,17 +59,16 @@ def ssa_attention(
     transformers' eager path; its mask is drawn from a seed taken from torch's default generator, so
     ``torch.manual_seed`` makes it reproducible (the backward regenerates it from the seed).
 
-    ``backend``: ``"auto"`` (the path :func:`ssacli.kernels.routing.choose_backend` picks; each of its
-    rules cites the benchmark row that shows its path winning there), ``"blocked"`` (the blocked
-    kernel, any device, forward and backward, in the best of its three forms here) or one path forced
-    (tests and benchmarks): ``"one-loop"`` (the native one-loop kernels: CPU, float32 math, torch's
-    sgemm found; no mask tensor or dropout), ``"native-blocks"`` (the block loop with the native block
-    math: CPU, float32 math), ``"torch-blocks"`` (the block loop with the torch block math: anywhere),
-    ``"flex"`` (torch flex_attention, compiled; forward and backward on CUDA, forward only on the CPU,
-    no dropout) or ``"triton"`` (the Triton kernels, CUDA; float16, bfloat16 or float32; no window or
-    dropout; needs the ``triton`` package). A forced path that cannot run here is a ValueError.
-    ``compile``: compile the torch block math (None: :func:`should_compile` decides); on the CPU's
-    flex path, False runs flex uncompiled (it then materializes every score).
+    ``backend`` (ssacli.kernels.routing.BACKENDS): ``"auto"`` or ``"fused"`` (the path
+    :func:`ssacli.kernels.routing.choose_backend` picks; ``"auto"`` reads ``SSACLI_BACKEND`` first) or
+    one path forced (tests and benchmarks): ``"one-loop"`` (the native one-loop kernels: CPU, float32
+    math, torch's sgemm found; no mask tensor or dropout), ``"native-blocks"`` (the block loop with the
+    native block math: CPU, float32 math), ``"torch-blocks"`` (the block loop with the torch block
+    math: anywhere), ``"flex"`` (torch flex_attention: compiled on CUDA, forward and backward; on the
+    CPU forward only and uncompiled, the CUDA path's score_mod and mask_mod checked without a GPU; no
+    dropout) or ``"triton"`` (the Triton kernels, CUDA; float16, bfloat16 or float32; no window or
+    dropout; needs the ``triton`` package). A forced path that cannot run here is a ValueError, and so
+    is ``"eager"`` (the reference is the scorer's own forward, ssacli.attention).
     """
     batch, heads, q_len, dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[-2]
@@ -105,70 +94,52 @@ def ssa_attention(
     n = _per_head(n, heads, dtype, query.device)
     leaves = (query, key, value, b, n)
     training = torch.is_grad_enabled() and any(t.requires_grad for t in leaves)
+    backend = routing.requested(backend)
+    if backend == "eager":
+        raise ValueError(
+            "ssa_attention runs the fused paths; the eager reference is the SSA scorer's forward"
+        )
+    # the native library is looked up (and built) only where it may run the call, triton's presence
+    # only where auto decides: a forced Triton, flex or torch path looks nothing up
+    deciding = backend in ("auto", "fused")
+    may_be_native = (deciding or backend in ("one-loop", "native-blocks")) and routing.native_fits(
+        query.device.type, dtype
+    )
     call = routing.Call(
-        device=query.device.type, dtype=query.dtype, logits=batch * heads * q_len * k_len,
-        training=training, n_grad=torch.is_grad_enabled() and n.requires_grad, dropout=dropout,
-        # a key/value cache's offset is a constant of flex's mask: each new offset would compile again
-        masked=mask is not None or window is not None or q_len != k_len, window=window is not None,
-        # (triton looked up for auto only: a forced backend decides nothing, and torch.compile's
-        # full graph cannot trace the lookup)
-        head_dim=dim, triton=backend == "auto" and routing.triton_installed(),
-        mask=mask is not None, backend=backend,
+        device=query.device.type, dtype=query.dtype, backend=backend, training=training,
+        n_grad=torch.is_grad_enabled() and n.requires_grad, dropout=dropout, window=window is not None,
+        head_dim=dim, triton=deciding and routing.triton_installed(), mask=mask is not None,
+        native=native.kernels_here() if may_be_native else "",
     )  # fmt: skip
-    backend = routing.choose_backend(call)
-    if backend == "triton":
+    path = routing.choose_backend(call)
+    if path == "triton":
         if window is not None or dropout > 0.0:
-            raise ValueError("backend='triton' has no window or dropout yet: use 'blocked' or 'flex'")
+            raise ValueError("backend='triton' has no window or dropout yet: use 'torch-blocks' or 'flex'")
         try:  # the optional triton package, imported on first use
             from .triton_ssa import triton_ssa_attention
         except ImportError as err:
             need = "backend='triton' needs the triton package (pip install 'ssacli[gpu]')"
             raise ValueError(f"{need}: {err}") from err
         return triton_ssa_attention(query, key, value, b, n, scale=scale, causal=causal, mask=mask)
-    if backend == "flex":
+    if path == "flex":
         if training and not query.is_cuda:
-            raise ValueError("backend='flex' has no backward on the CPU: use 'blocked' (or 'auto') to train")
+            raise ValueError("backend='flex' has no backward on the CPU: use 'auto' to train")
         if dropout > 0.0:
-            raise ValueError("backend='flex' has no dropout: use 'blocked'")
-        # Compiled on the CPU only without a window or mask tensor: with either, torch 2.13's CPU code
-        # generation fails ("cur_kvSplitSize0 was not declared"), so such calls (forced: auto never
-        # sends them to flex) run flex uncompiled, which checks flex's score_mod and mask_mod on the
-        # CPU for the CUDA path.
-        structured = mask is not None or window is not None
-        compiled = compile is not False and (query.is_cuda or (compile_enabled() and not structured))
-        try:
-            geometry = dict(scale=scale, causal=causal, mask=mask, window=window)
-            return flex_ssa(query, key, value, b, n, compiled=compiled, **geometry)
-        except Exception as err:  # noqa: BLE001 - a compiler failure on the CPU means "use blocked"
-            if query.is_cuda or not compiled:
-                raise
-            routing.FLEX_CPU_FAILED.append(f"{type(err).__name__}: {err}".splitlines()[0][:200])
-            warnings.warn(
-                f"ssacli: compiling flex_attention on the CPU failed ({routing.FLEX_CPU_FAILED[0]}); using "
-                "the blocked kernel (same results, slower).",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            backend = routing.choose_backend(replace(call, backend="blocked"))
-    if compile is None:
-        compile = should_compile(batch * heads * q_len * k_len, training, query.device.type)
+            raise ValueError("backend='flex' has no dropout: use 'auto' or 'torch-blocks'")
+        return flex_ssa(query, key, value, b, n, scale=scale, causal=causal, mask=mask, window=window)
     # b·scale folded into q: the kernel sees y = b·x, and autograd takes ∂/∂b through this product.
     scaled = query.to(dtype) * (b * scale).view(1, heads, 1, 1)
+    if path == "one-loop":
+        # the whole call in one native loop, forward and backward: each logit tile stays in cache
+        # between its two products (the block loop writes it to memory and reads it back)
+        with torch.autocast(query.device.type, enabled=False):
+            geometry = dict(causal=causal, window=window, block_rows=block_rows, block_keys=block_keys)
+            out = native.ssa_attention(scaled, key.to(dtype), value.to(dtype), n, **geometry)
+        return out.to(query.dtype)
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout > 0 else 0
-    blocked = BlockedCall(causal, window, block_rows, block_keys, compile, dropout, seed, backend)
+    blocked = BlockedCall(causal, window, block_rows, block_keys, dropout, seed, path)
     out = BlockedSSA.apply(scaled, key.to(dtype), value.to(dtype), n, mask, blocked)
     return out.to(query.dtype)
-
-
-def should_compile(logits: int, training: bool, device: str = "cpu") -> bool:
-    """The default for ``compile=None`` (the torch block math only). SSACLI_COMPILE=0 never compiles,
-    =1 always does; unset (or auto), only CPU training calls with at least COMPILE_MIN_LOGITS logits:
-    a training run makes enough such calls to repay the seconds of compiling, a one-off evaluation
-    usually does not (docs/performance.md, "Compiling the block math: the crossover", measured on the
-    CPU). Not on a GPU: no row shows compiled block math winning there, and the one GPU row that
-    compiled it (diagnose's statistics, H200 run 2: 257.5 ms compiled, 192.9 ms eager at 4,096
-    tokens) shows it losing: each block is microseconds of work and a compiled call's guards cost more."""
-    return setting_allows(device == "cpu" and training and logits >= COMPILE_MIN_LOGITS)
 
 
 def _per_head(value: torch.Tensor | float, heads: int, dtype, device) -> torch.Tensor:
@@ -192,8 +163,7 @@ def softmax_attention(
     ``is_causal`` is top-left, which differs once q_len < k_len) and GQA without repeated K/V."""
     q_len, k_len = query.shape[-2], key.shape[-2]
     if causal and q_len != k_len:
-        keys = torch.arange(k_len, device=query.device)
-        below = keys <= torch.arange(k_len - q_len, k_len, device=query.device)[:, None]
+        below = causal_visibility(q_len, k_len, query.device)
         mask = below if mask is None else mask & below
         causal = False
     empty = None
@@ -230,23 +200,18 @@ def compiled_call(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def flex_ssa(
-    query, key, value, b, n, *, scale, causal=False, mask=None, window=None, compiled=True
-) -> torch.Tensor:
+def flex_ssa(query, key, value, b, n, *, scale, causal=False, mask=None, window=None) -> torch.Tensor:
     """SSA through torch's flex_attention: a ``score_mod`` over per-head [H] tensors b and n.
 
-    ``compiled`` (the uncompiled flex_attention materializes every score): on CUDA one compilation
-    per shape; on the CPU with dynamic shapes, so one compilation (seconds) serves every length. flex
-    has no backward on the CPU, so training there uses :class:`BlockedSSA`; tests check this path's
-    forward on the CPU against the eager scorer, and scripts/gpu_bench.sh checks its gradients on a
+    Compiled on CUDA (one compilation per shape); on the CPU uncompiled (it then materializes every
+    score), forward only: not a CPU path, but the CUDA path's ``score_mod`` and ``mask_mod`` run where
+    the tests can check them against the eager scorer; scripts/gpu_bench.sh checks its gradients on a
     GPU before timing it.
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if "fn" not in _FLEX:
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    if "cpu" not in _FLEX:
-        _FLEX["cpu"] = torch.compile(flex_attention, dynamic=True)
     if not torch.is_grad_enabled():  # flex refuses CPU inputs that require grad, even without grad
         query, key, value = query.detach(), key.detach(), value.detach()
     batch, heads, q_len, _ = query.shape
@@ -256,18 +221,14 @@ def flex_ssa(
     n = n.contiguous()
 
     def score_mod(score, bi, h, qi, ki):
-        return n[h] * torch.sign(score) * torch.log1p(torch.abs(score))
+        return ssa_transform(score, n[h])
 
     block_mask = None
     if causal or window is not None or mask is not None:
         full = None if mask is None else mask.expand(batch, heads, q_len, k_len)
 
         def mask_mod(bi, h, qi, ki):
-            keep = ki >= 0
-            if causal:
-                keep = keep & (ki <= qi + offset)
-            if window is not None:
-                keep = keep & (qi + offset - ki < window)
+            keep = band(qi, ki, offset, causal, window)
             if full is not None:
                 keep = keep & full[bi, h, qi, ki]
             return keep
@@ -276,7 +237,7 @@ def flex_ssa(
             key_ = ("block_mask", causal, window, q_len, k_len, str(query.device))
             if key_ not in _FLEX:
                 if len(_FLEX) > FLEX_VARIANTS:  # many shapes (growing prompts): keep only the functions
-                    kept = {name: _FLEX[name] for name in ("fn", "cpu")}
+                    kept = {"fn": _FLEX["fn"]}
                     _FLEX.clear()
                     _FLEX.update(kept)
                 _FLEX[key_] = create_block_mask(mask_mod, None, None, q_len, k_len, device=query.device)
@@ -287,25 +248,17 @@ def flex_ssa(
     arguments = {"score_mod": score_mod, "block_mask": block_mask, "scale": 1.0, "enable_gqa": gqa}
     if query.is_cuda:
         out = compiled_call(_FLEX["fn"], scaled, key, value, **arguments)
-    elif compiled:
-        out = compiled_call(_FLEX["cpu"], scaled, key, value, **arguments)
     else:
         out = flex_attention(scaled, key, value, **arguments)
     if mask is not None or window is not None:  # rows with nothing visible come out 0, as in eager
-        any_visible = _rows_with_keys(mask, causal, window, offset, batch, heads, q_len, k_len, query.device)
+        any_visible = _rows_with_keys(mask, causal, window, batch, heads, q_len, k_len, query.device)
         out = out * any_visible.to(out.dtype)
     return out
 
 
-def _rows_with_keys(mask, causal, window, offset, batch, heads, q_len, k_len, device) -> torch.Tensor:
+def _rows_with_keys(mask, causal, window, batch, heads, q_len, k_len, device) -> torch.Tensor:
     """[B, H, Q, 1]: whether each query row sees at least one key (for zeroing empty rows)."""
-    pos = torch.arange(q_len, device=device)[:, None] + offset
-    keys = torch.arange(k_len, device=device)
-    vis = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-    if causal:
-        vis = vis & (keys <= pos)
-    if window is not None:
-        vis = vis & (pos - keys < window)
+    vis = causal_visibility(q_len, k_len, device, window=window, causal=causal)
     if mask is not None:
         vis = vis & mask
     return vis.expand(batch, heads, q_len, k_len).any(dim=-1, keepdim=True)

@@ -1,7 +1,8 @@
-/* The layout of every kernel's argument struct (native_abi.h), for ssacli.kernels.native_abi to
- * compare with its ctypes structs before any kernel is called: per struct its size, per field its
- * name, offset, size and kind. All of it comes from the same field lists as the structs themselves,
- * so the table cannot drift from them.
+/* The layout of every kernel's argument struct (native_abi.h), which ssacli.kernels.native_abi reads
+ * to build its ctypes structs: per struct its size, per field its name, offset, size, kind and, for a
+ * pointer, the type of what it points at (the dtype a tensor given for it must have). All of it comes
+ * from the same field lists as the structs themselves, so the struct layout is declared once, in
+ * native_abi.h, and Python has no copy of it that could drift.
  */
 #include <stddef.h>
 #include <string.h>
@@ -11,15 +12,21 @@
 struct ssacli_field {
     const char *name;
     int64_t offset, size;
-    char kind; /* 'p' pointer, 'f' floating point, 'i' integer: what ctypes must declare */
+    char kind;           /* 'p' pointer, 'f' floating point, 'i' integer: what ctypes must declare */
+    const char *element; /* a pointer's element type as torch names it ("float32", ...); "" otherwise */
 };
 
 /* GCC's and Clang's type classes (the sources already need one of them for vector extensions):
  * 5 pointer, 8 real; everything else our fields use (int, int64_t) is an integer. */
 #define SSACLI_KIND(e) (__builtin_classify_type(e) == 5 ? 'p' : __builtin_classify_type(e) == 8 ? 'f' : 'i')
+/* C11's _Generic names what a pointer field points at; void * (torch's sgemm) is an address, "". */
+#define SSACLI_ELEMENT(e)                                                                             \
+    _Generic((e), float *: "float32", const float *: "float32", double *: "float64",                  \
+             const double *: "float64", int64_t *: "int64", const int64_t *: "int64",                 \
+             uint8_t *: "uint8", const uint8_t *: "uint8", default: "")
 #define SSACLI_ENTRY(S, type, name)                                                                   \
     {#name, (int64_t)offsetof(struct S, name), (int64_t)sizeof(((struct S *)0)->name),              \
-     SSACLI_KIND(((struct S *)0)->name)},
+     SSACLI_KIND(((struct S *)0)->name), SSACLI_ELEMENT(((struct S *)0)->name)},
 #define SSACLI_TABLE(kernel, FIELDS) static const struct ssacli_field kernel##_fields[] = {FIELDS(SSACLI_ENTRY, kernel##_args)};
 SSACLI_KERNELS(SSACLI_TABLE)
 
@@ -47,15 +54,15 @@ int64_t ssacli_abi_size(const char *kernel, int64_t *count) {
     return -1;
 }
 
-/* Field i of kernel's argument struct: its name, offset, size and kind; returns 0, or -1 where the
- * kernel or the field does not exist (nothing written). */
+/* Field i of kernel's argument struct: its name, offset, size, kind and element type; returns 0, or
+ * -1 where the kernel or the field does not exist (nothing written). */
 int ssacli_abi_field(const char *kernel, int64_t i, const char **name, int64_t *offset, int64_t *size,
-                     char *kind) {
+                     char *kind, const char **element) {
     for (int64_t j = 0; j < N_LAYOUTS; j++)
         if (strcmp(layouts[j].kernel, kernel) == 0) {
             if (i < 0 || i >= layouts[j].count) return -1;
             const struct ssacli_field *f = &layouts[j].fields[i];
-            *name = f->name, *offset = f->offset, *size = f->size, *kind = f->kind;
+            *name = f->name, *offset = f->offset, *size = f->size, *kind = f->kind, *element = f->element;
             return 0;
         }
     return -1;

@@ -1,10 +1,10 @@
 /* The argument structs of ssacli's native entry points: each kernel takes one `const struct
- * ssacli_<kernel>_args *` instead of 15 to 30 positional arguments, so Python fills the fields by name
- * (ssacli/kernels/native_abi.py mirrors each struct as a ctypes.Structure). Each struct is declared
- * once, as a field list (an X-macro), from which come both the struct and the layout table that
- * native_abi.c exports (every field's name, offset, size and kind, and the struct's size); Python
- * compares that table with its own structs when it loads the library and refuses the library on any
- * difference, so a field out of place is a warning and the torch path, never memory corruption.
+ * ssacli_<kernel>_args *` instead of 15 to 30 positional arguments, so Python fills the fields by name.
+ * Each struct is declared here once, as a field list (an X-macro), from which come both the struct and
+ * the layout table that native_abi.c exports (every field's name, offset, size, kind and pointee type,
+ * and the struct's size); ssacli/kernels/native_abi.py builds its ctypes structs from that table, so
+ * Python holds no second copy of any layout, and it refuses a tensor whose dtype is not the field's.
+ * Every entry point returns an int (0, a status, or flags).
  *
  * F(X, type, name): X is passed through (the struct's name where the table needs it). Pointers are
  * declared without restrict here; each kernel copies the fields into restrict-qualified locals where
@@ -170,8 +170,8 @@ SSACLI_KERNELS(SSACLI_STRUCT)
 #undef SSACLI_STRUCT
 
 int ssacli_row_stats(const struct ssacli_row_stats_args *a);
-void ssacli_ssa_forward(const struct ssacli_ssa_forward_args *a);
-void ssacli_ssa_backward(const struct ssacli_ssa_backward_args *a);
+int ssacli_ssa_forward(const struct ssacli_ssa_forward_args *a);
+int ssacli_ssa_backward(const struct ssacli_ssa_backward_args *a);
 int ssacli_ssa_flash_forward(const struct ssacli_ssa_flash_forward_args *a);
 int ssacli_stats_flash(const struct ssacli_stats_flash_args *a);
 int ssacli_ssa_flash_backward(const struct ssacli_ssa_flash_backward_args *a);

@@ -2,18 +2,16 @@
 argument struct per entry point, and the integer width of the torch ``sgemm_`` the one-loop kernels
 borrow.
 
-**Argument structs.** Each C entry point takes one ``const struct ssacli_<kernel>_args *``
-(native_abi.h); :data:`KERNELS` holds the same structs as ctypes.Structure classes, fields in the
-same order, named as in C, of the same kinds. Where one argument out of place in a positional call
-would be silent memory corruption, here:
-
-* a call fills its struct by field name, and every field must be given (:func:`call`: a field left
-  out would otherwise be a silent 0 or NULL);
-* at load, :func:`layout_problems` compares every struct with the table the library exports
-  (native_abi.c: the struct's size, and each field's name, offset, size and kind — pointer, integer,
-  floating point — all derived from the same field lists as the C structs) and the kernels' names on
-  both sides; ssacli.kernels.native refuses a library with any difference (one warning, the torch
-  path).
+**Argument structs, declared once.** Each C entry point takes one ``const struct ssacli_<kernel>_args *``
+whose fields are declared once, in native_abi.h; the library exports a table of them (native_abi.c:
+each struct's size and each field's name, offset, size, kind and pointee type). :class:`Library`
+builds its ctypes structs from that table when it loads the library, so Python holds no copy of any
+layout: it checks only that ctypes lays each struct out at the offsets C reports (it must, on the
+same ABI) and that every kernel it calls (:data:`KERNELS`) is there, and refuses the library
+otherwise (ssacli.kernels.native_library: one warning, the torch path). :meth:`Library.call` fills a
+struct by field name, every field given (one left out would be a silent 0 or NULL), and takes tensors
+for pointer fields: each must be on the CPU with the dtype the C field points at. What a kernel
+needs beyond that (shapes, contiguity) is checked by the custom op that calls it (ssacli.kernels.native).
 
 **torch's sgemm.** :func:`torch_sgemm` finds the Fortran ``sgemm_`` in libtorch, and
 :func:`sgemm_integer_bits` learns the width of its integer arguments by a call that is safe and
@@ -25,190 +23,147 @@ from __future__ import annotations
 import ctypes
 import sys
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-_p, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_p, _i64, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+# The entry points ssacli.kernels.native calls; a library without one of them is refused at load.
+KERNELS = (
+    "ssacli_row_stats", "ssacli_ssa_forward", "ssacli_ssa_backward", "ssacli_ssa_flash_forward",
+    "ssacli_stats_flash", "ssacli_ssa_flash_backward",
+)  # fmt: skip
+# ctypes' type for each (kind, size) the table reports: pointers, 32/64-bit integers, floats.
+_CTYPES = {("p", ctypes.sizeof(_p)): _p, ("i", 8): _i64, ("i", 4): ctypes.c_int32, ("f", 4): ctypes.c_float,
+           ("f", 8): ctypes.c_double}  # fmt: skip
+# The dtypes a tensor may have for a field pointing at each C element type (bool is one byte, as uint8).
+_DTYPES = {"float32": (torch.float32,), "float64": (torch.float64,), "int64": (torch.int64,),
+           "uint8": (torch.uint8, torch.bool)}  # fmt: skip
 
 
-class Args(ctypes.Structure):
-    """An argument struct; :func:`call` fills it by field name, every field given. Each subclass
-    declares ``__slots__ = ()``: a name that is no field then raises AttributeError where ctypes
-    would keep it as a Python attribute. (No __init__ of its own to check the names: that makes
-    ctypes' construction three times slower, ~7 µs a call.)"""
+class Field(NamedTuple):
+    """One field of an argument struct, as the library's table reports it."""
 
-    __slots__ = ()
-    names: ClassVar[frozenset[str]] = frozenset()  # its fields' names
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "__slots__" not in cls.__dict__:
-            raise TypeError(f"{cls.__name__} must declare __slots__ = () (see Args)")
-        cls.names = frozenset(name for name, _ in cls.__dict__.get("_fields_", ()))
+    name: str
+    offset: int
+    size: int
+    kind: str  # "p" pointer, "i" integer, "f" floating point
+    element: str  # a pointer's element type ("float32", "float64", "int64", "uint8"); "" otherwise
 
 
-def _fields(spec: str) -> list[tuple[str, type]]:
-    """'name:type …' (p pointer, i int64, int, f float) as ctypes fields: one line per struct below."""
-    kinds = {"p": _p, "i": _i64, "int": _int, "f": _f32}
-    return [(name, kinds[kind]) for name, kind in (item.split(":") for item in spec.split())]
+class Layout(NamedTuple):
+    """An entry point's argument struct: its fields by name, and the ctypes struct built from them."""
+
+    fields: dict[str, Field]
+    struct: type[ctypes.Structure]
 
 
-# The order is the C order (native_abi.h); layout_problems checks it against the library.
-_FLASH_HEAD = "gemm:p q:p k:p v:p"
-_FLASH_SHAPE = "B:i H:i Hkv:i Q:i K:i D:i Dv:i causal:int window:i"
-_POSITIONS = "sink_k:i bin_width:i key_bins:i distance_bins:i kb:p db:p dist:p"  # kb None: not measured
-
-
-class RowStatsArgs(Args):
-    __slots__ = ()
-    _fields_ = _fields(
-        "t:p raw:p vis:p vis_off:p C:i r0:i r1:i top_k:i p:p m:p l:p spread:p shrink:p top:p sq:p cnt:p "
-        f"key0:i pos0:i width:i {_POSITIONS} threads:int"
-    )
-
-
-class SsaForwardArgs(Args):
-    __slots__ = ()
-    _fields_ = _fields(
-        "y:p C:i r0:i r1:i n_head:p heads:i p:p m:p s:p width:i causal:int diag:i window:i threads:int"
-    )
-
-
-class SsaBackwardArgs(Args):
-    __slots__ = ()
-    _fields_ = _fields(
-        "y:p dp:p C:i r0:i r1:i n_head:p heads:i lse:p delta:p dn_row:p width:i causal:int diag:i "
-        "window:i threads:int"
-    )
-
-
-class SsaFlashForwardArgs(Args):
-    __slots__ = ()
-    _fields_ = _fields(
-        f"{_FLASH_HEAD} strides:p n_head:p {_FLASH_SHAPE} rows:i cols:i out:p lse:p threads:int"
-    )
-
-
-class StatsFlashArgs(Args):
-    __slots__ = ()
-    _fields_ = _fields(
-        f"{_FLASH_HEAD} strides:p scaling:f {_FLASH_SHAPE} target:p top_k:i rows:i cols:i out:p m:p l:p "
-        f"spread:p top:p sq:p cnt:p first:p t_target:p x_target:p {_POSITIONS} threads:int"
-    )
-
-
-class SsaFlashBackwardArgs(Args):
-    __slots__ = ()
-    _fields_ = _fields(
-        f"{_FLASH_HEAD} dout:p strides:p n_head:p lse:p delta:p {_FLASH_SHAPE} rows:i cols:i dq:p "
-        "dk_h:p dv_h:p dn:p threads:int"
-    )
-
-
-class Kernel(NamedTuple):
-    """An entry point: its argument struct and what it returns (None: void)."""
-
-    args: type[Args]
-    returns: type | None
-
-
-KERNELS: dict[str, Kernel] = {
-    "ssacli_row_stats": Kernel(RowStatsArgs, _int),
-    "ssacli_ssa_forward": Kernel(SsaForwardArgs, None),
-    "ssacli_ssa_backward": Kernel(SsaBackwardArgs, None),
-    "ssacli_ssa_flash_forward": Kernel(SsaFlashForwardArgs, _int),
-    "ssacli_stats_flash": Kernel(StatsFlashArgs, _int),
-    "ssacli_ssa_flash_backward": Kernel(SsaFlashBackwardArgs, _int),
-}
-
-
-def _kind(ctype: type) -> str:
-    """The C table's kind of a ctypes field type: 'p' pointer, 'f' floating point, 'i' integer."""
-    if ctype in (ctypes.c_float, ctypes.c_double):
-        return "f"
-    if ctype in (ctypes.c_void_p, ctypes.c_char_p) or issubclass(ctype, ctypes._Pointer):
-        return "p"
-    return "i"
-
-
-def _c_layout(lib: ctypes.CDLL, kernel: str) -> tuple[int, list[tuple[str, int, int, str]]] | None:
-    """The library's (struct size, [(field, offset, size, kind)]) for ``kernel``; None: not in its table."""
+def _fields(lib: ctypes.CDLL, kernel: str) -> tuple[int, list[Field]]:
+    """(struct size, fields) of ``kernel`` from the library's table."""
     count = ctypes.c_int64()
     size = lib.ssacli_abi_size(kernel.encode(), ctypes.byref(count))
     if size < 0:
-        return None
-    name, offset, width, kind = ctypes.c_char_p(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_char()
+        raise RuntimeError(f"{kernel}: not in the library's layout table")
+    name, offset, width, kind, element = (
+        ctypes.c_char_p(),
+        _i64(),
+        _i64(),
+        ctypes.c_char(),
+        ctypes.c_char_p(),
+    )
     fields = []
     for i in range(count.value):
-        refs = (ctypes.byref(x) for x in (name, offset, width, kind))
+        refs = (ctypes.byref(x) for x in (name, offset, width, kind, element))
         if lib.ssacli_abi_field(kernel.encode(), i, *refs) != 0:
-            return None
-        fields.append((name.value.decode(), offset.value, width.value, kind.value.decode()))
+            raise RuntimeError(f"{kernel}: field {i} is missing from the library's layout table")
+        fields.append(Field(name.value.decode(), offset.value, width.value, kind.value.decode(),
+                            element.value.decode()))  # fmt: skip
     return size, fields
 
 
-def layout_problems(lib: ctypes.CDLL, kernels: dict[str, Kernel] | None = None) -> list[str]:
-    """How ``kernels`` (default :data:`KERNELS`) differ from the library's own argument structs: the
-    kernels named on each side, and per kernel its struct's size and each field's name, offset, size
-    and kind, in order. Empty: they agree, and the library may be called."""
-    kernels = KERNELS if kernels is None else kernels
+def _struct(kernel: str, size: int, fields: list[Field]) -> type[ctypes.Structure]:
+    """The ctypes struct of ``fields``, checked to sit at C's offsets and size (the same ABI must agree)."""
+    try:
+        members = [(f.name, _CTYPES[(f.kind, f.size)]) for f in fields]
+    except KeyError as err:
+        raise RuntimeError(f"{kernel}: a field of kind and size {err.args[0]} has no ctypes type") from None
+    struct = type(f"{kernel}_args", (ctypes.Structure,), {"_fields_": members, "__slots__": ()})
+    for f in fields:
+        if getattr(struct, f.name).offset != f.offset:
+            offset = getattr(struct, f.name).offset
+            raise RuntimeError(f"{kernel}: field {f.name!r} sits at {offset} in ctypes, {f.offset} in C")
+    if ctypes.sizeof(struct) != size:
+        raise RuntimeError(f"{kernel}: {ctypes.sizeof(struct)} bytes in ctypes, {size} in C")
+    return struct
+
+
+def _declare_table(lib: ctypes.CDLL) -> None:
     try:
         lib.ssacli_abi_kernel.restype = ctypes.c_char_p
         lib.ssacli_abi_kernel.argtypes = [_i64]
         lib.ssacli_abi_size.restype = _i64
         lib.ssacli_abi_size.argtypes = [ctypes.c_char_p, _p]
         lib.ssacli_abi_field.restype = _int
-        lib.ssacli_abi_field.argtypes = [ctypes.c_char_p, _i64, _p, _p, _p, _p]
+        lib.ssacli_abi_field.argtypes = [ctypes.c_char_p, _i64, *[_p] * 5]
     except AttributeError:
-        return ["the library exports no layout table (ssacli_abi_size)"]
-    in_c = []
-    while (name := lib.ssacli_abi_kernel(len(in_c))) is not None:
-        in_c.append(name.decode())
-    problems = []
-    if sorted(in_c) != sorted(kernels):
-        problems.append(f"the library has kernels {sorted(in_c)}, Python declares {sorted(kernels)}")
-    for kernel, declared in kernels.items():
-        layout = _c_layout(lib, kernel)
-        if layout is None:
-            problems.append(f"{kernel}: not in the library's layout table")
-            continue
-        size, c_fields = layout
-        struct = declared.args
-        py_fields = [
-            (name, getattr(struct, name).offset, getattr(struct, name).size, _kind(ctype))
-            for name, ctype in struct._fields_
-        ]
-        for i, (c_field, py_field) in enumerate(zip(c_fields, py_fields)):
-            if c_field != py_field:
-                problems.append(f"{kernel}: field {i} is {c_field} in C, {py_field} in Python")
-                break
-        if len(c_fields) != len(py_fields) or size != ctypes.sizeof(struct):
-            problems.append(
-                f"{kernel}: {len(c_fields)} fields and {size} bytes in C, {len(py_fields)} and "
-                f"{ctypes.sizeof(struct)} in Python"
+        raise RuntimeError("the library exports no layout table (ssacli_abi_size)") from None
+
+
+class Library:
+    """The loaded kernels with their argument structs, built from the library's own table; a
+    RuntimeError (naming the difference) where a kernel of :data:`KERNELS` is missing or ctypes cannot
+    lay a struct out as C did."""
+
+    def __init__(self, lib: ctypes.CDLL, kernels: tuple[str, ...] | None = None):
+        kernels = KERNELS if kernels is None else kernels
+        _declare_table(lib)
+        in_c = []
+        while (name := lib.ssacli_abi_kernel(len(in_c))) is not None:
+            in_c.append(name.decode())
+        missing = sorted(set(kernels) - set(in_c))
+        if missing:
+            raise RuntimeError(f"the library lacks the kernels {missing}")
+        self.cdll, self.layouts = lib, {}
+        for kernel in in_c:
+            size, fields = _fields(lib, kernel)
+            struct = _struct(kernel, size, fields)
+            self.layouts[kernel] = Layout({f.name: f for f in fields}, struct)
+            function = getattr(lib, kernel)
+            function.argtypes, function.restype = [ctypes.POINTER(struct)], _int
+
+    def call(self, kernel: str, **values) -> int:
+        """Run ``kernel`` on its struct filled from ``values`` by field name: every field given and no
+        other (TypeError: a field left out would be a silent 0 or NULL), pointer fields as CPU tensors
+        of the field's dtype (or None: NULL; an int for an untyped address)."""
+        return getattr(self.cdll, kernel)(ctypes.byref(self.struct(kernel, **values)))
+
+    def struct(self, kernel: str, **values) -> ctypes.Structure:
+        """The filled struct of :meth:`call`, checked (nothing is called)."""
+        layout = self.layouts[kernel]
+        if values.keys() != layout.fields.keys():
+            missing, extra = (
+                sorted(layout.fields.keys() - values.keys()),
+                sorted(values.keys() - layout.fields.keys()),
             )
-    return problems
+            raise TypeError(f"{kernel}: fields missing {missing}, unknown {extra}")
+        return layout.struct(**{name: _value(kernel, layout.fields[name], v) for name, v in values.items()})
 
 
-def declare(lib: ctypes.CDLL, kernels: dict[str, Kernel] | None = None) -> None:
-    """Give each kernel its one argument (a pointer to its struct) and its return type."""
-    for kernel, declared in (KERNELS if kernels is None else kernels).items():
-        function = getattr(lib, kernel)
-        function.argtypes = [ctypes.POINTER(declared.args)]
-        function.restype = declared.returns
-
-
-def call(lib: ctypes.CDLL, kernel: str, **fields):
-    """Run ``kernel`` (declared by :func:`declare`) on its struct filled from ``fields`` by name; every
-    field must be given (TypeError: one left out would be a silent 0 or NULL), and no other (an
-    unknown name: AttributeError)."""
-    struct = KERNELS[kernel].args
-    if len(fields) != len(struct.names):  # with no unknown name (AttributeError), a missing one
-        missing, extra = sorted(struct.names - fields.keys()), sorted(fields.keys() - struct.names)
-        raise TypeError(f"{kernel}: fields missing {missing}, unknown {extra}")
-    args = struct(**fields)  # before the library is looked at: an unknown name fails here
-    return getattr(lib, kernel)(ctypes.byref(args))
+def _value(kernel: str, field: Field, value):
+    """A field's value as ctypes takes it: a tensor's address after its device and dtype are checked."""
+    if not isinstance(value, torch.Tensor):
+        if field.kind == "p" and field.element and value is not None:
+            raise TypeError(
+                f"{kernel}: field {field.name!r} takes a {field.element} tensor or None, got {value!r}"
+            )
+        return value
+    if field.kind != "p" or not field.element:
+        raise TypeError(f"{kernel}: field {field.name!r} is not a typed pointer; got a tensor")
+    if value.device.type != "cpu" or value.dtype not in _DTYPES[field.element]:
+        raise TypeError(f"{kernel}: field {field.name!r} takes a CPU {field.element} tensor, got "
+                        f"{value.dtype} on {value.device}")  # fmt: skip
+    return value.data_ptr()
 
 
 def strides(*tensors: torch.Tensor) -> torch.Tensor:
@@ -221,8 +176,8 @@ def flash_fields(sgemm: int, q, k, v, causal: bool, window: int | None) -> dict:
     """The fields the one-loop kernels share: torch's sgemm, q [B, H, Q, D], k [B, Hkv, K, D],
     v [B, Hkv, K, Dv] (last axes contiguous) and the band (``window`` None: 0, no window)."""
     (B, H, Q, D), (_, Hkv, K, _), Dv = q.shape, k.shape, v.shape[-1]
-    return dict(gemm=sgemm, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), B=B, H=H, Hkv=Hkv, Q=Q, K=K,
-                D=D, Dv=Dv, causal=int(causal), window=window or 0)  # fmt: skip
+    return dict(gemm=sgemm, q=q, k=k, v=v, B=B, H=H, Hkv=Hkv, Q=Q, K=K, D=D, Dv=Dv, causal=int(causal),
+                window=window or 0)  # fmt: skip
 
 
 # ---- torch's own sgemm ------------------------------------------------------------------------------
@@ -276,7 +231,5 @@ def sgemm_integer_bits(address: int) -> int | None:
 
 
 __all__ = [
-    "Args", "KERNELS", "Kernel", "RowStatsArgs", "SsaBackwardArgs", "SsaFlashBackwardArgs",
-    "SsaFlashForwardArgs", "SsaForwardArgs", "StatsFlashArgs", "call", "declare", "flash_fields",
-    "layout_problems", "sgemm_integer_bits", "strides", "torch_sgemm",
+    "KERNELS", "Field", "Layout", "Library", "flash_fields", "sgemm_integer_bits", "strides", "torch_sgemm",
 ]  # fmt: skip

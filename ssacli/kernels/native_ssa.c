@@ -69,8 +69,8 @@ static inline __attribute__((always_inline)) float ssa_row(
  * flattened to rows, row r in head (r / width) % heads with exponent n_head of it: m = the row's max
  * of t = n·sgn(y)·log1p|y| over visible keys, p = e^(t - m) (0 for hidden keys; m = -inf when none
  * is visible) and s = Σp. Keys that y marks -inf are hidden, and so are those outside the row's band
- * (see band()). p may be y itself. The arguments are the fields of *a (native_abi.h). */
-void ssacli_ssa_forward(const struct ssacli_ssa_forward_args *a) {
+ * (see band()). p may be y itself. Returns 0. The arguments are the fields of *a (native_abi.h). */
+int ssacli_ssa_forward(const struct ssacli_ssa_forward_args *a) {
     const float *y = a->y;
     const int64_t C = a->C, r0 = a->r0, r1 = a->r1, heads = a->heads;
     const float *restrict n_head = a->n_head;
@@ -86,6 +86,7 @@ void ssacli_ssa_forward(const struct ssacli_ssa_forward_args *a) {
         m[r] = ssa_row(y + r * C, p + r * C, C, lo, hi, n_head[(r / width) % heads], -INFINITY, s + r, 1, 0);
     }
     (void)threads;
+    return 0;
 }
 
 /* ---- SSA's whole forward in one loop (FlashAttention's, with sgemm tiles) -------------------- */
@@ -256,9 +257,9 @@ static double ssa_backward_row(float *y, float *dp, int64_t C, int64_t lo, int64
 /* One SSA backward block (blocked.py's _backward_block): for rows [r0, r1) of y [batch, heads, width, C]
  * (as in ssacli_ssa_forward: hidden keys -inf or outside the band) with dp = dO·vᵀ of the same shape,
  * the rows' saved log-sum-exp lse[r] and delta[r]: ssa_backward_row on each, its Σ dt·u added to
- * dn_row[r] (the caller sums rows per head: ∂L/∂n). The arguments are the fields of *a
+ * dn_row[r] (the caller sums rows per head: ∂L/∂n). Returns 0. The arguments are the fields of *a
  * (native_abi.h). */
-void ssacli_ssa_backward(const struct ssacli_ssa_backward_args *a) {
+int ssacli_ssa_backward(const struct ssacli_ssa_backward_args *a) {
     float *y = a->y, *dp = a->dp;
     const int64_t C = a->C, r0 = a->r0, r1 = a->r1, heads = a->heads;
     const float *restrict n_head = a->n_head, *restrict lse = a->lse, *restrict delta = a->delta;
@@ -275,6 +276,7 @@ void ssacli_ssa_backward(const struct ssacli_ssa_backward_args *a) {
                                       delta[r], 1);
     }
     (void)threads;
+    return 0;
 }
 
 /* SSA's whole backward in one loop per query head (FlashAttention-2's, on torch's sgemm): for q, k, v

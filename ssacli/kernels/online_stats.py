@@ -18,13 +18,13 @@ per query row, over query blocks × key blocks:
   rescaled with l (a vector of bins per row, never a [rows, keys] map).
 
 Block math runs in float32, or the model's dtype if wider (as the eager scorer computes its weights);
-the running sums are float64. The elementwise work of a block (the logit-scale sums before the
-transform; after it the max, e^(t − m), the total, the spread and the top-k) runs, on the CPU in
-float32, through the native row pass (ssacli.kernels.native: two passes per row in C); elsewhere as
-two torch functions registered with ssacli.kernels.compiled, compiled for long CPU calls, so that a
-block is read a few times instead of once per PyTorch op. Both compute the same statistics.
-Plain softmax over a causal band or every key (:attr:`StatisticsCall.plain`) takes one native loop
-instead, float32 on the CPU: logits, statistics and p·v per cached tile (ssacli.kernels.native).
+the running sums are float64. Which form runs is ssacli.kernels.routing.choose_backend's choice: plain
+softmax over a causal band or every key (:attr:`StatisticsCall.plain`) in float32 on the CPU takes one
+native loop (``"one-loop"``: logits, statistics and p·v per cached tile); other float32 CPU calls the
+block loop with the native row pass for a block's elementwise work (``"native-blocks"``: the
+logit-scale sums before the transform; after it the max, e^(t − m), the total, the spread and the
+top-k, two passes per row in C); the rest (float64, CUDA, nothing built) the block loop with the same
+work as torch ops (``"torch-blocks"``). All three compute the same statistics.
 What a call is — its mask, the logits' form, the probe, the transform, the keyless terms — comes in as
 one :class:`~ssacli.kernels.stats_call.StatisticsCall` (ssacli.attention.online builds it), and what
 comes out is the :class:`~ssacli.kernels.row_stats.RowStatistics` every path of diagnose produces.
@@ -37,8 +37,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import native, routing
-from .compiled import register_block, run_block, should_compile
+from . import native, native_blocks, routing
 from .positions import PositionBins, block_terms
 from .row_stats import RowStatistics
 from .stats_call import CallBlocks, StatisticsCall
@@ -46,12 +45,6 @@ from .stats_call import CallBlocks, StatisticsCall
 # Key columns per block: with the default 256 query rows, one [b, h, 256, 1024] fp32 tile per
 # temporary (8 MB on an 8-head model, whatever the sequence length).
 STATS_BLOCK_KEYS = 1024
-# Compile the block math from this many logits per call (batch × heads × queries × keys) up, on the
-# CPU: the first compilation costs seconds (less with torch's on-disk cache), and one 4,096-token
-# call of an 8-head model saves about that much. Not on a GPU by default: there each block is a few
-# microseconds of work and a compiled call's guards cost more than they save (one probe level at
-# 4,096 tokens on an H200: 257 ms compiled, 193 ms eager; docs/performance.md).
-STATS_COMPILE_MIN_LOGITS = 2**23
 # Columns per group in the top-k search (row_top).
 TOP_GROUP = 32
 # Query rows per task (at most) of the one-loop native path of plain calls: a [64, 1024] fp32 logit tile
@@ -135,10 +128,6 @@ def _record_target(t, raw, vis, target, c0: int, c1: int, t_target: torch.Tensor
     x_target.copy_(torch.where(sel, torch.where(x_ok, x_at, math.nan), x_target))
 
 
-register_block("stats_scale", _scale_block)
-register_block("stats_softmax", _softmax_block)
-
-
 def _row_state(
     b: int, h: int, r: int, k: int, d: int, compute: torch.dtype, dev: torch.device,
     bins: PositionBins | None = None, keys: int = 0,
@@ -159,16 +148,16 @@ def _row_state(
     }  # fmt: skip
 
 
-def _torch_update(state: dict, t, raw, vis, value_cols, compile: bool, where: tuple) -> torch.Tensor:
+def _torch_update(state: dict, t, raw, vis, value_cols, where: tuple) -> torch.Tensor:
     """One key block into the rows' state through the torch block math (``where``: the rows' key
     positions [r], the block's first key and the call's key count, for the position terms); returns
     whether every raw logit was finite (a tensor, read once at the end: a bool() per block syncs a
     GPU)."""
-    square, counted, all_finite = run_block("stats_scale", compile, raw, vis)
+    square, counted, all_finite = _scale_block(raw, vis)
     state["sq"] += square
     state["cnt"] += counted
     m = state["m"]
-    t, new_max, ref, p, block_total, block_spread, group_max = run_block("stats_softmax", compile, t, vis, m)
+    t, new_max, ref, p, block_total, block_spread, group_max = _softmax_block(t, vis, m)
     k_top = state["top"].shape[-1]
     block_top = row_top(t, k_top, group_max=group_max).double()
     state["top"] = torch.cat([state["top"], block_top], dim=-1).topk(k_top, dim=-1).values
@@ -193,9 +182,9 @@ def _native_update(state: dict, t, raw, vis, value_cols, key0: int, pos0: int) -
     written over t (a block formed for this call alone, its key 0 and target already read). The
     block's columns start at key ``key0``, its rows at key position ``pos0``."""
     raw, t = raw.contiguous(), t.contiguous()
-    finite = native.row_stats(t, raw, vis, t, state, key0=key0, pos0=pos0)
+    finite = native_blocks.row_stats(t, raw, vis, state, key0=key0, pos0=pos0)
     state["acc"].mul_(state["shrink"].unsqueeze(-1)).add_(torch.matmul(t, value_cols))
-    return torch.tensor(finite)
+    return finite
 
 
 def softmax_statistics(
@@ -206,23 +195,21 @@ def softmax_statistics(
     *,
     block_rows: int = 256,
     block_keys: int = STATS_BLOCK_KEYS,
-    compile: bool | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, RowStatistics]:
     """(output [b, h, q, d] in value's dtype, :class:`RowStatistics`) of softmax(t) attention.
 
     query [b, h, q, d], key/value [b, h_kv, k, d] (h a multiple of h_kv), ``call`` the rest. Blocks of
-    ``block_rows`` queries × ``block_keys`` keys. Plain calls (:attr:`StatisticsCall.plain`) in float32
-    on the CPU run the one native loop where it is built and torch's sgemm found (at most
-    FLASH_BLOCK_ROWS rows a task); other float32 CPU calls take the native row pass per block where it
-    is built; the rest, or all under ``ssacli.kernels.native.disabled()``, the torch block math
-    (ssacli.kernels.routing.choose_backend decides).
-    ``compile``: compile that block math (None: SSACLI_COMPILE, else CPU calls of at least
-    STATS_COMPILE_MIN_LOGITS logits)."""
+    ``block_rows`` queries × ``block_keys`` keys. ``backend`` (ssacli.kernels.routing.BACKENDS;
+    "auto" reads SSACLI_BACKEND first): ssacli.kernels.routing.choose_backend picks the one native loop
+    for plain calls (:attr:`StatisticsCall.plain`) in float32 on the CPU where it is built and torch's
+    sgemm found (at most FLASH_BLOCK_ROWS rows a task), the native row pass per block for other
+    float32 CPU calls, the torch block math for the rest; or "one-loop", "native-blocks",
+    "torch-blocks" force one (a ValueError where it cannot run here)."""
     compute = torch.promote_types(value.dtype, torch.float32)  # the eager scorer's dtype
-    path = routing.choose_backend(routing.Call(  # the one loop reads float32 queries as they are
-        value.device.type, compute, query.shape[:-1].numel() * key.shape[-2],
-        mask=not call.plain or query.dtype != torch.float32, backend="blocked",
-    ))  # fmt: skip
+    path = routing.choose_backend(statistics_facts(query, value, call, backend))
+    if path == "eager":
+        raise ValueError("softmax_statistics runs the fused paths; the eager statistics are the observer's")
     if path == "one-loop":
         blocks = CallBlocks(call, query, key, compute)  # the loop reads grouped K/V heads itself
         return _one_loop(blocks, value, min(max(1, block_rows), FLASH_BLOCK_ROWS), max(1, block_keys))
@@ -232,8 +219,6 @@ def softmax_statistics(
     blocks = CallBlocks(call, query, key, compute)
     b, h, k_len, d = value.shape
     q_len, dev = blocks.q_len, value.device
-    if compile is None:
-        compile = should_compile(dev.type == "cpu" and b * h * q_len * k_len >= STATS_COMPILE_MIN_LOGITS)
     use_native = path == "native-blocks"
     f64 = dict(dtype=torch.float64, device=dev)
     k_top = max(1, min(call.top_k, k_len))
@@ -280,7 +265,7 @@ def softmax_statistics(
                     finite_flags.append(_native_update(state, t, raw, vis, v32[:, :, cols], c0, pos0))
                 else:
                     where = (positions[rows], c0, k_len)
-                    finite_flags.append(_torch_update(state, t, raw, vis, v32[:, :, cols], compile, where))
+                    finite_flags.append(_torch_update(state, t, raw, vis, v32[:, :, cols], where))
         if not formed:
             continue  # no block visible: the rows keep max −inf, total 0, output 0
         logit_sq[:, :, rows], logit_n[:, :, rows], top[:, :, rows] = state["sq"], state["cnt"], state["top"]
@@ -307,6 +292,22 @@ def softmax_statistics(
     if terms is not None:
         _position_statistics(stats, blocks, terms)
     return out.to(value.dtype), stats
+
+
+def statistics_facts(
+    query: torch.Tensor, value: torch.Tensor, call: StatisticsCall, backend: str = "auto"
+) -> routing.Call:
+    """The facts :func:`ssacli.kernels.routing.choose_backend` decides a statistics call on; the native
+    library is looked up (built) only where it may run the call."""
+    compute = torch.promote_types(value.dtype, torch.float32)  # the eager scorer's dtype
+    backend = routing.requested(backend)
+    may_be_native = backend in ("auto", "fused", "one-loop", "native-blocks")
+    here = native.kernels_here() if may_be_native and routing.native_fits(value.device.type, compute) else ""
+    # the one loop reads float32 queries as they are
+    single = call.plain and query.dtype == torch.float32
+    return routing.Call(
+        value.device.type, compute, kind="statistics", backend=backend, mask=not single, native=here
+    )
 
 
 def _position_statistics(stats: RowStatistics, blocks: CallBlocks, terms: dict) -> None:
@@ -348,10 +349,4 @@ def _one_loop(blocks: CallBlocks, value: torch.Tensor, block_rows: int, block_ke
     return out.to(value.dtype), stats
 
 
-__all__ = [
-    "FLASH_BLOCK_ROWS",
-    "STATS_BLOCK_KEYS",
-    "STATS_COMPILE_MIN_LOGITS",
-    "row_top",
-    "softmax_statistics",
-]
+__all__ = ["FLASH_BLOCK_ROWS", "STATS_BLOCK_KEYS", "row_top", "softmax_statistics", "statistics_facts"]

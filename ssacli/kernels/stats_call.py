@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .positions import PositionBins, visible_per_bin
+from .visibility import band
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,9 @@ class CallBlocks:
         if cols.stop - 1 <= first and (call.window is None or last - cols.start < call.window):
             return None  # every row of the block sees every key of it
         dev = self.query.device
-        pos = torch.arange(self.offset + rows.start, self.offset + rows.stop, device=dev).unsqueeze(1)
+        queries = torch.arange(rows.start, rows.stop, device=dev).unsqueeze(1)
         keys = torch.arange(cols.start, cols.stop, device=dev).unsqueeze(0)
-        shown = keys <= pos
-        if call.window is not None:
-            shown = shown & (pos - keys < call.window)
-        return shown[None, None]
+        return band(queries, keys, self.offset, window=call.window)[None, None]
 
     def logits(self, rows: slice, cols: slice) -> torch.Tensor:
         """The block's logits x as the scorer sees them (a new tensor, the caller's to overwrite)."""

@@ -184,12 +184,14 @@ class Scorer(nn.Module):
         causal: bool,
         mask: torch.Tensor | None,
         dropout: float,
+        backend: str = "auto",
     ) -> torch.Tensor | None:
         """Attention output [b, h, q, d] without forming the weights, or None: no fused kernel.
 
         key/value are [b, h_kv, k, d] (not repeated for GQA); ``mask`` is bool [b|1, 1|h, q, k]
         (True = visible) and ``causal`` bottom-right aligned. Must equal ``forward`` followed by
-        ``weights @ value`` (tests/kernels/test_fused.py checks outputs and gradients).
+        ``weights @ value`` (tests/kernels/test_fused.py checks outputs and gradients). ``backend``:
+        the model's (ssacli.kernels.routing.BACKENDS), for a scorer whose kernel has several paths.
         """
         return None
 

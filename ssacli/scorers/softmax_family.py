@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..kernels.fused import softmax_attention, ssa_attention
+from ..kernels.ssa_transform import ssa_transform
 from .base import (
     AttentionInputs,
     Scorer,
@@ -33,7 +34,7 @@ class Softmax(Scorer, declared="softmax"):
     def score(self, x: torch.Tensor, visible: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         return masked_softmax(self.transformed_logits(x, None), visible)
 
-    def fused(self, query, key, value, *, scale, causal, mask, dropout):
+    def fused(self, query, key, value, *, scale, causal, mask, dropout, backend="auto"):
         return softmax_attention(query, key, value, scale=scale, causal=causal, mask=mask, dropout=dropout)
 
 
@@ -53,7 +54,7 @@ class Temperature(Scorer, declared="temperature"):
     def score(self, x, visible, inputs):
         return masked_softmax(self.transformed_logits(x, None), visible)
 
-    def fused(self, query, key, value, *, scale, causal, mask, dropout):
+    def fused(self, query, key, value, *, scale, causal, mask, dropout, backend="auto"):
         # softmax(x / t): 1/t folded into the query, per head.
         inverse_t = torch.exp(-self.t_raw).to(query.dtype).reshape(1, -1, 1, 1)
         return softmax_attention(
@@ -121,17 +122,23 @@ class SSA(Scorer, declared="ssa"):
         return positive(self.n_raw)
 
     def transformed_logits(self, x, count):
-        b, n = self.per_head(self.b, x), self.per_head(self.n, x)
-        # sgn(x)·log1p(b|x|) written branch-wise: torch.sign has zero gradient at 0, but the
-        # transform is smooth there with slope b.
-        return n * torch.where(x >= 0, torch.log1p(b * x.clamp_min(0)), -torch.log1p(-b * x.clamp_max(0)))
+        return ssa_transform(x, self.per_head(self.n, x), self.per_head(self.b, x))
 
     def score(self, x, visible, inputs):
         return masked_softmax(self.transformed_logits(x, None), visible)
 
-    def fused(self, query, key, value, *, scale, causal, mask, dropout):
+    def fused(self, query, key, value, *, scale, causal, mask, dropout, backend="auto"):
         return ssa_attention(
-            query, key, value, self.b, self.n, scale=scale, causal=causal, mask=mask, dropout=dropout
+            query,
+            key,
+            value,
+            self.b,
+            self.n,
+            scale=scale,
+            causal=causal,
+            mask=mask,
+            dropout=dropout,
+            backend=backend,
         )
 
 

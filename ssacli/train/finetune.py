@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..attention.backend import attention_backend
+from ..attention.interface import attention_backend
 from ..conversion import save_model
 from ..defaults import DEVICE
 from ..errors import JobFailedError, UsageError
@@ -174,7 +174,7 @@ class _Run:
     def run(self, resumed: bool) -> LoadedModel:
         try:
             self.params = self._trainable()
-            with attention_backend(self.config.attention):  # held-out evaluations included
+            with attention_backend(self.model, self.config.attention):  # held-out evaluations included
                 return self._run(resumed)
         finally:
             for p, flag in self.flags.items():

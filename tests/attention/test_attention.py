@@ -52,7 +52,7 @@ def test_softmax_matches_eager_on_padded_batch(family, backend, padded_batch):
     assert ours.config._attn_implementation == ATTENTION_NAME
     ids, mask = padded_batch
     ref, valid = forward(eager, ids, mask)
-    with ssacli.attention_backend(backend):
+    with ssacli.attention_backend(ours, backend):
         got, _ = forward(ours, ids, mask)
     diff = max_diff_on_valid(ref, got, valid)
     assert diff <= TOL, f"{family}: max |ssacli - eager| = {diff:.3g} on valid positions"
@@ -138,7 +138,7 @@ def test_mask_function_reaches_the_scorer(padded_batch, monkeypatch):
 
         monkeypatch.setattr(scorer, "forward", spy)
     ids, mask = padded_batch
-    with torch.no_grad(), ssacli.attention_backend("eager"):
+    with torch.no_grad(), ssacli.attention_backend(model, "eager"):
         model(input_ids=ids, attention_mask=mask)
     assert len(seen) == 2 and all(m is not None and m.dtype == torch.bool for m in seen)
     counts = seen[0][:, 0].sum(-1)  # [b, q]: visible keys per query

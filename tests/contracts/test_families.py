@@ -329,7 +329,7 @@ def test_gpt_oss_softmax_is_exact_with_random_sinks(backend):
     with torch.no_grad():
         ref = model(input_ids=ids, attention_mask=mask).logits
         ours = ssacli.apply_scorer(copy.deepcopy(model), "softmax")
-        with ssacli.attention_backend(backend):
+        with ssacli.attention_backend(ours, backend):
             got = ours(input_ids=ids, attention_mask=mask).logits
         plain = ssacli.apply_scorer(copy.deepcopy(model), "softmax")
     valid = mask.bool()
@@ -380,9 +380,9 @@ def test_fused_kernels_take_the_sink_as_a_key(spec):
     model = ssacli.apply_scorer(gpt_oss(), spec)
     ids, mask = left_padded()
     with torch.no_grad():
-        with ssacli.attention_backend("eager"):
+        with ssacli.attention_backend(model, "eager"):
             ref = model(input_ids=ids, attention_mask=mask).logits
-        with ssacli.attention_backend("fused"):
+        with ssacli.attention_backend(model, "fused"):
             got = model(input_ids=ids, attention_mask=mask).logits
     assert relative(ref, got, mask.bool()) <= 1e-5
 

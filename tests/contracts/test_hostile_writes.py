@@ -256,9 +256,7 @@ def _forged(cache: Path, folder: Path, monkeypatch) -> Path:
     return truth
 
 
-@pytest.mark.parametrize(
-    "how", ["other-owner", "world-writable-file", "symlink", "shared-1777-folder"]
-)
+@pytest.mark.parametrize("how", ["other-owner", "world-writable-file", "symlink", "shared-1777-folder"])
 def test_a_digest_cache_someone_else_could_have_written_is_ignored_with_one_warning(
     how, weights, tmp_path, monkeypatch
 ):
@@ -306,7 +304,7 @@ def test_diagnose_records_the_measured_digest_under_a_planted_cache(weights, tmp
 
     model_dir = tmp_path / "llama"
     build_model("llama", num_hidden_layers=1).save_pretrained(model_dir)
-    monkeypatch.setenv("SSACLI_NATIVE", "0")  # the kernels would refuse this cache too (and build a copy)
+    monkeypatch.setenv("SSACLI_BACKEND", "torch-blocks")  # the kernels would refuse this cache too
     cache = tmp_path / "cache"
     truth = _forged(cache, model_dir, monkeypatch)
     cache.chmod(0o1777)

@@ -45,10 +45,30 @@ CASES = [
     (["check", ICL, "-r", "collapse_rate@key-scale:8 max <= 1", "--json", "{F}"], "--json", "json"),
     (["check", ICL, "-r", "collapse_rate@key-scale:8 max <= 1", "--junit", "{F}"], "--junit", "xml"),
     (["convert", ICL, "--scorer", "softmax", "--out", "{D}", "--json", "{F}"], "--json", "json"),
-    (["finetune", ICL, "--data", "icl:every", "--steps", "1", "--out", "{D}", "--json", "{F}"], "--json",
-     "json"),  # fmt: skip
-    (["train", "--arch", "gpt2", "--size", "tiny", "--data", "icl:every", "--steps", "1", "--out", "{D}",
-      "--json", "{F}"], "--json", "json"),  # fmt: skip
+    (
+        ["finetune", ICL, "--data", "icl:every", "--steps", "1", "--out", "{D}", "--json", "{F}"],
+        "--json",
+        "json",
+    ),  # fmt: skip
+    (
+        [
+            "train",
+            "--arch",
+            "gpt2",
+            "--size",
+            "tiny",
+            "--data",
+            "icl:every",
+            "--steps",
+            "1",
+            "--out",
+            "{D}",
+            "--json",
+            "{F}",
+        ],
+        "--json",
+        "json",
+    ),  # fmt: skip
     (["icl", "train", "--task", "every", "--steps", "1", "--out", "{D}", "--json", "{F}"], "--json", "json"),
     (["icl", "eval", ICL, "--json", "{F}"], "--json", "json"),
     (["icl", "eval", ICL, "--plot", "{F}"], "--plot", "png"),

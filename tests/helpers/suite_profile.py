@@ -94,5 +94,7 @@ if __name__ == "__main__":
     print("| module | test seconds | processes started | import s |\n|---|---:|---:|---:|")
     for module, secs, procs, imp in rows:
         print(f"| {module} | {secs:.1f} | {procs} | {imp:.2f} |")
-    print(f"| **total** | {sum(r[1] for r in rows):.1f} | {sum(r[2] for r in rows)} | "
-          f"{sum(r[3] for r in rows):.2f} |")
+    print(
+        f"| **total** | {sum(r[1] for r in rows):.1f} | {sum(r[2] for r in rows)} | "
+        f"{sum(r[3] for r in rows):.2f} |"
+    )

@@ -209,8 +209,13 @@ def test_an_interrupted_run_says_how_its_caller_resumes(tmp_path):
 
     advice = "the same sweep again (finished runs are skipped; this one resumes from its checkpoint)"
     with pytest.raises(InterruptedJobError, match=r"interrupted at step 2; .*the same sweep again") as err:
-        train(TrainConfig(steps=6, **TINY), tmp_path / "run", device="cpu", on_step=interrupt,
-              resume_advice=advice)
+        train(
+            TrainConfig(steps=6, **TINY),
+            tmp_path / "run",
+            device="cpu",
+            on_step=interrupt,
+            resume_advice=advice,
+        )
     assert "--resume" not in str(err.value)
 
 

@@ -3,10 +3,12 @@ so the CUDA decisions are tested here without a GPU: a CUDA call whose n needs a
 flex_attention, whose backward adds n's gradient with one atomic per score (12-187× SDPA on an H200,
 docs/results/gpu-h200/gpu_bench-2.log); it goes to the Triton kernels where triton is installed and
 the call fits them, else to the torch block math. On the CPU the native one loop, then the native
-block math, then (nothing native) compiled flex for large inference calls or the torch block math;
-diagnose's statistics take the same ladder (backend="blocked"). A forced backend= is returned as
-it is, or refused where it cannot run. Each forced path is checked against the reference in
-tests/kernels/test_fused.py (test_each_forced_path_matches_the_reference). Nothing here imports triton."""
+block math, then (nothing native) the torch block math; diagnose's statistics take the same CPU
+ladder. The eager reference is chosen by the same function (scope "model": what a model's attention
+call asks before its fused kernel). A forced backend= is returned as it is, or refused where it cannot
+run; SSACLI_BACKEND is read where the caller says "auto". Each forced path is checked against the
+reference in tests/kernels/test_fused.py (test_each_forced_path_matches_the_reference). Nothing here
+imports triton."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import sys
 import pytest
 import torch
 
+from ssacli.errors import UsageError
 from ssacli.kernels import fused, routing
 from ssacli.kernels.routing import Call, choose_backend
 
 
 def cuda(**facts) -> Call:
-    """A bf16 CUDA training call of 4,096² logits with a learned n, triton installed, unless overridden."""
-    base = dict(device="cuda", dtype=torch.bfloat16, logits=2**24, training=True, n_grad=True, triton=True)
+    """A bf16 CUDA training call with a learned n, triton installed, unless overridden."""
+    base = dict(device="cuda", dtype=torch.bfloat16, training=True, n_grad=True, triton=True)
     return Call(**{**base, **facts})
 
 
@@ -33,14 +36,15 @@ def cuda(**facts) -> Call:
         ({"n_grad": False}, "flex"),  # n fixed (the recipe's distillation), b learned: flex's backward
         ({"n_grad": False, "training": False}, "flex"),  # inference
         ({"dtype": torch.float32}, "triton"),
-        ({"dtype": torch.float16, "masked": True, "mask": True}, "triton"),  # padding masks, caches
+        ({"dtype": torch.float16, "mask": True}, "triton"),  # padding masks, caches
         ({"dtype": torch.float64}, "torch-blocks"),  # the Triton kernels take 16- and 32-bit floats only
         ({"window": True}, "torch-blocks"),  # no sliding window in the Triton kernels yet
         ({"head_dim": 256}, "torch-blocks"),  # beyond the head sizes the kernels are tuned for
         ({"dropout": 0.1}, "torch-blocks"),  # only the blocked kernel drops weights
         ({"dropout": 0.1, "n_grad": False}, "torch-blocks"),
-        ({"backend": "blocked"}, "torch-blocks"),  # nothing native on CUDA
+        ({"kind": "statistics"}, "torch-blocks"),  # nothing native on CUDA
         ({"native": "one-loop"}, "triton"),  # the native kernels are the CPU's
+        ({"backend": "fused"}, "triton"),
     ],
 )
 def test_cuda_calls(facts, expected):
@@ -48,8 +52,8 @@ def test_cuda_calls(facts, expected):
 
 
 def cpu(**facts) -> Call:
-    """A float32 CPU inference call of 2**24 logits where the native one loop runs, unless overridden."""
-    return Call(**{**dict(device="cpu", dtype=torch.float32, logits=2**24, native="one-loop"), **facts})
+    """A float32 CPU inference call where the native one loop runs, unless overridden."""
+    return Call(**{**dict(device="cpu", dtype=torch.float32, native="one-loop"), **facts})
 
 
 @pytest.mark.parametrize(
@@ -58,32 +62,20 @@ def cpu(**facts) -> Call:
         ({}, "one-loop"),
         ({"training": True, "n_grad": True, "triton": True}, "one-loop"),  # never triton on the CPU
         ({"dtype": torch.bfloat16}, "one-loop"),  # computed in float32
-        ({"mask": True, "masked": True}, "native-blocks"),  # a mask tensor: the block loop
+        ({"mask": True}, "native-blocks"),  # a mask tensor: the block loop
         ({"dropout": 0.1}, "native-blocks"),
         ({"native": "blocks"}, "native-blocks"),  # no usable sgemm
-        ({"native": ""}, "flex"),  # nothing native: compiled flex for large inference calls
-        ({"native": "", "training": True}, "torch-blocks"),  # flex has no CPU backward
-        ({"native": "", "masked": True}, "torch-blocks"),  # nor a compilable CPU mask or window
-        ({"native": "", "dropout": 0.1}, "torch-blocks"),  # nor dropout
-        ({"native": "", "logits": 2**19 - 1}, "torch-blocks"),  # below FLEX_CPU_MIN_LOGITS
-        ({"dtype": torch.float64}, "flex"),  # float64: nothing native
-        ({"dtype": torch.float64, "training": True}, "torch-blocks"),
-        # diagnose's statistics: the blocked ladder alone (no flex)
-        ({"backend": "blocked"}, "one-loop"),
-        ({"backend": "blocked", "mask": True}, "native-blocks"),  # not StatisticsCall.plain
-        ({"backend": "blocked", "native": ""}, "torch-blocks"),
+        ({"native": ""}, "torch-blocks"),  # nothing native built
+        ({"native": "", "training": True}, "torch-blocks"),
+        ({"dtype": torch.float64}, "torch-blocks"),  # float64: nothing native computes it
+        # diagnose's statistics: the same ladder
+        ({"kind": "statistics"}, "one-loop"),
+        ({"kind": "statistics", "mask": True}, "native-blocks"),  # not StatisticsCall.plain
+        ({"kind": "statistics", "native": ""}, "torch-blocks"),
     ],
 )
 def test_cpu_calls(facts, expected):
     assert choose_backend(cpu(**facts)) == expected
-
-
-def test_cpu_flex_needs_the_compiler(monkeypatch):
-    monkeypatch.setenv("SSACLI_COMPILE", "0")
-    assert choose_backend(cpu(native="")) == "torch-blocks"
-    monkeypatch.delenv("SSACLI_COMPILE")
-    monkeypatch.setattr(routing, "FLEX_CPU_FAILED", ["a failed compilation"])
-    assert choose_backend(cpu(native="")) == "torch-blocks"
 
 
 @pytest.mark.parametrize("path", ["one-loop", "native-blocks", "torch-blocks", "flex", "triton"])
@@ -100,6 +92,8 @@ def test_a_forced_path_is_returned_as_it_is(path):
         {"backend": "one-loop", "device": "cuda"},
         {"backend": "native-blocks", "native": ""},
         {"backend": "native-blocks", "dtype": torch.float64},
+        {"backend": "flex", "kind": "statistics"},  # flex and Triton run SSA attention only
+        {"backend": "triton", "kind": "statistics"},
         {"backend": "blocks"},  # not a backend
     ],
 )
@@ -108,18 +102,31 @@ def test_a_forced_path_that_cannot_run_here_is_refused(facts):
         choose_backend(cpu(**facts))
 
 
-def test_the_native_facts_come_from_the_native_module():
-    """native=None (what ssa_attention and softmax_statistics pass) asks ssacli.kernels.native, so
-    native.disabled() moves the choice down the ladder."""
-    from ssacli.kernels import native
+@pytest.mark.parametrize("kind", ["attention", "statistics"])
+def test_the_eager_reference_is_chosen_by_the_same_function(kind):
+    """A model's call (scope "model") takes the reference where asked or where its weights are needed
+    (whatever names a fast path), a fused kernel otherwise; "fused" refuses a call that needs them."""
+    model = dict(kind=kind, scope="model")
+    assert choose_backend(cpu(**model)) == "fused"
+    assert choose_backend(cpu(**model, backend="eager")) == "eager"
+    assert choose_backend(cpu(**model, backend="native-blocks")) == "fused"
+    for backend in ("auto", "eager", "torch-blocks"):
+        assert choose_backend(cpu(**model, backend=backend, weights_needed="a softcap")) == "eager"
+    what = "fused statistics are" if kind == "statistics" else "fused attention is"
+    with pytest.raises(UsageError, match=f"{what} not possible here: a softcap"):
+        choose_backend(cpu(**model, backend="fused", weights_needed="a softcap"))
+    assert choose_backend(cpu(kind=kind, backend="eager")) == "eager"
 
-    if not native.flash_available():
-        pytest.skip("the native kernel or torch's sgemm is not available here")
-    assert choose_backend(cpu(native=None, backend="blocked")) == "one-loop"
-    with native.disabled(flash_only=True):
-        assert choose_backend(cpu(native=None, backend="blocked")) == "native-blocks"
-    with native.disabled():
-        assert choose_backend(cpu(native=None, backend="blocked")) == "torch-blocks"
+
+def test_ssacli_backend_is_read_where_the_caller_says_auto(monkeypatch):
+    monkeypatch.delenv(routing.ENVIRONMENT, raising=False)
+    assert routing.requested("auto") == "auto"
+    monkeypatch.setenv(routing.ENVIRONMENT, "torch-blocks")
+    assert routing.requested("auto") == "torch-blocks"
+    assert routing.requested("one-loop") == "one-loop"  # an explicit backend= wins
+    monkeypatch.setenv(routing.ENVIRONMENT, "sideways")
+    with pytest.raises(UsageError, match="SSACLI_BACKEND takes auto, fused, eager"):
+        routing.requested("auto")
 
 
 def test_ssa_attention_routes_a_learned_n(monkeypatch):
@@ -131,6 +138,7 @@ def test_ssa_attention_routes_a_learned_n(monkeypatch):
         seen.append(call)
         return "torch-blocks"
 
+    monkeypatch.delenv(routing.ENVIRONMENT, raising=False)
     monkeypatch.setattr(routing, "choose_backend", spy)
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
     n = torch.tensor(1.5, requires_grad=True)
@@ -140,8 +148,25 @@ def test_ssa_attention_routes_a_learned_n(monkeypatch):
         fused.ssa_attention(q, q, q, 0.8, n, causal=True)
     assert [c.n_grad for c in seen] == [True, False, False]
     assert [c.training for c in seen] == [True, True, False]
-    assert {(c.device, c.dtype, c.head_dim, c.logits) for c in seen} == {("cpu", torch.float32, 8, 50)}
+    assert {(c.device, c.dtype, c.head_dim, c.kind) for c in seen} == {("cpu", torch.float32, 8, "attention")}
     assert all(c.triton == routing.triton_installed() and c.backend == "auto" for c in seen)
+
+
+def test_ssacli_backend_moves_ssa_attention_and_statistics(monkeypatch):
+    """SSACLI_BACKEND reaches both kernels' choices (their backend= left at "auto")."""
+    from ssacli.kernels.online_stats import softmax_statistics
+    from ssacli.kernels.stats_call import StatisticsCall
+
+    seen: list[Call] = []
+    monkeypatch.setattr(routing, "choose_backend", lambda call: seen.append(call) or "torch-blocks")
+    monkeypatch.setenv(routing.ENVIRONMENT, "torch-blocks")
+    q = torch.randn(1, 2, 5, 8)
+    fused.ssa_attention(q, q, q, 0.8, 1.5, causal=True)
+    softmax_statistics(q, q, q, StatisticsCall(scaling=0.25, causal=True))
+    assert [(c.kind, c.backend, c.native) for c in seen] == [
+        ("attention", "torch-blocks", ""),  # a forced torch path looks nothing native up
+        ("statistics", "torch-blocks", ""),
+    ]
 
 
 def test_triton_is_found_not_imported():

@@ -1,9 +1,10 @@
-"""The fused kernels equal the eager scorers: ssacli.kernels.fused.ssa_attention (blocked, compiled and flex)
-against a naive full-matrix reference written here and against the SSA scorer's own forward, in
-outputs and in gradients of q, k, v, b and n; dropout is reproducible, unbiased and differentiable;
-softmax_attention follows ssacli's masking conventions; inside models, attention_backend("fused")
-equals attention_backend("eager"), "auto" picks the eager scorer exactly where the weights are
-needed; and the blocked kernel's memory grows linearly, not quadratically, in the sequence length."""
+"""The fused kernels equal the eager scorers: ssacli.kernels.fused.ssa_attention (the native one loop,
+the block loop with the native or the torch block math, and flex) against a naive full-matrix
+reference written here and against the SSA scorer's own forward, in outputs and in gradients of q, k,
+v, b and n; dropout is reproducible, unbiased and differentiable; softmax_attention follows ssacli's
+masking conventions; inside models, attention_backend(model, "fused") equals attention_backend(model,
+"eager"), "auto" picks the eager scorer exactly where the weights are needed; and the blocked kernel's
+memory grows linearly, not quadratically, in the sequence length."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from ssacli.attention.backend import eager_reason
 from ssacli.attention.forward import SCORER_ATTR, Observer, observing
 from ssacli.errors import UsageError
 from ssacli.kernels import native
-from ssacli.kernels.compiled import compile_enabled, compiled_kernels
 from ssacli.kernels.fused import softmax_attention, ssa_attention
 from tests.helpers.models import FAMILIES, VOCAB, build_model, clone
 
@@ -182,7 +182,7 @@ def test_blocked_kernel_matches_the_references(name, dtype):
     case = CASES[name]
     (q, k, v, b, n), mask, upstream = make_inputs(case, dtype)
     scale = case.dim**-0.5
-    out = ssa_attention(q, k, v, b, n, scale=scale, mask=mask, compile=False, **case.kwargs())
+    out = ssa_attention(q, k, v, b, n, scale=scale, mask=mask, **case.kwargs())
     ref = naive_ssa(q, k, v, b, n, scale=scale, causal=case.causal, window=case.window, mask=mask)
     if mask is not None:  # the case really has a query row that sees nothing
         vis = visibility(case.batch, case.heads, case.q_len, case.k_len, causal=case.causal, mask=mask)
@@ -209,7 +209,7 @@ def test_naive_reference_agrees_with_the_eager_ssa_scorer(name):
     geometry = dict(scale=scale, causal=case.causal, window=case.window, mask=mask)
     ref = naive_ssa(q, k, v, b, n, **geometry)
     eager = scorer_eager(scorer, q, k, v, **geometry)
-    fused = ssa_attention(q, k, v, scorer.b, scorer.n, compile=False, **{**geometry, **case.kwargs()})
+    fused = ssa_attention(q, k, v, scorer.b, scorer.n, **{**geometry, **case.kwargs()})
     assert_close(eager, ref, OUT_TOL, "eager scorer output")
     assert_close(fused, eager, OUT_TOL, "fused output vs eager scorer")
     want = grads(ref, (q, k, v, b, n), upstream)
@@ -231,7 +231,7 @@ def test_large_logits_need_the_running_max():
     x = case.dim**-0.5 * q @ repeat_kv(q, k, v)[0].transpose(-1, -2)
     t = per_head(n, case.heads, x) * torch.sign(x) * torch.log1p(per_head(b, case.heads, x) * x.abs())
     assert t.max().item() > 88.0 and not torch.isfinite(t.exp()).all()
-    out = ssa_attention(q, k, v, b, n, causal=True, compile=False, block_rows=8, block_keys=16)
+    out = ssa_attention(q, k, v, b, n, causal=True, block_rows=8, block_keys=16)
     out.backward(torch.ones_like(out))
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(leaf.grad).all() for leaf in (q, k, v, b, n))
@@ -240,20 +240,12 @@ def test_large_logits_need_the_running_max():
 def test_python_float_parameters_and_the_default_scale():
     case = Case(kv_heads=2)
     (q, k, v, _, _), _, _ = make_inputs(case)
-    out = ssa_attention(q, k, v, 0.8, 1.5, causal=True, compile=False, block_rows=8, block_keys=16)
+    out = ssa_attention(q, k, v, 0.8, 1.5, causal=True, block_rows=8, block_keys=16)
     assert_close(out, naive_ssa(q, k, v, 0.8, 1.5, scale=case.dim**-0.5, causal=True), OUT_TOL, "output")
 
 
-@pytest.fixture
-def torch_block_math():
-    """The blocked kernel's torch block math in the forward too (the native pass off), for tests of
-    what is compiled."""
-    with native.disabled():
-        yield
-
-
 def test_native_forward_blocks_match_the_torch_block_math():
-    """The native SSA forward block (CPU float32 default) against the torch block math: outputs and
+    """The native SSA block math (backend="native-blocks") against the torch block math: outputs and
     gradients of causal, padded, windowed and grouped-query calls, with large logits."""
     if not native.available():
         pytest.skip("the native kernel could not be built here (no C compiler)")
@@ -267,11 +259,10 @@ def test_native_forward_blocks_match_the_torch_block_math():
         if case.blocks is not None:
             geometry.update(block_rows=case.blocks[0], block_keys=case.blocks[1])
         runs = []
-        for off in (False, True):
+        for path in ("native-blocks", "torch-blocks"):
             leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, b, n)]
-            with native.disabled() if off else torch.enable_grad():
-                out = ssa_attention(*leaves, backend="blocked", compile=False, **geometry)
-                (out * upstream).sum().backward()
+            out = ssa_attention(*leaves, backend=path, **geometry)
+            (out * upstream).sum().backward()
             runs.append((out.detach(), [t.grad for t in leaves]))
         (got, got_grads), (want, want_grads) = runs
         assert_close(got, want, OUT_TOL, f"native forward output {case}")
@@ -281,19 +272,17 @@ def test_native_forward_blocks_match_the_torch_block_math():
 
 def test_native_flash_forward_matches_the_block_loop(monkeypatch):
     """Without a mask tensor or dropout, the CPU float32 forward and backward run in one native loop
-    each on torch's sgemm (ssacli.kernels.native.ssa_flash_forward / ssa_flash_backward); with an
+    each on torch's sgemm (the ops ssacli::native_ssa_forward / native_ssa_backward); with an
     all-visible mask tensor the same call takes the block loop. Outputs and every gradient agree,
     across causal, non-causal, GQA, a KV-cache offset, a window, one decoding query, ragged tiles and
     logits past exp's range."""
-    if not native.flash_available():
+    if not native.one_loop_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
-    with native.disabled(flash_only=True):  # the benchmarks' switch: block loop, native block pass
-        assert native.available() and not native.flash_available()
     calls, backward_calls = [], []
-    flash, flash_backward = native.ssa_flash_forward, native.ssa_flash_backward
-    monkeypatch.setattr(native, "ssa_flash_forward", lambda *a, **k: calls.append(1) or flash(*a, **k))
+    flash, flash_backward = native._ssa_forward, native._ssa_backward
+    monkeypatch.setattr(native, "_ssa_forward", lambda *a, **k: calls.append(1) or flash(*a, **k))
     monkeypatch.setattr(
-        native, "ssa_flash_backward", lambda *a, **k: backward_calls.append(1) or flash_backward(*a, **k)
+        native, "_ssa_backward", lambda *a, **k: backward_calls.append(1) or flash_backward(*a, **k)
     )
     cases = (
         Case(), Case(causal=False, kv_heads=2), Case(kv_heads=1, q_len=5, k_len=23),
@@ -307,7 +296,7 @@ def test_native_flash_forward_matches_the_block_loop(monkeypatch):
         for mask in (None, everything):
             leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, b, n)]
             before = len(calls)
-            out = ssa_attention(*leaves, mask=mask, backend="blocked", compile=False, **case.kwargs())
+            out = ssa_attention(*leaves, mask=mask, **case.kwargs())
             assert len(calls) - before == (mask is None), f"flash ran {len(calls) - before}× {case}"
             before = len(backward_calls)
             (out * upstream).sum().backward()
@@ -322,7 +311,7 @@ def test_native_flash_forward_matches_the_block_loop(monkeypatch):
 def test_native_flash_backward_does_not_depend_on_the_thread_count():
     """Each query head is one task of the one-loop backward and writes only its own gradients, so one
     thread and two give the same gradients bit for bit (GQA: the heads of a K/V head summed after)."""
-    if not native.flash_available():
+    if not native.one_loop_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     case = Case(batch=2, heads=4, kv_heads=2, q_len=70, k_len=70, blocks=(16, 32))
     (q, k, v, b, n), _, upstream = make_inputs(case)
@@ -332,7 +321,7 @@ def test_native_flash_backward_does_not_depend_on_the_thread_count():
         for count in (1, 2):
             torch.set_num_threads(count)
             leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, b, n)]
-            out = ssa_attention(*leaves, backend="blocked", compile=False, **case.kwargs())
+            out = ssa_attention(*leaves, backend="one-loop", **case.kwargs())
             runs.append(torch.autograd.grad(out, leaves, upstream))
     finally:
         torch.set_num_threads(threads)
@@ -340,7 +329,7 @@ def test_native_flash_backward_does_not_depend_on_the_thread_count():
         assert torch.equal(g1, g2), label
 
 
-@pytest.mark.parametrize("path", ["blocked", "one-loop", "native-blocks", "torch-blocks", "flex"])
+@pytest.mark.parametrize("path", ["auto", "one-loop", "native-blocks", "torch-blocks", "flex"])
 @pytest.mark.parametrize("name", ["gqa2-padding", "kv-cache", "window", "large-logits"])
 def test_each_forced_path_matches_the_reference(path, name):
     """backend= forces each CPU path of ssacli.kernels.routing.choose_backend; each gives the
@@ -350,20 +339,20 @@ def test_each_forced_path_matches_the_reference(path, name):
     (q, k, v, b, n), mask, upstream = make_inputs(case)
     geometry = dict(scale=case.dim**-0.5, causal=case.causal, window=case.window, mask=mask)
     ref = naive_ssa(q, k, v, b, n, **geometry)
-    unavailable = (path == "one-loop" and (mask is not None or not native.flash_available())) or (
+    unavailable = (path == "one-loop" and (mask is not None or not native.one_loop_available())) or (
         path == "native-blocks" and not native.available()
     )
     if unavailable:
         with pytest.raises(ValueError, match=path):
-            ssa_attention(q, k, v, b, n, backend=path, compile=False, **geometry)
+            ssa_attention(q, k, v, b, n, backend=path, **geometry)
         return
     if path == "flex":
         with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # flex uncompiled (a mask tensor or window on the CPU)
+            warnings.simplefilter("ignore")  # flex uncompiled, as it always is on the CPU
             out = ssa_attention(q, k, v, b, n, backend=path, **geometry)
         assert_close(out, ref, OUT_TOL, "flex output")
         return
-    out = ssa_attention(q, k, v, b, n, backend=path, compile=False, block_rows=8, block_keys=16, **geometry)
+    out = ssa_attention(q, k, v, b, n, backend=path, block_rows=8, block_keys=16, **geometry)
     assert_close(out, ref, OUT_TOL, f"{path} output")
     inputs = (q, k, v, b, n)
     for label, got, want in zip("qkvbn", grads(out, inputs, upstream), grads(ref, inputs, upstream)):
@@ -373,17 +362,17 @@ def test_each_forced_path_matches_the_reference(path, name):
 def test_the_one_loop_backward_serves_fewer_heads_than_threads(monkeypatch):
     """No thread-count switch: a one-loop forward is followed by the one-loop backward even where
     batch × heads is below torch's thread count (no benchmark row showed the block loop faster there)."""
-    if not native.flash_available():
+    if not native.one_loop_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     called = []
-    backward = native.ssa_flash_backward
-    monkeypatch.setattr(native, "ssa_flash_backward", lambda *a, **k: called.append(1) or backward(*a, **k))
+    backward = native._ssa_backward
+    monkeypatch.setattr(native, "_ssa_backward", lambda *a, **k: called.append(1) or backward(*a, **k))
     case = Case(batch=1, heads=1, kv_heads=1)
     (q, k, v, b, n), _, upstream = make_inputs(case)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(max(2, threads))
-        out = ssa_attention(q, k, v, b, n, compile=False, **case.kwargs())
+        out = ssa_attention(q, k, v, b, n, **case.kwargs())
         got = grads(out, (q, k, v, b, n), upstream)
     finally:
         torch.set_num_threads(threads)
@@ -393,52 +382,12 @@ def test_the_one_loop_backward_serves_fewer_heads_than_threads(monkeypatch):
         assert_close(g, w, GRAD_TOL, f"grad {label}")
 
 
-def test_compiling_is_for_large_training_calls(monkeypatch, torch_block_math):
-    """compile=None: CPU training calls of at least COMPILE_MIN_LOGITS logits compile; evaluation (no
-    grad), small calls and GPU calls do not; SSACLI_COMPILE=0/1 overrides."""
-    import ssacli.kernels.blocked
-    import ssacli.kernels.fused
-
-    seen = []
-    original = ssacli.kernels.blocked.run_block
-    monkeypatch.setattr(
-        ssacli.kernels.blocked,
-        "run_block",
-        lambda name, compiled, *a: seen.append(compiled) or original(name, False, *a),
-    )
-    monkeypatch.setattr(ssacli.kernels.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37)  # this case's logits
-    case = Case()
-    (q, k, v, b, n), _, _ = make_inputs(case)
-
-    def compiled_when(grad: bool, env: str | None = None) -> bool:
-        if env is None:
-            monkeypatch.delenv("SSACLI_COMPILE", raising=False)
-        else:
-            monkeypatch.setenv("SSACLI_COMPILE", env)
-        seen.clear()
-        with torch.set_grad_enabled(grad):
-            ssa_attention(q, k, v, b, n, causal=True)
-        return all(seen) and bool(seen)
-
-    assert compiled_when(grad=True)
-    assert not compiled_when(grad=False)
-    assert not compiled_when(grad=True, env="0") and compiled_when(grad=False, env="1")
-    monkeypatch.setattr(ssacli.kernels.fused, "COMPILE_MIN_LOGITS", 2 * 4 * 37 * 37 + 1)
-    assert not compiled_when(grad=True)
-    # never on a GPU by default (no row shows it winning there), unless SSACLI_COMPILE=1 says so
-    monkeypatch.delenv("SSACLI_COMPILE", raising=False)
-    assert not ssacli.kernels.fused.should_compile(2**30, True, "cuda")
-    assert ssacli.kernels.fused.should_compile(2**30, True, "cpu")
-    monkeypatch.setenv("SSACLI_COMPILE", "1")
-    assert ssacli.kernels.fused.should_compile(2**30, True, "cuda")
-
-
 def test_bf16_autocast_keeps_the_block_math_in_fp32():
     """Fine-tuning runs under bf16 autocast; the kernel's matmuls must not drop to bf16 (that costs
     ~1e-2 here) in the forward or the backward."""
     case = Case(kv_heads=2)
     (q, k, v, b, n), _, upstream = make_inputs(case)
-    kwargs = dict(causal=True, compile=False, block_rows=8, block_keys=16)
+    kwargs = dict(causal=True, block_rows=8, block_keys=16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = ssa_attention(q, k, v, b, n, **kwargs)
         grads = torch.autograd.grad(out, (q, k, v, b, n), upstream)
@@ -455,26 +404,8 @@ def test_a_mask_broadcast_over_queries_is_accepted():
     mask = torch.ones(case.batch, 1, 1, case.k_len, dtype=torch.bool)
     mask[1, ..., :4] = False
     kwargs = dict(scale=0.3, mask=mask)
-    out = ssa_attention(q, k, v, b, n, compile=False, block_rows=8, block_keys=16, **kwargs)
+    out = ssa_attention(q, k, v, b, n, block_rows=8, block_keys=16, **kwargs)
     assert_close(out, naive_ssa(q, k, v, b, n, **kwargs), OUT_TOL, "output")
-
-
-def test_compiled_kernels_match_the_reference(torch_block_math):
-    """compile=True: torch.compile'd block math (one dynamic compilation serves both shapes)."""
-    for case in (Case(batch=1, kv_heads=2, mask="padding", blocks=(16, 16)), Case(batch=1, causal=False)):
-        (q, k, v, b, n), mask, upstream = make_inputs(case)
-        geometry = dict(scale=case.dim**-0.5, causal=case.causal, mask=mask)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = ssa_attention(q, k, v, b, n, compile=True, **{**geometry, **case.kwargs()})
-            got = grads(out, (q, k, v, b, n), upstream)
-        if not compile_enabled():
-            pytest.skip(f"torch.compile unavailable here: {[str(w.message) for w in caught]}")
-        ref = naive_ssa(q, k, v, b, n, **geometry)
-        assert_close(out, ref, OUT_TOL, "compiled output")
-        for label, g, w in zip("qkvbn", got, grads(ref, (q, k, v, b, n), upstream)):
-            assert_close(g, w, GRAD_TOL, f"compiled grad {label}")
-    assert {"fwd", "bwd"} <= compiled_kernels()  # the compiled kernels really ran
 
 
 # ---- dropout --------------------------------------------------------------------------------------
@@ -486,12 +417,12 @@ def test_dropout_is_reproducible_from_the_seed():
     runs = []
     for seed in (0, 0, 1):
         torch.manual_seed(seed)
-        out = ssa_attention(q, k, v, b, n, mask=mask, dropout=0.3, compile=False, **case.kwargs())
+        out = ssa_attention(q, k, v, b, n, mask=mask, dropout=0.3, **case.kwargs())
         runs.append((out, *grads(out, (q, k, v, b, n), upstream)))
     assert all(torch.equal(a, c) for a, c in zip(runs[0], runs[1]))
     assert all(torch.isfinite(t).all() for t in runs[0])
     assert not torch.equal(runs[0][0], runs[2][0])
-    clean = ssa_attention(q, k, v, b, n, mask=mask, compile=False, **case.kwargs())
+    clean = ssa_attention(q, k, v, b, n, mask=mask, **case.kwargs())
     assert not torch.allclose(runs[0][0], clean, atol=1e-3)
 
 
@@ -501,7 +432,7 @@ def test_dropout_is_unbiased():
     copies, rate = 2000, 0.3
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 9, 4, generator=gen) for _ in range(3))
-    geometry = dict(causal=True, compile=False, block_rows=4, block_keys=4)
+    geometry = dict(causal=True, block_rows=4, block_keys=4)
     clean = ssa_attention(q, k, v, 0.8, 1.5, **geometry)
     torch.manual_seed(0)
     samples = ssa_attention(
@@ -530,7 +461,7 @@ def test_dropout_backward_passes_gradcheck():
 
     def fn(q, k, v, b, n):
         blocks = dict(block_rows=2, block_keys=4)
-        return ssa_attention(q, k, v, b, n, causal=True, dropout=0.3, compile=False, **blocks)
+        return ssa_attention(q, k, v, b, n, causal=True, dropout=0.3, **blocks)
 
     torch.manual_seed(0)
     with torch.no_grad():
@@ -548,9 +479,7 @@ def test_backward_passes_gradcheck_with_masks_and_gqa():
     mask[0, 1, 4] = False  # a row that sees nothing
 
     def fn(q, k, v, b, n):
-        return ssa_attention(
-            q, k, v, b, n, causal=True, window=4, mask=mask, compile=False, block_rows=2, block_keys=3
-        )
+        return ssa_attention(q, k, v, b, n, causal=True, window=4, mask=mask, block_rows=2, block_keys=3)
 
     assert torch.autograd.gradcheck(fn, (q, k, v, b, n))
 
@@ -649,13 +578,13 @@ def test_fused_model_forward_equals_eager(family, padded_batch):
     ids, mask = padded_batch
     valid = mask.bool()
     with torch.no_grad():
-        with ssacli.attention_backend("eager"):
+        with ssacli.attention_backend(model, "eager"):
             ref = model_output(model, ids, mask)
-        with ssacli.attention_backend("fused"):
+        with ssacli.attention_backend(model, "fused"):
             got = model_output(model, ids, mask)
-        with ssacli.attention_backend("eager"):  # no padding: a causal model passes no mask at all
+        with ssacli.attention_backend(model, "eager"):  # no padding: a causal model passes no mask at all
             ref_full = model_output(model, ids[:1], None)
-        with ssacli.attention_backend("fused"):
+        with ssacli.attention_backend(model, "fused"):
             got_full = model_output(model, ids[:1], None)
     assert_close(got[valid], ref[valid], OUT_TOL, f"{family} outputs")
     assert_close(got_full, ref_full, OUT_TOL, f"{family} outputs without padding")
@@ -669,7 +598,7 @@ def test_fused_model_gradients_equal_eager(family, padded_batch):
     valid = mask.bool()
     grads_of = {}
     for backend, model in (("eager", eager), ("fused", fused)):
-        with ssacli.attention_backend(backend):
+        with ssacli.attention_backend(model, backend):
             out = model_output(model, ids, mask)
         proj = torch.randn(out.shape[-1], generator=torch.Generator().manual_seed(8))
         (out[valid] @ proj).sum().backward()
@@ -688,9 +617,9 @@ def test_fused_kv_cache_decoding_equals_one_eager_pass():
     model = ssa_model("llama")
     ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
-        with ssacli.attention_backend("eager"):
+        with ssacli.attention_backend(model, "eager"):
             full = model(ids).logits
-        with ssacli.attention_backend("fused"):
+        with ssacli.attention_backend(model, "fused"):
             out = model(ids[:, :3], use_cache=True)
             steps, cache = [out.logits], returned_cache(out)
             for t in range(3, 6):
@@ -722,7 +651,7 @@ def test_auto_returns_real_weights_when_asked(padded_batch):
     ids, mask = padded_batch
     valid = mask.bool()
     with torch.no_grad():
-        with ssacli.attention_backend("eager"):
+        with ssacli.attention_backend(model, "eager"):
             ref = model(input_ids=ids, attention_mask=mask).logits
         out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
     assert len(out.attentions) == 2
@@ -736,7 +665,7 @@ def test_auto_returns_real_weights_when_asked(padded_batch):
 def test_fused_refuses_to_return_weights(padded_batch):
     model = ssa_model("llama")
     ids, mask = padded_batch
-    with torch.no_grad(), ssacli.attention_backend("fused"):
+    with torch.no_grad(), ssacli.attention_backend(model, "fused"):
         with pytest.raises(UsageError, match="output_attentions"):
             model(input_ids=ids, attention_mask=mask, output_attentions=True)
 
@@ -748,7 +677,7 @@ def test_auto_skips_the_eager_scorer_unless_weights_are_needed(padded_batch, mon
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
         assert calls == {"forward": 0, "fused": 2}
-        with ssacli.attention_backend("eager"):
+        with ssacli.attention_backend(model, "eager"):
             model(input_ids=ids, attention_mask=mask)
         assert calls == {"forward": 2, "fused": 2}
         model(input_ids=ids, attention_mask=mask, output_attentions=True)
@@ -786,11 +715,11 @@ def test_a_scorer_without_a_fused_kernel_runs_eager_and_fused_refuses(padded_bat
     calls = spy_scorers(model, monkeypatch)
     ids, mask = padded_batch
     with torch.no_grad():
-        with ssacli.attention_backend("eager"):
+        with ssacli.attention_backend(model, "eager"):
             ref = model(input_ids=ids, attention_mask=mask).logits
         got = model(input_ids=ids, attention_mask=mask).logits
         assert calls["forward"] == 4
-        with ssacli.attention_backend("fused"), pytest.raises(UsageError, match="sparsemax"):
+        with ssacli.attention_backend(model, "fused"), pytest.raises(UsageError, match="sparsemax"):
             model(input_ids=ids, attention_mask=mask)
     assert torch.equal(got, ref)
 
@@ -801,10 +730,13 @@ def test_softcap_and_position_bias_run_eager(family, padded_batch):
     ids, mask = padded_batch
     dec = {"decoder_input_ids": ids[:, :4]} if family == "t5" else {}
     with torch.no_grad():
-        with ssacli.attention_backend("eager"):
+        with ssacli.attention_backend(model, "eager"):
             ref = model(input_ids=ids, attention_mask=mask, **dec).logits
         got = model(input_ids=ids, attention_mask=mask, **dec).logits
-        with ssacli.attention_backend("fused"), pytest.raises(UsageError, match="softcap or a position bias"):
+        with (
+            ssacli.attention_backend(model, "fused"),
+            pytest.raises(UsageError, match="softcap or a position bias"),
+        ):
             model(input_ids=ids, attention_mask=mask, **dec)
     assert torch.equal(got, ref)
 
@@ -819,8 +751,38 @@ def test_a_float_mask_needs_the_eager_path():
 
 def test_unknown_backend_is_a_usage_error():
     with pytest.raises(UsageError, match="bogus"):
-        with ssacli.attention_backend("bogus"):
+        with ssacli.attention_backend(build_model("llama"), "bogus"):
             pass
+
+
+def test_a_model_backend_is_set_on_its_modules_and_comes_back(padded_batch, monkeypatch):
+    """attention_backend(model, name) is a fact of that model's calls (no process-wide switch): another
+    model keeps auto, nested blocks restore the outer backend, and a forced path reaches the kernel."""
+    from ssacli.attention.backend import module_backend
+    from ssacli.attention.interface import attention_modules
+
+    model, other = ssa_model("llama"), ssa_model("llama")
+
+    def backends(m):
+        return {module_backend(module) for _, module in attention_modules(m)}
+
+    with ssacli.attention_backend(model, "eager"):
+        assert backends(model) == {"eager"} and backends(other) == {"auto"}
+        with ssacli.attention_backend(model, "torch-blocks"):
+            assert backends(model) == {"torch-blocks"}
+        assert backends(model) == {"eager"}
+    assert backends(model) == {"auto"}
+    ids = padded_batch[0][:1]  # no padding: the native one loop's call under auto
+    native_calls = []
+    one_loop = native._ssa_forward
+    monkeypatch.setattr(native, "_ssa_forward", lambda *a, **k: native_calls.append(1) or one_loop(*a, **k))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        ran_native = len(native_calls)
+        with ssacli.attention_backend(model, "torch-blocks"):
+            got = model(input_ids=ids).logits
+    assert len(native_calls) == ran_native == (2 if native.one_loop_available() else 0)
+    assert_close(got, ref, OUT_TOL, "torch-blocks logits")
 
 
 # ---- memory ---------------------------------------------------------------------------------------
@@ -852,7 +814,7 @@ def largest_tensor(length: int, fused: bool) -> int:
     scorer = ssacli.make_scorer("ssa", num_heads=2)
     with LargestTensor() as mode:
         if fused:
-            out = ssa_attention(q, k, v, scorer.b, scorer.n, causal=True, compile=False)
+            out = ssa_attention(q, k, v, scorer.b, scorer.n, causal=True)
         else:
             out = scorer_eager(scorer, q, k, v, scale=0.25, causal=True)
         out.sum().backward()
@@ -864,84 +826,6 @@ def test_blocked_memory_grows_linearly_in_length():
     assert large < 6 * small, f"largest tensor grew {large / small:.1f}× for 4× the length"
     assert large * 16 <= 2 * 2048 * 2048  # far below one [H, T, T] weight matrix
     assert largest_tensor(512, fused=False) >= 2 * 512 * 512  # the measurement sees a [T, T] matrix
-
-
-def test_auto_keeps_the_blocked_kernel_on_the_cpu_where_the_native_pass_runs(monkeypatch):
-    """backend="auto" on the CPU with the native pass built: the blocked kernel (faster than compiled
-    flex there, docs/performance.md), for large inference calls too; it gives the reference."""
-    import ssacli.kernels.fused as fused
-    from ssacli.kernels import routing
-
-    if not native.available():
-        pytest.skip("the native kernel could not be built here (no C compiler)")
-    seen = []
-    monkeypatch.setattr(fused, "flex_ssa", lambda *a, **k: seen.append(1))
-    monkeypatch.setattr(routing, "FLEX_CPU_MIN_LOGITS", 1)
-    (q, k, v, b, n), _, _ = make_inputs(Case(kv_heads=2))
-    with torch.no_grad():
-        out = ssa_attention(q, k, v, b, n, scale=Case.dim**-0.5, causal=True)
-    assert not seen
-    assert_close(out, naive_ssa(q, k, v, b, n, scale=Case.dim**-0.5, causal=True), OUT_TOL, "auto output")
-
-
-def test_auto_runs_cpu_inference_through_flex_and_everything_else_through_the_blocked_kernel(
-    monkeypatch, torch_block_math
-):
-    """backend="auto" on the CPU without the native pass: compiled flex for no-grad self-attention
-    without a window or mask tensor, from FLEX_CPU_MIN_LOGITS logits; the blocked kernel for training,
-    masks, windows, a key/value cache's offset, dropout, small calls and SSACLI_COMPILE=0. Both give
-    the reference."""
-    import ssacli.kernels.fused as fused
-    from ssacli.kernels import routing
-
-    seen = []
-    original = fused.flex_ssa
-
-    def spy(*args, **kwargs):  # uncompiled: this test is about the choice, not the compiler
-        seen.append(1)
-        return original(*args, **{**kwargs, "compiled": False})
-
-    monkeypatch.setattr(fused, "flex_ssa", spy)
-    monkeypatch.setattr(routing, "FLEX_CPU_MIN_LOGITS", 2 * 4 * 37 * 37)  # Case()'s logits
-    monkeypatch.delenv("SSACLI_COMPILE", raising=False)
-
-    def flex_ran(case: Case, grad=False, dropout=0.0, env=None) -> bool:
-        if env is not None:
-            monkeypatch.setenv("SSACLI_COMPILE", env)
-        (q, k, v, b, n), mask, _ = make_inputs(case)
-        geometry = dict(scale=case.dim**-0.5, causal=case.causal, window=case.window, mask=mask)
-        seen.clear()
-        with torch.set_grad_enabled(grad):
-            out = ssa_attention(q, k, v, b, n, dropout=dropout, **geometry)
-        if not grad and not dropout:
-            assert_close(out, naive_ssa(q, k, v, b, n, **geometry), OUT_TOL, "auto output")
-        monkeypatch.delenv("SSACLI_COMPILE", raising=False)
-        return bool(seen)
-
-    assert flex_ran(Case(kv_heads=2))  # GQA, causal, no grad: flex
-    assert flex_ran(Case(causal=False))
-    assert not flex_ran(Case(kv_heads=2), grad=True)  # flex has no CPU backward
-    assert not flex_ran(Case(mask="padding"))
-    assert not flex_ran(Case(window=5))
-    assert not flex_ran(Case(q_len=5, k_len=37 * 7))  # a cache offset, as many logits
-    assert not flex_ran(Case(), dropout=0.1)
-    assert not flex_ran(Case(), env="0")
-    assert not flex_ran(Case(q_len=36, k_len=36))  # below FLEX_CPU_MIN_LOGITS
-
-
-def test_compiled_flex_on_the_cpu_matches_the_reference():
-    """The compiled CPU flex path itself (dynamic shapes: one compilation serves both lengths)."""
-    if not compile_enabled():
-        pytest.skip("SSACLI_COMPILE=0")
-    for q_len in (37, 50):
-        case = Case(kv_heads=2, q_len=q_len, k_len=q_len)
-        (q, k, v, b, n), _, _ = make_inputs(case)
-        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = ssa_attention(q, k, v, b, n, causal=True, backend="flex")
-        if any("compiling flex_attention on the CPU failed" in str(w.message) for w in caught):
-            pytest.skip("torch.compile of flex_attention is unavailable here")
-        assert_close(out, naive_ssa(q, k, v, b, n, scale=case.dim**-0.5, causal=True), OUT_TOL, "flex output")
 
 
 def test_flex_refuses_to_train_on_the_cpu():

@@ -263,7 +263,7 @@ with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
     from ssacli.kernels import native
     lib = native.library()
-    print(native.available(), lib and lib._name)
+    print(native.available(), lib and lib.cdll._name)
     print(sum("native kernels" in str(w.message) for w in seen))
     for w in seen:
         print(w.message, file=sys.stderr)
@@ -272,7 +272,7 @@ with warnings.catch_warnings(record=True) as seen:
 
 def _run(tmp_path: Path, cache: Path) -> list[str]:
     env = {**os.environ, "SSACLI_CACHE": str(cache), "TMPDIR": str(tmp_path)}
-    env.pop("SSACLI_NATIVE", None)  # the build is the point, whatever the caller's setting
+    env.pop("SSACLI_BACKEND", None)  # the build is the point, whatever the caller's setting
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
     )

@@ -36,7 +36,7 @@ from tests.kernels.test_fused import naive_ssa
 
 assert native.available(), "the native kernels did not build"
 gen = torch.Generator().manual_seed(3)
-report = {"flash": native.flash_available()}
+report = {"flash": native.one_loop_available()}
 
 # SSA forward and backward, GQA, causal with a KV-cache offset, ragged blocks, logits past exp's range,
 # against the naive formula in float64 (outputs and gradients relative to their largest entry)
@@ -45,7 +45,7 @@ k, v = torch.randn(2, 2, 45, 16, generator=gen) * 4, torch.randn(2, 2, 45, 16, g
 b, n = torch.tensor([0.8, 1.0, 1.3, 0.6]), torch.tensor([1.5, 6.0, 2.0, 0.5])
 up = torch.randn(2, 4, 37, 16, generator=gen)
 leaves = [t.clone().requires_grad_() for t in (q, k, v, b, n)]
-out = ssa_attention(*leaves, scale=0.25, causal=True, block_rows=8, block_keys=16, backend="blocked")
+out = ssa_attention(*leaves, scale=0.25, causal=True, block_rows=8, block_keys=16, backend="auto")
 got = [out.detach(), *torch.autograd.grad(out, leaves, up)]
 leaves = [t.double().requires_grad_() for t in (q, k, v, b, n)]
 out = naive_ssa(*leaves, scale=0.25, causal=True)
@@ -57,9 +57,10 @@ qs, ks, vs = (torch.randn(1, 3, 70, 8, generator=gen) * 3 for _ in range(3))
 shown = torch.ones(70, 70, dtype=torch.bool).tril()
 want, bound = plain_softmax_reference(qs, ks, vs, 0.5, shown, None, top_k=5)
 call = StatisticsCall(scaling=0.5, causal=True, top_k=5)
-with native.disabled(flash_only=True):  # the row pass, on torch.matmul's logits
-    runs = {"row_pass": softmax_statistics(qs, ks, vs, call, block_rows=9, block_keys=23, compile=False)}
-if native.flash_available():
+# the row pass, on torch.matmul's logits
+row_pass = softmax_statistics(qs, ks, vs, call, block_rows=9, block_keys=23, backend="native-blocks")
+runs = {"row_pass": row_pass}
+if native.one_loop_available():
     runs["one_loop"] = softmax_statistics(qs, ks, vs, call, block_rows=9, block_keys=23)
 fields = ("max", "total", "spread", "top", "first", "logit_sq", "logit_n")
 for name, (out, got) in runs.items():
@@ -113,7 +114,7 @@ def test_every_instruction_set_computes_the_float64_reference(tmp_path, path, re
     flags, mkl, aten = PATHS[path]
     env = {**os.environ, "SSACLI_NATIVE_CFLAGS": flags, "SSACLI_CACHE": str(tmp_path)}
     env.update(MKL_ENABLE_INSTRUCTIONS=mkl, ATEN_CPU_CAPABILITY=aten)
-    env.pop("SSACLI_NATIVE", None)
+    env.pop("SSACLI_BACKEND", None)
     own = path == "avx512" or (path == "avx2" and not _has_avx512())  # this machine's own build
     extra = [] if own else [str(request.getfixturevalue("gates"))]
     done = subprocess.run(

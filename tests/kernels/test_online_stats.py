@@ -44,7 +44,7 @@ def _given_logits(t: torch.Tensor, value: torch.Tensor, **call):
     identity keys, q·kᵀ = t·I, every product but one an exact zero."""
     b, h, _, k = t.shape
     keys = torch.eye(k, dtype=t.dtype).expand(b, h, k, k)
-    blocks = {name: call.pop(name) for name in ("block_rows", "block_keys", "compile") if name in call}
+    blocks = {name: call.pop(name) for name in ("block_rows", "block_keys", "backend") if name in call}
     return softmax_statistics(t, keys, value, StatisticsCall(scaling=1.0, **call), **blocks)
 
 
@@ -139,8 +139,7 @@ def test_native_row_pass_equals_the_torch_path():
     from ssacli.kernels import native
 
     run = _statistics_case()
-    with native.disabled():
-        want_out, want = run(compile=False)
+    want_out, want = run(backend="torch-blocks")
     if not native.available():
         pytest.skip("the native kernel could not be built here (no C compiler)")
     out, got = run()
@@ -167,18 +166,17 @@ def test_native_row_pass_on_ragged_blocks_masks_and_many_threads():
     visible = torch.rand(b, 1, 1, k) > 0.25  # a padding-like mask, broadcast over heads and rows
     value = torch.randn(b, h, k, d)
 
-    def run(top_k: int):
+    def run(top_k: int, backend: str = "auto"):
         return _given_logits(
             t, value, mask=visible, transform=lambda x, count: x.tanh() * 3, top_k=top_k, block_rows=7,
-            block_keys=67, compile=False,
+            block_keys=67, backend=backend,
         )  # fmt: skip
 
     threads = torch.get_num_threads()
     try:
         for n_threads, top_k in ((1, 5), (2, 20)):
             torch.set_num_threads(n_threads)
-            with native.disabled():
-                want_out, want = run(top_k)
+            want_out, want = run(top_k, "torch-blocks")
             out, got = run(top_k)
             assert torch.allclose(out, want_out, rtol=1e-5, atol=1e-6)
             for name in STAT_FIELDS:
@@ -203,18 +201,17 @@ def test_native_build_failure_warns_once_and_keeps_the_torch_path(tmp_path):
         "from ssacli.kernels.online_stats import softmax_statistics\n"
         "from ssacli.kernels.stats_call import StatisticsCall\n"
         "q, k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 40, 16), torch.randn(1, 2, 40, 4)\n"
-        "def run():\n"
-        "    return softmax_statistics(q, k, v, StatisticsCall(scaling=0.25), compile=False)[1].total\n"
+        "def run(backend='auto'):\n"
+        "    return softmax_statistics(q, k, v, StatisticsCall(scaling=0.25), backend=backend)[1].total\n"
         "with warnings.catch_warnings(record=True) as seen:\n"
         "    warnings.simplefilter('always')\n"
         "    a = run(); b = run()\n"
-        "with native.disabled():\n"
-        "    torch_path = run()\n"
+        "torch_path = run('torch-blocks')\n"
         "print(sum('native kernels failed' in str(w.message) for w in seen), native.available(),\n"
         "      bool(torch.equal(a, torch_path)))\n"
     )
     env = {**os.environ, "CC": "false", "SSACLI_CACHE": str(tmp_path)}
-    env.pop("SSACLI_NATIVE", None)  # the attempt is the point, whatever the caller's setting
+    env.pop("SSACLI_BACKEND", None)  # the attempt is the point, whatever the caller's setting
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
@@ -236,10 +233,10 @@ def test_native_build_where_the_cache_cannot_be_written_builds_privately(tmp_pat
     script = (
         "import warnings; warnings.simplefilter('error')\n"
         "from ssacli.kernels import native\n"
-        "print(native.available(), native.library()._name)\n"
+        "print(native.available(), native.library().cdll._name)\n"
     )
     env = {**os.environ, "SSACLI_CACHE": str(blocker)}
-    env.pop("SSACLI_NATIVE", None)  # the build is the point, whatever the caller's setting
+    env.pop("SSACLI_BACKEND", None)  # the build is the point, whatever the caller's setting
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
@@ -247,30 +244,6 @@ def test_native_build_where_the_cache_cannot_be_written_builds_privately(tmp_pat
     available, built = done.stdout.split()
     assert available == "True" and "ssacli-kernels-" in built and not built.startswith(str(blocker))
     assert blocker.read_text() == "the user's file"
-
-
-def test_compiled_block_math_equals_the_eager_block_math():
-    """compile=True: the block math through torch.compile (ssacli.kernels.compiled) gives the same
-    statistics as eager PyTorch, on blocks with and without a visibility mask, a ragged last top-k
-    group, non-finite logits, a target and a moving max; and the compiled kernels really ran."""
-    from ssacli.kernels.compiled import compile_enabled, compiled_kernels
-
-    case = _statistics_case()
-
-    def run(compiled: bool):
-        with native.disabled():
-            return case(compile=compiled)
-
-    eager_out, eager = run(False)
-    out, got = run(True)
-    if not compile_enabled():
-        pytest.skip("torch.compile is unavailable here")
-    assert {"stats_scale", "stats_softmax"} <= compiled_kernels()
-    assert torch.allclose(out, eager_out, rtol=1e-5, atol=1e-6, equal_nan=True)  # the inf row: NaN in both
-    for name in ("max", "total", "spread", "top", "first", "target", "logit_sq", "logit_n", "target_logit"):
-        want, have = getattr(eager, name), getattr(got, name)
-        assert torch.allclose(have, want, rtol=1e-6, atol=1e-6, equal_nan=True), name
-    assert got.finite_logits is eager.finite_logits is False
 
 
 # ---- every attention call of real models: both paths on the same inputs ---------------------------
@@ -436,7 +409,7 @@ def test_unmasked_softmax_calls_run_in_one_native_loop_and_match_the_eager_path(
     (online rescaling), ragged row tiles and key-scale's collapsing rows."""
     import ssacli.attention.online as online
 
-    if not native.flash_available():
+    if not native.one_loop_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     calls = []
     flash = native.stats_flash
@@ -470,7 +443,7 @@ def test_plain_softmax_statistics_equal_the_float64_reference(heads, kv_heads, q
     torch.matmul's on every CPU): ragged row and key tiles, grouped K/V heads, a causal band with a
     window and a KV-cache offset, a target, a key dominant enough to collapse rows, one thread and
     two."""
-    if not native.flash_available():
+    if not native.one_loop_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     gen = torch.Generator().manual_seed(11)
     b, d, scaling = 2, 16, 0.25
@@ -493,8 +466,7 @@ def test_plain_softmax_statistics_equal_the_float64_reference(heads, kv_heads, q
 
     call = StatisticsCall(scaling=scaling, causal=causal, window=window, target=target, top_k=5)
     assert call.plain
-    with native.disabled():
-        runs = {"torch": softmax_statistics(q, k, v, call, block_rows=7, block_keys=13, compile=False)}
+    runs = {"torch": softmax_statistics(q, k, v, call, block_rows=7, block_keys=13, backend="torch-blocks")}
     threads = torch.get_num_threads()
     try:
         for n_threads in (1, 2):
@@ -515,14 +487,13 @@ def test_plain_softmax_statistics_flag_overflowed_logits_as_the_torch_path_does(
     """A query row large enough that its logits overflow (±inf, and NaN where infinities cancel): the
     one-loop statistics mark the same rows broken and the same logits non-finite as the torch path,
     and every other row keeps its values."""
-    if not native.flash_available():
+    if not native.one_loop_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 40, 8, generator=gen) for _ in range(3))
     q[0, 1, 17] = 3e38  # row 17 of head 1: logits past float32's range
     call = StatisticsCall(scaling=0.5, causal=True)
-    with native.disabled():
-        want_out, want = softmax_statistics(q, k, v, call, block_rows=7, block_keys=13, compile=False)
+    want_out, want = softmax_statistics(q, k, v, call, block_rows=7, block_keys=13, backend="torch-blocks")
     out, got = softmax_statistics(q, k, v, call, block_rows=7, block_keys=13)
     assert not want.finite_logits and not got.finite_logits
     assert got.finite_output == want.finite_output

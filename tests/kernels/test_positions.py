@@ -117,11 +117,10 @@ def test_every_producer_equals_the_eager_reference(causal, window, q_len, k_len,
     band = dict(causal=causal, window=window) if mask is None else {}
     call = StatisticsCall(scaling=scaling, mask=mask, positions=bins, **band)
     runs = {}
-    with native.disabled():
-        runs["torch"] = softmax_statistics(q, k, v, call, block_rows=7, block_keys=13, compile=False)[1]
+    blocks = dict(block_rows=7, block_keys=13)
+    runs["torch"] = softmax_statistics(q, k, v, call, **blocks, backend="torch-blocks")[1]
     if native.available():
-        with native.disabled(flash_only=True):
-            runs["row pass"] = softmax_statistics(q, k, v, call, block_rows=7, block_keys=13)[1]
+        runs["row pass"] = softmax_statistics(q, k, v, call, **blocks, backend="native-blocks")[1]
         threads = torch.get_num_threads()
         try:
             for n in (1, 2):
@@ -158,9 +157,8 @@ def test_a_broken_row_has_nan_terms_as_its_total():
     q, k, v, scaling, _, _ = _call_case(True, None, 9, 9, False)
     q[0, 0, 4] = math.inf
     call = StatisticsCall(scaling=scaling, causal=True, positions=PositionBins(2, 3))
-    for off in (False, True):
-        with native.disabled() if off else torch.no_grad():
-            _, stats = softmax_statistics(q, k, v, call, block_rows=4, block_keys=5, compile=False)
+    for backend in ("auto", "torch-blocks"):
+        _, stats = softmax_statistics(q, k, v, call, block_rows=4, block_keys=5, backend=backend)
         broken = ~torch.isfinite(stats.total)
         assert broken.any()
         assert not torch.isfinite(stats.key_mass[broken]).any()

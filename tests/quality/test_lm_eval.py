@@ -130,7 +130,7 @@ def test_lm_eval_calls_the_scorer_of_every_layer(bench):
 
     handles = [s.register_forward_hook(counter(n)) for n, s in ssacli.scorers_of(loaded.model).items()]
     try:
-        with ssacli.attention_backend("eager"):
+        with ssacli.attention_backend(loaded.model, "eager"):
             run = ssacli.lm_eval(loaded, [bench["yaml"]])
     finally:
         for handle in handles:
