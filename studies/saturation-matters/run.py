@@ -27,6 +27,20 @@ import ssacli  # noqa: E402
 PROBES = ("key-scale:1,8", "logit-scale:1,4", "dominant-key:0,8", "length:1,4")
 
 
+def done(target: Path, name: str) -> bool:
+    """A part whose record exists is skipped (the runs are resumable: kill and rerun)."""
+    if target.exists():
+        print(f"{name}: done already ({target})", flush=True)
+    return target.exists()
+
+
+def save(target: Path, record: dict) -> None:
+    """Write a record whole or not at all (a killed run leaves only a .part behind)."""
+    part = target.with_suffix(".json.part")
+    part.write_text(json.dumps(record, indent=1) + "\n")
+    part.replace(target)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
@@ -43,8 +57,7 @@ def main() -> None:
     for probe in args.probes:
         name = probe.split(":")[0]
         target = args.out / f"{name}.json"
-        if target.exists():
-            print(f"{name}: done already ({target})", flush=True)
+        if done(target, name):
             continue
         started = time.perf_counter()
         result = ssacli.attribute(model, probe, text=text, samples=args.samples, length=args.length,
@@ -52,9 +65,7 @@ def main() -> None:
         record = {"probe": probe, "model": args.model, "text": args.text,
                   "seconds": round(time.perf_counter() - started, 1),
                   "threads": os.environ.get("OMP_NUM_THREADS"), **result.to_dict()}  # fmt: skip
-        part = target.with_suffix(".json.part")
-        part.write_text(json.dumps(record, indent=1) + "\n")
-        part.replace(target)
+        save(target, record)
         print(f"{name}: {record['seconds']} s", flush=True)
         print("\n".join(result.lines()), flush=True)
 

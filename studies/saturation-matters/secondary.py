@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import ssacli  # noqa: E402
 from ssacli.diagnosis.verdicts import probe_verdicts  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import PROBES  # noqa: E402  (the plan's probes, in its order)
+from run import PROBES, done, save  # noqa: E402  (the plan's probes, in its order; resumable records)
 
 DOCUMENTS, LENGTH = 32, 256
 
@@ -60,12 +59,6 @@ def numbers_corpus(lines: int = 4000, seed: int = 0) -> str:
     return "\n".join(out)
 
 
-def save(target: Path, record: dict) -> None:
-    part = target.with_suffix(".json.part")
-    part.write_text(json.dumps(record, indent=1) + "\n")
-    part.replace(target)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
@@ -80,8 +73,7 @@ def main() -> None:
                "numbers": numbers_corpus()}  # fmt: skip
     for name, corpus in corpora.items():
         target = args.out / f"natural-{name}.json"
-        if target.exists():
-            print(f"natural {name}: done already", flush=True)
+        if done(target, f"natural {name}"):
             continue
         started = time.perf_counter()
         result = ssacli.diagnose(model, ["shift"], text=reference, shift=corpus, shift_name=name,
@@ -94,8 +86,7 @@ def main() -> None:
     for probe in PROBES:
         name = probe.split(":")[0]
         target = args.out / f"per-prompt-{name}.json"
-        if target.exists():
-            print(f"per prompt {name}: done already", flush=True)
+        if done(target, f"per prompt {name}"):
             continue
         started = time.perf_counter()
         result = ssacli.attribute(model, probe, text=reference, samples=16, length=LENGTH, seed=0, k=4,
