@@ -25,6 +25,13 @@ import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+# envelope.py reads real_model.py's records: the ones docs/performance.md was made from (real
+# checkpoints the suite does not have)
+RECORDS = BENCHMARKS.parent / "docs" / "results" / "real-models"
+ENVELOPE_ARGS = [
+    *(str(RECORDS / f"{name}.json") for name in ("smollm2-135m-layers-fp32", "gemma3-270m-layers-fp32")),
+    *("--levels", str(RECORDS / "gemma3-270m-levels-fp32.json")),
+]
 # The smoke runs check that each script runs against the package, whatever path the caller's
 # SSACLI_BACKEND names (the scripts choose their candidates' paths by backend= themselves).
 SMOKE_ENV = {k: v for k, v in os.environ.items() if k != "SSACLI_BACKEND"}
@@ -57,12 +64,15 @@ TINY = {
     "instruction_sets": (["--paths", "avx2", "--length", "64", "--repeats", "1"], "| avx2 |"),
     "long_context": (["--device", "cpu", "--quick"], "longest length that fit: 256 tokens"),
     "monitor": (["--rounds", "1", "--every", "2", "--batch", "1", "--seq", "16"], "measure/step"),
+    "envelope": (ENVELOPE_ARGS, "| 70B (Llama-3-70B) |"),
     "online_stats": (
         ["--lengths", "64", "--memory-lengths", "64", "--repeats", "1", "--heads", "2", "--layers", "1",
          "--block-size", "16", "--timeout", "120"],
         "goal",
     ),
     "positions": (["--length", "96", "--repeats", "1", "--check-rows", "16"], "one-loop + positions"),
+    "real_model": (["builtin:wikitext-softmax", "--probe", "embed-scale:1,2", "--samples", "2", "--length",
+                    "16", "--batch-size", "2", "--repeats", "1"], '"layer_parameters"'),
     "scorer_lr": (["--steps", "20"], "scorer lr"),
     "scorers": (["--heads", "1", "--length", "32", "--dim", "8", "--repeats", "1"], "ssa"),
     "training": (["--steps", "3", "--warmup", "1", "--rounds", "1", "--data", "{text}"], "speed-up"),
