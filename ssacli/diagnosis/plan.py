@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import torch
 from torch import nn
 
 from ..attention.interface import scorers_of
@@ -84,7 +85,8 @@ def plan_run(
             seed=settings.seed,
         )
     prompt_length = None if steps is None else check_generate(loaded, route, steps, length)
-    probes = [_fit_length_levels(p, loaded, length) for p in probes]
+    fitted = [_fit_length_levels(p, loaded, length, settings) for p in probes]
+    probes, dropped = [p for p, _ in fitted], {p.name: why for p, why in fitted}
     shift = None
     if settings.shift is not None:  # the documents of both corpora, or a UsageError before any forward
         if icl or loaded.tokenizer is None:
@@ -103,7 +105,8 @@ def plan_run(
         shift=shift,
         prompt_length=prompt_length,
         probes=[
-            (p, _plan_levels(p, loaded, route, _source(p, source, shift), length, settings)) for p in probes
+            (p, _plan_levels(p, loaded, route, _source(p, source, shift), length, settings, dropped[p.name]))
+            for p in probes
         ],
         scorers=list(scorers_of(root).values()) if route is Route.SSACLI else [],
     )
@@ -114,17 +117,22 @@ def _source(probe: Probe, source: TokenSource | None, shift: ShiftCorpus | None)
     return shift if probe.kind.acts_on is ActsOn.INPUT_CORPUS else source
 
 
-def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
+def _fit_length_levels(
+    probe: Probe, loaded: LoadedModel, length: int, settings: DiagnoseSettings
+) -> tuple[Probe, str | None]:
     """The length probe's default levels double the base length up to the model's maximum
-    positions (ICL: points): keep those that fit, and the maximum itself as the last level. Levels
-    asked for run as asked: one beyond the maximum is refused (UsageError), since its inputs would be
-    capped and its verdict would name a length that never ran."""
+    positions (ICL: points) and up to what this machine's memory holds (:func:`level_memory`): keep
+    those that fit, and the largest that fits as the last level. Levels asked for run as asked: one
+    beyond the maximum, or beyond the memory, is refused (UsageError) before any forward, since its
+    inputs would be capped (its verdict naming a length that never ran) or its forward would fail
+    after every earlier level had run."""
     kind = probe.kind
     cap = position_cap(loaded)
-    if kind.acts_on is not ActsOn.INPUT_LENGTH or not cap:
-        return probe
+    if kind.acts_on is not ActsOn.INPUT_LENGTH:
+        return probe, None
+    memory = level_memory(loaded, length, settings)
     if probe.levels != PROBES[probe.name].defaults:  # asked for: each level runs as asked, or is refused
-        beyond = [m for m in probe.levels if length * m > cap]
+        beyond = [m for m in probe.levels if cap and length * m > cap]
         if beyond:
             unit = "points" if loaded.kind == ModelKind.ICL else "tokens"
             raise UsageError(
@@ -132,17 +140,80 @@ def _fit_length_levels(probe: Probe, loaded: LoadedModel, length: int) -> Probe:
                 f"(×{beyond[0]:g} the base length {length}), but '{loaded.name}' takes at most {cap:,}; give "
                 f"levels up to ×{cap // length}"
             )
-        return probe
-    levels = [m for m in probe.levels if length * m <= cap]
-    if cap // length > (levels[-1] if levels else 0) and cap // length >= 1:
-        levels.append(float(cap // length))
-    return Probe(probe.name, tuple(levels or (1.0,)))
+        too_big = [m for m in probe.levels if memory and memory(m)[0] > memory(m)[1]]
+        if too_big:
+            need, free = memory(too_big[0])
+            raise UsageError(
+                f"probe 'length': level ×{too_big[0]:g} ({int(length * too_big[0]):,} tokens) needs about "
+                f"{need / 2**30:.1f} GiB for its logits and loss, and {free / 2**30:.1f} GiB of memory is "
+                f"free; give smaller levels (e.g. --probe length:1,2,4) or a smaller --batch-size"
+            )
+        return probe, None
+    top = cap // length if cap else max(probe.levels)
+    levels = [m for m in probe.levels if m <= top]
+    if top > (levels[-1] if levels else 0) and top >= 1:
+        levels.append(float(top))
+    note = None
+    if memory:  # the default levels stop where the memory does, and the probe's note says so
+        kept = [m for m in levels if m == 1 or memory(m)[0] <= memory(m)[1]]
+        if len(kept) < len(levels):
+            first = levels[len(kept)]
+            need, free = memory(first)
+            note = (
+                f"default levels from ×{first:g} not run: ×{first:g} ({int(length * first):,} tokens) "
+                f"needs about {need / 2**30:.1f} GiB for its logits, {free / 2**30:.1f} GiB free"
+            )
+        levels = kept
+    return Probe(probe.name, tuple(levels or (1.0,))), note
+
+
+# A length level's peak above the model's weights, in copies of one forward's float32 logits: the
+# logits, their log-softmax and the loss's gathered terms. Measured on Gemma 3 270M (vocabulary
+# 262,144): 4.78 GiB peak at 1,024 tokens with 1.0 GiB of weights and 1.0 GiB of logits
+# (docs/performance.md, "Real checkpoints"); 3 copies leaves room above the measured 2.8.
+LOGIT_COPIES = 3
+
+
+def level_memory(loaded: LoadedModel, length: int, settings: DiagnoseSettings):
+    """For a causal LM, a function level -> (bytes a length level's forward needs for its logits,
+    bytes free on the model's device now); None where that cannot be known (no vocabulary, ICL
+    models, an unknown amount of free memory). The logits of one forward are rows × tokens ×
+    vocabulary float32 numbers, the batch's rows fewer as the level is longer (about the same tokens
+    per level, :func:`_plan_levels`)."""
+    vocab = getattr(loaded.attention_root.config, "vocab_size", None)
+    free = free_memory(loaded.device)
+    if loaded.kind != ModelKind.CAUSAL or not vocab or not free:
+        return None
+
+    def need(level: float) -> tuple[int, int]:
+        size = int(length * level)
+        rows = min(settings.batch_size, max(1, math.ceil(settings.samples * length / max(size, 1))))
+        return LOGIT_COPIES * rows * size * vocab * 4, free
+
+    return need
+
+
+def free_memory(device) -> int | None:
+    """Bytes free on ``device`` now: the GPU's free memory, or the host's MemAvailable (Linux);
+    None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def _plan_levels(
-    probe: Probe, loaded: LoadedModel, route: Route, source, length: int, settings: DiagnoseSettings
-) -> LevelPlan:
-    """level -> (batches or None, note): the inputs each level runs on, or why it cannot run."""
+    probe: Probe, loaded: LoadedModel, route: Route, source, length: int, settings: DiagnoseSettings,
+    dropped: str | None = None,
+) -> LevelPlan:  # fmt: skip
+    """level -> (batches or None, note): the inputs each level runs on, or why it cannot run
+    (``dropped``: the default levels left out, said beside the probe)."""
     kind = probe.kind
     skip = None
     if kind.needs_route and route is not Route.SSACLI:
@@ -159,7 +230,7 @@ def _plan_levels(
         return {level: (None, skip) for level in probe.levels}
     cap = position_cap(loaded)
     unit = "points" if loaded.kind == ModelKind.ICL else "positions"
-    plan, note = {}, None
+    plan, note = {}, dropped
     for level in probe.levels:
         size = int(length * level) if kind.acts_on is ActsOn.INPUT_LENGTH else length
         if cap and size > cap:

@@ -21,7 +21,8 @@ sides are resampled):
 
 Documents (:func:`windows`): each corpus is tokenized whole (no special tokens) and cut into
 consecutive non-overlapping windows of the base length L (``--length``, capped at the model's
-positions); n = min(samples, windows of either corpus) documents are taken from each, evenly spaced
+positions), less the tokenizer's special prefix (``<bos>`` where it adds one), which starts every
+document; n = min(samples, windows of either corpus) documents are taken from each, evenly spaced
 through it (window ⌊i·W/n⌋, i = 0 … n−1, of its W windows), so a long corpus is sampled across
 its length and identical texts give identical documents. A corpus shorter than one window is
 refused. Every document is L tokens: the level's loss and collapse rate are the means of the
@@ -39,16 +40,20 @@ from ..errors import UsageError
 from ..stats import LEVEL, bootstrap_difference_ci, spearman_ci
 from .probe_kinds import ActsOn, Probe, parse_probe
 from .probe_result import ProbeResult
+from .probes import special_prefix
 from .settings import DiagnoseSettings
 from .texts import TEXTS
 
 SPLIT = "consecutive non-overlapping windows of the base length, evenly spaced through each corpus"
 
 
-def windows(stream: list[int], length: int, count: int) -> list[list[int]]:
-    """``count`` windows of ``length`` tokens, evenly spaced over the stream's whole windows."""
-    total = len(stream) // length
-    return [stream[w * length : (w + 1) * length] for w in (i * total // count for i in range(count))]
+def windows(stream: list[int], length: int, count: int, prefix: list[int] = ()) -> list[list[int]]:
+    """``count`` windows of ``length`` tokens, evenly spaced over the stream's whole windows, each
+    starting with ``prefix`` (the tokenizer's :func:`~ssacli.diagnosis.probes.special_prefix`)."""
+    prefix = list(prefix)[: max(0, length - 1)]
+    size = length - len(prefix)
+    total = len(stream) // size
+    return [prefix + stream[w * size : (w + 1) * size] for w in (i * total // count for i in range(count))]
 
 
 class ShiftCorpus:
@@ -59,25 +64,26 @@ class ShiftCorpus:
         self, tokenizer, reference: str | None, shifted: str, name: str, length: int, samples: int
     ) -> None:
         where = "the --text file" if reference is not None else "the built-in texts"
-        streams = []
+        streams, prefix = [], special_prefix(tokenizer)
+        size = max(1, length - len(prefix))  # each document: the prefix, then size tokens of its corpus
         sides = ((reference or "\n\n".join(TEXTS), where), (shifted, f"the --shift corpus '{name}'"))
         for text, what in sides:
             stream = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-            if len(stream) < length:
+            if len(stream) < size:
                 raise UsageError(
-                    f"{what} has {len(stream)} tokens, fewer than one document of {length}; give a "
+                    f"{what} has {len(stream)} tokens, fewer than one document of {size}; give a "
                     "longer file or a smaller --length"
                 )
             streams.append(stream)
-        count = min(samples, *(len(s) // length for s in streams))
-        self.documents = {0.0: windows(streams[0], length, count), 1.0: windows(streams[1], length, count)}
+        count = min(samples, *(len(s) // size for s in streams))
+        self.documents = {level: windows(s, length, count, prefix) for level, s in zip((0.0, 1.0), streams)}
         self.note = None
         if count < samples:
             short = f"the shorter corpus holds {count} of {length} tokens"
             self.note = f"{count} documents per corpus, not {samples}: {short}"
         self.description = {
             "name": name, "reference": where, "documents": count, "tokens": length,
-            "split": SPLIT, "windows": [len(s) // length for s in streams],
+            "split": SPLIT, "windows": [len(s) // size for s in streams],
         }  # fmt: skip
 
     def sequences(self, level: float) -> list[list[int]]:
