@@ -158,10 +158,22 @@ class Attribution:
     # ({"rho", "interval", "prompts"}); None where undefined or not measured
     association: dict[str, Any] | None = None
 
+    @property
+    def reading(self) -> str | None:
+        """What the attribution as a whole supports: the chosen sets' common reading where every half
+        reads the same, else "undecided" (the halves disagree: on SmolLM2-135M under key-scale:8 the
+        same four heads, chosen on either half, beat 59 % of the random sets on one half and 97 %
+        on the other, docs/results/saturation-matters.md); None without chosen sets or a null."""
+        readings = {one.reading for one in self.sets if one.chosen_on is not None}
+        if not readings or None in readings:
+            return None
+        return readings.pop() if len(readings) == 1 else "undecided"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (NaN as None) under ``schema``/``schema_version``, each set with its
-        :attr:`~SetAttribution.reading`; :meth:`from_dict` reads it back."""
-        out = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self)}
+        :attr:`~SetAttribution.reading` and the whole its :attr:`reading`; :meth:`from_dict` reads it
+        back (both readings computed again, not read)."""
+        out = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **asdict(self), "reading": self.reading}
         for one, kept in zip([*self.sets, self.ceiling], [*out["sets"], out["ceiling"]], strict=True):
             if kept is not None:
                 kept["reading"] = one.reading
@@ -262,6 +274,10 @@ class Attribution:
             if one.remedy:
                 doses = ", ".join(f"T={r['temperature']:g} {r['removed']:+.4f}" for r in one.remedy)
                 out += _wrap(f"remedy, not attribution: {doses}", "    ")  # T on these heads
+        chosen = [one for one in self.sets if one.chosen_on is not None]
+        if len(chosen) > 1 and self.reading is not None:
+            agree = "the halves agree" if len({one.reading for one in chosen}) == 1 else "the halves disagree"
+            out += _wrap(f"both halves: {READINGS[self.reading]} ({agree})", "  ")
         return out
 
 

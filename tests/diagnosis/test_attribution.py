@@ -19,7 +19,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 
 from ssacli.attention.interface import apply_scorer
 from ssacli.diagnosis.attribution import attribute
-from ssacli.diagnosis.attribution_result import SetAttribution
+from ssacli.diagnosis.attribution_result import Attribution, SetAttribution
 from ssacli.errors import UnsupportedModelError, UsageError
 from ssacli.testing import tiny_models
 from tests.helpers.models import build_model
@@ -216,6 +216,36 @@ def test_a_set_is_read_against_its_null_as_the_plan_says(interval, percentile, r
         damage_interval=None, share=None, null=[0.0] if percentile is not None else [], percentile=percentile,
     )  # fmt: skip
     assert one.reading == reading
+
+
+@pytest.mark.parametrize(
+    ("percentiles", "reading", "agreement"),
+    [
+        ((97.0, 98.0), "marks", "the halves agree"),
+        ((50.0, 60.0), "does not mark", "the halves agree"),
+        ((59.0, 97.0), "undecided", "the halves disagree"),  # SmolLM2 under key-scale:8
+        ((97.0, None), None, None),  # one half without a null: no reading of the whole
+    ],
+)
+def test_the_whole_reads_as_its_halves_only_where_they_agree(percentiles, reading, agreement):
+    def half(percentile, chosen, measured):
+        return SetAttribution(
+            heads=[HEAD], chosen_on=chosen, measured_on=measured, removed=[0.1], mean=0.1,
+            interval=(0.01, 0.2), damage=0.2, damage_interval=None, share=None,
+            null=[0.0] if percentile is not None else [], percentile=percentile,
+        )  # fmt: skip
+
+    sets = [half(percentiles[0], [0], [1]), half(percentiles[1], [1], [0])]
+    whole = Attribution(
+        model="m", probe="key-scale", level=8.0, reference_level=1.0, k=1, layers=["l0"], heads=[1],
+        loss_reference=[1.0, 1.0], loss_shifted=[1.2, 1.2], damage=[0.2, 0.2], damage_interval=None,
+        rise=[[0.1]], sets=sets, ceiling=None, elapsed_s=0.0, settings={},
+    )  # fmt: skip
+    assert whole.reading == reading
+    assert whole.to_dict()["reading"] == reading
+    text = " ".join(line.strip() for line in whole.lines())  # wrapped at 80 columns
+    said = "both halves: " in text and (agreement is None or agreement in text)
+    assert said == (agreement is not None)
 
 
 def test_per_prompt_collapse_is_diagnoses_and_the_association_its_rank_correlation():
