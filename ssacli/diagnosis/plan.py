@@ -143,10 +143,13 @@ def _fit_length_levels(
         too_big = [m for m in probe.levels if memory and memory(m)[0] > memory(m)[1]]
         if too_big:
             need, free = memory(too_big[0])
+            fits = too_big[0] / 2
+            while fits > 1 and memory(fits)[0] > free:
+                fits /= 2
             raise UsageError(
                 f"probe 'length': level ×{too_big[0]:g} ({int(length * too_big[0]):,} tokens) needs about "
                 f"{need / 2**30:.1f} GiB for its logits and loss, and {free / 2**30:.1f} GiB of memory is "
-                f"free; give smaller levels (e.g. --probe length:1,2,4) or a smaller --batch-size"
+                f"free; give levels up to ×{max(fits, 1):g} (e.g. --probe length:1,{max(fits, 1):g})"
             )
         return probe, None
     top = cap // length if cap else max(probe.levels)

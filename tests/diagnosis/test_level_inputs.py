@@ -28,19 +28,21 @@ def _tokenizer(bos: bool):
         tok.post_processor = processors.TemplateProcessing(
             single="[BOS] $A", special_tokens=[("[BOS]", tok.token_to_id("[BOS]"))]
         )
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]")
+    special = {"pad_token": "[PAD]", "unk_token": "[UNK]", "bos_token": "[BOS]"}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
 
 
 def _model(tokenizer, positions: int = 64) -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=positions,
-                        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, eos_token_id=None)  # fmt: skip
+    special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": None, "eos_token_id": None}
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=positions, **special)
     return GPT2LMHeadModel(config).eval()
 
 
 def _first_ids(model) -> list[torch.Tensor]:
     seen: list[torch.Tensor] = []
-    model.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(kwargs["input_ids"]), with_kwargs=True)
+    record = lambda _module, _args, kwargs: seen.append(kwargs["input_ids"])  # noqa: E731
+    model.register_forward_pre_hook(record, with_kwargs=True)
     return seen
 
 
@@ -96,6 +98,7 @@ def test_an_asked_level_beyond_the_memory_is_refused_before_any_forward(monkeypa
     model = _model(tokenizer, positions=64)
     seen = _first_ids(model)
     monkeypatch.setattr(plan, "free_memory", lambda device: _logit_bytes(1, 16, model.config.vocab_size))
-    with pytest.raises(UsageError, match=r"level ×4 \(32 tokens\) needs about .* GiB .*--probe length:1,2,4"):
+    refusal = r"level ×4 \(32 tokens\) needs about .* GiB .*levels up to ×2 \(e.g. --probe length:1,2\)"
+    with pytest.raises(UsageError, match=refusal):
         ssacli.diagnose(model, ["length:1,2,4"], tokenizer=tokenizer, samples=2, length=8)
     assert seen == []  # refused at the plan: nothing ran, nothing was lost
