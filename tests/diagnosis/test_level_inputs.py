@@ -35,7 +35,8 @@ def _tokenizer(bos: bool):
 def _model(tokenizer, positions: int = 64) -> GPT2LMHeadModel:
     torch.manual_seed(0)
     special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": None, "eos_token_id": None}
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=positions, **special)
+    shape = {"n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": positions}
+    config = GPT2Config(vocab_size=len(tokenizer), **shape, **special)
     return GPT2LMHeadModel(config).eval()
 
 
