@@ -130,6 +130,10 @@ def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
         if falls is not None:
             return Verdict(name, "collapse falls", f"{_falls_text(probe, falls)}; {_unheld(probe)}",
                            probe.levels[top])  # fmt: skip
+        rise = _small_rise(probe)
+        if rise is not None:  # a rise beyond the noise is a collapse, however small: said as measured
+            line = f"collapse rises up to {upto} ({rise}) ({_unheld(probe)})"
+            return Verdict(name, "no collapse", line, probe.levels[top])
         return Verdict(name, "no collapse", f"no collapse up to {upto}{_beyond(probe)} ({_unheld(probe)})",
                        probe.levels[top])  # fmt: skip
     shift = shift_text(probe, top) if probe.reached() else None
@@ -140,8 +144,28 @@ def verdict_of(probe: ProbeResult, broken: dict | None = None) -> Verdict:
     else:
         how = "no collapse"
     falls_text = "" if falls is None else f"; {_falls_text(probe, falls)}"
-    line = f"robust up to {level_text(probe, probe.levels[top])} ({how}){falls_text}"
+    rise = _small_rise(probe)
+    rise_text = "" if rise is None else f"; collapse {rise}"
+    line = f"robust up to {level_text(probe, probe.levels[top])} ({how}){falls_text}{rise_text}"
     return Verdict(name, "robust", line, probe.levels[top])
+
+
+def _small_rise(probe: ProbeResult) -> str | None:
+    """ "+3.7 points over the unshifted 8.3% at 0, under the 10% line; noise ±0.5 over 32 prompts":
+    the largest rise of the fresh collapse rate beyond its noise that stays within ROBUST_COLLAPSE
+    (a probe that passed the line partly collapses instead); None where collapse rose beyond the
+    noise nowhere. Under natural shifts on SmolLM2-135M collapse rose +1.5 to +4.8 points beyond its
+    noise (docs/results/saturation-matters.md): "no collapse" would have hidden a measured rise."""
+    changes = [collapse_change(probe, i) for i in range(len(probe.levels))]
+    small = [
+        c for c in changes if 0 < c.change <= ROBUST_COLLAPSE and c.beyond_noise() and c.noise is not None
+    ]
+    if not small:
+        return None
+    worst = max(small, key=lambda c: c.change)
+    ref = level_text(probe, probe.levels[worst.reference])
+    return (f"+{100 * worst.change:.1f} points over the unshifted {worst.before:.0%} at {ref}, under the "
+            f"{ROBUST_COLLAPSE:.0%} line; {worst.noise_text()}")  # fmt: skip
 
 
 def _unheld(probe: ProbeResult) -> str:

@@ -98,6 +98,27 @@ def test_a_rise_beyond_the_noise_and_the_robust_share_partly_collapses_from_wher
     assert "noise ±" in verdict.line and "not measured" not in verdict.line
 
 
+@pytest.mark.parametrize("kl", [[0.0, 0.01, 0.02], None])  # robust (outputs held), no collapse (unmeasured)
+def test_a_small_rise_beyond_the_noise_is_said_not_hidden(kl):
+    """+3 points at σ=16, every prompt rising alike: under the 10-point line, so neither "partly
+    collapses" nor hidden as "no collapse"; the line gives the rise and its noise. A flat sweep keeps
+    its plain line."""
+    base = 0.155 + SPREAD
+    risen = _probe("embed-scale", [1, 4, 16], [base, base + JITTER, base + 0.03 + JITTER], kl=kl)
+    flat = _probe("embed-scale", [1, 4, 16], [base, base + JITTER, base - JITTER], kl=kl)
+    verdict, plain = probe_verdicts([risen])[0], probe_verdicts([flat])[0]
+    change = collapse_change(risen, 2)
+    assert change.beyond_noise() and 0 < change.change <= ROBUST_COLLAPSE
+    assert verdict.kind == plain.kind == ("robust" if kl else "no collapse"), (verdict.line, plain.line)
+    said = (
+        f"+{100 * change.change:.1f} points over the unshifted {change.before:.0%} at σ=1, under the 10% line"
+    )
+    assert said in verdict.line and "noise ±" in verdict.line
+    assert "points" not in plain.line and ("robust up to" if kl else "no collapse up to") in plain.line
+    if kl is None:
+        assert not verdict.line.startswith("no collapse")
+
+
 def test_a_rise_within_the_prompt_to_prompt_noise_is_not_counted():
     """The same +20 points at σ=16, once with every prompt rising alike (counted), once with half the
     prompts rising 40 points and half not at all (the standard error of the paired change, ~0.076,
