@@ -41,14 +41,27 @@ PLANES = ("max", "total", "spread", "first", "target", "target_logit", "logit_sq
           "distance_sum", "not_finite")  # fmt: skip
 
 
+# triton's own combine function, as triton_kernels' _max: the interpreter reduces with numpy only for
+# those (a combine function of ours fails there when triton was imported before TRITON_INTERPRET).
+_min = tl.standard._elementwise_min
+
+
 @triton.jit
 def _low(x):
-    return tl.reduce(x, 1, _min_combine)
+    return tl.reduce(x, 1, _min)
 
 
 @triton.jit
-def _min_combine(a, b):
-    return tl.minimum(a, b)
+def _rounded(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """float32 x rounded to the 16-bit input dtype, to nearest even, back in float32. Under UPCAST (the
+    interpreter with bf16 inputs) by integer arithmetic: the interpreter's float32 → bf16 cast
+    truncates, where a GPU's rounds to nearest."""
+    if UPCAST:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -118,21 +131,21 @@ def row_stats_fwd(
     if HAS_TARGET:
         tgt = tl.load(Target + bz).to(tl.int32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    spread = tl.zeros([BLOCK_M], tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    spread = tl.full([BLOCK_M], 0.0, tl.float32)
     first = tl.full([BLOCK_M], float("-inf"), tl.float32)
     t_tgt = tl.full([BLOCK_M], float("-inf"), tl.float32)
     x_tgt = tl.full([BLOCK_M], float("nan"), tl.float32)
-    sq = tl.zeros([BLOCK_M], tl.float32)
-    cnt = tl.zeros([BLOCK_M], tl.float32)
-    bad = tl.zeros([BLOCK_M], tl.float32)
-    dist = tl.zeros([BLOCK_M], tl.float32)
-    top = tl.where(offs_top[None, :] < N_TOP, float("-inf"), float("inf")) + tl.zeros([BLOCK_M, TOP_P], tl.float32)
+    sq = tl.full([BLOCK_M], 0.0, tl.float32)
+    cnt = tl.full([BLOCK_M], 0.0, tl.float32)
+    bad = tl.full([BLOCK_M], 0.0, tl.float32)
+    dist = tl.full([BLOCK_M], 0.0, tl.float32)
+    top = tl.where(offs_top[None, :] < N_TOP, float("-inf"), float("inf")) + tl.full([BLOCK_M, TOP_P], 0.0, tl.float32)
     offs_kb = tl.arange(0, KB_P)
     offs_db = tl.arange(0, DB_P)
-    kb = tl.zeros([BLOCK_M, KB_P], tl.float32)
-    db = tl.zeros([BLOCK_M, DB_P], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    kb = tl.full([BLOCK_M, KB_P], 0.0, tl.float32)
+    db = tl.full([BLOCK_M, DB_P], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     lo = 0
     hi = K_LEN
     last_pos = tl.minimum((pid_m + 1) * BLOCK_M, Q_LEN) - 1 + offset
@@ -147,7 +160,7 @@ def row_stats_fwd(
                      mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # fmt: skip
         prod = tl.dot(q, _operand(kt, dtype, UPCAST), input_precision=PRECISION)
         if ROUND:  # the eager logits: a 16-bit matmul, then the scaling in 16 bits
-            x = (prod.to(dtype).to(tl.float32) * scale).to(dtype).to(tl.float32)
+            x = _rounded(_rounded(prod, dtype, UPCAST) * scale, dtype, UPCAST)
         else:
             x = prod * scale
         ok = _visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK)
@@ -185,9 +198,11 @@ def row_stats_fwd(
         l_i = alpha * l_i + _total(p, 1)
         v = tl.load(v_base + cols[:, None] * svn + offs_d[None, :] * svd,
                     mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-        acc = acc * alpha[:, None] + tl.dot(
-            _operand(p, dtype, UPCAST), _operand(v, dtype, UPCAST), input_precision=PRECISION
-        )
+        if UPCAST:  # p rounded to bf16 to nearest, as on a GPU
+            p_op = _rounded(p, dtype, UPCAST)
+        else:
+            p_op = _operand(p, dtype, UPCAST)
+        acc = acc * alpha[:, None] + tl.dot(p_op, _operand(v, dtype, UPCAST), input_precision=PRECISION)
         if POSITIONS:
             distance = tl.abs(pos[:, None] - cols[None, :])
             dist = alpha * dist + _total(p * distance.to(tl.float32), 1)
