@@ -5,7 +5,8 @@ Two paths per device, for SSA attention (ssacli.kernels.fused.ssa_attention) and
 statistics (ssacli.kernels.online_stats.softmax_statistics): the eager reference (the scorer's own
 forward over the full weights, in ssacli.attention) and one fast path, the native C kernels on the
 CPU (ssacli.kernels.native) and Triton on CUDA (ssacli.kernels.triton_ssa for SSA attention,
-ssacli.kernels.triton_stats for the statistics); the torch block math only where neither can run. flex_attention stays on CUDA until a GPU run measures it against Triton.
+ssacli.kernels.triton_stats for the statistics); the torch block math only where neither can run.
+flex_attention stays on CUDA until a GPU run measures it against Triton.
 docs/performance.md "Which path runs where" lists every path with the benchmark row that keeps it.
 
 The paths (:data:`PATHS`):

@@ -73,10 +73,11 @@ def _per_head(value, heads: int, device) -> torch.Tensor:
 def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, call: StatisticsCall) -> None:
     lacks = triton_lacks(call, query)
     if lacks is not None:
-        raise ValueError(f"backend='triton' computes no statistics with {lacks}: use 'torch-blocks' or 'auto'")
+        raise ValueError(f"backend='triton' computes no statistics with {lacks}: use 'torch-blocks', 'auto'")
     dim = query.shape[-1]
     if key.shape[-1] != dim or value.shape[-1] != dim or query.shape[1] % key.shape[1]:
-        raise ValueError(f"bad shapes: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+        shapes = [tuple(t.shape) for t in (query, key, value)]
+        raise ValueError(f"bad shapes (query, key, value): {shapes}")
     if dim > MAX_HEAD_DIM:
         raise ValueError(f"backend='triton' takes head sizes up to {MAX_HEAD_DIM}, got {dim}")
     if not (query.is_cuda or INTERPRETED):
@@ -128,7 +129,8 @@ def triton_statistics(
             PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
             BLOCK_D=max(16, triton.next_power_of_2(dim)), **config,
         )  # fmt: skip
-    return out.to(value.dtype), _statistics(planes, top, n_top, blocks, (key_mass, n_kb, distance_mass, n_db), out)
+    stats = _statistics(planes, top, n_top, blocks, (key_mass, n_kb, distance_mass, n_db), out)
+    return out.to(value.dtype), stats
 
 
 def _statistics(planes, top, n_top: int, blocks: CallBlocks, bins: tuple, out) -> RowStatistics:

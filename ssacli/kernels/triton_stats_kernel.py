@@ -140,7 +140,8 @@ def row_stats_fwd(
     cnt = tl.full([BLOCK_M], 0.0, tl.float32)
     bad = tl.full([BLOCK_M], 0.0, tl.float32)
     dist = tl.full([BLOCK_M], 0.0, tl.float32)
-    top = tl.where(offs_top[None, :] < N_TOP, float("-inf"), float("inf")) + tl.full([BLOCK_M, TOP_P], 0.0, tl.float32)
+    top = tl.full([BLOCK_M, TOP_P], 0.0, tl.float32)  # its padding columns +inf: never the smallest
+    top += tl.where(offs_top[None, :] < N_TOP, float("-inf"), float("inf"))
     offs_kb = tl.arange(0, KB_P)
     offs_db = tl.arange(0, DB_P)
     kb = tl.full([BLOCK_M, KB_P], 0.0, tl.float32)

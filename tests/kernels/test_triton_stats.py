@@ -15,9 +15,9 @@ what is measured is the kernel's own float32 arithmetic after the logits. Errors
 max |got − want| / max(1, max |want|) over the finite entries (non-finite entries must match). Bounds:
 2e-6 on every statistic (the worst measured is 2.6e-7), and 5e-6 absolute on the entropy
 log l + spread / l derived from them (the worst, 1.3e-6 on a float32 SSA row with large logits, is the
-float32 rounding of the logits themselves: the torch block math misses by the same 1.3e-6 there); the output 1e-5 in float32, 1e-2 in bfloat16 (its weights are rounded to
-bf16 before p·v and the output to bf16, as SDPA does). Shapes are tiny: the interpreter runs each
-program in Python.
+float32 rounding of the logits themselves: the torch block math misses by the same 1.3e-6 there);
+the output 1e-5 in float32, 1e-2 in bfloat16 (its weights are rounded to bf16 before p·v and the
+output to bf16, as SDPA does). Shapes are tiny: the interpreter runs each program in Python.
 
 Skipped where the optional ``triton`` package is missing (``pip install ssacli[gpu]``).
 """
