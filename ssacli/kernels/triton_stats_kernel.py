@@ -34,21 +34,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import _max, _operand, _total, _visible
+from .triton_kernels import max_combine, min_combine, operand, total, visible
 
 # Planes of the per-row float32 output S [PLANES, B, H, Q]
 PLANES = ("max", "total", "spread", "first", "target", "target_logit", "logit_sq", "logit_n",
           "distance_sum", "not_finite")  # fmt: skip
 
 
-# triton's own combine function, as triton_kernels' _max: the interpreter reduces with numpy only for
-# those (a combine function of ours fails there when triton was imported before TRITON_INTERPRET).
-_min = tl.standard._elementwise_min
-
-
 @triton.jit
 def _low(x):
-    return tl.reduce(x, 1, _min)
+    return tl.reduce(x, 1, min_combine)
 
 
 @triton.jit
@@ -82,7 +77,7 @@ def _top_update(top, t, cols, offs_top, N_TOP: tl.constexpr):
     """The running top-k tile ``top`` [M, TOP_P] after the key tile t [M, N] (−inf at hidden keys)."""
     cand = t
     for _ in tl.static_range(N_TOP):
-        v = tl.reduce(cand, 1, _max)
+        v = tl.reduce(cand, 1, max_combine)
         first = _low(tl.where(cand == v[:, None], cols[None, :], 2147483647))
         cand = tl.where(cols[None, :] == first[:, None], float("-inf"), cand)
         low = _low(top)
@@ -118,7 +113,7 @@ def row_stats_fwd(
     d_ok = offs_d < HEAD_DIM
     q = tl.load(Q + bz * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-    q = _operand(q, dtype, UPCAST)
+    q = operand(q, dtype, UPCAST)
     bb = 1.0
     nn = 1.0
     if SSA:
@@ -159,19 +154,19 @@ def row_stats_fwd(
         c_ok = cols < K_LEN
         kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd,
                      mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # fmt: skip
-        prod = tl.dot(q, _operand(kt, dtype, UPCAST), input_precision=PRECISION)
+        prod = tl.dot(q, operand(kt, dtype, UPCAST), input_precision=PRECISION)
         if ROUND:  # the eager logits: a 16-bit matmul, then the scaling in 16 bits
             x = _rounded(_rounded(prod, dtype, UPCAST) * scale, dtype, UPCAST)
         else:
             x = prod * scale
-        ok = _visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK)
+        ok = visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK)
         if HAS_WINDOW:
             ok = ok & (pos[:, None] - cols[None, :] < WINDOW)
         finite = tl.abs(x) < float("inf")  # False for ±inf and NaN
         shown = ok & finite
-        sq += _total(tl.where(shown, x * x, 0.0), 1)
-        cnt += _total(shown.to(tl.float32), 1)
-        bad += _total((ok & (finite == 0)).to(tl.float32), 1)
+        sq += total(tl.where(shown, x * x, 0.0), 1)
+        cnt += total(shown.to(tl.float32), 1)
+        bad += total((ok & (finite == 0)).to(tl.float32), 1)
         if SSA:
             a = bb * tl.abs(x)
             ln1p = tl.where(a < 1e-4, a - 0.5 * a * a, tl.log2(1.0 + a) * 0.6931471805599453)
@@ -180,33 +175,33 @@ def row_stats_fwd(
             t = x
         t = tl.where(ok, t, float("-inf"))
         if start == 0:
-            first = tl.reduce(tl.where(cols[None, :] == 0, t, float("-inf")), 1, _max)
+            first = tl.reduce(tl.where(cols[None, :] == 0, t, float("-inf")), 1, max_combine)
         if HAS_TARGET:
             if (tgt >= start) & (tgt < start + BLOCK_N):
                 at = cols[None, :] == tgt
-                t_tgt = tl.reduce(tl.where(at, t, float("-inf")), 1, _max)
-                seen = tl.reduce(tl.where(at & shown, 1, 0), 1, _max)
-                x_at = _total(tl.where(at & shown, x, 0.0), 1)
+                t_tgt = tl.reduce(tl.where(at, t, float("-inf")), 1, max_combine)
+                seen = tl.reduce(tl.where(at & shown, 1, 0), 1, max_combine)
+                x_at = total(tl.where(at & shown, x, 0.0), 1)
                 x_tgt = tl.where(seen > 0, x_at, float("nan"))
-        tile_max = tl.reduce(t, 1, _max)
+        tile_max = tl.reduce(t, 1, max_combine)
         m_new = tl.maximum(m_i, tile_max)
         ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
         had = m_i > float("-inf")
         alpha = tl.where(had, tl.exp(m_i - ref), 0.0)
         delta = tl.where(had, ref - m_i, 0.0)
         p = tl.exp(t - ref[:, None])
-        spread = alpha * (spread + delta * l_i) + _total(p * tl.where(ok, ref[:, None] - t, 0.0), 1)
-        l_i = alpha * l_i + _total(p, 1)
+        spread = alpha * (spread + delta * l_i) + total(p * tl.where(ok, ref[:, None] - t, 0.0), 1)
+        l_i = alpha * l_i + total(p, 1)
         v = tl.load(v_base + cols[:, None] * svn + offs_d[None, :] * svd,
                     mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
         if UPCAST:  # p rounded to bf16 to nearest, as on a GPU
             p_op = _rounded(p, dtype, UPCAST)
         else:
-            p_op = _operand(p, dtype, UPCAST)
-        acc = acc * alpha[:, None] + tl.dot(p_op, _operand(v, dtype, UPCAST), input_precision=PRECISION)
+            p_op = operand(p, dtype, UPCAST)
+        acc = acc * alpha[:, None] + tl.dot(p_op, operand(v, dtype, UPCAST), input_precision=PRECISION)
         if POSITIONS:
             distance = tl.abs(pos[:, None] - cols[None, :])
-            dist = alpha * dist + _total(p * distance.to(tl.float32), 1)
+            dist = alpha * dist + total(p * distance.to(tl.float32), 1)
             kb = kb * alpha[:, None]
             db = db * alpha[:, None]
             key_bin = tl.where(cols < SINK_K, 0, 1 + (cols - SINK_K) // BIN_WIDTH)
@@ -214,16 +209,16 @@ def row_stats_fwd(
             bin_lo = tl.where(start < SINK_K, 0, 1 + (start - SINK_K) // BIN_WIDTH)
             bin_hi = tl.where(tile_end < SINK_K, 0, 1 + (tile_end - SINK_K) // BIN_WIDTH)
             for b in range(bin_lo, bin_hi + 1):
-                kb = _add_column(kb, b, _total(tl.where(key_bin[None, :] == b, p, 0.0), 1), offs_kb)
+                kb = _add_column(kb, b, total(tl.where(key_bin[None, :] == b, p, 0.0), 1), offs_kb)
             dist_bin = _bit_length(distance)
             first_pos = pid_m * BLOCK_M + offset
             near = tl.maximum(0, tl.maximum(start - last_pos, first_pos - tile_end))
             far = tl.maximum(tl.abs(last_pos - start), tl.abs(tile_end - first_pos))
             for b in range(_bit_length(near), _bit_length(far) + 1):
-                db = _add_column(db, b, _total(tl.where(dist_bin == b, p, 0.0), 1), offs_db)
+                db = _add_column(db, b, total(tl.where(dist_bin == b, p, 0.0), 1), offs_db)
         m_i = m_new
         kth = _low(top)
-        if tl.reduce((tile_max > kth).to(tl.int32), 0, _max) > 0:
+        if tl.reduce((tile_max > kth).to(tl.int32), 0, max_combine) > 0:
             top = _top_update(top, t, cols, offs_top, N_TOP)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row with no visible key gives 0
     tl.store(Out + bz * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
