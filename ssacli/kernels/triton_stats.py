@@ -103,9 +103,9 @@ def triton_statistics(
     out = torch.zeros((batch, heads, q_len, dim), dtype=query.dtype, device=dev)
     planes = torch.empty((len(PLANES), batch, heads, q_len), **f32)
     rows = batch * heads * q_len
-    top = torch.empty((rows, _pow2(n_top)), **f32)
-    key_mass = torch.empty((rows, _pow2(n_kb)) if bins is not None else (1, 1), **f32)
-    distance_mass = torch.empty((rows, _pow2(n_db)) if bins is not None else (1, 1), **f32)
+    top = torch.empty((rows, n_top), **f32)
+    key_mass = torch.empty((rows, n_kb) if bins is not None else (1, 1), **f32)
+    distance_mass = torch.empty((rows, n_db) if bins is not None else (1, 1), **f32)
     mask, mask_strides = query, (0, 0, 0, 0)  # a placeholder, never read
     if blocks.mask is not None:
         mask = blocks.mask.expand(batch, heads, q_len, k_len).view(torch.uint8)
@@ -120,8 +120,8 @@ def triton_statistics(
             _per_head(b, heads, dev), _per_head(n, heads, dev),
             *query.stride(), *key.stride(), *value.stride(), *out.stride(), *mask_strides,
             float(call.scaling), heads, heads // key.shape[1], q_len, k_len, dim,
-            call.window or 0, bins.sink_k if bins else 1, bins.bin_width if bins else 1, rows,
-            N_TOP=n_top, TOP_P=top.shape[1], KB_P=key_mass.shape[1], DB_P=distance_mass.shape[1],
+            call.window or 0, bins.sink_k if bins else 1, bins.bin_width if bins else 1, rows, n_kb, n_db,
+            N_TOP=n_top, TOP_P=_pow2(n_top), KB_P=_pow2(n_kb), DB_P=_pow2(n_db),
             CAUSAL=call.mask is None and call.causal, HAS_WINDOW=call.mask is None and call.causal
             and call.window is not None, HAS_MASK=blocks.mask is not None,
             HAS_TARGET=call.target is not None, SSA=call.ssa is not None, POSITIONS=bins is not None,
@@ -141,7 +141,7 @@ def _statistics(planes, top, n_top: int, blocks: CallBlocks, bins: tuple, out) -
     t_target = None if call.target is None else s["target"]
     stats = RowStatistics(
         max=s["max"], total=s["total"], spread=s["spread"],
-        top=top[:, :n_top].double().reshape(*shape, n_top).sort(-1, descending=True).values,
+        top=top.double().reshape(*shape, n_top).sort(-1, descending=True).values,
         first=s["first"], visible=blocks.count.double(), keys=blocks.k_len, target=t_target,
         target_seen=None if t_target is None else t_target > -math.inf, logit_sq=s["logit_sq"],
         logit_n=s["logit_n"], target_logit=None if t_target is None else s["target_logit"],
@@ -151,8 +151,8 @@ def _statistics(planes, top, n_top: int, blocks: CallBlocks, bins: tuple, out) -
     if call.positions is not None:
         key_mass, n_kb, distance_mass, n_db = bins
         stats.positions = call.positions
-        stats.key_mass = key_mass[:, :n_kb].double().reshape(*shape, n_kb)
-        stats.distance_mass = distance_mass[:, :n_db].double().reshape(*shape, n_db)
+        stats.key_mass = key_mass.double().reshape(*shape, n_kb)
+        stats.distance_mass = distance_mass.double().reshape(*shape, n_db)
         stats.distance_sum = s["distance_sum"]
         stats.key_visible = blocks.key_visible()
     return stats

@@ -91,7 +91,7 @@ def row_stats_fwd(
     Q, K, V, Out, S, Top, KB, DB, Mask, Target, Bp, Np,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
     smb, smh, smm, smn,
-    scale, H, GROUP, Q_LEN, K_LEN, HEAD_DIM, WINDOW, SINK_K, BIN_WIDTH, PLANE,
+    scale, H, GROUP, Q_LEN, K_LEN, HEAD_DIM, WINDOW, SINK_K, BIN_WIDTH, PLANE, N_KB, N_DB,
     N_TOP: tl.constexpr, TOP_P: tl.constexpr, KB_P: tl.constexpr, DB_P: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TARGET: tl.constexpr,
     SSA: tl.constexpr, POSITIONS: tl.constexpr, ROUND: tl.constexpr, UPCAST: tl.constexpr,
@@ -234,7 +234,11 @@ def row_stats_fwd(
     tl.store(S + 7 * PLANE + row, cnt, mask=r_ok)
     tl.store(S + 8 * PLANE + row, dist, mask=r_ok)
     tl.store(S + 9 * PLANE + row, bad, mask=r_ok)
-    tl.store(Top + row[:, None] * TOP_P + offs_top[None, :], top, mask=r_ok[:, None])
+    # [rows, k], [rows, N_KB], [rows, N_DB]: the real columns only, not the padded tiles
+    top_ok = r_ok[:, None] & (offs_top < N_TOP)[None, :]
+    tl.store(Top + row[:, None] * N_TOP + offs_top[None, :], top, mask=top_ok)
     if POSITIONS:
-        tl.store(KB + row[:, None] * KB_P + offs_kb[None, :], kb, mask=r_ok[:, None])
-        tl.store(DB + row[:, None] * DB_P + offs_db[None, :], db, mask=r_ok[:, None])
+        kb_ok = r_ok[:, None] & (offs_kb < N_KB)[None, :]
+        db_ok = r_ok[:, None] & (offs_db < N_DB)[None, :]
+        tl.store(KB + row[:, None] * N_KB + offs_kb[None, :], kb, mask=kb_ok)
+        tl.store(DB + row[:, None] * N_DB + offs_db[None, :], db, mask=db_ok)
