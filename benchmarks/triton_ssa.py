@@ -292,7 +292,7 @@ def finetune(bench: Bench) -> None:
     sizes = SMOLLM2 if not bench.args.quick else TINY_LM
     dtype = torch.bfloat16 if bench.cuda else torch.float32
     head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
-    call = routing.Call(bench.device.type, dtype, length * length, training=True, n_grad=True,
+    call = routing.Call(bench.device.type, dtype, training=True, n_grad=True,
                         head_dim=head_dim, triton=routing.triton_installed())  # fmt: skip
     print(f"\n## finetune: one AdamW step of a random-init SmolLM2-135M-config model "
           f"({sizes['num_hidden_layers']} layers), T={length}, {dtype}; SSA's attention: "

@@ -73,11 +73,13 @@ def logit_statistics(
         sink_k, bin_width = bins
         q_len, k_len = x.shape[-2:]
         pos = [k_len - q_len + i for i in range(q_len)]
-        key_bin = [0 if j < sink_k else 1 + (j - sink_k) // bin_width for j in range(k_len)]
-        dist = torch.tensor([[abs(i - j) for j in range(k_len)] for i in pos], dtype=torch.float64)
-        dist_bin = torch.tensor([[abs(i - j).bit_length() for j in range(k_len)] for i in pos])
+        dev = x.device
+        key_bin = torch.tensor([0 if j < sink_k else 1 + (j - sink_k) // bin_width for j in range(k_len)])
+        gaps = [[abs(i - j) for j in range(k_len)] for i in pos]
+        dist = torch.tensor(gaps, dtype=torch.float64, device=dev)
+        dist_bin = torch.tensor([[gap.bit_length() for gap in row] for row in gaps], device=dev)
         values["key_mass"] = torch.stack(
-            [p[..., torch.tensor(key_bin) == b].sum(-1) for b in range(max(key_bin) + 1)], -1
+            [p[..., (key_bin == b).to(dev)].sum(-1) for b in range(int(key_bin.max()) + 1)], -1
         )
         values["distance_mass"] = torch.stack(
             [(p * (dist_bin == b)).sum(-1) for b in range(max(1, k_len - 1).bit_length() + 1)], -1
