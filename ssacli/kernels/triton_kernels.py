@@ -55,6 +55,36 @@ def total(x, axis: tl.constexpr):
 
 
 @triton.jit
+def program_heads(H, GROUP):
+    """(batch × head index, batch, query head, K/V head) of this program: grid axis 1 runs over
+    batch × query heads; a GQA group of GROUP query heads reads one K/V head."""
+    bh = tl.program_id(1)
+    h = bh % H
+    return bh, (bh // H).to(tl.int64), h, (h // GROUP).to(tl.int64)
+
+
+@triton.jit
+def row_tile(base, rows, offs_d, s_row, s_dim, LENGTH, HEAD_DIM):
+    """[rows, D] of a [LENGTH, HEAD_DIM] matrix (queries, values), 0 past either end."""
+    ok = (rows[:, None] < LENGTH) & (offs_d < HEAD_DIM)[None, :]
+    return tl.load(base + rows[:, None] * s_row + offs_d[None, :] * s_dim, mask=ok, other=0.0)
+
+
+@triton.jit
+def column_tile(base, cols, offs_d, s_col, s_dim, LENGTH, HEAD_DIM):
+    """[D, cols]: the keys of ``cols`` transposed, for q·kᵀ, 0 past either end."""
+    ok = (cols < LENGTH)[None, :] & (offs_d < HEAD_DIM)[:, None]
+    return tl.load(base + cols[None, :] * s_col + offs_d[:, None] * s_dim, mask=ok, other=0.0)
+
+
+@triton.jit
+def store_rows(base, tile, rows, offs_d, s_row, s_dim, LENGTH, HEAD_DIM):
+    """``tile`` [rows, D] into a [LENGTH, HEAD_DIM] matrix in its element type."""
+    ok = (rows[:, None] < LENGTH) & (offs_d < HEAD_DIM)[None, :]
+    tl.store(base + rows[:, None] * s_row + offs_d[None, :] * s_dim, tile.to(base.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _transform(y, nn, SSA: tl.constexpr):
     """(t₂, sgn(y)·log2(1 + |y|)) of a float32 tile; the second is only used by SSA's backward."""
     if SSA:
@@ -97,18 +127,12 @@ def ssa_fwd(
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    bz = (bh // H).to(tl.int64)
-    h = bh % H
-    hk = (h // GROUP).to(tl.int64)
+    bh, bz, h, hk = program_heads(H, GROUP)
     dtype = Q.dtype.element_ty
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    q = tl.load(Q + bz * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=(rows[:, None] < Q_LEN) & d_ok[None, :], other=0.0)  # fmt: skip
-    q = operand(q, dtype, UPCAST)
+    q = operand(row_tile(Q + bz * sqb + h * sqh, rows, offs_d, sqm, sqd, Q_LEN, HEAD_DIM), dtype, UPCAST)
     c = tl.load(Bp + h).to(tl.float32) * scale
     nn = tl.load(Np + h).to(tl.float32)
     k_base = K + bz * skb + hk * skh
@@ -122,9 +146,7 @@ def ssa_fwd(
         hi = tl.minimum(K_LEN, (pid_m + 1) * BLOCK_M + K_LEN - Q_LEN)
     for start in range(0, hi, BLOCK_N):
         cols = start + offs_n
-        c_ok = cols < K_LEN
-        kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd,
-                     mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # fmt: skip
+        kt = column_tile(k_base, cols, offs_d, skn, skd, K_LEN, HEAD_DIM)
         y = tl.dot(q, operand(kt, dtype, UPCAST), input_precision=PRECISION) * c
         t, _ = _transform(y, nn, SSA)
         t = tl.where(visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK), t, float("-inf"))
@@ -133,17 +155,15 @@ def ssa_fwd(
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(t - m_ref[:, None])
         l_i = l_i * alpha + total(p, 1)
-        v = tl.load(v_base + cols[:, None] * svn + offs_d[None, :] * svd,
-                    mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        v = row_tile(v_base, cols, offs_d, svn, svd, K_LEN, HEAD_DIM)
         acc = acc * alpha[:, None] + tl.dot(
             operand(p, dtype, UPCAST), operand(v, dtype, UPCAST), input_precision=PRECISION
         )
         m_i = m_new
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]  # a row with no visible key gives 0
+    store_rows(Out + bz * sob + h * soh, out, rows, offs_d, som, sod, Q_LEN, HEAD_DIM)
     r_ok = rows < Q_LEN
-    tl.store(Out + bz * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
-             out.to(Out.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])  # fmt: skip
     row = LSE + bh.to(tl.int64) * Q_LEN + rows
     tl.store(row, tl.where(empty, 0.0, m_i), mask=r_ok)
     tl.store(row + STATS, tl.log2(tl.where(empty, 1.0, l_i)), mask=r_ok)

@@ -34,7 +34,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import max_combine, min_combine, operand, total, visible
+from .triton_kernels import (
+    column_tile,
+    max_combine,
+    min_combine,
+    operand,
+    program_heads,
+    row_tile,
+    store_rows,
+    total,
+    visible,
+)
 
 # Planes of the per-row float32 output S [PLANES, B, H, Q]
 PLANES = ("max", "total", "spread", "first", "target", "target_logit", "logit_sq", "logit_n",
@@ -98,10 +108,7 @@ def row_stats_fwd(
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    bz = (bh // H).to(tl.int64)
-    h = bh % H
-    hk = (h // GROUP).to(tl.int64)
+    bh, bz, h, hk = program_heads(H, GROUP)
     dtype = Q.dtype.element_ty
     offset = K_LEN - Q_LEN
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -110,10 +117,7 @@ def row_stats_fwd(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_top = tl.arange(0, TOP_P)
-    d_ok = offs_d < HEAD_DIM
-    q = tl.load(Q + bz * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=r_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-    q = operand(q, dtype, UPCAST)
+    q = operand(row_tile(Q + bz * sqb + h * sqh, rows, offs_d, sqm, sqd, Q_LEN, HEAD_DIM), dtype, UPCAST)
     bb = 1.0
     nn = 1.0
     if SSA:
@@ -151,9 +155,7 @@ def row_stats_fwd(
             lo = tl.maximum(0, pid_m * BLOCK_M + offset - WINDOW + 1) // BLOCK_N * BLOCK_N
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n
-        c_ok = cols < K_LEN
-        kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd,
-                     mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # fmt: skip
+        kt = column_tile(k_base, cols, offs_d, skn, skd, K_LEN, HEAD_DIM)
         prod = tl.dot(q, operand(kt, dtype, UPCAST), input_precision=PRECISION)
         if ROUND:  # the eager logits: a 16-bit matmul, then the scaling in 16 bits
             x = _rounded(_rounded(prod, dtype, UPCAST) * scale, dtype, UPCAST)
@@ -192,8 +194,7 @@ def row_stats_fwd(
         p = tl.exp(t - ref[:, None])
         spread = alpha * (spread + delta * l_i) + total(p * tl.where(ok, ref[:, None] - t, 0.0), 1)
         l_i = alpha * l_i + total(p, 1)
-        v = tl.load(v_base + cols[:, None] * svn + offs_d[None, :] * svd,
-                    mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        v = row_tile(v_base, cols, offs_d, svn, svd, K_LEN, HEAD_DIM)
         if UPCAST:  # p rounded to bf16 to nearest, as on a GPU
             p_op = _rounded(p, dtype, UPCAST)
         else:
@@ -221,8 +222,7 @@ def row_stats_fwd(
         if tl.reduce((tile_max > kth).to(tl.int32), 0, max_combine) > 0:
             top = _top_update(top, t, cols, offs_top, N_TOP)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # a row with no visible key gives 0
-    tl.store(Out + bz * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
-             out.to(Out.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])  # fmt: skip
+    store_rows(Out + bz * sob + h * soh, out, rows, offs_d, som, sod, Q_LEN, HEAD_DIM)
     row = bh.to(tl.int64) * Q_LEN + rows
     tl.store(S + row, m_i, mask=r_ok)  # in the order of PLANES
     tl.store(S + PLANE + row, l_i, mask=r_ok)
