@@ -30,10 +30,8 @@ two device synchronizations, milliseconds.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -43,7 +41,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the float64 reference
-from triton_ssa import Bench, attention_inputs, fmt, ratio, reference  # noqa: E402
+from triton_ssa import Bench, arguments, attention_inputs, fmt, ratio, reference, run_sections  # noqa: E402
 
 STATS_GOAL, MEMORY_GOAL = 1.5, 2.0
 STATS_BOUND = 1e-5  # normalized error of every statistic (the interpreter's worst is 2.6e-7)
@@ -287,36 +285,9 @@ SECTIONS = ("parity", "time")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"of {', '.join(SECTIONS)}")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (the CPU dry run)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--budget", type=float, default=math.inf, help="seconds; later rows are skipped")
-    args = parser.parse_args()
-    sections = args.sections.split(",")
-    if unknown := set(sections) - set(SECTIONS):
-        parser.error(f"unknown sections {sorted(unknown)}")
-    if args.device == "cpu":  # before the kernels are imported: triton.jit reads it when a kernel is defined
-        os.environ["TRITON_INTERPRET"] = "1"
-    elif not torch.cuda.is_available():
-        sys.exit("no CUDA device: this benchmark is for a GPU (--device cpu: the Triton interpreter)")
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        sys.exit("triton is not installed (pip install 'ssacli[gpu]')")
+    args, sections = arguments(__doc__, SECTIONS)
     bench = Bench(args)
-    failed = 0
-    for section in sections:
-        began = time.monotonic()
-        if section == "parity":
-            failed += parity(bench)
-        else:
-            time_section(bench)
-        print(f"[{section}: {time.monotonic() - began:.0f} s]", flush=True)
-    print(f"\n{'parity FAILED' if failed else 'done'}")
-    return 1 if failed else 0
+    return run_sections(sections, {"parity": lambda: parity(bench), "time": lambda: time_section(bench)})
 
 
 if __name__ == "__main__":

@@ -115,12 +115,9 @@ def test_the_statistics_facts_name_what_the_triton_kernel_lacks():
         assert triton_lacks(StatisticsCall(scaling=1.0, **part), q) == reason
 
 
-def test_statistics_calls_hand_choose_backend_their_facts(monkeypatch):
-    """softmax_statistics asks choose_backend with the call's facts: the head size, the window, and
-    on the CPU no Triton (whatever is installed), so a CPU call never reads the kernel's facts."""
-    from ssacli.kernels import online_stats
-    from ssacli.kernels.stats_call import StatisticsCall
-
+@pytest.fixture
+def asked(monkeypatch) -> list[Call]:
+    """The Calls handed to choose_backend from here on (each answered "torch-blocks")."""
     seen: list[Call] = []
 
     def spy(call: Call) -> str:
@@ -129,9 +126,18 @@ def test_statistics_calls_hand_choose_backend_their_facts(monkeypatch):
 
     monkeypatch.delenv(routing.ENVIRONMENT, raising=False)
     monkeypatch.setattr(routing, "choose_backend", spy)
+    return seen
+
+
+def test_statistics_calls_hand_choose_backend_their_facts(asked):
+    """softmax_statistics asks choose_backend with the call's facts: the head size, the window, and
+    on the CPU no Triton (whatever is installed), so a CPU call never reads the kernel's facts."""
+    from ssacli.kernels import online_stats
+    from ssacli.kernels.stats_call import StatisticsCall
+
     q = torch.randn(1, 2, 5, 8)
     online_stats.softmax_statistics(q, q, q, StatisticsCall(scaling=0.5, causal=True, window=3))
-    (call,) = seen
+    (call,) = asked
     assert (call.kind, call.device, call.head_dim, call.window) == ("statistics", "cpu", 8, True)
     assert not call.triton and not call.triton_stats
 
@@ -215,27 +221,20 @@ def test_ssacli_backend_is_read_where_the_caller_says_auto(monkeypatch):
         routing.requested("auto")
 
 
-def test_ssa_attention_routes_a_learned_n(monkeypatch):
+def test_ssa_attention_routes_a_learned_n(asked):
     """ssa_attention(backend="auto") hands choose_backend the call's facts: n_grad follows n's
     requires_grad under grad mode, and the device, dtype and head size are the query's."""
-    seen: list[Call] = []
-
-    def spy(call: Call) -> str:
-        seen.append(call)
-        return "torch-blocks"
-
-    monkeypatch.delenv(routing.ENVIRONMENT, raising=False)
-    monkeypatch.setattr(routing, "choose_backend", spy)
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
     n = torch.tensor(1.5, requires_grad=True)
     fused.ssa_attention(q, q, q, 0.8, n, causal=True)
     fused.ssa_attention(q, q, q, 0.8, 1.5, causal=True)
     with torch.no_grad():
         fused.ssa_attention(q, q, q, 0.8, n, causal=True)
-    assert [c.n_grad for c in seen] == [True, False, False]
-    assert [c.training for c in seen] == [True, True, False]
-    assert {(c.device, c.dtype, c.head_dim, c.kind) for c in seen} == {("cpu", torch.float32, 8, "attention")}
-    assert all(c.triton == routing.triton_installed() and c.backend == "auto" for c in seen)
+    assert [c.n_grad for c in asked] == [True, False, False]
+    assert [c.training for c in asked] == [True, True, False]
+    facts = {(c.device, c.dtype, c.head_dim, c.kind) for c in asked}
+    assert facts == {("cpu", torch.float32, 8, "attention")}
+    assert all(c.triton == routing.triton_installed() and c.backend == "auto" for c in asked)
 
 
 def test_ssacli_backend_moves_ssa_attention_and_statistics(monkeypatch):
