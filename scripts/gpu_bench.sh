@@ -38,14 +38,14 @@
 #
 # Environment: $PYTHON (default .venv/bin/python if present, else python3) with ssacli's dependencies
 # and a CUDA build of torch; ssacli is imported from this checkout. STEP_TIMEOUT (a factor) scales
-# every step's limit (default 1; DRY_RUN: 6, for the interpreter on a CPU); TOTAL (seconds) caps them
-# all together (default 480; DRY_RUN: 3600); LOG the log file (default
+# every step's limit (default 1; DRY_RUN: 12, for the interpreter on a shared CPU); TOTAL (seconds)
+# caps them all together (default 480; DRY_RUN: 3600); LOG the log file (default
 # docs/results/gpu/gpu_bench-<UTC time>.log, DRY_RUN: docs/results/gpu/cpu-dry-run.log; "-": none).
 set -uo pipefail
 
 DRY_RUN=${DRY_RUN:-}
 if [[ -n "$DRY_RUN" ]]; then
-    DEVICE=cpu QUICK=1 SCALE=${STEP_TIMEOUT:-6} TOTAL=${TOTAL:-3600}
+    DEVICE=cpu QUICK=1 SCALE=${STEP_TIMEOUT:-12} TOTAL=${TOTAL:-3600}
     LOG=${LOG:-docs/results/gpu/cpu-dry-run.log}
 else
     DEVICE=${DEVICE:-cuda} QUICK=${QUICK:-} SCALE=${STEP_TIMEOUT:-1} TOTAL=${TOTAL:-480}
