@@ -121,14 +121,15 @@ if [[ -n "$QUICK" ]]; then
     triton+=(--quick --repeats 1 --warmup 0)
     stats+=(--quick --repeats 1 --warmup 0)
 fi
+scaled() { awk -v a="$1" -v b="$SCALE" 'BEGIN { printf "%d", a * b }'; }  # an in-step budget
 step smoke "${triton[@]}" --sections smoke
-step stats-parity "${stats[@]}" --sections parity --budget 40
-step stats-time "${stats[@]}" --sections time --budget 60
-step core "${triton[@]}" --sections core --budget 135
-step finetune "${triton[@]}" --sections finetune --budget 60
+step stats-parity "${stats[@]}" --sections parity --budget "$(scaled 40)"
+step stats-time "${stats[@]}" --sections time --budget "$(scaled 60)"
+step core "${triton[@]}" --sections core --budget "$(scaled 135)"
+step finetune "${triton[@]}" --sections finetune --budget "$(scaled 60)"
 step stats "$PYTHON" benchmarks/gpu_stats.py --device "$DEVICE" --sections time,exact \
     "${lengths[@]}" --repeats 2 "${quick[@]}"
-step rest "${triton[@]}" --sections flex,non-causal,sweep --budget 150
+step rest "${triton[@]}" --sections flex,non-causal,sweep --budget "$(scaled 150)"
 step stats-long "$PYTHON" benchmarks/gpu_stats.py --device "$DEVICE" --sections long \
     "${long[@]}" "${slice[@]}" "${quick[@]}"
 step length-1b "$PYTHON" benchmarks/long_context.py --device "$DEVICE" --budget-gb 24 \
