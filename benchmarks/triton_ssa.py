@@ -292,7 +292,7 @@ def finetune(bench: Bench) -> None:
     sizes = SMOLLM2 if not bench.args.quick else TINY_LM
     dtype = torch.bfloat16 if bench.cuda else torch.float32
     head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
-    call = routing.Call(bench.device.type, dtype, length * length, training=True, n_grad=True,
+    call = routing.Call(bench.device.type, dtype, training=True, n_grad=True,
                         head_dim=head_dim, triton=routing.triton_installed())  # fmt: skip
     print(f"\n## finetune: one AdamW step of a random-init SmolLM2-135M-config model "
           f"({sizes['num_hidden_layers']} layers), T={length}, {dtype}; SSA's attention: "
@@ -361,13 +361,27 @@ def sweep(bench: Bench, ssa_attention) -> None:
 SECTIONS = ("smoke", "core", "flex", "finetune", "non-causal", "sweep")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def prepare_device(device: str) -> None:
+    """Exit with one line where the device or triton is missing; on the CPU set TRITON_INTERPRET before
+    any kernel is imported (triton.jit reads it when a kernel is defined)."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif not torch.cuda.is_available():
+        sys.exit("no CUDA device: this benchmark is for a GPU (--device cpu: under the Triton interpreter)")
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        sys.exit("triton is not installed (pip install 'ssacli[gpu]')")
+
+
+def arguments(doc: str, known: tuple[str, ...]) -> tuple[argparse.Namespace, list[str]]:
+    """(the options, the sections asked) of a GPU benchmark's command line, the device prepared
+    (prepare_device): --device, --sections (comma-separated, run in the order given), --quick,
+    --repeats, --warmup, --budget."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument(
-        "--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}"
-    )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (the CPU smoke run of the suite)")
+    parser.add_argument("--sections", default=",".join(known), help=f"comma-separated, of {', '.join(known)}")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (the CPU dry run)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument(
@@ -375,37 +389,34 @@ def main() -> int:
     )
     args = parser.parse_args()
     sections = args.sections.split(",")
-    if unknown := set(sections) - set(SECTIONS):
+    if unknown := set(sections) - set(known):
         parser.error(f"unknown sections {sorted(unknown)}")
-    if args.device == "cpu":  # before the kernels are imported: triton.jit reads it when a kernel is defined
-        os.environ["TRITON_INTERPRET"] = "1"
-    elif not torch.cuda.is_available():
-        sys.exit(
-            "no CUDA device: this benchmark is for a GPU (--device cpu runs it under the Triton interpreter)"
-        )
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        sys.exit("triton is not installed (pip install 'ssacli[gpu]')")
-    from ssacli.kernels.fused import ssa_attention
+    prepare_device(args.device)
+    return args, sections
 
-    bench = Bench(args)
+
+def run_sections(sections: list[str], runners: dict) -> int:
+    """Each section's runner in the order asked, its time printed after it; the failures counted (a
+    runner returns how many of its checks failed, or None)."""
     failed = 0
     for section in sections:
         began = time.monotonic()
-        if section == "smoke":
-            failed += smoke(bench, ssa_attention)
-        elif section in ("core", "non-causal"):
-            grid(bench, section == "core", ssa_attention)
-        elif section == "flex":
-            flex(bench, ssa_attention)
-        elif section == "finetune":
-            finetune(bench)
-        else:
-            sweep(bench, ssa_attention)
+        failed += runners[section]() or 0
         print(f"[{section}: {time.monotonic() - began:.0f} s]", flush=True)
-    print(f"\n{'smoke parity FAILED' if failed else 'done'}")
+    print(f"\n{f'{failed} check(s) FAILED' if failed else 'done'}")
     return 1 if failed else 0
+
+
+def main() -> int:
+    args, sections = arguments(__doc__, SECTIONS)
+    from ssacli.kernels.fused import ssa_attention
+
+    bench = Bench(args)
+    return run_sections(sections, {
+        "smoke": lambda: smoke(bench, ssa_attention), "core": lambda: grid(bench, True, ssa_attention),
+        "non-causal": lambda: grid(bench, False, ssa_attention), "flex": lambda: flex(bench, ssa_attention),
+        "finetune": lambda: finetune(bench), "sweep": lambda: sweep(bench, ssa_attention),
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

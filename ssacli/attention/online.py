@@ -20,7 +20,7 @@ from ..kernels import routing
 from ..kernels.online_stats import STATS_BLOCK_KEYS, softmax_statistics
 from ..kernels.stats_call import StatisticsCall
 from ..scorers import Scorer
-from ..scorers.softmax_family import Softmax
+from ..scorers.softmax_family import SSA, Softmax
 from .masks import causal_when_unmasked
 
 STATS_MODES = routing.MODEL_BACKENDS  # --stats: the values of every model-wide backend option
@@ -86,6 +86,8 @@ def online_observed_attention(
         probe=probe if observer.changes_logits(module) else None,
         transform=None if type(scorer).transformed_logits is Softmax.transformed_logits
         else scorer.transformed_logits,
+        # SSA's transform as data too, for the kernels that compute it themselves (Triton on CUDA)
+        ssa=(scorer.b, scorer.n) if type(scorer).transformed_logits is SSA.transformed_logits else None,
         sink=sink, keyless=keyless, target=target, top_k=int(observer.top_k), positions=observer.positions,
     )  # fmt: skip
     out, stats = softmax_statistics(

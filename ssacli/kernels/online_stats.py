@@ -23,8 +23,10 @@ softmax over a causal band or every key (:attr:`StatisticsCall.plain`) in float3
 native loop (``"one-loop"``: logits, statistics and p·v per cached tile); other float32 CPU calls the
 block loop with the native row pass for a block's elementwise work (``"native-blocks"``: the
 logit-scale sums before the transform; after it the max, e^(t − m), the total, the spread and the
-top-k, two passes per row in C); the rest (float64, CUDA, nothing built) the block loop with the same
-work as torch ops (``"torch-blocks"``). All three compute the same statistics.
+top-k, two passes per row in C); CUDA calls of plain softmax or SSA with nothing else on the logits
+one Triton kernel (``"triton"``, ssacli.kernels.triton_stats: every running sum in one
+FlashAttention-2 pass, float32); the rest (float64, the other CUDA calls, nothing built) the block
+loop with the same work as torch ops (``"torch-blocks"``). All four compute the same statistics.
 What a call is — its mask, the logits' form, the probe, the transform, the keyless terms — comes in as
 one :class:`~ssacli.kernels.stats_call.StatisticsCall` (ssacli.attention.online builds it), and what
 comes out is the :class:`~ssacli.kernels.row_stats.RowStatistics` every path of diagnose produces.
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 from . import native, native_blocks, routing
 from .positions import PositionBins, block_terms
 from .row_stats import RowStatistics
-from .stats_call import CallBlocks, StatisticsCall
+from .stats_call import CallBlocks, StatisticsCall, triton_lacks
 
 # Key columns per block: with the default 256 query rows, one [b, h, 256, 1024] fp32 tile per
 # temporary (8 MB on an 8-head model, whatever the sequence length).
@@ -204,12 +206,17 @@ def softmax_statistics(
     "auto" reads SSACLI_BACKEND first): ssacli.kernels.routing.choose_backend picks the one native loop
     for plain calls (:attr:`StatisticsCall.plain`) in float32 on the CPU where it is built and torch's
     sgemm found (at most FLASH_BLOCK_ROWS rows a task), the native row pass per block for other
-    float32 CPU calls, the torch block math for the rest; or "one-loop", "native-blocks",
-    "torch-blocks" force one (a ValueError where it cannot run here)."""
+    float32 CPU calls, the Triton kernel for the CUDA calls it computes whole, the torch block math for
+    the rest; or "one-loop", "native-blocks", "torch-blocks", "triton" force one (a ValueError where it
+    cannot run here; "triton" on CPU tensors only under TRITON_INTERPRET=1)."""
     compute = torch.promote_types(value.dtype, torch.float32)  # the eager scorer's dtype
     path = routing.choose_backend(statistics_facts(query, value, call, backend))
     if path == "eager":
         raise ValueError("softmax_statistics runs the fused paths; the eager statistics are the observer's")
+    if path == "triton":  # imported here: importing triton costs ~1 s, and only CUDA calls need it
+        from .triton_stats import triton_statistics
+
+        return triton_statistics(query, key, value, call)
     if path == "one-loop":
         blocks = CallBlocks(call, query, key, compute)  # the loop reads grouped K/V heads itself
         return _one_loop(blocks, value, min(max(1, block_rows), FLASH_BLOCK_ROWS), max(1, block_keys))
@@ -305,9 +312,13 @@ def statistics_facts(
     here = native.kernels_here() if may_be_native and routing.native_fits(value.device.type, compute) else ""
     # the one loop reads float32 queries as they are
     single = call.plain and query.dtype == torch.float32
+    # the Triton kernel: looked at (a float mask read once) only where it may run the call
+    triton = value.device.type == "cuda" and backend in ("auto", "fused") and routing.triton_installed()
     return routing.Call(
-        value.device.type, compute, kind="statistics", backend=backend, mask=not single, native=here
-    )
+        value.device.type, compute, kind="statistics", backend=backend, window=call.window is not None,
+        head_dim=query.shape[-1], triton=triton, mask=not single, native=here,
+        triton_stats=triton and triton_lacks(call, query) is None,
+    )  # fmt: skip
 
 
 def _position_statistics(stats: RowStatistics, blocks: CallBlocks, terms: dict) -> None:

@@ -4,8 +4,9 @@ from the plain facts of one call (:class:`Call`), so that a CUDA decision is tes
 Two paths per device, for SSA attention (ssacli.kernels.fused.ssa_attention) and for diagnose's fused
 statistics (ssacli.kernels.online_stats.softmax_statistics): the eager reference (the scorer's own
 forward over the full weights, in ssacli.attention) and one fast path, the native C kernels on the
-CPU (ssacli.kernels.native) and Triton on CUDA (ssacli.kernels.triton_ssa); the torch block math
-only where neither can run. flex_attention stays on CUDA until a GPU run measures it against Triton.
+CPU (ssacli.kernels.native) and Triton on CUDA (ssacli.kernels.triton_ssa for SSA attention,
+ssacli.kernels.triton_stats for the statistics); the torch block math only where neither can run.
+flex_attention stays on CUDA until a GPU run measures it against Triton.
 docs/performance.md "Which path runs where" lists every path with the benchmark row that keeps it.
 
 The paths (:data:`PATHS`):
@@ -16,9 +17,11 @@ The paths (:data:`PATHS`):
   torch's sgemm, or as the block math between torch's matmuls where the one loop cannot serve the
   call (a mask tensor, dropout, a probe or transform of diagnose's, no usable sgemm);
 * ``"torch-blocks"``: the block loop with the torch block math, where nothing native or Triton runs
-  (float64, no C compiler, the CUDA calls Triton does not take);
+  (float64, no C compiler, the CUDA calls Triton does not take: for the statistics a probe on the
+  logits, a softcap, a position bias, a learned sink or keyless term, a transform other than SSA's);
 * ``"flex"``: torch's flex_attention with an SSA ``score_mod`` (CUDA, SSA attention only);
-* ``"triton"``: ssacli's Triton kernels (CUDA, SSA attention only).
+* ``"triton"``: ssacli's Triton kernels (CUDA): SSA attention, and diagnose's statistics of plain
+  softmax or SSA calls (one kernel carrying every running sum).
 
 The one override is ``backend=`` (:data:`BACKENDS`), given to a kernel call, to a model's attention
 (``ssacli.attention_backend``, ``--attention``, ``--stats``) or, where a caller says ``"auto"``, by the
@@ -72,6 +75,9 @@ class Call:
     # what native kernels are built here (ssacli.kernels.native.kernels_here()): "one-loop" (and the
     # block pass), "blocks" (the block pass only: no usable sgemm) or "" (none)
     native: str = ""
+    # statistics: the Triton statistics kernel computes every term of the call
+    # (ssacli.kernels.stats_call.triton_lacks finds nothing)
+    triton_stats: bool = False
 
 
 def requested(backend: str) -> str:
@@ -98,6 +104,14 @@ def triton_fits(call: Call) -> bool:
     return call.triton and supported and not call.window and call.dropout == 0.0 and call.head_dim <= 128
 
 
+def triton_stats_fits(call: Call) -> bool:
+    """Whether the Triton statistics kernel takes this statistics call: triton there, every term one
+    it computes, float16/bfloat16/float32 math and the head sizes it is laid out for (D ≤ 128, as the
+    attention kernels); windows and masks it takes."""
+    supported = call.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    return call.triton and call.triton_stats and supported and call.head_dim <= 128
+
+
 def native_fits(device: str, dtype: torch.dtype) -> bool:
     """Whether the native kernels compute a call of this device and dtype: CPU, float32 math (float16
     and bfloat16 inputs are computed in float32 too)."""
@@ -122,8 +136,8 @@ def choose_backend(call: Call) -> str:
     if call.backend == "eager" or call.scope == "model":
         return "eager" if call.backend == "eager" else "fused"
     native = call.native if native_fits(call.device, call.dtype) else ""
-    if call.backend in ("flex", "triton") and call.kind == "statistics":
-        raise ValueError(f"backend={call.backend!r} runs SSA attention, not diagnose's statistics")
+    if call.backend == "flex" and call.kind == "statistics":
+        raise ValueError("backend='flex' runs SSA attention, not diagnose's statistics")
     if call.backend in ("torch-blocks", "flex", "triton"):
         # forced (tests, benchmarks), and they check their own limits; nothing else is looked up, so a
         # forced call traces under torch.compile(fullgraph=True)
@@ -141,6 +155,8 @@ def choose_backend(call: Call) -> str:
         if not call.n_grad:
             return "flex"  # n fixed or inference: flex's backward pays no atomics for n
         return "triton" if triton_fits(call) else "torch-blocks"  # flex adds n's gradient per score
+    if call.device == "cuda" and call.kind == "statistics":
+        return "triton" if triton_stats_fits(call) else "torch-blocks"
     if native == "one-loop" and not call.mask and call.dropout == 0.0:
         return "one-loop"
     return "native-blocks" if native else "torch-blocks"
@@ -148,5 +164,5 @@ def choose_backend(call: Call) -> str:
 
 __all__ = [
     "BACKENDS", "Call", "ENVIRONMENT", "MODEL_BACKENDS", "PATHS", "choose_backend", "native_fits",
-    "requested", "triton_fits", "triton_installed",
+    "requested", "triton_fits", "triton_installed", "triton_stats_fits",
 ]  # fmt: skip

@@ -37,6 +37,9 @@ class StatisticsCall:
     # (x with hidden keys 0, each row's key count [.., rows, 1]) -> t; None: t = x. The count includes
     # the learned sink's column, which the transform sees as a key.
     transform: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # SSA's (b, n), each [h] or [1], where ``transform`` is SSA's t = n·sgn(x)·log1p(b|x|): the Triton
+    # kernel computes that transform itself from them (it cannot call ``transform``). None: not SSA.
+    ssa: tuple[torch.Tensor, torch.Tensor] | None = None
     sink: torch.Tensor | None = None  # the learned sink's logits, broadcastable to [b, h, q, 1]
     keyless: torch.Tensor | None = None  # t of a scorer's keyless term (sink scorer, softmax1) [1, h, 1]
     target: torch.Tensor | None = None  # [b] a key index per sample: t and x there are tracked
@@ -48,6 +51,28 @@ class StatisticsCall:
         """Softmax of x itself over a causal band or every key: the one-loop native kernel's case."""
         parts = (self.mask, self.softcap, self.position_bias, self.probe, self.transform)
         return all(part is None for part in (*parts, self.sink, self.keyless))
+
+
+def triton_lacks(call: StatisticsCall, query: torch.Tensor) -> str | None:
+    """What of ``call`` the Triton statistics kernel (ssacli.kernels.triton_stats) does not compute,
+    or None where it computes the whole call: it forms x = scaling·q·kᵀ, takes t = x or SSA's
+    transform (:attr:`StatisticsCall.ssa`), and sees a causal band, a window and a boolean mask (a
+    float mask whose visible entries are all 0 is one; this reads the mask once)."""
+    parts = {"a softcap": call.softcap, "a position bias": call.position_bias, "a probe on the logits":
+             call.probe, "a learned sink": call.sink, "a keyless term": call.keyless}  # fmt: skip
+    for what, part in parts.items():
+        if part is not None:
+            return what
+    if call.transform is not None and call.ssa is None:
+        return "a transform other than SSA's"
+    if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"{query.dtype} inputs"
+    mask = call.mask
+    if mask is not None and mask.dtype != torch.bool:
+        hidden = mask <= torch.finfo(mask.dtype).min / 2
+        if bool(torch.where(hidden, 0, mask).any()):
+            return "a float mask that adds a bias"
+    return None
 
 
 class CallBlocks:
@@ -162,4 +187,4 @@ class CallBlocks:
         return sink_t, extra
 
 
-__all__ = ["CallBlocks", "StatisticsCall"]
+__all__ = ["CallBlocks", "StatisticsCall", "triton_lacks"]

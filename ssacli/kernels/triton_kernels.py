@@ -42,14 +42,46 @@ import triton.language as tl
 # reduce with the same ones): those are @triton.jit functions of triton itself, built as compiled or
 # interpreted once, when triton is first imported, so a process that imported triton before setting
 # TRITON_INTERPRET (torch._dynamo imports it) could not interpret them; tl.reduce is a builtin, and
-# the interpreter recognizes these two combine functions and reduces with numpy.
-_add = tl.standard._sum_combine
-_max = tl.standard._elementwise_max
+# the interpreter recognizes these combine functions and reduces with numpy. (tl.zeros is such a
+# function too: the kernels use tl.full.)
+add_combine = tl.standard._sum_combine
+max_combine = tl.standard._elementwise_max
+min_combine = tl.standard._elementwise_min
 
 
 @triton.jit
-def _total(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, _add)
+def total(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, add_combine)
+
+
+@triton.jit
+def program_heads(H, GROUP):
+    """(batch × head index, batch, query head, K/V head) of this program: grid axis 1 runs over
+    batch × query heads; a GQA group of GROUP query heads reads one K/V head."""
+    bh = tl.program_id(1)
+    h = bh % H
+    return bh, (bh // H).to(tl.int64), h, (h // GROUP).to(tl.int64)
+
+
+@triton.jit
+def row_tile(base, rows, offs_d, s_row, s_dim, LENGTH, HEAD_DIM):
+    """[rows, D] of a [LENGTH, HEAD_DIM] matrix (queries, values), 0 past either end."""
+    ok = (rows[:, None] < LENGTH) & (offs_d < HEAD_DIM)[None, :]
+    return tl.load(base + rows[:, None] * s_row + offs_d[None, :] * s_dim, mask=ok, other=0.0)
+
+
+@triton.jit
+def column_tile(base, cols, offs_d, s_col, s_dim, LENGTH, HEAD_DIM):
+    """[D, cols]: the keys of ``cols`` transposed, for q·kᵀ, 0 past either end."""
+    ok = (cols < LENGTH)[None, :] & (offs_d < HEAD_DIM)[:, None]
+    return tl.load(base + cols[None, :] * s_col + offs_d[:, None] * s_dim, mask=ok, other=0.0)
+
+
+@triton.jit
+def store_rows(base, tile, rows, offs_d, s_row, s_dim, LENGTH, HEAD_DIM):
+    """``tile`` [rows, D] into a [LENGTH, HEAD_DIM] matrix in its element type."""
+    ok = (rows[:, None] < LENGTH) & (offs_d < HEAD_DIM)[None, :]
+    tl.store(base + rows[:, None] * s_row + offs_d[None, :] * s_dim, tile.to(base.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -65,7 +97,7 @@ def _transform(y, nn, SSA: tl.constexpr):
 
 
 @triton.jit
-def _visible(rows, cols, Q_LEN, K_LEN, mask_ptr, smm, smn, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
+def visible(rows, cols, Q_LEN, K_LEN, mask_ptr, smm, smn, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
     """[M, N] bool: in range, causal (bottom-right) and the mask tensor."""
     ok = (rows[:, None] < Q_LEN) & (cols[None, :] < K_LEN)
     if CAUSAL:
@@ -77,7 +109,7 @@ def _visible(rows, cols, Q_LEN, K_LEN, mask_ptr, smm, smn, CAUSAL: tl.constexpr,
 
 
 @triton.jit
-def _operand(x, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+def operand(x, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
     """A tile as a tl.dot operand: rounded to the input dtype, then float32 under UPCAST."""
     x = x.to(DTYPE)
     if UPCAST:
@@ -95,18 +127,12 @@ def ssa_fwd(
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    bz = (bh // H).to(tl.int64)
-    h = bh % H
-    hk = (h // GROUP).to(tl.int64)
+    bh, bz, h, hk = program_heads(H, GROUP)
     dtype = Q.dtype.element_ty
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    q = tl.load(Q + bz * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=(rows[:, None] < Q_LEN) & d_ok[None, :], other=0.0)  # fmt: skip
-    q = _operand(q, dtype, UPCAST)
+    q = operand(row_tile(Q + bz * sqb + h * sqh, rows, offs_d, sqm, sqd, Q_LEN, HEAD_DIM), dtype, UPCAST)
     c = tl.load(Bp + h).to(tl.float32) * scale
     nn = tl.load(Np + h).to(tl.float32)
     k_base = K + bz * skb + hk * skh
@@ -120,28 +146,24 @@ def ssa_fwd(
         hi = tl.minimum(K_LEN, (pid_m + 1) * BLOCK_M + K_LEN - Q_LEN)
     for start in range(0, hi, BLOCK_N):
         cols = start + offs_n
-        c_ok = cols < K_LEN
-        kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd,
-                     mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # fmt: skip
-        y = tl.dot(q, _operand(kt, dtype, UPCAST), input_precision=PRECISION) * c
+        kt = column_tile(k_base, cols, offs_d, skn, skd, K_LEN, HEAD_DIM)
+        y = tl.dot(q, operand(kt, dtype, UPCAST), input_precision=PRECISION) * c
         t, _ = _transform(y, nn, SSA)
-        t = tl.where(_visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK), t, float("-inf"))
-        m_new = tl.maximum(m_i, tl.reduce(t, 1, _max))
+        t = tl.where(visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK), t, float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(t, 1, max_combine))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(t - m_ref[:, None])
-        l_i = l_i * alpha + _total(p, 1)
-        v = tl.load(v_base + cols[:, None] * svn + offs_d[None, :] * svd,
-                    mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        l_i = l_i * alpha + total(p, 1)
+        v = row_tile(v_base, cols, offs_d, svn, svd, K_LEN, HEAD_DIM)
         acc = acc * alpha[:, None] + tl.dot(
-            _operand(p, dtype, UPCAST), _operand(v, dtype, UPCAST), input_precision=PRECISION
+            operand(p, dtype, UPCAST), operand(v, dtype, UPCAST), input_precision=PRECISION
         )
         m_i = m_new
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]  # a row with no visible key gives 0
+    store_rows(Out + bz * sob + h * soh, out, rows, offs_d, som, sod, Q_LEN, HEAD_DIM)
     r_ok = rows < Q_LEN
-    tl.store(Out + bz * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
-             out.to(Out.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])  # fmt: skip
     row = LSE + bh.to(tl.int64) * Q_LEN + rows
     tl.store(row, tl.where(empty, 0.0, m_i), mask=r_ok)
     tl.store(row + STATS, tl.log2(tl.where(empty, 1.0, l_i)), mask=r_ok)
@@ -186,8 +208,8 @@ def ssa_bwd_dkdv(
     # K and V transposed ([D, N]) for q·kᵀ and dO·vᵀ; the same tiles serve pᵀ·dO and dsᵀ·q via tl.trans.
     kt = tl.load(K + bz * skb + hk * skh + cols[None, :] * skn + offs_d[:, None] * skd, mask=kv_ok, other=0.0)
     vt = tl.load(V + bz * svb + hk * svh + cols[None, :] * svn + offs_d[:, None] * svd, mask=kv_ok, other=0.0)
-    kt = _operand(kt, dtype, UPCAST)
-    vt = _operand(vt, dtype, UPCAST)
+    kt = operand(kt, dtype, UPCAST)
+    vt = operand(vt, dtype, UPCAST)
     c = tl.load(Bp + h).to(tl.float32) * scale
     nn = tl.load(Np + h).to(tl.float32)
     q_base = Q + bz * sqb + h * sqh
@@ -206,21 +228,21 @@ def ssa_bwd_dkdv(
         qd_ok = r_ok[:, None] & d_ok[None, :]
         q = tl.load(q_base + rows[:, None] * sqm + offs_d[None, :] * sqd, mask=qd_ok, other=0.0)
         do = tl.load(do_base + rows[:, None] * sdm + offs_d[None, :] * sdd, mask=qd_ok, other=0.0)
-        q = _operand(q, dtype, UPCAST)
-        do = _operand(do, dtype, UPCAST)
+        q = operand(q, dtype, UPCAST)
+        do = operand(do, dtype, UPCAST)
         m = tl.load(LSE + row_base + rows, mask=r_ok, other=0.0)
         lg2l = tl.load(LSE + STATS + row_base + rows, mask=r_ok, other=0.0)
         delta = tl.load(DELTA + row_base + rows, mask=r_ok, other=0.0)
-        ok = _visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK)
+        ok = visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK)
         dy, dn_tile, p = _dt_tile(q, kt, do, vt, m, lg2l, delta, c, nn, ok, SSA, PRECISION)
-        dv += tl.dot(tl.trans(_operand(p, dtype, UPCAST)), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(_operand(dy * c, dtype, UPCAST)), q, input_precision=PRECISION)
+        dv += tl.dot(tl.trans(operand(p, dtype, UPCAST)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(operand(dy * c, dtype, UPCAST)), q, input_precision=PRECISION)
         if SSA:
-            dn += _total(dn_tile, 0)
+            dn += total(dn_tile, 0)
     out = bh.to(tl.int64) * K_LEN * HEAD_DIM + cols[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out, dk, mask=c_ok[:, None] & d_ok[None, :])
     tl.store(DV + out, dv, mask=c_ok[:, None] & d_ok[None, :])
-    tl.store(DN + bh.to(tl.int64) * N_BLOCKS + pid_n, _total(dn, 0) * 0.6931471805599453)
+    tl.store(DN + bh.to(tl.int64) * N_BLOCKS + pid_n, total(dn, 0) * 0.6931471805599453)
 
 
 @triton.jit
@@ -246,8 +268,8 @@ def ssa_bwd_dq(
     qd_ok = r_ok[:, None] & d_ok[None, :]
     q_raw = tl.load(Q + bz * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd, qd_ok, other=0.0)
     do = tl.load(DO + bz * sdb + h * sdh + rows[:, None] * sdm + offs_d[None, :] * sdd, qd_ok, other=0.0)
-    q = _operand(q_raw, dtype, UPCAST)
-    do = _operand(do, dtype, UPCAST)
+    q = operand(q_raw, dtype, UPCAST)
+    do = operand(do, dtype, UPCAST)
     row_base = bh.to(tl.int64) * Q_LEN
     m = tl.load(LSE + row_base + rows, mask=r_ok, other=0.0)
     lg2l = tl.load(LSE + STATS + row_base + rows, mask=r_ok, other=0.0)
@@ -266,13 +288,13 @@ def ssa_bwd_dq(
         kv_ok = (cols < K_LEN)[None, :] & d_ok[:, None]
         kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd, mask=kv_ok, other=0.0)
         vt = tl.load(v_base + cols[None, :] * svn + offs_d[:, None] * svd, mask=kv_ok, other=0.0)
-        kt = _operand(kt, dtype, UPCAST)
-        ok = _visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK)
-        vt = _operand(vt, dtype, UPCAST)
+        kt = operand(kt, dtype, UPCAST)
+        ok = visible(rows, cols, Q_LEN, K_LEN, m_base, smm, smn, CAUSAL, HAS_MASK)
+        vt = operand(vt, dtype, UPCAST)
         dy, _, _ = _dt_tile(q, kt, do, vt, m, lg2l, delta, c, nn, ok, SSA, PRECISION)
-        dq += tl.dot(_operand(dy, dtype, UPCAST), tl.trans(kt), input_precision=PRECISION)
+        dq += tl.dot(operand(dy, dtype, UPCAST), tl.trans(kt), input_precision=PRECISION)
     dq = dq * c
     tl.store(DQ + bz * sqgb + h * sqgh + rows[:, None] * sqgm + offs_d[None, :] * sqgd,
              dq.to(DQ.dtype.element_ty), mask=qd_ok)  # fmt: skip
     # Σ q·dq from the float32 accumulator (db's numerator: Σ ∂L/∂y · y over this block's scores).
-    tl.store(DB + bh.to(tl.int64) * M_BLOCKS + pid_m, _total(_total(q_raw.to(tl.float32) * dq, 1), 0))
+    tl.store(DB + bh.to(tl.int64) * M_BLOCKS + pid_m, total(total(q_raw.to(tl.float32) * dq, 1), 0))

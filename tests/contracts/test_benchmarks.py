@@ -79,8 +79,10 @@ TINY = {
     # every section under the Triton interpreter, tiny; skipped without the optional triton package
     "triton_ssa": (["--device", "cpu", "--quick", "--repeats", "1", "--warmup", "0"],
                    "PASS fp32 MQA 4/1 decode"),
+    "triton_stats": (["--device", "cpu", "--quick", "--repeats", "1", "--warmup", "0"],
+                     "PASS statistics triton       fp32 SSA decode"),
 }  # fmt: skip
-NEEDS = {"triton_ssa": "triton"}  # benchmark -> the optional package it needs
+NEEDS = {"triton_ssa": "triton", "triton_stats": "triton"}  # benchmark -> the optional package it needs
 # the spawned run of attention.py at one length: each length's memory children import torch anew
 AS_A_USER = {"attention": ["--quick", "--lengths", "64", "--repeats", "1"]}
 

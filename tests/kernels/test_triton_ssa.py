@@ -24,7 +24,6 @@ Skipped where the optional ``triton`` package is missing (``pip install ssacli[g
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,17 +32,9 @@ import torch
 
 pytest.importorskip("triton")
 
-# triton.jit reads TRITON_INTERPRET when a kernel is defined, i.e. when the kernels module is first
-# imported; set it for that import only, so this worker's other tests and subprocesses do not inherit it.
-_before = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-try:
-    from ssacli.kernels import triton_ssa
-finally:
-    if _before is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _before
+from tests.helpers.interpreted import import_interpreted  # noqa: E402
+
+triton_ssa = import_interpreted("ssacli.kernels.triton_ssa")
 if not triton_ssa.INTERPRETED:  # imported earlier in this process for a GPU
     pytest.skip("ssacli.kernels.triton_ssa was imported without TRITON_INTERPRET", allow_module_level=True)
 
