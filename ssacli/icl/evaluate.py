@@ -253,8 +253,8 @@ def _refuse_other_kinds(ref: str, path) -> None:
     except InputError:
         return
     raise InputError(
-        f"{ref} is a {kind} model; icl eval needs an ICL model (train one with `ssacli icl train --task "
-        "every --out DIR`, or give builtin:every-softmax)"
+        f"{ref} is {kind.with_article} model; icl eval needs an ICL model (train one with "
+        "`ssacli icl train --task every --out DIR`, or give builtin:every-softmax)"
     )
 
 
