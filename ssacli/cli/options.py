@@ -305,15 +305,13 @@ def check_inputs(
     revision: str | None = None,
     device: str | None = None,
 ) -> None:
-    """Fail at once, before torch is imported, on a bad scorer spec (exit 2), a ``device`` that is
-    not there (exit 2; :func:`ssacli.preflight.check_device`: torch alone where only torch can tell)
-    and on a MODEL that
-    names nothing (a local path that does not exist: exit 4; a builtin:NAME not bundled: exit 2;
-    offline, a Hub id not in the cache: exit 4), with the messages building the scorer and loading
-    the model would give (None: not given). ``revision`` is the first model's (--revision); the
-    others name theirs as org/name@REV. Then a Hub id not in the cache is downloaded, its bars on
-    stderr before the command's live display starts (which would hold them back). Commands call
-    this after :func:`check_outputs`, before they import the model stack."""
+    """Fail at once, before torch is imported, on a bad scorer spec (exit 2), a ``device`` not there
+    (exit 2; torch alone where only torch can tell) and a MODEL that names nothing or whose folder's
+    headers are not a model's (exit 4; a builtin:NAME not bundled: exit 2; offline, a Hub id not
+    cached: exit 4), with the messages building the scorer and loading the model would give (None:
+    not given). ``revision`` is the first model's; the others name theirs as org/name@REV. Then a
+    Hub id not in the cache is downloaded, its bars on stderr before the command's live display
+    (which would hold them back). Commands call this after :func:`check_outputs`."""
     for spec in scorers:
         if spec is not None:
             parse_spec(spec)
