@@ -11,7 +11,8 @@ MODEL references and model folders:
   downloaded now, before any live display), :func:`local_model_path` (the folder MODEL names, or
   None), :func:`builtin_model_names` (the bundled models); a local folder is read as far as its headers go
   (config.json, weights, safetensors headers);
-* :func:`check_same_kind` (the models a report compares: of one kind, where their folders say);
+* :func:`check_same_kind` (the models a report compares: of one kind, where their folders say),
+  :func:`check_icl_model` (``icl eval``'s MODEL: an ICL model, where its folder says);
 * :func:`check_device` (``--device``: a name it takes, and a CUDA device that can be there; torch
   alone, never transformers, where only torch can tell);
 * :func:`check_model_out` (``--out`` of a command that writes a model folder: never over its input,
@@ -53,6 +54,7 @@ _LAZY = {
     "check_model_out": "conversion:check_out",
     "check_device": "models.devices:check_device",
     "check_same_kind": "models.references:check_same_kind",
+    "check_icl_model": "models.references:check_icl_model",
     "reusable_control": "train.recipe_checkpoint:reusable_control",
     "check_figure_folder": "report.figure_files:check_figure_folder",
     "check_replaceable_file": "report.replaceable:check_replaceable",
@@ -83,8 +85,8 @@ if TYPE_CHECKING:
     from .models.builtins import builtin_names as builtin_model_names
     from .models.device_map import DEVICE_MAPS
     from .models.devices import check_device
+    from .models.references import check_icl_model, check_same_kind, local_model_path
     from .models.references import check_reference as check_model_reference
-    from .models.references import check_same_kind, local_model_path
     from .models.references import fetch_reference as fetch_model_reference
     from .quality.harness import parse_tasks as parse_lm_eval_tasks
     from .quality.harness import require_harness as require_lm_eval
@@ -117,6 +119,7 @@ __all__ = [
     "check_attribution_probe",
     "check_device",
     "check_figure_folder",
+    "check_icl_model",
     "check_model_out",
     "check_model_reference",
     "parse_heads",

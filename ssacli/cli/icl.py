@@ -13,6 +13,7 @@ from rich.console import Console
 from .. import defaults as D
 from ..errors import UsageError
 from ..files import check_writable_folder, json_text
+from ..preflight import check_icl_model
 from ..setting import setting
 from .declared import Given, command
 from .options import (
@@ -131,6 +132,7 @@ def icl_eval(model_ref: str = ICLModel, *, given: Given) -> None:
         raise UsageError("--plot needs a file name: its suffix (png, pdf, svg) picks the format")
     check_outputs(("--json", run.json_out), ("--plot", run.plot), overwrite=run.overwrite)  # first
     check_inputs(models=[model_ref], device=run.device)
+    check_icl_model(model_ref)  # a language model's folder says so: refused before the model stack
     from .. import evaluate_icl, icl_evaluation_legend, icl_evaluation_tables
     from ..preflight import parse_outlier
 

@@ -174,3 +174,11 @@ def different_kinds(names: tuple[str, str], refs: tuple[str, str], kinds: tuple[
         f"{ModelKind(kinds[1]).with_article} one; compare models of one kind"
     )
 
+
+
+def not_icl(ref: str, kind: str) -> InputError:
+    """A model of another kind given where an ICL model is needed (``icl eval``)."""
+    return InputError(
+        f"{ref} is {ModelKind(kind).with_article} model; icl eval needs an ICL model (train one with "
+        "`ssacli icl train --task every --out DIR`, or give builtin:every-softmax)"
+    )

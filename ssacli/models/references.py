@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import InputError, UsageError
 from .builtins import BUILTIN_DIR, META_FILE, builtin_names
-from .kinds import BUILTIN_PREFIX, declared_kind, different_kinds, is_local_reference
+from .kinds import BUILTIN_PREFIX, ModelKind, declared_kind, different_kinds, is_local_reference, not_icl
 
 CONFIG_FILE = "config.json"
 
@@ -154,3 +154,12 @@ def check_same_kind(refs: tuple[str | None, ...]) -> None:
         pair = (kinds[i], kinds[i + 1])
         if None not in pair and pair[0] != pair[1]:
             raise different_kinds(sides[i : i + 2], (refs[i], refs[i + 1]), pair)
+
+
+def check_icl_model(ref: str) -> None:
+    """Refuse, before any model loads, a local folder whose files declare another kind than ICL
+    (:func:`~ssacli.models.kinds.declared_kind`); what only loading can tell is left to it."""
+    path = local_model_path(ref)
+    kind = declared_kind(path) if path is not None and path.is_dir() else None
+    if kind not in (None, ModelKind.ICL):
+        raise not_icl(ref, kind)

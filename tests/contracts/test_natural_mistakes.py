@@ -4,7 +4,7 @@ Each case runs the real entry point (``python -m ssacli …``) in a fresh interp
 wrong in a way the command line and the files' headers show: a folder with only config.json, a .txt
 file given as the model, a truncated safetensors file, an option out of range, a result file that is
 no result, a requirement that does not parse, a toml that does not, flags of the recipe or of
-fine-tuning where they do not apply, a device that is not there, two models of different kinds. Each
+fine-tuning where they do not apply, a device that is not there, models of the wrong kind. Each
 must end with its documented exit code and one line naming the problem and the fix, with neither
 torch nor transformers ever imported (the interpreter reports its modules at exit:
 tests/helpers/entry.py), in under a second of CPU (and a generous wall bound: this suite shares its
@@ -71,6 +71,7 @@ CASES = {
     ),
     "convert: --control without a folder": ([*RECIPE, "--control"], EXIT_USAGE, "'--control'"),
     "report of a Llama against a BERT": (["report", LLAMA, "bert"], EXIT_INPUT, "AFTER 'bert' a masked"),
+    "icl eval of a language model": (["icl", "eval", LLAMA], EXIT_INPUT, "needs an ICL model"),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
