@@ -3,7 +3,8 @@
 This module builds the app and registers every command, in the order ``ssacli --help`` lists them;
 the commands live in one module per group (diagnose, attribute, check, convert, train, report, icl) and never
 import this one. Errors a user can cause (ssacli.errors.SsacliError) print one line and exit with
-their documented code (ssacli.errors.exit_code); anything else prints one line too and exits 1.
+their documented code (ssacli.errors.exit_code); anything else prints one line too and exits 1;
+click's usage errors (an option value out of range, a missing argument) one line too, exit 2.
 --debug (before or after the command) prints the traceback first; the exit code stays the same.
 """
 
