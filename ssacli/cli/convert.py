@@ -116,6 +116,8 @@ def _finetune_options_apply(run: ConvertOptions, tuning: FinetuneOptions, recipe
         raise UsageError(
             f"{_flag(name)} applies to the conversion recipe (--stages auto or transfer,distill)"
         )
+    if use_recipe and recipe.control is not None and not recipe.control.expanduser().is_dir():
+        check_writable_folder(recipe.control, "--control")  # a file, or nowhere to train it: at once
     return use_recipe
 
 

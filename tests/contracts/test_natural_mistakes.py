@@ -70,6 +70,7 @@ CASES = {
         [*RECIPE, "--stages", "lm", "--transfer-steps", "5"], EXIT_USAGE, "applies to the conversion recipe"
     ),
     "convert: --control without a folder": ([*RECIPE, "--control"], EXIT_USAGE, "'--control'"),
+    "convert: --control a file": ([*RECIPE, "--control", "notes.txt"], EXIT_USAGE, "is a file; give a"),
     "report of a Llama against a BERT": (["report", LLAMA, "bert"], EXIT_INPUT, "AFTER 'bert' a masked"),
     "icl eval of a language model": (["icl", "eval", LLAMA], EXIT_INPUT, "needs an ICL model"),
 }  # fmt: skip
