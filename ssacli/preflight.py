@@ -9,7 +9,12 @@ MODEL references and model folders:
 * :func:`check_model_reference` (a builtin that is not bundled, a local path that does not exist, an
   offline Hub id not in the cache: refused as loading would), :func:`fetch_model_reference` (a Hub id
   downloaded now, before any live display), :func:`local_model_path` (the folder MODEL names, or
-  None), :func:`builtin_model_names` (the bundled models);
+  None), :func:`builtin_model_names` (the bundled models); a local folder is read as far as its headers go
+  (config.json, weights, safetensors headers);
+* :func:`check_same_kind` (the models a report compares: of one kind, where their folders say),
+  :func:`check_icl_model` (``icl eval``'s MODEL: an ICL model, where its folder says);
+* :func:`check_device` (``--device``: a name it takes, and a CUDA device that can be there; torch
+  alone, never transformers, where only torch can tell);
 * :func:`check_model_out` (``--out`` of a command that writes a model folder: never over its input,
   over someone else's folder, or where nothing can be written), :func:`reusable_control` (a finished
   softmax control in a folder that a recipe run can read instead of training it again; imports torch).
@@ -22,13 +27,16 @@ Outputs:
 
 Inputs and options:
 
-* :func:`read_text_file` (a UTF-8 text with some text in it), :func:`parse_outlier` (an ICL outlier
-  ``SIGMA@POSITION``; imports torch), :func:`pick_heatmap` (the probe a heatmap ``METRIC[@PROBE]`` is
-  drawn from, or a UsageError), :func:`require_lm_eval` and :func:`parse_lm_eval_tasks` (the optional
-  lm-evaluation-harness and its task list); :func:`check_attribution_probe` (a probe attribution can
-  patch, and its shifted level), :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
-* :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data`` takes),
-  :data:`MIN_VOCAB` (the smallest vocabulary a fresh model's tokenizer can have),
+* :func:`read_text_file` (a UTF-8 text with some text in it), :func:`read_saved_result` (a saved
+  diagnose result or comparison as its JSON document: ``ssacli render``'s RESULT),
+  :func:`parse_outlier` (an ICL outlier ``SIGMA@POSITION``; imports torch), :func:`pick_heatmap`
+  (the probe a heatmap ``METRIC[@PROBE]`` is drawn from, or a UsageError), :func:`require_lm_eval`
+  and :func:`parse_lm_eval_tasks` (the optional lm-evaluation-harness and its task list);
+  :func:`check_attribution_probe` (a probe attribution can patch, and its shifted level),
+  :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
+* :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data``
+  takes) and :func:`require_training_data` (a run without it), :data:`MIN_VOCAB` (the smallest
+  vocabulary a fresh model's tokenizer can have),
   :data:`CHECK_CONFIG_FILE` (what ``check`` reads from the working folder when no config is given).
 """
 
@@ -44,11 +52,15 @@ _LAZY = {
     "local_model_path": "models.references:local_model_path",
     "builtin_model_names": "models.builtins:builtin_names",
     "check_model_out": "conversion:check_out",
+    "check_device": "models.devices:check_device",
+    "check_same_kind": "models.references:check_same_kind",
+    "check_icl_model": "models.references:check_icl_model",
     "reusable_control": "train.recipe_checkpoint:reusable_control",
     "check_figure_folder": "report.figure_files:check_figure_folder",
     "check_replaceable_file": "report.replaceable:check_replaceable",
     "require_frame_format": "diagnosis.frames:require_frame_format",
     "read_text_file": "quality.inputs:read_text_file",
+    "read_saved_result": "documents:read_saved",
     "parse_outlier": "icl.evaluate:parse_outlier",
     "check_attribution_probe": "diagnosis.attribution_result:check_probe",
     "parse_heads": "diagnosis.attribution_result:parse_heads",
@@ -57,6 +69,7 @@ _LAZY = {
     "parse_lm_eval_tasks": "quality.harness:parse_tasks",
     "DEVICE_MAPS": "models.device_map:DEVICE_MAPS",
     "DATA_FORMS": "train:DATA_FORMS",
+    "require_training_data": "train:require_data",
     "MIN_VOCAB": "train:MIN_VOCAB",
     "CHECK_CONFIG_FILE": "check.config:CONFIG_FILE",
 }
@@ -67,12 +80,14 @@ if TYPE_CHECKING:
     from .diagnosis.attribution_result import check_probe as check_attribution_probe
     from .diagnosis.attribution_result import parse_heads
     from .diagnosis.frames import require_frame_format
+    from .documents import read_saved as read_saved_result
     from .icl.evaluate import parse_outlier
     from .models.builtins import builtin_names as builtin_model_names
     from .models.device_map import DEVICE_MAPS
+    from .models.devices import check_device
+    from .models.references import check_icl_model, check_same_kind, local_model_path
     from .models.references import check_reference as check_model_reference
     from .models.references import fetch_reference as fetch_model_reference
-    from .models.references import local_model_path
     from .quality.harness import parse_tasks as parse_lm_eval_tasks
     from .quality.harness import require_harness as require_lm_eval
     from .quality.inputs import read_text_file
@@ -80,6 +95,7 @@ if TYPE_CHECKING:
     from .report.replaceable import check_replaceable as check_replaceable_file
     from .report.summary import pick_heatmap
     from .train import DATA_FORMS, MIN_VOCAB
+    from .train import require_data as require_training_data
     from .train.recipe_checkpoint import reusable_control
 
 
@@ -101,18 +117,23 @@ __all__ = [
     "MIN_VOCAB",
     "builtin_model_names",
     "check_attribution_probe",
+    "check_device",
     "check_figure_folder",
+    "check_icl_model",
     "check_model_out",
     "check_model_reference",
     "parse_heads",
     "check_replaceable_file",
+    "check_same_kind",
     "fetch_model_reference",
     "local_model_path",
     "parse_lm_eval_tasks",
     "parse_outlier",
     "pick_heatmap",
+    "read_saved_result",
     "read_text_file",
     "require_frame_format",
     "require_lm_eval",
+    "require_training_data",
     "reusable_control",
 ]

@@ -13,14 +13,16 @@ import math
 import operator
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..diagnosis.metrics import METRICS, QUALITY_METRICS, metric_spec
-from ..diagnosis.outputs import quality_values
-from ..diagnosis.probes import PROBES, parse_probe
-from ..diagnosis.result import DiagnoseResult
+from ..diagnosis.metric_table import METRICS, QUALITY_METRICS, metric_spec
+from ..diagnosis.probe_kinds import PROBES, parse_probe
 from ..errors import UsageError
+
+if TYPE_CHECKING:  # parsing is torch-free (a bad requirement is refused before the model stack)
+    from ..diagnosis.result import DiagnoseResult
 
 EXAMPLE = "collapse_rate@outlier:100[layer=0-1] max <= 0.2"
 AGGREGATES = ("mean", "max", "min")
@@ -85,6 +87,8 @@ class Requirement:
                 f"requirement '{self.text}': level {self.level:g} was not measured (have {have})"
             )
         if self.metric in QUALITY_METRICS:  # one number per level: no heads to select
+            from ..diagnosis.outputs import quality_values
+
             value = quality_values(probe, self.metric)[index]
             return math.nan if value is None else float(value)
         if self.metric not in probe.metrics:

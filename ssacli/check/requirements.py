@@ -26,12 +26,12 @@ from typing import Any
 from ..diagnosis.probe_result import json_ready
 from ..diagnosis.result import DiagnoseResult
 from ..display import Displayed
+from ..documents import CHECK_SCHEMA as SCHEMA
 from ..errors import InputError, UsageError
 from ..models.identity import difference
 from . import JUNIT_SUITE
 from .expressions import Outcome, Requirement, parse_requirement, required_probes
 
-SCHEMA = "ssacli-check"
 SCHEMA_VERSION = 1
 SETTINGS_COMPARED = ("seed", "samples", "length", "tau", "top_k", "inputs")
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..defaults import DEFAULT_MODEL
 from ..errors import UsageError
 from .config import CONFIG_FILE, load_config, same_model
-from .requirements import CheckReport, Requirement, parse_requirement, run_check
+from .expressions import Requirement, parse_requirement
+
+if TYPE_CHECKING:  # the settings are built torch-free: a bad requirement or toml is refused at once
+    from .requirements import CheckReport
 
 
 @dataclass
@@ -25,6 +28,8 @@ class CheckSettings:
 
     def run(self, progress: Callable[[str, int, int], None] | None = None) -> CheckReport:
         """:func:`run_check` with these settings; ``progress(what, done, total)`` as diagnose's."""
+        from .requirements import run_check
+
         shown = {} if progress is None else {"progress": progress}
         return run_check(self.model, self.requires, **shown, **self.options)
 

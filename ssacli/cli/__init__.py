@@ -3,7 +3,8 @@
 This module builds the app and registers every command, in the order ``ssacli --help`` lists them;
 the commands live in one module per group (diagnose, attribute, check, convert, train, report, icl) and never
 import this one. Errors a user can cause (ssacli.errors.SsacliError) print one line and exit with
-their documented code (ssacli.errors.exit_code); anything else prints one line too and exits 1.
+their documented code (ssacli.errors.exit_code); anything else prints one line too and exits 1;
+click's usage errors (an option value out of range, a missing argument) one line too, exit 2.
 --debug (before or after the command) prints the traceback first; the exit code stays the same.
 """
 
@@ -15,11 +16,12 @@ import signal
 import sys
 import threading
 import traceback
+from contextlib import contextmanager
 
 import typer
 
 from .. import __version__
-from ..errors import InterruptError, exit_code
+from ..errors import EXIT_USAGE, InterruptError, UsageError, exit_code
 from . import attribute, check, convert, diagnose, icl, render, report, train
 from .options import HelpCommand, HelpGroup, ModelCommand, debugging, print_error, set_debug
 
@@ -37,14 +39,38 @@ class _Commands(HelpGroup):
         args = [arg for i, arg in enumerate(args) if i >= end or arg != "--debug"]
         return super().main(args, *rest, **kwargs)
 
+    def make_context(self, *args, **kwargs):
+        with _one_line_usage():  # an unknown command or root option
+            return super().make_context(*args, **kwargs)
+
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with _one_line_usage():  # a command's options and arguments are parsed in here
+                return super().invoke(ctx)
         except KeyboardInterrupt as err:
             raise InterruptError(
                 "interrupted; no file was left half-written (ssacli writes whole files or none), "
                 "rerun the command to finish"
             ) from err
+
+
+@contextmanager
+def _one_line_usage():
+    """click's usage errors (a value out of range, a missing argument, an unknown option) as every
+    other ssacli error (issue 54): one line naming the problem and where the fix is, exit
+    EXIT_USAGE, not click's usage lines and a boxed message."""
+    try:
+        yield
+    except typer.TyperException as err:  # typer's (vendored) click exceptions; Exit and Abort are not
+        if not hasattr(err, "format_message") or getattr(err, "exit_code", None) != EXIT_USAGE:
+            raise
+        message = err.format_message().strip().rstrip(".")
+        if message[:1].isupper() and message[1:2].islower():
+            message = message[0].lower() + message[1:]
+        ctx = getattr(err, "ctx", None)
+        path = ctx.command_path if ctx is not None else "ssacli"
+        print_error(UsageError(f"{message}; see `{path} --help`"))
+        raise typer.Exit(EXIT_USAGE) from err  # an exit, as click's own: any caller of the app sees 2
 
 
 app = typer.Typer(

@@ -139,7 +139,8 @@ check_command.__doc__ = check_command.__doc__.replace("{exit_codes}", check_exit
 def _check(model_ref: str | None, out: CheckOptions, given: Given, load: dict) -> int:
     """Run the check: its settings (flags over the config), then the model, then the outputs."""
     check_outputs(("--junit", out.junit), ("--json", out.json_out), overwrite=out.overwrite)  # before torch
-    check_inputs(scorers=[given.scorer], models=[model_ref], offline=given.offline, revision=given.revision)
+    check_inputs(scorers=[given.scorer], models=[model_ref], offline=given.offline, revision=given.revision,
+                 device=given.device)  # fmt: skip
     from .. import check_settings
 
     probe = {name: getattr(given, name) for name in PROBE_SETTINGS}
@@ -224,15 +225,15 @@ def _init(model_ref: str | None, out: CheckOptions, given: Given, load: dict) ->
             f"--{next(iter(unused)).replace('_', '-')} applies to running a check; --init only "
             f"measures MODEL and writes {CHECK_CONFIG_FILE}: drop it, or run the check without --init"
         )
-    check_inputs(models=[model_ref])  # before anything heavy is imported
+    check_inputs(models=[model_ref], device=given.device)  # before anything heavy is imported
     from .. import ModelKind, write_check_config
 
     measured = given_only(device=given.device, dtype=given.dtype, random_ids=given.random_ids) | load
     model, target = model_ref or DEFAULT_MODEL, out.config or Path(CHECK_CONFIG_FILE)
     with progress(f"measuring {model} for {target}", quiet=False):
         kind = write_check_config(model, target, **measured)
-    article = "an" if kind == ModelKind.ICL else "a"
     Console().print(
-        f"wrote {target} (requirements measured on {article} {kind} model; see the comments)", highlight=False
+        f"wrote {target} (requirements measured on {ModelKind(kind).with_article} model; see the comments)",
+        highlight=False,
     )
     return EXIT_CHECK_PASSED

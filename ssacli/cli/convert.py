@@ -20,6 +20,7 @@ from .. import ConvertSettings, LoadOptions
 from ..defaults import FINETUNE_STEPS, MAX_KL_PER_TOKEN
 from ..errors import UsageError
 from ..files import check_writable_folder
+from ..preflight import require_training_data
 from ..setting import setting
 from .declared import Given, command, options
 from .options import DATA_HELP, FinetuneOptions, Model, check_inputs, check_outputs, quiet_training, run_json
@@ -81,11 +82,11 @@ def convert_command(model_ref: Model, *, given: Given) -> None:
     run = given.of(ConvertOptions)
     check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
-    check_inputs(scorers=[run.scorer], models=[model_ref], offline=given.offline, revision=given.revision)
+    check_inputs(scorers=[run.scorer], models=[model_ref], offline=given.offline, revision=given.revision,
+                 device=given.device)  # fmt: skip
     tuning, recipe = given.of(FinetuneOptions), given.of(RecipeOptions)
     use_recipe = _finetune_options_apply(run, tuning, recipe)
-    load = given.of(LoadOptions)
-    _check_placement(load, run.finetune)
+    load = _check_placement(given.of(LoadOptions), run.finetune)
     calibration = _read_text(given.text) if given.text is not None else None  # an unreadable file is exit 4
     fidelity = _Fidelity()
     if not run.finetune:
@@ -107,12 +108,16 @@ def _finetune_options_apply(run: ConvertOptions, tuning: FinetuneOptions, recipe
     flags = {**tuning.given(), **recipe.given(), **{k: v for k, v in chosen.items() if v is not None}}
     if flags and not run.finetune:
         raise UsageError(f"{_flag(next(iter(flags)))} only applies with --finetune")
+    if run.finetune and not run.resume:
+        require_training_data(tuning.data)  # before the model stack (a resumed run has its own)
     use_recipe = run.finetune and wants_recipe(recipe.stages, run.scorer, tuning.data)
     if (recipe.given() or recipe.control is not None) and not use_recipe:
         name = next(iter(recipe.given()), "control")
         raise UsageError(
             f"{_flag(name)} applies to the conversion recipe (--stages auto or transfer,distill)"
         )
+    if use_recipe and recipe.control is not None and not recipe.control.expanduser().is_dir():
+        check_writable_folder(recipe.control, "--control")  # a file, or nowhere to train it: at once
     return use_recipe
 
 
@@ -121,14 +126,16 @@ def _flag(name: str) -> str:
     return "--recipe-b" if name == "b" else "--" + name.replace("_", "-")
 
 
-def _check_placement(load: LoadOptions, finetune: bool) -> None:
-    """--device-map and --max-memory place a model for inference: refused with --finetune."""
+def _check_placement(load: LoadOptions, finetune: bool) -> LoadOptions:
+    """``load``, whose --device-map and --max-memory place a model for inference: refused with
+    --finetune."""
     placed = [name for name in ("device_map", "max_memory") if getattr(load, name) is not None]
     if placed and finetune:
         raise UsageError(
             f"{_flag(placed[0])} applies to convert without --finetune (fine-tuning "
             "trains on one device per process; use torchrun or accelerate launch for several)"
         )
+    return load
 
 
 class _Fidelity:
@@ -227,6 +234,7 @@ def finetune_command(
     if run.out is not None:
         check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
+    check_inputs(device=given.device)
     from .. import finetune, finetune_config
 
     tuning = given.of(FinetuneOptions).given()

@@ -13,6 +13,7 @@ from rich.console import Console
 from .. import defaults as D
 from ..errors import UsageError
 from ..files import check_writable_folder, json_text
+from ..preflight import check_icl_model
 from ..setting import setting
 from .declared import Given, command
 from .options import (
@@ -78,7 +79,7 @@ def icl_train(*, given: Given) -> None:
     run = given.of(ICLTrainOptions)
     check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
-    check_inputs(scorers=[run.scorer])
+    check_inputs(scorers=[run.scorer], device=run.device)
     from rich.progress import TextColumn, TimeRemainingColumn
 
     from .. import ICLTrainConfig, train_icl
@@ -130,7 +131,8 @@ def icl_eval(model_ref: str = ICLModel, *, given: Given) -> None:
     if is_stdout(run.plot):
         raise UsageError("--plot needs a file name: its suffix (png, pdf, svg) picks the format")
     check_outputs(("--json", run.json_out), ("--plot", run.plot), overwrite=run.overwrite)  # first
-    check_inputs(models=[model_ref])
+    check_inputs(models=[model_ref], device=run.device)
+    check_icl_model(model_ref)  # a language model's folder says so: refused before the model stack
     from .. import evaluate_icl, icl_evaluation_legend, icl_evaluation_tables
     from ..preflight import parse_outlier
 
@@ -212,7 +214,8 @@ def icl_sweep(*, given: Given) -> None:
     run = given.of(ICLSweepOptions)
     out, plan_file, jobs = run.out, run.plan_file, run.jobs
     check_writable_folder(out, "--out")  # before anything heavy is imported
-    check_inputs(scorers=[] if plan_file is not None else run.scorer)  # a --plan's: checked as it is read
+    scorers = [] if plan_file is not None else run.scorer
+    check_inputs(scorers=scorers, device=run.device)  # a --plan's: checked as it is read
     from .. import ICLSweepPlan, plot_icl_sweep, run_icl_sweep
 
     if plan_file is not None:

@@ -27,7 +27,7 @@ from .. import defaults as D
 from .. import parse_spec
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
-from ..preflight import DATA_FORMS, check_model_reference, fetch_model_reference
+from ..preflight import DATA_FORMS, check_device, check_model_reference, fetch_model_reference
 from ..setting import setting
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
@@ -303,17 +303,20 @@ def check_inputs(
     models: Iterable[str | None] = (),
     offline: bool = False,
     revision: str | None = None,
+    device: str | None = None,
 ) -> None:
-    """Fail at once, before torch is imported, on a bad scorer spec (exit 2) and on a MODEL that
-    names nothing (a local path that does not exist: exit 4; a builtin:NAME not bundled: exit 2;
-    offline, a Hub id not in the cache: exit 4), with the messages building the scorer and loading
-    the model would give (None: not given). ``revision`` is the first model's (--revision); the
-    others name theirs as org/name@REV. Then a Hub id not in the cache is downloaded, its bars on
-    stderr before the command's live display starts (which would hold them back). Commands call
-    this after :func:`check_outputs`, before they import the model stack."""
+    """Fail at once, before torch is imported, on a bad scorer spec (exit 2), a ``device`` not there
+    (exit 2; torch alone where only torch can tell) and a MODEL that names nothing or whose folder's
+    headers are not a model's (exit 4; a builtin:NAME not bundled: exit 2; offline, a Hub id not
+    cached: exit 4), with the messages building the scorer and loading the model would give (None:
+    not given). ``revision`` is the first model's; the others name theirs as org/name@REV. Then a
+    Hub id not in the cache is downloaded, its bars on stderr before the command's live display
+    (which would hold them back). Commands call this after :func:`check_outputs`."""
     for spec in scorers:
         if spec is not None:
             parse_spec(spec)
+    if device is not None:
+        check_device(device)
     models = list(models)
     for index, ref in enumerate(models):
         if ref is not None:

@@ -83,15 +83,15 @@ class RecipeOptions:
 def wants_recipe(stages: str | None, scorer: str, data: str | None) -> bool:
     """Whether ``--stages`` (None: auto) asks for the recipe rather than one fine-tune."""
     if stages in (None, AUTO):
-        from .. import make_scorer
+        from .. import parse_spec  # torch-free: the recipe's options are refused before the model stack
 
-        return make_scorer(scorer).name == "ssa" and bool(data) and not data.startswith("icl:")
+        return parse_spec(scorer)[0] == "ssa" and bool(data) and not data.startswith("icl:")
     return stages != "lm"
 
 
 def recipe_config(stages: str | None, scorer: str, options: dict[str, Any], recipe: dict[str, Any]):
     """The RecipeConfig of the call; refuses plain fine-tuning options the recipe does not take."""
-    from .. import RecipeConfig, make_scorer
+    from .. import parse_spec
 
     plain_only = ("steps", "monitor_every", "grad_accum", "warmup", "schedule", "weight_decay", "train",
                   "anneal_n", "log_every", "attention")  # fmt: skip
@@ -101,18 +101,20 @@ def recipe_config(stages: str | None, scorer: str, options: dict[str, Any], reci
                 f"--{name.replace('_', '-')} applies to one fine-tune (--stages lm); the recipe takes "
                 "--transfer-steps, --distill-steps and --target-n"
             )
-    spec = make_scorer(scorer)
-    if spec.given.keys() - {"n"}:
+    _, given = parse_spec(scorer)  # the options the spec sets, parsed as the scorer takes them
+    if given.keys() - {"n"}:
         raise UsageError(
             f"the recipe starts from ssa:init=faithful and moves n to --target-n; give --scorer ssa "
             f"(or ssa:n=N for the target), not {scorer}, or use --stages lm"
         )
-    if "n" in spec.given:
-        recipe.setdefault("target_n", spec.opts["n"])
+    if "n" in given:
+        recipe.setdefault("target_n", given["n"])
     if stages not in (None, AUTO):
         recipe["stages"] = tuple(s.strip() for s in stages.split(",") if s.strip())
     shared = ("data", "lr", "scorer_lr", "batch_size", "seq_len", "seed", "checkpoint_every")
     settings = {k: options[k] for k in shared if k in options}
+    from .. import RecipeConfig  # torch: after the checks the command line alone decides
+
     config = RecipeConfig(**settings, **recipe)
     config.validate()
     return config

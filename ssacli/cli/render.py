@@ -108,6 +108,11 @@ def _check_distinct(outputs: tuple[tuple[str, Path | None], ...]) -> None:
 def _results(result_file: Path, out: RenderOptions) -> list:
     """RESULT (one result, or a comparison of two) and --compare's, as the outputs and --heatmap
     can take them."""
+    from ..preflight import read_saved_result
+
+    for saved in (result_file, out.compare):  # torch-free: a file that is no result fails at once
+        if saved is not None:
+            read_saved_result(saved)
     from .. import load_saved
 
     results = load_saved(result_file)

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from .. import LMEvalPlan, LoadOptions, ReportSettings, parse_probe
 from ..errors import UsageError
+from ..preflight import check_same_kind
 from ..setting import setting
 from .declared import Given, command, options
 from .options import (
@@ -120,7 +121,8 @@ def _check_first(files: PageFiles, given: Given, models: tuple[str | None, ...])
     parse, the models are there (or downloaded now); returns the probes as specs."""
     files.check()
     probes = [str(parse_probe(p)) for p in given.probes] if given.probes else None
-    check_inputs(models=list(models), offline=given.offline)
+    check_inputs(models=list(models), offline=given.offline, device=given.device)
+    check_same_kind(models)  # where the folders' configs say: a causal LM against an encoder
     return probes
 
 

@@ -82,7 +82,7 @@ def train_command(*, given: Given) -> None:
     run = given.of(TrainRun)
     check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
-    check_inputs(scorers=[given.scorer])
+    check_inputs(scorers=[given.scorer], device=given.device)
     from .. import FinetuneConfig, train_from_scratch_with
 
     build, config = given.of(ScratchSettings), FinetuneConfig(**run.loop(), train="all")

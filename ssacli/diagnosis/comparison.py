@@ -15,13 +15,12 @@ from typing import Any
 import numpy as np
 
 from ..defaults import SINK_EPS
+from ..documents import COMPARISON_SCHEMA
 from .findings import baseline_probe, level_text
 from .generation import EXACT_METRICS
 from .outputs import collapse_change
 from .probe_result import ProbeResult, json_ready
 from .result import DiagnoseResult
-
-COMPARISON_SCHEMA = "ssacli-diagnose-comparison"  # what compare_results writes (diagnose --compare --json)
 
 
 def common_levels(a: ProbeResult, b: ProbeResult) -> list[tuple[float, int, int]]:

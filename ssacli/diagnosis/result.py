@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from ..display import Displayed
+from ..documents import DIAGNOSE_SCHEMA as SCHEMA
+from ..documents import read_json_file  # the one reader of result files (attribution's too)
 from ..errors import InputError
 from . import frames
 from .findings import baseline_probe, findings
@@ -39,7 +41,6 @@ from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, array_from_j
 from .probes import RANDOM_INPUTS
 from .shift import shift_summary
 
-SCHEMA = "ssacli-diagnose"
 SCHEMA_VERSION = 3  # 2: layer_metrics, overflow, insensitive, reach, baseline-relative collapse, findings
 # 3: output quality per level (extras output_kl, summary quality), verdicts, degenerate, unaudited
 SCHEMA_FILE = Path(__file__).with_name("diagnose.schema.json")  # JSON Schema (2020-12) of to_dict()
@@ -282,25 +283,6 @@ class DiagnoseResult(Displayed):  # Displayed: _repr_html_ and plot(kind) in a n
             raise InputError(f"result file '{path}': {err}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise InputError(f"result file '{path}' is malformed ({err!r}); re-create it") from None
-
-
-def read_json_file(path: str | Path) -> dict[str, Any]:
-    """The JSON object in ``path``, or an InputError saying in one line why there is none."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(
-            f"result file '{path}' does not exist; write one with `ssacli diagnose --json`"
-        ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"cannot read result file '{path}' ({err}); give a `--json` output") from None
-    if not isinstance(data, dict):
-        raise InputError(
-            f"result file '{path}' holds a JSON {type(data).__name__}, not a diagnose result; "
-            "give a file written by `ssacli diagnose --json`"
-        )
-    return data
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

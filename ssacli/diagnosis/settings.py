@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import defaults
 from ..errors import UsageError
+from ..kernels.routing import MODEL_BACKENDS as STATS_MODES  # --stats: torch-free, checked when built
 from ..setting import setting
 
 if TYPE_CHECKING:
@@ -125,8 +126,6 @@ class DiagnoseSettings:
             value = getattr(self, name)
             if value < low:
                 raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
-        from ..attention.online import STATS_MODES  # torch: checked when built, not when imported
-
         if self.stats not in STATS_MODES:
             raise UsageError(f"--stats takes {', '.join(STATS_MODES)}, got {self.stats!r}")
         if not 0 < self.tau <= 1:

@@ -28,7 +28,7 @@ from ..errors import InputError
 from ..models.checkpoint import ICL_FORMAT, folder_format
 from ..models.icl import ICLModel, load_icl
 from ..models.icl_task import CLASSIFICATION, FIRST_SCORED, sample_batch
-from ..models.kinds import kind_from_config
+from ..models.kinds import kind_from_config, not_icl
 from ..models.loading import resolve_device, resolve_model_path
 
 
@@ -252,10 +252,7 @@ def _refuse_other_kinds(ref: str, path) -> None:
         kind = kind_from_config(str(path), name=ref)
     except InputError:
         return
-    raise InputError(
-        f"{ref} is a {kind} model; icl eval needs an ICL model (train one with `ssacli icl train --task "
-        "every --out DIR`, or give builtin:every-softmax)"
-    )
+    raise not_icl(ref, kind)
 
 
 def evaluate_icl(

@@ -37,10 +37,12 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from functools import cache
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 PATHS = ("eager", "one-loop", "native-blocks", "torch-blocks", "flex", "triton")
 BACKENDS = ("auto", "fused", *PATHS)
@@ -100,6 +102,8 @@ def triton_installed() -> bool:
 def triton_fits(call: Call) -> bool:
     """Whether the Triton kernels take this call: float16/bfloat16/float32, no window or dropout, and
     the head sizes tuned for (D ≤ 128; larger ones run with ``backend="triton"`` but untuned)."""
+    import torch  # loaded by then; not at import: diagnose checks --stats (MODEL_BACKENDS) torch-free
+
     supported = call.dtype in (torch.float16, torch.bfloat16, torch.float32)
     return call.triton and supported and not call.window and call.dropout == 0.0 and call.head_dim <= 128
 
@@ -115,6 +119,8 @@ def triton_stats_fits(call: Call) -> bool:
 def native_fits(device: str, dtype: torch.dtype) -> bool:
     """Whether the native kernels compute a call of this device and dtype: CPU, float32 math (float16
     and bfloat16 inputs are computed in float32 too)."""
+    import torch
+
     return device == "cpu" and torch.promote_types(dtype, torch.float32) == torch.float32
 
 

@@ -62,7 +62,7 @@ from ..attention.forward import SCORER_ATTR
 from ..attention.interface import apply_scorer
 from ..errors import InputError, UsageError
 from ..files import output_error, replace_folder, warn, writer_gone
-from .builtins import META_FILE
+from .builtins import ICL_FORMAT, META_FILE, folder_format  # noqa: F401 (the format's names: here too)
 from .device_map import save_options
 from .guard import (  # noqa: F401 (the guard's names are the format's: importable from here too)
     GUARD_NOTE_KEY,
@@ -77,7 +77,6 @@ from .guard import (  # noqa: F401 (the guard's names are the format's: importab
 from .hub import quiet_progress
 
 MODEL_FORMAT = "ssacli-model"
-ICL_FORMAT = "ssacli-icl"
 # The newest version of each this ssacli reads. The model format stays 1 across issues 38 and 51's
 # changes of config.json's guard (model_type ssacli-<type> -> attn_implementation "ssacli" -> both
 # a guarded model_type and that, .guard): ssacli.json did not change, every guard is read, and an
@@ -97,17 +96,6 @@ TEMP_MARKER = ".ssacli-writing"
 
 
 # ---- ssacli.json -------------------------------------------------------------------------------------
-
-
-def folder_format(path: str | Path) -> str | None:
-    """The ``format`` in a folder's ssacli.json, or None when there is none or it cannot be read
-    (never raises: for cheap checks)."""
-    try:
-        meta = json.loads((Path(path) / META_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    value = meta.get("format") if isinstance(meta, dict) else None
-    return value if isinstance(value, str) else None
 
 
 def is_ssacli_folder(path: str | Path) -> bool:

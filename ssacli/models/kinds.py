@@ -14,6 +14,7 @@ The decision reads the architecture's class name (``…ForCausalLM``, ``…LMHea
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from enum import StrEnum
@@ -29,6 +30,11 @@ class ModelKind(StrEnum):
     MASKED = "masked"
     ENCODER = "encoder"
     SEQ2SEQ = "seq2seq"
+
+    @property
+    def with_article(self) -> str:
+        """"a causal", "an encoder", "an icl": the kind as a message says it before "model"."""
+        return f"{'an' if self.value[0] in 'aeiou' else 'a'} {self.value}"
 
 
 KINDS = tuple(ModelKind)  # every kind, in the order above (config validation, help text)
@@ -97,7 +103,8 @@ def kind_from_config(source: Any, *, name: str | None = None) -> ModelKind:
     folder) or Hub id whose config.json is read from disk or the local cache only. ``name`` is what
     error messages call it (default: ``source``)."""
     if isinstance(source, str | Path):
-        from .checkpoint import ICL_FORMAT, folder_format, saved_config
+        from .builtins import ICL_FORMAT, folder_format
+        from .checkpoint import saved_config
 
         if Path(source).is_dir() and folder_format(source) == ICL_FORMAT:
             return ModelKind.ICL
@@ -132,3 +139,46 @@ def _decide(config: Any, class_names: Iterable[str]) -> ModelKind:
     if any(n.endswith(_MASKED_SUFFIX) for n in names):
         return ModelKind.MASKED
     return ModelKind.CAUSAL if is_causal_family(config.model_type) else ModelKind.ENCODER
+
+
+def declared_kind(path: Path) -> ModelKind | None:
+    """The kind a local folder's files decide without transformers or torch: ssacli's ICL format, an
+    encoder-decoder config, or an architecture named …ForCausalLM, …LMHeadModel or …ForMaskedLM;
+    None where only transformers' auto mappings can tell (a family without such an architecture,
+    e.g. ``BertModel``), or the config cannot be read (loading says why)."""
+    from .builtins import ICL_FORMAT, folder_format
+
+    if folder_format(path) == ICL_FORMAT:
+        return ModelKind.ICL
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if config.get("is_encoder_decoder"):
+        return ModelKind.SEQ2SEQ
+    names = config.get("architectures") or ()
+    names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+    if any(n.endswith(_CAUSAL_SUFFIXES) for n in names):
+        return ModelKind.CAUSAL
+    if any(n.endswith(_MASKED_SUFFIX) for n in names):
+        return ModelKind.MASKED
+    return None
+
+
+def different_kinds(names: tuple[str, str], refs: tuple[str, str], kinds: tuple[str, str]) -> InputError:
+    """Two sides of a comparison of different kinds (``names``: BEFORE, AFTER, CONTROL)."""
+    return InputError(
+        f"{names[0]} '{refs[0]}' is {ModelKind(kinds[0]).with_article} model and {names[1]} '{refs[1]}' "
+        f"{ModelKind(kinds[1]).with_article} one; compare models of one kind"
+    )
+
+
+
+def not_icl(ref: str, kind: str) -> InputError:
+    """A model of another kind given where an ICL model is needed (``icl eval``)."""
+    return InputError(
+        f"{ref} is {ModelKind(kind).with_article} model; icl eval needs an ICL model (train one with "
+        "`ssacli icl train --task every --out DIR`, or give builtin:every-softmax)"
+    )

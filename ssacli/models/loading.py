@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from ..setting import settings_from
 from .builtins import BUILTIN_DIR, builtin_names  # noqa: F401 (used from here by scripts and tests)
 from .checkpoint import attach_saved_scorer, saved_config
 from .device_map import compute_device, from_pretrained_placed, placement
+from .devices import resolve_device
 from .first_use import attach_pending
 from .hub import HubModel, load_keywords, quiet_progress, resolve
 from .icl_task import TOKENS_PER_POINT
@@ -44,7 +44,14 @@ from .integrity import (
 from .kinds import ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 from .loaded import LoadedModel
 from .options import LoadOptions
-from .references import local_model_path, resolve_model_path  # noqa: F401 (local_model_path: here too)
+from .references import (  # noqa: F401 (local_model_path, gguf_file: here too)
+    check_weights,
+    corrupt_weights,
+    gguf_file,
+    local_model_path,
+    no_config,
+    resolve_model_path,
+)
 
 # float64: reference measurements (a float32 sum over a long text is exact only to ~1 ulp of its size)
 DTYPES = {
@@ -53,25 +60,6 @@ DTYPES = {
     "float16": torch.float16,
     "float64": torch.float64,
 }
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto`` (CUDA when visible, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu":
-        return torch.device("cpu")
-    if re.fullmatch(r"cuda(:\d+)?", device):
-        if not torch.cuda.is_available():
-            raise UsageError(
-                f"--device {device} was asked for but no CUDA device is visible; use --device cpu or auto"
-            )
-        index = int(device.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            count = torch.cuda.device_count()
-            raise UsageError(f"--device {device}: only {count} CUDA device(s); use cuda:0..{count - 1}")
-        return torch.device(device)
-    raise UsageError(f"unknown device '{device}'; use auto, cpu, cuda or cuda:N")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | str:
@@ -129,10 +117,8 @@ def load_with(ref: str, options: LoadOptions) -> LoadedModel:
             return LoadedModel(model, ref, ICL_FAMILY, ModelKind.ICL, None, positions, path,
                                weights=content_record(path))  # fmt: skip
         if not (path / "config.json").is_file():
-            raise InputError(
-                f"'{ref}' has no config.json; give a folder written by save_pretrained (or builtin:NAME)"
-            )
-        _check_weights(path, options.allow_pickle)
+            raise no_config(ref)
+        check_weights(path, options.allow_pickle)
         source: str | Path = path
     else:
         hub = resolve(ref, options.revision, options.offline)  # one line, at once, when it cannot be had
@@ -188,21 +174,6 @@ def as_loaded(
 # ---- GGUF checkpoints (optional extra: pip install "ssacli[gguf]") -----------------------------------
 
 
-def gguf_file(ref: str) -> Path | None:
-    """The .gguf file MODEL names: the file itself, or the one .gguf in a folder without config.json."""
-    path = Path(str(ref)).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return path
-    if path.is_dir() and not (path / "config.json").exists():
-        found = sorted(path.glob("*.gguf"))
-        if len(found) == 1:
-            return found[0]
-        if len(found) > 1:
-            names = ", ".join(f.name for f in found)
-            raise UsageError(f"'{ref}' holds several GGUF files ({names}); give the one to load")
-    return None
-
-
 def load_gguf(ref: str, file: Path, device: torch.device, torch_dtype) -> LoadedModel:
     """A GGUF checkpoint through transformers' GGUF reader, dequantized to ``torch_dtype``
     (float32 when "auto" leaves it to the checkpoint: quantized blocks have no torch dtype)."""
@@ -248,19 +219,6 @@ def load(ref: str = DEFAULT_MODEL, **kwargs: Any) -> nn.Module:
     """The model behind MODEL, ready to use, with its ssacli scorer when it was converted
     (``ssacli.load(DIR)``); keyword arguments as :func:`load_model`."""
     return load_model(ref, **kwargs).model
-
-
-def _check_weights(path: Path, allow_pickle: bool) -> None:
-    if any(path.glob("*.safetensors")):
-        return
-    if any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth")):
-        if allow_pickle:
-            return
-        raise InputError(
-            f"'{path}' holds only pickle weights (.bin/.pt), which can run code when loaded; convert them "
-            "to safetensors, or pass --allow-pickle if you trust the file (loaded with weights_only=True)"
-        )
-    raise InputError(f"'{path}' has no weights (*.safetensors); is the checkpoint complete?")
 
 
 def _has_attention(model: nn.Module) -> bool:
@@ -329,10 +287,7 @@ def _load_transformers(
         with quiet_progress(), report_log.held():
             model, report = from_pretrained_placed(cls, source, kwargs, placed)
     except SafetensorError as err:  # a corrupt or truncated .safetensors file
-        raise InputError(
-            f"cannot load the weights of '{ref}': {_first_line(err)}; the file is corrupt or truncated, "
-            "re-create or re-download it"
-        ) from None
+        raise corrupt_weights(ref, err) from None
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         if "ignore_mismatched_sizes" in str(err):  # transformers names the tensors only in its report
             raise mismatched_shapes(ref, report_log.text) from None

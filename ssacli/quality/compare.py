@@ -19,8 +19,8 @@ from typing import Any
 from ..defaults import (
     LM_SEQ_LEN,
 )
-from ..errors import InputError, UsageError
-from ..models.kinds import ModelKind
+from ..errors import UsageError
+from ..models.kinds import ModelKind, different_kinds
 from ..models.loading import LoadedModel, load_with
 from ..models.options import LoadOptions
 from ..setting import settings_from
@@ -307,10 +307,7 @@ def _check_compatible(
     a: LoadedModel, b: LoadedModel, *, text: bool, pairs: bool, names: tuple[str, str] = ("BEFORE", "AFTER")
 ) -> None:
     if a.kind != b.kind:
-        raise InputError(
-            f"{names[0]} '{a.name}' is a {a.kind} model and {names[1]} '{b.name}' a {b.kind} one; "
-            "compare models of one kind"
-        )
+        raise different_kinds(names, (a.name, b.name), (a.kind, b.kind))
     for option, asked in (("--text-id/--text-ood", text), ("--pairs", pairs)):
         if asked and a.kind not in LM_KINDS:
             raise UsageError(f"{option} needs causal or masked language models; '{a.name}' is {a.kind}")

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..display import Displayed
+from ..documents import REPORT_SCHEMA
 from ..errors import UsageError
 
-REPORT_SCHEMA = "ssacli-report"
 REPORT_VERSION = 1  # still 1 with a CONTROL: its keys are additions a version-1 reader may ignore
 
 

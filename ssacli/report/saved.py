@@ -14,33 +14,22 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..check.requirements import SCHEMA as CHECK_SCHEMA
 from ..defaults import FINDINGS, HEATMAP
-from ..diagnosis.comparison import COMPARISON_SCHEMA
-from ..diagnosis.result import SCHEMA, DiagnoseResult, read_json_file
-from ..errors import InputError, UsageError
-from ..quality.result import REPORT_SCHEMA
+from ..diagnosis.result import DiagnoseResult
+from ..documents import COMPARISON_SCHEMA, read_saved
+from ..errors import UsageError
 from .html import comparison_html, diagnose_html
 from .summary import pick_heatmap
 from .terminal import render_comparison, render_diagnose
-
-OTHER_SCHEMAS = {REPORT_SCHEMA: "an `ssacli report` JSON", CHECK_SCHEMA: "an `ssacli check` JSON"}
 
 
 def load_saved(path: str | Path) -> list[DiagnoseResult]:
     """The results in a saved file: ``[result]`` for a ``diagnose --json`` file, ``[a, b]`` for a
     comparison written by ``diagnose --compare … --json``. Anything else (a missing or non-JSON
     file, a report or check JSON, a newer schema) is an InputError naming the file and the fix."""
-    data = read_json_file(path)
-    schema = data.get("schema")
-    if schema == COMPARISON_SCHEMA:
-        sides = [data.get("a"), data.get("b")]
-        if not all(isinstance(side, dict) for side in sides):
-            raise InputError(f"result file '{path}' is a comparison without both sides (a, b); re-create it")
-        return [DiagnoseResult.from_saved(side, path) for side in sides]
-    if schema != SCHEMA:
-        what = OTHER_SCHEMAS.get(schema, f"not a diagnose result (schema={schema!r})")
-        raise InputError(f"'{path}' is {what}; give a file written by `ssacli diagnose --json`")
+    data = read_saved(path)  # the file and its schema: torch-free, what `ssacli render` checks first
+    if data["schema"] == COMPARISON_SCHEMA:
+        return [DiagnoseResult.from_saved(data[side], path) for side in ("a", "b")]
     return [DiagnoseResult.from_saved(data, path)]
 
 

@@ -147,7 +147,8 @@ def _run_arm(model, out, config, control, overwrite, resume, text, device, on_st
             meta["fidelity"] = fidelity
         if loaded.kind != ModelKind.CAUSAL:
             raise UsageError(
-                f"the conversion recipe distils causal LMs; '{loaded.name}' is a {loaded.kind} model"
+                f"the conversion recipe distils causal LMs; '{loaded.name}' is "
+                f"{ModelKind(loaded.kind).with_article} model"
             )
         if saved is not None and not control:
             check_same_start(saved, meta["source"], fidelity, out)

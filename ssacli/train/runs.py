@@ -31,7 +31,7 @@ from ..models.loading import LoadedModel, local_model_path
 from ..models.options import LoadOptions
 from ..scorers import make_scorer
 from ..setting import settings_from
-from . import DATA_FORMS
+from . import require_data
 from .data import read_documents
 from .finetune import finetune
 from .finetune_config import FinetuneConfig
@@ -71,8 +71,7 @@ def finetune_config(
             hint = f"; to continue the run recorded in {source}, pass --resume"
     given = {k: v for k, v in options.items() if v is not None}
     values = {k: v for k, v in recorded.items() if k in names} | given
-    if "data" not in values:
-        raise UsageError(f"--data is required: {DATA_FORMS}{hint}")
+    require_data(values.get("data"), hint)
     config = FinetuneConfig(**values)
     config.validate()
     return config

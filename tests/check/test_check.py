@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shlex
+import shutil
 import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -26,6 +27,7 @@ from ssacli.diagnosis import run as diagnosis
 from ssacli.diagnosis.probe_result import ProbeResult
 from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.errors import InputError, UnsupportedModelError, UsageError
+from ssacli.models.builtins import BUILTIN_DIR
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "ci.md"
 runner = CliRunner()
@@ -285,7 +287,8 @@ def test_flags_override_the_config(tmp_path, monkeypatch):
     assert runner.invoke(app, ["check", "--quiet"]).exit_code == 1  # the config's requirement: 0.6 > 0.01
     assert calls[-1] == ("builtin:every-ssa", ["outlier:100"], dict(samples=3, seed=7))
     # the file is for builtin:every-ssa: it applies to "other" only when named with --config
-    Path("other").mkdir()  # a folder here (the fake diagnose never reads it), not an uncached Hub id
+    # a model folder here, whole as far as its headers go (the fake diagnose never loads it), not a Hub id
+    shutil.copytree(BUILTIN_DIR / "every-ssa", "other")
     args = ["check", "other", "--config", "ssacli.toml", "--samples", "2", "--quiet"]
     args += ["-r", "entropy@embed-scale:16 min >= 0.3"]
     assert runner.invoke(app, args).exit_code == 0  # 0.4 >= 0.3; the config's list is replaced
@@ -474,7 +477,7 @@ def test_a_config_for_another_model_is_refused_unless_given_explicitly(tmp_path,
     fake = lambda model, probes, **kw: calls.append(model) or make_result()  # noqa: E731
     monkeypatch.setattr(diagnosis, "diagnose", fake)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "mine").mkdir()
+    shutil.copytree(BUILTIN_DIR / "every-ssa", tmp_path / "mine")  # whole as far as its headers go
     Path("ssacli.toml").write_text('[check]\nmodel = "mine"\nrequires = ["entropy@embed-scale:16 >= 0"]\n')
     refused = runner.invoke(app, ["check", "builtin:every-ssa", "--quiet"])
     assert refused.exit_code == 2 and not calls, refused.output
