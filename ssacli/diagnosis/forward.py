@@ -113,7 +113,8 @@ class Recorder(Observer):
         self.tau, self.top_k, self.block_size, self.causal = tau, top_k, block_size, causal
         self.positions = positions  # the bins of the sink and position metrics (None: not measured)
         # "eager": blocks of weights reduced to row statistics; "fused": those of one blocked pass
-        # (ssacli.attention.online), refused where a call cannot; "auto": fused where a call can.
+        # (ssacli.attention.forward.online_observed_attention), refused where a call cannot; "auto":
+        # fused where a call can.
         self.stats_mode = stats
         self.calls = {"fused": 0, "eager": 0}  # which path measured each attention call
         self.stats: dict[int, HeadStats] = {}
@@ -124,7 +125,6 @@ class Recorder(Observer):
         self.losses: list[float] = []  # each input's mean next-token loss, in input order (causal LMs)
         self.valid: torch.Tensor | None = None  # [b, t] real tokens of the current batch
         self.target: torch.Tensor | None = None  # [b] target token of the current batch (outlier_capture)
-        self.pending: dict[int, torch.Tensor] = {}  # the logits of the block about to be recorded
         # Where a shift can be absorbed: the normalization modules run since the last attention layer
         # began, and per layer those that ran before its first call (see :func:`absorber`).
         self.norms_seen: list[str] = []
@@ -148,7 +148,9 @@ class Recorder(Observer):
         if self.probe is not None and self.probe[0].acts_on is ActsOn.LOGITS:
             kind, level = self.probe
             logits = shifted(kind, logits, level, self.target)
-        self.note_logits(logits, module)
+        layer = self.layer_of.get(id(module))
+        if layer is not None and not torch.isfinite(logits).all():
+            self.overflow.note(layer, "attention logits")
         return logits
 
     def transform_block(self, logits: torch.Tensor, module: nn.Module, cols: slice) -> torch.Tensor:
@@ -170,27 +172,17 @@ class Recorder(Observer):
         kind = self.probe_kind or (self.probe[0] if self.probe is not None else None)
         return kind is not None and kind.acts_on is ActsOn.LOGITS
 
-    def note_logits(self, logits: torch.Tensor, module: nn.Module) -> None:
-        """Keep the block's logits (as the scorer will see them) until :meth:`record` knows its rows."""
-        layer = self.layer_of.get(id(module))
-        if layer is None:
-            return
-        if not torch.isfinite(logits).all():
-            self.overflow.note(layer, "attention logits")
-        self.pending[layer] = logits
-
     def layer_stats(self, layer: int) -> LayerStats:
         if layer not in self.layers:
             self.layers[layer] = LayerStats()
         return self.layers[layer]
 
-    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+    def record(self, module, weights, visible, query_positions, sink=None, logits=None) -> None:
         """One block of weights, reduced to the per-row statistics :meth:`record_rows` takes (with the
-        block's logits, kept by :meth:`note_logits`, for the logit scale)."""
+        block's logits, for the logit scale)."""
         layer = self.layer_of.get(id(module))
         if layer is None:
             return
-        logits = self.pending.pop(layer, None)
         if logits is not None and logits.shape != weights.shape:
             logits = None
         target = None
@@ -311,7 +303,6 @@ def forward_batch(
     finally:
         for hook in hooks:
             hook.remove()
-        recorder.pending.clear()
         recorder.probe = recorder.probe_kind = None
     return extras
 

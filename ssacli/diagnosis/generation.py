@@ -109,13 +109,12 @@ class PositionRecorder(Recorder):
         self.first = first
         self.by_position: dict[int, dict[int, HeadStats]] = {}
 
-    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+    def record(self, module, weights, visible, query_positions, sink=None, logits=None) -> None:
         position = int(query_positions[0])
-        self.pending.pop(self.layer_of.get(id(module)), None)  # no logit scale kept
         if weights.shape[-2] != 1 or position < self.first:
             return
         self.stats = self.by_position.setdefault(position - self.first, {})
-        super().record(module, weights, visible, query_positions, sink)
+        super().record(module, weights, visible, query_positions, sink)  # no logit scale kept
 
 
 def check_generate(loaded: LoadedModel, route: Route, steps: int, length: int) -> int:
@@ -216,7 +215,6 @@ def _full(loaded, route, sequence: torch.Tensor, reference: PositionRecorder) ->
     """The finished sequences once more, whole and without a cache, row by row into ``reference``."""
     with torch.inference_mode(), observing(reference):
         loaded.model(input_ids=sequence, use_cache=False, **forward_arguments(route))
-    reference.pending.clear()
 
 
 # Values below this are compared on this scale, not relative to themselves: a head that attends to one

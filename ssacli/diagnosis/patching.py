@@ -47,10 +47,10 @@ class PatternRecorder(Recorder):
         self.patched: dict[int, torch.Tensor] = {}  # layer -> the heads whose weights go back
         self.first_sequence = 0  # the index of the current batch's first sequence
 
-    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+    def record(self, module, weights, visible, query_positions, sink=None, logits=None) -> None:
         if self.mode in ("patch", "temper"):
             return
-        super().record(module, weights, visible, query_positions, sink)
+        super().record(module, weights, visible, query_positions, sink, logits)
         layer = self.layer_of.get(id(module))
         if self.mode == "capture" and layer is not None:
             self.kept[(layer, self.batch)] = weights.detach().clone()

@@ -158,14 +158,14 @@ class PositionProfiles:
         )  # fmt: skip
 
 
-def level_profiles(probe: str, level: float, recorder, metrics: dict[str, np.ndarray], index: int):
+def level_profiles(probe: str, level: float, recorder, metrics: dict[str, np.ndarray]):
     """The :class:`PositionProfiles` of one probe level: its recorder's per-layer sums (a
-    :class:`~ssacli.diagnosis.forward.Recorder` with ``positions``) and the level's row ``index`` of the
-    probe's metric arrays [level, layer, head], for the classes; None where nothing was measured."""
+    :class:`~ssacli.diagnosis.forward.Recorder` with ``positions``) and the level's per-head means
+    [layer, head], for the classes; None where nothing was measured."""
     if recorder.positions is None or recorder.overflow.first is not None:
         return None
-    layers, heads = metrics["entropy"].shape[1:]
-    means = {name: metrics[name][index] for name in ("sink_share", "local_share", "entropy")}
+    layers, heads = metrics["entropy"].shape
+    means = {name: metrics[name] for name in ("sink_share", "local_share", "entropy")}
     return PositionProfiles.measured(probe, level, recorder.positions, recorder.stats, layers, heads, means)
 
 

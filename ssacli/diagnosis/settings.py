@@ -125,7 +125,7 @@ class DiagnoseSettings:
             value = getattr(self, name)
             if value < low:
                 raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
-        from ..attention.online import STATS_MODES  # torch: checked when built, not when imported
+        from ..attention.forward import STATS_MODES  # torch: checked when built, not when imported
 
         if self.stats not in STATS_MODES:
             raise UsageError(f"--stats takes {', '.join(STATS_MODES)}, got {self.stats!r}")

@@ -26,8 +26,9 @@ logit-scale sums before the transform; after it the max, e^(t − m), the total,
 top-k, two passes per row in C); the rest (float64, CUDA, nothing built) the block loop with the same
 work as torch ops (``"torch-blocks"``). All three compute the same statistics.
 What a call is — its mask, the logits' form, the probe, the transform, the keyless terms — comes in as
-one :class:`~ssacli.kernels.stats_call.StatisticsCall` (ssacli.attention.online builds it), and what
-comes out is the :class:`~ssacli.kernels.row_stats.RowStatistics` every path of diagnose produces.
+one :class:`~ssacli.kernels.stats_call.StatisticsCall` (ssacli.attention.forward's
+online_observed_attention builds it), and what comes out is the
+:class:`~ssacli.kernels.row_stats.RowStatistics` every path of diagnose produces.
 """
 
 from __future__ import annotations

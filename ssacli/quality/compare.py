@@ -253,7 +253,7 @@ def _assemble(models: list[LoadedModel], measured: dict[str, dict[str, Any]], di
     """The report of the measured sides: the quality rows, the probe comparison (and CONTROL's against
     AFTER), each side's conversion record, lm-eval's paired rows."""
     from ..diagnosis.comparison import compare_results
-    from ..diagnosis.run import software_versions
+    from ..version import software_versions
 
     report = QualityReport(
         before=describe(models[0], diagnosed[0]),
