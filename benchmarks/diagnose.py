@@ -67,7 +67,7 @@ def build_model(heads: int, layers: int, impl: str, max_positions: int = 8192) -
 def recorder_for(model: torch.nn.Module, block_size: int, *, reduce: bool = True, label: bool = False):
     """A diagnose Recorder on ``model``'s attention layers (``reduce=False``: record() does nothing)."""
     from ssacli.attention.interface import attention_modules
-    from ssacli.diagnosis.forward import Recorder
+    from ssacli.diagnosis.recorder import Recorder
 
     class Timed(Recorder):
         def record(self, *args, **kwargs) -> None:

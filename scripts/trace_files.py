@@ -5,6 +5,7 @@ and its JSON, measured (docs/architecture.md, "The main job, file by file").
 
 Default: the two bundled models (the ICL model diagnose runs without MODEL, and the language model;
 their files together) and ``--stats auto``; ``--why`` names the event that first counted each file.
+The last line counts, for comparison, every ssacli file any function of which ran (loading aside).
 A tiny run (two samples of 16 tokens, logit-scale at two levels) crosses every stage.
 
 A file counts when one of its functions is on the Python call stack at a moment the data changes
@@ -87,7 +88,7 @@ def main() -> None:
         if not frame.f_code.co_filename.startswith(pkg):
             return
         if event == "call":
-            first_entered.setdefault(rel(frame), len(first_entered))
+            first_entered.setdefault(rel(frame), len(first_entered))  # every file that ran
             if frame.f_code.co_name in ANCHORS:
                 stack(frame, f"{rel(frame)}:{frame.f_code.co_name}")
             return
@@ -110,6 +111,7 @@ def main() -> None:
     print(f"files the diagnose data crosses ({', '.join(models)}; {stats} statistics): {len(ordered)}")
     for i, name in enumerate(ordered, 1):
         print(f"{i:3d}. ssacli/{name}" + (f"  [{why[name]}]" if "--why" in sys.argv else ""))
+    print(f"ssacli files with a function that ran: {len(first_entered)}")
 
 
 if __name__ == "__main__":

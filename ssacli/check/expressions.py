@@ -18,7 +18,7 @@ import numpy as np
 
 from ..diagnosis.metrics import METRICS, QUALITY_METRICS, metric_spec
 from ..diagnosis.outputs import quality_values
-from ..diagnosis.probes import PROBES, parse_probe
+from ..diagnosis.probe_kinds import PROBES, parse_probe
 from ..diagnosis.result import DiagnoseResult
 from ..errors import UsageError
 

@@ -5,7 +5,7 @@ After each prompt (the prompts diagnose builds from its texts, samples and lengt
 probe acts during generation, so this is the probes' neutral level only) the model greedily
 generates ``N`` tokens with its KV cache. Decoding step ``t`` (0 … N − 1) runs the ``t``-th generated
 token as a single query row (q_len = 1) against the cache, whose key length is
-``prompt_length + t + 1``; its attention passes the same :class:`~ssacli.diagnosis.forward.Recorder`
+``prompt_length + t + 1``; its attention passes the same :class:`~ssacli.diagnosis.recorder.Recorder`
 as the probes (the token's own output, the next token, is taken by argmax; the last step's is
 dropped). Metrics are ``[step, layer, head]``: the length trajectory over the generated positions.
 
@@ -30,10 +30,11 @@ from ..attention.forward import observing
 from ..errors import UsageError
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
-from .forward import Recorder
-from .metrics import METRICS, HeadStats
+from .metrics import METRICS
 from .probe_result import array_from_json, json_ready
+from .recorder import Recorder
 from .routes import Route, forward_arguments
+from .row_metrics import HeadStats
 
 # The metrics compared with the full recomputation (row_mass is 1 for normalized scorers, sink_rate
 # a 0/1 indicator of sink_mass; outlier_capture needs a probe target, learned_sink a sink model).

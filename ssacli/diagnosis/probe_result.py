@@ -19,7 +19,7 @@ import numpy as np
 
 from .metrics import sink_indicator
 from .positions import PositionProfiles
-from .probes import PROBES
+from .probe_kinds import PROBES
 
 COLLAPSE_SHARE = 0.5  # collapse point: first level where the collapse rate reaches this share
 # "Reached": at the top measured level, the shift measured where the probe acts is at least this share

@@ -5,7 +5,7 @@
 It holds the run: checking the options and routing the model, then three steps in this order, each
 returning one value: plan (:func:`~ssacli.diagnosis.plan.plan_run`, in :mod:`ssacli.diagnosis.plan`:
 a :class:`~ssacli.diagnosis.plan.RunPlan`, each probe level's inputs), execute (:func:`_execute`:
-the forwards, level by level, each level's :class:`~ssacli.diagnosis.forward.Recorder` reduced to a
+the forwards, level by level, each level's :class:`~ssacli.diagnosis.recorder.Recorder` reduced to a
 :class:`LevelMeasure`) and aggregate (:func:`_assemble`: a
 :class:`~ssacli.diagnosis.probe_result.ProbeResult` per probe, built once from its levels, in the
 :class:`~ssacli.diagnosis.result.DiagnoseResult`). One forward pass under a probe, and the recorder
@@ -35,16 +35,18 @@ from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
 from ..setting import settings_from
 from ..version import software_versions
-from .forward import OutputReference, Recorder, forward_batch
+from .forward import OutputReference, forward_batch
 from .generation import generate
-from .metrics import LAYER_METRICS, METRICS, PromptStats
+from .metrics import LAYER_METRICS, METRICS
 from .outputs import reference_index
 from .plan import RunPlan, describe_inputs, plan_run
-from .positions import PositionProfiles, level_profiles, run_bins
+from .positions import PositionProfiles, run_bins
+from .probe_kinds import ActsOn, Probe, default_probes, parse_probe, scorer_insensitivity
 from .probe_result import ProbeResult
-from .probes import ActsOn, Probe, default_probes, parse_probe, scorer_insensitivity
+from .recorder import Recorder
 from .result import DiagnoseResult
 from .routes import Route, absorber, choose_route, route_through_ssacli, route_unaudited_reason
+from .row_metrics import PromptStats, position_profiles
 from .settings import DiagnoseSettings
 from .shift import with_shift
 
@@ -290,7 +292,7 @@ def _measure_level(
         prompts=None if recorder.prompts is None else recorder.prompts.rates(layers, heads),
         per_input=per_input,
         # where attention lands, at the reference (unshifted) level
-        positions=level_profiles(probe.name, level, recorder, metrics) if at_reference else None,
+        positions=position_profiles(probe.name, level, recorder, metrics) if at_reference else None,
     )  # fmt: skip
 
 

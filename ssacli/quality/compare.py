@@ -110,7 +110,7 @@ def compare_models_with(
     """:func:`compare_models` with its settings as values: what is measured (:class:`ReportSettings`)
     and how MODEL references load (:class:`~ssacli.models.options.LoadOptions`); ``ssacli report``
     builds both from its flags and calls this."""
-    from ..diagnosis.probes import parse_probe
+    from ..diagnosis.probe_kinds import parse_probe
 
     started = time.perf_counter()
     say = progress or (lambda message: None)

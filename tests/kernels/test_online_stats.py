@@ -22,9 +22,9 @@ import ssacli.attention.forward as attention_forward
 from ssacli import diagnose
 from ssacli.attention.forward import observing, online_observed_attention
 from ssacli.attention.interface import apply_scorer, attention_modules
-from ssacli.diagnosis.forward import Recorder
 from ssacli.diagnosis.metrics import METRICS
-from ssacli.diagnosis.probes import PROBES
+from ssacli.diagnosis.probe_kinds import PROBES
+from ssacli.diagnosis.recorder import Recorder
 from ssacli.errors import UsageError
 from ssacli.kernels import native
 from ssacli.kernels.online_stats import softmax_statistics
