@@ -125,10 +125,10 @@ class DiagnoseSettings:
             value = getattr(self, name)
             if value < low:
                 raise UsageError(f"{name.replace('_', '-')} must be >= {low}, got {value}")
-        from ..attention.forward import STATS_MODES  # torch: checked when built, not when imported
+        from ..kernels.routing import MODEL_BACKENDS  # torch: checked when built, not when imported
 
-        if self.stats not in STATS_MODES:
-            raise UsageError(f"--stats takes {', '.join(STATS_MODES)}, got {self.stats!r}")
+        if self.stats not in MODEL_BACKENDS:
+            raise UsageError(f"--stats takes {', '.join(MODEL_BACKENDS)}, got {self.stats!r}")
         if not 0 < self.tau <= 1:
             raise UsageError(f"tau must be in (0, 1], got {self.tau}")
         if self.top_k < 1:
