@@ -67,16 +67,16 @@ def build_model(heads: int, layers: int, impl: str, max_positions: int = 8192) -
 def recorder_for(model: torch.nn.Module, block_size: int, *, reduce: bool = True, label: bool = False):
     """A diagnose Recorder on ``model``'s attention layers (``reduce=False``: record() does nothing)."""
     from ssacli.attention.interface import attention_modules
-    from ssacli.diagnosis.forward import Recorder
+    from ssacli.diagnosis.recorder import Recorder
 
     class Timed(Recorder):
-        def record(self, *args) -> None:
+        def record(self, *args, **kwargs) -> None:
             if not reduce:
                 return
             if not label:
-                return super().record(*args)
+                return super().record(*args, **kwargs)
             with torch.profiler.record_function("Recorder.record (row_sums)"):
-                return super().record(*args)
+                return super().record(*args, **kwargs)
 
     layer_of = {id(m): i for i, (_, m) in enumerate(attention_modules(model))}
     return Timed(layer_of, tau=0.9, top_k=5, block_size=block_size, causal=True)

@@ -158,7 +158,7 @@ _LAZY = {
     "LoadOptions": "models.options",
     "DiagnoseSettings": "diagnosis.settings",
     "ModelKind": "models.kinds",
-    "METRICS": "diagnosis.metric_table",
+    "METRICS": "diagnosis.metrics",
     "render_quality_report": "report.before_after:render_report",
     "quality_report_html": "report.before_after:report_html",
     "icl_evaluation_tables": "report.icl:icl_tables",
@@ -188,7 +188,7 @@ if TYPE_CHECKING:
     from .diagnosis.attribution_result import Attribution
     from .diagnosis.attribution_settings import AttributionSettings
     from .diagnosis.comparison import compare_results
-    from .diagnosis.metric_table import METRICS
+    from .diagnosis.metrics import METRICS
     from .diagnosis.probe_kinds import parse_probe
     from .diagnosis.probe_result import ProbeResult
     from .diagnosis.result import DiagnoseResult

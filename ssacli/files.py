@@ -103,9 +103,7 @@ def confined(base: str | Path, name: str, what: str, root: str | Path | None = N
     resolved = path.expanduser().resolve()
     top = Path(root if root is not None else base).expanduser().resolve()
     if resolved.parent != Path(base).expanduser().resolve() or not resolved.is_relative_to(top):
-        raise UsageError(
-            f"{what} {path} leads outside {root or base} (a symbolic link); remove the link"
-        )
+        raise UsageError(f"{what} {path} leads outside {root or base} (a symbolic link); remove the link")
     return path
 
 
@@ -444,6 +442,7 @@ def _acquire(path: Path, out: Path, option: str) -> None:
             raise output_error(out, err) from err
         return
     raise UsageError(_busy(path, out, option))
+
 
 def _busy(path: Path, out: Path, option: str) -> str:
     try:

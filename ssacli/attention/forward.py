@@ -5,14 +5,17 @@ Read in file order, one call goes:
 1. :func:`ssacli_attention_forward` checks the call (every keyword understood, :mod:`.arguments`),
    reads the learned sink, and serves the teacher modes of conversion (:mod:`.teacher`);
 2. where nothing observes the weights, the scorer's fused kernel runs if it may (:mod:`.backend`);
-3. otherwise :func:`eager_attention`, the one eager implementation: the logits as the model's
+   under :func:`observing` (diagnose, m=auto) :func:`observed_attention` takes the call;
+3. there, where the scorer is a softmax of a transformed logit, diagnose's fused statistics
+   (:func:`online_observed_attention`) reduce the call to running row statistics in one blocked pass
+   and hand them to the :class:`Observer`'s ``record_rows``;
+4. otherwise :func:`eager_attention`, the one eager implementation: the logits as the model's
    eager path computes them (:func:`scaled_logits`: scaling, Gemma-2 softcap, T5 position bias), the
-   keys each query sees (:func:`visibility`), the scorer's weights (with a learned sink,
-   :func:`scores_and_sink`), and ``weights @ value``. The plain path calls it once for every query
-   row; under :func:`observing` (diagnose, m=auto) :func:`observed_attention` calls it one block of
-   query rows at a time and hands each block's weights to the :class:`Observer`, so no
-   [b, h, q, k] tensor outlives a block. Diagnose's fused statistics (:mod:`.online`) replace the
-   blocks with running row statistics where the scorer is a softmax of a transformed logit.
+   keys each query sees (:func:`~.masks.visibility`), the scorer's weights (with a learned sink,
+   :func:`~.sinks.scores_and_sink`), and ``weights @ value``. The plain path calls it once for every
+   query row; :func:`observed_attention` calls it one block of query rows at a time and hands each
+   block's weights and logits to the observer's ``record``, so no [b, h, q, k] tensor outlives a
+   block.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from ..kernels import routing
+from ..kernels.online_stats import STATS_BLOCK_KEYS, softmax_statistics
 from ..kernels.positions import PositionBins
-from ..kernels.visibility import causal_visibility
+from ..kernels.stats_call import StatisticsCall
 from ..scorers import Scorer, make_scorer
+from ..scorers.softmax_family import SSA, Softmax
 from .arguments import check_arguments, family_name
 from .backend import fused_output
-from .masks import causal_when_unmasked, packed_visibility
-from .online import online_observed_attention, online_reason, statistics_backend
-from .sinks import sink_logits
+from .masks import causal_when_unmasked, visibility
+from .sinks import scores_and_sink, sink_logits
 from .teacher import SOFTMAX, teacher_mode
 
 SCORER_ATTR = "ssacli_scorer"  # the attention module's submodule holding its scorer (.interface)
@@ -50,7 +55,7 @@ class Observer:
     """
 
     block_size: int = 256  # query rows scored at a time
-    stats_mode: str = "eager"  # "eager" | "fused" | "auto" (ssacli.attention.online.STATS_MODES)
+    stats_mode: str = "eager"  # "eager" | "fused" | "auto" (STATS_MODES)
     top_k: int = 5  # the running top-k the fused statistics keep
     positions: PositionBins | None = None  # the bins of where the mass lands (None: not measured)
     target: torch.Tensor | None = None  # [b] a key index per sequence (diagnose's target metrics)
@@ -87,8 +92,10 @@ class Observer:
         visible: torch.Tensor | None,
         query_positions: torch.Tensor,
         sink: torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
     ) -> None:
-        """One block of weights [b, h, q_rows, k] (``query_positions``: the rows' key indices); models
+        """One block of weights [b, h, q_rows, k] (``query_positions``: the rows' key indices) and the
+        logits they were scored from (after :meth:`transform`, before a float mask's bias); models
         with learned sinks also pass ``sink`` [b, h, q_rows], the weight each row gave its sink key."""
 
     def record_rows(self, module: nn.Module, stats, query_positions: torch.Tensor) -> None:
@@ -202,8 +209,8 @@ def attend(module, scorer, query, key, value, mask, scaling, dropout, sink, kwar
 def observed_attention(module, scorer, observer, query, key, value, mask, scaling, sink, kwargs):
     """The same attention, one block of ``observer.block_size`` query rows at a time (extra memory
     O(block × k)), each block's weights handed to ``observer.record``; or, where
-    :func:`~ssacli.attention.online.statistics_backend` chooses the fused statistics (the observer's
-    ``stats_mode``, the call's facts), :func:`~ssacli.attention.online.online_observed_attention`.
+    :func:`statistics_backend` chooses the fused statistics (the observer's ``stats_mode``, the call's
+    facts), :func:`online_observed_attention`.
     key/value are already repeated for GQA. Returns (output [b, q, h, d], None)."""
     backend = statistics_backend(observer, query, online_reason(scorer, mask, kwargs))
     if backend != "eager":
@@ -222,7 +229,85 @@ def observed_attention(module, scorer, observer, query, key, value, mask, scalin
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
-# ---- 3. eager attention -----------------------------------------------------------------------------
+# ---- 3. diagnose's fused statistics: running row statistics instead of weight blocks -----------------
+# For scorers that are a softmax of a transformed logit (Scorer.transformed_logits: softmax,
+# temperature, SSA, SSMax, sink, softmax1) the call is described as one StatisticsCall (mask or causal
+# band, softcap, position bias, the observer's probe, the scorer's transform and keyless terms); the
+# kernel (ssacli.kernels.online_stats) forms every block's logits exactly as observed_attention does,
+# so its statistics are those of the eager weights, and no [rows, keys] tile exists.
+
+STATS_MODES = routing.MODEL_BACKENDS  # --stats: the values of every model-wide backend option
+
+
+def online_reason(scorer: Scorer, mask: torch.Tensor | None, kwargs: dict) -> str | None:
+    """Why this call's statistics need the eager weights, or None if the fused pass computes them."""
+    if scorer.uses_qk or type(scorer).transformed_logits is Scorer.transformed_logits:
+        return f"scorer '{scorer.name}' is not a softmax of a transformed logit"
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        return "packed sequences (cu_seq_lens_*) are separated in the eager mask"
+    if mask is not None and mask.dim() != 4:
+        return f"the model passed a {mask.dim()}-d attention mask"
+    return None
+
+
+def statistics_backend(observer, query: torch.Tensor, reason: str | None) -> str:
+    """ "eager" where this observed call takes the eager weights, else the backend its fused
+    statistics run on (ssacli.kernels.online_stats.softmax_statistics's ``backend``): chosen by
+    ssacli.kernels.routing.choose_backend from the observer's ``stats_mode`` (``auto`` reads
+    SSACLI_BACKEND) and ``reason`` (:func:`online_reason`)."""
+    backend = routing.requested(observer.stats_mode)
+    call = routing.Call(
+        query.device.type, query.dtype, kind="statistics", scope="model", backend=backend,
+        weights_needed=reason,
+    )  # fmt: skip
+    if routing.choose_backend(call) == "eager":
+        return "eager"
+    return "auto" if backend == "fused" else backend
+
+
+def online_observed_attention(
+    module, scorer, observer, query, key, value, mask, scaling, sink, kwargs, backend: str = "auto"
+):
+    """:func:`observed_attention`'s output, with the call's statistics
+    handed to ``observer.record_rows`` instead of its weights to ``observer.record``. key/value are
+    already repeated for GQA; ``sink``: the learned sink logits or None; ``backend``: the statistics'
+    (:func:`statistics_backend`)."""
+    b, h, q_total, _ = query.shape
+    k_len = key.shape[-2]
+    key = observer.transform_key(key, module)
+    compute = torch.promote_types(query.dtype, torch.float32)
+    causal = mask is None and causal_when_unmasked(module, kwargs.get("is_causal")) and q_total > 1
+    target = observer.target
+    if target is not None and target.shape[0] != b:
+        target = None
+    keyless = scorer.keyless_logit(torch.zeros(1, h, 1, 1, dtype=compute, device=query.device))
+    if keyless is not None:
+        keyless = keyless.to(compute).expand(1, h, 1, 1).reshape(1, h, 1)
+
+    def probe(x: torch.Tensor, cols: slice) -> torch.Tensor:
+        return observer.transform_block(x, module, cols)
+
+    call = StatisticsCall(
+        scaling=float(scaling), mask=mask, causal=causal,
+        window=kwargs.get("sliding_window") if causal else None,
+        softcap=kwargs.get("softcap"), position_bias=kwargs.get("position_bias"),
+        # every level of a probe on the logits takes the same path, the reference level included
+        probe=probe if observer.changes_logits(module) else None,
+        transform=None if type(scorer).transformed_logits is Softmax.transformed_logits
+        else scorer.transformed_logits,
+        # SSA's transform as data too, for the kernels that compute it themselves (Triton on CUDA)
+        ssa=(scorer.b, scorer.n) if type(scorer).transformed_logits is SSA.transformed_logits else None,
+        sink=sink, keyless=keyless, target=target, top_k=int(observer.top_k), positions=observer.positions,
+    )  # fmt: skip
+    out, stats = softmax_statistics(
+        query, key, value, call, block_rows=max(1, int(observer.block_size)), block_keys=STATS_BLOCK_KEYS,
+        backend=backend,
+    )  # fmt: skip
+    observer.record_rows(module, stats, torch.arange(k_len - q_total, k_len, device=query.device))
+    return out.transpose(1, 2).contiguous(), None
+
+
+# ---- 4. eager attention -----------------------------------------------------------------------------
 
 
 def eager_attention(
@@ -246,11 +331,12 @@ def eager_attention(
 
     With an ``observer`` the logits pass its :meth:`~Observer.transform` before the mask, the weights
     are scored in at least float32 (observed as the scorer computed them; a bf16 model's weights are
-    rounded only for the matmul) and go to its :meth:`~Observer.record`."""
+    rounded only for the matmul) and go to its :meth:`~Observer.record` with those logits."""
     q_total, k_len = query.shape[-2], key.shape[-2]
     logits = scaled_logits(query, key, scaling, kwargs, rows)
     if observer is not None:
         logits = observer.transform(logits, module)
+    observed = logits  # as the scorer sees them, before a float mask's bias: the observer's logit scale
     logits, visible = visibility(logits, mask, module, kwargs, rows, q_total)
     positions = torch.arange(k_len - q_total, k_len, device=query.device)[rows]
     inputs = {"query": query[:, :, rows], "key": key}
@@ -261,11 +347,8 @@ def eager_attention(
     if observer is not None:
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     weights, sink_weight = scores_and_sink(scorer, logits, visible, sink, **inputs)
-    if observer is not None:
-        if sink_weight is None:
-            observer.record(module, weights, visible, positions)
-        else:  # a learned sink: its weight [b, h, q_rows] too
-            observer.record(module, weights, visible, positions, sink=sink_weight)
+    if observer is not None:  # with a learned sink, its weight [b, h, q_rows] too (else None)
+        observer.record(module, weights, visible, positions, sink=sink_weight, logits=observed)
         weights = observer.patch(module, weights, positions)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights.to(value.dtype), value), weights
@@ -287,82 +370,8 @@ def scaled_logits(
     return logits
 
 
-def visibility(
-    logits: torch.Tensor,
-    mask: torch.Tensor | None,
-    module: nn.Module,
-    kwargs: dict,
-    rows: slice = slice(None),
-    q_total: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logits, visible): the boolean visibility (True = visible) the scorer gets, from whatever mask
-    the model passed, and the logits with any real bias of a float mask added.
-
-    * no mask: causal (bottom-right aligned, ``sliding_window`` applied) if the call's ``is_causal``
-      or else the module's ``is_causal`` says so, otherwise None (everything visible);
-    * a bool mask: used as it is; a float additive mask: its large negative fill is "hidden" and
-      any other value is a bias added to the logits;
-    * ``cu_seq_lens_q``/``cu_seq_lens_k`` (packed sequences): keys of another sequence are hidden.
-
-    ``rows`` selects a block of query rows out of ``q_total`` (the observed, blocked path).
-    """
-    k_len = logits.shape[-1]
-    q_total = logits.shape[-2] if q_total is None else q_total
-    if mask is None:
-        visible = None
-        if causal_when_unmasked(module, kwargs.get("is_causal")) and q_total > 1:
-            # Bottom-right aligned: with a KV cache the last query sits at the last key. [1, 1, q, k]
-            # like the masks transformers builds, so observers can read it the same way.
-            window = kwargs.get("sliding_window")
-            visible = causal_visibility(q_total, k_len, logits.device, rows=rows, window=window)[None, None]
-    else:
-        if mask.dim() == 4:
-            mask = mask[..., :k_len]
-            if mask.shape[-2] == q_total:
-                mask = mask[..., rows, :]
-        if mask.dtype == torch.bool:
-            visible = mask
-        else:
-            # A float additive mask (a user's custom 4D mask): keep any real bias it carries, and read
-            # the large negative fill as "masked".
-            visible = mask > torch.finfo(mask.dtype).min / 2
-            logits = logits + torch.where(visible, mask, 0).to(logits.dtype)
-    packed = packed_visibility(kwargs, q_total, k_len, logits.device)
-    if packed is not None:
-        packed = packed[rows][None, None]
-        visible = packed if visible is None else visible & packed
-    return logits, visible
-
-
-def scores_and_sink(
-    scorer: Scorer,
-    logits: torch.Tensor,
-    visible: torch.Tensor | None,
-    sink: torch.Tensor | None,
-    **inputs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The scorer's weights [b, h, q, k] and, with a learned ``sink`` [b|1, h, q|1, 1], the weight the
-    sink key took [b, h, q] (None without one): the sink is one extra, always visible key whose
-    logit is the sink and whose value is zero, so its weight is dropped from the output.
-
-    What the sink means therefore follows from each scorer's definition on an extra key: softmax gives
-    exp(x)/(exp(s) + Σ exp(x)) (gpt-oss's eager path); SSA transforms s like any logit; sparse scorers
-    may give the sink all or none of the mass; scorers counting visible keys count it (docs/scorers.md).
-    """
-    if sink is None:
-        return scorer(logits, visible, **inputs), None
-    b, h, q, k = logits.shape
-    column = sink.to(logits.dtype).expand(b, h, q, 1)
-    if visible is None:
-        visible = torch.ones(1, 1, 1, k, dtype=torch.bool, device=logits.device)
-    visible = visible.expand(b, h, q, k)
-    visible = torch.cat([visible, visible.new_ones(b, h, q, 1)], dim=-1)
-    weights = scorer(torch.cat([logits, column], dim=-1), visible, **inputs)
-    return weights[..., :k], weights[..., k]
-
-
 __all__ = [
-    "SCORER_ATTR", "Observer", "attend", "current_observer", "eager_attention", "observed_attention",
-    "observing", "scaled_logits", "scores_and_sink", "set_scorer_source", "ssacli_attention_forward",
-    "visibility",
+    "SCORER_ATTR", "STATS_MODES", "Observer", "attend", "current_observer", "eager_attention",
+    "observed_attention", "observing", "online_observed_attention", "online_reason", "scaled_logits",
+    "set_scorer_source", "ssacli_attention_forward", "statistics_backend",
 ]  # fmt: skip

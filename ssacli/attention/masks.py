@@ -2,8 +2,8 @@
 
 :func:`ssacli_mask` is the mask function ssacli registers with transformers (a boolean mask, True =
 visible); :func:`packed_visibility` and ssacli.kernels.visibility's causal band build the visibility
-of a call that passed packed sequences or no mask (the attention function, :mod:`.forward`, joins them
-with the mask the model passed in :func:`~ssacli.attention.forward.visibility`).
+of a call that passed packed sequences or no mask, and :func:`visibility` joins them with the mask the
+model passed (the eager attention of :mod:`.forward` calls it).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from torch import nn
 from transformers.masking_utils import eager_mask, sdpa_mask
 
 from ..errors import UnsupportedModelError
+from ..kernels.visibility import causal_visibility
 
 # Families whose own code reads or edits the attention mask outside the attention function assuming
 # eager's float convention (0 = visible, a large negative number = hidden). ssacli hands them that
@@ -61,3 +62,50 @@ def packed_visibility(kwargs: dict, q_len: int, k_len: int, device) -> torch.Ten
 def causal_when_unmasked(module: nn.Module, is_causal: bool | None) -> bool:
     """Causality when the model passed no mask: its ``is_causal`` argument, else the module's."""
     return bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
+
+
+def visibility(
+    logits: torch.Tensor,
+    mask: torch.Tensor | None,
+    module: nn.Module,
+    kwargs: dict,
+    rows: slice = slice(None),
+    q_total: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits, visible): the boolean visibility (True = visible) the scorer gets, from whatever mask
+    the model passed, and the logits with any real bias of a float mask added.
+
+    * no mask: causal (bottom-right aligned, ``sliding_window`` applied) if the call's ``is_causal``
+      or else the module's ``is_causal`` says so, otherwise None (everything visible);
+    * a bool mask: used as it is; a float additive mask: its large negative fill is "hidden" and
+      any other value is a bias added to the logits;
+    * ``cu_seq_lens_q``/``cu_seq_lens_k`` (packed sequences): keys of another sequence are hidden.
+
+    ``rows`` selects a block of query rows out of ``q_total`` (the observed, blocked path).
+    """
+    k_len = logits.shape[-1]
+    q_total = logits.shape[-2] if q_total is None else q_total
+    if mask is None:
+        visible = None
+        if causal_when_unmasked(module, kwargs.get("is_causal")) and q_total > 1:
+            # Bottom-right aligned: with a KV cache the last query sits at the last key. [1, 1, q, k]
+            # like the masks transformers builds, so observers can read it the same way.
+            window = kwargs.get("sliding_window")
+            visible = causal_visibility(q_total, k_len, logits.device, rows=rows, window=window)[None, None]
+    else:
+        if mask.dim() == 4:
+            mask = mask[..., :k_len]
+            if mask.shape[-2] == q_total:
+                mask = mask[..., rows, :]
+        if mask.dtype == torch.bool:
+            visible = mask
+        else:
+            # A float additive mask (a user's custom 4D mask): keep any real bias it carries, and read
+            # the large negative fill as "masked".
+            visible = mask > torch.finfo(mask.dtype).min / 2
+            logits = logits + torch.where(visible, mask, 0).to(logits.dtype)
+    packed = packed_visibility(kwargs, q_total, k_len, logits.device)
+    if packed is not None:
+        packed = packed[rows][None, None]
+        visible = packed if visible is None else visible & packed
+    return logits, visible

@@ -2,7 +2,7 @@
 whose logit is the sink and whose value is zero.
 
 :func:`sink_logits` reads the sink from an attention call;
-:func:`~ssacli.attention.forward.scores_and_sink` scores it with any scorer (the eager path and
+:func:`scores_and_sink` scores it with any scorer (the eager path and
 diagnose); :func:`with_sink_key` turns it into an ordinary first key for fused kernels that know
 no sinks.
 """
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..kernels.visibility import causal_visibility
+from ..scorers import Scorer
 
 
 def sink_logits(kwargs: dict) -> torch.Tensor | None:
@@ -51,3 +52,30 @@ def with_sink_key(query, key, value, mask, causal, sink, scaling):
     if mask is not None:
         mask = torch.cat([mask.new_ones(*mask.shape[:-1], 1), mask], dim=-1)
     return query, key, value, mask, False
+
+
+def scores_and_sink(
+    scorer: Scorer,
+    logits: torch.Tensor,
+    visible: torch.Tensor | None,
+    sink: torch.Tensor | None,
+    **inputs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The scorer's weights [b, h, q, k] and, with a learned ``sink`` [b|1, h, q|1, 1], the weight the
+    sink key took [b, h, q] (None without one): the sink is one extra, always visible key whose
+    logit is the sink and whose value is zero, so its weight is dropped from the output.
+
+    What the sink means therefore follows from each scorer's definition on an extra key: softmax gives
+    exp(x)/(exp(s) + Σ exp(x)) (gpt-oss's eager path); SSA transforms s like any logit; sparse scorers
+    may give the sink all or none of the mass; scorers counting visible keys count it (docs/scorers.md).
+    """
+    if sink is None:
+        return scorer(logits, visible, **inputs), None
+    b, h, q, k = logits.shape
+    column = sink.to(logits.dtype).expand(b, h, q, 1)
+    if visible is None:
+        visible = torch.ones(1, 1, 1, k, dtype=torch.bool, device=logits.device)
+    visible = visible.expand(b, h, q, k)
+    visible = torch.cat([visible, visible.new_ones(b, h, q, 1)], dim=-1)
+    weights = scorer(torch.cat([logits, column], dim=-1), visible, **inputs)
+    return weights[..., :k], weights[..., k]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..diagnosis.metric_table import METRICS, QUALITY_METRICS, metric_spec
+from ..diagnosis.metrics import METRICS, QUALITY_METRICS, metric_spec
 from ..diagnosis.probe_kinds import PROBES, parse_probe
 from ..errors import UsageError
 

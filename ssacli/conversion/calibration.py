@@ -24,7 +24,7 @@ def calibration_inputs(
 ) -> list:
     """The calibration batches: ``samples`` windows of ``length`` tokens from ``text`` (None: the
     built-in probe texts), padded into batches of 8; ICL models get ``samples`` prompts of their task."""
-    from ..diagnosis.probes import TokenSource, icl_batches, pad_sequences
+    from ..diagnosis.plan import TokenSource, icl_batches, pad_sequences
 
     if loaded.kind == ModelKind.ICL:
         task = loaded.model.spec.task

@@ -59,17 +59,12 @@ class _RowKL(Observer):
         self.kl = torch.zeros(len(modules), len(grid), dtype=torch.float64)
         self.rows = torch.zeros(len(modules), dtype=torch.float64)
         self.max_abs = torch.zeros(len(modules), dtype=torch.float64)
-        self.logits: torch.Tensor | None = None
 
-    def transform(self, logits: torch.Tensor, module: nn.Module) -> torch.Tensor:
-        self.logits = logits
-        return logits
-
-    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+    def record(self, module, weights, visible, query_positions, sink=None, logits=None) -> None:
         layer = self.index.get(id(module))
-        if layer is None or self.logits is None:
+        if layer is None or logits is None:
             return
-        x = self.logits.double()
+        x = logits.double()
         seen = torch.ones_like(x, dtype=torch.bool) if visible is None else visible.expand_as(x)
         if sink is not None:  # learned sink: one more, always visible key (attention.sinks)
             x, seen = _with_sink_column(x, seen, sink)
@@ -83,7 +78,6 @@ class _RowKL(Observer):
             self.kl[layer, g] += float(row[live].sum())
         self.rows[layer] += float(live.sum())
         self.max_abs[layer] = max(float(self.max_abs[layer]), float(x.abs().max()))
-        self.logits = None
 
     def mean_kl(self) -> torch.Tensor:
         """[layers, grid]: mean row KL per layer at each m."""

@@ -50,8 +50,8 @@ from .attribution_result import (
 from .forward import forward_batch
 from .patching import PatternRecorder, prompt_losses
 from .plan import plan_run
+from .probe_kinds import ActsOn, Probe
 from .probe_result import COLLAPSE_SHARE
-from .probes import ActsOn, Probe
 from .routes import Route, choose_route, route_through_ssacli
 from .settings import DiagnoseSettings
 

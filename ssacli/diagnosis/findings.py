@@ -33,8 +33,8 @@ from .outputs import (
     reference_index,
     robust_index,
 )
+from .probe_kinds import ActsOn
 from .probe_result import COLLAPSE_SHARE, ProbeResult, nanmean
-from .probes import ActsOn
 
 MASSIVE_MAGNITUDE = 100.0  # Sun et al. 2024: activations above ~100 and ~1000x the median
 MASSIVE_RATIO = 1000.0

@@ -5,7 +5,7 @@ After each prompt (the prompts diagnose builds from its texts, samples and lengt
 probe acts during generation, so this is the probes' neutral level only) the model greedily
 generates ``N`` tokens with its KV cache. Decoding step ``t`` (0 … N − 1) runs the ``t``-th generated
 token as a single query row (q_len = 1) against the cache, whose key length is
-``prompt_length + t + 1``; its attention passes the same :class:`~ssacli.diagnosis.forward.Recorder`
+``prompt_length + t + 1``; its attention passes the same :class:`~ssacli.diagnosis.recorder.Recorder`
 as the probes (the token's own output, the next token, is taken by argmax; the last step's is
 dropped). Metrics are ``[step, layer, head]``: the length trajectory over the generated positions.
 
@@ -30,10 +30,11 @@ from ..attention.forward import observing
 from ..errors import UsageError
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
-from .forward import Recorder
-from .metrics import METRICS, HeadStats
+from .metrics import METRICS
 from .probe_result import array_from_json, json_ready
+from .recorder import Recorder
 from .routes import Route, forward_arguments
+from .row_metrics import HeadStats
 
 # The metrics compared with the full recomputation (row_mass is 1 for normalized scorers, sink_rate
 # a 0/1 indicator of sink_mass; outlier_capture needs a probe target, learned_sink a sink model).
@@ -109,13 +110,12 @@ class PositionRecorder(Recorder):
         self.first = first
         self.by_position: dict[int, dict[int, HeadStats]] = {}
 
-    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+    def record(self, module, weights, visible, query_positions, sink=None, logits=None) -> None:
         position = int(query_positions[0])
-        self.pending.pop(self.layer_of.get(id(module)), None)  # no logit scale kept
         if weights.shape[-2] != 1 or position < self.first:
             return
         self.stats = self.by_position.setdefault(position - self.first, {})
-        super().record(module, weights, visible, query_positions, sink)
+        super().record(module, weights, visible, query_positions, sink)  # no logit scale kept
 
 
 def check_generate(loaded: LoadedModel, route: Route, steps: int, length: int) -> int:
@@ -216,7 +216,6 @@ def _full(loaded, route, sequence: torch.Tensor, reference: PositionRecorder) ->
     """The finished sequences once more, whole and without a cache, row by row into ``reference``."""
     with torch.inference_mode(), observing(reference):
         loaded.model(input_ids=sequence, use_cache=False, **forward_arguments(route))
-    reference.pending.clear()
 
 
 # Values below this are compared on this scale, not relative to themselves: a head that attends to one

@@ -1,12 +1,14 @@
-"""Saturation metrics of attention rows, summed as they stream past; what each metric is
-(:data:`METRICS`, :class:`MetricSpec`) is :mod:`ssacli.diagnosis.metric_table`'s, torch-free.
+""":data:`METRICS`, the table of what each saturation metric is (:class:`MetricSpec`: description,
+direction, bounds, labels), beside the per-layer and per-level tables, and :func:`sink_indicator`.
+Torch-free, so that a metric named on the command line (``--heatmap``, a ``check`` requirement) is
+checked before the model stack loads.
 
 Every path of diagnose reduces an attention call to per-row statistics
 (:class:`ssacli.kernels.row_stats.RowStatistics`), and :func:`ssacli.diagnosis.row_metrics.row_sums`
 derives per-head sums of every metric from them (a few numbers per head; which rows count and each
-formula are said there), so diagnose never keeps a weight map beyond the attention call that made it.
-:class:`HeadStats` adds those sums up across blocks, batches and calls, and divides at the end;
-:class:`LayerStats` does the same for the per-layer metrics.
+formula are said there), so diagnose never keeps a weight map beyond the attention call that made it;
+:class:`~ssacli.diagnosis.row_metrics.HeadStats` adds those sums up and divides at the end,
+:class:`~ssacli.diagnosis.recorder.LayerStats` does the same for the per-layer metrics.
 """
 
 from __future__ import annotations
@@ -15,129 +17,133 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from ..defaults import SINK_EPS
-from .metric_table import (  # noqa: F401 (the table's names, importable from here as before)
-    LAYER_METRICS,
-    METRICS,
-    POSITION_METRICS,
-    POSITION_PROFILES,
-    QUALITY_METRICS,
-    MetricSpec,
-    metric_spec,
-)
+from ..defaults import LOCAL_DISTANCE, SINK_EPS, SINK_K
 
 
-class HeadStats:
-    """Running sums of :func:`~ssacli.diagnosis.row_metrics.row_sums` for one attention layer; ``means()``
-    gives [h] per metric."""
+@dataclass(frozen=True)
+class MetricSpec:
+    """Everything said about one metric outside its formula (:func:`~ssacli.diagnosis.row_metrics.row_sums`
+    derives it).
 
-    def __init__(self, num_heads: int) -> None:
-        self.num_heads = num_heads
-        self.sums: dict[str, torch.Tensor] = {}
+    Every reader imports it from here: the JSON schema (``description``), the terminal and HTML
+    reports (``header``, ``short``, ``key``, ``compared``, ``bounded``, the direction colors),
+    ``ssacli check`` (``direction``, to tell a regression) and :class:`HeadStats` (``divisor``)."""
 
-    def add(self, sums: dict[str, torch.Tensor]) -> None:
-        for name, value in sums.items():
-            value = value.detach().cpu()
-            if name not in self.sums:
-                self.sums[name] = value.clone()
-                continue
-            kept = self.sums[name]
-            if value.dim() == 2 and value.shape[-1] != kept.shape[-1]:  # a longer call has more bins
-                width = max(value.shape[-1], kept.shape[-1])
-                kept = torch.nn.functional.pad(kept, (0, width - kept.shape[-1]))
-                value = torch.nn.functional.pad(value, (0, width - value.shape[-1]))
-            self.sums[name] = kept + value
+    name: str
+    description: str  # one line, written into every diagnose JSON under "metrics"
+    higher_is_saturated: bool | None  # True: higher = more saturated; False: lower; None: no direction
+    bounded: bool  # lies in [0, 1], so colors use a fixed [0, 1] scale that compares across models
+    header: str  # column header in the per-probe tables (eight fit in 80 characters)
+    short: str  # label in the comparison tables' two-line headers (four metrics × A, B, Δ fit 120)
+    key: bool = False  # always a column of the per-probe tables (others only where they say something)
+    compared: bool = False  # a column of the comparison tables and the A-vs-B figures
+    # The per-head count its per-head sum is divided by (HeadStats.means): the rows counted, or the
+    # rows it is defined on; None for a metric derived from other metrics' means, not summed.
+    divisor: str | None = "rows"
 
     @property
-    def rows(self) -> int:
-        """Rows counted (the most any head counted; heads differ only for zero-mass rows)."""
-        rows = self.sums.get("rows")
-        return 0 if rows is None else int(rows.max().item())
-
-    def means(self) -> dict[str, np.ndarray]:
-        """Mean of each metric per head; NaN where a head counted no row, and for a metric whose sum
-        (or count) the run did not give: the position terms where they were not measured, the
-        learned sink in a layer without one."""
-        empty = np.full(self.num_heads, math.nan)
-        if not self.sums:
-            return {name: empty.copy() for name in METRICS}
-        out = {}
-        for name, spec in METRICS.items():
-            if spec.divisor is None:
-                continue  # derived below, from the means
-            if name not in self.sums or spec.divisor not in self.sums:
-                out[name] = empty.copy()
-                continue
-            count = self.sums[spec.divisor].numpy()
-            total = self.sums[name].numpy()
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out[name] = np.where(count > 0, total / np.maximum(count, 1), math.nan)
-        out["sink_rate"] = sink_indicator(out["sink_mass"])
-        out["sink_boost"] = empty.copy()
-        if "sink_uniform" in self.sums:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                share, uniform = self.sums["sink_share"].numpy(), self.sums["sink_uniform"].numpy()
-                out["sink_boost"] = np.where(uniform > 0, share / np.where(uniform > 0, uniform, 1), math.nan)
-        return out
-
-    def profiles(self) -> dict[str, np.ndarray] | None:
-        """Per head the position profiles [h, bins], means over the counted rows (``received``: share
-        per key bin; ``received_boost``: that over the uniform share; ``distance_profile``: share per
-        distance bin); None where the run did not measure them."""
-        if "received" not in self.sums:
-            return None
-        rows = np.maximum(self.sums["rows"].numpy(), 1)[:, None]
-        received, uniform = self.sums["received"].numpy(), self.sums["received_uniform"].numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            boost = np.where(uniform > 0, received / np.where(uniform > 0, uniform, 1), math.nan)
-        empty = (self.sums["rows"].numpy() == 0)[:, None]
-        return {
-            "received": np.where(empty, math.nan, received / rows),
-            "received_boost": np.where(empty, math.nan, boost),
-            "distance_profile": np.where(empty, math.nan, self.sums["distance_profile"].numpy() / rows),
-        }
+    def direction(self) -> str:
+        """``"high"``, ``"low"`` or ``"none"``: which values mean saturated."""
+        if self.higher_is_saturated is None:
+            return "none"
+        return "high" if self.higher_is_saturated else "low"
 
 
-class PromptStats:
-    """Each prompt's collapsed and counted rows per head (``row_sums``' prompt sums: one prompt per
-    sample, or with ``length`` a sample's rows cut into windows of that many query positions), kept
-    per layer and batch, so that a verdict can read a level's change against its prompt-to-prompt
-    noise (ssacli.diagnosis.outputs)."""
+# The one table of metrics, in display order (also the order of every result's arrays).
+METRICS: dict[str, MetricSpec] = {
+    m.name: m
+    for m in (
+        MetricSpec("entropy", "normalized entropy H / log N_i (1 = uniform over visible keys, 0 = one key)",
+                   False, True, "entropy", "ent", key=True, compared=True),
+        MetricSpec("max_weight", "largest weight in the row", True, True, "max w", "maxw", key=True,
+                   compared=True),
+        MetricSpec("collapse_rate", "share of rows whose largest weight is >= tau", True, True, "collapse",
+                   "coll", key=True, compared=True),
+        MetricSpec("effective_tokens", "exp(H): how many keys the row effectively averages", False, False,
+                   "eff. tok", "eff. tok", key=True),
+        MetricSpec("topk_mass", "mass on the row's k largest weights", True, True, "top-k", "top-k",
+                   key=True),
+        MetricSpec("sink_mass", "weight on position 0", True, True, "sink", "sink", key=True),
+        MetricSpec("outlier_capture",
+                   "weight on the probe's target token, from the other queries that see it",
+                   True, True, "capture", "capt", compared=True, divisor="capture_rows"),
+        MetricSpec("row_mass", "sum of the row's weights (1 for normalized scorers)", None, False, "row mass",
+                   "row mass"),
+        MetricSpec("learned_sink",
+                   "weight on the model's learned sink key (gpt-oss), 1 - row mass under softmax; NaN (n/a) "
+                   "for models without learned sinks", True, True, "learned sink", "lsink",
+                   divisor="sink_rows"),
+        MetricSpec("sink_rate",
+                   f"1 if the head's mean weight on the first token exceeds {SINK_EPS} (Gu et al. 2024), "
+                   "else 0: the layer or model mean is the share of first-token heads (not the head "
+                   "class sink)", True, True, "first-tok", "sinkr", compared=True, divisor=None),
+        # where the mass lands (the position terms; NaN where a run did not measure them)
+        MetricSpec("sink_share", f"weight on the first k keys (k = settings.sink_k, default {SINK_K}; "
+                   "StreamingLLM's initial tokens)", True, True, "sink@k", "sink@k"),
+        MetricSpec("sink_boost", "sink_share over the share uniform weights would give the first k keys "
+                   "(1 = no sink; head mean of each, then their ratio)", True, False, "sink boost", "boost",
+                   divisor=None),
+        MetricSpec("local_share", f"weight on keys within {LOCAL_DISTANCE} tokens of the query "
+                   f"(distance < {LOCAL_DISTANCE}, the query's own key included)", None, True, "local",
+                   "local"),
+        MetricSpec("attention_distance", "mean distance |i - j| in tokens between a query and the keys it "
+                   "weighs", None, False, "distance", "dist"),
+    )
+}  # fmt: skip
+POSITION_METRICS = ("sink_share", "sink_boost", "local_share", "attention_distance")
+# The sums of the position metrics that are vectors per head (ssacli.diagnosis.positions reads them)
+POSITION_PROFILES = ("received", "received_uniform", "distance_profile")
 
-    def __init__(self, length: int | None = None) -> None:
-        self.length = length
-        self.sums: dict[int, dict[int, list[torch.Tensor]]] = {}  # layer -> batch -> [b, h, windows] ×2
+# Per layer (not per head): the logits' scale (where a probe acts) and the hidden states (massive
+# activations, Sun et al. 2024; kurtosis). Arrays [level, layer]; read by the same reports.
+LAYER_METRICS: dict[str, MetricSpec] = {
+    m.name: m
+    for m in (
+        MetricSpec("logit_rms", "RMS of the attention logits the scorer sees (visible keys, counted rows)",
+                   None, False, "logit rms", "lrms"),
+        MetricSpec("target_logit_rms", "RMS of the logits on the probe's target key (rows that see it)",
+                   None, False, "target rms", "trms"),
+        MetricSpec("target_logit_mean", "mean of the logits on the probe's target key (rows that see it): "
+                   "an additive probe's (dominant-key) reach is its shift", None, False, "target mean",
+                   "tmean"),
+        MetricSpec("massive_top1", "largest |hidden state| of the layer's output (real tokens)", True, False,
+                   "top |h|", "top1"),
+        MetricSpec("massive_top2", "second largest |hidden state|", True, False, "2nd |h|", "top2"),
+        MetricSpec("massive_top3", "third largest |hidden state|", True, False, "3rd |h|", "top3"),
+        MetricSpec("hidden_median", "median |hidden state| (mean of the per-batch lower medians)", None,
+                   False, "median |h|", "med"),
+        MetricSpec("massive_ratio", "massive_top1 / hidden_median (Sun et al. 2024: massive when > ~1000)",
+                   True, False, "top/median", "ratio"),
+        MetricSpec("kurtosis", "kurtosis E[(h-mu)^4]/var^2 of the layer's output values (Gaussian: 3)",
+                   True, False, "kurtosis", "kurt"),
+    )
+}  # fmt: skip
 
-    def add(self, layer: int, batch: int, values: list[torch.Tensor]) -> None:
-        kept = self.sums.setdefault(layer, {}).get(batch)
-        if kept is None:
-            self.sums[layer][batch] = values
-            return
-        pad = torch.nn.functional.pad
-        for i, value in enumerate(values):
-            width = max(value.shape[-1], kept[i].shape[-1])
-            kept[i] = pad(kept[i], (0, width - kept[i].shape[-1])) + pad(value, (0, width - value.shape[-1]))
+# Per level (one number per probe level, not per head): what the model still does under the probe.
+# Read from a probe's extras by ssacli.diagnosis.outputs (which owns the rules that use them);
+# ``ssacli check`` addresses them as loss@PROBE:LEVEL and output_kl@PROBE:LEVEL.
+QUALITY_METRICS: dict[str, MetricSpec] = {
+    m.name: m
+    for m in (
+        MetricSpec("loss", "the model's loss on the probe inputs at this level: next-token cross-entropy "
+                   "(nats/token) for causal LMs, the task error for ICL models (MSE for linear tasks, "
+                   "error rate for classification); null where the model has neither", True, False,
+                   "loss", "loss"),
+        MetricSpec("output_kl", "KL(unshifted || this level) of the output distribution, nats per token, "
+                   "on the same inputs (the unshifted level: the probe's neutral one when swept, else its "
+                   "first; 0 there); null for ICL models (point predictions) and probes that change the "
+                   "inputs", True, False, "out KL", "kl"),
+    )
+}  # fmt: skip
 
-    def rates(self, layers: int, heads: int) -> np.ndarray | None:
-        """[prompt, layer, head]: each prompt's collapse rate per head (NaN where it counted no row,
-        and in a layer that recorded none), prompts in input order (batch, sample, then window); None
-        where nothing was kept."""
-        if not self.sums:
-            return None
-        blocks = []
-        for batch in sorted({b for per in self.sums.values() for b in per}):
-            kept = [(layer, per[batch]) for layer, per in self.sums.items() if batch in per]
-            b, windows = kept[0][1][0].shape[0], max(v[0].shape[-1] for _, v in kept)
-            block = np.full((b, windows, layers, heads), math.nan)
-            for layer, (collapsed, rows) in kept:
-                collapsed, rows = collapsed.numpy(), rows.numpy()
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    rate = np.where(rows > 0, collapsed / np.maximum(rows, 1), math.nan)  # [b, h, w]
-                block[:, : rate.shape[2], layer, : rate.shape[1]] = rate.transpose(0, 2, 1)
-            blocks.append(block.reshape(b * windows, layers, heads))
-        return np.concatenate(blocks)
+
+def metric_spec(name: str) -> MetricSpec:
+    """The spec of any metric: per head (METRICS), per layer (LAYER_METRICS) or per level."""
+    for table in (METRICS, LAYER_METRICS, QUALITY_METRICS):
+        if name in table:
+            return table[name]
+    raise KeyError(name)
 
 
 def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:
@@ -145,121 +151,3 @@ def sink_indicator(sink_mass: np.ndarray, eps: float = SINK_EPS) -> np.ndarray:
     does not, NaN where it is undefined. Its mean over heads is the sink rate."""
     with np.errstate(invalid="ignore"):
         return np.where(np.isfinite(sink_mass), (sink_mass > eps).astype(float), math.nan)
-
-
-def top3_and_median(magnitude: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """The three largest values of a 1-d tensor, descending, and its lower median: what
-    ``topk(3).values`` and ``median()`` give. On the CPU numpy's partition (introselect) finds the
-    median, and the top 3 lie in the part above it: one pass, several times faster than
-    torch.median and topk (docs/performance.md); a NaN, which torch ranks above everything and
-    numpy sorts last, takes torch's own path."""
-    n = magnitude.numel()
-    if magnitude.device.type == "cpu" and n >= 3:
-        values = magnitude.detach().numpy()
-        if not np.isnan(values).any():
-            mid = (n - 1) // 2
-            part = np.partition(values, mid)
-            upper = part[min(mid, n - 3) :]  # holds the 3 largest
-            top = np.sort(np.partition(upper, len(upper) - 3)[-3:])[::-1]
-            return torch.from_numpy(top.copy()), float(part[mid])
-    return magnitude.topk(min(3, n)).values, float(magnitude.median())
-
-
-class LayerStats:
-    """Running per-layer sums: the logits' sum of squares (all and at the target key, added from the
-    row statistics by :func:`~ssacli.diagnosis.row_metrics.logit_sums`) and the layer output's top-3
-    |h|, per-batch medians and central moments (for the kurtosis)."""
-
-    def __init__(self) -> None:
-        self.sums = dict.fromkeys(("logit_sq", "logit_n", "target_sum", "target_sq", "target_n",
-                                   "median_sum", "median_n"), 0.0)  # fmt: skip
-        self.top: torch.Tensor | None = None
-        self.moments = Moments()
-
-    def add_hidden(self, values: torch.Tensor) -> None:
-        """values: the layer output's entries on real tokens, flattened."""
-        if values.numel() == 0:
-            return
-        x = values.double()
-        top, median = top3_and_median(x.abs())
-        if self.top is not None:
-            top = torch.cat([self.top, top])
-            top = top.topk(min(3, len(top))).values
-        self.top = top
-        self.sums["median_sum"] += median
-        self.sums["median_n"] += 1
-        self.moments.merge(Moments.of(x))
-
-    def means(self) -> dict[str, float]:
-        s = self.sums
-        out = dict.fromkeys(LAYER_METRICS, math.nan)
-        if s["logit_n"]:
-            out["logit_rms"] = math.sqrt(s["logit_sq"] / s["logit_n"])
-        if s["target_n"]:
-            out["target_logit_rms"] = math.sqrt(s["target_sq"] / s["target_n"])
-            out["target_logit_mean"] = s["target_sum"] / s["target_n"]
-        if self.top is not None:
-            for i, value in enumerate(self.top.tolist()):
-                out[f"massive_top{i + 1}"] = value
-            out["hidden_median"] = s["median_sum"] / s["median_n"]
-            if out["hidden_median"] > 0:
-                out["massive_ratio"] = out["massive_top1"] / out["hidden_median"]
-        if self.moments.n:
-            out["kurtosis"] = self.moments.kurtosis()
-        return out
-
-
-@dataclass
-class Moments:
-    """Count, mean and the central sums M2, M3, M4 (Σ(x - mean)^p) of the values seen, in float64.
-
-    Raw power sums Σx..Σx⁴ would lose every digit of the kurtosis exactly where it matters: a layer
-    output with a massive mean (|mean| ≫ std) makes Σx⁴ and its correction terms agree in all their
-    ~16 digits. So each batch is reduced about its own mean, and batches are combined with the exact
-    pairwise update (Chan, Golub & LeVeque 1979; Pébay 2008), which never forms a raw sum."""
-
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-    m3: float = 0.0
-    m4: float = 0.0
-
-    @classmethod
-    def of(cls, values: torch.Tensor) -> Moments:
-        """The moments of one batch of values (any shape), two-pass about the batch's own mean."""
-        x = values.double().flatten()
-        if x.numel() == 0:
-            return cls()
-        # A constant batch has no spread at all; its float64 mean can miss the value by an ulp,
-        # which would make a spread of rounding error (and a kurtosis of 1) out of nothing.
-        low, high = torch.aminmax(x)  # one pass; a NaN makes both NaN, so the mean (NaN) is taken
-        mean = torch.where(low == high, low, x.mean())
-        d = x - mean
-        d2 = d * d
-        values = torch.stack([mean, d2.sum(), (d2 * d).sum(), (d2 * d2).sum()]).tolist()  # one sync
-        return cls(x.numel(), *values)
-
-    def merge(self, other: Moments) -> None:
-        """Add ``other``'s values to these (in place): the moments of both sets together."""
-        a, b = self, other
-        if b.n == 0:
-            return
-        if a.n == 0:
-            self.n, self.mean, self.m2, self.m3, self.m4 = b.n, b.mean, b.m2, b.m3, b.m4
-            return
-        na, nb = float(a.n), float(b.n)
-        n = na + nb
-        delta = b.mean - a.mean
-        m2 = a.m2 + b.m2 + delta**2 * na * nb / n
-        m3 = a.m3 + b.m3 + delta**3 * na * nb * (na - nb) / n**2 + 3 * delta * (na * b.m2 - nb * a.m2) / n
-        m4 = (
-            a.m4 + b.m4
-            + delta**4 * na * nb * (na * na - na * nb + nb * nb) / n**3
-            + 6 * delta**2 * (na * na * b.m2 + nb * nb * a.m2) / n**2
-            + 4 * delta * (na * b.m3 - nb * a.m3) / n
-        )  # fmt: skip
-        self.n, self.mean, self.m2, self.m3, self.m4 = a.n + b.n, a.mean + delta * nb / n, m2, m3, m4
-
-    def kurtosis(self) -> float:
-        """Pearson's kurtosis (M4/n) / (M2/n)² (Gaussian: 3); NaN for no spread or non-finite values."""
-        return self.n * self.m4 / (self.m2 * self.m2) if self.m2 > 0 else math.nan

@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from .probe_kinds import PROBES
 from .probe_result import COLLAPSE_SHARE, ProbeResult
-from .probes import PROBES
 
 OUTPUT_KL_HELD = 0.1  # nats per token: outputs moved less than this from the reference's have held
 ROBUST_COLLAPSE = 0.1  # robust: collapse rises by at most this share of the fresh rows over the unshifted

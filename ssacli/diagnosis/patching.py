@@ -5,7 +5,7 @@ the weights multiply the values), and :func:`prompt_losses` reads each prompt's 
 
 A prompt is the same tokens at both levels. Under a probe that keeps the tokens it is one sequence
 (``window`` None). Under ``length`` it is one window of ``window`` tokens: the level ×m runs
-sequences of m consecutive base prompts (:class:`~ssacli.diagnosis.probes.TokenSource` cuts
+sequences of m consecutive base prompts (:class:`~ssacli.diagnosis.plan.TokenSource` cuts
 consecutive windows from the same offset, and diagnose's prompt statistics cut the long rows the
 same way), so the rows of window w of long sequence s are base prompt s·m + w. Its unshifted pattern
 attends within the window only: patched, those rows take the base prompt's weights on the window's
@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .forward import Recorder
-from .metrics import PromptStats
-from .output_measures import next_token_losses
+from .forward import next_token_losses
+from .recorder import Recorder
+from .row_metrics import PromptStats
 
 WHOLE_CALL = 1 << 30  # query rows per block: one block per call, so a kept map lines up with the call
 
@@ -47,10 +47,10 @@ class PatternRecorder(Recorder):
         self.patched: dict[int, torch.Tensor] = {}  # layer -> the heads whose weights go back
         self.first_sequence = 0  # the index of the current batch's first sequence
 
-    def record(self, module, weights, visible, query_positions, sink=None) -> None:
+    def record(self, module, weights, visible, query_positions, sink=None, logits=None) -> None:
         if self.mode in ("patch", "temper"):
             return
-        super().record(module, weights, visible, query_positions, sink)
+        super().record(module, weights, visible, query_positions, sink, logits)
         layer = self.layer_of.get(id(module))
         if self.mode == "capture" and layer is not None:
             self.kept[(layer, self.batch)] = weights.detach().clone()

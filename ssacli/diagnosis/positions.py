@@ -3,8 +3,9 @@ received by key position, the distance histogram, the secondary sinks and the he
 bins a run measures them with (:func:`run_bins`).
 
 The numbers come from the row statistics' position terms (ssacli.kernels.positions) through
-:func:`ssacli.diagnosis.row_metrics.row_sums` and :meth:`ssacli.diagnosis.metrics.HeadStats.profiles`:
-this module only keeps them for one probe level (the unshifted model: the baseline probe's first
+:func:`ssacli.diagnosis.row_metrics.row_sums` and :meth:`~ssacli.diagnosis.row_metrics.HeadStats.profiles`
+(:func:`~ssacli.diagnosis.row_metrics.position_profiles` builds a level's): this module keeps them
+for one probe level (the unshifted model: the baseline probe's first
 level), names the bins and classifies heads. The scalar metrics (sink_share, sink_boost,
 local_share, attention_distance) are per level in every probe's arrays, like every metric.
 
@@ -33,7 +34,6 @@ import numpy as np
 
 from .. import defaults
 from ..kernels.positions import PositionBins
-from .metrics import HeadStats
 
 HEAD_CLASSES = ("sink", "local", "focused", "distributed")
 CLASS_RULES = {
@@ -78,39 +78,6 @@ class PositionProfiles:
     received_boost: np.ndarray  # that over the share uniform weights would give the bin (1 = uniform)
     distance: np.ndarray  # mean share of a row's weight on each distance bin
     classes: list[list[str | None]]  # [layer][head]
-
-    @classmethod
-    def measured(
-        cls, probe: str, level: float, bins: PositionBins, stats: dict[int, HeadStats], layers: int,
-        heads: int, means: dict[str, np.ndarray],
-    ) -> PositionProfiles | None:  # fmt: skip
-        """The profiles of one level's per-layer sums ``stats`` (None where none holds them), with the
-        level's per-head ``means`` [layer, head] of sink_share, local_share and entropy for the classes."""
-        found = {layer: s.profiles() for layer, s in stats.items()}
-        found = {layer: p for layer, p in found.items() if p is not None}
-        if not found:
-            return None
-        key_bins = max(p["received"].shape[-1] for p in found.values())
-        distance_bins = max(p["distance_profile"].shape[-1] for p in found.values())
-        arrays = {name: np.full((layers, heads, key_bins), np.nan) for name in ("received", "received_boost")}
-        arrays["distance"] = np.full((layers, heads, distance_bins), np.nan)
-        for layer, profile in found.items():
-            for name, source in (("received", "received"), ("received_boost", "received_boost"),
-                                 ("distance", "distance_profile")):  # fmt: skip
-                values = profile[source]
-                arrays[name][layer, : values.shape[0], : values.shape[1]] = values
-        # nominal edges: the last bin of each kind ends at the longest call's length, inside its last bin
-        key_edges = [0, *(bins.sink_k + b * bins.bin_width for b in range(key_bins))]
-        distance_edges = [0, *(2**b for b in range(distance_bins))]
-        classes = [
-            [head_class(*(float(means[m][layer, head]) for m in ("sink_share", "local_share", "entropy")))
-             for head in range(heads)]
-            for layer in range(layers)
-        ]  # fmt: skip
-        return cls(
-            probe, level, bins.sink_k, bins.bin_width, key_edges, distance_edges, arrays["received"],
-            arrays["received_boost"], arrays["distance"], classes,
-        )  # fmt: skip
 
     def secondary_sinks(self, count: int = defaults.SECONDARY_SINKS) -> list[list[list[dict[str, Any]]]]:
         """Per layer and head, the ``count`` key bins past the first k that receive the largest mean
@@ -158,17 +125,6 @@ class PositionProfiles:
         )  # fmt: skip
 
 
-def level_profiles(probe: str, level: float, recorder, metrics: dict[str, np.ndarray], index: int):
-    """The :class:`PositionProfiles` of one probe level: its recorder's per-layer sums (a
-    :class:`~ssacli.diagnosis.forward.Recorder` with ``positions``) and the level's row ``index`` of the
-    probe's metric arrays [level, layer, head], for the classes; None where nothing was measured."""
-    if recorder.positions is None or recorder.overflow.first is not None:
-        return None
-    layers, heads = metrics["entropy"].shape[1:]
-    means = {name: metrics[name][index] for name in ("sink_share", "local_share", "entropy")}
-    return PositionProfiles.measured(probe, level, recorder.positions, recorder.stats, layers, heads, means)
-
-
 def _number(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
@@ -183,4 +139,4 @@ def _nan_in(value: Any) -> Any:
     return math.nan if value is None else value
 
 
-__all__ = ["CLASS_RULES", "HEAD_CLASSES", "PositionProfiles", "head_class", "level_profiles", "run_bins"]
+__all__ = ["CLASS_RULES", "HEAD_CLASSES", "PositionProfiles", "head_class", "run_bins"]

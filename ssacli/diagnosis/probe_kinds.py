@@ -1,10 +1,10 @@
 """Magnitude-shift probes, what each one changes and its levels: torch-free, so ``--probe`` is
-checked before torch is imported (:mod:`ssacli.diagnosis.probes` makes the inputs).
+checked before torch is imported (:mod:`ssacli.diagnosis.plan` makes the inputs).
 
 A probe is a name and ascending levels (``embed-scale:1,4,16``); higher levels are harsher. Each
 kind declares where it acts (:class:`ActsOn`) and, for embeddings, keys and logits, its ``effect``
 (:class:`Shift`); the
-forward pass (:mod:`ssacli.diagnosis.forward`) and the input plan (:mod:`ssacli.diagnosis.run`)
+forward pass (:mod:`ssacli.diagnosis.forward`) and the input plan (:mod:`ssacli.diagnosis.plan`)
 dispatch on those, never on a probe's name.
 
 * ``embed-scale`` σ: the input-embedding module's output times σ (ICL models: the x values).
@@ -165,3 +165,17 @@ def _example(kind: ProbeKind) -> str:
 def default_probes() -> list[Probe]:
     """Every probe that needs nothing more than the model (``shift`` needs a shifted corpus)."""
     return [Probe(k.name, k.defaults) for k in PROBES.values() if k.acts_on is not ActsOn.INPUT_CORPUS]
+
+
+def scorer_insensitivity(kind: ProbeKind, scorers: list) -> str | None:
+    """Why every scorer in ``scorers`` (one per attention layer) cannot respond to ``kind`` by
+    construction, or None. Such a probe reads "n/a", never "no collapse"."""
+    if not scorers or kind.acts_on is not ActsOn.LOGITS:
+        return None
+    if all(getattr(s, "uses_qk", False) for s in scorers):
+        names = sorted({s.name for s in scorers})
+        return f"{'/'.join(names)} scores q and k directly and ignores the attention logits"
+    # Not SSA under logit-scale: (1+b·α|x|)^(±n) tends, as α grows, to weights ∝ x^n over the
+    # positive logits with the negative ones' mass going to 0, so SSA's weights move (and may
+    # concentrate) until b·α·|x| >> 1 and then settle: a bounded response, measured, not an n/a.
+    return None

@@ -19,7 +19,7 @@ import numpy as np
 
 from .metrics import sink_indicator
 from .positions import PositionProfiles
-from .probes import PROBES
+from .probe_kinds import PROBES
 
 COLLAPSE_SHARE = 0.5  # collapse point: first level where the collapse rate reaches this share
 # "Reached": at the top measured level, the shift measured where the probe acts is at least this share
@@ -200,11 +200,11 @@ class ProbeResult:
         rates[:, self.baseline_collapsed()] = np.nan
         return nanmean(rates.reshape(len(self.levels), -1), axis=1)
 
-    def keep_prompt_collapse(self, per_level: list[np.ndarray | None]) -> None:
-        """Set :attr:`prompt_collapse` from each level's [prompt, layer, head] collapse rates (None: a
+    def prompt_collapse_of(self, per_level: list[np.ndarray | None]) -> np.ndarray | None:
+        """:attr:`prompt_collapse` from each level's [prompt, layer, head] collapse rates (None: a
         level that did not run or kept none), over the heads :meth:`fresh_collapse_rate` averages."""
         if not any(rates is not None for rates in per_level):
-            return
+            return None
         fresh = ~self.baseline_collapsed()
         width = max(len(rates) for rates in per_level if rates is not None)
         out = np.full((len(self.levels), width), np.nan)
@@ -212,7 +212,7 @@ class ProbeResult:
             if rates is not None and not self.overflowed(index):
                 kept = np.where(fresh, rates[:, : fresh.shape[0], : fresh.shape[1]], np.nan)
                 out[index, : len(rates)] = nanmean(kept.reshape(len(rates), -1), axis=1)
-        self.prompt_collapse = out
+        return out
 
     def change_from_first(self, metric: str) -> np.ndarray:
         mean = self.model_mean(metric)

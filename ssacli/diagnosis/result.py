@@ -36,9 +36,9 @@ from .outputs import (
     quality_values,
     reference_index,
 )
+from .plan import RANDOM_INPUTS
 from .positions import PositionProfiles
 from .probe_result import COLLAPSE_SHARE, REACH_SHARE, ProbeResult, array_from_json, json_ready
-from .probes import RANDOM_INPUTS
 from .shift import shift_summary
 
 SCHEMA_VERSION = 3  # 2: layer_metrics, overflow, insensitive, reach, baseline-relative collapse, findings

@@ -2,7 +2,7 @@
 
 * :attr:`Route.SSACLI`: models on transformers' attention registry run through ssacli's attention
   function (softmax for an untouched model, exact to the eager path), which streams each call's
-  weights to the :class:`~ssacli.diagnosis.forward.Recorder` in query blocks; probes on keys and
+  weights to the :class:`~ssacli.diagnosis.recorder.Recorder` in query blocks; probes on keys and
   logits act inside that call. :func:`route_through_ssacli` puts a model on it.
 * :attr:`Route.EAGER_FALLBACK`: families off the registry (gpt_neo, bloom, deberta-v2, …) run their
   own eager attention with ``output_attentions``; a forward hook on each attention module

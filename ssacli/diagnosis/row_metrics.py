@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..defaults import LOCAL_DISTANCE, TAU, TOP_K
 from ..kernels.row_stats import RowStatistics
+from .metrics import METRICS, sink_indicator
+from .positions import PositionProfiles, head_class
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
@@ -209,4 +212,154 @@ def logit_sums(
     return out
 
 
-__all__ = ["PROMPT_SUMS", "logit_sums", "row_sums"]
+# ---- the sums, added up: per head, per prompt, and where attention lands -----------------------
+
+
+class HeadStats:
+    """Running sums of :func:`~ssacli.diagnosis.row_metrics.row_sums` for one attention layer; ``means()``
+    gives [h] per metric."""
+
+    def __init__(self, num_heads: int) -> None:
+        self.num_heads = num_heads
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, sums: dict[str, torch.Tensor]) -> None:
+        for name, value in sums.items():
+            value = value.detach().cpu()
+            if name not in self.sums:
+                self.sums[name] = value.clone()
+                continue
+            kept = self.sums[name]
+            if value.dim() == 2 and value.shape[-1] != kept.shape[-1]:  # a longer call has more bins
+                width = max(value.shape[-1], kept.shape[-1])
+                kept = torch.nn.functional.pad(kept, (0, width - kept.shape[-1]))
+                value = torch.nn.functional.pad(value, (0, width - value.shape[-1]))
+            self.sums[name] = kept + value
+
+    @property
+    def rows(self) -> int:
+        """Rows counted (the most any head counted; heads differ only for zero-mass rows)."""
+        rows = self.sums.get("rows")
+        return 0 if rows is None else int(rows.max().item())
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Mean of each metric per head; NaN where a head counted no row, and for a metric whose sum
+        (or count) the run did not give: the position terms where they were not measured, the
+        learned sink in a layer without one."""
+        empty = np.full(self.num_heads, math.nan)
+        if not self.sums:
+            return {name: empty.copy() for name in METRICS}
+        out = {}
+        for name, spec in METRICS.items():
+            if spec.divisor is None:
+                continue  # derived below, from the means
+            if name not in self.sums or spec.divisor not in self.sums:
+                out[name] = empty.copy()
+                continue
+            count = self.sums[spec.divisor].numpy()
+            total = self.sums[name].numpy()
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[name] = np.where(count > 0, total / np.maximum(count, 1), math.nan)
+        out["sink_rate"] = sink_indicator(out["sink_mass"])
+        out["sink_boost"] = empty.copy()
+        if "sink_uniform" in self.sums:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share, uniform = self.sums["sink_share"].numpy(), self.sums["sink_uniform"].numpy()
+                out["sink_boost"] = np.where(uniform > 0, share / np.where(uniform > 0, uniform, 1), math.nan)
+        return out
+
+    def profiles(self) -> dict[str, np.ndarray] | None:
+        """Per head the position profiles [h, bins], means over the counted rows (``received``: share
+        per key bin; ``received_boost``: that over the uniform share; ``distance_profile``: share per
+        distance bin); None where the run did not measure them."""
+        if "received" not in self.sums:
+            return None
+        rows = np.maximum(self.sums["rows"].numpy(), 1)[:, None]
+        received, uniform = self.sums["received"].numpy(), self.sums["received_uniform"].numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            boost = np.where(uniform > 0, received / np.where(uniform > 0, uniform, 1), math.nan)
+        empty = (self.sums["rows"].numpy() == 0)[:, None]
+        return {
+            "received": np.where(empty, math.nan, received / rows),
+            "received_boost": np.where(empty, math.nan, boost),
+            "distance_profile": np.where(empty, math.nan, self.sums["distance_profile"].numpy() / rows),
+        }
+
+
+class PromptStats:
+    """Each prompt's collapsed and counted rows per head (``row_sums``' prompt sums: one prompt per
+    sample, or with ``length`` a sample's rows cut into windows of that many query positions), kept
+    per layer and batch, so that a verdict can read a level's change against its prompt-to-prompt
+    noise (ssacli.diagnosis.outputs)."""
+
+    def __init__(self, length: int | None = None) -> None:
+        self.length = length
+        self.sums: dict[int, dict[int, list[torch.Tensor]]] = {}  # layer -> batch -> [b, h, windows] ×2
+
+    def add(self, layer: int, batch: int, values: list[torch.Tensor]) -> None:
+        kept = self.sums.setdefault(layer, {}).get(batch)
+        if kept is None:
+            self.sums[layer][batch] = values
+            return
+        pad = torch.nn.functional.pad
+        for i, value in enumerate(values):
+            width = max(value.shape[-1], kept[i].shape[-1])
+            kept[i] = pad(kept[i], (0, width - kept[i].shape[-1])) + pad(value, (0, width - value.shape[-1]))
+
+    def rates(self, layers: int, heads: int) -> np.ndarray | None:
+        """[prompt, layer, head]: each prompt's collapse rate per head (NaN where it counted no row,
+        and in a layer that recorded none), prompts in input order (batch, sample, then window); None
+        where nothing was kept."""
+        if not self.sums:
+            return None
+        blocks = []
+        for batch in sorted({b for per in self.sums.values() for b in per}):
+            kept = [(layer, per[batch]) for layer, per in self.sums.items() if batch in per]
+            b, windows = kept[0][1][0].shape[0], max(v[0].shape[-1] for _, v in kept)
+            block = np.full((b, windows, layers, heads), math.nan)
+            for layer, (collapsed, rows) in kept:
+                collapsed, rows = collapsed.numpy(), rows.numpy()
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    rate = np.where(rows > 0, collapsed / np.maximum(rows, 1), math.nan)  # [b, h, w]
+                block[:, : rate.shape[2], layer, : rate.shape[1]] = rate.transpose(0, 2, 1)
+            blocks.append(block.reshape(b * windows, layers, heads))
+        return np.concatenate(blocks)
+
+
+def position_profiles(probe: str, level: float, recorder, means: dict[str, np.ndarray]):
+    """The :class:`~ssacli.diagnosis.positions.PositionProfiles` of one probe level: its recorder's
+    per-layer sums (a :class:`~ssacli.diagnosis.recorder.Recorder` with ``positions``) and the
+    level's per-head ``means`` [layer, head] of sink_share, local_share and entropy, for the classes;
+    None where nothing was measured."""
+    if recorder.positions is None or recorder.overflow.first is not None:
+        return None
+    bins, stats = recorder.positions, recorder.stats
+    layers, heads = means["entropy"].shape
+    found = {layer: s.profiles() for layer, s in stats.items()}
+    found = {layer: p for layer, p in found.items() if p is not None}
+    if not found:
+        return None
+    key_bins = max(p["received"].shape[-1] for p in found.values())
+    distance_bins = max(p["distance_profile"].shape[-1] for p in found.values())
+    arrays = {name: np.full((layers, heads, key_bins), np.nan) for name in ("received", "received_boost")}
+    arrays["distance"] = np.full((layers, heads, distance_bins), np.nan)
+    for layer, profile in found.items():
+        for name, source in (("received", "received"), ("received_boost", "received_boost"),
+                             ("distance", "distance_profile")):  # fmt: skip
+            values = profile[source]
+            arrays[name][layer, : values.shape[0], : values.shape[1]] = values
+    # nominal edges: the last bin of each kind ends at the longest call's length, inside its last bin
+    key_edges = [0, *(bins.sink_k + b * bins.bin_width for b in range(key_bins))]
+    distance_edges = [0, *(2**b for b in range(distance_bins))]
+    classes = [
+        [head_class(*(float(means[m][layer, head]) for m in ("sink_share", "local_share", "entropy")))
+         for head in range(heads)]
+        for layer in range(layers)
+    ]  # fmt: skip
+    return PositionProfiles(
+        probe, level, bins.sink_k, bins.bin_width, key_edges, distance_edges, arrays["received"],
+        arrays["received_boost"], arrays["distance"], classes,
+    )  # fmt: skip
+
+
+__all__ = ["PROMPT_SUMS", "HeadStats", "PromptStats", "logit_sums", "position_profiles", "row_sums"]

@@ -2,12 +2,14 @@
 
 (This module is named ``diagnosis`` so that importing it does not shadow the function.)
 
-It holds the run: checking the options and routing the model, then three steps in this order:
-plan (:func:`~ssacli.diagnosis.plan.plan_run`, in :mod:`ssacli.diagnosis.plan`: each probe level's
-inputs), execute (:func:`_execute`: the forwards, level by level) and aggregate (:class:`ProbeTables`
-per probe, :func:`_assemble`: the :class:`~ssacli.diagnosis.result.DiagnoseResult`). One forward pass
-under a probe, and the :class:`~ssacli.diagnosis.forward.Recorder` that reduces its attention, are in
-:mod:`ssacli.diagnosis.forward`.
+It holds the run: checking the options and routing the model, then three steps in this order, each
+returning one value: plan (:func:`~ssacli.diagnosis.plan.plan_run`, in :mod:`ssacli.diagnosis.plan`:
+a :class:`~ssacli.diagnosis.plan.RunPlan`, each probe level's inputs), execute (:func:`_execute`:
+the forwards, level by level, each level's :class:`~ssacli.diagnosis.recorder.Recorder` reduced to a
+:class:`LevelMeasure`) and aggregate (:func:`_assemble`: a
+:class:`~ssacli.diagnosis.probe_result.ProbeResult` per probe, built once from its levels, in the
+:class:`~ssacli.diagnosis.result.DiagnoseResult`). One forward pass under a probe, and the recorder
+that reduces its attention, are in :mod:`ssacli.diagnosis.forward`.
 
 Two routes to the weights (:mod:`ssacli.diagnosis.routes`: ssacli's attention function, or a
 family's own eager attention), one reduction (:mod:`ssacli.diagnosis.metrics`).
@@ -15,15 +17,13 @@ family's own eager attention), one reduction (:mod:`ssacli.diagnosis.metrics`).
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from ..attention.interface import CONFIG_SPEC_ATTR
@@ -34,17 +34,19 @@ from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
 from ..setting import settings_from
-from ..version import __version__
-from .forward import OutputReference, Recorder, forward_batch
+from ..version import software_versions
+from .forward import OutputReference, forward_batch
 from .generation import generate
-from .metrics import LAYER_METRICS, METRICS, PromptStats
+from .metrics import LAYER_METRICS, METRICS
 from .outputs import reference_index
 from .plan import RunPlan, describe_inputs, plan_run
-from .positions import PositionProfiles, level_profiles, run_bins
+from .positions import PositionProfiles, run_bins
+from .probe_kinds import ActsOn, Probe, default_probes, parse_probe, scorer_insensitivity
 from .probe_result import ProbeResult
-from .probes import ActsOn, Probe, default_probes, parse_probe, scorer_insensitivity
+from .recorder import Recorder
 from .result import DiagnoseResult
 from .routes import Route, absorber, choose_route, route_through_ssacli, route_unaudited_reason
+from .row_metrics import PromptStats, position_profiles
 from .settings import DiagnoseSettings
 from .shift import with_shift
 
@@ -122,9 +124,7 @@ def diagnose_with(
     loaded.model.eval()
     undo = route_through_ssacli(root, scorer) if route is Route.SSACLI else None
     try:
-        result = _run(loaded, probe_list, route, settings, started, progress, settings.generate)
-        result.unaudited = unaudited
-        return result
+        return _run(loaded, probe_list, route, settings, started, progress, unaudited)
     finally:
         if undo is not None:
             undo()
@@ -138,10 +138,11 @@ def _run(
     settings: DiagnoseSettings,
     started: float,
     progress: Progress | None,
-    steps: int | None = None,
+    unaudited: str | None,
 ) -> DiagnoseResult:
-    """Plan every probe level's inputs, execute them (one :class:`ProbeTables` filled per probe),
-    then generate (``steps``) and assemble the result."""
+    """Plan every probe level's inputs (a :class:`RunPlan`), execute them (:class:`Executed`: a
+    :class:`LevelMeasure` per level), generate (``settings.generate``) and assemble the result."""
+    steps = settings.generate
     plan = plan_run(loaded, probes, route, settings, steps)
     executed = _execute(loaded, route, plan, settings, progress)
     generation = None
@@ -153,17 +154,44 @@ def _run(
             top_k=settings.top_k, block_size=settings.block_size, stats=settings.stats,
             batch_size=settings.batch_size,
         )  # fmt: skip
-    return _assemble(loaded, route, plan, executed, settings, started, generation)
+    return _assemble(loaded, route, plan, executed, settings, started, generation, unaudited)
 
 
 # ---- execute: the forwards of each probe level, reduced as they pass ----------------------------
 
 
 @dataclass
-class Executed:
-    """What the forwards measured: one result per probe, and what the run learned on the way."""
+class LevelMeasure:
+    """One probe level's forwards, reduced: per-head means [layer, head], rows counted [layer], layer
+    metrics [layer], the level's extras (mean LM loss, output KL, tokens), where it overflowed, each
+    prompt's collapse [prompt, layer, head], per-input values and, at the reference level, where
+    attention lands. A level that did not run is None in its probe's list."""
 
-    probes: list[ProbeResult]
+    metrics: dict[str, np.ndarray]
+    rows: np.ndarray
+    layer_metrics: dict[str, np.ndarray]
+    extras: dict[str, float | None]
+    overflow: dict[str, Any] | None
+    prompts: np.ndarray | None = None
+    per_input: dict[str, list[float]] = field(default_factory=dict)
+    positions: PositionProfiles | None = None
+
+
+@dataclass
+class ProbeRun:
+    """One probe's levels as they ran: a :class:`LevelMeasure` per level (None where it did not run)
+    and why it was skipped or limited."""
+
+    probe: Probe
+    levels: list[LevelMeasure | None]
+    note: str | None
+
+
+@dataclass
+class Executed:
+    """What the forwards measured: one run per probe, and what the run learned on the way."""
+
+    probes: list[ProbeRun]
     calls: dict[str, int]  # attention calls measured by each path ("fused", "eager"), over every probe
     norms_before: dict[int, list[str]]  # per layer: the norms that ran before it (structural)
 
@@ -172,11 +200,12 @@ def _execute(
     loaded: LoadedModel, route: Route, plan: RunPlan, settings: DiagnoseSettings, progress: Progress | None
 ) -> Executed:
     total, done = plan.total_batches, 0
-    results = []
+    runs = []
     calls = {"fused": 0, "eager": 0}
     norms_before: dict[int, list[str]] = {}
     for probe, levels in plan.probes:
-        tables = ProbeTables.empty(len(probe.levels), len(plan.layers), max(plan.heads))
+        measured: list[LevelMeasure | None] = [None] * len(probe.levels)
+        note = None
         # Probes that keep the tokens (they shift embeddings, keys or logits) compare every level's
         # outputs with the first level's; ICL models predict points, not distributions.
         # The reference is the unshifted (neutral) level when it was asked for, else the first; it
@@ -192,12 +221,12 @@ def _execute(
             level = probe.levels[li]
             batches, why = levels[level]
             if batches is None:
-                tables.note = why
+                note = why
                 continue
-            tables.note = tables.note or why
-            if probe.kind.acts_on in (ActsOn.INPUT_LENGTH, ActsOn.INPUT_CORPUS):
-                real = [float(b.valid.sum(1).float().mean()) for b in batches]
-                tables.extra("tokens")[li] = float(np.mean(real))
+            note = note or why
+            if reference is not None:
+                reference.recording = li == first
+                reference.rows = {}
             recorder = Recorder(
                 plan.layer_of, tau=settings.tau, top_k=settings.top_k, block_size=settings.block_size,
                 causal=loaded.kind == ModelKind.CAUSAL, stats=settings.stats,
@@ -205,9 +234,6 @@ def _execute(
                 prompts=PromptStats(window),  # each prompt's collapse: the verdict's noise
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
-            if reference is not None:
-                reference.recording = li == first
-                reference.rows = {}
             for bi, batch in enumerate(batches):
                 for key, (value, count) in forward_batch(
                     loaded, route, probe, level, batch, recorder, plan.layers, reference, bi
@@ -221,83 +247,90 @@ def _execute(
             for path, count in recorder.calls.items():
                 calls[path] += count
             norms_before = norms_before or recorder.norms_before
-            tables.add_level(li, recorder, totals, plan.layers)
-            if recorder.losses and not lengthens and tables.overflow[li] is None:  # one loss per prompt
-                tables.per_input.setdefault("loss", [None] * len(probe.levels))[li] = recorder.losses
-            if reference is not None and tables.overflow[li] is None and len(reference.rows) == len(batches):
-                tables.per_input.setdefault("output_kl", [None] * len(probe.levels))[li] = [
-                    v for bi in range(len(batches)) for v in reference.rows[bi]
-                ]
-            if li == first:  # where attention lands, at the reference (unshifted) level
-                tables.positions = level_profiles(probe.name, level, recorder, tables.metrics, li)
-        results.append(tables.result(probe, plan.scorers))
-    return Executed(results, calls, norms_before)
+            measured[li] = _measure_level(
+                probe, level, li == first, batches, recorder, totals, reference, plan, lengthens
+            )
+        runs.append(ProbeRun(probe, measured, note))
+    return Executed(runs, calls, norms_before)
 
 
-# ---- aggregate: each level's recorder into a probe's arrays, the probes into the result ---------
+def _measure_level(
+    probe: Probe, level: float, at_reference: bool, batches: list, recorder: Recorder,
+    totals: dict[str, list[float]], reference: OutputReference | None, plan: RunPlan, lengthens: bool,
+) -> LevelMeasure:  # fmt: skip
+    """One level's recorder reduced to its :class:`LevelMeasure`: the means of its sums; an overflowed
+    level keeps only where it overflowed (no finite-looking numbers from an overflowed forward)."""
+    layers, heads = len(plan.layers), max(plan.heads)
+    metrics = {name: np.full((layers, heads), np.nan) for name in METRICS}
+    rows = np.zeros(layers, dtype=np.int64)
+    layer_metrics = {name: np.full(layers, np.nan) for name in LAYER_METRICS}
+    extras: dict[str, float | None] = {}
+    if probe.kind.acts_on in (ActsOn.INPUT_LENGTH, ActsOn.INPUT_CORPUS):
+        extras["tokens"] = float(np.mean([float(b.valid.sum(1).float().mean()) for b in batches]))
+    if recorder.overflow.first is not None:
+        where = dict(recorder.overflow.first)
+        if where["layer"] is not None and where["layer"] < layers:
+            where["module"] = plan.layers[where["layer"]][0]
+        return LevelMeasure(metrics, rows, layer_metrics, extras, where)
+    for key, (value, count) in totals.items():
+        extras[key] = value / count if count else None
+    for layer, stats in recorder.stats.items():
+        means = stats.means()
+        for name in METRICS:
+            metrics[name][layer, : stats.num_heads] = means[name]
+        rows[layer] = stats.rows
+    for layer, stats in recorder.layers.items():
+        for name, value in stats.means().items():
+            layer_metrics[name][layer] = value
+    per_input: dict[str, list[float]] = {}
+    if recorder.losses and not lengthens:  # one loss per prompt
+        per_input["loss"] = recorder.losses
+    if reference is not None and len(reference.rows) == len(batches):
+        per_input["output_kl"] = [v for bi in range(len(batches)) for v in reference.rows[bi]]
+    return LevelMeasure(
+        metrics, rows, layer_metrics, extras, None,
+        prompts=None if recorder.prompts is None else recorder.prompts.rates(layers, heads),
+        per_input=per_input,
+        # where attention lands, at the reference (unshifted) level
+        positions=position_profiles(probe.name, level, recorder, metrics) if at_reference else None,
+    )  # fmt: skip
 
 
-@dataclass
-class ProbeTables:
-    """One probe's numbers as its levels run: [level, layer, head] per-head metrics, rows measured,
-    [level, layer] layer metrics, per-level extras (LM loss, output KL, tokens) and overflow."""
+# ---- aggregate: each probe's levels into its result, the probes into the run's ------------------
 
-    metrics: dict[str, np.ndarray]
-    rows: np.ndarray
-    layer_metrics: dict[str, np.ndarray]
-    overflow: list[dict | None]
-    extras: dict[str, list[float | None]] = field(default_factory=dict)
-    note: str | None = None
-    positions: PositionProfiles | None = None  # at the reference level (ssacli.diagnosis.positions)
-    prompts: list[np.ndarray | None] = field(default_factory=list)  # per level: [prompt, layer, head]
-    per_input: dict[str, list[list[float] | None]] = field(default_factory=dict)  # [level][input]
 
-    @classmethod
-    def empty(cls, levels: int, layers: int, heads: int) -> ProbeTables:
-        """NaN where nothing is measured (a level that did not run, a layer with fewer heads)."""
-        return cls(
-            metrics={name: np.full((levels, layers, heads), np.nan) for name in METRICS},
-            rows=np.zeros((levels, layers), dtype=np.int64),
-            layer_metrics={name: np.full((levels, layers), np.nan) for name in LAYER_METRICS},
-            overflow=[None] * levels,
-            prompts=[None] * levels,
-        )
-
-    def extra(self, key: str) -> list[float | None]:
-        return self.extras.setdefault(key, [None] * len(self.overflow))
-
-    def add_level(
-        self, li: int, recorder: Recorder, totals: dict[str, list[float]], layers: list[tuple[str, nn.Module]]
-    ) -> None:
-        """Level ``li``'s means; an overflowed level keeps only where it overflowed."""
-        if recorder.overflow.first is not None:  # no finite-looking numbers from an overflowed forward
-            where = dict(recorder.overflow.first)
-            if where["layer"] is not None and where["layer"] < len(layers):
-                where["module"] = layers[where["layer"]][0]
-            self.overflow[li] = where
-            return
-        for key, (value, count) in totals.items():
-            self.extra(key)[li] = value / count if count else None
-        if recorder.prompts is not None:
-            self.prompts[li] = recorder.prompts.rates(*self.metrics["collapse_rate"].shape[1:])
-        for layer, stats in recorder.stats.items():
-            means = stats.means()
-            for name in METRICS:
-                self.metrics[name][li, layer, : stats.num_heads] = means[name]
-            self.rows[li, layer] = stats.rows
-        for layer, stats in recorder.layers.items():
-            for name, value in stats.means().items():
-                self.layer_metrics[name][li, layer] = value
-
-    def result(self, probe: Probe, scorers: list) -> ProbeResult:
-        result = ProbeResult(
-            probe.name, [float(v) for v in probe.levels], self.metrics, self.rows, self.extras, self.note,
-            layer_metrics=self.layer_metrics, overflow=self.overflow,
-            insensitive=scorer_insensitivity(probe.kind, scorers), positions=self.positions,
-            per_input=self.per_input,
-        )  # fmt: skip
-        result.keep_prompt_collapse(self.prompts)
-        return result
+def _probe_result(run: ProbeRun, plan: RunPlan, absorbers: list[str | None]) -> ProbeResult:
+    """A probe's :class:`ProbeResult`: its levels' measures as [level, layer, head] arrays (NaN where
+    a level did not run), per-level extras and per-input values in the order the levels ran."""
+    probe, count = run.probe, len(run.probe.levels)
+    layers, heads = len(plan.layers), max(plan.heads)
+    metrics = {name: np.full((count, layers, heads), np.nan) for name in METRICS}
+    rows = np.zeros((count, layers), dtype=np.int64)
+    layer_metrics = {name: np.full((count, layers), np.nan) for name in LAYER_METRICS}
+    extras: dict[str, list[float | None]] = {}
+    per_input: dict[str, list[list[float] | None]] = {}
+    first = reference_index(probe.name, probe.levels)
+    for li in sorted(range(count), key=lambda i: i != first):
+        measure = run.levels[li]
+        if measure is None:
+            continue
+        for name in METRICS:
+            metrics[name][li] = measure.metrics[name]
+        rows[li] = measure.rows
+        for name in LAYER_METRICS:
+            layer_metrics[name][li] = measure.layer_metrics[name]
+        for key, value in measure.extras.items():
+            extras.setdefault(key, [None] * count)[li] = value
+        for key, values in measure.per_input.items():
+            per_input.setdefault(key, [None] * count)[li] = values
+    result = ProbeResult(
+        probe.name, [float(v) for v in probe.levels], metrics, rows, extras, run.note,
+        layer_metrics=layer_metrics, overflow=[m.overflow if m else None for m in run.levels],
+        insensitive=scorer_insensitivity(probe.kind, plan.scorers), absorbers=absorbers,
+        positions=run.levels[first].positions if run.levels[first] else None, per_input=per_input,
+    )  # fmt: skip
+    # each prompt's collapse over the heads not collapsed at the first level: read off the result
+    return replace(result, prompt_collapse=result.prompt_collapse_of([m and m.prompts for m in run.levels]))
 
 
 def _assemble(
@@ -308,13 +341,12 @@ def _assemble(
     settings: DiagnoseSettings,
     started: float,
     generation: Any,
+    unaudited: str | None,
 ) -> DiagnoseResult:
     root = loaded.attention_root
     layers = plan.layers
     # Where a probe that did not arrive was absorbed: each layer's normalization, in forward order.
     absorbers = [absorber(executed.norms_before.get(i, []), name) for i, (name, _) in enumerate(layers)]
-    for result in executed.probes:
-        result.absorbers = absorbers
     return DiagnoseResult(
         model=loaded.name,
         weights=loaded.weights,
@@ -323,7 +355,7 @@ def _assemble(
         route=route,
         layers=[name for name, _ in layers],
         heads=plan.heads,
-        probes=executed.probes,
+        probes=[_probe_result(run, plan, absorbers) for run in executed.probes],
         settings={
             **settings.recorded(),
             "length": plan.length,
@@ -331,11 +363,10 @@ def _assemble(
             "length_unit": "points" if plan.icl else "tokens",
             "inputs": describe_inputs(loaded, plan.source, settings),
             **({"shift": plan.shift.description} if plan.shift is not None else {}),
-            "vocab_size": _vocab_size(root)
-            if loaded.kind == ModelKind.CAUSAL
-            else None,  # uniform loss: log V
+            # uniform loss: log V
+            "vocab_size": loaded.vocab_size if loaded.kind == ModelKind.CAUSAL else None,
             "device": str(loaded.device),
-            **_placement(loaded.model),
+            **loaded.placement,
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
             # --stats as asked, and how many attention calls each path measured (auto: fused where
             # the call allows it)
@@ -348,29 +379,5 @@ def _assemble(
         # its saved 0.150 "0.1 s")
         elapsed_s=round(time.perf_counter() - started, 3),
         generation=generation,
+        unaudited=unaudited,
     )
-
-
-def _placement(model: nn.Module) -> dict[str, Any]:
-    """``device_map``: where accelerate put each block, for a model loaded with a device map."""
-    placed = getattr(model, "hf_device_map", None)
-    return {"device_map": dict(placed)} if placed else {}
-
-
-def _vocab_size(root: nn.Module) -> int | None:
-    config = getattr(root, "config", None)
-    size = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None)
-    return size if isinstance(size, int) and size > 1 else None
-
-
-def software_versions() -> dict[str, str]:
-    """The versions a result was made with (ssacli, torch, transformers, python): every result and
-    report records them, for reproduction."""
-    import transformers
-
-    return {
-        "ssacli": __version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }

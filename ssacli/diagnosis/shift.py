@@ -40,16 +40,15 @@ from ..errors import UsageError
 from ..stats import LEVEL, bootstrap_difference_ci, spearman_ci
 from .probe_kinds import ActsOn, Probe, parse_probe
 from .probe_result import ProbeResult
-from .probes import special_prefix
 from .settings import DiagnoseSettings
-from .texts import TEXTS
+from .texts import TEXTS, special_prefix
 
 SPLIT = "consecutive non-overlapping windows of the base length, evenly spaced through each corpus"
 
 
 def windows(stream: list[int], length: int, count: int, prefix: list[int] = ()) -> list[list[int]]:
     """``count`` windows of ``length`` tokens, evenly spaced over the stream's whole windows, each
-    starting with ``prefix`` (the tokenizer's :func:`~ssacli.diagnosis.probes.special_prefix`)."""
+    starting with ``prefix`` (the tokenizer's :func:`~ssacli.diagnosis.texts.special_prefix`)."""
     prefix = list(prefix)[: max(0, length - 1)]
     size = length - len(prefix)
     total = len(stream) // size

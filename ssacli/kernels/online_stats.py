@@ -28,8 +28,9 @@ one Triton kernel (``"triton"``, ssacli.kernels.triton_stats: every running sum 
 FlashAttention-2 pass, float32); the rest (float64, the other CUDA calls, nothing built) the block
 loop with the same work as torch ops (``"torch-blocks"``). All four compute the same statistics.
 What a call is — its mask, the logits' form, the probe, the transform, the keyless terms — comes in as
-one :class:`~ssacli.kernels.stats_call.StatisticsCall` (ssacli.attention.online builds it), and what
-comes out is the :class:`~ssacli.kernels.row_stats.RowStatistics` every path of diagnose produces.
+one :class:`~ssacli.kernels.stats_call.StatisticsCall` (ssacli.attention.forward's
+online_observed_attention builds it), and what comes out is the
+:class:`~ssacli.kernels.row_stats.RowStatistics` every path of diagnose produces.
 """
 
 from __future__ import annotations

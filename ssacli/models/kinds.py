@@ -33,7 +33,7 @@ class ModelKind(StrEnum):
 
     @property
     def with_article(self) -> str:
-        """"a causal", "an encoder", "an icl": the kind as a message says it before "model"."""
+        """ "a causal", "an encoder", "an icl": the kind as a message says it before "model"."""
         return f"{'an' if self.value[0] in 'aeiou' else 'a'} {self.value}"
 
 
@@ -173,7 +173,6 @@ def different_kinds(names: tuple[str, str], refs: tuple[str, str], kinds: tuple[
         f"{names[0]} '{refs[0]}' is {ModelKind(kinds[0]).with_article} model and {names[1]} '{refs[1]}' "
         f"{ModelKind(kinds[1]).with_article} one; compare models of one kind"
     )
-
 
 
 def not_icl(ref: str, kind: str) -> InputError:

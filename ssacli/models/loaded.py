@@ -66,3 +66,16 @@ class LoadedModel:
         from ..attention.interface import execution_device
 
         return execution_device(self.model) or torch.device("cpu")
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The text model's vocabulary size (None where its config states none above 1)."""
+        config = self.config
+        size = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None)
+        return size if isinstance(size, int) and size > 1 else None
+
+    @property
+    def placement(self) -> dict[str, Any]:
+        """``device_map``: where accelerate put each block, for a model loaded with a device map."""
+        placed = getattr(self.model, "hf_device_map", None)
+        return {"device_map": dict(placed)} if placed else {}

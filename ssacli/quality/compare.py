@@ -110,7 +110,7 @@ def compare_models_with(
     """:func:`compare_models` with its settings as values: what is measured (:class:`ReportSettings`)
     and how MODEL references load (:class:`~ssacli.models.options.LoadOptions`); ``ssacli report``
     builds both from its flags and calls this."""
-    from ..diagnosis.probes import parse_probe
+    from ..diagnosis.probe_kinds import parse_probe
 
     started = time.perf_counter()
     say = progress or (lambda message: None)
@@ -253,7 +253,7 @@ def _assemble(models: list[LoadedModel], measured: dict[str, dict[str, Any]], di
     """The report of the measured sides: the quality rows, the probe comparison (and CONTROL's against
     AFTER), each side's conversion record, lm-eval's paired rows."""
     from ..diagnosis.comparison import compare_results
-    from ..diagnosis.run import software_versions
+    from ..version import software_versions
 
     report = QualityReport(
         before=describe(models[0], diagnosed[0]),

@@ -89,8 +89,6 @@ class Section:
         return "\n".join([*parts, *self.body])
 
 
-
-
 def page(title: str, sections: Sequence[Section]) -> str:
     """A complete self-contained page: ``title`` in the tab, the sections one after the other."""
     return (

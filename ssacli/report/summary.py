@@ -182,9 +182,17 @@ def summary_facts(result: DiagnoseResult) -> list[tuple[str, str]]:
         ("layers × heads", layers_by_heads(result)),
         ("inputs", describe(settings.get("inputs"))),
         *([("shift", shift_fact(settings["shift"]))] if settings.get("shift") else []),
-        *([("length", f"{settings['length']} {settings.get('length_unit', 'tokens')} (--length "
-                      f"{settings['length_asked']} capped at the model's maximum)")]
-          if settings.get("length_asked") is not None else []),
+        *(
+            [
+                (
+                    "length",
+                    f"{settings['length']} {settings.get('length_unit', 'tokens')} (--length "
+                    f"{settings['length_asked']} capped at the model's maximum)",
+                )
+            ]
+            if settings.get("length_asked") is not None
+            else []
+        ),
         ("device / dtype", device),
         ("probes (levels)", probes),
         ("collapse point", points),

@@ -33,8 +33,9 @@ from torch import nn
 
 from .. import defaults
 from ..diagnosis.metrics import METRICS
+from ..diagnosis.plan import TokenSource
+from ..diagnosis.probe_kinds import Probe, parse_probe
 from ..diagnosis.probe_result import json_ready
-from ..diagnosis.probes import Probe, TokenSource, parse_probe
 from ..diagnosis.run import diagnose
 from ..errors import UsageError
 from ..models.kinds import max_positions

@@ -33,7 +33,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from .. import defaults
-from ..diagnosis.probes import Probe
+from ..diagnosis.probe_kinds import Probe
 from ..errors import UsageError
 from .monitor import (
     DEFAULT_EVERY,

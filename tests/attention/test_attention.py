@@ -10,8 +10,9 @@ from transformers.masking_utils import AttentionMaskInterface
 
 import ssacli
 from ssacli.attention.arguments import cache_argument, returned_cache
-from ssacli.attention.forward import SCORER_ATTR, visibility
+from ssacli.attention.forward import SCORER_ATTR
 from ssacli.attention.interface import ATTENTION_NAME, register
+from ssacli.attention.masks import visibility
 from ssacli.errors import UnsupportedModelError
 from tests.helpers.models import FAMILIES, VOCAB, build_model, clone
 

@@ -21,9 +21,10 @@ from transformers import GptOssConfig, GptOssForCausalLM
 import ssacli
 from ssacli.attention.arguments import ARGUMENTS, REFUSED_ARGUMENTS, attention_call_arguments
 from ssacli.attention.audited import AUDITED_FAMILIES, AUDITED_ON
-from ssacli.attention.forward import SCORER_ATTR, scores_and_sink, ssacli_attention_forward
+from ssacli.attention.forward import SCORER_ATTR, ssacli_attention_forward
 from ssacli.attention.interface import unaudited_reason, unsupported_reason
 from ssacli.attention.masks import EAGER_MASK_FAMILIES
+from ssacli.attention.sinks import scores_and_sink
 from ssacli.errors import UnsupportedModelError
 from ssacli.testing import audit, audit_record, tiny_models
 

@@ -204,7 +204,7 @@ def wide_extra(family: str):
 
 def calibration_inputs(samples: int = 8, length: int = 64) -> torch.Tensor:
     """The inputs convert measures on for a model without a tokenizer: seeded random ids."""
-    from ssacli.diagnosis.probes import TokenSource
+    from ssacli.diagnosis.plan import TokenSource
 
     source = TokenSource(None, text=None, random_ids=False, vocab_size=VOCAB, seed=0)
     return torch.tensor(source.sequences(samples, length))

@@ -28,17 +28,10 @@ from ssacli.attention.forward import SCORER_ATTR, observing
 from ssacli.attention.interface import apply_scorer, attention_modules, scorers_of
 from ssacli.cli import app
 from ssacli.defaults import LOCAL_DISTANCE, SINK_K
-from ssacli.diagnosis.forward import Recorder
 from ssacli.diagnosis.metrics import METRICS
-from ssacli.diagnosis.probes import (
-    PROBES,
-    ActsOn,
-    ProbeKind,
-    Shift,
-    icl_batches,
-    pad_sequences,
-    pick_targets,
-)
+from ssacli.diagnosis.plan import icl_batches, pad_sequences, pick_targets
+from ssacli.diagnosis.probe_kinds import PROBES, ActsOn, ProbeKind, Shift
+from ssacli.diagnosis.recorder import Recorder
 from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.diagnosis.texts import TEXTS
 from ssacli.errors import EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE, UnsupportedModelError, UsageError
@@ -60,7 +53,7 @@ def sequences(lengths=LENGTHS, seed=3) -> list[list[int]]:
 
 
 def right_pad(seqs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Written here, not with ssacli.diagnosis.probes.pad_sequences: ids padded with 0 and the mask."""
+    """Written here, not with ssacli.diagnosis.plan.pad_sequences: ids padded with 0 and the mask."""
     width = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -241,14 +234,14 @@ def test_identity_levels_of_every_probe_are_the_unprobed_model():
 def test_the_lm_loss_is_the_models_own_loss_in_pieces_of_any_size(monkeypatch):
     """diagnose's LM loss (computed a few positions at a time, so that no float32 copy of every
     logit exists at long lengths) equals the model's own mean next-token loss, whatever the piece."""
-    import ssacli.diagnosis.output_measures as output_measures
+    import ssacli.diagnosis.forward as diagnose_forward
 
     model = build_model("gpt2")
     ids = torch.randint(3, 100, (2, 23), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         expected = float(model(input_ids=ids, labels=ids).loss)
     for piece in (3, 22, 4096):
-        monkeypatch.setattr(output_measures, "LOSS_CHUNK", piece)
+        monkeypatch.setattr(diagnose_forward, "LOSS_CHUNK", piece)
         (loss,) = diagnose(model, ["embed-scale:1"], inputs=ids.tolist()).probes[0].extras["loss"]
         assert loss == pytest.approx(expected, rel=1e-5)
 
@@ -474,7 +467,7 @@ def test_saved_folder_with_tokenizer_runs_every_probe_and_numeric_grows_with_dig
     result = diagnose(str(tmp_path), samples=samples, length=24)  # every probe, default levels
     assert result.route == "ssacli" and result.family == "gpt2"
     assert result.settings["inputs"] == "built-in texts"
-    assert [p.name for p in result.probes] == [p.name for p in ssacli.diagnosis.probes.default_probes()]
+    assert [p.name for p in result.probes] == [p.name for p in ssacli.diagnosis.probe_kinds.default_probes()]
     for probe in result.probes:
         assert not probe.skipped, probe.name
         losses = probe.extras["loss"]

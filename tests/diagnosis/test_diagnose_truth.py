@@ -13,7 +13,8 @@ import torch
 
 from ssacli import diagnose
 from ssacli.check.requirements import parse_requirement, run_check
-from ssacli.diagnosis.metrics import LayerStats, Moments, sink_indicator
+from ssacli.diagnosis.metrics import sink_indicator
+from ssacli.diagnosis.recorder import LayerStats, Moments
 from ssacli.diagnosis.result import SCHEMA_VERSION, DiagnoseResult
 from tests.helpers.cli import unwritable
 from tests.helpers.models import VOCAB, build_model
@@ -176,7 +177,7 @@ def test_sink_rate_is_the_share_of_heads_over_eps():
 def test_top3_and_median_equal_torch_topk_and_median():
     """The partition that finds a layer's top-3 |h| and lower median gives torch's values exactly: ties,
     an even count, three values, and NaN (torch ranks it first: the torch path is taken)."""
-    from ssacli.diagnosis.metrics import top3_and_median
+    from ssacli.diagnosis.recorder import top3_and_median
 
     gen = torch.Generator().manual_seed(0)
     cases = [

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import ssacli
 from ssacli.cli import app
-from ssacli.diagnosis.probes import TokenSource, pad_sequences
+from ssacli.diagnosis.plan import TokenSource, pad_sequences
 
 VOCAB = 128
 LEVELS = (1.0, 4.0)  # embed-scale σ

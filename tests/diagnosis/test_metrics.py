@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from ssacli.defaults import TAU, TOP_K
-from ssacli.diagnosis.metrics import METRICS, HeadStats, LayerStats, Moments
-from ssacli.diagnosis.row_metrics import row_sums
+from ssacli.diagnosis.metrics import METRICS
+from ssacli.diagnosis.recorder import LayerStats, Moments
+from ssacli.diagnosis.row_metrics import HeadStats, row_sums
 from ssacli.kernels.positions import PositionBins
 from ssacli.kernels.row_stats import weight_statistics
 

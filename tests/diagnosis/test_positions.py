@@ -12,9 +12,9 @@ import torch
 
 import ssacli
 from ssacli import defaults
-from ssacli.diagnosis.metrics import POSITION_METRICS, HeadStats
+from ssacli.diagnosis.metrics import POSITION_METRICS
 from ssacli.diagnosis.positions import PositionProfiles, head_class, run_bins
-from ssacli.diagnosis.row_metrics import row_sums
+from ssacli.diagnosis.row_metrics import HeadStats, row_sums
 from ssacli.kernels.positions import PositionBins
 from ssacli.kernels.row_stats import weight_statistics
 from tests.helpers.cli import run_main

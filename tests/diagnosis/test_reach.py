@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from ssacli import diagnose
 from ssacli.cli import app
 from ssacli.defaults import ICL_POINTS
+from ssacli.diagnosis.plan import icl_batches, pad_sequences, pick_targets
 from ssacli.diagnosis.probe_result import REACH_SHARE
-from ssacli.diagnosis.probes import icl_batches, pad_sequences, pick_targets
 from ssacli.diagnosis.result import DiagnoseResult
 from ssacli.diagnosis.routes import is_norm
 from ssacli.diagnosis.verdicts import SEVERITY, probe_verdicts

@@ -693,7 +693,7 @@ class CountingObserver(Observer):
     def transform(self, logits, module):
         return logits
 
-    def record(self, module, weights, visible, query_positions):
+    def record(self, module, weights, visible, query_positions, sink=None, logits=None):
         self.rows += weights.shape[-2]
 
 

@@ -20,12 +20,11 @@ import torch
 
 import ssacli.attention.forward as attention_forward
 from ssacli import diagnose
-from ssacli.attention.forward import observing
+from ssacli.attention.forward import observing, online_observed_attention
 from ssacli.attention.interface import apply_scorer, attention_modules
-from ssacli.attention.online import online_observed_attention
-from ssacli.diagnosis.forward import Recorder
 from ssacli.diagnosis.metrics import METRICS
-from ssacli.diagnosis.probes import PROBES
+from ssacli.diagnosis.probe_kinds import PROBES
+from ssacli.diagnosis.recorder import Recorder
 from ssacli.errors import UsageError
 from ssacli.kernels import native
 from ssacli.kernels.online_stats import softmax_statistics
@@ -385,9 +384,9 @@ def test_bfloat16_calls(family, probe, level):
 def test_many_key_blocks_and_causal_skipping(monkeypatch, family):
     """Key blocks far smaller than the sequence: online rescaling across blocks, skipped causal
     blocks and unmasked whole blocks (mistral: its window, 3 keys), on collapse-level probes."""
-    import ssacli.attention.online as online
+    import ssacli.attention.forward as attention_forward
 
-    monkeypatch.setattr(online, "STATS_BLOCK_KEYS", 4)
+    monkeypatch.setattr(attention_forward, "STATS_BLOCK_KEYS", 4)
     model = build_tiny(family, "causal")
     apply_scorer(model, "ssa")
     ids, mask, target = _padded(length=37)
@@ -407,14 +406,14 @@ def test_unmasked_softmax_calls_run_in_one_native_loop_and_match_the_eager_path(
     reference level, or a probe on the keys) take ssacli.kernels.native.stats_flash: logits, statistics
     and p·v per cached tile. Its statistics equal the eager path's within 1e-6 across key tiles
     (online rescaling), ragged row tiles and key-scale's collapsing rows."""
-    import ssacli.attention.online as online
+    import ssacli.attention.forward as attention_forward
 
     if not native.one_loop_available():
         pytest.skip("the native kernel or torch's sgemm is not available here")
     calls = []
     flash = native.stats_flash
     monkeypatch.setattr(native, "stats_flash", lambda *a, **k: calls.append(1) or flash(*a, **k))
-    monkeypatch.setattr(online, "STATS_BLOCK_KEYS", 8)
+    monkeypatch.setattr(attention_forward, "STATS_BLOCK_KEYS", 8)
     model = build_tiny(family, "causal")
     apply_scorer(model, "softmax")
     ids, _, target = _padded(length=37)

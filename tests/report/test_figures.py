@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ssacli.diagnosis.metrics import METRICS
-from ssacli.diagnosis.probes import PROBES
+from ssacli.diagnosis.probe_kinds import PROBES
 from ssacli.report.before_after import trajectory_figure, trajectory_notes
 from ssacli.report.figures import compare_figure, heatmap_figure, line_figure, overview_figure
 from ssacli.report.summary import heatmap_level_text
