@@ -112,6 +112,8 @@ def triton_stats_fits(call: Call) -> bool:
     """Whether the Triton statistics kernel takes this statistics call: triton there, every term one
     it computes, float16/bfloat16/float32 math and the head sizes it is laid out for (D ≤ 128, as the
     attention kernels); windows and masks it takes."""
+    import torch  # loaded by then (triton_fits says why not at import)
+
     supported = call.dtype in (torch.float16, torch.bfloat16, torch.float32)
     return call.triton and call.triton_stats and supported and call.head_dim <= 128
 
