@@ -38,7 +38,8 @@ from ..errors import UnsupportedModelError, UsageError
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel, as_loaded
 from ..models.options import LoadOptions
-from ..stats import RESAMPLES, bootstrap_ci, spearman_ci
+from ..setting import settings_from
+from ..stats import bootstrap_ci, spearman_ci
 from .attribution_result import (
     Attribution,
     AttributionSettings,
@@ -60,23 +61,8 @@ def attribute(
     model: str | Path | nn.Module | LoadedModel,
     probe: str | Probe = defaults.ATTRIBUTE_PROBE,
     *,
-    level: float | None = None,
-    heads: list[Head] | None = None,
-    k: int = defaults.ATTRIBUTE_K,
-    null: int = defaults.ATTRIBUTE_NULL,
-    per_head: bool = True,
-    ceiling: bool = True,
-    text: str | None = None,
-    inputs: list[list[int]] | None = None,
     tokenizer: Any = None,
-    samples: int = defaults.ATTRIBUTE_SAMPLES,
-    length: int | None = None,
-    batch_size: int = defaults.BATCH_SIZE,
-    seed: int = defaults.SEED,
-    tau: float = defaults.TAU,
-    resamples: int = RESAMPLES,
-    remedy: tuple[float, ...] = (),
-    load: LoadOptions = LoadOptions(),
+    **settings: Any,
 ) -> Attribution:
     """Attribute ``probe``'s output damage at ``level`` (default: its last level other than the
     unshifted one, which must be among its levels) to attention patterns by patching.
@@ -91,16 +77,15 @@ def attribute(
     token) over the unshifted run. With ``remedy`` (temperatures T), each measured set's heads are
     also tempered at the shifted level (weights^(1/T), renormalized: a temperature on softmax heads),
     a dose–response of the remedy, never part of the attribution; refused under ``logit-scale``,
-    which T = α undoes exactly. :func:`attribute_with` takes the settings as values."""
-    settings = AttributionSettings(
-        level=level, heads=None if heads is None else tuple(map(tuple, heads)), k=k, null=null,
-        per_head=per_head, ceiling=ceiling, resamples=resamples, remedy=tuple(remedy),
-    )  # fmt: skip
-    inputs_settings = DiagnoseSettings(
-        text=text, inputs=inputs, samples=samples, length=length, batch_size=batch_size, seed=seed,
-        tau=tau, stats="eager",
-    )  # fmt: skip
-    return attribute_with(model, probe, settings, inputs_settings, load, tokenizer=tokenizer)
+    which T = α undoes exactly. The keywords are :func:`attribute_with`'s three values, by name:
+    :class:`AttributionSettings`' (``level``, ``heads``, ``k``, ``null``, ``per_head``, ``ceiling``,
+    ``resamples``, ``remedy``), :class:`DiagnoseSettings`' inputs (``text``, ``inputs``,
+    ``samples``, here ``defaults.ATTRIBUTE_SAMPLES`` unless given, ``length``, ``batch_size``,
+    ``seed``, ``tau``) and
+    :class:`~ssacli.models.options.LoadOptions`' (``device`` …)."""
+    settings.setdefault("samples", defaults.ATTRIBUTE_SAMPLES)
+    values = settings_from("attribute", settings, AttributionSettings, DiagnoseSettings, LoadOptions)
+    return attribute_with(model, probe, *values, tokenizer=tokenizer)
 
 
 def attribute_with(
@@ -204,29 +189,24 @@ class _Runs:
     ) -> np.ndarray:
         """Per prompt (batch, row, then window): the mean next-token loss at ``level`` (NaN for the
         prompts of batches skipped because ``only`` holds none of theirs)."""
-        captured: dict[str, torch.Tensor] = {}
-        hook = self.loaded.model.register_forward_hook(lambda m, a, out: captured.update(logits=out.logits))
         out, start, sequence = [], 0, 0
-        try:
-            for index, batch in enumerate(batches):
-                rows, width = batch.input_ids.shape
-                count = rows * (width // window if window else 1)
-                recorder.first_sequence, sequence = sequence, sequence + rows
-                if only is not None and not only.intersection(range(start, start + count)):
-                    out.append(np.full(count, np.nan))
-                    start += count
-                    continue
-                layers = self.plan.layers
-                forward_batch(
-                    self.loaded, Route.SSACLI, self.probe, level, batch, recorder, layers, index=index
-                )
-                device = self.loaded.device
-                ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
-                losses = prompt_losses(captured.pop("logits"), ids, mask, window)
-                out.append(losses.double().cpu().numpy())
+        for index, batch in enumerate(batches):
+            rows, width = batch.input_ids.shape
+            count = rows * (width // window if window else 1)
+            recorder.first_sequence, sequence = sequence, sequence + rows
+            if only is not None and not only.intersection(range(start, start + count)):
+                out.append(np.full(count, np.nan))
                 start += count
-        finally:
-            hook.remove()
+                continue
+            layers = self.plan.layers
+            output = forward_batch(
+                self.loaded, Route.SSACLI, self.probe, level, batch, recorder, layers, index=index
+            )
+            device = self.loaded.device
+            ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+            losses = prompt_losses(output.logits, ids, mask, window)
+            out.append(losses.double().cpu().numpy())
+            start += count
         return np.concatenate(out)
 
     def removed(self, heads: list[Head], prompts: list[int], temperature: float | None = None) -> np.ndarray:

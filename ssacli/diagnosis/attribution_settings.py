@@ -56,6 +56,11 @@ class AttributionSettings:
     )
 
     def __post_init__(self) -> None:
+        # sequences as given by a caller ([[layer, head], …], a list of temperatures) kept as tuples:
+        # the value is frozen and hashable, and its JSON reads the same either way
+        if self.heads is not None:
+            object.__setattr__(self, "heads", tuple(tuple(h) for h in self.heads))
+        object.__setattr__(self, "remedy", tuple(self.remedy))
         if any(not (t > 0) for t in self.remedy):
             raise UsageError(f"remedy temperatures must be above 0, got {list(self.remedy)}")
         if self.k < 1:

@@ -13,6 +13,7 @@ reference level's (:class:`OutputReference`, KL per real token) and the LM loss 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,13 +39,24 @@ def block_name(attention_name: str) -> str:
     return ".".join(parts[: numeric[-1] + 1] if numeric else parts[:-1])
 
 
+@dataclass
+class BatchOutput:
+    """What one forward's output says, beside what its recorder saw inside attention."""
+
+    # per measure ("loss", "output_kl", "error"): (sum over tokens or points, their count)
+    sums: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # per measure ("loss", "output_kl"): one mean per input sequence, in the batch's row order
+    per_input: dict[str, list[float]] = field(default_factory=dict)
+    logits: torch.Tensor | None = None  # the model's output logits as it returned them (LMs)
+
+
 def forward_batch(
     loaded: LoadedModel, route: Route, probe: Probe, level: float, batch: ProbeBatch, recorder: Recorder,
     layers: list[tuple[str, nn.Module]], reference: OutputReference | None = None, index: int = 0,
-) -> dict[str, tuple[float, float]]:  # fmt: skip
-    """Run one batch under the probe at ``level``, observed by ``recorder``; returns extras as
-    (sum, count), e.g. the LM loss, and with a ``reference`` the output KL to its first level's
-    forward of batch ``index`` (the logits the forward returns anyway: no extra forward)."""
+) -> BatchOutput:  # fmt: skip
+    """Run one batch under the probe at ``level``, observed by ``recorder``; returns what its output
+    says: the LM loss, and with a ``reference`` the output KL to the first forward of batch
+    ``index`` it saw (the logits the forward returns anyway: no extra forward)."""
     kind = probe.kind
     recorder.valid = batch.valid
     recorder.target = batch.target
@@ -59,16 +71,14 @@ def forward_batch(
     try:
         with torch.inference_mode(), observing(recorder):
             if loaded.kind == ModelKind.ICL:
-                extras = _icl_forward(loaded, kind, level, batch, device, recorder)
-            else:
-                if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
-                    hooks.append(_embedding_hook(loaded, kind, level, batch.target))
-                extras = _hf_forward(loaded, route, batch, device, recorder, reference, index)
+                return _icl_forward(loaded, kind, level, batch, device, recorder)
+            if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
+                hooks.append(_embedding_hook(loaded, kind, level, batch.target))
+            return _hf_forward(loaded, route, level, batch, device, recorder, reference, index)
     finally:
         for hook in hooks:
             hook.remove()
         recorder.probe = recorder.probe_kind = None
-    return extras
 
 
 def _watch_hooks(loaded: LoadedModel, recorder: Recorder, layers: list[tuple[str, nn.Module]]) -> list:
@@ -105,9 +115,9 @@ def _embedding_hook(loaded: LoadedModel, kind: ProbeKind, level: float, target: 
 
 
 def _hf_forward(
-    loaded: LoadedModel, route: Route, batch: ProbeBatch, device, recorder: Recorder,
+    loaded: LoadedModel, route: Route, level: float, batch: ProbeBatch, device, recorder: Recorder,
     reference: OutputReference | None = None, index: int = 0,
-) -> dict[str, tuple[float, float]]:  # fmt: skip
+) -> BatchOutput:  # fmt: skip
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     if loaded.kind == ModelKind.SEQ2SEQ:
@@ -120,29 +130,29 @@ def _hf_forward(
     if isinstance(logits, torch.Tensor) and not all_finite(logits):
         recorder.overflow.note(None, "output logits")
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape:
-        return {}
-    extras: dict[str, tuple[float, float]] = {}
+        return BatchOutput()
+    output = BatchOutput(logits=logits)
     if reference is not None:
-        kl = reference.compare(index, logits, mask.bool())
+        kl = reference.compare(index, level, logits, mask.bool())
         if kl is not None:
-            extras["output_kl"] = kl
+            output.sums["output_kl"], output.per_input["output_kl"] = kl
     if loaded.kind != ModelKind.CAUSAL:
-        return extras
+        return output
     keep = (mask[:, 1:] * mask[:, :-1]).bool()
     token_losses = next_token_losses(logits, ids)
     losses = token_losses[keep]
     if not torch.isfinite(losses).all():
         recorder.overflow.note(None, "loss")
-    extras["loss"] = (float(losses.sum()), float(losses.numel()))
+    output.sums["loss"] = (float(losses.sum()), float(losses.numel()))
     # each input's own mean (per prompt: the shift probe's damage per document, ssacli.diagnosis.shift)
     per_row = torch.where(keep, token_losses, 0).sum(1) / keep.sum(1).clamp(min=1)
-    recorder.losses.extend(float(v) for v in per_row)
-    return extras
+    output.per_input["loss"] = [float(v) for v in per_row]
+    return output
 
 
 def _icl_forward(
     loaded: LoadedModel, kind: ProbeKind, level: float, batch: ProbeBatch, device, recorder: Recorder
-) -> dict:
+) -> BatchOutput:
     model = loaded.model
     xs = batch.xs
     if kind.acts_on is ActsOn.EMBEDDINGS and kind.changes(level):
@@ -154,7 +164,7 @@ def _icl_forward(
     if not torch.isfinite(predictions).all():
         recorder.overflow.note(None, "predictions")
     errors = prediction_errors(batch.task, predictions, ys)
-    return {"error": (float(errors.sum()), float(errors.numel()))}
+    return BatchOutput(sums={"error": (float(errors.sum()), float(errors.numel()))})
 
 
 # ---- what the output says ----------------------------------------------------------------------
@@ -163,27 +173,28 @@ def _icl_forward(
 class OutputReference:
     """The reference level's output logits of one probe, per batch, so that every other level (the
     same inputs: the probe changes embeddings, keys or logits, not the tokens) reports
-    KL(reference ‖ level) per real token: how far the probe moved what the model outputs. The logits
+    KL(reference ‖ level) per real token: how far the probe moved what the model outputs. The
+    reference level's forward of each batch records (the run puts it first); the others compare. The logits
     are kept as the model returned them (on the CPU, one probe at a time: samples × tokens ×
     vocabulary values) and both sides are normalized in float64, since a small KL is a difference of
     nearly equal log-probabilities that float32 log-probs would blur to ~1e-2 relative."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: float) -> None:
+        self.level = level  # the reference level: its forwards record, every other level's compare
         self.first: dict[int, torch.Tensor] = {}  # batch index -> [real tokens, vocabulary] logits
-        self.recording = True  # the reference level records; the others compare
-        # batch index -> per input sequence (row) of the level last compared: its mean KL per token,
-        # so that two models probed on the same inputs pair up prompt by prompt
-        self.rows: dict[int, list[float]] = {}
 
-    def compare(self, index: int, logits: torch.Tensor, keep: torch.Tensor) -> tuple[float, float] | None:
-        """(sum of KL over ``keep``'s tokens, their count); the reference level records and reads 0."""
+    def compare(
+        self, index: int, level: float, logits: torch.Tensor, keep: torch.Tensor
+    ) -> tuple[tuple[float, float], list[float]] | None:
+        """((sum of KL over ``keep``'s tokens, their count), each input sequence's mean KL per token,
+        so that two models probed on the same inputs pair up prompt by prompt); the reference
+        level's forward of batch ``index`` records and reads 0."""
         kept = logits[keep]
         row_of = keep.nonzero()[:, 0].cpu()  # the input sequence of each kept token
         tokens = torch.bincount(row_of, minlength=keep.shape[0]).double()
-        if self.recording:
+        if level == self.level:
             self.first[index] = kept.detach().cpu()
-            self.rows[index] = [0.0] * keep.shape[0]
-            return 0.0, float(kept.shape[0])
+            return (0.0, float(kept.shape[0])), [0.0] * keep.shape[0]
         ref = self.first.get(index)
         if ref is None or ref.shape != kept.shape:
             return None
@@ -192,8 +203,7 @@ class OutputReference:
         p = ref_logp.exp()
         kl = torch.where(p > 0, p * (ref_logp - logp), torch.zeros_like(p)).sum(-1)
         per_row = torch.zeros(keep.shape[0], dtype=torch.float64).index_add_(0, row_of, kl.cpu())
-        self.rows[index] = [float(v) for v in per_row / tokens.clamp(min=1)]
-        return float(kl.sum()), float(kl.numel())
+        return (float(kl.sum()), float(kl.numel())), [float(v) for v in per_row / tokens.clamp(min=1)]
 
 
 # Positions per float32 piece of the LM loss: a float32 copy of all the logits would be the largest
@@ -215,4 +225,4 @@ def next_token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat(pieces, dim=1) if pieces else logits.new_zeros(ids.shape[0], 0, dtype=torch.float32)
 
 
-__all__ = ["LOSS_CHUNK", "OutputReference", "block_name", "forward_batch", "next_token_losses"]
+__all__ = ["LOSS_CHUNK", "BatchOutput", "OutputReference", "block_name", "forward_batch", "next_token_losses"]

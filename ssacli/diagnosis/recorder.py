@@ -110,7 +110,6 @@ class Recorder(Observer):
         self.overflow = Overflow()
         self.prompts = prompts  # each prompt's collapse (the noise a verdict reads a change against)
         self.batch = 0  # the index of the batch being recorded (forward_batch sets it)
-        self.losses: list[float] = []  # each input's mean next-token loss, in input order (causal LMs)
         self.valid: torch.Tensor | None = None  # [b, t] real tokens of the current batch
         self.target: torch.Tensor | None = None  # [b] target token of the current batch (outlier_capture)
         # Where a shift can be absorbed: the normalization modules run since the last attention layer

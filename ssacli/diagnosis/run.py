@@ -211,8 +211,9 @@ def _execute(
         # The reference is the unshifted (neutral) level when it was asked for, else the first; it
         # runs first so that every other level can be compared with it.
         keeps_inputs = probe.kind.acts_on in (ActsOn.EMBEDDINGS, ActsOn.KEYS, ActsOn.LOGITS)
-        reference = OutputReference() if keeps_inputs and loaded.kind != ModelKind.ICL else None
         first = reference_index(probe.name, probe.levels)
+        compares = keeps_inputs and loaded.kind != ModelKind.ICL
+        reference = OutputReference(probe.levels[first]) if compares else None
         # one prompt per sample; the length probe's longer inputs cut at the base length, so that
         # prompt j is the same tokens at every level (its samples shrink as the length grows)
         lengthens = probe.kind.acts_on is ActsOn.INPUT_LENGTH
@@ -224,9 +225,6 @@ def _execute(
                 note = why
                 continue
             note = note or why
-            if reference is not None:
-                reference.recording = li == first
-                reference.rows = {}
             recorder = Recorder(
                 plan.layer_of, tau=settings.tau, top_k=settings.top_k, block_size=settings.block_size,
                 causal=loaded.kind == ModelKind.CAUSAL, stats=settings.stats,
@@ -234,13 +232,16 @@ def _execute(
                 prompts=PromptStats(window),  # each prompt's collapse: the verdict's noise
             )  # fmt: skip
             totals: dict[str, list[float]] = {}
+            outputs = []
             for bi, batch in enumerate(batches):
-                for key, (value, count) in forward_batch(
+                output = forward_batch(
                     loaded, route, probe, level, batch, recorder, plan.layers, reference, bi
-                ).items():
+                )
+                for key, (value, count) in output.sums.items():
                     acc = totals.setdefault(key, [0.0, 0.0])
                     acc[0] += value
                     acc[1] += count
+                outputs.append(output.per_input)
                 done += 1
                 if progress is not None:
                     progress(f"{probe.name} {level:g}", done, total)
@@ -248,7 +249,7 @@ def _execute(
                 calls[path] += count
             norms_before = norms_before or recorder.norms_before
             measured[li] = _measure_level(
-                probe, level, li == first, batches, recorder, totals, reference, plan, lengthens
+                probe, level, li == first, batches, recorder, totals, outputs, plan, lengthens
             )
         runs.append(ProbeRun(probe, measured, note))
     return Executed(runs, calls, norms_before)
@@ -256,7 +257,7 @@ def _execute(
 
 def _measure_level(
     probe: Probe, level: float, at_reference: bool, batches: list, recorder: Recorder,
-    totals: dict[str, list[float]], reference: OutputReference | None, plan: RunPlan, lengthens: bool,
+    totals: dict[str, list[float]], outputs: list[dict[str, list[float]]], plan: RunPlan, lengthens: bool,
 ) -> LevelMeasure:  # fmt: skip
     """One level's recorder reduced to its :class:`LevelMeasure`: the means of its sums; an overflowed
     level keeps only where it overflowed (no finite-looking numbers from an overflowed forward)."""
@@ -282,11 +283,12 @@ def _measure_level(
     for layer, stats in recorder.layers.items():
         for name, value in stats.means().items():
             layer_metrics[name][layer] = value
+    # each input's own value, in input order, where every batch gave one (the length probe's longer
+    # inputs are cut into prompts elsewhere: one loss per input would not be one per prompt)
     per_input: dict[str, list[float]] = {}
-    if recorder.losses and not lengthens:  # one loss per prompt
-        per_input["loss"] = recorder.losses
-    if reference is not None and len(reference.rows) == len(batches):
-        per_input["output_kl"] = [v for bi in range(len(batches)) for v in reference.rows[bi]]
+    for key in ("output_kl",) if lengthens else ("loss", "output_kl"):
+        if outputs and all(key in values for values in outputs):
+            per_input[key] = [v for values in outputs for v in values[key]]
     return LevelMeasure(
         metrics, rows, layer_metrics, extras, None,
         prompts=None if recorder.prompts is None else recorder.prompts.rates(layers, heads),

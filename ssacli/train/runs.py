@@ -23,7 +23,7 @@ from typing import Any
 
 from ..conversion import check_out, convert_with
 from ..conversion.settings import ConvertSettings
-from ..defaults import DEVICE, SCORER, SEED
+from ..defaults import DEVICE
 from ..errors import UsageError
 from ..files import check_writable_folder, writer_lock
 from ..models.checkpoint import check_replaceable, read_meta, training_record
@@ -165,12 +165,6 @@ def train_from_scratch(
     data: str | Path,
     out: str | Path,
     *,
-    arch: str | None = None,
-    size: str | None = None,
-    scorer: str = SCORER,
-    vocab_size: int | None = None,
-    seq_len: int | None = None,
-    seed: int = SEED,
     resume: bool = False,
     overwrite: bool = False,
     device: str = DEVICE,
@@ -178,17 +172,18 @@ def train_from_scratch(
     on_step: OnStep | None = None,
     **settings: Any,
 ) -> LoadedModel:
-    """Train a language model from scratch with ``scorer`` on ``data`` and write it to ``out``.
+    """Train a language model from scratch on ``data`` and write it to ``out``.
 
-    ``arch``, ``size`` (tiny when None), ``vocab_size`` and ``seq_len`` (None: the size's) build
-    the model (:func:`ssacli.train.scratch.new_model`); ``seed`` seeds its weights and the batches.
-    ``settings`` are the loop's :class:`FinetuneConfig` fields (steps, lr, batch_size, …, their
-    defaults are FinetuneConfig's). The held-out loss (last tenth of ``data``) is measured before
-    the first step and at every checkpoint. ``resume`` continues the run in ``out``: build
-    settings left None are the recorded ones, others must match them. ``on_built(model)`` is called
-    once a new model is built. :func:`train_from_scratch_with` is the same with its settings as values."""
-    build = ScratchSettings(arch=arch, size=size, scorer=scorer, vocab_size=vocab_size, seq_len=seq_len)
-    config = FinetuneConfig(data=str(data), seed=seed, train="all", **settings)
+    The keywords are :func:`train_from_scratch_with`'s two values, by name: :class:`ScratchSettings`'
+    (``arch``, ``size`` (tiny when None), ``scorer``, ``vocab_size`` and ``seq_len`` (None: the
+    size's) build the model: :func:`ssacli.train.scratch.new_model`) and the loop's
+    :class:`FinetuneConfig` (``steps``, ``lr``, ``batch_size``, ``seed`` — it seeds the weights and
+    the batches —, …; every layer trains). The held-out loss (last tenth of ``data``) is measured
+    before the first step and at every checkpoint. ``resume`` continues the run in ``out``: build
+    settings left None are the recorded ones, others must match them. ``on_built(model)`` is
+    called once a new model is built."""
+    keywords = {"data": str(data), **settings, "train": "all"}
+    build, config = settings_from("train_from_scratch", keywords, ScratchSettings, FinetuneConfig)
     return train_from_scratch_with(build, config, out, resume=resume, overwrite=overwrite, device=device,
                                    on_built=on_built, on_step=on_step)  # fmt: skip
 
