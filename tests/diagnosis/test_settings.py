@@ -57,3 +57,28 @@ def test_the_base_length_is_the_given_one_or_the_kinds_default():
     assert DiagnoseSettings().base_length(icl=True) == defaults.ICL_POINTS
     assert DiagnoseSettings().base_length(icl=False) == defaults.PROBE_LENGTH
     assert DiagnoseSettings(length=12).base_length(icl=True) == 12
+
+
+@pytest.mark.parametrize(
+    ("wrapper", "args"),
+    [
+        (ssacli.attribute, ("/nonexistent/model", "key-scale:1,8")),
+        (ssacli.train_from_scratch, ("d.txt", "out")),
+    ],
+    ids=["attribute", "train_from_scratch"],
+)
+def test_every_keyword_wrapper_refuses_a_keyword_no_settings_value_has(wrapper, args):
+    # the other keyword wrappers split their keywords as diagnose does: an unknown one is Python's
+    # own TypeError naming the function, before anything is read or written
+    with pytest.raises(
+        TypeError, match=rf"^{wrapper.__name__}\(\) got an unexpected keyword argument 'stepz'$"
+    ):
+        wrapper(*args, stepz=2)
+
+
+def test_attribute_gives_each_keyword_to_the_value_that_has_it():
+    # heads as the caller writes them (lists) reach AttributionSettings as tuples; samples, the
+    # inputs' setting, reaches the inputs (a nonexistent model: refused after the settings were taken)
+    with pytest.raises(ssacli.SsacliError, match="/nonexistent/model"):
+        ssacli.attribute("/nonexistent/model", "key-scale:1,8", heads=[[0, 1]], samples=4, device="cpu")
+    assert ssacli.AttributionSettings(heads=[[0, 1]], remedy=[2.0]).heads == ((0, 1),)
