@@ -32,6 +32,7 @@ from torch import nn
 from ..errors import InputError, UsageError
 from ..models.checkpoint import SCORER_KEY, TRAINER_FILE, read_meta
 from .finetune_config import refuse_changed_settings
+from .recipe_config import CONTROL_SETTINGS, reusable_control  # noqa: F401 (torch-free there; here too)
 
 MODEL_PREFIX = "model."  # trainer.safetensors: the model's tensors a continuation restores
 ADAPTER_KEY = "lora_"  # peft's LoRA parameters: lora_A, lora_B

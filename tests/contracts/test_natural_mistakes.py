@@ -56,6 +56,7 @@ CASES = {
     "--samples 0": (["diagnose", "--samples", "0"], EXIT_USAGE, "'--samples'"),
     "--heatmap of no metric": (["diagnose", "--heatmap", "heat"], EXIT_USAGE, "unknown metric 'heat'"),
     "--device tpu": (["diagnose", "--device", "tpu"], EXIT_USAGE, "unknown device 'tpu'"),
+    "--dtype float8": (["diagnose", "--dtype", "float8"], EXIT_USAGE, "unknown dtype 'float8'"),
     "--device cuda:99": (["diagnose", "--device", "cuda:99"], EXIT_USAGE, "--device cuda:99"),
     "render out.html (no such result)": (["render", "out.html"], EXIT_INPUT, "does not exist"),
     "render a report JSON": (["render", "report.json"], EXIT_INPUT, "is an `ssacli report` JSON"),
