@@ -235,8 +235,7 @@ def finetune_command(
         check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     training_folder(model_dir, run.out, run.resume, run.in_place)  # a DIR that names nothing, at once
-    loads_dir = not run.resume  # a resumed run may come from --out's checkpoint instead of DIR
-    check_inputs(models=[model_dir if loads_dir else None], device=given.device)
+    check_inputs(models=[None if run.resume else model_dir], device=given.device)  # resumed: maybe --out's
     from .. import finetune, finetune_config
 
     tuning = given.of(FinetuneOptions).given()
