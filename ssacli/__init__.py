@@ -144,7 +144,7 @@ _LAZY = {
     "convert_and_finetune_with": "train.runs",
     "convert_with_recipe": "train.recipe",
     "softmax_control": "train.recipe",
-    "RecipeConfig": "train.recipe",
+    "RecipeConfig": "train.recipe_config",  # torch-free: convert checks --control with it first
     "train_from_scratch": "train.runs",
     "train_from_scratch_with": "train.runs",
     "ScratchSettings": "train.settings",
@@ -231,7 +231,8 @@ if TYPE_CHECKING:
     from .train.finetune import finetune
     from .train.finetune_config import FinetuneConfig
     from .train.monitor import SaturationMonitor
-    from .train.recipe import RecipeConfig, convert_with_recipe, softmax_control
+    from .train.recipe import convert_with_recipe, softmax_control
+    from .train.recipe_config import RecipeConfig
     from .train.runs import (
         convert_and_finetune,
         convert_and_finetune_with,

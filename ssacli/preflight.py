@@ -14,10 +14,13 @@ MODEL references and model folders:
 * :func:`check_same_kind` (the models a report compares: of one kind, where their folders say),
   :func:`check_icl_model` (``icl eval``'s MODEL: an ICL model, where its folder says);
 * :func:`check_device` (``--device``: a name it takes, and a CUDA device that can be there; torch
-  alone, never transformers, where only torch can tell);
+  alone, never transformers, where only torch can tell), :func:`check_dtype` (``--dtype``: auto or
+  a dtype a model loads in);
 * :func:`check_model_out` (``--out`` of a command that writes a model folder: never over its input,
   over someone else's folder, or where nothing can be written), :func:`reusable_control` (a finished
-  softmax control in a folder that a recipe run can read instead of training it again; imports torch).
+  softmax control in a folder that a recipe run can read instead of training it again),
+  :func:`training_folder` (where a fine-tuning run writes: refuses a DIR that names nothing without
+  ``--out``, and ``--in-place`` with another ``--out``);
 
 Outputs:
 
@@ -35,7 +38,8 @@ Inputs and options:
   :func:`check_attribution_probe` (a probe attribution can patch, and its shifted level),
   :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
 * :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data``
-  takes) and :func:`require_training_data` (a run without it), :data:`MIN_VOCAB` (the smallest
+  takes) and :func:`require_training_data` (a run without it), :func:`require_text_data` (a fresh
+  language model's: text that is there), :data:`MIN_VOCAB` (the smallest
   vocabulary a fresh model's tokenizer can have),
   :data:`CHECK_CONFIG_FILE` (what ``check`` reads from the working folder when no config is given).
 """
@@ -53,9 +57,10 @@ _LAZY = {
     "builtin_model_names": "models.builtins:builtin_names",
     "check_model_out": "conversion:check_out",
     "check_device": "models.devices:check_device",
+    "check_dtype": "models.options:check_dtype",
     "check_same_kind": "models.references:check_same_kind",
     "check_icl_model": "models.references:check_icl_model",
-    "reusable_control": "train.recipe_checkpoint:reusable_control",
+    "reusable_control": "train.recipe_config:reusable_control",
     "check_figure_folder": "report.figure_files:check_figure_folder",
     "check_replaceable_file": "report.replaceable:check_replaceable",
     "require_frame_format": "diagnosis.frames:require_frame_format",
@@ -70,6 +75,8 @@ _LAZY = {
     "DEVICE_MAPS": "models.device_map:DEVICE_MAPS",
     "DATA_FORMS": "train:DATA_FORMS",
     "require_training_data": "train:require_data",
+    "require_text_data": "train:require_text_data",
+    "training_folder": "train.folders:training_folder",
     "MIN_VOCAB": "train:MIN_VOCAB",
     "CHECK_CONFIG_FILE": "check.config:CONFIG_FILE",
 }
@@ -85,6 +92,7 @@ if TYPE_CHECKING:
     from .models.builtins import builtin_names as builtin_model_names
     from .models.device_map import DEVICE_MAPS
     from .models.devices import check_device
+    from .models.options import check_dtype
     from .models.references import check_icl_model, check_same_kind, local_model_path
     from .models.references import check_reference as check_model_reference
     from .models.references import fetch_reference as fetch_model_reference
@@ -94,9 +102,10 @@ if TYPE_CHECKING:
     from .report.figure_files import check_figure_folder
     from .report.replaceable import check_replaceable as check_replaceable_file
     from .report.summary import pick_heatmap
-    from .train import DATA_FORMS, MIN_VOCAB
+    from .train import DATA_FORMS, MIN_VOCAB, require_text_data
     from .train import require_data as require_training_data
-    from .train.recipe_checkpoint import reusable_control
+    from .train.folders import training_folder
+    from .train.recipe_config import reusable_control
 
 
 def __getattr__(name: str):
@@ -118,6 +127,7 @@ __all__ = [
     "builtin_model_names",
     "check_attribution_probe",
     "check_device",
+    "check_dtype",
     "check_figure_folder",
     "check_icl_model",
     "check_model_out",
@@ -134,6 +144,8 @@ __all__ = [
     "read_text_file",
     "require_frame_format",
     "require_lm_eval",
+    "require_text_data",
     "require_training_data",
     "reusable_control",
+    "training_folder",
 ]

@@ -82,7 +82,8 @@ def attribute_command(model_ref: Model, *, given: Given) -> None:
         remedy=_temperatures(given.remedy),
     )  # fmt: skip
     parsed, _ = check_attribution_probe(out.probe, given.level, settings.remedy)  # torch-free: refused here
-    check_inputs(models=[model_ref], offline=given.offline, revision=given.revision, device=given.device)
+    check_inputs(models=[model_ref], offline=given.offline, revision=given.revision, device=given.device,
+                 allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
     text = read_text_file(given.text) if given.text else None  # a missing or empty file: exit 4, torch-free
     inputs = given.of(DiagnoseSettings, text=text, stats="eager")  # imports torch: after every check
     from .. import attribute_with

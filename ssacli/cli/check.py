@@ -140,7 +140,7 @@ def _check(model_ref: str | None, out: CheckOptions, given: Given, load: dict) -
     """Run the check: its settings (flags over the config), then the model, then the outputs."""
     check_outputs(("--junit", out.junit), ("--json", out.json_out), overwrite=out.overwrite)  # before torch
     check_inputs(scorers=[given.scorer], models=[model_ref], offline=given.offline, revision=given.revision,
-                 device=given.device)  # fmt: skip
+                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
     from .. import check_settings
 
     probe = {name: getattr(given, name) for name in PROBE_SETTINGS}
@@ -225,7 +225,9 @@ def _init(model_ref: str | None, out: CheckOptions, given: Given, load: dict) ->
             f"--{next(iter(unused)).replace('_', '-')} applies to running a check; --init only "
             f"measures MODEL and writes {CHECK_CONFIG_FILE}: drop it, or run the check without --init"
         )
-    check_inputs(models=[model_ref], device=given.device)  # before anything heavy is imported
+    check_inputs(
+        models=[model_ref], device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype
+    )  # before torch
     from .. import ModelKind, write_check_config
 
     measured = given_only(device=given.device, dtype=given.dtype, random_ids=given.random_ids) | load

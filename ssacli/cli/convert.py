@@ -20,7 +20,7 @@ from .. import ConvertSettings, LoadOptions
 from ..defaults import FINETUNE_STEPS, MAX_KL_PER_TOKEN
 from ..errors import UsageError
 from ..files import check_writable_folder
-from ..preflight import require_training_data
+from ..preflight import require_training_data, training_folder
 from ..setting import setting
 from .declared import Given, command, options
 from .options import DATA_HELP, FinetuneOptions, Model, check_inputs, check_outputs, quiet_training, run_json
@@ -83,7 +83,7 @@ def convert_command(model_ref: Model, *, given: Given) -> None:
     check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     check_inputs(scorers=[run.scorer], models=[model_ref], offline=given.offline, revision=given.revision,
-                 device=given.device)  # fmt: skip
+                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
     tuning, recipe = given.of(FinetuneOptions), given.of(RecipeOptions)
     use_recipe = _finetune_options_apply(run, tuning, recipe)
     load = _check_placement(given.of(LoadOptions), run.finetune)
@@ -234,7 +234,8 @@ def finetune_command(
     if run.out is not None:
         check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
-    check_inputs(device=given.device)
+    training_folder(model_dir, run.out, run.resume, run.in_place)  # a DIR that names nothing, at once
+    check_inputs(models=[None if run.resume else model_dir], device=given.device)  # resumed: maybe --out's
     from .. import finetune, finetune_config
 
     tuning = given.of(FinetuneOptions).given()

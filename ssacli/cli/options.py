@@ -27,7 +27,7 @@ from .. import defaults as D
 from .. import parse_spec
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
-from ..preflight import DATA_FORMS, check_device, check_model_reference, fetch_model_reference
+from ..preflight import DATA_FORMS, check_device, check_dtype, check_model_reference, fetch_model_reference
 from ..setting import setting
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
@@ -304,23 +304,29 @@ def check_inputs(
     offline: bool = False,
     revision: str | None = None,
     device: str | None = None,
+    allow_pickle: bool = False,
+    dtype: str | None = None,
 ) -> None:
     """Fail at once, before torch is imported, on a bad scorer spec (exit 2), a ``device`` not there
     (exit 2; torch alone where only torch can tell) and a MODEL that names nothing or whose folder's
     headers are not a model's (exit 4; a builtin:NAME not bundled: exit 2; offline, a Hub id not
-    cached: exit 4), with the messages building the scorer and loading the model would give (None:
-    not given). ``revision`` is the first model's; the others name theirs as org/name@REV. Then a
-    Hub id not in the cache is downloaded, its bars on stderr before the command's live display
-    (which would hold them back). Commands call this after :func:`check_outputs`."""
+    cached: exit 4; pickle-only weights without ``allow_pickle``, the command's --allow-pickle), a
+    ``dtype`` no model loads in (exit 2),
+    with the messages building the scorer and loading the model would give (None: not given).
+    ``revision`` is the first model's; the others name theirs as org/name@REV. Then a Hub id not in
+    the cache is downloaded, its bars on stderr before the command's live display (which would hold
+    them back). Commands call this after :func:`check_outputs`."""
     for spec in scorers:
         if spec is not None:
             parse_spec(spec)
     if device is not None:
         check_device(device)
+    if dtype is not None:
+        check_dtype(dtype)
     models = list(models)
     for index, ref in enumerate(models):
         if ref is not None:
-            check_model_reference(ref, offline, revision if index == 0 else None)
+            check_model_reference(ref, offline, revision if index == 0 else None, allow_pickle)
     for index, ref in enumerate(models):  # all are valid: now what must be downloaded, with its bars
         if ref is not None:
             fetch_model_reference(ref, offline, revision if index == 0 else None)

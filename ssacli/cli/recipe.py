@@ -150,8 +150,18 @@ def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, resume: bo
                control: Path | None = None) -> None:  # fmt: skip
     """The recipe from the command line: the SSA arm into ``out``, then (``control``) the softmax
     control, trained or reused; the last line reads quality against the original and the control."""
+    from ..preflight import reusable_control  # torch-free: --control is checked before the model stack
+
+    if load.dtype not in ("auto", "float32"):
+        raise UsageError("the recipe trains in float32; leave --dtype at auto")
+    reused = None  # the control's record, once trained or found
+    if control is not None:  # checked before any work: a folder holding anything else is refused
+        control = control.expanduser()
+        source = str(local_model_path(model_ref) or model_ref)
+        reused = reusable_control(control, config.recorded(), source)
+        if reused is None and config.lm_weight <= 0:
+            raise UsageError("--control needs --lm-weight > 0 (KL alone gives a softmax control no gradient)")
     from .. import convert_with_recipe, softmax_control
-    from ..preflight import reusable_control
 
     stderr = Console(stderr=True, quiet=quiet)
 
@@ -163,16 +173,7 @@ def run_recipe(model_ref: str, out: Path, config, *, overwrite: bool, resume: bo
         scorer = f"n max {max(n):.3g}" if n else "softmax"
         stderr.print(f"{entry['stage']} step {entry['step']}: {scorer}{measured}", highlight=False)
 
-    if load.dtype not in ("auto", "float32"):
-        raise UsageError("the recipe trains in float32; leave --dtype at auto")
     keywords = {k: v for k, v in load.keywords().items() if k != "dtype"}  # the recipe's own: float32
-    reused = None  # the control's record, once trained or found
-    if control is not None:  # checked before any work: a folder holding anything else is refused
-        control = control.expanduser()
-        source = str(local_model_path(model_ref) or model_ref)
-        reused = reusable_control(control, config.recorded(), source)
-        if reused is None and config.lm_weight <= 0:
-            raise UsageError("--control needs --lm-weight > 0 (KL alone gives a softmax control no gradient)")
     console = Console()
     display = _StageDisplay(quiet, config.batch_size * config.seq_len)
     try:

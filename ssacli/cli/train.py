@@ -17,6 +17,7 @@ from rich.console import Console
 from .. import LoadOptions, ScratchSettings
 from .. import defaults as D
 from ..files import check_writable_folder
+from ..preflight import require_text_data
 from ..setting import setting
 from .declared import Given, command, options
 from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, check_inputs, check_outputs, run_json
@@ -83,6 +84,7 @@ def train_command(*, given: Given) -> None:
     check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     check_inputs(scorers=[given.scorer], device=given.device)
+    require_text_data(run.data)  # an ICL task, or a path that names nothing: before the model stack
     from .. import FinetuneConfig, train_from_scratch_with
 
     build, config = given.of(ScratchSettings), FinetuneConfig(**run.loop(), train="all")

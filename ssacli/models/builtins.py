@@ -1,15 +1,27 @@
-"""The checkpoints bundled with ssacli (``builtin:NAME``) and the name of the file that marks an
-ssacli folder: facts with no torch behind them, so that ``--help`` lists the bundled models without
-importing the model stack (ssacli.models.checkpoint owns the format of that file; ssacli.models.loading
-resolves ``builtin:NAME``)."""
+"""The checkpoints bundled with ssacli (``builtin:NAME``) and the torch-free part of the checkpoint
+format: the file that marks an ssacli folder, its formats and versions, and its reader
+(:func:`read_meta`), so that ``--help`` lists the bundled models and a folder's record is checked
+without importing the model stack (ssacli.models.checkpoint owns the rest of the format and re-exports
+these names; ssacli.models.loading resolves ``builtin:NAME``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
 
 META_FILE = "ssacli.json"  # in every folder ssacli writes (ssacli.models.checkpoint reads and writes it)
 ICL_FORMAT = "ssacli-icl"  # the ``format`` in an ICL model's ssacli.json (its kind, read torch-free)
+MODEL_FORMAT = "ssacli-model"
+# The newest version of each this ssacli reads. The model format stays 1 across issues 38 and 51's
+# changes of config.json's guard (model_type ssacli-<type> -> attn_implementation "ssacli" -> both
+# a guarded model_type and that, .guard): ssacli.json did not change, every guard is read, and an
+# ssacli that knows only an older one reads a newer folder as a folder with a saved scorer, which it
+# is (layout 3 keeps layout 1's ORIGINAL_TYPE_KEY, which every earlier ssacli maps back; only plain
+# transformers needed the changes).
+FORMAT_VERSIONS = {MODEL_FORMAT: 1, ICL_FORMAT: 1}
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
@@ -29,3 +41,27 @@ def folder_format(path: str | Path) -> str | None:
         return None
     value = meta.get("format") if isinstance(meta, dict) else None
     return value if isinstance(value, str) else None
+
+
+def read_meta(path: str | Path, format: str = MODEL_FORMAT) -> dict[str, Any] | None:
+    """ssacli.json of a folder in ``format``, or None for any other folder (no ssacli.json, or
+    another format). Invalid JSON, or a version newer than this ssacli reads, is an InputError."""
+    file = Path(path) / META_FILE
+    if not file.is_file():
+        return None
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{file} is not valid JSON ({err}); re-create the folder") from None
+    if not isinstance(meta, dict) or meta.get("format") != format:
+        return None
+    check_format_version(meta, path, format)
+    return meta
+
+
+def check_format_version(meta: dict[str, Any], path: str | Path, format: str) -> None:
+    """Refuse (InputError) a record written in a newer version of ``format`` than this ssacli reads."""
+    if meta.get("format_version", 0) > FORMAT_VERSIONS[format]:
+        raise InputError(
+            f"{path} was written by a newer ssacli (format {meta['format_version']}); upgrade ssacli"
+        )

@@ -1,5 +1,7 @@
 # Long on purpose: the folder format's one owner (docs/architecture.md); a split spreads it or adds a cycle.
-"""The checkpoint format: ssacli's part of every folder it writes, read and written only here.
+"""The checkpoint format: ssacli's part of every folder it writes, read and written only here (its
+torch-free part, ssacli.json's name, formats, versions and reader, in :mod:`.builtins`, so that a
+folder's record is checked before the model stack loads; re-exported here).
 
 Every folder holds ``ssacli.json`` (:data:`META_FILE`), whose ``format`` says which of two layouts
 the rest of the folder has:
@@ -62,7 +64,15 @@ from ..attention.forward import SCORER_ATTR
 from ..attention.interface import apply_scorer
 from ..errors import InputError, UsageError
 from ..files import output_error, replace_folder, warn, writer_gone
-from .builtins import ICL_FORMAT, META_FILE, folder_format  # noqa: F401 (the format's names: here too)
+from .builtins import (  # noqa: F401 (the format's torch-free part: its names and ssacli.json's reader, here too)
+    FORMAT_VERSIONS,
+    ICL_FORMAT,
+    META_FILE,
+    MODEL_FORMAT,
+    check_format_version,
+    folder_format,
+    read_meta,
+)
 from .device_map import save_options
 from .guard import (  # noqa: F401 (the guard's names are the format's: importable from here too)
     GUARD_NOTE_KEY,
@@ -76,14 +86,6 @@ from .guard import (  # noqa: F401 (the guard's names are the format's: importab
 )
 from .hub import quiet_progress
 
-MODEL_FORMAT = "ssacli-model"
-# The newest version of each this ssacli reads. The model format stays 1 across issues 38 and 51's
-# changes of config.json's guard (model_type ssacli-<type> -> attn_implementation "ssacli" -> both
-# a guarded model_type and that, .guard): ssacli.json did not change, every guard is read, and an
-# ssacli that knows only an older one reads a newer folder as a folder with a saved scorer, which it
-# is (layout 3 keeps layout 1's ORIGINAL_TYPE_KEY, which every earlier ssacli maps back; only plain
-# transformers needed the changes).
-FORMAT_VERSIONS = {MODEL_FORMAT: 1, ICL_FORMAT: 1}
 SCORER_FILE = "ssacli_scorer.safetensors"
 WEIGHTS_FILE = "model.safetensors"  # an ICL folder's weights (transformers names its own the same)
 TRAINER_FILE = "trainer.safetensors"
@@ -123,22 +125,6 @@ def check_replaceable(out: str | Path, option: str = "--out") -> None:
     )
 
 
-def read_meta(path: str | Path, format: str = MODEL_FORMAT) -> dict[str, Any] | None:
-    """ssacli.json of a folder in ``format``, or None for any other folder (no ssacli.json, or
-    another format). Invalid JSON, or a version newer than this ssacli reads, is an InputError."""
-    file = Path(path) / META_FILE
-    if not file.is_file():
-        return None
-    try:
-        meta = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise InputError(f"{file} is not valid JSON ({err}); re-create the folder") from None
-    if not isinstance(meta, dict) or meta.get("format") != format:
-        return None
-    _check_version(meta, path, format)
-    return meta
-
-
 def read_icl_meta(path: str | Path) -> dict[str, Any]:
     """ssacli.json of an ICL checkpoint; an InputError says what is wrong with any other folder."""
     path = Path(path)
@@ -154,7 +140,7 @@ def read_icl_meta(path: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != ICL_FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise InputError(f"{file} is not an ssacli ICL record (format={found!r})")
-    _check_version(meta, path, ICL_FORMAT)
+    check_format_version(meta, path, ICL_FORMAT)
     return meta
 
 
@@ -175,13 +161,6 @@ def training_record(path: str | Path) -> dict[str, Any] | None:
     if isinstance(meta, dict) and meta.get("format") == ICL_FORMAT:
         meta = meta.get("training")
     return meta.get("training") if isinstance(meta, dict) else None
-
-
-def _check_version(meta: dict[str, Any], path: str | Path, format: str) -> None:
-    if meta.get("format_version", 0) > FORMAT_VERSIONS[format]:
-        raise InputError(
-            f"{path} was written by a newer ssacli (format {meta['format_version']}); upgrade ssacli"
-        )
 
 
 def _meta_text(format: str, record: dict[str, Any]) -> str:

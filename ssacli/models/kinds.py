@@ -14,10 +14,13 @@ The decision reads the architecture's class name (``…ForCausalLM``, ``…LMHea
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Iterable
 from enum import StrEnum
+from functools import cache
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +146,10 @@ def _decide(config: Any, class_names: Iterable[str]) -> ModelKind:
 
 def declared_kind(path: Path) -> ModelKind | None:
     """The kind a local folder's files decide without transformers or torch: ssacli's ICL format, an
-    encoder-decoder config, or an architecture named …ForCausalLM, …LMHeadModel or …ForMaskedLM;
-    None where only transformers' auto mappings can tell (a family without such an architecture,
-    e.g. ``BertModel``), or the config cannot be read (loading says why)."""
+    encoder-decoder config, an architecture named …ForCausalLM, …LMHeadModel or …ForMaskedLM, or
+    else the family, as transformers' auto mappings list it (:func:`declared_family_kind`: a bare
+    ``BertModel`` is an encoder); None where only the loaded config can tell, or the config cannot
+    be read (loading says why)."""
     from .builtins import ICL_FORMAT, folder_format
 
     if folder_format(path) == ICL_FORMAT:
@@ -164,6 +168,77 @@ def declared_kind(path: Path) -> ModelKind | None:
         return ModelKind.CAUSAL
     if any(n.endswith(_MASKED_SUFFIX) for n in names):
         return ModelKind.MASKED
+    return declared_family_kind(config.get("model_type"))
+
+
+# the auto mappings that decide a family's kind when its architecture does not (is_causal_family)
+_CAUSAL_TABLE, _MASKED_TABLE = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"
+
+
+def declared_family_kind(model_type: object) -> ModelKind | None:
+    """What :func:`family_kind` says of ``model_type``, read without importing transformers (which
+    imports torch) from its auto mappings' source (:func:`auto_mapping_names`); None where that
+    source cannot be read, the family is in neither LM mapping, or a mapping says it may be an
+    encoder-decoder (:func:`_may_be_seq2seq`: then only the loaded config's ``is_encoder_decoder``
+    tells, :func:`_decide`)."""
+    tables = auto_mapping_names()
+    if not isinstance(model_type, str) or tables is None:
+        return None
+    if any(_may_be_seq2seq(name, table.get(model_type)) for name, table in tables.items()):
+        return None
+    if model_type in tables.get(_MASKED_TABLE, {}):
+        return ModelKind.ENCODER  # pretrained as an MLM: is_causal_family says no, so an encoder
+    return ModelKind.CAUSAL if model_type in tables.get(_CAUSAL_TABLE, {}) else None
+
+
+@cache
+def auto_mapping_names() -> dict[str, dict[str, object]] | None:
+    """transformers' auto mappings ``MODEL_…_MAPPING_NAMES`` (model_type -> class names), read as the
+    literals its modeling_auto.py writes them, without running it; None when that file is not there
+    or not as expected (a check that needs them is then left to loading)."""
+    spec = find_spec("transformers")  # a top-level name: finds, never imports
+    if spec is None or spec.origin is None:
+        return None
+    source = Path(spec.origin).parent / "models" / "auto" / "modeling_auto.py"
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    tables: dict[str, dict[str, object]] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if not isinstance(target, ast.Name) or not target.id.endswith("_MAPPING_NAMES"):
+            continue
+        call = node.value
+        items = call.args[0] if isinstance(call, ast.Call) and len(call.args) == 1 else None
+        if not isinstance(items, ast.List) or call.keywords:
+            return None  # not an OrderedDict([...]) any more: read nothing rather than half
+        table: dict[str, object] = {}
+        for item in items.elts:
+            included = _included_table(item, tables)  # *list(OTHER_MAPPING_NAMES.items())
+            try:
+                table.update(included if included is not None else [ast.literal_eval(item)])
+            except (ValueError, TypeError, SyntaxError):
+                return None
+        tables[target.id] = table
+    return tables if _CAUSAL_TABLE in tables and _MASKED_TABLE in tables else None
+
+
+def _may_be_seq2seq(table: str, entry: object) -> bool:
+    """Whether a mapping's entry for a family says it may be an encoder-decoder: a sequence-to-sequence
+    mapping lists it, or its class is a …ForConditionalGeneration."""
+    if entry is None:
+        return False
+    return "SEQ_TO_SEQ" in table or "SEQ_2_SEQ" in table or "ForConditionalGeneration" in str(entry)
+
+
+def _included_table(item: ast.expr, tables: dict[str, dict[str, object]]) -> dict[str, object] | None:
+    """The table an item ``*list(NAME.items())`` of a mapping includes, when NAME was read before."""
+    call = item.value if isinstance(item, ast.Starred) else None
+    inner = call.args[0] if isinstance(call, ast.Call) and len(call.args) == 1 else None
+    items = inner.func if isinstance(inner, ast.Call) and not inner.args else None
+    if isinstance(items, ast.Attribute) and items.attr == "items" and isinstance(items.value, ast.Name):
+        return tables.get(items.value.id)
     return None
 
 

@@ -43,7 +43,7 @@ from .integrity import (
 )
 from .kinds import ICL_FAMILY, ModelKind, is_local_reference, kind_of, max_positions
 from .loaded import LoadedModel
-from .options import LoadOptions
+from .options import DTYPE_NAMES, LoadOptions, check_dtype
 from .references import (  # noqa: F401 (local_model_path, gguf_file: here too)
     check_weights,
     corrupt_weights,
@@ -53,13 +53,7 @@ from .references import (  # noqa: F401 (local_model_path, gguf_file: here too)
     resolve_model_path,
 )
 
-# float64: reference measurements (a float32 sum over a long text is exact only to ~1 ulp of its size)
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # each name's torch dtype
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | str:
@@ -67,8 +61,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | str:
     dtype on GPU."""
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else "auto"
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype '{dtype}'; use auto, {', '.join(DTYPES)}")
+    check_dtype(dtype)
     return DTYPES[dtype]
 
 

@@ -11,8 +11,21 @@ from dataclasses import InitVar, dataclass, fields
 from typing import Any
 
 from .. import defaults
+from ..errors import UsageError
 from ..setting import setting
 from .device_map import DEVICE_MAPS, MaxMemory
+
+# the dtypes a model loads in besides "auto" (ssacli.models.loading maps each to torch's; float64:
+# reference measurements, a float32 sum over a long text is exact only to ~1 ulp of its size)
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+
+
+def check_dtype(dtype: str) -> None:
+    """Refuse a ``dtype`` that is neither "auto" nor one of :data:`DTYPE_NAMES` (torch-free: before
+    the model stack loads, with the message loading gives)."""
+    if dtype != "auto" and dtype not in DTYPE_NAMES:
+        raise UsageError(f"unknown dtype '{dtype}'; use auto, {', '.join(DTYPE_NAMES)}")
+
 
 TRUST_HELP = "Run the Python code the checkpoint ships (auto_map); only for code you have read."
 DEVICE_MAP_HELP = (

@@ -44,18 +44,22 @@ def local_model_path(ref: str) -> Path | None:
     return path if path.exists() else None
 
 
-def check_reference(ref: str, offline: bool = False, revision: str | None = None) -> None:
+def check_reference(
+    ref: str, offline: bool = False, revision: str | None = None, allow_pickle: bool = False
+) -> None:
     """Refuse, as loading would, a ``builtin:NAME`` that is not bundled, a local path that does
     not exist (:func:`ssacli.models.kinds.is_local_reference`: ``./nope``, ``models/nope`` beside a
-    ``models/`` folder), and offline a Hub id not in the cache (:func:`ssacli.models.hub.check_available`,
-    no network asked); anything that exists (a folder, a .gguf file) passes."""
+    ``models/`` folder), a folder whose headers are not a model's (:func:`check_folder`; pickle-only
+    weights unless ``allow_pickle``, as :class:`~ssacli.models.options.LoadOptions` has it), and
+    offline a Hub id not in the cache (:func:`ssacli.models.hub.check_available`, no network asked);
+    anything that exists (a folder, a .gguf file) passes."""
     if revision is not None and is_local_reference(ref):
         raise UsageError(f"--revision applies to Hub ids (org/name), not to the local model '{ref}'")
     if ref.startswith(BUILTIN_PREFIX) or (is_local_reference(ref) and not Path(ref).expanduser().exists()):
         resolve_model_path(ref)
     elif is_local_reference(ref):
         if gguf_file(ref) is None:
-            check_folder(ref, resolve_model_path(ref))  # a file that is not .gguf: "is a file"
+            check_folder(ref, resolve_model_path(ref), allow_pickle)  # a file that is not .gguf: "is a file"
     else:
         from .hub import check_available
 
@@ -115,10 +119,10 @@ def check_weights(path: Path, allow_pickle: bool) -> None:
     raise InputError(f"'{path}' has no weights (*.safetensors); is the checkpoint complete?")
 
 
-def check_folder(ref: str, path: Path) -> None:
+def check_folder(ref: str, path: Path, allow_pickle: bool = False) -> None:
     """A local model folder as far as its headers tell, before torch: a config.json that is a JSON
-    object (ssacli's own folders, which hold an ssacli.json, are checked when they load), weights of
-    some kind (pickle-only folders are judged at loading, which knows --allow-pickle), and every
+    object (ssacli's own folders, which hold an ssacli.json, are checked when they load), weights
+    (pickle-only ones only with ``allow_pickle``: :func:`check_weights`, as loading refuses them), and every
     .safetensors header whole and covering its file (read by safetensors itself, with numpy: no
     tensor is read)."""
     config = path / CONFIG_FILE
@@ -132,7 +136,7 @@ def check_folder(ref: str, path: Path) -> None:
         raise InputError(f"cannot read the config of '{ref}': {err}; check its config.json") from None
     if not isinstance(data, dict):
         raise InputError(f"cannot read the config of '{ref}': not a JSON object; check its config.json")
-    check_weights(path, allow_pickle=True)
+    check_weights(path, allow_pickle)
     from safetensors import SafetensorError, safe_open  # the header only; torch-free with numpy
 
     for file in sorted(path.glob("*.safetensors")):

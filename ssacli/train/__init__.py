@@ -1,8 +1,11 @@
 """Training: fine-tuning (finetune.py), fresh models (scratch.py), whole runs as the commands start
 them (runs.py). Nothing heavy is imported here: the CLI reads :data:`DATA_FORMS` for its help and
-checks --data with :func:`require_data` before the model stack loads."""
+checks --data with :func:`require_data` (and a fresh model's text with :func:`require_text_data`)
+before the model stack loads."""
 
-from ..errors import UsageError
+from pathlib import Path
+
+from ..errors import InputError, UsageError
 
 DATA_FORMS = "a .txt file, a .jsonl file (field 'text'), a folder of them, or icl:TASK"  # what data= takes
 # The smallest vocabulary of a fresh model's tokenizer (scratch.py): byte-level BPE's 256 bytes and
@@ -14,3 +17,22 @@ def require_data(data: str | None, hint: str = "") -> None:
     """Refuse a run without training data (``hint``: how else the run could have it)."""
     if data is None:
         raise UsageError(f"--data is required: {DATA_FORMS}{hint}")
+
+
+def check_data_path(data: str | Path) -> Path:
+    """A text ``--data`` as the folder or file it names, refused (InputError) when it names nothing:
+    :func:`ssacli.train.data.read_documents` reads what is there."""
+    path = Path(data).expanduser()
+    if not path.exists():
+        raise InputError(
+            f"--data {path} does not exist; give a text file, a .jsonl file, a folder or icl:TASK"
+        )
+    return path
+
+
+def require_text_data(data: str | Path) -> None:
+    """Refuse ``--data`` a fresh language model cannot train on (``ssacli train``): an ICL task, or a
+    path that names nothing; checked before the model stack loads, and again where it is read."""
+    if str(data).startswith("icl:"):
+        raise UsageError(f"--data {data} is for ICL models; a language model trains on text files")
+    check_data_path(data)

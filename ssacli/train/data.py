@@ -35,6 +35,7 @@ from ..defaults import ICL_POINTS
 from ..errors import InputError, UsageError
 from ..models.icl_task import task_loss
 from ..models.kinds import ModelKind
+from . import check_data_path
 
 HELDOUT_FRACTION = 0.1
 MASK_PROB = 0.15  # BERT's masking: 15 % of tokens, of which 80 % [MASK], 10 % random, 10 % kept
@@ -49,11 +50,7 @@ _TOKENIZE_PIECE = 1 << 20  # characters per tokenizer call, so huge files do not
 
 def read_documents(path: str | Path) -> list[str]:
     """The documents under ``path``: one per .txt file, one per .jsonl line."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise InputError(
-            f"--data {path} does not exist; give a text file, a .jsonl file, a folder or icl:TASK"
-        )
+    path = check_data_path(path)
     files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl") and p.is_file())
     if path.is_file():
         files = [path]

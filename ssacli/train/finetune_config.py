@@ -34,7 +34,7 @@ from ..defaults import (
 )
 from ..errors import UsageError
 from ..models.optim import check_rates
-from ..scorers.base import positive_raw
+from ..scorers.declaration import check_positive  # torch-free: the configs are checked before torch
 
 # Settings a resumed run may change; every other one must match the recorded run (they decide what
 # each step draws and computes, so a change would not continue the same run).
@@ -78,7 +78,7 @@ class FinetuneConfig:
         if self.schedule not in ("cosine", "constant"):
             raise UsageError(f"--schedule takes cosine or constant, got {self.schedule!r}")
         if self.anneal_n is not None:
-            positive_raw(self.anneal_n, "ssa", "--anneal-n target n")
+            check_positive(self.anneal_n, "ssa", "--anneal-n target n")
         check_backend(self.attention)
         from .data import check_data  # torch: the objectives live there
 

@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, UsageError
 from ..models.builtins import BUILTIN_DIR
-from ..models.checkpoint import TRAINER_FILE, check_replaceable, remove_stale_temps, training_record
-from ..models.loading import LoadedModel
+
+if TYPE_CHECKING:  # training_folder is torch-free: `ssacli finetune` asks it before the model stack
+    from ..models.loaded import LoadedModel
 
 DEFAULT_OUT_SUFFIX = "-ft"  # finetune without --out writes <folder>-ft beside the input
 
@@ -28,7 +30,8 @@ def training_folder(
     there, and whether that folder is MODEL's own (written over because it was asked: ``in_place``,
     ``resume`` without ``out``, or ``out`` naming MODEL's folder). Otherwise, for ``out=None``, a
     new folder beside MODEL's: ``<folder>-ft``."""
-    path = model.path if isinstance(model, LoadedModel) else None
+    loaded = model is not None and not isinstance(model, str)  # a LoadedModel (not imported: torch)
+    path = model.path if loaded else None
     if isinstance(model, str) and not model.startswith("builtin:"):
         path = Path(model).expanduser()
     own = path is not None and path.is_dir()
@@ -39,7 +42,7 @@ def training_folder(
             raise UsageError(f"--in-place trains DIR itself, --out {out} is another folder; give one of them")
         return out, resume or same, same
     if not own:
-        name = model.name if isinstance(model, LoadedModel) else model
+        name = model.name if loaded else model
         if path is not None and not path.exists():  # a MODEL that names nothing, as every command reads it
             raise InputError(
                 f"'{name}' does not exist; give the model folder to fine-tune (or --out DIR with a "
@@ -53,6 +56,8 @@ def training_folder(
 
 def plan_output(out: Path, source: Path | None, resume: bool, overwrite: bool, in_place: bool) -> str:
     """ "fresh" or "resume", or a UsageError for an output that must not be written."""
+    from ..models.checkpoint import TRAINER_FILE, check_replaceable, remove_stale_temps, training_record
+
     if out.resolve() == BUILTIN_DIR or BUILTIN_DIR in out.resolve().parents:
         raise UsageError(f"--out {out} is inside ssacli's bundled checkpoints; choose another folder")
     remove_stale_temps(out)  # what a run killed mid-checkpoint left beside its folder

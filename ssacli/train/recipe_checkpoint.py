@@ -32,6 +32,7 @@ from torch import nn
 from ..errors import InputError, UsageError
 from ..models.checkpoint import SCORER_KEY, TRAINER_FILE, read_meta
 from .finetune_config import refuse_changed_settings
+from .recipe_config import CONTROL_SETTINGS, reusable_control  # noqa: F401 (torch-free there; here too)
 
 MODEL_PREFIX = "model."  # trainer.safetensors: the model's tensors a continuation restores
 ADAPTER_KEY = "lora_"  # peft's LoRA parameters: lora_A, lora_B
@@ -124,41 +125,7 @@ def _close(a: Any, b: Any) -> bool:
     return math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=1e-9)
 
 
-# settings of a recipe run that decide what its distillation stage does (a softmax control's run)
-CONTROL_SETTINGS = ("data", "lr", "lora_rank", "lora_targets", "lm_weight", "batch_size", "seq_len", "seed",
-                    "distill_steps", "heldout_tokens")  # fmt: skip
-
-
-def reusable_control(out: Path, config: dict[str, Any], source: str) -> dict[str, Any] | None:
-    """The record of a finished softmax control in ``out`` that matches ``config`` (a recipe run's
-    settings: CONTROL_SETTINGS) and ``source``, or None when ``out`` does not exist. A folder that
-    holds anything else is a UsageError (a control is reused only when it measures the same budget)."""
-    if not out.exists():
-        return None
-    meta = read_meta(out) if out.is_dir() else None
-    record = (meta or {}).get("recipe") or {}
-    if not record.get("control"):
-        raise UsageError(f"--control {out} holds no softmax control; give a new folder to train one in")
-    if not record.get("finished"):
-        raise UsageError(f"--control {out} holds an unfinished control; continue it with --resume")
-    recorded = record.get("config", {})
-    changed = [k for k in CONTROL_SETTINGS if recorded.get(k) != config.get(k)]
-    if meta.get("source") != source:
-        changed.insert(0, "source")
-    if changed:
-        diffs = ", ".join(
-            f"{k} {meta.get('source') if k == 'source' else recorded.get(k)!r} -> "
-            f"{source if k == 'source' else config.get(k)!r}"
-            for k in changed
-        )
-        raise UsageError(
-            f"--control {out} was trained with another budget ({diffs}); give a new folder to train the "
-            "control this conversion needs"
-        )
-    return record
-
-
 __all__ = [
-    "check_same_start", "restore_tensors", "resumable_tensors", "reusable_control", "trainer_tensors",
+    "check_same_start", "restore_tensors", "resumable_tensors", "trainer_tensors",
     "unfinished_run",
 ]  # fmt: skip

@@ -1,12 +1,15 @@
 """The conversion recipe's settings (:class:`RecipeConfig`) and the names its runs share: the start it
 converts to, its stages and where their snapshots go; and how its record reads as a trajectory
-(:func:`recipe_trajectory`, what ``ssacli report`` draws). The run is :mod:`ssacli.train.recipe`."""
+(:func:`recipe_trajectory`, what ``ssacli report`` draws); and whether a ``--control`` folder holds
+a softmax control a run can reuse (:func:`reusable_control`, read from its ssacli.json before the
+model stack loads). The run is :mod:`ssacli.train.recipe`."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from ..defaults import (
@@ -27,7 +30,8 @@ from ..defaults import (
     TRAIN_BATCH_SIZE,
 )
 from ..errors import UsageError
-from ..scorers.base import positive_raw
+from ..models.builtins import read_meta
+from ..scorers.declaration import check_positive  # torch-free: the configs are checked before torch
 
 RECIPE_START = "ssa:init=faithful,learn=b+n"  # m=auto per layer: the exact start
 STAGES = ("transfer", "distill")
@@ -75,7 +79,7 @@ class RecipeConfig:
             if "transfer" in self.stages:
                 raise UsageError("target_n None keeps the faithful n: it takes stages=('distill',) only")
         else:
-            positive_raw(self.target_n, "ssa", "--target-n")
+            check_positive(self.target_n, "ssa", "--target-n")
         if self.b not in ("learned", "tied"):
             raise UsageError(f"--recipe-b takes learned or tied, got {self.b!r}")
         for name in (
@@ -127,4 +131,41 @@ def recipe_trajectory(record: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-__all__ = ["RECIPE_START", "STAGES", "STAGE_DIR", "OnStep", "RecipeConfig", "recipe_trajectory"]
+# settings of a recipe run that decide what its distillation stage does (a softmax control's run)
+CONTROL_SETTINGS = ("data", "lr", "lora_rank", "lora_targets", "lm_weight", "batch_size", "seq_len", "seed",
+                    "distill_steps", "heldout_tokens")  # fmt: skip
+
+
+def reusable_control(out: Path, config: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """The record of a finished softmax control in ``out`` that matches ``config`` (a recipe run's
+    settings: CONTROL_SETTINGS) and ``source``, or None when ``out`` does not exist. A folder that
+    holds anything else is a UsageError (a control is reused only when it measures the same budget)."""
+    if not out.exists():
+        return None
+    meta = read_meta(out) if out.is_dir() else None
+    record = (meta or {}).get("recipe") or {}
+    if not record.get("control"):
+        raise UsageError(f"--control {out} holds no softmax control; give a new folder to train one in")
+    if not record.get("finished"):
+        raise UsageError(f"--control {out} holds an unfinished control; continue it with --resume")
+    recorded = record.get("config", {})
+    changed = [k for k in CONTROL_SETTINGS if recorded.get(k) != config.get(k)]
+    if meta.get("source") != source:
+        changed.insert(0, "source")
+    if changed:
+        diffs = ", ".join(
+            f"{k} {meta.get('source') if k == 'source' else recorded.get(k)!r} -> "
+            f"{source if k == 'source' else config.get(k)!r}"
+            for k in changed
+        )
+        raise UsageError(
+            f"--control {out} was trained with another budget ({diffs}); give a new folder to train the "
+            "control this conversion needs"
+        )
+    return record
+
+
+__all__ = [
+    "CONTROL_SETTINGS", "RECIPE_START", "STAGES", "STAGE_DIR", "OnStep", "RecipeConfig", "recipe_trajectory",
+    "reusable_control",
+]  # fmt: skip

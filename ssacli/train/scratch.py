@@ -43,7 +43,7 @@ from ..errors import InputError, UsageError
 from ..models.guard_type import plain_config_dict
 from ..models.kinds import ModelKind, language_model_kind
 from ..models.loading import LoadedModel
-from . import MIN_VOCAB
+from . import MIN_VOCAB, require_text_data
 
 ARCHS = ("gpt2", "llama", "roberta")
 SIZES = ("tiny", "small")
@@ -176,8 +176,7 @@ def training_texts(data: str | Path) -> list[str]:
     """
     from .data import read_documents, split_heldout
 
-    if str(data).startswith("icl:"):
-        raise UsageError(f"--data {data} is for ICL models; a language model trains on text files")
+    require_text_data(data)
     train, _ = split_heldout("\n\n".join(read_documents(data)))
     return re.split(r"(?<=\S)(?=\n)", train)
 

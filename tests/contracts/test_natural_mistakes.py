@@ -2,13 +2,14 @@
 
 Each case runs the real entry point (``python -m ssacli …``) in a fresh interpreter on input that is
 wrong in a way the command line and the files' headers show: a folder with only config.json, a .txt
-file given as the model, a truncated safetensors file, an option out of range, a result file that is
-no result, a requirement that does not parse, a toml that does not, flags of the recipe or of
-fine-tuning where they do not apply, a device that is not there, models of the wrong kind. Each
-must end with its documented exit code and one line naming the problem and the fix, with neither
-torch nor transformers ever imported (the interpreter reports its modules at exit:
-tests/helpers/entry.py), in under a second of CPU (and a generous wall bound: this suite shares its
-cores). The table of every case (modules imported, CPU and wall time) is printed at the end of the
+file given as the model, a truncated safetensors file, pickle-only weights without --allow-pickle,
+training data that is not there, a --control folder that holds no control, an option out of
+range, a result file that is no result, a requirement that does not parse, a toml that does not,
+flags of the recipe or of fine-tuning where they do not apply, a device that is not there, models
+of the wrong kind. Each must end with its documented exit code and one line naming the problem and
+the fix, with neither torch nor transformers ever imported (the interpreter reports its modules at
+exit: tests/helpers/entry.py), in under a second of CPU (and a generous wall bound: this suite
+shares its cores). The table of every case (modules imported, CPU and wall time) is printed at the end of the
 run (``pytest -rA`` or ``-s`` shows it; ``SSACLI_REFUSAL_TABLE=FILE`` also writes it there).
 
 ``--device cuda`` is known without torch only where the machine tells (ssacli.models.devices: a
@@ -28,7 +29,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from ssacli.errors import EXIT_CHECK_USAGE, EXIT_INPUT, EXIT_USAGE
-from ssacli.models.builtins import BUILTIN_DIR
+from ssacli.models.builtins import BUILTIN_DIR, META_FILE
 from ssacli.models.devices import cuda_known_absent
 from ssacli.models.kinds import ModelKind, different_kinds
 from tests.helpers.entry import INPUT_LIMIT_S, run_entry
@@ -55,6 +56,7 @@ CASES = {
     "--samples 0": (["diagnose", "--samples", "0"], EXIT_USAGE, "'--samples'"),
     "--heatmap of no metric": (["diagnose", "--heatmap", "heat"], EXIT_USAGE, "unknown metric 'heat'"),
     "--device tpu": (["diagnose", "--device", "tpu"], EXIT_USAGE, "unknown device 'tpu'"),
+    "--dtype float8": (["diagnose", "--dtype", "float8"], EXIT_USAGE, "unknown dtype 'float8'"),
     "--device cuda:99": (["diagnose", "--device", "cuda:99"], EXIT_USAGE, "--device cuda:99"),
     "render out.html (no such result)": (["render", "out.html"], EXIT_INPUT, "does not exist"),
     "render a report JSON": (["render", "report.json"], EXIT_INPUT, "is an `ssacli report` JSON"),
@@ -72,6 +74,19 @@ CASES = {
     "convert: --control without a folder": ([*RECIPE, "--control"], EXIT_USAGE, "'--control'"),
     "convert: --control a file": ([*RECIPE, "--control", "notes.txt"], EXIT_USAGE, "is a file; give a"),
     "report of a Llama against a BERT": (["report", LLAMA, "bert"], EXIT_INPUT, "AFTER 'bert' a masked"),
+    "report of a Llama against a bare BertModel": (
+        ["report", LLAMA, "bertmodel"], EXIT_INPUT, "AFTER 'bertmodel' an encoder"
+    ),
+    "pickle-only weights without --allow-pickle": (["diagnose", "pickle"], EXIT_INPUT, "only pickle weights"),
+    "train --data that does not exist": (["train", "--data", "nope.txt", "--out", "o"], EXIT_INPUT, "not"),
+    "train --data icl:every (a language model)": (
+        ["train", "--data", "icl:every", "--out", "o"], EXIT_USAGE, "is for ICL models"
+    ),
+    "finetune of a folder that does not exist": (["finetune", "./nope", "--data", "notes.txt"], EXIT_INPUT,
+                                                  "'./nope' does not exist"),
+    "convert: --control a folder that holds no control": (
+        [*RECIPE, "--control", "notcontrol"], EXIT_USAGE, "holds no softmax control"
+    ),
     "icl eval of a language model": (["icl", "eval", LLAMA], EXIT_INPUT, "needs an ICL model"),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
@@ -95,6 +110,15 @@ def _model_folders(root: Path) -> None:
     (bert / "config.json").write_text(json.dumps(config))
     tensors = {"bert.embeddings.word_embeddings.weight": np.zeros((4, 8), np.float32)}
     save_file(tensors, bert / "model.safetensors")  # a header to read; no weight is ever loaded
+    bare = root / "bertmodel"  # BertModel: no LM head; its family (bert) says encoder
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({**config, "architectures": ["BertModel"]}))
+    shutil.copy(bert / "model.safetensors", bare)
+    pickle = root / "pickle"  # pytorch_model.bin only: refused by name, never unpickled
+    shutil.copytree(llama, pickle, ignore=shutil.ignore_patterns("*.safetensors"))
+    (pickle / "pytorch_model.bin").write_bytes(b"never read")
+    (root / "notcontrol").mkdir()  # an ssacli model folder, but no softmax control's
+    shutil.copy(BUILTIN_DIR / "wikitext-ssa" / META_FILE, root / "notcontrol")
     (root / "report.json").write_text(json.dumps({"schema": "ssacli-report", "schema_version": 1}))
     (root / "bad.toml").write_text("[check\nrequires = [")
 
