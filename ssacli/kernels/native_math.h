@@ -68,20 +68,21 @@ static inline vi shown_tail(const uint8_t *vis, int64_t c, int64_t n) {
 }
 static inline vf blend(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
 static inline vf splat(float x) { return (vf){0} + x; }
-/* a > b ? a : b per lane (b where either is NaN): one max instruction on AVX-512. */
-static inline vf vmax(vf a, vf b) {
+/* The register a vf is, and its max instruction, where intrinsics name them. */
 #if defined(__AVX512F__) && W == 16
-    __m512 x, y;
-    memcpy(&x, &a, sizeof x);
-    memcpy(&y, &b, sizeof y);
-    x = _mm512_max_ps(x, y);
-    memcpy(&a, &x, sizeof a);
-    return a;
+typedef __m512 vreg;
+#define VREG_MAX _mm512_max_ps
 #elif defined(__AVX__) && W == 8
-    __m256 x, y;
+typedef __m256 vreg;
+#define VREG_MAX _mm256_max_ps
+#endif
+/* a > b ? a : b per lane (b where either is NaN): one max instruction on AVX-512 and AVX. */
+static inline vf vmax(vf a, vf b) {
+#ifdef VREG_MAX
+    vreg x, y;
     memcpy(&x, &a, sizeof x);
     memcpy(&y, &b, sizeof y);
-    x = _mm256_max_ps(x, y);
+    x = VREG_MAX(x, y);
     memcpy(&a, &x, sizeof a);
     return a;
 #else
