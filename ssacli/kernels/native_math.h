@@ -1,9 +1,9 @@
 /* ssacli's native kernels for the CPU in float32: what they share (ssacli.kernels.native builds
  * native_stats.c and native_ssa.c, which include this header, into one library).
  *
- * - vector types and helpers: C99 with GCC/Clang vector extensions (W = 16 floats a step, whatever the
- *   CPU's SIMD width: the compiler maps them onto AVX-512, AVX, SSE or NEON registers), with
- *   AVX-512 and AVX intrinsics where a generic form would cost several instructions;
+ * - vector types and helpers: C99 with GCC/Clang vector extensions, W floats a step: one register of
+ *   the CPU's SIMD width (16 on AVX-512, 8 on AVX, 4 on SSE or NEON), with AVX-512 and AVX intrinsics
+ *   where a generic form would cost several instructions;
  * - e^x, log1p and their base-2 forms, about an ulp each;
  * - SSA's transform, the causal band of a block, and the row-major products on torch's own sgemm
  *   that the one-loop kernels form their tiles with.
@@ -21,8 +21,17 @@
 #include <immintrin.h>
 #endif
 
+/* Lanes per vector step: one register. Wider than the register, GCC lowers the vector comparisons
+ * (x < c, a > b) lane by lane into scalar compares and branches: with W = 16 on AVX2 SSA's row math
+ * ran 12x slower than on AVX-512 (docs/performance.md, "Instruction sets"). */
 #ifndef W
-#define W 16 /* lanes per vector step (two AVX2 or one AVX-512 register) */
+#if defined(__AVX512F__)
+#define W 16
+#elif defined(__AVX__)
+#define W 8
+#else
+#define W 4
+#endif
 #endif
 #define CHUNK 64  /* columns per chunk: float partial sums fold into double, top-k skips whole chunks */
 #define GROUP 16  /* chunks per top-k group */
@@ -59,21 +68,22 @@ static inline vi shown_tail(const uint8_t *vis, int64_t c, int64_t n) {
 }
 static inline vf blend(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
 static inline vf splat(float x) { return (vf){0} + x; }
-/* a > b ? a : b per lane (b where either is NaN): one max instruction on AVX-512. */
-static inline vf vmax(vf a, vf b) {
+/* The register a vf is, and its max instruction, where intrinsics name them. */
 #if defined(__AVX512F__) && W == 16
-    __m512 x, y;
+typedef __m512 vreg;
+#define VREG_MAX _mm512_max_ps
+#elif defined(__AVX__) && W == 8
+typedef __m256 vreg;
+#define VREG_MAX _mm256_max_ps
+#endif
+/* a > b ? a : b per lane (b where either is NaN): one max instruction on AVX-512 and AVX. */
+static inline vf vmax(vf a, vf b) {
+#ifdef VREG_MAX
+    vreg x, y;
     memcpy(&x, &a, sizeof x);
     memcpy(&y, &b, sizeof y);
-    x = _mm512_max_ps(x, y);
+    x = VREG_MAX(x, y);
     memcpy(&a, &x, sizeof a);
-    return a;
-#elif defined(__AVX__) && W == 16
-    __m256 x[2], y[2];
-    memcpy(x, &a, sizeof x);
-    memcpy(y, &b, sizeof y);
-    x[0] = _mm256_max_ps(x[0], y[0]), x[1] = _mm256_max_ps(x[1], y[1]);
-    memcpy(&a, x, sizeof a);
     return a;
 #else
     return blend(a > b, a, b);
@@ -86,10 +96,9 @@ static inline float lanes_max(vf v) {
     __m512 x; /* shuffle trees here and for AVX (callers pass max-blends, which never hold NaN) */
     memcpy(&x, &v, sizeof x);
     return _mm512_reduce_max_ps(x);
-#elif defined(__AVX__) && W == 16
-    __m256 x[2];
-    memcpy(x, &v, sizeof x);
-    __m256 h = _mm256_max_ps(x[0], x[1]);
+#elif defined(__AVX__) && W == 8
+    __m256 h;
+    memcpy(&h, &v, sizeof h);
     __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     q = _mm_max_ps(q, _mm_movehl_ps(q, q));
     q = _mm_max_ss(q, _mm_shuffle_ps(q, q, 1));

@@ -52,12 +52,10 @@ static inline uint32_t lanes_at_least(vf u, float floor) {
     __m512 x;
     memcpy(&x, &u, sizeof x);
     return (uint32_t)_mm512_cmp_ps_mask(x, _mm512_set1_ps(floor), _CMP_GE_OQ);
-#elif defined(__AVX__) && W == 16
-    __m256 lo, hi, f = _mm256_set1_ps(floor);
-    memcpy(&lo, &u, sizeof lo);
-    memcpy(&hi, (const char *)&u + sizeof lo, sizeof hi);
-    return (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(lo, f, _CMP_GE_OQ))
-           | (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(hi, f, _CMP_GE_OQ)) << 8;
+#elif defined(__AVX__) && W == 8
+    __m256 x;
+    memcpy(&x, &u, sizeof x);
+    return (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(floor), _CMP_GE_OQ));
 #else
     vi mask = u >= floor;
     uint32_t bits = 0;

@@ -60,8 +60,10 @@ TINY = {
                      "converted (ssacli)"),
     "gpu_stats": (["--device", "cpu", "--quick"], "exactness: every comparison within 1e-6"),
     "inference": (["--quick", "--repeats", "1"], "auto on the CPU: the native kernels where"),
-    # one path (a kernel build of its own); x86 only, like the paths themselves
-    "instruction_sets": (["--paths", "avx2", "--length", "64", "--repeats", "1"], "| avx2 |"),
+    # one path (a kernel build of its own), this tree only (a clone may have no main to time against);
+    # x86 only, like the paths themselves
+    "instruction_sets": (["--paths", "avx2", "--length", "64", "--rounds", "1", "--before", "none"],
+                         "| avx2 |"),
     "long_context": (["--device", "cpu", "--quick"], "longest length that fit: 256 tokens"),
     "monitor": (["--rounds", "1", "--every", "2", "--batch", "1", "--seq", "16"], "measure/step"),
     "envelope": (ENVELOPE_ARGS, "| 70B (Llama-3-70B) |"),
