@@ -15,7 +15,8 @@ MODEL references and model folders:
   :func:`check_icl_model` (``icl eval``'s MODEL: an ICL model, where its folder says);
 * :func:`check_device` (``--device``: a name it takes, and a CUDA device that can be there; torch
   alone, never transformers, where only torch can tell), :func:`check_dtype` (``--dtype``: auto or
-  a dtype a model loads in);
+  a dtype a model loads in), :func:`check_placement` (``--device-map`` and ``--max-memory``: a map
+  it takes, a memory limit with a map, accelerate installed);
 * :func:`check_model_out` (``--out`` of a command that writes a model folder: never over its input,
   over someone else's folder, or where nothing can be written), :func:`reusable_control` (a finished
   softmax control in a folder that a recipe run can read instead of training it again),
@@ -58,6 +59,7 @@ _LAZY = {
     "check_model_out": "conversion:check_out",
     "check_device": "models.devices:check_device",
     "check_dtype": "models.options:check_dtype",
+    "check_placement": "models.device_map:check_placement",
     "check_same_kind": "models.references:check_same_kind",
     "check_icl_model": "models.references:check_icl_model",
     "reusable_control": "train.recipe_config:reusable_control",
@@ -90,7 +92,7 @@ if TYPE_CHECKING:
     from .documents import read_saved as read_saved_result
     from .icl.evaluate import parse_outlier
     from .models.builtins import builtin_names as builtin_model_names
-    from .models.device_map import DEVICE_MAPS
+    from .models.device_map import DEVICE_MAPS, check_placement
     from .models.devices import check_device
     from .models.options import check_dtype
     from .models.references import check_icl_model, check_same_kind, local_model_path
@@ -132,6 +134,7 @@ __all__ = [
     "check_icl_model",
     "check_model_out",
     "check_model_reference",
+    "check_placement",
     "parse_heads",
     "check_replaceable_file",
     "check_same_kind",

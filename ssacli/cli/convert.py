@@ -83,7 +83,8 @@ def convert_command(model_ref: Model, *, given: Given) -> None:
     check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     check_inputs(scorers=[run.scorer], models=[model_ref], offline=given.offline, revision=given.revision,
-                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
+                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype,
+                 device_map=given.device_map, max_memory=given.max_memory)  # fmt: skip
     tuning, recipe = given.of(FinetuneOptions), given.of(RecipeOptions)
     use_recipe = _finetune_options_apply(run, tuning, recipe)
     load = _check_placement(given.of(LoadOptions), run.finetune)

@@ -127,7 +127,8 @@ def diagnose_command(model_ref: OptionalModel = defaults.DEFAULT_MODEL, *, given
     other_model = None if out.compare is None or _is_result_file(out.compare) else out.compare
     scorers, models = [given.scorer], [model_ref, other_model]
     check_inputs(scorers=scorers, models=models, offline=given.offline, revision=given.revision,
-                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
+                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype,
+                 device_map=given.device_map, max_memory=given.max_memory)  # fmt: skip
     heatmap = _heatmap(out.heatmap, probes)
     settings, load = _settings(given, probes), given.of(LoadOptions)
     result = _diagnose(model_ref, settings, load, out.quiet)

@@ -127,6 +127,8 @@ def _check_first(files: PageFiles, given: Given, models: tuple[str | None, ...])
         device=given.device,
         allow_pickle=given.allow_pickle,
         dtype=given.dtype,
+        device_map=given.device_map,
+        max_memory=given.max_memory,
     )
     check_same_kind(models)  # where the folders' configs say: a causal LM against an encoder
     return probes

@@ -88,6 +88,10 @@ CASES = {
         [*RECIPE, "--control", "notcontrol"], EXIT_USAGE, "holds no softmax control"
     ),
     "icl eval of a language model": (["icl", "eval", LLAMA], EXIT_INPUT, "needs an ICL model"),
+    "--device-map sideways": (["diagnose", "--device-map", "sideways"], EXIT_USAGE, "unknown --device-map"),
+    "--max-memory without --device-map": (
+        ["diagnose", "--max-memory", "cpu=1GB"], EXIT_USAGE, "give --device-map auto with it"
+    ),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
