@@ -43,6 +43,7 @@ RECIPE = ["convert", LLAMA, "--scorer", "ssa", "--out", "o", "--finetune", "--da
 CUDA_KNOWN = cuda_known_absent()
 
 CONVERT = ["convert", ICL, "--scorer", "ssa", "--out", "o"]
+GATE = ["check", "-r", "collapse_rate@key-scale:8 <= 1"]
 CHECK = EXIT_CHECK_USAGE  # `ssacli check`'s own code for a usage or input error (docs/ci.md)
 
 # case: (argv, exit code, what the one line says)
@@ -92,6 +93,8 @@ CASES = {
     "--max-memory without --device-map": (
         ["diagnose", "--max-memory", "cpu=1GB"], EXIT_USAGE, "give --device-map auto with it"
     ),
+    "check: a baseline that does not exist": ([*GATE, "--baseline", "missing.json"], CHECK, "does not exist"),
+    "check: --max-regression -1": ([*GATE, "--max-regression", "-1"], CHECK, "finite number >= 0"),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
