@@ -95,6 +95,9 @@ CASES = {
     ),
     "check: a baseline that does not exist": ([*GATE, "--baseline", "missing.json"], CHECK, "does not exist"),
     "check: --max-regression -1": ([*GATE, "--max-regression", "-1"], CHECK, "finite number >= 0"),
+    "diagnose --compare a result not there": (
+        ["diagnose", "--compare", "missing.json"], EXIT_INPUT, "'missing.json' does not exist"
+    ),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
