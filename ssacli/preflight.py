@@ -21,7 +21,8 @@ MODEL references and model folders:
   over someone else's folder, or where nothing can be written), :func:`reusable_control` (a finished
   softmax control in a folder that a recipe run can read instead of training it again),
   :func:`training_folder` (where a fine-tuning run writes: refuses a DIR that names nothing without
-  ``--out``, and ``--in-place`` with another ``--out``);
+  ``--out``, and ``--in-place`` with another ``--out``), :func:`check_scratch_arch` (``train
+  --arch``: one a built-in size builds);
 
 Outputs:
 
@@ -79,6 +80,7 @@ _LAZY = {
     "require_training_data": "train:require_data",
     "require_text_data": "train:require_text_data",
     "training_folder": "train.folders:training_folder",
+    "check_scratch_arch": "train.settings:check_arch",
     "MIN_VOCAB": "train:MIN_VOCAB",
     "CHECK_CONFIG_FILE": "check.config:CONFIG_FILE",
 }
@@ -108,6 +110,7 @@ if TYPE_CHECKING:
     from .train import require_data as require_training_data
     from .train.folders import training_folder
     from .train.recipe_config import reusable_control
+    from .train.settings import check_arch as check_scratch_arch
 
 
 def __getattr__(name: str):
@@ -137,6 +140,7 @@ __all__ = [
     "check_placement",
     "parse_heads",
     "check_replaceable_file",
+    "check_scratch_arch",
     "check_same_kind",
     "fetch_model_reference",
     "local_model_path",

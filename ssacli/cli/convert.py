@@ -20,7 +20,7 @@ from .. import ConvertSettings, LoadOptions
 from ..defaults import FINETUNE_STEPS, MAX_KL_PER_TOKEN
 from ..errors import UsageError
 from ..files import check_writable_folder
-from ..preflight import require_training_data, training_folder
+from ..preflight import check_placement, require_training_data, training_folder
 from ..setting import setting
 from .declared import Given, command, options
 from .options import DATA_HELP, FinetuneOptions, Model, check_inputs, check_outputs, quiet_training, run_json
@@ -83,8 +83,7 @@ def convert_command(model_ref: Model, *, given: Given) -> None:
     check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     check_inputs(scorers=[run.scorer], models=[model_ref], offline=given.offline, revision=given.revision,
-                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype,
-                 device_map=given.device_map, max_memory=given.max_memory)  # fmt: skip
+                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
     tuning, recipe = given.of(FinetuneOptions), given.of(RecipeOptions)
     use_recipe = _finetune_options_apply(run, tuning, recipe)
     load = _check_placement(given.of(LoadOptions), run.finetune)
@@ -129,13 +128,14 @@ def _flag(name: str) -> str:
 
 def _check_placement(load: LoadOptions, finetune: bool) -> LoadOptions:
     """``load``, whose --device-map and --max-memory place a model for inference: refused with
-    --finetune."""
+    --finetune, and where they cannot place it (before the model stack)."""
     placed = [name for name in ("device_map", "max_memory") if getattr(load, name) is not None]
     if placed and finetune:
         raise UsageError(
             f"{_flag(placed[0])} applies to convert without --finetune (fine-tuning "
             "trains on one device per process; use torchrun or accelerate launch for several)"
         )
+    check_placement(load.device_map, load.max_memory, load.device)
     return load
 
 

@@ -98,6 +98,8 @@ CASES = {
     "diagnose --compare a result not there": (
         ["diagnose", "--compare", "missing.json"], EXIT_INPUT, "'missing.json' does not exist"
     ),
+    "train --arch nope": (["train", "--arch", "nope", "--data", "notes.txt", "--out", "o"], EXIT_USAGE,
+                          "unknown --arch 'nope'"),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
