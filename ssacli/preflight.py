@@ -32,10 +32,12 @@ Outputs:
 
 Inputs and options:
 
-* :func:`read_text_file` (a UTF-8 text with some text in it), :func:`read_saved_result` (a saved
+* :func:`read_text_file` (a UTF-8 text with some text in it), :func:`read_report_files` (the
+  texts and minimal pairs a report measures on), :func:`read_saved_result` (a saved
   diagnose result or comparison as its JSON document: ``ssacli render``'s RESULT),
-  :func:`parse_outlier` (an ICL outlier ``SIGMA@POSITION``; imports torch), :func:`pick_heatmap`
-  (the probe a heatmap ``METRIC[@PROBE]`` is drawn from, or a UsageError), :func:`require_lm_eval`
+  :func:`parse_outlier` (an ICL outlier ``SIGMA@POSITION``), :func:`check_icl_task` (an ICL
+  task's name), :func:`pick_heatmap` (the probe a heatmap ``METRIC[@PROBE]`` is drawn from, or a
+  UsageError), :func:`require_lm_eval`
   and :func:`parse_lm_eval_tasks` (the optional lm-evaluation-harness and its task list);
   :func:`check_attribution_probe` (a probe attribution can patch, and its shifted level),
   :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
@@ -68,8 +70,10 @@ _LAZY = {
     "check_replaceable_file": "report.replaceable:check_replaceable",
     "require_frame_format": "diagnosis.frames:require_frame_format",
     "read_text_file": "quality.inputs:read_text_file",
+    "read_report_files": "quality.inputs:read_report_files",
     "read_saved_result": "documents:read_saved",
-    "parse_outlier": "icl.evaluate:parse_outlier",
+    "parse_outlier": "models.icl_settings:parse_outlier",
+    "check_icl_task": "models.icl_settings:check_task",
     "check_attribution_probe": "diagnosis.attribution_result:check_probe",
     "parse_heads": "diagnosis.attribution_result:parse_heads",
     "pick_heatmap": "report.summary:pick_heatmap",
@@ -92,17 +96,18 @@ if TYPE_CHECKING:
     from .diagnosis.attribution_result import parse_heads
     from .diagnosis.frames import require_frame_format
     from .documents import read_saved as read_saved_result
-    from .icl.evaluate import parse_outlier
     from .models.builtins import builtin_names as builtin_model_names
     from .models.device_map import DEVICE_MAPS, check_placement
     from .models.devices import check_device
+    from .models.icl_settings import check_task as check_icl_task
+    from .models.icl_settings import parse_outlier
     from .models.options import check_dtype
     from .models.references import check_icl_model, check_same_kind, local_model_path
     from .models.references import check_reference as check_model_reference
     from .models.references import fetch_reference as fetch_model_reference
     from .quality.harness import parse_tasks as parse_lm_eval_tasks
     from .quality.harness import require_harness as require_lm_eval
-    from .quality.inputs import read_text_file
+    from .quality.inputs import read_report_files, read_text_file
     from .report.figure_files import check_figure_folder
     from .report.replaceable import check_replaceable as check_replaceable_file
     from .report.summary import pick_heatmap
@@ -135,6 +140,7 @@ __all__ = [
     "check_dtype",
     "check_figure_folder",
     "check_icl_model",
+    "check_icl_task",
     "check_model_out",
     "check_model_reference",
     "check_placement",
@@ -147,6 +153,7 @@ __all__ = [
     "parse_lm_eval_tasks",
     "parse_outlier",
     "pick_heatmap",
+    "read_report_files",
     "read_saved_result",
     "read_text_file",
     "require_frame_format",

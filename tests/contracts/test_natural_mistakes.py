@@ -43,6 +43,7 @@ RECIPE = ["convert", LLAMA, "--scorer", "ssa", "--out", "o", "--finetune", "--da
 CUDA_KNOWN = cuda_known_absent()
 
 CONVERT = ["convert", ICL, "--scorer", "ssa", "--out", "o"]
+REPORT = ["report", LLAMA, "builtin:wikitext-ssa"]
 GATE = ["check", "-r", "collapse_rate@key-scale:8 <= 1"]
 CHECK = EXIT_CHECK_USAGE  # `ssacli check`'s own code for a usage or input error (docs/ci.md)
 
@@ -100,6 +101,10 @@ CASES = {
     ),
     "train --arch nope": (["train", "--arch", "nope", "--data", "notes.txt", "--out", "o"], EXIT_USAGE,
                           "unknown --arch 'nope'"),
+    "report --sigma -1": ([*REPORT, "--sigma", "-1"], EXIT_USAGE, "--sigma takes positive numbers"),
+    "report --outlier bogus": ([*REPORT, "--outlier", "bogus"], EXIT_USAGE, "bad outlier 'bogus'"),
+    "report --text-id not there": ([*REPORT, "--text-id", "missing.txt"], EXIT_INPUT, "does not exist"),
+    "report --pairs not there": ([*REPORT, "--pairs", "missing.jsonl"], EXIT_INPUT, "does not exist"),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
