@@ -42,7 +42,8 @@ Inputs and options:
   :func:`check_attribution_probe` (a probe attribution can patch, and its shifted level),
   :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
 * :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data``
-  takes) and :func:`require_training_data` (a run without it), :func:`require_text_data` (a fresh
+  takes), :func:`require_training_data` (a run without it), :func:`check_training_data` (an
+  ``icl:TASK`` that names a task), :func:`require_text_data` (a fresh
   language model's: text that is there), :data:`MIN_VOCAB` (the smallest
   vocabulary a fresh model's tokenizer can have),
   :data:`CHECK_CONFIG_FILE` (what ``check`` reads from the working folder when no config is given).
@@ -82,6 +83,7 @@ _LAZY = {
     "DEVICE_MAPS": "models.device_map:DEVICE_MAPS",
     "DATA_FORMS": "train:DATA_FORMS",
     "require_training_data": "train:require_data",
+    "check_training_data": "train:check_data",
     "require_text_data": "train:require_text_data",
     "training_folder": "train.folders:training_folder",
     "check_scratch_arch": "train.settings:check_arch",
@@ -112,6 +114,7 @@ if TYPE_CHECKING:
     from .report.replaceable import check_replaceable as check_replaceable_file
     from .report.summary import pick_heatmap
     from .train import DATA_FORMS, MIN_VOCAB, require_text_data
+    from .train import check_data as check_training_data
     from .train import require_data as require_training_data
     from .train.folders import training_folder
     from .train.recipe_config import reusable_control
@@ -147,6 +150,7 @@ __all__ = [
     "parse_heads",
     "check_replaceable_file",
     "check_scratch_arch",
+    "check_training_data",
     "check_same_kind",
     "fetch_model_reference",
     "local_model_path",

@@ -105,6 +105,10 @@ CASES = {
     "report --outlier bogus": ([*REPORT, "--outlier", "bogus"], EXIT_USAGE, "bad outlier 'bogus'"),
     "report --text-id not there": ([*REPORT, "--text-id", "missing.txt"], EXIT_INPUT, "does not exist"),
     "report --pairs not there": ([*REPORT, "--pairs", "missing.jsonl"], EXIT_INPUT, "does not exist"),
+    "icl train --task nope": (["icl", "train", "--task", "nope", "--out", "o"], EXIT_USAGE, "unknown task"),
+    "icl eval --outlier bogus": (["icl", "eval", ICL, "--outlier", "bogus"], EXIT_USAGE, "bad outlier"),
+    "finetune --data icl:nope": (["finetune", ICL, "--out", "o", "--data", "icl:nope"], EXIT_USAGE,
+                                 "unknown task 'nope'"),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
