@@ -121,15 +121,9 @@ def _check_first(files: PageFiles, given: Given, models: tuple[str | None, ...])
     parse, the models are there (or downloaded now); returns the probes as specs."""
     files.check()
     probes = [str(parse_probe(p)) for p in given.probes] if given.probes else None
-    check_inputs(
-        models=list(models),
-        offline=given.offline,
-        device=given.device,
-        allow_pickle=given.allow_pickle,
-        dtype=given.dtype,
-        device_map=given.device_map,
-        max_memory=given.max_memory,
-    )
+    check_inputs(models=list(models), offline=given.offline, device=given.device,
+                 allow_pickle=given.allow_pickle, dtype=given.dtype, device_map=given.device_map,
+                 max_memory=given.max_memory)  # fmt: skip
     check_same_kind(models)  # where the folders' configs say: a causal LM against an encoder
     return probes
 
