@@ -15,12 +15,14 @@ MODEL references and model folders:
   :func:`check_icl_model` (``icl eval``'s MODEL: an ICL model, where its folder says);
 * :func:`check_device` (``--device``: a name it takes, and a CUDA device that can be there; torch
   alone, never transformers, where only torch can tell), :func:`check_dtype` (``--dtype``: auto or
-  a dtype a model loads in);
+  a dtype a model loads in), :func:`check_placement` (``--device-map`` and ``--max-memory``: a map
+  it takes, a memory limit with a map, accelerate installed);
 * :func:`check_model_out` (``--out`` of a command that writes a model folder: never over its input,
   over someone else's folder, or where nothing can be written), :func:`reusable_control` (a finished
   softmax control in a folder that a recipe run can read instead of training it again),
   :func:`training_folder` (where a fine-tuning run writes: refuses a DIR that names nothing without
-  ``--out``, and ``--in-place`` with another ``--out``);
+  ``--out``, and ``--in-place`` with another ``--out``), :func:`check_scratch_arch` (``train
+  --arch``: one a built-in size builds);
 
 Outputs:
 
@@ -30,15 +32,18 @@ Outputs:
 
 Inputs and options:
 
-* :func:`read_text_file` (a UTF-8 text with some text in it), :func:`read_saved_result` (a saved
+* :func:`read_text_file` (a UTF-8 text with some text in it), :func:`read_report_files` (the
+  texts and minimal pairs a report measures on), :func:`read_saved_result` (a saved
   diagnose result or comparison as its JSON document: ``ssacli render``'s RESULT),
-  :func:`parse_outlier` (an ICL outlier ``SIGMA@POSITION``; imports torch), :func:`pick_heatmap`
-  (the probe a heatmap ``METRIC[@PROBE]`` is drawn from, or a UsageError), :func:`require_lm_eval`
+  :func:`parse_outlier` (an ICL outlier ``SIGMA@POSITION``), :func:`check_icl_task` (an ICL
+  task's name), :func:`pick_heatmap` (the probe a heatmap ``METRIC[@PROBE]`` is drawn from, or a
+  UsageError), :func:`require_lm_eval`
   and :func:`parse_lm_eval_tasks` (the optional lm-evaluation-harness and its task list);
   :func:`check_attribution_probe` (a probe attribution can patch, and its shifted level),
   :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
 * :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data``
-  takes) and :func:`require_training_data` (a run without it), :func:`require_text_data` (a fresh
+  takes), :func:`require_training_data` (a run without it), :func:`check_training_data` (an
+  ``icl:TASK`` that names a task), :func:`require_text_data` (a fresh
   language model's: text that is there), :data:`MIN_VOCAB` (the smallest
   vocabulary a fresh model's tokenizer can have),
   :data:`CHECK_CONFIG_FILE` (what ``check`` reads from the working folder when no config is given).
@@ -58,6 +63,7 @@ _LAZY = {
     "check_model_out": "conversion:check_out",
     "check_device": "models.devices:check_device",
     "check_dtype": "models.options:check_dtype",
+    "check_placement": "models.device_map:check_placement",
     "check_same_kind": "models.references:check_same_kind",
     "check_icl_model": "models.references:check_icl_model",
     "reusable_control": "train.recipe_config:reusable_control",
@@ -65,8 +71,10 @@ _LAZY = {
     "check_replaceable_file": "report.replaceable:check_replaceable",
     "require_frame_format": "diagnosis.frames:require_frame_format",
     "read_text_file": "quality.inputs:read_text_file",
+    "read_report_files": "quality.inputs:read_report_files",
     "read_saved_result": "documents:read_saved",
-    "parse_outlier": "icl.evaluate:parse_outlier",
+    "parse_outlier": "models.icl_settings:parse_outlier",
+    "check_icl_task": "models.icl_settings:check_task",
     "check_attribution_probe": "diagnosis.attribution_result:check_probe",
     "parse_heads": "diagnosis.attribution_result:parse_heads",
     "pick_heatmap": "report.summary:pick_heatmap",
@@ -75,8 +83,10 @@ _LAZY = {
     "DEVICE_MAPS": "models.device_map:DEVICE_MAPS",
     "DATA_FORMS": "train:DATA_FORMS",
     "require_training_data": "train:require_data",
+    "check_training_data": "train:check_data",
     "require_text_data": "train:require_text_data",
     "training_folder": "train.folders:training_folder",
+    "check_scratch_arch": "train.settings:check_arch",
     "MIN_VOCAB": "train:MIN_VOCAB",
     "CHECK_CONFIG_FILE": "check.config:CONFIG_FILE",
 }
@@ -88,24 +98,27 @@ if TYPE_CHECKING:
     from .diagnosis.attribution_result import parse_heads
     from .diagnosis.frames import require_frame_format
     from .documents import read_saved as read_saved_result
-    from .icl.evaluate import parse_outlier
     from .models.builtins import builtin_names as builtin_model_names
-    from .models.device_map import DEVICE_MAPS
+    from .models.device_map import DEVICE_MAPS, check_placement
     from .models.devices import check_device
+    from .models.icl_settings import check_task as check_icl_task
+    from .models.icl_settings import parse_outlier
     from .models.options import check_dtype
     from .models.references import check_icl_model, check_same_kind, local_model_path
     from .models.references import check_reference as check_model_reference
     from .models.references import fetch_reference as fetch_model_reference
     from .quality.harness import parse_tasks as parse_lm_eval_tasks
     from .quality.harness import require_harness as require_lm_eval
-    from .quality.inputs import read_text_file
+    from .quality.inputs import read_report_files, read_text_file
     from .report.figure_files import check_figure_folder
     from .report.replaceable import check_replaceable as check_replaceable_file
     from .report.summary import pick_heatmap
     from .train import DATA_FORMS, MIN_VOCAB, require_text_data
+    from .train import check_data as check_training_data
     from .train import require_data as require_training_data
     from .train.folders import training_folder
     from .train.recipe_config import reusable_control
+    from .train.settings import check_arch as check_scratch_arch
 
 
 def __getattr__(name: str):
@@ -130,16 +143,21 @@ __all__ = [
     "check_dtype",
     "check_figure_folder",
     "check_icl_model",
+    "check_icl_task",
     "check_model_out",
     "check_model_reference",
+    "check_placement",
     "parse_heads",
     "check_replaceable_file",
+    "check_scratch_arch",
+    "check_training_data",
     "check_same_kind",
     "fetch_model_reference",
     "local_model_path",
     "parse_lm_eval_tasks",
     "parse_outlier",
     "pick_heatmap",
+    "read_report_files",
     "read_saved_result",
     "read_text_file",
     "require_frame_format",

@@ -16,8 +16,6 @@ the baseline, the diagnose of the levels the requirements name, the report and i
 
 from __future__ import annotations
 
-import json
-import math
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from ..documents import CHECK_SCHEMA as SCHEMA
 from ..errors import InputError, UsageError
 from ..models.identity import difference
 from . import JUNIT_SUITE
+from .baseline import check_regression_gate, read_baseline
 from .expressions import Outcome, Requirement, parse_requirement, required_probes
 
 SCHEMA_VERSION = 1
@@ -38,17 +37,7 @@ SETTINGS_COMPARED = ("seed", "samples", "length", "tau", "top_k", "inputs")
 
 def load_baseline(path: str | Path) -> DiagnoseResult:
     """A ``diagnose --json`` result, or a ``check --json`` file (its embedded result)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"baseline '{path}' does not exist; write one with `ssacli check --json`") from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"cannot read baseline '{path}' ({err}); give a --json output") from None
-    if isinstance(data, dict) and data.get("schema") == SCHEMA:
-        data = data.get("result")
-    if not isinstance(data, dict):
-        raise InputError(f"baseline '{path}' is not an ssacli diagnose or check result")
+    data = read_baseline(path)
     try:
         return DiagnoseResult.from_dict(data)
     except (KeyError, TypeError, ValueError) as err:
@@ -137,10 +126,7 @@ def run_check(
         raise UsageError(
             "no requirements: pass --require EXPR or list them in ssacli.toml (ssacli check --init)"
         )
-    if max_regression is not None and (not math.isfinite(max_regression) or max_regression < 0):
-        raise UsageError(f"max-regression must be a finite number >= 0, got {max_regression}")
-    if max_regression is not None and baseline is None:
-        raise UsageError("--max-regression needs a --baseline to compare with")
+    check_regression_gate(max_regression, baseline)
     base = load_baseline(baseline) if isinstance(baseline, str | Path) else baseline
     result = diagnose(model, required_probes(reqs), **diagnose_options)
     outcomes = [r.evaluate(result, base, max_regression) for r in reqs]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..defaults import DEFAULT_MODEL
 from ..errors import UsageError
+from .baseline import check_regression_gate, read_baseline
 from .config import CONFIG_FILE, load_config, same_model
 from .expressions import Requirement, parse_requirement
 
@@ -45,7 +46,8 @@ def check_settings(
 ) -> CheckSettings:
     """The settings of ``ssacli check``: those given (not None, not False) over the ``[check]`` table
     of ``config`` (None: ./ssacli.toml when it exists), over the defaults. Requirements are parsed
-    here, so a bad one fails before any model loads; none at all is a UsageError. So is a
+    here, so a bad one fails before any model loads; none at all is a UsageError, as are a
+    ``max_regression`` the gate cannot apply and a baseline that is not a result. So is a
     ./ssacli.toml found implicitly whose ``model`` is another model than ``model``: its thresholds,
     baseline and probe settings were measured on that model (``config=`` applies them anyway; even
     ``requires`` does not, since the file's baseline and settings would still apply)."""
@@ -75,4 +77,8 @@ def check_settings(
     for key in ("tau", "max_regression"):
         if key in settings:
             settings[key] = float(settings[key])
+    baseline = settings.get("baseline")
+    check_regression_gate(settings.get("max_regression"), baseline)
+    if isinstance(baseline, str | Path):
+        read_baseline(baseline)  # there and a result: before any model loads
     return CheckSettings(chosen, parsed, settings)

@@ -20,7 +20,7 @@ from .. import ConvertSettings, LoadOptions
 from ..defaults import FINETUNE_STEPS, MAX_KL_PER_TOKEN
 from ..errors import UsageError
 from ..files import check_writable_folder
-from ..preflight import require_training_data, training_folder
+from ..preflight import check_placement, check_training_data, require_training_data, training_folder
 from ..setting import setting
 from .declared import Given, command, options
 from .options import DATA_HELP, FinetuneOptions, Model, check_inputs, check_outputs, quiet_training, run_json
@@ -110,6 +110,7 @@ def _finetune_options_apply(run: ConvertOptions, tuning: FinetuneOptions, recipe
         raise UsageError(f"{_flag(next(iter(flags)))} only applies with --finetune")
     if run.finetune and not run.resume:
         require_training_data(tuning.data)  # before the model stack (a resumed run has its own)
+        check_training_data(tuning.data)
     use_recipe = run.finetune and wants_recipe(recipe.stages, run.scorer, tuning.data)
     if (recipe.given() or recipe.control is not None) and not use_recipe:
         name = next(iter(recipe.given()), "control")
@@ -128,13 +129,14 @@ def _flag(name: str) -> str:
 
 def _check_placement(load: LoadOptions, finetune: bool) -> LoadOptions:
     """``load``, whose --device-map and --max-memory place a model for inference: refused with
-    --finetune."""
+    --finetune, and where they cannot place it (before the model stack)."""
     placed = [name for name in ("device_map", "max_memory") if getattr(load, name) is not None]
     if placed and finetune:
         raise UsageError(
             f"{_flag(placed[0])} applies to convert without --finetune (fine-tuning "
             "trains on one device per process; use torchrun or accelerate launch for several)"
         )
+    check_placement(load.device_map, load.max_memory, load.device)
     return load
 
 
@@ -215,11 +217,10 @@ def finetune_command(
 ) -> None:
     r"""Fine-tune a converted folder, or continue a fine-tuning run.
 
-    DIR is never written over unless asked: by default the run writes DIR-ft beside it (or --out).
-    --resume continues the run recorded in --out, or in DIR without --out (options not given are
-    taken from it; a larger --steps extends it). --in-place (or --out DIR) trains DIR itself. The
-    checkpoint with the lowest held-out loss is kept in OUT/best; the last line says if the
-    held-out loss ended worse than it started.
+    DIR is never written over unless asked: by default the run writes DIR-ft beside it (or --out). --resume
+    continues the run recorded in --out, or in DIR without --out (options not given are taken from it; a
+    larger --steps extends it). --in-place (or --out DIR) trains DIR itself. The checkpoint with the lowest
+    held-out loss is kept in OUT/best; the last line says if the held-out loss ended worse than it started.
 
     Examples:
 
@@ -236,9 +237,10 @@ def finetune_command(
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     training_folder(model_dir, run.out, run.resume, run.in_place)  # a DIR that names nothing, at once
     check_inputs(models=[None if run.resume else model_dir], device=given.device)  # resumed: maybe --out's
+    tuning = given.of(FinetuneOptions).given()
+    check_training_data(tuning.get("data", ""))  # an icl:TASK that is none, before the model stack
     from .. import finetune, finetune_config
 
-    tuning = given.of(FinetuneOptions).given()
     config = finetune_config(model_dir, run.out, resume=run.resume, in_place=run.in_place, **tuning)
     with training_display(config.steps, config.log_every, run.quiet) as on_step:
         trained = finetune(

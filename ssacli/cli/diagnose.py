@@ -13,6 +13,7 @@ from rich.table import Table
 from .. import DiagnoseSettings, LoadOptions, defaults, parse_probe
 from ..errors import UsageError
 from ..files import json_text
+from ..preflight import read_saved_result
 from ..setting import setting
 from .declared import Given, command, options
 from .options import (
@@ -125,9 +126,12 @@ def diagnose_command(model_ref: OptionalModel = defaults.DEFAULT_MODEL, *, given
     probes = [parse_probe(p) for p in given.probes] if given.probes else None  # torch-free, like check_inputs
     shown = findings_budget(out.findings)
     other_model = None if out.compare is None or _is_result_file(out.compare) else out.compare
+    if out.compare is not None and other_model is None:
+        read_saved_result(out.compare)  # there, and a result: before any model loads
     scorers, models = [given.scorer], [model_ref, other_model]
     check_inputs(scorers=scorers, models=models, offline=given.offline, revision=given.revision,
-                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
+                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype,
+                 device_map=given.device_map, max_memory=given.max_memory)  # fmt: skip
     heatmap = _heatmap(out.heatmap, probes)
     settings, load = _settings(given, probes), given.of(LoadOptions)
     result = _diagnose(model_ref, settings, load, out.quiet)
@@ -202,8 +206,9 @@ def _compare_target(ref: str, settings, load, quiet: bool):
 
 
 def _is_result_file(ref: str) -> bool:
-    """Whether --compare names a --json result (else it names a MODEL)."""
-    return ref.endswith(".json") and Path(ref).is_file()
+    """Whether --compare names a --json result (else it names a MODEL): a name ending in .json that
+    is no folder, there or not (a Hub id ending in .json would be odd; a missing file is said so)."""
+    return ref.endswith(".json") and not Path(ref).is_dir()
 
 
 def diagnose_columns() -> list:

@@ -13,7 +13,7 @@ from rich.console import Console
 from .. import defaults as D
 from ..errors import UsageError
 from ..files import check_writable_folder, json_text
-from ..preflight import check_icl_model
+from ..preflight import check_icl_model, check_icl_task, parse_outlier
 from ..setting import setting
 from .declared import Given, command
 from .options import (
@@ -80,6 +80,7 @@ def icl_train(*, given: Given) -> None:
     check_writable_folder(run.out, "--out")  # before anything heavy is imported
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     check_inputs(scorers=[run.scorer], device=run.device)
+    check_icl_task(run.task)
     from rich.progress import TextColumn, TimeRemainingColumn
 
     from .. import ICLTrainConfig, train_icl
@@ -133,14 +134,13 @@ def icl_eval(model_ref: str = ICLModel, *, given: Given) -> None:
     check_outputs(("--json", run.json_out), ("--plot", run.plot), overwrite=run.overwrite)  # first
     check_inputs(models=[model_ref], device=run.device)
     check_icl_model(model_ref)  # a language model's folder says so: refused before the model stack
-    from .. import evaluate_icl, icl_evaluation_legend, icl_evaluation_tables
-    from ..preflight import parse_outlier
-
     lengths = tuple(int(v) for v in floats(run.length, "length"))
     try:
         probes = [parse_outlier(v) for v in run.outlier.split(",")] if run.outlier else []
     except ValueError as err:
         raise UsageError(str(err)) from None
+    from .. import evaluate_icl, icl_evaluation_legend, icl_evaluation_tables
+
     result = evaluate_icl(
         model_ref, sigmas=floats(run.sigma, "sigma"), lengths=lengths, outliers=tuple(probes),
         prompts=run.prompts, coef_sigma=run.coef_sigma, seed=run.seed, device=run.device,

@@ -27,7 +27,14 @@ from .. import defaults as D
 from .. import parse_spec
 from ..errors import SsacliError, UsageError
 from ..files import check_writable
-from ..preflight import DATA_FORMS, check_device, check_dtype, check_model_reference, fetch_model_reference
+from ..preflight import (
+    DATA_FORMS,
+    check_device,
+    check_dtype,
+    check_model_reference,
+    check_placement,
+    fetch_model_reference,
+)
 from ..setting import setting
 from .outputs import STDOUT_OPTIONS, is_stdout, stdout_for_data
 
@@ -306,12 +313,14 @@ def check_inputs(
     device: str | None = None,
     allow_pickle: bool = False,
     dtype: str | None = None,
+    device_map: str | None = None,
+    max_memory: Any = None,
 ) -> None:
     """Fail at once, before torch is imported, on a bad scorer spec (exit 2), a ``device`` not there
     (exit 2; torch alone where only torch can tell) and a MODEL that names nothing or whose folder's
     headers are not a model's (exit 4; a builtin:NAME not bundled: exit 2; offline, a Hub id not
     cached: exit 4; pickle-only weights without ``allow_pickle``, the command's --allow-pickle), a
-    ``dtype`` no model loads in (exit 2),
+    ``dtype`` no model loads in, a ``device_map`` and ``max_memory`` that cannot place it (exit 2),
     with the messages building the scorer and loading the model would give (None: not given).
     ``revision`` is the first model's; the others name theirs as org/name@REV. Then a Hub id not in
     the cache is downloaded, its bars on stderr before the command's live display (which would hold
@@ -323,6 +332,7 @@ def check_inputs(
         check_device(device)
     if dtype is not None:
         check_dtype(dtype)
+    check_placement(device_map, max_memory, device or D.DEVICE)
     models = list(models)
     for index, ref in enumerate(models):
         if ref is not None:

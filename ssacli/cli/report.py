@@ -121,13 +121,9 @@ def _check_first(files: PageFiles, given: Given, models: tuple[str | None, ...])
     parse, the models are there (or downloaded now); returns the probes as specs."""
     files.check()
     probes = [str(parse_probe(p)) for p in given.probes] if given.probes else None
-    check_inputs(
-        models=list(models),
-        offline=given.offline,
-        device=given.device,
-        allow_pickle=given.allow_pickle,
-        dtype=given.dtype,
-    )
+    check_inputs(models=list(models), offline=given.offline, device=given.device,
+                 allow_pickle=given.allow_pickle, dtype=given.dtype, device_map=given.device_map,
+                 max_memory=given.max_memory)  # fmt: skip
     check_same_kind(models)  # where the folders' configs say: a causal LM against an encoder
     return probes
 
@@ -136,7 +132,7 @@ def _settings(given: Given, probes: list[str] | None, no_builtin: bool) -> Repor
     """The ReportSettings of the options, each checked before a model loads: --sigma and --outlier
     are comma-separated, --pairs-limit 0 is all, the --lm-eval options one plan (the paths stay
     paths: compare_models reads them, before a model loads, and names them in the report)."""
-    from ..preflight import parse_outlier
+    from ..preflight import parse_outlier, read_report_files
 
     sigma, outlier = given.sigmas, given.outliers
     sigmas = floats(sigma, "sigma")
@@ -156,10 +152,13 @@ def _settings(given: Given, probes: list[str] | None, no_builtin: bool) -> Repor
         plan = given.of(LMEvalPlan, tasks=tasks, include_path=include, batch_size=given.batch_size)
     elif given.num_fewshot is not None or given.limit is not None or given.include_path is not None:
         raise UsageError("--lm-eval-fewshot, --lm-eval-limit and --lm-eval-include need --lm-eval TASKS")
-    return given.of(
+    settings = given.of(
         ReportSettings, pairs_limit=given.pairs_limit or None, probes=probes, sigmas=sigmas,
         outliers=outliers, builtin=not no_builtin, lm_eval_plan=plan,
     )  # fmt: skip
+    read_report_files(settings.text_id, settings.text_ood, settings.pairs, settings.pairs_limit,
+                      heldout_of=settings.heldout_of)  # fmt: skip  # read again where they are measured
+    return settings
 
 
 def _write(data: dict, out: ReportOptions, files: PageFiles) -> None:

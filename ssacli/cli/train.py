@@ -17,7 +17,7 @@ from rich.console import Console
 from .. import LoadOptions, ScratchSettings
 from .. import defaults as D
 from ..files import check_writable_folder
-from ..preflight import require_text_data
+from ..preflight import check_scratch_arch, require_text_data
 from ..setting import setting
 from .declared import Given, command, options
 from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, check_inputs, check_outputs, run_json
@@ -85,9 +85,11 @@ def train_command(*, given: Given) -> None:
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     check_inputs(scorers=[given.scorer], device=given.device)
     require_text_data(run.data)  # an ICL task, or a path that names nothing: before the model stack
+    build = given.of(ScratchSettings)
+    check_scratch_arch(build.arch, build.size)
     from .. import FinetuneConfig, train_from_scratch_with
 
-    build, config = given.of(ScratchSettings), FinetuneConfig(**run.loop(), train="all")
+    config = FinetuneConfig(**run.loop(), train="all")
     with training_display(run.steps, config.log_every, run.quiet) as on_step:
         trained = train_from_scratch_with(
             build, config, run.out, resume=run.resume, overwrite=run.overwrite, device=given.device,

@@ -27,6 +27,7 @@ from ..defaults import ICL_COEF_SIGMA, ICL_POINTS, ICL_PROMPTS, SEED
 from ..errors import InputError
 from ..models.checkpoint import ICL_FORMAT, folder_format
 from ..models.icl import ICLModel, load_icl
+from ..models.icl_settings import parse_outlier  # noqa: F401 (importable from here too)
 from ..models.icl_task import CLASSIFICATION, FIRST_SCORED, sample_batch
 from ..models.kinds import kind_from_config, not_icl
 from ..models.loading import resolve_device, resolve_model_path
@@ -53,15 +54,6 @@ class Cell:
     sign_error: float | None = None
     max_abs_prediction: float | None = None
     max_abs_target: float | None = None
-
-
-def parse_outlier(text: str) -> tuple[float, int]:
-    """'1000@3' -> (1000.0, 3); a bare value means position 3."""
-    value, _, position = text.partition("@")
-    try:
-        return float(value), int(position) if position else FIRST_SCORED
-    except ValueError:
-        raise ValueError(f"bad outlier {text!r}; write VALUE@POSITION, e.g. 1000@3") from None
 
 
 @torch.no_grad()

@@ -97,11 +97,16 @@ def _bytes(device: str, size: int | str) -> int:
     return count
 
 
-def placement(device_map: str, max_memory: MaxMemory, device: str) -> dict[str, Any]:
-    """The keywords of ``from_pretrained`` for ``device_map`` (one of :data:`DEVICE_MAPS`) and
-    ``max_memory`` (:func:`parse_max_memory`), checked against the visible GPUs; the offload folder
-    is made later, by :func:`offload_folder`. ``device`` must be "auto": one device and a device
-    map are two answers to one question."""
+def check_placement(device_map: str | None, max_memory: MaxMemory = None, device: str = "auto") -> None:
+    """Refuse, torch-free, what :func:`placement` cannot place: ``max_memory`` without a
+    ``device_map``, a ``device_map`` not in :data:`DEVICE_MAPS`, one beside a ``device`` other than
+    "auto" (one device and a device map are two answers to one question), accelerate not installed.
+    The sizes and GPUs ``max_memory`` names are :func:`placement`'s to check (accelerate reads the
+    sizes, and imports torch). An empty ``max_memory`` is none, as in LoadOptions."""
+    if device_map is None:
+        if max_memory:
+            raise UsageError("--max-memory limits a --device-map placement; give --device-map auto with it")
+        return
     if device_map not in DEVICE_MAPS:
         raise UsageError(f"unknown --device-map '{device_map}'; use {', '.join(DEVICE_MAPS)}")
     if device != "auto":
@@ -109,6 +114,12 @@ def placement(device_map: str, max_memory: MaxMemory, device: str) -> dict[str, 
             f"--device {device} and --device-map {device_map} both say where the model goes; give one"
         )
     check_accelerate()
+
+
+def placement(device_map: str, max_memory: MaxMemory) -> dict[str, Any]:
+    """The keywords of ``from_pretrained`` for ``device_map`` and ``max_memory``
+    (:func:`parse_max_memory`), once :func:`check_placement` passed them, checked against the
+    visible GPUs; the offload folder is made later, by :func:`offload_folder`."""
     memory = parse_max_memory(max_memory)
     import torch
 

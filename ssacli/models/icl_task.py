@@ -24,11 +24,7 @@ from torch.nn import functional as F
 
 from ..defaults import ICL_POINTS
 from ..errors import UsageError
-
-TASKS = ("every", "some", "linear")
-CLASSIFICATION = ("every", "some")
-TOKENS_PER_POINT = 2  # x_i, then y_i
-FIRST_SCORED = 3  # 1-based: points 1 and 2 have too little context to be judged
+from .icl_settings import CLASSIFICATION, FIRST_SCORED, TASKS, TOKENS_PER_POINT, check_task  # noqa: F401 (here too)
 
 
 @dataclass
@@ -92,12 +88,6 @@ def task_loss(task: str, predictions: torch.Tensor, ys: torch.Tensor) -> torch.T
     if task in CLASSIFICATION:
         return F.binary_cross_entropy_with_logits(predictions, (ys > 0).to(predictions.dtype))
     return F.mse_loss(predictions, ys)
-
-
-def check_task(task: str) -> str:
-    if task not in TASKS:
-        raise UsageError(f"unknown task '{task}'; choose one of: {', '.join(TASKS)}")
-    return task
 
 
 def sample_batch(

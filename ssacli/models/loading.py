@@ -28,7 +28,7 @@ from ..errors import InputError, UnsupportedModelError, UsageError
 from ..setting import settings_from
 from .builtins import BUILTIN_DIR, builtin_names  # noqa: F401 (used from here by scripts and tests)
 from .checkpoint import attach_saved_scorer, saved_config
-from .device_map import compute_device, from_pretrained_placed, placement
+from .device_map import check_placement, compute_device, from_pretrained_placed, placement
 from .devices import resolve_device
 from .first_use import attach_pending
 from .hub import HubModel, load_keywords, quiet_progress, resolve
@@ -76,9 +76,8 @@ def load_model(ref: str = DEFAULT_MODEL, **options: Any) -> LoadedModel:
 def load_with(ref: str, options: LoadOptions) -> LoadedModel:
     """:func:`load_model` of ``ref``, its options as one value."""
     device_map, max_memory = options.device_map, options.max_memory
-    if device_map is None and max_memory is not None:
-        raise UsageError("--max-memory limits a --device-map placement; give --device-map auto with it")
-    placed = placement(device_map, max_memory, options.device) if device_map is not None else None
+    check_placement(device_map, max_memory, options.device)
+    placed = placement(device_map, max_memory) if device_map is not None else None
     dev = compute_device(device_map) if placed is not None else resolve_device(options.device)
     torch_dtype = resolve_dtype(options.dtype, dev)
     gguf = gguf_file(ref)

@@ -27,7 +27,7 @@ from ..setting import settings_from
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .decision import conversion_decision, in_domain_key, longer_window
 from .harness import check_harness_kind, check_tasks, paired_rows, run_plan
-from .inputs import read_pairs, read_text_file
+from .inputs import read_report_files
 from .measures import LM_KINDS, icl_error_by_sigma, language_model_loss, minimal_pairs, output_kl
 from .result import QualityReport
 from .reuse import check_reusable, reusable_report, reused_before
@@ -288,19 +288,12 @@ def _read_inputs(
     """The texts and pairs to measure on (files read, every one before a model loads), and the names
     ``settings`` records for them: ``pairs`` (given as a file or folder), then ``text_id``,
     ``text_ood`` (a file's path, ``heldout:DATA``, or None for a text given as a string)."""
-    if heldout_of is not None and text_id is not None:
-        raise UsageError("give either --text-id or --heldout-of, not both")
-    texts, names = {}, {}
-    for key, value, option in (("text_id", text_id, "--text-id"), ("text_ood", text_ood, "--text-ood")):
-        texts[key] = read_text_file(value, option) if isinstance(value, Path) else value
-        names[key] = str(value) if isinstance(value, Path) else None
+    texts, groups, names = read_report_files(text_id, text_ood, pairs, pairs_limit, heldout_of=heldout_of)
     if heldout_of is not None:
         from ..train.data import heldout_text
 
         texts["text_id"], names["text_id"] = heldout_text(heldout_of), f"heldout:{heldout_of}"
-    named = isinstance(pairs, str | Path)
-    groups = read_pairs(pairs, pairs_limit) if named else pairs
-    return texts["text_id"], texts["text_ood"], groups, {**({"pairs": str(pairs)} if named else {}), **names}
+    return texts["text_id"], texts["text_ood"], groups, names
 
 
 def _check_compatible(

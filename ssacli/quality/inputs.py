@@ -3,7 +3,8 @@
 * :func:`read_text_file`: a UTF-8 text with some text in it (``diagnose --text``, ``report
   --text-id`` / ``--text-ood``);
 * :func:`read_pairs`: BLiMP-style minimal pairs (``report --pairs``), one ``.jsonl`` file or a
-  folder of them, every line checked by :func:`check_pair_record`.
+  folder of them, every line checked by :func:`check_pair_record`;
+* :func:`read_report_files`: every file a report measures on, by the two above.
 
 Training data (``--data``) has its own reader, :func:`ssacli.train.data.read_documents`.
 """
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
 
 
 def read_text_file(path: str | Path, option: str = "--text") -> str:
@@ -60,6 +61,26 @@ def read_pairs(source: str | Path, limit: int | None = None) -> dict[str, list[d
     return groups
 
 
+def read_report_files(
+    text_id, text_ood, pairs, pairs_limit: int | None, *, heldout_of=None
+) -> tuple[dict[str, str | None], Any, dict[str, str | None]]:
+    """What a report measures on from the files given, every one read before a model loads (``ssacli
+    report`` reads them before the model stack too): (the texts by key, text_id and text_ood: a
+    file's content, or the string given; the minimal-pair groups: read from a file or folder, or as
+    given; the names recorded for them: ``pairs`` when a file or folder, then ``text_id``,
+    ``text_ood``: a file's path, else None). ``heldout_of`` (a text cut from training data, which the
+    report reads where it is measured) is refused beside ``text_id``."""
+    if heldout_of is not None and text_id is not None:
+        raise UsageError("give either --text-id or --heldout-of, not both")
+    texts, names = {}, {}
+    for key, value, option in (("text_id", text_id, "--text-id"), ("text_ood", text_ood, "--text-ood")):
+        texts[key] = read_text_file(value, option) if isinstance(value, Path) else value
+        names[key] = str(value) if isinstance(value, Path) else None
+    named = isinstance(pairs, str | Path)
+    groups = read_pairs(pairs, pairs_limit) if named else pairs
+    return texts, groups, {**({"pairs": str(pairs)} if named else {}), **names}
+
+
 def check_pair_record(record: Any, where: str) -> None:
     """An InputError, naming ``where``, unless ``record`` has non-empty sentence_good/sentence_bad."""
     if not isinstance(record, dict):
@@ -91,4 +112,4 @@ def _jsonl_records(file: Path) -> Iterable[dict]:
         yield record
 
 
-__all__ = ["check_pair_record", "read_pairs", "read_text_file"]
+__all__ = ["check_pair_record", "read_pairs", "read_report_files", "read_text_file"]

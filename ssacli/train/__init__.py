@@ -1,11 +1,13 @@
 """Training: fine-tuning (finetune.py), fresh models (scratch.py), whole runs as the commands start
 them (runs.py). Nothing heavy is imported here: the CLI reads :data:`DATA_FORMS` for its help and
-checks --data with :func:`require_data` (and a fresh model's text with :func:`require_text_data`)
-before the model stack loads."""
+checks --data with :func:`require_data` and :func:`check_data` (and a fresh model's text with
+:func:`require_text_data`) before the model stack loads."""
 
 from pathlib import Path
 
+from ..defaults import ICL_POINTS
 from ..errors import InputError, UsageError
+from ..models.icl_settings import check_task
 
 DATA_FORMS = "a .txt file, a .jsonl file (field 'text'), a folder of them, or icl:TASK"  # what data= takes
 # The smallest vocabulary of a fresh model's tokenizer (scratch.py): byte-level BPE's 256 bytes and
@@ -36,3 +38,27 @@ def require_text_data(data: str | Path) -> None:
     if str(data).startswith("icl:"):
         raise UsageError(f"--data {data} is for ICL models; a language model trains on text files")
     check_data_path(data)
+
+
+def check_data(spec: str) -> None:
+    """What ``--data`` names, checked before any model loads: an ``icl:TASK[:points=N]`` spec's task
+    and options (the model's own limits are checked when it has loaded,
+    :func:`ssacli.train.data.parse_icl`). A file is read when the model has loaded, which decides
+    first whether it takes text at all."""
+    if spec.startswith("icl:"):
+        icl_data_parts(spec, None)
+
+
+def icl_data_parts(spec: str, max_points: int | None) -> tuple[str, int]:
+    """(task, points) of an ``icl:TASK[:points=N]`` spec, N at most ``max_points`` (None: no bound)."""
+    _, _, rest = spec.partition(":")
+    task, _, options = rest.partition(":")
+    check_task(task)
+    points = ICL_POINTS
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        if key != "points" or not value.isdigit() or not 1 <= int(value) <= (max_points or int(value)):
+            most = f" <= {max_points}" if max_points else ""
+            raise UsageError(f"--data {spec}: the only option is points=N with 1 <= N{most}")
+        points = int(value)
+    return task, points

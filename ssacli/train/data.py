@@ -35,7 +35,7 @@ from ..defaults import ICL_POINTS
 from ..errors import InputError, UsageError
 from ..models.icl_task import task_loss
 from ..models.kinds import ModelKind
-from . import check_data_path
+from . import check_data, check_data_path, icl_data_parts  # noqa: F401 (check_data: here too)
 
 HELDOUT_FRACTION = 0.1
 MASK_PROB = 0.15  # BERT's masking: 15 % of tokens, of which 80 % [MASK], 10 % random, 10 % kept
@@ -170,32 +170,8 @@ class ICLData:
     points: int = ICL_POINTS
 
 
-def check_data(spec: str) -> None:
-    """What ``--data`` names, checked before any model loads: an ``icl:TASK[:points=N]`` spec's task and
-    options (the model's own limits are checked when it has loaded, :func:`parse_icl`). A file is read
-    when the model has loaded, which decides first whether it takes text at all."""
-    if spec.startswith("icl:"):
-        _icl_parts(spec, None)
-
-
-def _icl_parts(spec: str, max_points: int | None) -> tuple[str, int]:
-    from ..models.icl_task import check_task
-
-    _, _, rest = spec.partition(":")
-    task, _, options = rest.partition(":")
-    check_task(task)
-    points = ICL_POINTS
-    for item in filter(None, options.split(",")):
-        key, _, value = item.partition("=")
-        if key != "points" or not value.isdigit() or not 1 <= int(value) <= (max_points or int(value)):
-            most = f" <= {max_points}" if max_points else ""
-            raise UsageError(f"--data {spec}: the only option is points=N with 1 <= N{most}")
-        points = int(value)
-    return task, points
-
-
 def parse_icl(spec: str, model_task: str, max_points: int) -> ICLData:
-    task, points = _icl_parts(spec, max_points)
+    task, points = icl_data_parts(spec, max_points)
     if task != model_task:
         raise UsageError(
             f"--data {spec} does not match the model's task '{model_task}'; fine-tune on icl:{model_task}, "

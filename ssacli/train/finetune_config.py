@@ -35,6 +35,7 @@ from ..defaults import (
 from ..errors import UsageError
 from ..models.optim import check_rates
 from ..scorers.declaration import check_positive  # torch-free: the configs are checked before torch
+from . import check_data
 
 # Settings a resumed run may change; every other one must match the recorded run (they decide what
 # each step draws and computes, so a change would not continue the same run).
@@ -80,8 +81,6 @@ class FinetuneConfig:
         if self.anneal_n is not None:
             check_positive(self.anneal_n, "ssa", "--anneal-n target n")
         check_backend(self.attention)
-        from .data import check_data  # torch: the objectives live there
-
         check_data(self.data)  # an unknown icl:TASK before the model loads, not after a conversion
 
     def warmup_steps(self) -> int:

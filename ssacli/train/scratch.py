@@ -44,9 +44,8 @@ from ..models.guard_type import plain_config_dict
 from ..models.kinds import ModelKind, language_model_kind
 from ..models.loading import LoadedModel
 from . import MIN_VOCAB, require_text_data
+from .settings import ARCHS, SIZES, check_arch
 
-ARCHS = ("gpt2", "llama", "roberta")
-SIZES = ("tiny", "small")
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")  # ids 0..4 in this order
 PAD, BOS, EOS, UNK, MASK = SPECIAL_TOKENS
 
@@ -189,8 +188,7 @@ def _base_config(arch: str | None, size: str) -> tuple[dict[str, Any], str, str]
     if size in SIZES:
         if arch is None:
             raise UsageError(f"--arch is needed with --size {size}: choose from {', '.join(ARCHS)}")
-        if arch not in ARCHS:
-            raise UsageError(f"unknown --arch '{arch}'; choose from {', '.join(ARCHS)}")
+        check_arch(arch, size)
         return {}, arch, "masked" if arch == "roberta" else "causal"
     path = Path(size).expanduser()
     if path.is_dir():

@@ -7,8 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..defaults import SCORER, SCRATCH_SIZE
+from ..errors import UsageError
 from ..setting import setting
 from . import MIN_VOCAB
+
+ARCHS = ("gpt2", "llama", "roberta")  # what a built-in size builds (ssacli/train/scratch.py: SHAPES)
+SIZES = ("tiny", "small")
+
+
+def check_arch(arch: str | None, size: str | None = None) -> None:
+    """A UsageError for an ``arch`` the built-in ``size`` (None: the default) does not build; an
+    arch beside a config.json size is held to its model_type when the model is built."""
+    if arch is not None and (size or SCRATCH_SIZE) in SIZES and arch not in ARCHS:
+        raise UsageError(f"unknown --arch '{arch}'; choose from {', '.join(ARCHS)}")
 
 
 @dataclass(frozen=True)
@@ -38,4 +49,4 @@ class ScratchSettings:
     )
 
 
-__all__ = ["ScratchSettings"]
+__all__ = ["ARCHS", "SIZES", "ScratchSettings", "check_arch"]

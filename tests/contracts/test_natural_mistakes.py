@@ -43,6 +43,8 @@ RECIPE = ["convert", LLAMA, "--scorer", "ssa", "--out", "o", "--finetune", "--da
 CUDA_KNOWN = cuda_known_absent()
 
 CONVERT = ["convert", ICL, "--scorer", "ssa", "--out", "o"]
+REPORT = ["report", LLAMA, "builtin:wikitext-ssa"]
+GATE = ["check", "-r", "collapse_rate@key-scale:8 <= 1"]
 CHECK = EXIT_CHECK_USAGE  # `ssacli check`'s own code for a usage or input error (docs/ci.md)
 
 # case: (argv, exit code, what the one line says)
@@ -88,6 +90,25 @@ CASES = {
         [*RECIPE, "--control", "notcontrol"], EXIT_USAGE, "holds no softmax control"
     ),
     "icl eval of a language model": (["icl", "eval", LLAMA], EXIT_INPUT, "needs an ICL model"),
+    "--device-map sideways": (["diagnose", "--device-map", "sideways"], EXIT_USAGE, "unknown --device-map"),
+    "--max-memory without --device-map": (
+        ["diagnose", "--max-memory", "cpu=1GB"], EXIT_USAGE, "give --device-map auto with it"
+    ),
+    "check: a baseline that does not exist": ([*GATE, "--baseline", "missing.json"], CHECK, "does not exist"),
+    "check: --max-regression -1": ([*GATE, "--max-regression", "-1"], CHECK, "finite number >= 0"),
+    "diagnose --compare a result not there": (
+        ["diagnose", "--compare", "missing.json"], EXIT_INPUT, "'missing.json' does not exist"
+    ),
+    "train --arch nope": (["train", "--arch", "nope", "--data", "notes.txt", "--out", "o"], EXIT_USAGE,
+                          "unknown --arch 'nope'"),
+    "report --sigma -1": ([*REPORT, "--sigma", "-1"], EXIT_USAGE, "--sigma takes positive numbers"),
+    "report --outlier bogus": ([*REPORT, "--outlier", "bogus"], EXIT_USAGE, "bad outlier 'bogus'"),
+    "report --text-id not there": ([*REPORT, "--text-id", "missing.txt"], EXIT_INPUT, "does not exist"),
+    "report --pairs not there": ([*REPORT, "--pairs", "missing.jsonl"], EXIT_INPUT, "does not exist"),
+    "icl train --task nope": (["icl", "train", "--task", "nope", "--out", "o"], EXIT_USAGE, "unknown task"),
+    "icl eval --outlier bogus": (["icl", "eval", ICL, "--outlier", "bogus"], EXIT_USAGE, "bad outlier"),
+    "finetune --data icl:nope": (["finetune", ICL, "--out", "o", "--data", "icl:nope"], EXIT_USAGE,
+                                 "unknown task 'nope'"),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
