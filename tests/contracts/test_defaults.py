@@ -96,7 +96,8 @@ def test_the_cli_defaults_are_the_apis():
         (command("icl", "sweep"), vars(SweepPlan), ("steps", "lr", "prompts")),
         (command("train"), vars(FinetuneConfig),
          ("steps", "scorer_lr", "grad_accum", "checkpoint_every", "attention")),
-        (command("train"), signature(ssacli.train_from_scratch), ("scorer", "seed", "device")),
+        (command("train"), field_defaults(ssacli.ScratchSettings, FinetuneConfig), ("scorer", "seed")),
+        (command("train"), signature(ssacli.train_from_scratch), ("device",)),
         (command("convert"), field_defaults(ssacli.ConvertSettings, ssacli.LoadOptions), ("device", "dtype")),
         (command("icl", "eval"), signature(ssacli.evaluate_icl), ("prompts", "seed", "coef_sigma", "device")),
     ]  # fmt: skip
