@@ -21,6 +21,10 @@ def make_inputs(batch, length, device, dtype, grad):
     return q, k, v
 
 
+# every candidate's name, in the tables' order (candidates() below builds them)
+CANDIDATES = ("sdpa", "softmax eager", "ssa eager", "ssa fused", "ssa block loop")
+
+
 def candidates(batch, length, causal, device, dtype, eager_max_gb):
     """name -> (forward fn(q, k, v, params), params) for every candidate that fits."""
     scale = DIM**-0.5

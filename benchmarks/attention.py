@@ -7,6 +7,7 @@ Not part of the test suite; machines here are noisy, so compare the ratios, not 
     python benchmarks/attention.py --profile        # where the fused forward's time goes (T=1024)
     python benchmarks/attention.py --check          # fused vs eager, outputs and gradients
     python benchmarks/attention.py --memory         # only the peak-memory table
+    python benchmarks/attention.py --candidates "ssa fused"   # only SDPA and the named candidates
     python benchmarks/attention.py --blocks         # the block-size sweep behind fused.BLOCK_*
 
 Shapes: B in {1, 8}, H = 8, D = 64, T in {256, 1024, 4096}, causal and not, fp32 (CPU) or bf16
@@ -43,7 +44,7 @@ import platform
 import sys
 
 import torch
-from _attention_cases import DIM, HEADS, candidates, make_inputs, sync
+from _attention_cases import CANDIDATES, DIM, HEADS, candidates, make_inputs, sync
 from _attention_tuning import blocks, profile
 from _common import interleaved_best, measure_peak, run_child
 
@@ -54,8 +55,14 @@ from ssacli.scorers import make_scorer
 GOALS = {"cpu": {"fwd": 1.3, "fwd+bwd": 1.8}, "cuda": {"fwd": 1.3, "fwd+bwd": 1.5}}
 
 
+def chosen(found: dict, args) -> dict:
+    """The candidates --candidates names (SDPA, the base of every ratio, always), in their own order."""
+    return {n: fn for n, fn in found.items() if not args.candidates or n == "sdpa" or n in args.candidates}
+
+
 def time_shape(batch, length, causal, args, dtype):
     found, params, skipped = candidates(batch, length, causal, args.device, dtype, args.eager_max_gb)
+    found = chosen(found, args)
     q, k, v = make_inputs(batch, length, args.device, dtype, grad=False)
     qg, kg, vg = make_inputs(batch, length, args.device, dtype, grad=True)
 
@@ -140,9 +147,8 @@ def main_table(args) -> None:
     lengths = args.lengths or ([256, 1024] if args.quick else [256, 1024, 4096])
     print(f"machine: {describe_machine(args.device)}")
     print(f"H={HEADS} D={DIM} {dtype}; best of interleaved rounds; x = time / sdpa time\n")
-    names = ["sdpa", "softmax eager", "ssa eager", "ssa fused"]
-    if args.device == "cpu" and native.one_loop_available():
-        names.append("ssa block loop")
+    one_loop = args.device == "cpu" and native.one_loop_available()  # else no block loop to compare with
+    names = list(chosen(dict.fromkeys(n for n in CANDIDATES if one_loop or n != "ssa block loop"), args))
     header = f"{'B':>2} {'T':>5} {'causal':>6} {'pass':>8} {'sdpa ms':>9} " + " ".join(
         f"{n + ' x':>15}" for n in names[1:]
     )
@@ -160,13 +166,14 @@ def main_table(args) -> None:
                     print(
                         f"{batch:>2} {length:>5} {causal!s:>6} {kind:>8} {base * 1e3:9.2f} " + " ".join(cells)
                     )
-                    summary[(batch, length, causal, kind)] = best["ssa fused"] / base
+                    if "ssa fused" in best:
+                        summary[(batch, length, causal, kind)] = best["ssa fused"] / base
                 for name, why in skipped.items():
                     print(f"{'':>33}{name} skipped: {why}")
                 sys.stdout.flush()
     goals = GOALS[args.device]
-    if 1024 not in lengths:
-        print("\ngoals at T=1024: not measured (T=1024 was not among the lengths)")
+    if 1024 not in lengths or "ssa fused" not in names:
+        print("\ngoals at T=1024: not measured (T=1024 or ssa fused was not among the lengths or candidates)")
         goals = {}
     else:
         print("\ngoals at B=1, T=1024, causal and not (fused SSA / SDPA softmax):")
@@ -254,6 +261,10 @@ def main() -> None:
     parser.add_argument(
         "--lengths", type=lambda text: [int(t) for t in text.split(",")], help="T values, e.g. 64,128"
     )
+    parser.add_argument(
+        "--candidates", type=lambda text: {t.strip() for t in text.split(",")},
+        help="time only these, comma-separated, e.g. 'ssa fused,ssa eager' (sdpa, the base, always runs)",
+    )  # fmt: skip
     parser.add_argument("--eager-max-gb", type=float, default=1.0, help="skip eager above this weight size")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
@@ -264,6 +275,8 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.candidates and args.candidates - set(CANDIDATES):
+        parser.error(f"--candidates: unknown {sorted(args.candidates - set(CANDIDATES))}; one of {CANDIDATES}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     if args.check:
@@ -275,7 +288,7 @@ def main() -> None:
     elif args.blocks:
         blocks(args)
     elif args.memory:
-        memory_section(args, ["sdpa", "softmax eager", "ssa eager", "ssa fused"])
+        memory_section(args, list(chosen(dict.fromkeys(CANDIDATES[:4]), args)))
     else:
         main_table(args)
 

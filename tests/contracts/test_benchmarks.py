@@ -85,8 +85,9 @@ TINY = {
                      "PASS statistics triton       fp32 SSA decode"),
 }  # fmt: skip
 NEEDS = {"triton_ssa": "triton", "triton_stats": "triton"}  # benchmark -> the optional package it needs
-# the spawned run of attention.py at one length: each length's memory children import torch anew
-AS_A_USER = {"attention": ["--quick", "--lengths", "64", "--repeats", "1"]}
+# the spawned run of attention.py at one length and one candidate besides SDPA: each memory child (one
+# per candidate and length) imports torch anew
+AS_A_USER = {"attention": ["--quick", "--lengths", "64", "--repeats", "1", "--candidates", "ssa fused"]}
 
 
 def test_every_benchmark_has_a_tiny_run():
