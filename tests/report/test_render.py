@@ -75,6 +75,11 @@ def saved(tmp_path_factory) -> dict[str, Path | str]:
     code, stdout, stderr = cli([*args, "--json", str(cmp_json), "--html", str(cmp_html)])
     assert code == 0, stderr
     out.update(cmp=cmp_json, cmp_html=cmp_html, cmp_printed=stdout)
+    # one probe, for the tests of what a write may replace: each page it draws costs a third
+    out["small"] = root / "small.json"
+    small = ["--samples", "1", "--length", "8", "--random", "--probe", "outlier:1,10", "-q"]
+    code, _, stderr = cli(["diagnose", str(root / "llama"), *small, "--json", str(out["small"])])
+    assert code == 0, stderr
     return out
 
 
@@ -327,16 +332,16 @@ def test_a_file_ssacli_did_not_write_is_never_replaced(saved, option, tmp_path, 
     suffix = option.lstrip("-")
     theirs = tmp_path / f"notes.{suffix}"
     theirs.write_text("model,probe\nmy own notes\n" if suffix == "csv" else "<html><title>mine</title>")
-    code, _, stderr = run_main(["render", str(saved["llama"]), option, str(theirs)], monkeypatch, capsys)
+    code, _, stderr = run_main(["render", str(saved["small"]), option, str(theirs)], monkeypatch, capsys)
     assert_one_line(stderr, code, EXIT_USAGE, str(theirs), "ssacli wrote", "remove it")
     assert theirs.read_text().endswith(("notes\n", "</title>"))  # untouched
     ours = tmp_path / f"ours.{suffix}"
     for _ in range(2):  # written, then replaced: it is ssacli's own now
         code, _, stderr = run_main(
-            ["render", str(saved["llama"]), "-q", option, str(ours)], monkeypatch, capsys
+            ["render", str(saved["small"]), "-q", option, str(ours)], monkeypatch, capsys
         )
         assert code == 0, stderr
     empty = tmp_path / f"empty.{suffix}"
     empty.touch()  # an empty file holds nothing to lose
-    code, _, stderr = run_main(["render", str(saved["llama"]), "-q", option, str(empty)], monkeypatch, capsys)
+    code, _, stderr = run_main(["render", str(saved["small"]), "-q", option, str(empty)], monkeypatch, capsys)
     assert code == 0 and empty.stat().st_size > 0, stderr
