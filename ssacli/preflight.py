@@ -40,6 +40,9 @@ Inputs and options:
   UsageError), :func:`require_lm_eval`
   and :func:`parse_lm_eval_tasks` (the optional lm-evaluation-harness and its task list);
   :func:`check_attribution_probe` (a probe attribution can patch, and its shifted level),
+  :func:`check_attribution_prompts` (prompts it can patch under that probe),
+  :func:`check_attribution_model` (a MODEL folder of the causal kind, the heads asked for within the
+  layers and heads its config.json declares),
   :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
 * :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data``
   takes), :func:`require_training_data` (a run without it), :func:`check_training_data` (an
@@ -76,6 +79,8 @@ _LAZY = {
     "parse_outlier": "models.icl_settings:parse_outlier",
     "check_icl_task": "models.icl_settings:check_task",
     "check_attribution_probe": "diagnosis.attribution_result:check_probe",
+    "check_attribution_prompts": "diagnosis.attribution_result:check_prompts",
+    "check_attribution_model": "diagnosis.attribution_result:check_model",
     "parse_heads": "diagnosis.attribution_result:parse_heads",
     "pick_heatmap": "report.summary:pick_heatmap",
     "require_lm_eval": "quality.harness:require_harness",
@@ -94,7 +99,9 @@ _LAZY = {
 if TYPE_CHECKING:
     from .check.config import CONFIG_FILE as CHECK_CONFIG_FILE
     from .conversion import check_out as check_model_out
+    from .diagnosis.attribution_result import check_model as check_attribution_model
     from .diagnosis.attribution_result import check_probe as check_attribution_probe
+    from .diagnosis.attribution_result import check_prompts as check_attribution_prompts
     from .diagnosis.attribution_result import parse_heads
     from .diagnosis.frames import require_frame_format
     from .documents import read_saved as read_saved_result
@@ -138,7 +145,9 @@ __all__ = [
     "DEVICE_MAPS",
     "MIN_VOCAB",
     "builtin_model_names",
+    "check_attribution_model",
     "check_attribution_probe",
+    "check_attribution_prompts",
     "check_device",
     "check_dtype",
     "check_figure_folder",
