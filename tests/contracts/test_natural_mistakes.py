@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ssacli.errors import EXIT_CHECK_USAGE, EXIT_INPUT, EXIT_USAGE
+from ssacli.errors import EXIT_CHECK_USAGE, EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE
 from ssacli.models.builtins import BUILTIN_DIR, META_FILE
 from ssacli.models.devices import cuda_known_absent
 from ssacli.models.kinds import ModelKind, different_kinds
@@ -45,6 +45,7 @@ CUDA_KNOWN = cuda_known_absent()
 CONVERT = ["convert", ICL, "--scorer", "ssa", "--out", "o"]
 REPORT = ["report", LLAMA, "builtin:wikitext-ssa"]
 GATE = ["check", "-r", "collapse_rate@key-scale:8 <= 1"]
+PLACED = ["diagnose", "--device-map", "auto", "--max-memory"]
 CHECK = EXIT_CHECK_USAGE  # `ssacli check`'s own code for a usage or input error (docs/ci.md)
 
 # case: (argv, exit code, what the one line says)
@@ -109,6 +110,41 @@ CASES = {
     "icl eval --outlier bogus": (["icl", "eval", ICL, "--outlier", "bogus"], EXIT_USAGE, "bad outlier"),
     "finetune --data icl:nope": (["finetune", ICL, "--out", "o", "--data", "icl:nope"], EXIT_USAGE,
                                  "unknown task 'nope'"),
+    "attribute --heads L99H0 (no such layer)": (
+        ["attribute", LLAMA, "--heads", "L1H0,L99H0"], EXIT_USAGE,
+        f"head L99H0 is not in '{LLAMA}': its config.json declares 4 layers of 4 heads, L0H0 to L3H3",
+    ),
+    "attribute --heads L0H9 (no such head)": (["attribute", "llama", "--heads", "L0H9"], EXIT_USAGE,
+                                              "head L0H9 is not in 'llama'"),
+    "attribute --k above the model's heads": (["attribute", LLAMA, "--k", "17"], EXIT_USAGE,
+                                              "k must be at most the model's 16 heads, got 17"),
+    "attribute of an ICL model": (["attribute", ICL], EXIT_UNSUPPORTED, "causal LMs only, not icl models"),
+    "attribute of a BERT": (["attribute", "bert"], EXIT_UNSUPPORTED, "causal LMs only, not masked models"),
+    "attribute under length with --random": (
+        ["attribute", LLAMA, "--probe", "length:1,2", "--random"], EXIT_USAGE, "'length' needs text"
+    ),
+    "check --device-map sideways": ([*GATE, "--device-map", "sideways"], CHECK, "unknown --device-map"),
+    "check: --max-memory without --device-map": (
+        [*GATE, "--max-memory", "cpu=1GB"], CHECK, "give --device-map auto with it"
+    ),
+    "check: a toml's device that is none": (["check", "--config", "tpu.toml"], CHECK, "unknown device 'tpu'"),
+    "check: a toml's model that is not there": (
+        ["check", "--config", "nope.toml"], CHECK, "model path './nope' does not exist"
+    ),
+    "check: a toml's scorer that is none": (["check", "--config", "scorer.toml"], CHECK, "unknown scorer"),
+    "check: a toml's max_memory that is no DEVICE=SIZE": (
+        ["check", "--config", "memory.toml"], CHECK, "--max-memory takes DEVICE=SIZE"
+    ),
+    "--max-memory 0:abc": ([*PLACED, "0:abc"], EXIT_USAGE, "--max-memory takes DEVICE=SIZE"),
+    "--max-memory of one device twice": ([*PLACED, "cpu=1GB,cpu=2GB"], EXIT_USAGE, "gives cpu twice"),
+    "--max-memory of a device that is none": ([*PLACED, "tpu=1GB"], EXIT_USAGE, "unknown device 'tpu'"),
+    "--max-memory cpu=0": ([*PLACED, "cpu=0"], EXIT_USAGE, "the size must be more than 0 bytes"),
+    "--max-memory of a GPU under --device-map cpu": (
+        ["diagnose", "--device-map", "cpu", "--max-memory", "0=1GB"], EXIT_USAGE, "--device-map cpu uses none"
+    ),
+    **({"--max-memory of a GPU where there is none": (
+        [*PLACED, "0=1GB"], EXIT_USAGE, "0 CUDA device(s) visible; give only cpu=SIZE"
+    )} if CUDA_KNOWN else {}),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
@@ -142,6 +178,11 @@ def _model_folders(root: Path) -> None:
     shutil.copy(BUILTIN_DIR / "wikitext-ssa" / META_FILE, root / "notcontrol")
     (root / "report.json").write_text(json.dumps({"schema": "ssacli-report", "schema_version": 1}))
     (root / "bad.toml").write_text("[check\nrequires = [")
+    gate = '[check]\nrequires = ["collapse_rate@key-scale:8 <= 1"]\n'
+    for name, line in {"tpu": 'device = "tpu"', "nope": 'model = "./nope"', "scorer": 'scorer = "nosuch"',
+                       "memory": 'device_map = "auto"\nmax_memory = "0:abc"'}.items():  # fmt: skip
+        (root / f"{name}.toml").write_text(gate + line + "\n")
+    shutil.copytree(llama, root / "llama")  # a local folder of the bundled Llama's (4 layers of 4 heads)
 
 
 @pytest.fixture(scope="module")
