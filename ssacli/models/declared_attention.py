@@ -24,13 +24,12 @@ of the installed transformers builds.
 from __future__ import annotations
 
 import ast
-import json
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from .guard_type import plain_config_dict
-from .kinds import transformers_source
+from .kinds import config_json, transformers_source
 
 LAYERS, HEADS = "num_hidden_layers", "num_attention_heads"  # transformers' standard names
 # the classes a family's config may derive from and still hold all of its attribute_map itself
@@ -40,11 +39,8 @@ _ROOT_CONFIGS = {"PreTrainedConfig", "PretrainedConfig", "BackboneConfigMixin"}
 def declared_attention(path: str | Path) -> tuple[int, int] | None:
     """(layers, heads per layer) that the config.json of folder ``path`` declares: bounds of the
     attention loading finds; None where the config cannot tell (module docstring)."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config = config_json(path)
+    if config is None:
         return None
     config = plain_config_dict(config)  # a folder ssacli guarded: its original family
     if config.get("is_encoder_decoder") or config.get("add_cross_attention") or "auto_map" in config:

@@ -154,11 +154,8 @@ def declared_kind(path: Path) -> ModelKind | None:
 
     if folder_format(path) == ICL_FORMAT:
         return ModelKind.ICL
-    try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config = config_json(path)
+    if config is None:
         return None
     if config.get("is_encoder_decoder"):
         return ModelKind.SEQ2SEQ
@@ -169,6 +166,16 @@ def declared_kind(path: Path) -> ModelKind | None:
     if any(n.endswith(_MASKED_SUFFIX) for n in names):
         return ModelKind.MASKED
     return declared_family_kind(config.get("model_type"))
+
+
+def config_json(path: str | Path) -> dict[str, Any] | None:
+    """A folder's config.json as the JSON object it holds, or None where it is missing, unreadable
+    or not an object (never raises: for the checks that read a folder's headers)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 # the auto mappings that decide a family's kind when its architecture does not (is_causal_family)
