@@ -7,6 +7,8 @@
   not be written: an existing folder is replaced only when asked, and only if ssacli wrote it or it
   is empty (:func:`ssacli.models.checkpoint.check_replaceable`). Temporary folders that a run killed
   mid-checkpoint left beside it are removed first.
+* :func:`check_new_run`: a fresh model's or ICL model's ``--out`` (``ssacli train``, ``ssacli icl
+  train``) that holds a run already, refused without --resume or --overwrite, torch-free.
 """
 
 from __future__ import annotations
@@ -81,3 +83,26 @@ def plan_output(out: Path, source: Path | None, resume: bool, overwrite: bool, i
     if resume:
         raise UsageError(f"--out {out} holds no fine-tuning run to resume; pass --overwrite to replace it")
     raise UsageError(f"--out {out} already exists; pass --resume to continue the run in it or --overwrite")
+
+
+def check_new_run(out: str | Path, resume: bool, overwrite: bool, *, icl: bool = False) -> None:
+    """Refuse, before the model stack, a fresh run (``resume`` False) into an ``out`` that exists
+    (``ssacli train``; ``icl``: one that holds a checkpoint, ``ssacli icl train``) without
+    ``overwrite``, and ``resume`` with ``overwrite``; whether a resumed run is there, and whether a
+    folder may be replaced, is checked where the run starts."""
+    out = Path(out)
+    if icl:
+        from ..models.builtins import META_FILE
+
+        if (out / META_FILE).is_file() and not (resume or overwrite):
+            raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
+        return
+    if resume and overwrite:
+        raise UsageError("--resume continues the run in --out and --overwrite replaces it; give one of them")
+    if not resume and out.exists() and not overwrite:
+        raise run_exists(out, "pass --resume to continue it")
+
+
+def run_exists(out: Path, hint: str) -> UsageError:
+    """A fresh model's ``--out`` that exists (``hint``: what to pass instead)."""
+    return UsageError(f"--out {out} already exists ({hint}); pass --overwrite to replace it")

@@ -46,6 +46,7 @@ CONVERT = ["convert", ICL, "--scorer", "ssa", "--out", "o"]
 REPORT = ["report", LLAMA, "builtin:wikitext-ssa"]
 GATE = ["check", "-r", "collapse_rate@key-scale:8 <= 1"]
 PLACED = ["diagnose", "--device-map", "auto", "--max-memory"]
+ICL_TRAIN = ["icl", "train", "--task", "every", "--out"]
 CHECK = EXIT_CHECK_USAGE  # `ssacli check`'s own code for a usage or input error (docs/ci.md)
 
 # case: (argv, exit code, what the one line says)
@@ -142,6 +143,34 @@ CASES = {
     "--max-memory of a GPU under --device-map cpu": (
         ["diagnose", "--device-map", "cpu", "--max-memory", "0=1GB"], EXIT_USAGE, "--device-map cpu uses none"
     ),
+    "finetune a language model on an ICL task": (
+        ["finetune", LLAMA, "--out", "o", "--data", "icl:every"], EXIT_USAGE,
+        "--data icl:every is for ssacli's ICL models; give text for a causal model",
+    ),
+    "finetune an ICL model on text": (["finetune", ICL, "--out", "o", "--data", "notes.txt"], EXIT_USAGE,
+                                      "ICL models train on synthetic prompts: --data icl:every"),
+    "convert --finetune of a language model on an ICL task": (
+        [*CONVERT[:1], LLAMA, *CONVERT[2:], "--finetune", "--data", "icl:every"], EXIT_USAGE,
+        "is for ssacli's ICL models"
+    ),
+    "convert: the recipe for a BERT": (
+        ["convert", "bert", "--scorer", "ssa", "--out", "o", "--finetune", "--data", "notes.txt"], EXIT_USAGE,
+        "the conversion recipe distils causal LMs; 'bert' is a masked model",
+    ),
+    "icl eval --sigma abc": (["icl", "eval", ICL, "--sigma", "abc"], EXIT_USAGE, "--sigma takes comma"),
+    "icl train --preset nope": ([*ICL_TRAIN, "o", "--preset", "nope"], EXIT_USAGE, "unknown preset 'nope'"),
+    "icl train --arch nope": ([*ICL_TRAIN, "o", "--arch", "nope"], EXIT_USAGE, "unknown ICL arch 'nope'"),
+    "icl train into a checkpoint": ([*ICL_TRAIN, "icl"], EXIT_USAGE, "holds a checkpoint; pass --resume"),
+    "train without --arch": (["train", "--data", "notes.txt", "--out", "o"], EXIT_USAGE,
+                             "--arch is needed with --size tiny"),
+    "train --size nope": (["train", "--arch", "gpt2", "--data", "notes.txt", "--out", "o", "--size", "nope"],
+                          EXIT_USAGE, "--size 'nope' is neither tiny nor small nor a config.json file"),
+    "train into a folder that exists": (["train", "--arch", "gpt2", "--data", "notes.txt", "--out", "bert"],
+                                        EXIT_USAGE, "--out bert already exists (pass --resume"),
+    "report of ICL models on a text": ([*REPORT[:1], ICL, "builtin:every-ssa", "--text-id", "notes.txt"],
+                                       EXIT_USAGE, "--text-id/--text-ood needs causal or masked language"),
+    "report --reuse-before not there": ([*REPORT, "--reuse-before", "missing.json"], EXIT_USAGE,
+                                        "--reuse-before missing.json: not a readable JSON report"),
     **({"--max-memory of a GPU where there is none": (
         [*PLACED, "0=1GB"], EXIT_USAGE, "0 CUDA device(s) visible; give only cpu=SIZE"
     )} if CUDA_KNOWN else {}),
@@ -183,6 +212,7 @@ def _model_folders(root: Path) -> None:
                        "memory": 'device_map = "auto"\nmax_memory = "0:abc"'}.items():  # fmt: skip
         (root / f"{name}.toml").write_text(gate + line + "\n")
     shutil.copytree(llama, root / "llama")  # a local folder of the bundled Llama's (4 layers of 4 heads)
+    shutil.copytree(BUILTIN_DIR / "every-softmax", root / "icl")  # an ICL checkpoint
 
 
 @pytest.fixture(scope="module")
