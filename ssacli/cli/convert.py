@@ -24,7 +24,6 @@ from ..preflight import (
     check_data_fits,
     check_placement,
     check_recipe_model,
-    check_training_data,
     require_training_data,
     training_folder,
 )
@@ -120,8 +119,7 @@ def _finetune_options_apply(
         raise UsageError(f"{_flag(next(iter(flags)))} only applies with --finetune")
     if run.finetune and not run.resume:
         require_training_data(tuning.data)  # before the model stack (a resumed run has its own)
-        check_training_data(tuning.data)
-        check_data_fits(tuning.data, model_ref)
+        check_data_fits(tuning.data, model_ref)  # a task that is none, text for an ICL model, …
     use_recipe = run.finetune and wants_recipe(recipe.stages, run.scorer, tuning.data)
     if use_recipe:
         check_recipe_model(model_ref)
@@ -251,8 +249,7 @@ def finetune_command(
     training_folder(model_dir, run.out, run.resume, run.in_place)  # a DIR that names nothing, at once
     check_inputs(models=[None if run.resume else model_dir], device=given.device)  # resumed: maybe --out's
     tuning = given.of(FinetuneOptions).given()
-    check_training_data(tuning.get("data", ""))  # an icl:TASK that is none, before the model stack
-    check_data_fits(tuning.get("data", ""), model_dir)  # text for an ICL model, a task for an LM
+    check_data_fits(tuning.get("data", ""), model_dir)  # a task that is none, text for an ICL model, …
     from .. import finetune, finetune_config
 
     config = finetune_config(model_dir, run.out, resume=run.resume, in_place=run.in_place, **tuning)

@@ -50,16 +50,18 @@ def check_data(spec: str) -> None:
 
 
 def check_data_fits(spec: str, model: str) -> None:
-    """Refuse, before the model stack, ``--data`` (``spec``; empty: not given) of the wrong form for
-    the kind a local ``model`` folder declares (:func:`~ssacli.models.kinds.declared_kind`): text
-    for an ICL model, an ``icl:TASK`` for a language model, with the lines loading ends in
-    (:func:`ssacli.train.data.make_objective`); a kind only loading tells is left to it."""
+    """Refuse, before the model stack, ``--data`` (``spec``; empty: not given) that names no task
+    (:func:`check_data`) or is of the wrong form for the kind a local ``model`` folder declares
+    (:func:`~ssacli.models.kinds.declared_kind`): text for an ICL model, an ``icl:TASK`` for a
+    language model, with the lines loading ends in (:func:`ssacli.train.data.make_objective`); a
+    kind only loading tells is left to it."""
     from ..models.builtins import ICL_FORMAT, read_meta
     from ..models.kinds import ModelKind, declared_kind
     from ..models.references import local_model_path
 
     path = local_model_path(model)
     kind = declared_kind(path) if path is not None and path.is_dir() else None
+    check_data(spec)
     if not spec:  # not given: the run's own, or refused as missing
         return
     icl_data = spec.startswith("icl:")
