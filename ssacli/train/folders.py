@@ -87,13 +87,14 @@ def plan_output(out: Path, source: Path | None, resume: bool, overwrite: bool, i
 
 def check_new_run(out: str | Path, resume: bool, overwrite: bool, *, icl: bool = False) -> None:
     """Refuse, before the model stack, a fresh run (``resume`` False) into an ``out`` that exists
-    (``ssacli train``; ``icl``: one that holds a checkpoint, ``ssacli icl train``) without
-    ``overwrite``, and ``resume`` with ``overwrite``; whether a resumed run is there, and whether a
-    folder may be replaced, is checked where the run starts."""
+    without ``overwrite`` (``ssacli train``; ``icl``, ``ssacli icl train``: one that holds a
+    checkpoint, and one that holds files ssacli did not write even with ``overwrite``), and
+    ``resume`` with ``overwrite``; whether a resumed run is there is checked where it starts."""
     out = Path(out)
     if icl:
-        from ..models.builtins import META_FILE
+        from ..models.builtins import META_FILE, check_replaceable
 
+        check_replaceable(out)  # a folder ssacli did not write is never replaced, --overwrite or not
         if (out / META_FILE).is_file() and not (resume or overwrite):
             raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
         return

@@ -161,6 +161,8 @@ CASES = {
     "icl train --preset nope": ([*ICL_TRAIN, "o", "--preset", "nope"], EXIT_USAGE, "unknown preset 'nope'"),
     "icl train --arch nope": ([*ICL_TRAIN, "o", "--arch", "nope"], EXIT_USAGE, "unknown ICL arch 'nope'"),
     "icl train into a checkpoint": ([*ICL_TRAIN, "icl"], EXIT_USAGE, "holds a checkpoint; pass --resume"),
+    "icl train into a folder of someone else's": ([*ICL_TRAIN, "bert"], EXIT_USAGE,
+                                                  "--out bert holds files ssacli did not write"),
     "train without --arch": (["train", "--data", "notes.txt", "--out", "o"], EXIT_USAGE,
                              "--arch is needed with --size tiny"),
     "train --size nope": (["train", "--arch", "gpt2", "--data", "notes.txt", "--out", "o", "--size", "nope"],
