@@ -276,7 +276,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.candidates and args.candidates - set(CANDIDATES):
-        parser.error(f"--candidates: unknown {sorted(args.candidates - set(CANDIDATES))}; one of {CANDIDATES}")
+        unknown = sorted(args.candidates - set(CANDIDATES))
+        parser.error(f"--candidates: unknown {unknown}; one of {CANDIDATES}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     if args.check:

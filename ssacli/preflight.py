@@ -21,8 +21,10 @@ MODEL references and model folders:
   over someone else's folder, or where nothing can be written), :func:`reusable_control` (a finished
   softmax control in a folder that a recipe run can read instead of training it again),
   :func:`training_folder` (where a fine-tuning run writes: refuses a DIR that names nothing without
-  ``--out``, and ``--in-place`` with another ``--out``), :func:`check_scratch_arch` (``train
-  --arch``: one a built-in size builds);
+  ``--out``, and ``--in-place`` with another ``--out``), :func:`check_new_run` (a fresh model's
+  ``--out`` that holds a run already), :func:`check_scratch_arch` (``train
+  --arch``: one a built-in size builds), :func:`read_scratch_size` (``train --size``: a built-in
+  size with an arch, or a config.json);
 
 Outputs:
 
@@ -33,17 +35,25 @@ Outputs:
 Inputs and options:
 
 * :func:`read_text_file` (a UTF-8 text with some text in it), :func:`read_report_files` (the
-  texts and minimal pairs a report measures on), :func:`read_saved_result` (a saved
+  texts and minimal pairs a report measures on), :func:`check_language_models` (texts and pairs
+  only for models whose folders do not declare another kind), :func:`read_earlier_report` (an
+  earlier report's JSON document, ``--reuse-before``), :func:`read_saved_result` (a saved
   diagnose result or comparison as its JSON document: ``ssacli render``'s RESULT),
   :func:`parse_outlier` (an ICL outlier ``SIGMA@POSITION``), :func:`check_icl_task` (an ICL
-  task's name), :func:`pick_heatmap` (the probe a heatmap ``METRIC[@PROBE]`` is drawn from, or a
+  task's name), :func:`check_icl_arch` and :func:`check_icl_preset` (a new ICL model's backbone and
+  size preset), :func:`pick_heatmap` (the probe a heatmap ``METRIC[@PROBE]`` is drawn from, or a
   UsageError), :func:`require_lm_eval`
   and :func:`parse_lm_eval_tasks` (the optional lm-evaluation-harness and its task list);
   :func:`check_attribution_probe` (a probe attribution can patch, and its shifted level),
+  :func:`check_attribution_prompts` (prompts it can patch under that probe),
+  :func:`check_attribution_model` (a MODEL folder of the causal kind, the heads asked for within the
+  layers and heads its config.json declares),
   :func:`parse_heads` (``L2H1,L3H0`` as (layer, head) pairs);
 * :data:`DEVICE_MAPS` (what ``device_map`` takes), :data:`DATA_FORMS` (what training ``data``
   takes), :func:`require_training_data` (a run without it), :func:`check_training_data` (an
-  ``icl:TASK`` that names a task), :func:`require_text_data` (a fresh
+  ``icl:TASK`` that names a task), :func:`check_data_fits` (``--data`` of the form the model
+  folder's kind trains on), :func:`check_recipe_model` (a model folder the recipe can distil: a
+  causal LM), :func:`require_text_data` (a fresh
   language model's: text that is there), :data:`MIN_VOCAB` (the smallest
   vocabulary a fresh model's tokenizer can have),
   :data:`CHECK_CONFIG_FILE` (what ``check`` reads from the working folder when no config is given).
@@ -72,10 +82,14 @@ _LAZY = {
     "require_frame_format": "diagnosis.frames:require_frame_format",
     "read_text_file": "quality.inputs:read_text_file",
     "read_report_files": "quality.inputs:read_report_files",
+    "check_language_models": "quality.inputs:check_language_models",
+    "read_earlier_report": "quality.result:read_report",
     "read_saved_result": "documents:read_saved",
     "parse_outlier": "models.icl_settings:parse_outlier",
     "check_icl_task": "models.icl_settings:check_task",
     "check_attribution_probe": "diagnosis.attribution_result:check_probe",
+    "check_attribution_prompts": "diagnosis.attribution_result:check_prompts",
+    "check_attribution_model": "diagnosis.attribution_result:check_model",
     "parse_heads": "diagnosis.attribution_result:parse_heads",
     "pick_heatmap": "report.summary:pick_heatmap",
     "require_lm_eval": "quality.harness:require_harness",
@@ -84,9 +98,15 @@ _LAZY = {
     "DATA_FORMS": "train:DATA_FORMS",
     "require_training_data": "train:require_data",
     "check_training_data": "train:check_data",
+    "check_data_fits": "train:check_data_fits",
+    "check_recipe_model": "train.recipe_config:check_recipe_model",
     "require_text_data": "train:require_text_data",
     "training_folder": "train.folders:training_folder",
+    "check_new_run": "train.folders:check_new_run",
+    "check_icl_arch": "models.icl_settings:check_arch",
+    "check_icl_preset": "models.icl_settings:check_preset",
     "check_scratch_arch": "train.settings:check_arch",
+    "read_scratch_size": "train.settings:read_size",
     "MIN_VOCAB": "train:MIN_VOCAB",
     "CHECK_CONFIG_FILE": "check.config:CONFIG_FILE",
 }
@@ -94,13 +114,17 @@ _LAZY = {
 if TYPE_CHECKING:
     from .check.config import CONFIG_FILE as CHECK_CONFIG_FILE
     from .conversion import check_out as check_model_out
+    from .diagnosis.attribution_result import check_model as check_attribution_model
     from .diagnosis.attribution_result import check_probe as check_attribution_probe
+    from .diagnosis.attribution_result import check_prompts as check_attribution_prompts
     from .diagnosis.attribution_result import parse_heads
     from .diagnosis.frames import require_frame_format
     from .documents import read_saved as read_saved_result
     from .models.builtins import builtin_names as builtin_model_names
     from .models.device_map import DEVICE_MAPS, check_placement
     from .models.devices import check_device
+    from .models.icl_settings import check_arch as check_icl_arch
+    from .models.icl_settings import check_preset as check_icl_preset
     from .models.icl_settings import check_task as check_icl_task
     from .models.icl_settings import parse_outlier
     from .models.options import check_dtype
@@ -109,16 +133,18 @@ if TYPE_CHECKING:
     from .models.references import fetch_reference as fetch_model_reference
     from .quality.harness import parse_tasks as parse_lm_eval_tasks
     from .quality.harness import require_harness as require_lm_eval
-    from .quality.inputs import read_report_files, read_text_file
+    from .quality.inputs import check_language_models, read_report_files, read_text_file
+    from .quality.result import read_report as read_earlier_report
     from .report.figure_files import check_figure_folder
     from .report.replaceable import check_replaceable as check_replaceable_file
     from .report.summary import pick_heatmap
-    from .train import DATA_FORMS, MIN_VOCAB, require_text_data
+    from .train import DATA_FORMS, MIN_VOCAB, check_data_fits, require_text_data
     from .train import check_data as check_training_data
     from .train import require_data as require_training_data
-    from .train.folders import training_folder
-    from .train.recipe_config import reusable_control
+    from .train.folders import check_new_run, training_folder
+    from .train.recipe_config import check_recipe_model, reusable_control
     from .train.settings import check_arch as check_scratch_arch
+    from .train.settings import read_size as read_scratch_size
 
 
 def __getattr__(name: str):
@@ -138,7 +164,9 @@ __all__ = [
     "DEVICE_MAPS",
     "MIN_VOCAB",
     "builtin_model_names",
+    "check_attribution_model",
     "check_attribution_probe",
+    "check_attribution_prompts",
     "check_device",
     "check_dtype",
     "check_figure_folder",
@@ -150,7 +178,10 @@ __all__ = [
     "parse_heads",
     "check_replaceable_file",
     "check_scratch_arch",
+    "read_scratch_size",
     "check_training_data",
+    "check_data_fits",
+    "check_recipe_model",
     "check_same_kind",
     "fetch_model_reference",
     "local_model_path",
@@ -158,6 +189,8 @@ __all__ = [
     "parse_outlier",
     "pick_heatmap",
     "read_report_files",
+    "check_language_models",
+    "read_earlier_report",
     "read_saved_result",
     "read_text_file",
     "require_frame_format",
@@ -166,4 +199,7 @@ __all__ = [
     "require_training_data",
     "reusable_control",
     "training_folder",
+    "check_new_run",
+    "check_icl_arch",
+    "check_icl_preset",
 ]

@@ -74,7 +74,13 @@ def attribute_command(model_ref: Model, *, given: Given) -> None:
     """
     out = given.of(AttributeOptions)
     check_outputs(("--json", out.json_out), ("--html", out.html_out), overwrite=out.overwrite)  # first
-    from ..preflight import check_attribution_probe, parse_heads, read_text_file  # torch-free
+    from ..preflight import (  # torch-free
+        check_attribution_model,
+        check_attribution_probe,
+        check_attribution_prompts,
+        parse_heads,
+        read_text_file,
+    )
 
     heads = None if given.heads is None else tuple(parse_heads(given.heads))
     settings = given.of(
@@ -82,8 +88,10 @@ def attribute_command(model_ref: Model, *, given: Given) -> None:
         remedy=_temperatures(given.remedy),
     )  # fmt: skip
     parsed, _ = check_attribution_probe(out.probe, given.level, settings.remedy)  # torch-free: refused here
+    check_attribution_prompts(parsed.kind, False, given.random_ids)
     check_inputs(models=[model_ref], offline=given.offline, revision=given.revision, device=given.device,
                  allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
+    check_attribution_model(model_ref, settings)  # its folder's kind, layers and heads
     text = read_text_file(given.text) if given.text else None  # a missing or empty file: exit 4, torch-free
     inputs = given.of(DiagnoseSettings, text=text, stats="eager")  # imports torch: after every check
     from .. import attribute_with

@@ -139,8 +139,6 @@ check_command.__doc__ = check_command.__doc__.replace("{exit_codes}", check_exit
 def _check(model_ref: str | None, out: CheckOptions, given: Given, load: dict) -> int:
     """Run the check: its settings (flags over the config), then the model, then the outputs."""
     check_outputs(("--junit", out.junit), ("--json", out.json_out), overwrite=out.overwrite)  # before torch
-    check_inputs(scorers=[given.scorer], models=[model_ref], offline=given.offline, revision=given.revision,
-                 device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
     from .. import check_settings
 
     probe = {name: getattr(given, name) for name in PROBE_SETTINGS}
@@ -148,7 +146,14 @@ def _check(model_ref: str | None, out: CheckOptions, given: Given, load: dict) -
         model_ref, config=out.config, requires=out.require, baseline=out.baseline,
         max_regression=out.max_regression, **probe, device=given.device, dtype=given.dtype,
         strict=given.strict, **load,
-    )  # fmt: skip  # requirements parsed: bad ones fail before loading
+    )  # fmt: skip  # torch-free: the requirements parsed, the flags over the config's settings
+    merged = check.options  # what the run will use, wherever it was given: checked before torch
+    check_inputs(
+        scorers=[merged.get("scorer")], models=[check.model], offline=merged.get("offline", False),
+        revision=merged.get("revision"), device=merged.get("device"), dtype=merged.get("dtype"),
+        allow_pickle=merged.get("allow_pickle", False), device_map=merged.get("device_map"),
+        max_memory=merged.get("max_memory"),
+    )  # fmt: skip
     with progress(f"ssacli check {check.model}", quiet=out.quiet) as update:
 
         def on_progress(what: str, done: int, total: int) -> None:
@@ -226,8 +231,9 @@ def _init(model_ref: str | None, out: CheckOptions, given: Given, load: dict) ->
             f"measures MODEL and writes {CHECK_CONFIG_FILE}: drop it, or run the check without --init"
         )
     check_inputs(
-        models=[model_ref], device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype
-    )  # before torch
+        models=[model_ref], device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype,
+        device_map=load["device_map"], max_memory=load["max_memory"],
+    )  # fmt: skip  # before torch
     from .. import ModelKind, write_check_config
 
     measured = given_only(device=given.device, dtype=given.dtype, random_ids=given.random_ids) | load

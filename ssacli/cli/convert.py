@@ -20,7 +20,13 @@ from .. import ConvertSettings, LoadOptions
 from ..defaults import FINETUNE_STEPS, MAX_KL_PER_TOKEN
 from ..errors import UsageError
 from ..files import check_writable_folder
-from ..preflight import check_placement, check_training_data, require_training_data, training_folder
+from ..preflight import (
+    check_data_fits,
+    check_placement,
+    check_recipe_model,
+    require_training_data,
+    training_folder,
+)
 from ..setting import setting
 from .declared import Given, command, options
 from .options import DATA_HELP, FinetuneOptions, Model, check_inputs, check_outputs, quiet_training, run_json
@@ -85,7 +91,7 @@ def convert_command(model_ref: Model, *, given: Given) -> None:
     check_inputs(scorers=[run.scorer], models=[model_ref], offline=given.offline, revision=given.revision,
                  device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype)  # fmt: skip
     tuning, recipe = given.of(FinetuneOptions), given.of(RecipeOptions)
-    use_recipe = _finetune_options_apply(run, tuning, recipe)
+    use_recipe = _finetune_options_apply(run, tuning, recipe, model_ref)
     load = _check_placement(given.of(LoadOptions), run.finetune)
     calibration = _read_text(given.text) if given.text is not None else None  # an unreadable file is exit 4
     fidelity = _Fidelity()
@@ -101,17 +107,22 @@ def convert_command(model_ref: Model, *, given: Given) -> None:
         _convert_and_finetune(model_ref, run, given, calibration, load, fidelity)
 
 
-def _finetune_options_apply(run: ConvertOptions, tuning: FinetuneOptions, recipe: RecipeOptions) -> bool:
-    """Refuse fine-tuning options without --finetune, and recipe options where the recipe does not
-    run; return whether it runs."""
+def _finetune_options_apply(
+    run: ConvertOptions, tuning: FinetuneOptions, recipe: RecipeOptions, model_ref: str
+) -> bool:
+    """Refuse fine-tuning options without --finetune, --data of the wrong form for MODEL's kind,
+    recipe options where the recipe does not run, and the recipe where MODEL declares another kind
+    than a causal LM; return whether it runs."""
     chosen = {"stages": recipe.stages, "resume": run.resume or None, "control": recipe.control}
     flags = {**tuning.given(), **recipe.given(), **{k: v for k, v in chosen.items() if v is not None}}
     if flags and not run.finetune:
         raise UsageError(f"{_flag(next(iter(flags)))} only applies with --finetune")
     if run.finetune and not run.resume:
         require_training_data(tuning.data)  # before the model stack (a resumed run has its own)
-        check_training_data(tuning.data)
+        check_data_fits(tuning.data, model_ref)  # a task that is none, text for an ICL model, …
     use_recipe = run.finetune and wants_recipe(recipe.stages, run.scorer, tuning.data)
+    if use_recipe:
+        check_recipe_model(model_ref)
     if (recipe.given() or recipe.control is not None) and not use_recipe:
         name = next(iter(recipe.given()), "control")
         raise UsageError(
@@ -238,7 +249,7 @@ def finetune_command(
     training_folder(model_dir, run.out, run.resume, run.in_place)  # a DIR that names nothing, at once
     check_inputs(models=[None if run.resume else model_dir], device=given.device)  # resumed: maybe --out's
     tuning = given.of(FinetuneOptions).given()
-    check_training_data(tuning.get("data", ""))  # an icl:TASK that is none, before the model stack
+    check_data_fits(tuning.get("data", ""), model_dir)  # a task that is none, text for an ICL model, …
     from .. import finetune, finetune_config
 
     config = finetune_config(model_dir, run.out, resume=run.resume, in_place=run.in_place, **tuning)

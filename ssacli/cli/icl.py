@@ -13,7 +13,14 @@ from rich.console import Console
 from .. import defaults as D
 from ..errors import UsageError
 from ..files import check_writable_folder, json_text
-from ..preflight import check_icl_model, check_icl_task, parse_outlier
+from ..preflight import (
+    check_icl_arch,
+    check_icl_model,
+    check_icl_preset,
+    check_icl_task,
+    check_new_run,
+    parse_outlier,
+)
 from ..setting import setting
 from .declared import Given, command
 from .options import (
@@ -81,6 +88,9 @@ def icl_train(*, given: Given) -> None:
     check_outputs(("--json", run.json_out), overwrite=run.overwrite)
     check_inputs(scorers=[run.scorer], device=run.device)
     check_icl_task(run.task)
+    check_icl_arch(run.arch)
+    check_icl_preset(run.preset)
+    check_new_run(run.out, run.resume, run.overwrite, icl=True)  # a checkpoint there already
     from rich.progress import TextColumn, TimeRemainingColumn
 
     from .. import ICLTrainConfig, train_icl
@@ -134,7 +144,7 @@ def icl_eval(model_ref: str = ICLModel, *, given: Given) -> None:
     check_outputs(("--json", run.json_out), ("--plot", run.plot), overwrite=run.overwrite)  # first
     check_inputs(models=[model_ref], device=run.device)
     check_icl_model(model_ref)  # a language model's folder says so: refused before the model stack
-    lengths = tuple(int(v) for v in floats(run.length, "length"))
+    sigmas, lengths = floats(run.sigma, "sigma"), tuple(int(v) for v in floats(run.length, "length"))
     try:
         probes = [parse_outlier(v) for v in run.outlier.split(",")] if run.outlier else []
     except ValueError as err:
@@ -142,7 +152,7 @@ def icl_eval(model_ref: str = ICLModel, *, given: Given) -> None:
     from .. import evaluate_icl, icl_evaluation_legend, icl_evaluation_tables
 
     result = evaluate_icl(
-        model_ref, sigmas=floats(run.sigma, "sigma"), lengths=lengths, outliers=tuple(probes),
+        model_ref, sigmas=sigmas, lengths=lengths, outliers=tuple(probes),
         prompts=run.prompts, coef_sigma=run.coef_sigma, seed=run.seed, device=run.device,
     )  # fmt: skip
     model, cells = result.model, result.cells

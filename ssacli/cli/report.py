@@ -104,15 +104,28 @@ def report_command(before: Before, after: After, control: Control = None, *, giv
     out, files = given.of(ReportOptions), given.of(PageFiles)
     probes = _check_first(files, given, (before, after, control))
     settings, load = _settings(given, probes, out.no_builtin), given.of(LoadOptions)
-    _write(_compare((before, after, control), settings, load, out), out, files)
+    earlier = _check_measured((before, after, control), settings, out.reuse_before)
+    _write(_compare((before, after, control), settings, load, out, earlier), out, files)
 
 
-def _compare(models: tuple, settings: ReportSettings, load: LoadOptions, out: ReportOptions) -> dict:
+def _check_measured(models: tuple, settings: ReportSettings, reuse_before: Path | None) -> dict | None:
+    """Before torch: texts and pairs only for models whose folders do not declare another kind than
+    a language model; the earlier report to reuse, read once here (its document, or None)."""
+    from ..preflight import check_language_models, read_earlier_report
+
+    text = any(v is not None for v in (settings.text_id, settings.text_ood, settings.heldout_of))
+    check_language_models(models, text=text, pairs=settings.pairs is not None)
+    return None if reuse_before is None else read_earlier_report(reuse_before)
+
+
+def _compare(
+    models: tuple, settings: ReportSettings, load: LoadOptions, out: ReportOptions, earlier: dict | None
+) -> dict:
     """compare_models_with() under a status line on stderr: the report as its JSON document."""
     from .. import compare_models_with
 
     with progress("ssacli report", quiet=out.quiet) as update:
-        report = compare_models_with(*models, settings, load, progress=update, before_report=out.reuse_before)
+        report = compare_models_with(*models, settings, load, progress=update, before_report=earlier)
     return report.to_dict()  # what is rendered and written: the JSON document
 
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from .. import LoadOptions, ScratchSettings
 from .. import defaults as D
 from ..files import check_writable_folder
-from ..preflight import check_scratch_arch, require_text_data
+from ..preflight import check_new_run, check_scratch_arch, read_scratch_size, require_text_data
 from ..setting import setting
 from .declared import Given, command, options
 from .options import ATTENTION_HELP, SCORER_LR_HELP, WARMUP_RULE, check_inputs, check_outputs, run_json
@@ -87,6 +87,8 @@ def train_command(*, given: Given) -> None:
     require_text_data(run.data)  # an ICL task, or a path that names nothing: before the model stack
     build = given.of(ScratchSettings)
     check_scratch_arch(build.arch, build.size)
+    read_scratch_size(build.arch, build.size or D.SCRATCH_SIZE)  # no --arch for tiny, a size that is none
+    check_new_run(run.out, run.resume, run.overwrite)  # an --out that holds a run already
     from .. import FinetuneConfig, train_from_scratch_with
 
     config = FinetuneConfig(**run.loop(), train="all")

@@ -46,6 +46,8 @@ from .attribution_result import (
     Head,
     SetAttribution,
     check_probe,
+    check_prompts,
+    not_causal,
     unshifted,
 )
 from .forward import forward_batch
@@ -109,15 +111,11 @@ def attribute_with(
         raise UsageError(f"attribution takes its probe as an argument and patches the model as it is: "
                          f"drop {', '.join(diagnose_only)}= from its DiagnoseSettings")  # fmt: skip
     kind = probe.kind
-    if kind.acts_on is ActsOn.INPUT_LENGTH and (inputs.inputs is not None or inputs.random_ids):
-        raise UsageError("attribution under 'length' needs text: its windows are the base prompts only when "
-                         "cut from one text (drop inputs= and random_ids)")  # fmt: skip
+    check_prompts(kind, inputs.inputs is not None, inputs.random_ids)
     base = unshifted(kind)
     loaded = as_loaded(model, tokenizer, load)
     if loaded.kind != ModelKind.CAUSAL:
-        raise UnsupportedModelError(
-            f"attribution measures the next-token loss: causal LMs only, not {loaded.kind.value} models"
-        )
+        raise not_causal(loaded.kind.value)
     root = loaded.attention_root
     if choose_route(root, loaded.family, None) is not Route.SSACLI:
         raise UnsupportedModelError(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, UsageError
+from ..errors import InputError, UnsupportedModelError, UsageError
 from .attribution_settings import AttributionSettings, Head
 from .probe_kinds import ActsOn, Probe, ProbeKind, parse_probe
 
@@ -77,6 +77,50 @@ def check_probe(
     if level not in probe.levels:
         raise UsageError(f"level {level:g} is not among {probe}'s levels; add it to the probe")
     return probe, level
+
+
+def check_prompts(kind: ProbeKind, inputs_given: bool, random_ids: bool) -> None:
+    """Refuse, before any model loads, prompts a probe of ``kind`` cannot patch: ``length``'s long
+    rows are consecutive base prompts only when cut from one text."""
+    if kind.acts_on is ActsOn.INPUT_LENGTH and (inputs_given or random_ids):
+        raise UsageError("attribution under 'length' needs text: its windows are the base prompts only when "
+                         "cut from one text (drop inputs= and random_ids)")  # fmt: skip
+
+
+def not_causal(kind: str) -> UnsupportedModelError:
+    """A model of ``kind`` (a :class:`~ssacli.models.kinds.ModelKind` value) given to attribution."""
+    return UnsupportedModelError(
+        f"attribution measures the next-token loss: causal LMs only, not {kind} models"
+    )
+
+
+def check_model(ref: str, settings: AttributionSettings) -> None:
+    """Refuse, before the model stack loads, what a local MODEL folder's files tell: a kind other
+    than causal (:func:`~ssacli.models.kinds.declared_kind`), a head of ``settings.heads`` beyond the
+    layers or heads its config.json declares, a ``k`` above the heads it declares
+    (:func:`~ssacli.models.declared_attention.declared_attention`: bounds; the exact counts are
+    checked once the model has loaded). A Hub id, or what the files do not tell, is left to loading."""
+    from ..models.declared_attention import declared_attention
+    from ..models.kinds import ModelKind, declared_kind
+    from ..models.references import local_model_path
+
+    path = local_model_path(ref)
+    if path is None or not path.is_dir():
+        return
+    kind = declared_kind(path)
+    if kind not in (None, ModelKind.CAUSAL):
+        raise not_causal(kind.value)
+    declared = declared_attention(path)
+    if declared is None:
+        return
+    layers, heads = declared
+    shape = f"its config.json declares {layers} layers of {heads} heads, L0H0 to L{layers - 1}H{heads - 1}"
+    for layer, head in settings.heads or ():
+        if layer >= layers or head >= heads:
+            raise UsageError(f"head L{layer}H{head} is not in '{ref}': {shape}; give heads in that range, "
+                             "counted from 0")  # fmt: skip
+    if settings.heads is None and settings.k > layers * heads:
+        raise UsageError(f"k must be at most the model's {layers * heads} heads, got {settings.k} ({shape})")
 
 
 def parse_heads(text: str) -> list[Head]:

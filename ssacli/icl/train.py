@@ -32,6 +32,7 @@ from ..errors import UsageError
 from ..files import check_writable_folder, writer_lock
 from ..models.checkpoint import META_FILE, check_replaceable, restore_trainer_state, trainer_state_tensors
 from ..models.icl import ICLModel, ICLSpec, check_arch, load_icl, save_icl
+from ..models.icl_settings import check_preset
 from ..models.icl_task import check_task, sample_batch, task_loss
 from ..models.loading import resolve_device
 from ..models.optim import (
@@ -42,6 +43,7 @@ from ..models.optim import (
     make_optimizer,
 )
 from ..scorers import make_scorer
+from ..train.folders import check_new_run
 from ..train.loop import StepLoop
 
 
@@ -84,15 +86,11 @@ class TrainConfig:
         return min(self.points_end, self.points_start + 2 * (step // self.curriculum_every()))
 
 
-# name -> (layers, heads, width). "cpu" is the size the bundled checkpoints and the study use.
-PRESETS = {"cpu": (3, 4, 32), "small": (4, 4, 64), "paper": (12, 8, 256)}
 
 
 def spec_from_preset(task: str, scorer: str, preset: str = "cpu", arch: str = "gpt2", **overrides) -> ICLSpec:
     """The spec of a new ICL model: a size preset, with explicit sizes (not None) taking precedence."""
-    if preset not in PRESETS:
-        raise UsageError(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
-    layers, heads, width = PRESETS[preset]
+    layers, heads, width = check_preset(preset)
     sizes = {"layers": layers, "heads": heads, "width": width}
     sizes.update({k: v for k, v in overrides.items() if v is not None})
     return ICLSpec(task=check_task(task), scorer=scorer, arch=check_arch(arch), **sizes)
@@ -141,8 +139,7 @@ def _train_into(
 ) -> ICLModel:
     check_replaceable(out)  # a folder ssacli did not write is never replaced, --overwrite or not
     exists = (out / META_FILE).is_file()
-    if exists and not (resume or overwrite):
-        raise UsageError(f"{out} already holds a checkpoint; pass --resume to continue it or --overwrite")
+    check_new_run(out, resume, overwrite, icl=True)
     dev = resolve_device(device)
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed + 1)

@@ -2,7 +2,8 @@
 format: the file that marks an ssacli folder, its formats and versions, and its reader
 (:func:`read_meta`), so that ``--help`` lists the bundled models and a folder's record is checked
 without importing the model stack (ssacli.models.checkpoint owns the rest of the format and re-exports
-these names; ssacli.models.loading resolves ``builtin:NAME``)."""
+these names; ssacli.models.loading resolves ``builtin:NAME``), and what a command may replace: a
+folder ssacli wrote (:func:`is_ssacli_folder`, :func:`check_replaceable`), checked torch-free."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
+from ..files import output_error
 
 META_FILE = "ssacli.json"  # in every folder ssacli writes (ssacli.models.checkpoint reads and writes it)
 ICL_FORMAT = "ssacli-icl"  # the ``format`` in an ICL model's ssacli.json (its kind, read torch-free)
@@ -65,3 +67,28 @@ def check_format_version(meta: dict[str, Any], path: str | Path, format: str) ->
         raise InputError(
             f"{path} was written by a newer ssacli (format {meta['format_version']}); upgrade ssacli"
         )
+
+
+def is_ssacli_folder(path: str | Path) -> bool:
+    """Whether ssacli wrote the folder: its ssacli.json names one of ssacli's formats."""
+    return folder_format(path) in FORMAT_VERSIONS
+
+
+def check_replaceable(out: str | Path, option: str = "--out") -> None:
+    """Refuse (UsageError) to replace ``out`` unless it is missing, empty, or a folder ssacli wrote
+    (:func:`is_ssacli_folder`): anything else may hold the user's files, which a replace would
+    delete. The message names the first few entries and their count; nothing is touched."""
+    out = Path(out)
+    if not out.is_dir() or is_ssacli_folder(out):
+        return
+    try:
+        entries = sorted(entry.name for entry in out.iterdir())
+    except OSError as err:
+        raise output_error(out, err) from err
+    if not entries:
+        return
+    shown = ", ".join(entries[:3]) + (f", … ({len(entries)} entries)" if len(entries) > 3 else "")
+    raise UsageError(
+        f"{option} {out} holds files ssacli did not write ({shown}); ssacli replaces only a folder it "
+        f"wrote or an empty one, so nothing was touched: move those files or choose another {option}"
+    )

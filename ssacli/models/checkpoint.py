@@ -62,7 +62,7 @@ from torch import nn
 
 from ..attention.forward import SCORER_ATTR
 from ..attention.interface import apply_scorer
-from ..errors import InputError, UsageError
+from ..errors import InputError
 from ..files import output_error, replace_folder, warn, writer_gone
 from .builtins import (  # noqa: F401 (the format's torch-free part: its names and ssacli.json's reader, here too)
     FORMAT_VERSIONS,
@@ -70,7 +70,9 @@ from .builtins import (  # noqa: F401 (the format's torch-free part: its names a
     META_FILE,
     MODEL_FORMAT,
     check_format_version,
+    check_replaceable,
     folder_format,
+    is_ssacli_folder,
     read_meta,
 )
 from .device_map import save_options
@@ -98,31 +100,6 @@ TEMP_MARKER = ".ssacli-writing"
 
 
 # ---- ssacli.json -------------------------------------------------------------------------------------
-
-
-def is_ssacli_folder(path: str | Path) -> bool:
-    """Whether ssacli wrote the folder: its ssacli.json names one of ssacli's formats."""
-    return folder_format(path) in FORMAT_VERSIONS
-
-
-def check_replaceable(out: str | Path, option: str = "--out") -> None:
-    """Refuse (UsageError) to replace ``out`` unless it is missing, empty, or a folder ssacli wrote
-    (:func:`is_ssacli_folder`): anything else may hold the user's files, which a replace would
-    delete. The message names the first few entries and their count; nothing is touched."""
-    out = Path(out)
-    if not out.is_dir() or is_ssacli_folder(out):
-        return
-    try:
-        entries = sorted(entry.name for entry in out.iterdir())
-    except OSError as err:
-        raise output_error(out, err) from err
-    if not entries:
-        return
-    shown = ", ".join(entries[:3]) + (f", … ({len(entries)} entries)" if len(entries) > 3 else "")
-    raise UsageError(
-        f"{option} {out} holds files ssacli did not write ({shown}); ssacli replaces only a folder it "
-        f"wrote or an empty one, so nothing was touched: move those files or choose another {option}"
-    )
 
 
 def read_icl_meta(path: str | Path) -> dict[str, Any]:

@@ -44,8 +44,17 @@ def parse_max_memory(value: MaxMemory) -> dict[int | str, int] | None:
     ``DEVICE=SIZE`` (several per string, comma-separated; the option may be repeated), where DEVICE
     is ``cpu``, a GPU index ``N`` or ``cuda:N``. Sizes are read by accelerate
     (``convert_file_size_to_int``: 200MB, 2GiB, …; a lowercase ``b`` means bits)."""
+    limits = memory_limits(value)
+    return {key: _bytes(device, size) for key, (device, size) in limits.items()} if limits else None
+
+
+def memory_limits(value: MaxMemory) -> dict[int | str, tuple[str, int | str]]:
+    """``--max-memory`` in ssacli's own grammar, torch-free: device key (``cpu`` or a GPU index) ->
+    (the device as given, its size unread: accelerate reads sizes, :func:`_bytes`). Refuses an item
+    that is not DEVICE=SIZE, a device that is none of cpu, N, cuda:N, a device given twice, and an
+    integer size (bytes) of 0."""
     if value is None:
-        return None
+        return {}
     if isinstance(value, Mapping):
         items = [(str(k), v) for k, v in value.items()]
     else:
@@ -58,15 +67,17 @@ def parse_max_memory(value: MaxMemory) -> dict[int | str, int] | None:
             if not sep or not device.strip() or not size.strip():
                 raise UsageError(f"--max-memory takes DEVICE=SIZE (e.g. cpu=200MB or 0=10GiB), got {part!r}")
             items.append((device.strip(), size.strip()))
-    if not items:
-        return None
-    memory: dict[int | str, int] = {}
+    limits: dict[int | str, tuple[str, int | str]] = {}
     for device, size in items:
         key = _memory_device(device)
-        if key in memory:
+        if key in limits:
             raise UsageError(f"--max-memory gives {device} twice; give each device once")
-        memory[key] = _bytes(device, size)
-    return memory
+        if isinstance(size, bool):
+            raise UsageError(f"--max-memory {device}: the size must be {_SIZE_HINT}, got {size!r}")
+        if re.fullmatch(r"\d+", str(size).strip()) and int(str(size)) <= 0:
+            raise UsageError(f"--max-memory {device}={size}: the size must be more than 0 bytes")
+        limits[key] = (device, size)
+    return limits
 
 
 def _memory_device(device: str) -> int | str:
@@ -83,10 +94,10 @@ def _memory_device(device: str) -> int | str:
 
 
 def _bytes(device: str, size: int | str) -> int:
+    """A size as accelerate reads it (it imports torch): ssacli's grammar (:func:`memory_limits`)
+    has no rule for the units, so that none can disagree with accelerate's."""
     from accelerate.utils import convert_file_size_to_int
 
-    if isinstance(size, bool):
-        raise UsageError(f"--max-memory {device}: the size must be {_SIZE_HINT}, got {size!r}")
     text = str(size).strip()
     try:
         count = int(text) if re.fullmatch(r"\d+", text) else convert_file_size_to_int(text)
@@ -100,9 +111,11 @@ def _bytes(device: str, size: int | str) -> int:
 def check_placement(device_map: str | None, max_memory: MaxMemory = None, device: str = "auto") -> None:
     """Refuse, torch-free, what :func:`placement` cannot place: ``max_memory`` without a
     ``device_map``, a ``device_map`` not in :data:`DEVICE_MAPS`, one beside a ``device`` other than
-    "auto" (one device and a device map are two answers to one question), accelerate not installed.
-    The sizes and GPUs ``max_memory`` names are :func:`placement`'s to check (accelerate reads the
-    sizes, and imports torch). An empty ``max_memory`` is none, as in LoadOptions."""
+    "auto" (one device and a device map are two answers to one question), accelerate not installed,
+    ``max_memory`` outside ssacli's grammar (:func:`memory_limits`), a GPU it names under
+    ``device_map`` "cpu" or where the machine has none (:func:`~ssacli.models.devices.cuda_known_absent`).
+    The sizes are :func:`placement`'s to read (accelerate reads them, and imports torch), as are the
+    GPUs where only torch can count them. An empty ``max_memory`` is none, as in LoadOptions."""
     if device_map is None:
         if max_memory:
             raise UsageError("--max-memory limits a --device-map placement; give --device-map auto with it")
@@ -113,7 +126,25 @@ def check_placement(device_map: str | None, max_memory: MaxMemory = None, device
         raise UsageError(
             f"--device {device} and --device-map {device_map} both say where the model goes; give one"
         )
+    gpus = [key for key in memory_limits(max_memory) if isinstance(key, int)]
+    if gpus:
+        from .devices import cuda_known_absent
+
+        _check_gpus(gpus, device_map, 0 if cuda_known_absent() else None)
     check_accelerate()
+
+
+def _check_gpus(gpus: Iterable[int], device_map: str, visible: int | None) -> None:
+    """Refuse a GPU index of ``--max-memory`` under ``--device-map cpu``, or beyond the ``visible``
+    CUDA devices (None: not known here)."""
+    for key in gpus:
+        if device_map == "cpu":
+            raise UsageError(f"--max-memory {key}=… names a GPU, but --device-map cpu uses none")
+        if visible is not None and key >= visible:
+            raise UsageError(
+                f"--max-memory {key}=…: {visible} CUDA device(s) visible"
+                + (f"; use 0..{visible - 1} or cpu" if visible else "; give only cpu=SIZE")
+            )
 
 
 def placement(device_map: str, max_memory: MaxMemory) -> dict[str, Any]:
@@ -123,15 +154,7 @@ def placement(device_map: str, max_memory: MaxMemory) -> dict[str, Any]:
     memory = parse_max_memory(max_memory)
     import torch
 
-    gpus = torch.cuda.device_count()
-    for key in memory or {}:
-        if isinstance(key, int) and device_map == "cpu":
-            raise UsageError(f"--max-memory {key}=… names a GPU, but --device-map cpu uses none")
-        if isinstance(key, int) and key >= gpus:
-            raise UsageError(
-                f"--max-memory {key}=…: {gpus} CUDA device(s) visible"
-                + (f"; use 0..{gpus - 1} or cpu" if gpus else "; give only cpu=SIZE")
-            )
+    _check_gpus([key for key in memory or {} if isinstance(key, int)], device_map, torch.cuda.device_count())
     if device_map == "cpu":
         # accelerate places over the devices max_memory names (then the disk): only the CPU here.
         from accelerate.utils import get_max_memory

@@ -42,6 +42,7 @@ from .checkpoint import (
     read_icl_weights,
     write_icl_folder,
 )
+from .icl_settings import ARCHS, check_arch  # noqa: F401 (ARCHS: importable here too)
 from .icl_task import TOKENS_PER_POINT
 from .integrity import require_finite_weights
 
@@ -58,15 +59,6 @@ class ICLSpec:
     max_points: int = 200  # longest prompt (in x, y pairs) the position table covers
     arch: str = "gpt2"  # backbone (ARCHS); checkpoints written before the field existed are gpt2
     training: dict[str, Any] = field(default_factory=dict)  # recipe and history, for the record
-
-
-ARCHS = ("gpt2", "attn-only")
-
-
-def check_arch(arch: str) -> str:
-    if arch not in ARCHS:
-        raise UsageError(f"unknown ICL arch '{arch}'; choose one of: {', '.join(ARCHS)}")
-    return arch
 
 
 class NoMLP(nn.Module):

@@ -154,11 +154,8 @@ def declared_kind(path: Path) -> ModelKind | None:
 
     if folder_format(path) == ICL_FORMAT:
         return ModelKind.ICL
-    try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config = config_json(path)
+    if config is None:
         return None
     if config.get("is_encoder_decoder"):
         return ModelKind.SEQ2SEQ
@@ -169,6 +166,16 @@ def declared_kind(path: Path) -> ModelKind | None:
     if any(n.endswith(_MASKED_SUFFIX) for n in names):
         return ModelKind.MASKED
     return declared_family_kind(config.get("model_type"))
+
+
+def config_json(path: str | Path) -> dict[str, Any] | None:
+    """A folder's config.json as the JSON object it holds, or None where it is missing, unreadable
+    or not an object (never raises: for the checks that read a folder's headers)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 # the auto mappings that decide a family's kind when its architecture does not (is_causal_family)
@@ -196,13 +203,8 @@ def auto_mapping_names() -> dict[str, dict[str, object]] | None:
     """transformers' auto mappings ``MODEL_…_MAPPING_NAMES`` (model_type -> class names), read as the
     literals its modeling_auto.py writes them, without running it; None when that file is not there
     or not as expected (a check that needs them is then left to loading)."""
-    spec = find_spec("transformers")  # a top-level name: finds, never imports
-    if spec is None or spec.origin is None:
-        return None
-    source = Path(spec.origin).parent / "models" / "auto" / "modeling_auto.py"
-    try:
-        tree = ast.parse(source.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+    tree = transformers_source("models", "auto", "modeling_auto.py")
+    if tree is None:
         return None
     tables: dict[str, dict[str, object]] = {}
     for node in tree.body:
@@ -222,6 +224,18 @@ def auto_mapping_names() -> dict[str, dict[str, object]] | None:
                 return None
         tables[target.id] = table
     return tables if _CAUSAL_TABLE in tables and _MASKED_TABLE in tables else None
+
+
+def transformers_source(*parts: str) -> ast.Module | None:
+    """A file of the installed transformers (``parts`` under its package folder) parsed, never run
+    (importing transformers imports torch); None when it is not there or does not parse."""
+    spec = find_spec("transformers")  # a top-level name: finds, never imports
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        return ast.parse((Path(spec.origin).parent.joinpath(*parts)).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
 
 
 def _may_be_seq2seq(table: str, entry: object) -> bool:

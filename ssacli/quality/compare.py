@@ -27,8 +27,8 @@ from ..setting import settings_from
 from .builtin import BUILTIN_PAIRS, BUILTIN_PAIRS_NAME, BUILTIN_TEXTS_NAME, builtin_text
 from .decision import conversion_decision, in_domain_key, longer_window
 from .harness import check_harness_kind, check_tasks, paired_rows, run_plan
-from .inputs import read_report_files
-from .measures import LM_KINDS, icl_error_by_sigma, language_model_loss, minimal_pairs, output_kl
+from .inputs import LM_KINDS, not_a_language_model, read_report_files
+from .measures import icl_error_by_sigma, language_model_loss, minimal_pairs, output_kl
 from .result import QualityReport
 from .reuse import check_reusable, reusable_report, reused_before
 from .rows import quality_rows
@@ -303,7 +303,7 @@ def _check_compatible(
         raise different_kinds(names, (a.name, b.name), (a.kind, b.kind))
     for option, asked in (("--text-id/--text-ood", text), ("--pairs", pairs)):
         if asked and a.kind not in LM_KINDS:
-            raise UsageError(f"{option} needs causal or masked language models; '{a.name}' is {a.kind}")
+            raise not_a_language_model(option, a.name, a.kind)
 
 
 def _builtin_defaults(

@@ -4,7 +4,9 @@
   --text-id`` / ``--text-ood``);
 * :func:`read_pairs`: BLiMP-style minimal pairs (``report --pairs``), one ``.jsonl`` file or a
   folder of them, every line checked by :func:`check_pair_record`;
-* :func:`read_report_files`: every file a report measures on, by the two above.
+* :func:`read_report_files`: every file a report measures on, by the two above;
+* :func:`check_language_models`: texts and pairs only for models a folder does not declare of
+  another kind than a language model (:data:`LM_KINDS`).
 
 Training data (``--data``) has its own reader, :func:`ssacli.train.data.read_documents`.
 """
@@ -17,6 +19,28 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UsageError
+
+LM_KINDS = ("causal", "masked")  # the kinds a report measures texts and minimal pairs on
+
+
+def not_a_language_model(option: str, name: str, kind: str) -> UsageError:
+    """Texts (``--text-id/--text-ood``) or ``--pairs`` given for model ``name`` of ``kind``."""
+    return UsageError(f"{option} needs causal or masked language models; '{name}' is {kind}")
+
+
+def check_language_models(refs: Iterable[str | None], *, text: bool, pairs: bool) -> None:
+    """Refuse, before the model stack, texts or pairs for a model whose local folder declares a kind
+    that is no language model: an ICL model or an encoder-decoder (:func:`~ssacli.models.kinds.declared_kind`;
+    an encoder's folder may still load with an LM head, so loading decides for it)."""
+    from ..models.kinds import ModelKind, declared_kind
+    from ..models.references import local_model_path
+
+    asked = [option for option, given in (("--text-id/--text-ood", text), ("--pairs", pairs)) if given]
+    for ref in refs if asked else ():
+        path = local_model_path(ref) if ref is not None else None
+        kind = declared_kind(path) if path is not None and path.is_dir() else None
+        if kind in (ModelKind.ICL, ModelKind.SEQ2SEQ):
+            raise not_a_language_model(asked[0], ref, kind)
 
 
 def read_text_file(path: str | Path, option: str = "--text") -> str:
@@ -112,4 +136,12 @@ def _jsonl_records(file: Path) -> Iterable[dict]:
         yield record
 
 
-__all__ = ["check_pair_record", "read_pairs", "read_report_files", "read_text_file"]
+__all__ = [
+    "LM_KINDS",
+    "check_language_models",
+    "check_pair_record",
+    "not_a_language_model",
+    "read_pairs",
+    "read_report_files",
+    "read_text_file",
+]

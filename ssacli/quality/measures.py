@@ -42,10 +42,7 @@ from ..defaults import (
 from ..errors import InputError, UsageError
 from ..models.kinds import ModelKind
 from ..models.loading import LoadedModel
-from .inputs import check_pair_record, read_pairs
-
-LM_KINDS = ("causal", "masked")
-
+from .inputs import LM_KINDS, check_pair_record, read_pairs
 
 # ---- language-model loss ----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Training: fine-tuning (finetune.py), fresh models (scratch.py), whole runs as the commands start
 them (runs.py). Nothing heavy is imported here: the CLI reads :data:`DATA_FORMS` for its help and
-checks --data with :func:`require_data` and :func:`check_data` (and a fresh model's text with
-:func:`require_text_data`) before the model stack loads."""
+checks --data with :func:`require_data`, :func:`check_data` and :func:`check_data_fits` (and a
+fresh model's text with :func:`require_text_data`) before the model stack loads."""
 
 from pathlib import Path
 
@@ -47,6 +47,40 @@ def check_data(spec: str) -> None:
     first whether it takes text at all."""
     if spec.startswith("icl:"):
         icl_data_parts(spec, None)
+
+
+def check_data_fits(spec: str, model: str) -> None:
+    """Refuse, before the model stack, ``--data`` (``spec``; empty: not given) that names no task
+    (:func:`check_data`) or is of the wrong form for the kind a local ``model`` folder declares
+    (:func:`~ssacli.models.kinds.declared_kind`): text for an ICL model, an ``icl:TASK`` for a
+    language model, with the lines loading ends in (:func:`ssacli.train.data.make_objective`); a
+    kind only loading tells is left to it."""
+    from ..models.builtins import ICL_FORMAT, read_meta
+    from ..models.kinds import ModelKind, declared_kind
+    from ..models.references import local_model_path
+
+    path = local_model_path(model)
+    kind = declared_kind(path) if path is not None and path.is_dir() else None
+    check_data(spec)
+    if not spec:  # not given: the run's own, or refused as missing
+        return
+    icl_data = spec.startswith("icl:")
+    if kind == ModelKind.ICL and not icl_data:
+        task = (read_meta(path, ICL_FORMAT) or {}).get("task")
+        if isinstance(task, str):
+            raise text_for_icl(task)
+    elif kind not in (None, ModelKind.ICL) and icl_data:
+        raise icl_for_text(spec, kind)
+
+
+def text_for_icl(task: str) -> UsageError:
+    """Text ``--data`` given to an ICL model of ``task``."""
+    return UsageError(f"ICL models train on synthetic prompts: --data icl:{task}")
+
+
+def icl_for_text(spec: str, kind: str) -> UsageError:
+    """An ``icl:TASK`` ``--data`` given to a model of another ``kind``."""
+    return UsageError(f"--data {spec} is for ssacli's ICL models; give text for a {kind} model")
 
 
 def icl_data_parts(spec: str, max_points: int | None) -> tuple[str, int]:

@@ -35,7 +35,13 @@ from ..defaults import ICL_POINTS
 from ..errors import InputError, UsageError
 from ..models.icl_task import task_loss
 from ..models.kinds import ModelKind
-from . import check_data, check_data_path, icl_data_parts  # noqa: F401 (check_data: here too)
+from . import (  # noqa: F401 (check_data: here too)
+    check_data,
+    check_data_path,
+    icl_data_parts,
+    icl_for_text,
+    text_for_icl,
+)
 
 HELDOUT_FRACTION = 0.1
 MASK_PROB = 0.15  # BERT's masking: 15 % of tokens, of which 80 % [MASK], 10 % random, 10 % kept
@@ -287,13 +293,11 @@ def make_objective(loaded: Any, data_spec: str, objective: str, seq_len: int) ->
         raise UsageError(f"objective '{objective}' does not fit a {loaded.kind} model; use auto ({name})")
     if name == ModelKind.ICL:
         if not data_spec.startswith("icl:"):
-            raise UsageError(f"ICL models train on synthetic prompts: --data icl:{loaded.model.spec.task}")
+            raise text_for_icl(loaded.model.spec.task)
         spec = loaded.model.spec
         return Objective(name, loaded, parse_icl(data_spec, spec.task, spec.max_points), seq_len)
     if data_spec.startswith("icl:"):
-        raise UsageError(
-            f"--data {data_spec} is for ssacli's ICL models; give text for a {loaded.kind} model"
-        )
+        raise icl_for_text(data_spec, loaded.kind)
     if loaded.tokenizer is None:
         raise UsageError(f"'{loaded.name}' has no tokenizer to read --data with; save one into its folder")
     if name == ModelKind.MASKED and getattr(loaded.tokenizer, "mask_token_id", None) is None:

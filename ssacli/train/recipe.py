@@ -66,7 +66,15 @@ from .recipe_checkpoint import (
     trainer_tensors,
     unfinished_run,
 )
-from .recipe_config import RECIPE_START, STAGE_DIR, STAGES, OnStep, RecipeConfig, recipe_trajectory
+from .recipe_config import (
+    RECIPE_START,
+    STAGE_DIR,
+    STAGES,
+    OnStep,
+    RecipeConfig,
+    not_causal,
+    recipe_trajectory,
+)
 from .recipe_eval import HeldOut, HeldOutMeasure, final_measures
 from .recipe_scorers import ssa_scorers, train_n_and_b
 from .runtime import StopSignals
@@ -146,10 +154,7 @@ def _run_arm(model, out, config, control, overwrite, resume, text, device, on_st
             meta = {"source": str(loaded.path or loaded.name), "source_weights": loaded.weights}
             meta["fidelity"] = fidelity
         if loaded.kind != ModelKind.CAUSAL:
-            raise UsageError(
-                f"the conversion recipe distils causal LMs; '{loaded.name}' is "
-                f"{ModelKind(loaded.kind).with_article} model"
-            )
+            raise not_causal(loaded.name, loaded.kind)
         if saved is not None and not control:
             check_same_start(saved, meta["source"], fidelity, out)
         objective = make_objective(loaded, config.data, "causal", config.seq_len)

@@ -169,3 +169,24 @@ __all__ = [
     "CONTROL_SETTINGS", "RECIPE_START", "STAGES", "STAGE_DIR", "OnStep", "RecipeConfig", "recipe_trajectory",
     "reusable_control",
 ]  # fmt: skip
+
+
+def not_causal(name: str, kind: str) -> UsageError:
+    """A model of ``kind`` given to the recipe, which distils causal LMs."""
+    from ..models.kinds import ModelKind
+
+    return UsageError(
+        f"the conversion recipe distils causal LMs; '{name}' is {ModelKind(kind).with_article} model"
+    )
+
+
+def check_recipe_model(model: str) -> None:
+    """Refuse, before the model stack, a local ``model`` folder that declares another kind than a
+    causal LM (:func:`~ssacli.models.kinds.declared_kind`); a kind only loading tells is left to it."""
+    from ..models.kinds import ModelKind, declared_kind
+    from ..models.references import local_model_path
+
+    path = local_model_path(model)
+    kind = declared_kind(path) if path is not None and path.is_dir() else None
+    if kind not in (None, ModelKind.CAUSAL):
+        raise not_causal(model, kind)

@@ -35,7 +35,7 @@ from . import require_data
 from .data import read_documents
 from .finetune import finetune
 from .finetune_config import FinetuneConfig
-from .folders import training_folder
+from .folders import check_new_run, run_exists, training_folder
 from .scratch import SIZES, new_model, training_texts
 from .settings import ScratchSettings
 
@@ -207,13 +207,11 @@ def train_from_scratch_with(
     spec = make_scorer(build.scorer).spec  # a bad spec fails before the tokenizer is trained
     if config.train != "all":
         raise UsageError(f"a model from scratch trains all its weights (train='all'), got {config.train!r}")
-    if resume and overwrite:
-        raise UsageError("--resume continues the run in --out and --overwrite replaces it; give one of them")
+    check_new_run(out, resume, overwrite)
     out = Path(out)
     recorded = _recorded(out) if resume else None
     if recorded is None and out.exists() and not overwrite:
-        hint = "it holds no run to resume" if resume else "pass --resume to continue it"
-        raise UsageError(f"--out {out} already exists ({hint}); pass --overwrite to replace it")
+        raise run_exists(out, "it holds no run to resume")
     if recorded is None:
         check_replaceable(out)  # --overwrite replaces only a folder ssacli wrote, or an empty one
     build = replace(build, scorer=spec)

@@ -29,7 +29,6 @@ trained tokenizer's.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -40,11 +39,10 @@ from typing import Any
 import torch
 
 from ..errors import InputError, UsageError
-from ..models.guard_type import plain_config_dict
 from ..models.kinds import ModelKind, language_model_kind
 from ..models.loading import LoadedModel
 from . import MIN_VOCAB, require_text_data
-from .settings import ARCHS, SIZES, check_arch
+from .settings import ARCHS, SIZES, read_size  # noqa: F401 (SIZES: importable here too)
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")  # ids 0..4 in this order
 PAD, BOS, EOS, UNK, MASK = SPECIAL_TOKENS
@@ -185,26 +183,10 @@ def training_texts(data: str | Path) -> list[str]:
 
 def _base_config(arch: str | None, size: str) -> tuple[dict[str, Any], str, str]:
     """(config dict from a file or {}, arch, kind) after checking the arch and size."""
-    if size in SIZES:
-        if arch is None:
-            raise UsageError(f"--arch is needed with --size {size}: choose from {', '.join(ARCHS)}")
-        check_arch(arch, size)
+    config, arch, path = read_size(arch, size)
+    if path is None:
         return {}, arch, "masked" if arch == "roberta" else "causal"
-    path = Path(size).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise UsageError(f"--size '{size}' is neither {' nor '.join(SIZES)} nor a config.json file")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise InputError(f"cannot read {path}: {err}") from None
-    if isinstance(config, dict):  # a converted folder's config.json: its original model type
-        config = plain_config_dict(config)
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if arch is not None and model_type != arch:
-        raise UsageError(f"--arch {arch} does not match model_type '{model_type}' of {path}")
-    return config, model_type, _family_kind(model_type, path)
+    return config, arch, _family_kind(arch, path)
 
 
 def _family_kind(model_type: str | None, path: Path) -> str:

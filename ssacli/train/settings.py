@@ -4,10 +4,14 @@ tokenizer, its ``seed`` also seeds the weights). Cheap to import (no torch)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from ..defaults import SCORER, SCRATCH_SIZE
-from ..errors import UsageError
+from ..errors import InputError, UsageError
+from ..models.guard_type import plain_config_dict
 from ..setting import setting
 from . import MIN_VOCAB
 
@@ -20,6 +24,33 @@ def check_arch(arch: str | None, size: str | None = None) -> None:
     arch beside a config.json size is held to its model_type when the model is built."""
     if arch is not None and (size or SCRATCH_SIZE) in SIZES and arch not in ARCHS:
         raise UsageError(f"unknown --arch '{arch}'; choose from {', '.join(ARCHS)}")
+
+
+def read_size(arch: str | None, size: str) -> tuple[dict[str, Any], str | None, Path | None]:
+    """(the config.json dict of a file ``size``, else {}; the arch: ``arch``, or that config's
+    model_type; the file, or None for a built-in size), torch-free: a built-in size without an
+    arch it builds, or a ``size`` that is no config.json (or not the ``arch`` given) is refused
+    before the model stack loads. Whether the family has an LM head is the builder's to tell."""
+    if size in SIZES:
+        if arch is None:
+            raise UsageError(f"--arch is needed with --size {size}: choose from {', '.join(ARCHS)}")
+        check_arch(arch, size)
+        return {}, arch, None
+    path = Path(size).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UsageError(f"--size '{size}' is neither {' nor '.join(SIZES)} nor a config.json file")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read {path}: {err}") from None
+    if isinstance(config, dict):  # a converted folder's config.json: its original model type
+        config = plain_config_dict(config)
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if arch is not None and model_type != arch:
+        raise UsageError(f"--arch {arch} does not match model_type '{model_type}' of {path}")
+    return config, model_type, path
 
 
 @dataclass(frozen=True)
@@ -49,4 +80,4 @@ class ScratchSettings:
     )
 
 
-__all__ = ["ARCHS", "SIZES", "ScratchSettings", "check_arch"]
+__all__ = ["ARCHS", "SIZES", "ScratchSettings", "check_arch", "read_size"]

@@ -192,7 +192,7 @@ def test_allow_pickle_loads_the_checkpoint_with_weights_only(models, monkeypatch
         (["report", "{model}", "{model}", "--quiet"], EXIT_INPUT),
         (["check", "{model}", "-r", "entropy@embed-scale:32 >= 0.5"], EXIT_CHECK_USAGE),
         (["check", "--init", "{model}", "--config", "{out}.toml"], EXIT_CHECK_USAGE),
-        (["finetune", "{model}", "--data", "icl:every", "--out", "{out}"], EXIT_INPUT),
+        (["finetune", "{model}", "--data", "{out}.txt", "--out", "{out}"], EXIT_INPUT),  # text: a causal LM's
     ],
     ids=["diagnose", "convert", "report", "check", "check --init", "finetune"],
 )

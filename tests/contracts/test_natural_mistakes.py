@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ssacli.errors import EXIT_CHECK_USAGE, EXIT_INPUT, EXIT_USAGE
+from ssacli.errors import EXIT_CHECK_USAGE, EXIT_INPUT, EXIT_UNSUPPORTED, EXIT_USAGE
 from ssacli.models.builtins import BUILTIN_DIR, META_FILE
 from ssacli.models.devices import cuda_known_absent
 from ssacli.models.kinds import ModelKind, different_kinds
@@ -45,6 +45,8 @@ CUDA_KNOWN = cuda_known_absent()
 CONVERT = ["convert", ICL, "--scorer", "ssa", "--out", "o"]
 REPORT = ["report", LLAMA, "builtin:wikitext-ssa"]
 GATE = ["check", "-r", "collapse_rate@key-scale:8 <= 1"]
+PLACED = ["diagnose", "--device-map", "auto", "--max-memory"]
+ICL_TRAIN = ["icl", "train", "--task", "every", "--out"]
 CHECK = EXIT_CHECK_USAGE  # `ssacli check`'s own code for a usage or input error (docs/ci.md)
 
 # case: (argv, exit code, what the one line says)
@@ -109,6 +111,71 @@ CASES = {
     "icl eval --outlier bogus": (["icl", "eval", ICL, "--outlier", "bogus"], EXIT_USAGE, "bad outlier"),
     "finetune --data icl:nope": (["finetune", ICL, "--out", "o", "--data", "icl:nope"], EXIT_USAGE,
                                  "unknown task 'nope'"),
+    "attribute --heads L99H0 (no such layer)": (
+        ["attribute", LLAMA, "--heads", "L1H0,L99H0"], EXIT_USAGE,
+        f"head L99H0 is not in '{LLAMA}': its config.json declares 4 layers of 4 heads, L0H0 to L3H3",
+    ),
+    "attribute --heads L0H9 (no such head)": (["attribute", "llama", "--heads", "L0H9"], EXIT_USAGE,
+                                              "head L0H9 is not in 'llama'"),
+    "attribute --k above the model's heads": (["attribute", LLAMA, "--k", "17"], EXIT_USAGE,
+                                              "k must be at most the model's 16 heads, got 17"),
+    "attribute of an ICL model": (["attribute", ICL], EXIT_UNSUPPORTED, "causal LMs only, not icl models"),
+    "attribute of a BERT": (["attribute", "bert"], EXIT_UNSUPPORTED, "causal LMs only, not masked models"),
+    "attribute under length with --random": (
+        ["attribute", LLAMA, "--probe", "length:1,2", "--random"], EXIT_USAGE, "'length' needs text"
+    ),
+    "check --device-map sideways": ([*GATE, "--device-map", "sideways"], CHECK, "unknown --device-map"),
+    "check: --max-memory without --device-map": (
+        [*GATE, "--max-memory", "cpu=1GB"], CHECK, "give --device-map auto with it"
+    ),
+    "check: a toml's device that is none": (["check", "--config", "tpu.toml"], CHECK, "unknown device 'tpu'"),
+    "check: a toml's model that is not there": (
+        ["check", "--config", "nope.toml"], CHECK, "model path './nope' does not exist"
+    ),
+    "check: a toml's scorer that is none": (["check", "--config", "scorer.toml"], CHECK, "unknown scorer"),
+    "check: a toml's max_memory that is no DEVICE=SIZE": (
+        ["check", "--config", "memory.toml"], CHECK, "--max-memory takes DEVICE=SIZE"
+    ),
+    "--max-memory 0:abc": ([*PLACED, "0:abc"], EXIT_USAGE, "--max-memory takes DEVICE=SIZE"),
+    "--max-memory of one device twice": ([*PLACED, "cpu=1GB,cpu=2GB"], EXIT_USAGE, "gives cpu twice"),
+    "--max-memory of a device that is none": ([*PLACED, "tpu=1GB"], EXIT_USAGE, "unknown device 'tpu'"),
+    "--max-memory cpu=0": ([*PLACED, "cpu=0"], EXIT_USAGE, "the size must be more than 0 bytes"),
+    "--max-memory of a GPU under --device-map cpu": (
+        ["diagnose", "--device-map", "cpu", "--max-memory", "0=1GB"], EXIT_USAGE, "--device-map cpu uses none"
+    ),
+    "finetune a language model on an ICL task": (
+        ["finetune", LLAMA, "--out", "o", "--data", "icl:every"], EXIT_USAGE,
+        "--data icl:every is for ssacli's ICL models; give text for a causal model",
+    ),
+    "finetune an ICL model on text": (["finetune", ICL, "--out", "o", "--data", "notes.txt"], EXIT_USAGE,
+                                      "ICL models train on synthetic prompts: --data icl:every"),
+    "convert --finetune of a language model on an ICL task": (
+        [*CONVERT[:1], LLAMA, *CONVERT[2:], "--finetune", "--data", "icl:every"], EXIT_USAGE,
+        "is for ssacli's ICL models"
+    ),
+    "convert: the recipe for a BERT": (
+        ["convert", "bert", "--scorer", "ssa", "--out", "o", "--finetune", "--data", "notes.txt"], EXIT_USAGE,
+        "the conversion recipe distils causal LMs; 'bert' is a masked model",
+    ),
+    "icl eval --sigma abc": (["icl", "eval", ICL, "--sigma", "abc"], EXIT_USAGE, "--sigma takes comma"),
+    "icl train --preset nope": ([*ICL_TRAIN, "o", "--preset", "nope"], EXIT_USAGE, "unknown preset 'nope'"),
+    "icl train --arch nope": ([*ICL_TRAIN, "o", "--arch", "nope"], EXIT_USAGE, "unknown ICL arch 'nope'"),
+    "icl train into a checkpoint": ([*ICL_TRAIN, "icl"], EXIT_USAGE, "holds a checkpoint; pass --resume"),
+    "icl train into a folder of someone else's": ([*ICL_TRAIN, "bert"], EXIT_USAGE,
+                                                  "--out bert holds files ssacli did not write"),
+    "train without --arch": (["train", "--data", "notes.txt", "--out", "o"], EXIT_USAGE,
+                             "--arch is needed with --size tiny"),
+    "train --size nope": (["train", "--arch", "gpt2", "--data", "notes.txt", "--out", "o", "--size", "nope"],
+                          EXIT_USAGE, "--size 'nope' is neither tiny nor small nor a config.json file"),
+    "train into a folder that exists": (["train", "--arch", "gpt2", "--data", "notes.txt", "--out", "bert"],
+                                        EXIT_USAGE, "--out bert already exists (pass --resume"),
+    "report of ICL models on a text": ([*REPORT[:1], ICL, "builtin:every-ssa", "--text-id", "notes.txt"],
+                                       EXIT_USAGE, "--text-id/--text-ood needs causal or masked language"),
+    "report --reuse-before not there": ([*REPORT, "--reuse-before", "missing.json"], EXIT_USAGE,
+                                        "--reuse-before missing.json: not a readable JSON report"),
+    **({"--max-memory of a GPU where there is none": (
+        [*PLACED, "0=1GB"], EXIT_USAGE, "0 CUDA device(s) visible; give only cpu=SIZE"
+    )} if CUDA_KNOWN else {}),
 }  # fmt: skip
 TORCH_ALONE = set() if CUDA_KNOWN else {"--device cuda:99"}  # torch alone tells here, not transformers
 
@@ -142,6 +209,12 @@ def _model_folders(root: Path) -> None:
     shutil.copy(BUILTIN_DIR / "wikitext-ssa" / META_FILE, root / "notcontrol")
     (root / "report.json").write_text(json.dumps({"schema": "ssacli-report", "schema_version": 1}))
     (root / "bad.toml").write_text("[check\nrequires = [")
+    gate = '[check]\nrequires = ["collapse_rate@key-scale:8 <= 1"]\n'
+    for name, line in {"tpu": 'device = "tpu"', "nope": 'model = "./nope"', "scorer": 'scorer = "nosuch"',
+                       "memory": 'device_map = "auto"\nmax_memory = "0:abc"'}.items():  # fmt: skip
+        (root / f"{name}.toml").write_text(gate + line + "\n")
+    shutil.copytree(llama, root / "llama")  # a local folder of the bundled Llama's (4 layers of 4 heads)
+    shutil.copytree(BUILTIN_DIR / "every-softmax", root / "icl")  # an ICL checkpoint
 
 
 @pytest.fixture(scope="module")
