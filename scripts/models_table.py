@@ -100,7 +100,8 @@ refused for the swap. `ssacli diagnose` still measures them through their own ea
 # one when the pin (AUDITED_ON) moves.
 OTHER_RELEASES = {
     "5.25.0": """\
-On transformers 5.24.0, the oldest release the package admits, the audit gives five rows another
+On transformers 5.24.0, an older release the package admits (pyproject.toml admits 5.20 and later;
+`scripts/transformers_compat.sh` runs the suite on 5.20.0), the audit gives five rows another
 status: falcon is refused (its attention is its own code there, which `ssacli diagnose` measures
 through its eager fallback), and ergo, kolibri1_1, minicpm5_moe and param2moe do not exist.
 """,
