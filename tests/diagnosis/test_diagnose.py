@@ -614,6 +614,15 @@ def test_bundled_icl_models(name):
 # ---- JSON ---------------------------------------------------------------------------------------------
 
 
+def test_when_every_probe_is_skipped_the_one_line_says_why_each_was(monkeypatch, capsys):
+    """Nothing measured is a usage error (exit 2) whose one line names each probe's reason, not only
+    that no heatmap can be drawn."""
+    args = ["diagnose", "builtin:every-softmax", "--probe", "numeric:2", "--samples", "2"]
+    code, _, err = run_main(args, monkeypatch, capsys)
+    assert code == EXIT_USAGE
+    assert err.count("\n") == 1 and "every probe was skipped (numeric: not for ICL models)" in err
+
+
 def test_a_result_with_a_field_missing_or_malformed_is_an_input_error_naming_it():
     """from_dict is public: an edited or cut-short result is an InputError that names what is wrong
     (it was a bare KeyError for a missing field)."""
