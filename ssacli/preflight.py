@@ -12,7 +12,9 @@ MODEL references and model folders:
   None), :func:`builtin_model_names` (the bundled models); a local folder is read as far as its headers go
   (config.json, weights, safetensors headers);
 * :func:`check_same_kind` (the models a report compares: of one kind, where their folders say),
-  :func:`check_icl_model` (``icl eval``'s MODEL: an ICL model, where its folder says);
+  :func:`check_icl_model` (``icl eval``'s MODEL: an ICL model, where its folder says),
+  :func:`check_prompt_source` (``--text`` or ``--random`` only for a MODEL that is not an ICL model,
+  where its folder says);
 * :func:`check_device` (``--device``: a name it takes, and a CUDA device that can be there; torch
   alone, never transformers, where only torch can tell), :func:`check_dtype` (``--dtype``: auto or
   a dtype a model loads in), :func:`check_placement` (``--device-map`` and ``--max-memory``: a map
@@ -76,6 +78,7 @@ _LAZY = {
     "check_placement": "models.device_map:check_placement",
     "check_same_kind": "models.references:check_same_kind",
     "check_icl_model": "models.references:check_icl_model",
+    "check_prompt_source": "models.references:check_prompt_source",
     "reusable_control": "train.recipe_config:reusable_control",
     "check_figure_folder": "report.figure_files:check_figure_folder",
     "check_replaceable_file": "report.replaceable:check_replaceable",
@@ -128,7 +131,7 @@ if TYPE_CHECKING:
     from .models.icl_settings import check_task as check_icl_task
     from .models.icl_settings import parse_outlier
     from .models.options import check_dtype
-    from .models.references import check_icl_model, check_same_kind, local_model_path
+    from .models.references import check_icl_model, check_prompt_source, check_same_kind, local_model_path
     from .models.references import check_reference as check_model_reference
     from .models.references import fetch_reference as fetch_model_reference
     from .quality.harness import parse_tasks as parse_lm_eval_tasks
@@ -172,6 +175,7 @@ __all__ = [
     "check_figure_folder",
     "check_icl_model",
     "check_icl_task",
+    "check_prompt_source",
     "check_model_out",
     "check_model_reference",
     "check_placement",

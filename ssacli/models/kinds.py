@@ -24,7 +24,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
 
 
 class ModelKind(StrEnum):
@@ -262,6 +262,13 @@ def different_kinds(names: tuple[str, str], refs: tuple[str, str], kinds: tuple[
         f"{names[0]} '{refs[0]}' is {ModelKind(kinds[0]).with_article} model and {names[1]} '{refs[1]}' "
         f"{ModelKind(kinds[1]).with_article} one; compare models of one kind"
     )
+
+
+def prompts_of_its_task(option: str, ref: str) -> UsageError:
+    """``--text`` or ``--random`` (``text=``, ``random_ids=``) given for an ICL model, whose probe
+    prompts are always its task's: they would be ignored, so they are refused."""
+    return UsageError(f"{option} has no effect on '{ref}': an ICL model is probed with prompts of its own "
+                      f"task; drop {option}, or give a language model")  # fmt: skip
 
 
 def not_icl(ref: str, kind: str) -> InputError:

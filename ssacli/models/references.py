@@ -12,7 +12,15 @@ from pathlib import Path
 
 from ..errors import InputError, UsageError
 from .builtins import BUILTIN_DIR, META_FILE, builtin_names
-from .kinds import BUILTIN_PREFIX, ModelKind, declared_kind, different_kinds, is_local_reference, not_icl
+from .kinds import (
+    BUILTIN_PREFIX,
+    ModelKind,
+    declared_kind,
+    different_kinds,
+    is_local_reference,
+    not_icl,
+    prompts_of_its_task,
+)
 
 CONFIG_FILE = "config.json"
 
@@ -158,6 +166,15 @@ def check_same_kind(refs: tuple[str | None, ...]) -> None:
         pair = (kinds[i], kinds[i + 1])
         if None not in pair and pair[0] != pair[1]:
             raise different_kinds(sides[i : i + 2], (refs[i], refs[i + 1]), pair)
+
+
+def check_prompt_source(ref: str | None, *, text: bool, random_ids: bool) -> None:
+    """Refuse, before any model loads, ``--text`` or ``--random`` for a local folder (or bundled
+    model) whose files declare an ICL model: its prompts are its task's, so either would be ignored."""
+    option = "--text" if text else "--random" if random_ids else None
+    path = local_model_path(ref) if option and ref is not None else None
+    if path is not None and path.is_dir() and declared_kind(path) == ModelKind.ICL:
+        raise prompts_of_its_task(option, ref)
 
 
 def check_icl_model(ref: str) -> None:

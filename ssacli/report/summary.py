@@ -230,8 +230,8 @@ def pick_heatmap(result: DiagnoseResult, metric: str, probe: str | None) -> Prob
         live = [p for p in result.probes if not p.skipped]
         if not live:
             why = "; ".join(f"{p.name}: {p.note or 'no data'}" for p in result.probes)
-            raise UsageError(f"nothing was measured: every probe was skipped ({why}); choose probes this model "
-                             "can take (`ssacli diagnose --help` lists them)")  # fmt: skip
+            raise UsageError(f"nothing was measured: every probe was skipped ({why}); choose probes this "
+                             "model can take (`ssacli diagnose --help` lists them)")  # fmt: skip
         chosen = max(live, key=_last_peak)
     if metric not in chosen.metrics:
         raise UsageError(f"probe '{chosen.name}' has no metric '{metric}'; choose another heatmap metric")

@@ -62,6 +62,9 @@ CASES = {
     "--device tpu": (["diagnose", "--device", "tpu"], EXIT_USAGE, "unknown device 'tpu'"),
     "--dtype float8": (["diagnose", "--dtype", "float8"], EXIT_USAGE, "unknown dtype 'float8'"),
     "--device cuda:99": (["diagnose", "--device", "cuda:99"], EXIT_USAGE, "--device cuda:99"),
+    "--text for the bundled ICL model": (["diagnose", "--text", "notes.txt"], EXIT_USAGE,
+                                         "--text has no effect on 'builtin:every-softmax'"),
+    "--random for an ICL model": (["diagnose", "--random"], EXIT_USAGE, "an ICL model is probed"),
     "render out.html (no such result)": (["render", "out.html"], EXIT_INPUT, "does not exist"),
     "render a report JSON": (["render", "report.json"], EXIT_INPUT, "is an `ssacli report` JSON"),
     "check: a threshold that is no number": (

@@ -623,6 +623,14 @@ def test_when_every_probe_is_skipped_the_one_line_says_why_each_was(monkeypatch,
     assert err.count("\n") == 1 and "every probe was skipped (numeric: not for ICL models)" in err
 
 
+@pytest.mark.parametrize(("given", "option"), [({"text": "some text of mine. " * 20}, "--text"),
+                                               ({"random_ids": True}, "--random")])  # fmt: skip
+def test_text_or_random_ids_for_an_icl_model_are_refused_not_ignored(given, option):
+    """An ICL model is probed with its task's prompts: a text or random ids would be silently unused."""
+    with pytest.raises(UsageError, match=f"{option} has no effect on 'builtin:every-softmax'"):
+        diagnose("builtin:every-softmax", ["outlier:1,10"], samples=2, **given)
+
+
 def test_a_result_with_a_field_missing_or_malformed_is_an_input_error_naming_it():
     """from_dict is public: an edited or cut-short result is an InputError that names what is wrong
     (it was a bare KeyError for a missing field)."""
@@ -751,6 +759,7 @@ def _bad_inputs(tmp_path):
     (tmp_path / "empty.txt").write_text("  \n")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
     ok = ["builtin:every-softmax", "--probe", "outlier:1", "--samples", "1", "--length", "4"]
+    lm = ["builtin:wikitext-softmax", *ok[1:]]  # --text is for language models (an ICL model refuses it)
     cases = [
         (["--probe", "nope"], EXIT_USAGE, "unknown probe"),
         (["--probe", "outlier:-1"], EXIT_USAGE, "must be finite and > 0"),
@@ -761,10 +770,11 @@ def _bad_inputs(tmp_path):
         (["--probe", "numeric:2.5"], EXIT_USAGE, "whole number"),
         ([str(tmp_path / "nowhere"), "--probe", "outlier:1"], EXIT_INPUT, "does not exist"),
         ([str(tmp_path / "empty-dir"), "--probe", "outlier:1"], EXIT_INPUT, "config.json"),
-        ([*ok, "--text", str(tmp_path / "missing.txt")], EXIT_INPUT, "does not exist"),
-        ([*ok, "--text", str(tmp_path / "empty.txt")], EXIT_INPUT, "empty"),
-        ([*ok, "--text", str(tmp_path / "latin1.txt")], EXIT_INPUT, "UTF-8"),
-        ([*ok, "--text", str(tmp_path / "empty-dir")], EXIT_INPUT, "folder"),
+        ([*lm, "--text", str(tmp_path / "missing.txt")], EXIT_INPUT, "does not exist"),
+        ([*lm, "--text", str(tmp_path / "empty.txt")], EXIT_INPUT, "empty"),
+        ([*lm, "--text", str(tmp_path / "latin1.txt")], EXIT_INPUT, "UTF-8"),
+        ([*lm, "--text", str(tmp_path / "empty-dir")], EXIT_INPUT, "folder"),
+        ([*ok, "--text", str(tmp_path / "latin1.txt")], EXIT_USAGE, "--text has no effect"),
         ([*ok, "--heatmap", "bogus"], EXIT_USAGE, "bogus"),
         ([*ok, "--heatmap", "max_weight@length"], EXIT_USAGE, "length"),
         ([*ok, "--scorer", "ssa:bogus=1"], EXIT_USAGE, "bogus"),
