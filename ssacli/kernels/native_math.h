@@ -169,6 +169,15 @@ static inline vf exp_nonpositive(vf x) {
 
 /* ---- SSA's transform ------------------------------------------------------------------------- */
 
+/* The table logarithms' u = 1 + z = 2^e·m with m in [1, 2): returns m, writes e and u's bits (whose
+ * mantissa's top bits index the tables). */
+static inline vf exponent_split(vf z, vf *e, vi *bits) {
+    vf u = 1.0f + z;
+    *bits = (vi)u;
+    *e = __builtin_convertvector(((*bits >> 23) & 0xff) - 127, vf);
+    return (vf)((*bits & 0x7fffff) | 0x3f800000);
+}
+
 #if defined(__AVX512F__) && W == 16
 /* log1p(z) for z >= 0, W lanes, on AVX-512: log(u) for u = 1 + z rounded, u = 2^e · m with m in [1, 2);
  * the top 5 bits of m pick c_i = 1/LOG_INV[i] (the centre of m's 32nd of [1, 2)), both tables read by
@@ -197,10 +206,8 @@ static const float LOG_C[32] __attribute__((unused)) = {
  * (one two-register permute each), and r = m·LOG_INV[i] - 1 (one fused rounding, within ±1/65) is
  * returned; log(u) = e·log 2 + table[i] + log1p(r) in the table's base. */
 static inline vf table_split(vf z, const float *table, vf *e, vf *c) {
-    vf u = 1.0f + z;
-    vi bits = (vi)u;
-    *e = __builtin_convertvector(((bits >> 23) & 0xff) - 127, vf);
-    vf m = (vf)((bits & 0x7fffff) | 0x3f800000);
+    vi bits;
+    vf m = exponent_split(z, e, &bits);
     vi top = bits >> 18; /* the permute reads only the low 5 bits: m's top 5 */
     __m512i idx;
     memcpy(&idx, &top, sizeof idx);
@@ -240,10 +247,8 @@ static const float LOG_C8[8] = { /* -log LOG_INV8[i] */
  * permute each), and r = m·LOG_INV8[i] - 1 is returned; log(u) = e·log 2 + table[i] + log1p(r) in the
  * table's base. */
 static inline vf table_split(vf z, const float *table, vf *e, vf *c) {
-    vf u = 1.0f + z;
-    vi bits = (vi)u;
-    *e = __builtin_convertvector((bits >> 23) - 127, vf); /* z >= 0: no sign bit */
-    vf m = (vf)((bits & 0x7fffff) | 0x3f800000);
+    vi bits;
+    vf m = exponent_split(z, e, &bits);
     vi top = bits >> 20; /* the permute reads only the low 3 bits: m's top 3 */
     __m256i idx;
     memcpy(&idx, &top, sizeof idx);
@@ -359,20 +364,14 @@ static inline vf exp2_nonpositive(vf x) {
     __m256 v;
     memcpy(&v, &x, sizeof v);
     v = _mm256_max_ps(_mm256_set1_ps(-127.0f), v);
-    __m256 k = _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_sub_ps(v, k);
-    __m256 poly = _mm256_set1_ps(2.1612919227e-4f);
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.2467844645e-3f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(9.6754515544e-3f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(5.5485282093e-2f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(2.4022930861e-1f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(6.9314706326e-1f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.0f));
-    __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    __m256 e = _mm256_mul_ps(poly, _mm256_castsi256_ps(scale));
-    vf out;
-    memcpy(&out, &e, sizeof out);
-    return out;
+    __m256 floor_v = _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    vf k, f;
+    memcpy(&k, &floor_v, sizeof k);
+    memcpy(&f, &v, sizeof f);
+    f -= k;
+    vf poly = (((((2.1612919227e-4f * f + 1.2467844645e-3f) * f + 9.6754515544e-3f) * f + 5.5485282093e-2f) * f
+                + 2.4022930861e-1f) * f + 6.9314706326e-1f) * f + 1.0f; /* FMAs, contracted */
+    return poly * (vf)((__builtin_convertvector(k, vi) + 127) << 23);
 }
 #else
 static inline vf log2_1p_nonnegative(vf z) { return log1p_nonnegative(z) * 1.44269504088896341f; }
