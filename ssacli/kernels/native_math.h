@@ -36,6 +36,13 @@
 #define CHUNK 64  /* columns per chunk: float partial sums fold into double, top-k skips whole chunks */
 #define GROUP 16  /* chunks per top-k group */
 
+/* AVX2 with FMA at one register a step: the 8-entry table logarithm and exp2 below (vpermps, FMA). */
+#if defined(__AVX2__) && defined(__FMA__) && W == 8
+#define SSACLI_AVX2_TABLES 1
+#else
+#define SSACLI_AVX2_TABLES 0
+#endif
+
 typedef float vf __attribute__((vector_size(4 * W)));
 typedef int32_t vi __attribute__((vector_size(4 * W)));
 typedef uint8_t vb __attribute__((vector_size(W)));
@@ -162,6 +169,15 @@ static inline vf exp_nonpositive(vf x) {
 
 /* ---- SSA's transform ------------------------------------------------------------------------- */
 
+/* The table logarithms' u = 1 + z = 2^e·m with m in [1, 2): returns m, writes e and u's bits (whose
+ * mantissa's top bits index the tables). */
+static inline vf exponent_split(vf z, vf *e, vi *bits) {
+    vf u = 1.0f + z;
+    *bits = (vi)u;
+    *e = __builtin_convertvector(((*bits >> 23) & 0xff) - 127, vf);
+    return (vf)((*bits & 0x7fffff) | 0x3f800000);
+}
+
 #if defined(__AVX512F__) && W == 16
 /* log1p(z) for z >= 0, W lanes, on AVX-512: log(u) for u = 1 + z rounded, u = 2^e · m with m in [1, 2);
  * the top 5 bits of m pick c_i = 1/LOG_INV[i] (the centre of m's 32nd of [1, 2)), both tables read by
@@ -190,10 +206,8 @@ static const float LOG_C[32] __attribute__((unused)) = {
  * (one two-register permute each), and r = m·LOG_INV[i] - 1 (one fused rounding, within ±1/65) is
  * returned; log(u) = e·log 2 + table[i] + log1p(r) in the table's base. */
 static inline vf table_split(vf z, const float *table, vf *e, vf *c) {
-    vf u = 1.0f + z;
-    vi bits = (vi)u;
-    *e = __builtin_convertvector(((bits >> 23) & 0xff) - 127, vf);
-    vf m = (vf)((bits & 0x7fffff) | 0x3f800000);
+    vi bits;
+    vf m = exponent_split(z, e, &bits);
     vi top = bits >> 18; /* the permute reads only the low 5 bits: m's top 5 */
     __m512i idx;
     memcpy(&idx, &top, sizeof idx);
@@ -211,6 +225,47 @@ static inline vf log1p_nonnegative(vf z) {
     vf logu = e * 0.693359375f + (c + (poly * (r * r) + r));
     logu = e * -2.12194440e-4f + logu;
     return blend(z <= 3.40282347e38f, logu, splat(INFINITY));
+}
+#elif SSACLI_AVX2_TABLES
+/* log1p(z) for z >= 0, 8 lanes, on AVX2 with FMA: the AVX-512 path's table logarithm with 8 entries,
+ * each table read by one one-register permute (vpermps): m's top 3 bits pick c_i = 1/LOG_INV8[i] (the
+ * centre of m's eighth of [1, 2)), r = m·LOG_INV8[i] - 1 (one fused rounding) is within ±1/17, where a
+ * degree-4 polynomial (a minimax fit for absolute error) leaves 9e-9 (1.3e-8 in base 2), and
+ * log m = LOG_C8[i] + log1p(r): about the AVX-512 path's accuracy in half the Cephes polynomial's
+ * work (tests/kernels/test_native_math.py bounds it against float64). Rounding 1 + z as below.
+ * z = +inf gives +inf and NaN gives NaN (signed_like relies on it). */
+static const float LOG_INV8[8] = {
+    0.941176474f, 0.842105269f, 0.761904776f, 0.695652187f, 0.639999986f, 0.592592597f, 0.551724136f,
+    0.516129017f
+};
+static const float LOG_C8[8] = { /* -log LOG_INV8[i] */
+    0.0606246181f, 0.171850249f, 0.271933705f, 0.362905473f, 0.446287125f, 0.523248136f, 0.594707131f,
+    0.66139853f
+};
+
+/* The 8-entry tables' split of u = 1 + z = 2^e·m: m's top 3 bits pick LOG_INV8[i] and table[i] (one
+ * permute each), and r = m·LOG_INV8[i] - 1 is returned; log(u) = e·log 2 + table[i] + log1p(r) in the
+ * table's base. */
+static inline vf table_split(vf z, const float *table, vf *e, vf *c) {
+    vi bits;
+    vf m = exponent_split(z, e, &bits);
+    vi top = bits >> 20; /* the permute reads only the low 3 bits: m's top 3 */
+    __m256i idx;
+    memcpy(&idx, &top, sizeof idx);
+    __m256 inv_r = _mm256_permutevar8x32_ps(_mm256_loadu_ps(LOG_INV8), idx);
+    __m256 log_c = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table), idx);
+    vf inv;
+    memcpy(&inv, &inv_r, sizeof inv);
+    memcpy(c, &log_c, sizeof *c);
+    return m * inv - 1.0f;
+}
+
+static inline vf log1p_nonnegative(vf z) {
+    vf e, c, r = table_split(z, LOG_C8, &e, &c);
+    vf poly = ((r * -2.5095614791e-1f + 3.3419668674e-1f) * r - 4.9999868870e-1f) * r + 9.9999928474e-1f;
+    vf logu = e * 0.693359375f + (c + poly * r);
+    logu = e * -2.12194440e-4f + logu;
+    return blend(z <= 3.40282347e38f, logu, z);
 }
 #else
 /* log1p(z) for z >= 0, W lanes: log(u) for u = 1 + z rounded, split as 2^e · x with x in
@@ -285,14 +340,52 @@ static inline vf exp2_nonpositive(vf x) {
     memcpy(&out, &e, sizeof out);
     return out;
 }
+#elif SSACLI_AVX2_TABLES
+static const float LOG2_C8[8] = { /* -log2 LOG_INV8[i] */
+    0.087462835f, 0.247927502f, 0.392317384f, 0.523561954f, 0.643856227f, 0.754887462f, 0.857981026f,
+    0.954196334f
+};
+
+/* log2(1 + z) for z >= 0, 8 lanes: as log1p_nonnegative above, in base 2 (the exponent added as it is;
+ * the degree-4 fit leaves 1.3e-8). z = +inf gives +inf, NaN gives NaN. */
+static inline vf log2_1p_nonnegative(vf z) {
+    vf e, c, r = table_split(z, LOG2_C8, &e, &c);
+    vf poly = ((r * -3.6205318570e-1f + 4.8214387894e-1f) * r - 7.2134566307e-1f) * r + 1.4426939487f;
+    vf log2u = e + (c + poly * r);
+    return blend(z <= 3.40282347e38f, log2u, z);
+}
+
+/* 2^x for x <= 0, 8 lanes, on AVX2: x = k + f with k = floor(x), a degree-6 polynomial for 2^f on
+ * [0, 1) (a minimax fit for relative error, 1.3e-8 with its float coefficients; 1 at f = 0), then
+ * 2^f·2^k with 2^k built in the exponent bits, in place of scalef. x is first raised to -127, where
+ * 2^k's bits are those of 0: below -126 it is 0 (no denormals), as on AVX-512; NaN stays NaN (the
+ * max keeps its second operand's NaN). */
+static inline vf exp2_nonpositive(vf x) {
+    __m256 v;
+    memcpy(&v, &x, sizeof v);
+    v = _mm256_max_ps(_mm256_set1_ps(-127.0f), v);
+    __m256 floor_v = _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    vf k, f;
+    memcpy(&k, &floor_v, sizeof k);
+    memcpy(&f, &v, sizeof f);
+    f -= k;
+    vf poly = (((((2.1612919227e-4f * f + 1.2467844645e-3f) * f + 9.6754515544e-3f) * f + 5.5485282093e-2f) * f
+                + 2.4022930861e-1f) * f + 6.9314706326e-1f) * f + 1.0f; /* FMAs, contracted */
+    return poly * (vf)((__builtin_convertvector(k, vi) + 127) << 23);
+}
 #else
 static inline vf log2_1p_nonnegative(vf z) { return log1p_nonnegative(z) * 1.44269504088896341f; }
 static inline vf exp2_nonpositive(vf x) { return exp_nonpositive(x * 0.693147180559945309f); }
 #endif
 
-/* sgn(y)·mag for mag >= 0 (NaN y: +mag, as the comparison says): a masked subtraction on AVX-512. */
+/* sgn(y)·mag for mag >= 0 (NaN y: +mag, as the comparison says): a masked subtraction on AVX-512. On
+ * AVX2 y's sign bit is put on mag (an and and an xor, where a compare and a blend cost twice that; -0
+ * gives -mag): a NaN y may have it set, but there mag is the logarithm of NaN, NaN, so a NaN logit
+ * still makes its row NaN instead of a weight of 0. */
 static inline vf signed_like(vf y, vf mag) {
-#if defined(__AVX512F__) && W == 16
+#if SSACLI_AVX2_TABLES
+    return (vf)((vi)mag ^ ((vi)y & INT32_MIN));
+#elif defined(__AVX512F__) && W == 16
     __m512 a, b;
     memcpy(&a, &y, sizeof a);
     memcpy(&b, &mag, sizeof b);
