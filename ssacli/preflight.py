@@ -13,8 +13,8 @@ MODEL references and model folders:
   (config.json, weights, safetensors headers);
 * :func:`check_same_kind` (the models a report compares: of one kind, where their folders say),
   :func:`check_icl_model` (``icl eval``'s MODEL: an ICL model, where its folder says),
-  :func:`check_prompt_source` (``--text`` or ``--random`` only for a MODEL that is not an ICL model,
-  where its folder says);
+  :func:`check_prompt_source` (``--text`` only for a MODEL that is not an ICL model, where its
+  folder says);
 * :func:`check_device` (``--device``: a name it takes, and a CUDA device that can be there; torch
   alone, never transformers, where only torch can tell), :func:`check_dtype` (``--dtype``: auto or
   a dtype a model loads in), :func:`check_placement` (``--device-map`` and ``--max-memory``: a map

@@ -132,8 +132,8 @@ def diagnose_command(model_ref: OptionalModel = defaults.DEFAULT_MODEL, *, given
     check_inputs(scorers=scorers, models=models, offline=given.offline, revision=given.revision,
                  device=given.device, allow_pickle=given.allow_pickle, dtype=given.dtype,
                  device_map=given.device_map, max_memory=given.max_memory)  # fmt: skip
-    for ref in models:  # an ICL model takes neither --text nor --random
-        check_prompt_source(ref, text=given.text is not None, random_ids=given.random_ids)
+    for ref in models:  # an ICL model takes no --text
+        check_prompt_source(ref, text=given.text is not None)
     heatmap = _heatmap(out.heatmap, probes)
     settings, load = _settings(given, probes), given.of(LoadOptions)
     result = _diagnose(model_ref, settings, load, out.quiet)

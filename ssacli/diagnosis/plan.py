@@ -21,7 +21,7 @@ from torch import nn
 from ..attention.interface import scorers_of
 from ..errors import UsageError
 from ..models.icl_task import TOKENS_PER_POINT, check_task, x_positions
-from ..models.kinds import ModelKind, prompts_of_its_task
+from ..models.kinds import ModelKind, text_of_no_use
 from ..models.loading import LoadedModel
 from .generation import check_generate
 from .probe_kinds import PROBES, ActsOn, Probe
@@ -91,8 +91,8 @@ def plan_run(
     root = loaded.attention_root
     layers = attention_layers(root, route)
     icl = loaded.kind == ModelKind.ICL
-    if icl and (settings.text is not None or settings.random_ids):  # they would be ignored
-        raise prompts_of_its_task("--text" if settings.text is not None else "--random", loaded.name)
+    if icl and settings.text is not None:  # it would be silently unused
+        raise text_of_no_use(loaded.name)
     length = settings.base_length(icl)
     cap = position_cap(loaded)
     asked = None

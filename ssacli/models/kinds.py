@@ -264,11 +264,11 @@ def different_kinds(names: tuple[str, str], refs: tuple[str, str], kinds: tuple[
     )
 
 
-def prompts_of_its_task(option: str, ref: str) -> UsageError:
-    """``--text`` or ``--random`` (``text=``, ``random_ids=``) given for an ICL model, whose probe
-    prompts are always its task's: they would be ignored, so they are refused."""
-    return UsageError(f"{option} has no effect on '{ref}': an ICL model is probed with prompts of its own "
-                      f"task; drop {option}, or give a language model")  # fmt: skip
+def text_of_no_use(ref: str) -> UsageError:
+    """``--text`` (``text=``) given for an ICL model, whose probe prompts are always its task's: the
+    text would be silently unused, so it is refused."""
+    return UsageError(f"--text has no effect on '{ref}': an ICL model is probed with prompts of its own "
+                      "task; drop --text, or give a language model")  # fmt: skip
 
 
 def not_icl(ref: str, kind: str) -> InputError:

@@ -19,7 +19,7 @@ from .kinds import (
     different_kinds,
     is_local_reference,
     not_icl,
-    prompts_of_its_task,
+    text_of_no_use,
 )
 
 CONFIG_FILE = "config.json"
@@ -168,13 +168,12 @@ def check_same_kind(refs: tuple[str | None, ...]) -> None:
             raise different_kinds(sides[i : i + 2], (refs[i], refs[i + 1]), pair)
 
 
-def check_prompt_source(ref: str | None, *, text: bool, random_ids: bool) -> None:
-    """Refuse, before any model loads, ``--text`` or ``--random`` for a local folder (or bundled
-    model) whose files declare an ICL model: its prompts are its task's, so either would be ignored."""
-    option = "--text" if text else "--random" if random_ids else None
-    path = local_model_path(ref) if option and ref is not None else None
+def check_prompt_source(ref: str | None, *, text: bool) -> None:
+    """Refuse, before any model loads, ``--text`` for a local folder (or bundled model) whose files
+    declare an ICL model: its prompts are its task's, so the text would be ignored."""
+    path = local_model_path(ref) if text and ref is not None else None
     if path is not None and path.is_dir() and declared_kind(path) == ModelKind.ICL:
-        raise prompts_of_its_task(option, ref)
+        raise text_of_no_use(ref)
 
 
 def check_icl_model(ref: str) -> None:

@@ -245,7 +245,8 @@ def option_cases(tmp_path: Path) -> list[tuple[list[str], int, str]]:
 
 
 def test_bad_options_and_files_are_one_line(tmp_path, monkeypatch, capsys):
-    base = ["diagnose", "builtin:every-softmax", "--samples", "1", "--length", "4", "--quiet"]
+    # a language model: it takes --text (an ICL model refuses one whatever the file)
+    base = ["diagnose", "builtin:wikitext-softmax", "--samples", "1", "--length", "4", "--quiet"]
     for extra, expected, words in option_cases(tmp_path):
         out = tmp_path / "out.json"
         code, stdout, stderr = run_main([*base, *extra, "--json", str(out)], monkeypatch, capsys)

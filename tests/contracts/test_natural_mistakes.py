@@ -64,7 +64,6 @@ CASES = {
     "--device cuda:99": (["diagnose", "--device", "cuda:99"], EXIT_USAGE, "--device cuda:99"),
     "--text for the bundled ICL model": (["diagnose", "--text", "notes.txt"], EXIT_USAGE,
                                          "--text has no effect on 'builtin:every-softmax'"),
-    "--random for an ICL model": (["diagnose", "--random"], EXIT_USAGE, "an ICL model is probed"),
     "render out.html (no such result)": (["render", "out.html"], EXIT_INPUT, "does not exist"),
     "render a report JSON": (["render", "report.json"], EXIT_INPUT, "is an `ssacli report` JSON"),
     "check: a threshold that is no number": (

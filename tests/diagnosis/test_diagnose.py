@@ -623,12 +623,10 @@ def test_when_every_probe_is_skipped_the_one_line_says_why_each_was(monkeypatch,
     assert err.count("\n") == 1 and "every probe was skipped (numeric: not for ICL models)" in err
 
 
-@pytest.mark.parametrize(("given", "option"), [({"text": "some text of mine. " * 20}, "--text"),
-                                               ({"random_ids": True}, "--random")])  # fmt: skip
-def test_text_or_random_ids_for_an_icl_model_are_refused_not_ignored(given, option):
-    """An ICL model is probed with its task's prompts: a text or random ids would be silently unused."""
-    with pytest.raises(UsageError, match=f"{option} has no effect on 'builtin:every-softmax'"):
-        diagnose("builtin:every-softmax", ["outlier:1,10"], samples=2, **given)
+def test_a_text_for_an_icl_model_is_refused_not_ignored():
+    """An ICL model is probed with its task's prompts: a text would be silently unused."""
+    with pytest.raises(UsageError, match="--text has no effect on 'builtin:every-softmax'"):
+        diagnose("builtin:every-softmax", ["outlier:1,10"], samples=2, text="some text of mine. " * 20)
 
 
 def test_a_result_with_a_field_missing_or_malformed_is_an_input_error_naming_it():
