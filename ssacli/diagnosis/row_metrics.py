@@ -111,7 +111,7 @@ def row_sums(
     if prompts:
         sums.update(_prompt_sums(stats, counted, per_row["collapse_rate"], query_positions, prompt_length))
     if stats.key_mass is not None:
-        sums.update(_position_sums(stats, counted, safe_l, n_visible, local_distance))
+        sums.update(_position_sums(stats, counted, safe_l, local_distance))
     if stats.sink is not None and parts is not None:
         # every real query row: one that gives the sink everything counts most (a sink logit of −inf
         # is a zero share; NaN or +inf: the row is broken and does not count)
@@ -159,12 +159,20 @@ def _prompt_sums(
     return out
 
 
-def _position_sums(stats: RowStatistics, counted, safe_l, n_visible, local_distance: int) -> dict:
+def _position_sums(stats: RowStatistics, counted, safe_l, local_distance: int) -> dict:
     """The position sums of :func:`row_sums` over its counted rows (p normalized over the keys)."""
     b, h, q = counted.shape
+    # The [b, h, q, bins] shares are the largest tensors diagnose makes after the model's own (17 MB
+    # each at 4,096 tokens), so uncounted rows are zeroed in place (few: a row that sees < 2 keys) and
+    # the uniform share is divided at the statistics' own shape (no head dimension where the
+    # visibility has none): the same values, in the same layout, so the same sums as torch.where
+    # over full-size copies, at a third of the passes (docs/performance.md).
     key_share = stats.key_mass / safe_l.unsqueeze(-1)  # [b, h, q, B]
     distance_share = stats.distance_mass / safe_l.unsqueeze(-1)  # [b, h, q, D]
-    uniform = stats.key_visible.expand(b, h, q, -1) / n_visible.clamp_min(1).unsqueeze(-1)
+    skipped = ~counted
+    key_share[skipped] = 0.0
+    distance_share[skipped] = 0.0
+    uniform = stats.key_visible / stats.visible.clamp_min(1).unsqueeze(-1)  # [b|1, h|1, q, B]
     near = max(1, local_distance - 1).bit_length() + 1  # distance bins 0 … that cover d < local_distance
     per_row = {
         "sink_share": key_share[..., 0],
@@ -173,10 +181,9 @@ def _position_sums(stats: RowStatistics, counted, safe_l, n_visible, local_dista
         "attention_distance": stats.distance_sum / safe_l,
     }
     sums = {name: _heads(torch.where(counted, value, 0.0)) for name, value in per_row.items()}
-    rows = counted.unsqueeze(-1)
-    profiles = {"received": key_share, "received_uniform": uniform, "distance_profile": distance_share}
-    for name, value in profiles.items():
-        sums[name] = torch.where(rows, value, 0.0).sum(dim=(0, 2))  # [h, bins]
+    sums["received"] = key_share.sum(dim=(0, 2))  # [h, bins]
+    sums["received_uniform"] = torch.where(counted.unsqueeze(-1), uniform, 0.0).sum(dim=(0, 2))
+    sums["distance_profile"] = distance_share.sum(dim=(0, 2))
     return sums
 
 

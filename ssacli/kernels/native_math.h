@@ -58,12 +58,49 @@ static inline vi shown(const uint8_t *vis, int64_t c) {
     memcpy(&v, vis + c, sizeof v);
     return __builtin_convertvector(v, vi) != 0;
 }
+/* The ragged last vector by a masked load and store where the instruction set has them: the same
+ * lanes (0 past the end) as a memcpy into a zeroed vector, without the store-forwarding stall that
+ * reloading memcpy's piecewise stores as one register costs every short row piece (a fifth of the
+ * AVX2 position terms' time, docs/performance.md). */
+#if defined(__AVX512F__) && W == 16
+static inline vf load_tail(const float *p, int64_t c, int64_t n) {
+    __m512 r = _mm512_maskz_loadu_ps((__mmask16)((1u << (n - c)) - 1u), p + c);
+    vf v;
+    memcpy(&v, &r, sizeof v);
+    return v;
+}
+static inline void store_tail(float *p, int64_t c, int64_t n, vf v) {
+    __m512 r;
+    memcpy(&r, &v, sizeof r);
+    _mm512_mask_storeu_ps(p + c, (__mmask16)((1u << (n - c)) - 1u), r);
+}
+#elif defined(__AVX__) && W == 8
+static inline __m256i tail_mask(int64_t c, int64_t n) {
+    const vi lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    vi inside = lane < (int32_t)(n - c);
+    __m256i m;
+    memcpy(&m, &inside, sizeof m);
+    return m;
+}
+static inline vf load_tail(const float *p, int64_t c, int64_t n) {
+    __m256 r = _mm256_maskload_ps(p + c, tail_mask(c, n));
+    vf v;
+    memcpy(&v, &r, sizeof v);
+    return v;
+}
+static inline void store_tail(float *p, int64_t c, int64_t n, vf v) {
+    __m256 r;
+    memcpy(&r, &v, sizeof r);
+    _mm256_maskstore_ps(p + c, tail_mask(c, n), r);
+}
+#else
 static inline vf load_tail(const float *p, int64_t c, int64_t n) {
     vf v = {0};
     memcpy(&v, p + c, (n - c) * sizeof(float));
     return v;
 }
 static inline void store_tail(float *p, int64_t c, int64_t n, vf v) { memcpy(p + c, &v, (n - c) * sizeof(float)); }
+#endif
 static inline vi shown_tail(const uint8_t *vis, int64_t c, int64_t n) {
     vi lane;
     for (int i = 0; i < W; i++) lane[i] = i;

@@ -21,7 +21,10 @@ static inline int64_t bit_length(int64_t d) { return d == 0 ? 0 : 64 - __builtin
 static inline void segment_sums(const float *p, int64_t a, int64_t b, float d0, float step, double *s, double *sd) {
     vf lane;
     for (int i = 0; i < W; i++) lane[i] = (float)i;
-    const vf stride = lane * step;
+    /* Each lane's distance d0 + step·(c - a + i), carried from vector to vector: whole numbers far
+     * below 2^24, so every sum is exact and equals the product formed afresh. */
+    vf dist = splat(d0) + lane * step;
+    const vf next = splat(step * (float)W);
     vd s_d = {0}, sd_d = {0};
     for (int64_t c0 = a; c0 < b; c0 += CHUNK) {
         int64_t c1 = c0 + CHUNK < b ? c0 + CHUNK : b, c = c0;
@@ -29,12 +32,13 @@ static inline void segment_sums(const float *p, int64_t a, int64_t b, float d0, 
         for (; c + W <= c1; c += W) {
             vf x = load(p, c);
             s_v += x;
-            sd_v += x * (splat(d0 + step * (float)(c - a)) + stride);
+            sd_v += x * dist;
+            dist += next;
         }
         if (c < c1) { /* lanes past c1 load as 0 */
             vf x = load_tail(p, c, c1);
             s_v += x;
-            sd_v += x * (splat(d0 + step * (float)(c - a)) + stride);
+            sd_v += x * dist;
         }
         s_d += wide(s_v), sd_d += wide(sd_v);
     }
