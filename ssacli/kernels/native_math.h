@@ -135,6 +135,34 @@ static inline vf vmax(vf a, vf b) {
 }
 static inline double lanes_sum(const vd *v) { double s = 0; for (int i = 0; i < W; i++) s += (*v)[i]; return s; }
 static inline vd wide(vf v) { return __builtin_convertvector(v, vd); }
+
+/* A vd sum kept as two registers of W/2 doubles (lanes 0 .. W/2 - 1, then the rest): the same
+ * additions in the same order as `vd += wide(v)` and lanes_sum, but a vd is two registers wide, and
+ * GCC keeps it on the stack, writing its halves and reading it back whole: a stalled store-to-load
+ * forward per fold, the largest cost of the position terms on AVX-512 (docs/performance.md). */
+typedef float vfh __attribute__((vector_size(2 * W)));
+typedef double vdh __attribute__((vector_size(4 * W)));
+struct wide_sum { vdh lo, hi; };
+#if W == 16
+#define LOW_LANES 0, 1, 2, 3, 4, 5, 6, 7
+#define HIGH_LANES 8, 9, 10, 11, 12, 13, 14, 15
+#elif W == 8
+#define LOW_LANES 0, 1, 2, 3
+#define HIGH_LANES 4, 5, 6, 7
+#else
+#define LOW_LANES 0, 1
+#define HIGH_LANES 2, 3
+#endif
+static inline void wide_add(struct wide_sum *acc, vf v) {
+    acc->lo += __builtin_convertvector((vfh)__builtin_shufflevector(v, v, LOW_LANES), vdh);
+    acc->hi += __builtin_convertvector((vfh)__builtin_shufflevector(v, v, HIGH_LANES), vdh);
+}
+static inline double wide_total(const struct wide_sum *acc) {
+    double s = 0;
+    for (int i = 0; i < W / 2; i++) s += acc->lo[i];
+    for (int i = 0; i < W / 2; i++) s += acc->hi[i];
+    return s;
+}
 static inline float lanes_max(vf v) {
 #if defined(__AVX512F__) && W == 16
     __m512 x; /* shuffle trees here and for AVX (callers pass max-blends, which never hold NaN) */

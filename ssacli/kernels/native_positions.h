@@ -25,7 +25,7 @@ static inline void segment_sums(const float *p, int64_t a, int64_t b, float d0, 
      * below 2^24, so every sum is exact and equals the product formed afresh. */
     vf dist = splat(d0) + lane * step;
     const vf next = splat(step * (float)W);
-    vd s_d = {0}, sd_d = {0};
+    struct wide_sum s_d = {{0}, {0}}, sd_d = {{0}, {0}};
     for (int64_t c0 = a; c0 < b; c0 += CHUNK) {
         int64_t c1 = c0 + CHUNK < b ? c0 + CHUNK : b, c = c0;
         vf s_v = {0}, sd_v = {0};
@@ -40,9 +40,9 @@ static inline void segment_sums(const float *p, int64_t a, int64_t b, float d0, 
             s_v += x;
             sd_v += x * dist;
         }
-        s_d += wide(s_v), sd_d += wide(sd_v);
+        wide_add(&s_d, s_v), wide_add(&sd_d, sd_v);
     }
-    *s = lanes_sum(&s_d), *sd = lanes_sum(&sd_d);
+    *s = wide_total(&s_d), *sd = wide_total(&sd_d);
 }
 
 /* Row r's terms: the old sums times shrink (e^(m_old - ref); 0 where the row had no key), plus those

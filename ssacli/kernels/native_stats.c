@@ -138,7 +138,7 @@ static inline __attribute__((always_inline)) int row(
     /* Pass 1, fast sums: Σx² and the count over visible raw, the max of visible t and the chunk
      * maxima for the top-k; x·0 and t·0 summed are NaN exactly when a value is NaN or ±inf, and only
      * then does exact_counts look at the row again. */
-    vd sq_d = {0};
+    struct wide_sum sq_d = {{0}, {0}};
     vi vis_v = {0};
     float tmax = -INFINITY, chunk_max[GROUP];
     vf raw_zero = {0}, t_zero = {0};
@@ -171,14 +171,14 @@ static inline __attribute__((always_inline)) int row(
                     scan_step(load_tail(xr, c, n), load_tail(tr, c, n), shown_tail(vr, c, n), &vis_v, &sq_v,
                               &raw_zero, &t_zero, &cmax_v);
             }
-            sq_d += wide(sq_v);
+            wide_add(&sq_d, sq_v);
             chunk_max[chunks] = lanes_max(cmax_v);
             tmax = chunk_max[chunks] > tmax ? chunk_max[chunks] : tmax;
             chunks++;
         }
         top_group(tr, vr, g0, n, chunk_max, chunks, k, topr);
     }
-    double sq_r = lanes_sum(&sq_d);
+    double sq_r = wide_total(&sq_d);
     int64_t counted = scaled ? n : 0;
     for (int i = 0; i < W; i++) counted += vis_v[i];
     int raw_finite = 1, t_bad = 0;
@@ -199,7 +199,7 @@ static inline __attribute__((always_inline)) int row(
     double ref = new_max == -INFINITY ? 0.0 : new_max;
     const vf ref_v = splat((float)ref);
     /* Pass 2: p = e^(t - ref), Σp and Σp·(ref - t). */
-    vd total_d = {0}, gap_d = {0};
+    struct wide_sum total_d = {{0}, {0}}, gap_d = {{0}, {0}};
     for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
         int64_t c1 = c0 + CHUNK < n ? c0 + CHUNK : n;
         vf tot_v = {0}, gap_v = {0};
@@ -210,10 +210,10 @@ static inline __attribute__((always_inline)) int row(
             for (; c + W <= c1; c += W) store(pr, c, weight_step(load(tr, c), ref_v, shown(vr, c), 0, &tot_v, &gap_v));
         if (c < c1)
             store_tail(pr, c, n, weight_step(load_tail(tr, c, n), ref_v, shown_tail(vr, c, n), 1, &tot_v, &gap_v));
-        total_d += wide(tot_v);
-        gap_d += wide(gap_v);
+        wide_add(&total_d, tot_v);
+        wide_add(&gap_d, gap_v);
     }
-    double total = lanes_sum(&total_d), gap_sum = lanes_sum(&gap_d);
+    double total = wide_total(&total_d), gap_sum = wide_total(&gap_d);
     double s = 0.0;
     if (old == -INFINITY) {
         *shrink = 0.0f, *l = total, *spread = gap_sum;
