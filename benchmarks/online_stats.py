@@ -2,6 +2,7 @@
 the same batch, in time and peak memory, measured side by side in one run (issue 24). Not a test.
 
     python benchmarks/online_stats.py [--lengths 1024,4096] [--repeats 3] [--memory-lengths 1024,4096]
+    python benchmarks/online_stats.py --sections split --lengths 1024,4096 --repeats 7
 
 Model: the benchmark Llama of benchmarks/diagnose.py (4 layers, 8 heads × 32, hidden 256, random
 init, fp32, CPU). One probe level (``embed-scale:1``) over one sequence of random tokens (batch 1),
@@ -12,6 +13,8 @@ probe on the logits) and torch ops (``torch-blocks``, the path where nothing nat
 candidate once per round, rounds interleaved; best of the rounds and × the SDPA forward of the
 round's best. Peak memory: each (mode, length) in a fresh process (benchmarks/_common.py), MB above
 the loaded model. The machine and its load are printed; on a shared machine read the ratios.
+``--sections split``: SDPA, the default diagnose and the same without the sink and position metrics'
+terms, per round, with each round's ratios (median and spread): what those terms cost.
 """
 
 from __future__ import annotations
@@ -99,6 +102,63 @@ def time_section(args) -> None:
     print(f"goal: fused ≤ {GOAL_TIME:g}× sdpa at 4096 tokens (see the 4096 row)")
 
 
+def without_positions(call):
+    """call() with the sink and position metrics' bins off (diagnosis.run.run_bins gives None: no
+    position terms in the statistics, no position sums after), what they cost by difference."""
+    import ssacli.diagnosis.run as run
+
+    def off():
+        real = run.run_bins
+        run.run_bins = lambda *args, **kwargs: None
+        try:
+            return call()
+        finally:
+            run.run_bins = real
+
+    return off
+
+
+def split_row(model, length: int, args) -> str:
+    """One length's row of split_section."""
+    import statistics
+    import time
+
+    calls = {
+        "sdpa": lambda: forward_call(model, length),
+        "diagnose": lambda: diagnose_call(model, length, "fused", args.block_size),
+        "without": without_positions(lambda: diagnose_call(model, length, "fused", args.block_size)),
+    }
+    for call in calls.values():
+        call()
+    ms = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            ms[name].append((time.perf_counter() - start) * 1e3)
+    spread = {}
+    for name in ("diagnose", "without"):
+        r = [a / b for a, b in zip(ms[name], ms["sdpa"], strict=True)]
+        spread[name] = f"{statistics.median(r):.2f} ({min(r):.2f}–{max(r):.2f})"
+    gap = statistics.median(a - b for a, b in zip(ms["diagnose"], ms["without"], strict=True))
+    cells = [length, args.repeats, f"{min(ms['sdpa']):.0f}", f"{min(ms['diagnose']):.0f}",
+             f"**{spread['diagnose']}**", f"{min(ms['without']):.0f}", spread["without"], f"{gap:.0f}",
+             f"{os.getloadavg()[0]:.2f}"]  # fmt: skip
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def split_section(args) -> None:
+    """SDPA's forward, diagnose's default path, and the same without the position terms, each once
+    per round in interleaved rounds: per round each diagnose over that round's SDPA; median (min-max)."""
+    model = build_model(args.heads, args.layers, "sdpa")
+    print("| tokens | rounds | sdpa ms (best) | diagnose ms (best) | **diagnose × sdpa** "
+          "| without the position terms ms (best) | without × sdpa | position terms ms | load |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for length in [int(x) for x in args.lengths.split(",")]:
+        print(split_row(model, length, args), flush=True)
+    print(f"goal: diagnose ≤ {GOAL_TIME:g}× sdpa at 4096 tokens (see the 4096 row)")
+
+
 def child(args) -> None:
     model = build_model(args.heads, args.layers, "sdpa", max_positions=max(8192, args.length))
     calls = {
@@ -142,7 +202,7 @@ def memory_section(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="time,memory")
+    parser.add_argument("--sections", default="time,memory", help="time, memory and/or split")
     parser.add_argument("--lengths", default="1024,4096")
     parser.add_argument("--memory-lengths", default="1024,4096")
     parser.add_argument("--eager-max", type=int, default=8192, help="longest length eager stats run at")
@@ -165,6 +225,8 @@ def main() -> None:
     sections = args.sections.split(",")
     if "time" in sections:
         time_section(args)
+    if "split" in sections:
+        split_section(args)
     if "memory" in sections:
         memory_section(args)
 

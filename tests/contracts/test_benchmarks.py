@@ -68,9 +68,9 @@ TINY = {
     "monitor": (["--rounds", "1", "--every", "2", "--batch", "1", "--seq", "16"], "measure/step"),
     "envelope": (ENVELOPE_ARGS, "| 70B (Llama-3-70B) |"),
     "online_stats": (
-        ["--lengths", "64", "--memory-lengths", "64", "--repeats", "1", "--heads", "2", "--layers", "1",
-         "--block-size", "16", "--timeout", "120"],
-        "goal",
+        ["--sections", "time,memory,split", "--lengths", "64", "--memory-lengths", "64", "--repeats", "1",
+         "--heads", "2", "--layers", "1", "--block-size", "16", "--timeout", "120"],
+        "without the position terms",
     ),
     "positions": (["--length", "96", "--repeats", "1", "--check-rows", "16"], "one-loop + positions"),
     "real_model": (["builtin:wikitext-softmax", "--probe", "embed-scale:1,2", "--samples", "2", "--length",
