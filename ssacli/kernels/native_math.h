@@ -46,7 +46,6 @@
 typedef float vf __attribute__((vector_size(4 * W)));
 typedef int32_t vi __attribute__((vector_size(4 * W)));
 typedef uint8_t vb __attribute__((vector_size(W)));
-typedef double vd __attribute__((vector_size(8 * W)));
 
 /* Lanes c .. c + W of a row: whole (c + W <= n), or the row's ragged last vector, where a load reads
  * 0 past the end, a store writes nothing there and those lanes are hidden keys. */
@@ -133,13 +132,11 @@ static inline vf vmax(vf a, vf b) {
     return blend(a > b, a, b);
 #endif
 }
-static inline double lanes_sum(const vd *v) { double s = 0; for (int i = 0; i < W; i++) s += (*v)[i]; return s; }
-static inline vd wide(vf v) { return __builtin_convertvector(v, vd); }
-
-/* A vd sum kept as two registers of W/2 doubles (lanes 0 .. W/2 - 1, then the rest): the same
- * additions in the same order as `vd += wide(v)` and lanes_sum, but a vd is two registers wide, and
- * GCC keeps it on the stack, writing its halves and reading it back whole: a stalled store-to-load
- * forward per fold, the largest cost of the position terms on AVX-512 (docs/performance.md). */
+/* Float partial sums folded into double: lane i of v added to lane i of the sum, then the lanes
+ * summed in order 0 .. W - 1. The sum is two registers of W/2 doubles, never one vector of W doubles:
+ * that is two registers wide, and GCC kept it on the stack, writing its halves and reading it back
+ * whole, a stalled store-to-load forward at every fold (the largest cost of the position terms on
+ * AVX-512, docs/performance.md). */
 typedef float vfh __attribute__((vector_size(2 * W)));
 typedef double vdh __attribute__((vector_size(4 * W)));
 struct wide_sum { vdh lo, hi; };

@@ -49,7 +49,7 @@ static inline __attribute__((always_inline)) float ssa_row(
     float t_max = (base2 ? ssa_transform2(ymax_vec, n_vec) : ssa_transform(ymax_vec, n_vec))[0];
     float top = t_max > floor ? t_max : floor;
     const vf ref_v = splat(top == -INFINITY ? 0.0f : top), n_v = splat(n);
-    vd sum_d = {0};
+    struct wide_sum sum_d = {{0}, {0}};
     vf sum_v = {0};
     /* whole vectors, float partial sums of 4 folded into double; then the row's ragged last vector */
     for (c = 0; c + W <= n_keys; c += W) {
@@ -59,7 +59,7 @@ static inline __attribute__((always_inline)) float ssa_row(
         if (masked) e = blend(v == -INFINITY, splat(0.0f), e); /* n = 0 would make t NaN there */
         store(pr, c, e);
         sum_v += e;
-        if ((c / W) % 4 == 3) sum_d += wide(sum_v), sum_v = (vf){0};
+        if ((c / W) % 4 == 3) wide_add(&sum_d, sum_v), sum_v = (vf){0};
     }
     if (c < n_keys) {
         vf v = load_tail(yr, c, n_keys);
@@ -70,8 +70,8 @@ static inline __attribute__((always_inline)) float ssa_row(
         store_tail(pr, c, n_keys, e);
         sum_v += e;
     }
-    sum_d += wide(sum_v);
-    *sum = (float)lanes_sum(&sum_d);
+    wide_add(&sum_d, sum_v);
+    *sum = (float)wide_total(&sum_d);
     return t_max;
 }
 
@@ -242,7 +242,7 @@ static double ssa_backward_row(float *y, float *dp, int64_t C, int64_t lo, int64
     int64_t n_keys = hi + 1 - lo, c = 0;
     const vf n_v = splat(n), lse_v = splat(lse), delta_v = splat(delta);
     const vi all = (vi){0} - 1;
-    vd dn_d = {0};
+    struct wide_sum dn_d = {{0}, {0}};
     vf dn_v = {0}, p, dy;
     for (; c + W <= n_keys; c += W) { /* whole vectors; float partial sums of 4 folded into double */
         vf v = load(yr, c);
@@ -250,7 +250,7 @@ static double ssa_backward_row(float *y, float *dp, int64_t C, int64_t lo, int64
                       &p, &dy, &dn_v);
         store(yr, c, p);
         store(dr, c, dy);
-        if ((c / W) % 4 == 3) dn_d += wide(dn_v), dn_v = (vf){0};
+        if ((c / W) % 4 == 3) wide_add(&dn_d, dn_v), dn_v = (vf){0};
     }
     if (c < n_keys) { /* the ragged last vector */
         vf v = load_tail(yr, c, n_keys);
@@ -260,8 +260,8 @@ static double ssa_backward_row(float *y, float *dp, int64_t C, int64_t lo, int64
         store_tail(yr, c, n_keys, p);
         store_tail(dr, c, n_keys, dy);
     }
-    dn_d += wide(dn_v);
-    return lanes_sum(&dn_d);
+    wide_add(&dn_d, dn_v);
+    return wide_total(&dn_d);
 }
 
 /* One SSA backward block (blocked.py's _backward_block): for rows [r0, r1) of y [batch, heads, width, C]

@@ -182,8 +182,9 @@ static inline __attribute__((always_inline)) int row(
     int64_t counted = scaled ? n : 0;
     for (int i = 0; i < W; i++) counted += vis_v[i];
     int raw_finite = 1, t_bad = 0;
-    vd raw_check = wide(raw_zero), t_check = wide(t_zero);
-    double check = lanes_sum(&raw_check) + lanes_sum(&t_check);
+    struct wide_sum raw_check = {{0}, {0}}, t_check = {{0}, {0}};
+    wide_add(&raw_check, raw_zero), wide_add(&t_check, t_zero);
+    double check = wide_total(&raw_check) + wide_total(&t_check);
     if (check != 0.0 || !isfinite(sq_r)) /* NaN: some value is not finite (or x² overflowed) */
         exact_counts(tr, xr, vr, n, &sq_r, &counted, &raw_finite, &t_bad);
     *sq += sq_r;
