@@ -62,17 +62,10 @@ static inline vi shown(const uint8_t *vis, int64_t c) {
  * reloading memcpy's piecewise stores as one register costs every short row piece (a fifth of the
  * AVX2 position terms' time, docs/performance.md). */
 #if defined(__AVX512F__) && W == 16
-static inline vf load_tail(const float *p, int64_t c, int64_t n) {
-    __m512 r = _mm512_maskz_loadu_ps((__mmask16)((1u << (n - c)) - 1u), p + c);
-    vf v;
-    memcpy(&v, &r, sizeof v);
-    return v;
-}
-static inline void store_tail(float *p, int64_t c, int64_t n, vf v) {
-    __m512 r;
-    memcpy(&r, &v, sizeof r);
-    _mm512_mask_storeu_ps(p + c, (__mmask16)((1u << (n - c)) - 1u), r);
-}
+#define TAIL_MASK(c, n) ((__mmask16)((1u << ((n) - (c))) - 1u))
+#define TAIL_LOAD(p, c, n) _mm512_maskz_loadu_ps(TAIL_MASK(c, n), (p) + (c))
+#define TAIL_STORE(p, c, n, r) _mm512_mask_storeu_ps((p) + (c), TAIL_MASK(c, n), r)
+typedef __m512 tail_reg;
 #elif defined(__AVX__) && W == 8
 static inline __m256i tail_mask(int64_t c, int64_t n) {
     const vi lane = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -81,16 +74,21 @@ static inline __m256i tail_mask(int64_t c, int64_t n) {
     memcpy(&m, &inside, sizeof m);
     return m;
 }
+#define TAIL_LOAD(p, c, n) _mm256_maskload_ps((p) + (c), tail_mask(c, n))
+#define TAIL_STORE(p, c, n, r) _mm256_maskstore_ps((p) + (c), tail_mask(c, n), r)
+typedef __m256 tail_reg;
+#endif
+#ifdef TAIL_LOAD
 static inline vf load_tail(const float *p, int64_t c, int64_t n) {
-    __m256 r = _mm256_maskload_ps(p + c, tail_mask(c, n));
+    tail_reg r = TAIL_LOAD(p, c, n);
     vf v;
     memcpy(&v, &r, sizeof v);
     return v;
 }
 static inline void store_tail(float *p, int64_t c, int64_t n, vf v) {
-    __m256 r;
+    tail_reg r;
     memcpy(&r, &v, sizeof r);
-    _mm256_maskstore_ps(p + c, tail_mask(c, n), r);
+    TAIL_STORE(p, c, n, r);
 }
 #else
 static inline vf load_tail(const float *p, int64_t c, int64_t n) {
