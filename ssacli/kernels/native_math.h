@@ -262,29 +262,17 @@ static const float LOG_C[32] __attribute__((unused)) = {
     0.603290796f, 0.620240331f, 0.636907518f, 0.653301299f, 0.669430614f, 0.685303986f
 };
 
-/* The table logarithms' split of u = 1 + z = 2^e·m: m's top 5 bits pick LOG_INV[i] and table[i]
- * (one two-register permute each), and r = m·LOG_INV[i] - 1 (one fused rounding, within ±1/65) is
- * returned; log(u) = e·log 2 + table[i] + log1p(r) in the table's base. */
-static inline vf table_split(vf z, const float *table, vf *e, vf *c) {
-    vi bits;
-    vf m = exponent_split(z, e, &bits);
-    vi top = bits >> 18; /* the permute reads only the low 5 bits: m's top 5 */
+/* Entry i of a 32-entry table per lane, i = m's top 5 bits, by one two-register permute (it reads
+ * only the low 5 bits of bits >> 18). */
+#define TABLE_INDEX_SHIFT 18
+#define TABLE_INV LOG_INV
+static inline vf table_read(const float *table, vi top) {
     __m512i idx;
     memcpy(&idx, &top, sizeof idx);
-    __m512 inv_r = _mm512_permutex2var_ps(_mm512_loadu_ps(LOG_INV), idx, _mm512_loadu_ps(LOG_INV + 16));
-    __m512 log_c = _mm512_permutex2var_ps(_mm512_loadu_ps(table), idx, _mm512_loadu_ps(table + 16));
-    vf inv;
-    memcpy(&inv, &inv_r, sizeof inv);
-    memcpy(c, &log_c, sizeof *c);
-    return m * inv - 1.0f;
-}
-
-static inline vf log1p_nonnegative(vf z) {
-    vf e, c, r = table_split(z, LOG_C, &e, &c);
-    vf poly = r * 0.333333343f - 0.5f;
-    vf logu = e * 0.693359375f + (c + (poly * (r * r) + r));
-    logu = e * -2.12194440e-4f + logu;
-    return blend(z <= 3.40282347e38f, logu, splat(INFINITY));
+    __m512 r = _mm512_permutex2var_ps(_mm512_loadu_ps(table), idx, _mm512_loadu_ps(table + 16));
+    vf v;
+    memcpy(&v, &r, sizeof v);
+    return v;
 }
 #elif SSACLI_AVX2_TABLES
 /* log1p(z) for z >= 0, 8 lanes, on AVX2 with FMA: the AVX-512 path's table logarithm with 8 entries,
@@ -303,23 +291,43 @@ static const float LOG_C8[8] = { /* -log LOG_INV8[i] */
     0.66139853f
 };
 
-/* The 8-entry tables' split of u = 1 + z = 2^e·m: m's top 3 bits pick LOG_INV8[i] and table[i] (one
- * permute each), and r = m·LOG_INV8[i] - 1 is returned; log(u) = e·log 2 + table[i] + log1p(r) in the
- * table's base. */
+/* Entry i of an 8-entry table per lane, i = m's top 3 bits, by one one-register permute (vpermps:
+ * it reads only the low 3 bits of bits >> 20). */
+#define TABLE_INDEX_SHIFT 20
+#define TABLE_INV LOG_INV8
+static inline vf table_read(const float *table, vi top) {
+    __m256i idx;
+    memcpy(&idx, &top, sizeof idx);
+    __m256 r = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table), idx);
+    vf v;
+    memcpy(&v, &r, sizeof v);
+    return v;
+}
+#endif
+
+#ifdef TABLE_INDEX_SHIFT
+/* The table logarithms' split of u = 1 + z = 2^e·m: m's top bits pick TABLE_INV[i] and table[i], and
+ * r = m·TABLE_INV[i] - 1 (one fused rounding: within ±1/65 with 32 entries, ±1/17 with 8) is
+ * returned; log(u) = e·log 2 + table[i] + log1p(r) in the table's base. */
 static inline vf table_split(vf z, const float *table, vf *e, vf *c) {
     vi bits;
     vf m = exponent_split(z, e, &bits);
-    vi top = bits >> 20; /* the permute reads only the low 3 bits: m's top 3 */
-    __m256i idx;
-    memcpy(&idx, &top, sizeof idx);
-    __m256 inv_r = _mm256_permutevar8x32_ps(_mm256_loadu_ps(LOG_INV8), idx);
-    __m256 log_c = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table), idx);
-    vf inv;
-    memcpy(&inv, &inv_r, sizeof inv);
-    memcpy(c, &log_c, sizeof *c);
+    vi top = bits >> TABLE_INDEX_SHIFT;
+    vf inv = table_read(TABLE_INV, top);
+    *c = table_read(table, top);
     return m * inv - 1.0f;
 }
+#endif
 
+#if defined(__AVX512F__) && W == 16
+static inline vf log1p_nonnegative(vf z) {
+    vf e, c, r = table_split(z, LOG_C, &e, &c);
+    vf poly = r * 0.333333343f - 0.5f;
+    vf logu = e * 0.693359375f + (c + (poly * (r * r) + r));
+    logu = e * -2.12194440e-4f + logu;
+    return blend(z <= 3.40282347e38f, logu, splat(INFINITY));
+}
+#elif SSACLI_AVX2_TABLES
 static inline vf log1p_nonnegative(vf z) {
     vf e, c, r = table_split(z, LOG_C8, &e, &c);
     vf poly = ((r * -2.5095614791e-1f + 3.3419668674e-1f) * r - 4.9999868870e-1f) * r + 9.9999928474e-1f;
