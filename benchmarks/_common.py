@@ -18,18 +18,24 @@ import time
 from collections.abc import Callable
 
 
-def interleaved_best(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Best time of each function, timed in rounds (one call of each per round) so that a slow
-    spell of the machine hits every candidate alike. One untimed warm-up call each."""
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Every time of each function (seconds, one per round), timed in rounds (one call of each per
+    round) so that a slow spell of the machine hits every candidate alike. One untimed warm-up call
+    each."""
     for fn in fns.values():
         fn()
-    best = dict.fromkeys(fns, float("inf"))
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def interleaved_best(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best time of each function over :func:`interleaved_times`' rounds."""
+    return {name: min(times) for name, times in interleaved_times(fns, repeats).items()}
 
 
 def status_kb(field: str) -> int:

@@ -24,9 +24,10 @@ import gc
 import json
 import os
 import platform
+import statistics
 
 import torch
-from _common import interleaved_best, measure_peak, run_child
+from _common import interleaved_best, interleaved_times, measure_peak, run_child
 from diagnose import build_model
 
 from ssacli.kernels import routing
@@ -120,22 +121,12 @@ def without_positions(call):
 
 def split_row(model, length: int, args) -> str:
     """One length's row of split_section."""
-    import statistics
-    import time
-
     calls = {
         "sdpa": lambda: forward_call(model, length),
         "diagnose": lambda: diagnose_call(model, length, "fused", args.block_size),
         "without": without_positions(lambda: diagnose_call(model, length, "fused", args.block_size)),
     }
-    for call in calls.values():
-        call()
-    ms = {name: [] for name in calls}
-    for _ in range(args.repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            ms[name].append((time.perf_counter() - start) * 1e3)
+    ms = {name: [t * 1e3 for t in times] for name, times in interleaved_times(calls, args.repeats).items()}
     spread = {}
     for name in ("diagnose", "without"):
         r = [a / b for a, b in zip(ms[name], ms["sdpa"], strict=True)]
