@@ -80,7 +80,9 @@ def test_the_softmax_control_is_the_same_budget_without_ssa_and_loads_in_plain_t
     assert record["control"] is True and record["config"]["stages"] == ["distill"]
     assert record["final"]["n_max"] is None and record["final"]["kl"] > 0  # LM loss moved it off the original
     assert [e["stage"] for e in record["evaluations"]] == ["start", "distill", "distill-merged"]
-    assert record["evaluations"][0]["kl"] == pytest.approx(0, abs=1e-9)  # it starts as the original
+    # it starts as the original, to float32 rounding: 1.3e-9 nats measured with the AVX2 build (MKL and
+    # torch limited to AVX2), < 1e-9 on AVX-512; 1e-7 nats still says the two agree to rounding
+    assert record["evaluations"][0]["kl"] == pytest.approx(0, abs=1e-7)
     plain = AutoModelForCausalLM.from_pretrained(out)  # a softmax model: no guard
     ours = load_model(str(out), dtype="float32").model
     with torch.no_grad():
